@@ -1,0 +1,171 @@
+//! Error types shared by the whole crate.
+//!
+//! Errors are *semantic*: a caller matches on the variant, never on the message.
+//! - [`StoreError`]: what a storage backend reports (missing object, precondition failed, ...).
+//! - [`LayerError`]: why one layer of a load is a miss. A failed layer is never handed out as bytes.
+//! - [`Error`]: the crate-level error for API calls (bad input, configuration, store failures).
+#![forbid(unsafe_code)]
+
+use std::fmt;
+
+/// What a storage backend ([`crate::store::Store`]) reports.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// No object under this key (HTTP 404 on S3).
+    #[error("object not found: {key}")]
+    NotFound {
+        /// The key that was asked for.
+        key: String,
+    },
+    /// A create-only put found an object already under this key (HTTP 412 on S3 with
+    /// `If-None-Match: *`).
+    #[error("object already exists: {key}")]
+    AlreadyExists {
+        /// The key that was written.
+        key: String,
+    },
+    /// A conditional request's precondition did not hold (other than create-only).
+    #[error("precondition failed for {key}")]
+    Precondition {
+        /// The key.
+        key: String,
+    },
+    /// The requested byte range lies outside the object.
+    #[error("range {start}..{end} is outside object {key} of {size} bytes")]
+    InvalidRange {
+        /// The key.
+        key: String,
+        /// First byte asked for.
+        start: u64,
+        /// One past the last byte asked for.
+        end: u64,
+        /// The object's size in bytes.
+        size: u64,
+    },
+    /// The key is not acceptable (empty, `..` segment, absolute, control bytes, too long).
+    #[error("invalid key {key:?}: {reason}")]
+    InvalidKey {
+        /// The key as given.
+        key: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// Credentials were refused (HTTP 403).
+    #[error("permission denied by {backend}: {message}")]
+    PermissionDenied {
+        /// Backend name.
+        backend: &'static str,
+        /// Server's message.
+        message: String,
+    },
+    /// The operation is not supported by this backend.
+    #[error("{operation} is not implemented by {backend}")]
+    NotImplemented {
+        /// Operation name.
+        operation: &'static str,
+        /// Backend name.
+        backend: &'static str,
+    },
+    /// The backend did not answer within its timeout (after bounded retries).
+    #[error("{backend} timed out: {message}")]
+    Timeout {
+        /// Backend name.
+        backend: &'static str,
+        /// What timed out.
+        message: String,
+    },
+    /// Any other backend failure (I/O error, HTTP 5xx after retries, transport error).
+    #[error("{backend}: {message}")]
+    Other {
+        /// Backend name.
+        backend: &'static str,
+        /// Human-readable description, including the HTTP status where there is one.
+        message: String,
+    },
+}
+
+impl StoreError {
+    /// Builds [`StoreError::Other`] from any displayable error.
+    pub fn other(backend: &'static str, e: impl fmt::Display) -> Self {
+        StoreError::Other { backend, message: e.to_string() }
+    }
+}
+
+/// Why one layer of a load is a miss. The connector never marks such a layer ready.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LayerError {
+    /// A chunk object this layer needs is missing.
+    #[error("chunk {chunk} is missing: {key}")]
+    Missing {
+        /// Chunk index in the request (0 = first chunk of the prefix).
+        chunk: usize,
+        /// Object key.
+        key: String,
+    },
+    /// A slice's CRC32C did not match its bytes.
+    #[error("checksum mismatch in chunk {chunk} layer {layer}: stored {stored:08x}, computed {computed:08x}")]
+    ChecksumMismatch {
+        /// Chunk index in the request.
+        chunk: usize,
+        /// Layer index.
+        layer: usize,
+        /// CRC32C stored in the object.
+        stored: u32,
+        /// CRC32C computed over the bytes received.
+        computed: u32,
+    },
+    /// The object was written for another model, geometry, layout or format version.
+    #[error("chunk {chunk} has the wrong geometry or format: {reason}")]
+    GeometryMismatch {
+        /// Chunk index in the request.
+        chunk: usize,
+        /// What differs.
+        reason: String,
+    },
+    /// The storage or transport failed after bounded retries.
+    #[error("chunk {chunk}: storage error: {message}")]
+    Storage {
+        /// Chunk index in the request.
+        chunk: usize,
+        /// The underlying error, as text.
+        message: String,
+    },
+    /// The layer did not arrive before the load's deadline.
+    #[error("layer {layer} timed out")]
+    Timeout {
+        /// Layer index.
+        layer: usize,
+    },
+    /// The load was cancelled before this layer was ready.
+    #[error("load cancelled")]
+    Cancelled,
+}
+
+/// Crate-level error for API calls.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The caller passed something invalid; the message names what.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// Configuration could not be parsed or is inconsistent.
+    #[error("configuration error: {0}")]
+    Config(String),
+    /// An object's bytes are not a valid KV object of the expected geometry/format.
+    #[error("invalid object: {0}")]
+    Format(#[from] crate::layout::FormatError),
+    /// A storage backend failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A load's layer failed (see [`LayerError`]).
+    #[error(transparent)]
+    Layer(#[from] LayerError),
+    /// An I/O error outside any store (e.g. binding a socket).
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Crate-level result.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,18 @@
+//! Layout: KV geometry, the chunk object format, key grammar and read planning.
+//!
+//! Pure code (level 0): no I/O, no clock, no `unsafe`. Everything that decides *where bytes
+//! are* lives here, so the stores, the server and the transports agree by construction.
+#![forbid(unsafe_code)]
+
+mod format;
+mod geometry;
+mod key;
+mod ranges;
+
+pub use format::{
+    decode_chunk, encode_chunk, object_len, slice_crc, slice_range, slices_range, verify_slice, ChunkHeader,
+    FormatError, CHECKSUM_CRC32C, FORMAT_VERSION, HEADER_LEN, MAGIC, SLICE_CRC_LEN,
+};
+pub use geometry::{Dtype, KvGeometry, DEFAULT_TOKENS_PER_CHUNK, PRESET_NAMES};
+pub use key::{validate_namespace, ChunkHash, HashAlgo, KeyBuilder};
+pub use ranges::{plan_layer_major, RangeRead};

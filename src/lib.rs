@@ -1,0 +1,29 @@
+//! # ObjectCache
+//!
+//! Layerwise object-storage retrieval of prefix KV cache for LLM serving.
+//!
+//! ObjectCache keeps the KV cache of prompt prefixes in S3-compatible object storage (or on a
+//! local disk) and loads it back **layer by layer, in the order prefill consumes it**, so that
+//! most of the fetch hides behind compute. One object per (chunk, TP rank) holds all layers
+//! layer-major; one layer's slice of a chunk is one byte range carrying its own CRC32C.
+//!
+//! What it does *not* do: run the model, manage GPU memory pools, or decide eviction inside the
+//! engine. It stores, finds and delivers KV bytes; the engine owns compute.
+//!
+//! ## Layers of the crate (see `docs/architecture.md`)
+//! - **pure core** (no I/O, no clock): [`layout`] (geometry, object format, keys, read planning),
+//!   [`hash`] (vLLM-compatible block hashes), [`protocol`] (gather wire format),
+//!   [`sched`] (bandwidth scheduling, compute model, planner), [`sim`] (discrete-event simulator);
+//! - **shells** (I/O): [`store`] (one trait, many backends), [`transport`] (TCP, RDMA drivers);
+//! - **composition**: [`connector`] (the client engine: save, lookup, load), [`server`];
+//! - **edges**: [`capi`] (C ABI), [`cli`] (the `objectcache` binary).
+#![warn(missing_docs)]
+#![deny(unsafe_code)]
+
+pub mod error;
+pub mod hash;
+pub mod layout;
+pub mod store;
+
+pub use error::{Error, LayerError, Result, StoreError};
+pub use layout::{ChunkHash, Dtype, HashAlgo, KvGeometry};

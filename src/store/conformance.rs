@@ -1,0 +1,197 @@
+//! The storage conformance suite: every backend must pass every case.
+//!
+//! Each case is a `pub async fn(&dyn Store, prefix)` that panics on failure; `prefix` isolates
+//! runs sharing one bucket. [`conformance_tests!`](crate::conformance_tests) expands to one
+//! `#[tokio::test]` per case for a backend, so a failure names its case and hides no other.
+//! Not a stable API: it exists for this crate's tests and for out-of-tree backends.
+
+use super::{GetOptions, PutIfAbsent, Store, StoreExt};
+use crate::error::StoreError;
+use bytes::Bytes;
+
+/// Names of every case, in the order [`run_all`] runs them.
+pub const CASES: &[&str] = &[
+    "put_get_round_trip",
+    "ranged_get",
+    "invalid_range",
+    "missing_key",
+    "overwrite",
+    "put_if_absent",
+    "head_meta",
+    "delete_idempotent",
+    "list_prefix",
+    "list_pagination",
+    "bad_keys",
+    "large_object",
+];
+
+fn pattern(n: usize, seed: u8) -> Bytes {
+    Bytes::from((0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect::<Vec<u8>>())
+}
+
+/// Put then get returns the same bytes.
+pub async fn put_get_round_trip(s: &dyn Store, p: &str) {
+    let k = format!("{p}/rt/obj");
+    let d = pattern(1000, 1);
+    s.put(&k, d.clone()).await.unwrap();
+    assert_eq!(s.get_bytes(&k).await.unwrap(), d);
+}
+
+/// A ranged get returns exactly the bytes of the range.
+pub async fn ranged_get(s: &dyn Store, p: &str) {
+    let k = format!("{p}/range/obj");
+    let d = pattern(10_000, 2);
+    s.put(&k, d.clone()).await.unwrap();
+    for r in [0..1, 0..10_000, 5..6, 4096..8192, 9_999..10_000, 123..4567] {
+        let got = s.get_range(&k, r.clone()).await.unwrap();
+        assert_eq!(got, d.slice(r.start as usize..r.end as usize), "range {r:?}");
+    }
+    let g = s.get_opts(&k, GetOptions { range: Some(10..20) }).await.unwrap();
+    assert_eq!(g.meta.size, 10_000);
+    assert_eq!(g.range, 10..20);
+}
+
+/// A range past the end is an error, not a short read.
+pub async fn invalid_range(s: &dyn Store, p: &str) {
+    let k = format!("{p}/badrange/obj");
+    s.put(&k, pattern(100, 3)).await.unwrap();
+    let e = s.get_range(&k, 50..101).await.unwrap_err();
+    assert!(matches!(e, StoreError::InvalidRange { .. }), "{e:?}");
+}
+
+/// Reads of a missing key are `NotFound`.
+pub async fn missing_key(s: &dyn Store, p: &str) {
+    let k = format!("{p}/missing/nothing-here");
+    assert!(matches!(s.get_bytes(&k).await, Err(StoreError::NotFound { .. })));
+    assert!(matches!(s.head(&k).await, Err(StoreError::NotFound { .. })));
+    assert!(!s.exists(&k).await.unwrap());
+}
+
+/// An overwriting put replaces the object whole.
+pub async fn overwrite(s: &dyn Store, p: &str) {
+    let k = format!("{p}/ow/obj");
+    s.put(&k, pattern(500, 4)).await.unwrap();
+    s.put(&k, pattern(20, 5)).await.unwrap();
+    assert_eq!(s.get_bytes(&k).await.unwrap(), pattern(20, 5));
+}
+
+/// Create-only: the first writer wins, the second is told `AlreadyPresent`, bytes unchanged.
+pub async fn put_if_absent(s: &dyn Store, p: &str) {
+    let k = format!("{p}/pia/obj");
+    assert_eq!(s.put_if_absent(&k, pattern(64, 6)).await.unwrap(), PutIfAbsent::Written);
+    assert_eq!(s.put_if_absent(&k, pattern(64, 7)).await.unwrap(), PutIfAbsent::AlreadyPresent);
+    assert_eq!(s.get_bytes(&k).await.unwrap(), pattern(64, 6));
+}
+
+/// Head reports the size.
+pub async fn head_meta(s: &dyn Store, p: &str) {
+    let k = format!("{p}/head/obj");
+    s.put(&k, pattern(777, 8)).await.unwrap();
+    let m = s.head(&k).await.unwrap();
+    assert_eq!(m.size, 777);
+    assert_eq!(m.key, k);
+}
+
+/// Delete removes; deleting again succeeds.
+pub async fn delete_idempotent(s: &dyn Store, p: &str) {
+    let k = format!("{p}/del/obj");
+    s.put(&k, pattern(10, 9)).await.unwrap();
+    s.delete(&k).await.unwrap();
+    assert!(!s.exists(&k).await.unwrap());
+    s.delete(&k).await.unwrap();
+}
+
+/// List returns exactly the keys under a prefix, sorted.
+pub async fn list_prefix(s: &dyn Store, p: &str) {
+    for k in ["a/1", "a/2", "a/sub/3", "b/1"] {
+        s.put(&format!("{p}/list/{k}"), pattern(3, 1)).await.unwrap();
+    }
+    let got: Vec<String> = s.list(&format!("{p}/list/a/"), 1000).await.unwrap().into_iter().map(|m| m.key).collect();
+    assert_eq!(got, vec![format!("{p}/list/a/1"), format!("{p}/list/a/2"), format!("{p}/list/a/sub/3")]);
+    let got = s.list(&format!("{p}/list/"), 1000).await.unwrap();
+    assert_eq!(got.len(), 4);
+    assert!(got.iter().all(|m| m.size == 3));
+    assert!(s.list(&format!("{p}/list/zzz"), 1000).await.unwrap().is_empty());
+}
+
+/// List follows pagination past 1,000 keys (S3's page size) and honours the limit.
+pub async fn list_pagination(s: &dyn Store, p: &str) {
+    let n = 1050;
+    let keys: Vec<String> = (0..n).map(|i| format!("{p}/page/k{i:05}")).collect();
+    let futs = keys.iter().map(|k| s.put(k, Bytes::from_static(b"x")));
+    for chunk in futs.collect::<Vec<_>>().chunks_mut(64) {
+        futures::future::join_all(chunk.iter_mut()).await.into_iter().for_each(|r| {
+            r.unwrap();
+        });
+    }
+    let got = s.list(&format!("{p}/page/"), usize::MAX).await.unwrap();
+    assert_eq!(got.len(), n);
+    assert_eq!(got.iter().map(|m| m.key.clone()).collect::<Vec<_>>(), keys);
+    assert_eq!(s.list(&format!("{p}/page/"), 10).await.unwrap().len(), 10);
+}
+
+/// Keys that could escape a root or confuse a gateway are refused.
+pub async fn bad_keys(s: &dyn Store, p: &str) {
+    for k in [String::new(), "/abs".into(), format!("{p}/../escape"), format!("{p}//x"), format!("{p}/a\0b"), format!("{p}/.")] {
+        let e = s.put(&k, Bytes::from_static(b"x")).await.unwrap_err();
+        assert!(matches!(e, StoreError::InvalidKey { .. }), "{k:?}: {e:?}");
+    }
+}
+
+/// A 24 MiB object round-trips byte-exact through ranged reads (bodies arrive in pieces).
+pub async fn large_object(s: &dyn Store, p: &str) {
+    let k = format!("{p}/large/obj");
+    let d = pattern(24 << 20, 11);
+    s.put(&k, d.clone()).await.unwrap();
+    assert_eq!(s.get_bytes(&k).await.unwrap(), d);
+    let r = (5 << 20) + 3..(17 << 20) + 5;
+    assert_eq!(s.get_range(&k, r.clone()).await.unwrap(), d.slice(r.start as usize..r.end as usize));
+}
+
+/// Runs every case in order (for ad-hoc use; tests use the macro).
+pub async fn run_all(s: &dyn Store, p: &str) {
+    put_get_round_trip(s, p).await;
+    ranged_get(s, p).await;
+    invalid_range(s, p).await;
+    missing_key(s, p).await;
+    overwrite(s, p).await;
+    put_if_absent(s, p).await;
+    head_meta(s, p).await;
+    delete_idempotent(s, p).await;
+    list_prefix(s, p).await;
+    list_pagination(s, p).await;
+    bad_keys(s, p).await;
+    large_object(s, p).await;
+}
+
+/// Expands to one `#[tokio::test]` per conformance case.
+///
+/// `$make` is an async expression returning `Option<(S, String)>`: the store and a unique key
+/// prefix, or `None` when the backend is unavailable (the test then fails if the environment
+/// variable `OBJECTCACHE_REQUIRE_ALL` is set, as in CI, and otherwise prints a skip).
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::conformance_tests!(@cases $make; put_get_round_trip, ranged_get, invalid_range, missing_key,
+            overwrite, put_if_absent, head_meta, delete_idempotent, list_prefix, list_pagination, bad_keys,
+            large_object);
+    };
+    (@cases $make:expr; $($case:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                match $make.await {
+                    Some((store, prefix)) => {
+                        $crate::store::conformance::$case(&store, &prefix).await;
+                    }
+                    None => {
+                        if std::env::var_os("OBJECTCACHE_REQUIRE_ALL").is_some() {
+                            panic!("backend unavailable but OBJECTCACHE_REQUIRE_ALL is set");
+                        }
+                        eprintln!("SKIP {}: backend unavailable", stringify!($case));
+                    }
+                }
+            }
+        )*
+    };
+}

@@ -1,0 +1,252 @@
+//! One storage trait, many backends (the `object_store` shape).
+//!
+//! [`Store`] has the required operations; [`StoreExt`] adds sugar on top for every store.
+//! Backends: [`MemoryStore`], [`FsStore`] (the embedded default), and `S3Store` (feature `s3`).
+//! Every backend passes the same conformance suite ([`conformance`]).
+//!
+//! Keys are `/`-separated UTF-8 strings checked by [`validate_key`], so that no key can escape
+//! a filesystem root or confuse an S3 gateway.
+
+mod fs;
+mod memory;
+pub mod conformance;
+
+pub use fs::{FsStore, FsyncPolicy};
+pub use memory::MemoryStore;
+
+use crate::error::StoreError;
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use std::ops::Range;
+use std::time::SystemTime;
+
+/// Longest key accepted, in bytes (S3's limit is 1,024).
+pub const MAX_KEY_LEN: usize = 1024;
+
+/// Checks a key: 1 to 1,024 bytes, no leading `/`, no empty, `.` or `..` segment, no control
+/// bytes or backslash.
+///
+/// # Errors
+/// [`StoreError::InvalidKey`] naming the rule broken.
+pub fn validate_key(key: &str) -> Result<(), StoreError> {
+    let bad = |reason| Err(StoreError::InvalidKey { key: key.to_string(), reason });
+    if key.is_empty() || key.len() > MAX_KEY_LEN {
+        return bad("must be 1 to 1024 bytes");
+    }
+    if key.bytes().any(|c| c < 0x20 || c == 0x7f || c == b'\\') {
+        return bad("control characters and backslashes are not allowed");
+    }
+    for seg in key.split('/') {
+        if seg.is_empty() || seg == "." || seg == ".." {
+            return bad("empty, '.' or '..' path segments are not allowed");
+        }
+    }
+    Ok(())
+}
+
+/// Metadata of a stored object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectMeta {
+    /// Full key.
+    pub key: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Last modification (write) time, where the backend knows it.
+    pub last_modified: Option<SystemTime>,
+    /// Entity tag, where the backend has one.
+    pub etag: Option<String>,
+}
+
+/// Options of [`Store::get_opts`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GetOptions {
+    /// Byte range to read (`start..end`, end exclusive); `None` reads the whole object.
+    /// A range reaching past the end is an [`StoreError::InvalidRange`], not a short read.
+    pub range: Option<Range<u64>>,
+}
+
+/// Body of a get: a stream of byte chunks, in order.
+pub type ByteStream = BoxStream<'static, Result<Bytes, StoreError>>;
+
+/// Result of [`Store::get_opts`].
+pub struct GetResult {
+    /// The object's metadata (size is the whole object's size).
+    pub meta: ObjectMeta,
+    /// The byte range being returned.
+    pub range: Range<u64>,
+    /// The bytes of `range`, as a stream.
+    pub body: ByteStream,
+}
+
+impl std::fmt::Debug for GetResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GetResult").field("meta", &self.meta).field("range", &self.range).finish_non_exhaustive()
+    }
+}
+
+impl GetResult {
+    /// Collects the body into one buffer, checking it has exactly `range.len()` bytes.
+    ///
+    /// # Errors
+    /// The stream's error, or [`StoreError::Other`] if the body is shorter or longer than
+    /// the range (a truncated body is never returned as data).
+    pub async fn bytes(mut self) -> Result<Bytes, StoreError> {
+        let want = self.range.end - self.range.start;
+        let mut parts = Vec::new();
+        while let Some(chunk) = self.body.next().await {
+            parts.push(chunk?);
+        }
+        let out = if parts.len() == 1 {
+            parts.pop().expect("one part")
+        } else {
+            let mut v = Vec::with_capacity(want as usize);
+            parts.iter().for_each(|p| v.extend_from_slice(p));
+            Bytes::from(v)
+        };
+        if out.len() as u64 != want {
+            return Err(StoreError::Other {
+                backend: "store",
+                message: format!("body of {} has {} bytes, expected {}", self.meta.key, out.len(), want),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// How [`Store::put_opts`] treats an existing object.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PutMode {
+    /// Replace any existing object.
+    #[default]
+    Overwrite,
+    /// Write only if absent (S3 `If-None-Match: *`); otherwise [`StoreError::AlreadyExists`].
+    Create,
+}
+
+/// Options of [`Store::put_opts`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PutOptions {
+    /// Overwrite or create-only.
+    pub mode: PutMode,
+}
+
+/// Outcome of a successful put.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutResult {
+    /// Entity tag, where the backend returns one.
+    pub etag: Option<String>,
+}
+
+/// An object store. Every method is cancel-safe: dropping its future leaves either the old or
+/// the new object, never a partial one.
+#[async_trait]
+pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+    /// Short backend name for errors and metrics (`memory`, `fs`, `s3`, ...).
+    fn name(&self) -> &'static str;
+
+    /// Reads an object or a byte range of it.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`], [`StoreError::InvalidRange`], [`StoreError::InvalidKey`], or a
+    /// backend failure.
+    async fn get_opts(&self, key: &str, opts: GetOptions) -> Result<GetResult, StoreError>;
+
+    /// Writes a whole object atomically: readers see the old object or the new one.
+    ///
+    /// # Errors
+    /// [`StoreError::AlreadyExists`] with [`PutMode::Create`] when the key exists;
+    /// [`StoreError::InvalidKey`]; a backend failure.
+    async fn put_opts(&self, key: &str, data: Bytes, opts: PutOptions) -> Result<PutResult, StoreError>;
+
+    /// Metadata of an object.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] or a backend failure.
+    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError>;
+
+    /// Deletes an object; deleting a missing key succeeds (S3 semantics).
+    ///
+    /// # Errors
+    /// A backend failure.
+    async fn delete(&self, key: &str) -> Result<(), StoreError>;
+
+    /// Lists objects whose key starts with `prefix`, in lexicographic key order, following
+    /// pagination to the end (at most `limit` objects).
+    ///
+    /// # Errors
+    /// A backend failure.
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<ObjectMeta>, StoreError>;
+}
+
+/// Whether a create-only put wrote the object or found one already there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutIfAbsent {
+    /// This call wrote the object.
+    Written,
+    /// An object was already present under the key (first writer wins); not an error.
+    AlreadyPresent,
+}
+
+/// Sugar over [`Store`], implemented for every store.
+#[async_trait]
+pub trait StoreExt: Store {
+    /// Reads a whole object into memory.
+    ///
+    /// # Errors
+    /// As [`Store::get_opts`].
+    async fn get_bytes(&self, key: &str) -> Result<Bytes, StoreError> {
+        self.get_opts(key, GetOptions::default()).await?.bytes().await
+    }
+    /// Reads `range` of an object into memory.
+    ///
+    /// # Errors
+    /// As [`Store::get_opts`].
+    async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, StoreError> {
+        self.get_opts(key, GetOptions { range: Some(range) }).await?.bytes().await
+    }
+    /// Overwriting put.
+    ///
+    /// # Errors
+    /// As [`Store::put_opts`].
+    async fn put(&self, key: &str, data: Bytes) -> Result<PutResult, StoreError> {
+        self.put_opts(key, data, PutOptions::default()).await
+    }
+    /// Create-only put that reports an existing object as [`PutIfAbsent::AlreadyPresent`].
+    ///
+    /// # Errors
+    /// As [`Store::put_opts`], except `AlreadyExists`.
+    async fn put_if_absent(&self, key: &str, data: Bytes) -> Result<PutIfAbsent, StoreError> {
+        match self.put_opts(key, data, PutOptions { mode: PutMode::Create }).await {
+            Ok(_) => Ok(PutIfAbsent::Written),
+            Err(StoreError::AlreadyExists { .. }) => Ok(PutIfAbsent::AlreadyPresent),
+            Err(e) => Err(e),
+        }
+    }
+    /// `true` if the object exists.
+    ///
+    /// # Errors
+    /// A backend failure other than not-found.
+    async fn exists(&self, key: &str) -> Result<bool, StoreError> {
+        match self.head(key).await {
+            Ok(_) => Ok(true),
+            Err(StoreError::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl<T: Store + ?Sized> StoreExt for T {}
+
+/// Checks a requested range against an object size; returns the effective range.
+///
+/// # Errors
+/// [`StoreError::InvalidRange`] if `r` is empty-inverted or reaches past `size`.
+pub fn resolve_range(key: &str, r: Option<Range<u64>>, size: u64) -> Result<Range<u64>, StoreError> {
+    match r {
+        None => Ok(0..size),
+        Some(r) if r.start <= r.end && r.end <= size => Ok(r),
+        Some(r) => Err(StoreError::InvalidRange { key: key.to_string(), start: r.start, end: r.end, size }),
+    }
+}
