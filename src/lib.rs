@@ -20,10 +20,18 @@
 #![warn(missing_docs)]
 #![deny(unsafe_code)]
 
+pub mod capi;
+pub mod cli;
+pub mod connector;
 pub mod error;
 pub mod hash;
 pub mod layout;
+pub mod protocol;
+pub mod sched;
+pub mod server;
+pub mod sim;
 pub mod store;
+pub mod transport;
 
 pub use error::{Error, LayerError, Result, StoreError};
 pub use layout::{ChunkHash, Dtype, HashAlgo, KvGeometry};

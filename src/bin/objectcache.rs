@@ -1,5 +1,4 @@
 //! The `objectcache` command-line tool. All logic lives in the library's `cli` module.
 fn main() {
-    eprintln!("objectcache: no subcommands yet");
-    std::process::exit(2);
+    std::process::exit(objectcache::cli::main());
 }

@@ -1,0 +1,1 @@
+//! The C ABI (`ffi/objectcache.h`): a thin layer over [`crate::connector`].

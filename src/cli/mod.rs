@@ -1,0 +1,48 @@
+//! The `objectcache` command line: one binary, one subcommand per file.
+
+use clap::{Parser, Subcommand};
+
+/// ObjectCache: layerwise object-storage retrieval of prefix KV cache.
+#[derive(Debug, Parser)]
+#[command(name = "objectcache", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the ObjectCache storage server (S3 API + gather).
+    Serve(serve::ServeArgs),
+    /// Replay a workload in the discrete-event simulator under each scheduling policy.
+    Sim(sim::SimArgs),
+    /// Print what a store holds (prefixes, chunks, bytes).
+    Stat(stat::StatArgs),
+    /// Delete unreferenced or expired objects.
+    Gc(gc::GcArgs),
+}
+
+pub mod gc;
+pub mod serve;
+pub mod sim;
+pub mod stat;
+
+/// Parses the process arguments and runs the subcommand; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::Serve(a) => serve::run(a),
+        Command::Sim(a) => sim::run(a),
+        Command::Stat(a) => stat::run(a),
+        Command::Gc(a) => gc::run(a),
+    };
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("objectcache: {e}");
+            1
+        }
+    }
+}
