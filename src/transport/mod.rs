@@ -1,1 +1,28 @@
 //! Transports: thin drivers that move gather-protocol bytes (TCP; RDMA with feature `rdma`).
+//!
+//! A transport delivers a load's bytes into a [`LayerSink`], which the connector implements
+//! over the caller's per-layer destination buffers.
+
+use crate::error::LayerError;
+
+/// Where a load's bytes land. Implemented by the connector over the caller's destination
+/// buffers; called by transports (gather over TCP or RDMA) and by the stock-S3 path.
+///
+/// Layer `l`'s destination is `chunks x slice_len` bytes: chunk `c`'s K+V slice (CRC
+/// excluded) at offset `c x slice_len`. Methods may be called from any thread; calls for
+/// different byte ranges may run concurrently; a range is written at most once per load.
+pub trait LayerSink: Send + Sync {
+    /// Copies `data` into layer `layer`'s destination at byte `offset`.
+    ///
+    /// # Errors
+    /// [`LayerError::Cancelled`] if the load was cancelled; writes past the destination's end
+    /// are refused with [`LayerError::GeometryMismatch`] (no byte is written past the buffer).
+    fn write(&self, layer: u32, offset: u64, data: &[u8]) -> Result<(), LayerError>;
+    /// Marks `bytes` bytes of layer `layer` as verified and complete; when a layer's count
+    /// reaches its destination size the layer becomes ready.
+    fn complete(&self, layer: u32, bytes: u64);
+    /// Marks layer `layer` failed: it will never be reported ready (a miss).
+    fn fail(&self, layer: u32, err: LayerError);
+    /// `true` once the load is cancelled: transports stop sending and return.
+    fn is_cancelled(&self) -> bool;
+}
