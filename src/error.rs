@@ -88,7 +88,10 @@ pub enum StoreError {
 impl StoreError {
     /// Builds [`StoreError::Other`] from any displayable error.
     pub fn other(backend: &'static str, e: impl fmt::Display) -> Self {
-        StoreError::Other { backend, message: e.to_string() }
+        StoreError::Other {
+            backend,
+            message: e.to_string(),
+        }
     }
 }
 

@@ -9,5 +9,7 @@ pub struct GcArgs {}
 /// # Errors
 /// Not built yet: always an error saying so.
 pub fn run(_args: GcArgs) -> crate::Result<()> {
-    Err(crate::Error::InvalidArgument("`objectcache gc` is not built yet".into()))
+    Err(crate::Error::InvalidArgument(
+        "`objectcache gc` is not built yet".into(),
+    ))
 }

@@ -9,5 +9,7 @@ pub struct ServeArgs {}
 /// # Errors
 /// Not built yet: always an error saying so.
 pub fn run(_args: ServeArgs) -> crate::Result<()> {
-    Err(crate::Error::InvalidArgument("`objectcache serve` is not built yet".into()))
+    Err(crate::Error::InvalidArgument(
+        "`objectcache serve` is not built yet".into(),
+    ))
 }

@@ -9,5 +9,7 @@ pub struct SimArgs {}
 /// # Errors
 /// Not built yet: always an error saying so.
 pub fn run(_args: SimArgs) -> crate::Result<()> {
-    Err(crate::Error::InvalidArgument("`objectcache sim` is not built yet".into()))
+    Err(crate::Error::InvalidArgument(
+        "`objectcache sim` is not built yet".into(),
+    ))
 }

@@ -9,5 +9,7 @@ pub struct StatArgs {}
 /// # Errors
 /// Not built yet: always an error saying so.
 pub fn run(_args: StatArgs) -> crate::Result<()> {
-    Err(crate::Error::InvalidArgument("`objectcache stat` is not built yet".into()))
+    Err(crate::Error::InvalidArgument(
+        "`objectcache stat` is not built yet".into(),
+    ))
 }

@@ -1,1 +1,540 @@
 //! The client engine: save, lookup and layer-ordered load of prefix KV cache.
+//!
+//! ```no_run
+//! use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadRequest};
+//! use objectcache::hash::{chunk_hashes, HashParams};
+//! use objectcache::KvGeometry;
+//!
+//! let engine = Engine::new(EngineConfig::default())?;
+//! let g = KvGeometry::llama31_8b();
+//! let tokens: Vec<u32> = (0..4096).collect();
+//! let hashes = chunk_hashes(&tokens, &HashParams::new(g.tokens_per_chunk as usize))?;
+//! let hit = engine.lookup_blocking(&g, &hashes)?;          // leading chunks cached
+//! let per_layer = hit * g.slice_bytes() as usize;
+//! let h = engine.load(LoadRequest { geometry: g.clone(), hashes: hashes[..hit].to_vec() },
+//!                     LayerBuffers::allocate(g.layers as usize, per_layer))?;
+//! for l in 0..g.layers as usize {
+//!     h.wait_layer_blocking(l, None)?;                      // layer l is verified KV
+//!     let _kv = h.layer(l).unwrap();                        // compute layer l here
+//! }
+//! # Ok::<(), objectcache::Error>(())
+//! ```
+//!
+//! Save is two-phase: chunk data objects are written create-only (first writer wins), then,
+//! once all are durable, one small publish marker per chunk; lookup reads only markers, so a
+//! reader never sees a prefix half written and a crash between the phases leaves unreferenced
+//! data objects that garbage collection can find.
+
+mod buffers;
+mod config;
+mod load;
+
+pub use buffers::{LayerBuffers, LayerStatus};
+pub use config::{default_cache_dir, EngineConfig, CONFIG_KEYS};
+pub use load::{ChunkStatus, LoadHandle, LoadRequest, LoadStats};
+
+use crate::error::{Error, StoreError};
+use crate::layout::{encode_chunk, object_len, ChunkHash, KeyBuilder, KvGeometry};
+use crate::store::{PutIfAbsent, Store, StoreExt};
+use bytes::Bytes;
+use futures::StreamExt;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+// Temporary until the store URL opener lands in `store`: file paths and memory only.
+fn open_store_url(url: &str) -> Result<Arc<dyn Store>, Error> {
+    if url == "memory://" {
+        return Ok(Arc::new(crate::store::MemoryStore::new()));
+    }
+    let path = url.strip_prefix("file://").unwrap_or(url);
+    if path.contains("://") {
+        return Err(Error::Config(format!(
+            "store URL {url:?}: unsupported scheme"
+        )));
+    }
+    Ok(Arc::new(crate::store::FsStore::new(
+        path,
+        crate::store::FsyncPolicy::Always,
+    )?))
+}
+
+/// Magic of a publish marker object (16 bytes: magic, then the data object's length, u64 LE).
+pub const MARKER_MAGIC: [u8; 8] = *b"OCKVPUB1";
+
+/// Outcome of a save.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SaveReport {
+    /// Chunk objects this call wrote.
+    pub written: usize,
+    /// Chunk objects already present (another writer won; not an error).
+    pub already_present: usize,
+    /// Bytes written (data objects and markers).
+    pub bytes: u64,
+}
+
+/// Outcome of a lookup.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LookupReport {
+    /// Leading chunks of the prefix that are published (hits).
+    pub chunks: usize,
+    /// Sequential storage round trips spent (0 when answered from the local cache).
+    pub round_trips: usize,
+    /// Marker probes (HEAD requests) issued.
+    pub probes: usize,
+}
+
+/// Counters of an engine since creation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EngineMetrics {
+    /// Loads started.
+    pub loads: u64,
+    /// Saves completed.
+    pub saves: u64,
+    /// Lookups answered.
+    pub lookups: u64,
+    /// Chunks reported as hits by lookups.
+    pub lookup_hit_chunks: u64,
+    /// Marker probes issued by lookups.
+    pub lookup_probes: u64,
+    /// Bytes written by saves.
+    pub bytes_saved: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    loads: AtomicU64,
+    saves: AtomicU64,
+    lookups: AtomicU64,
+    lookup_hit_chunks: AtomicU64,
+    lookup_probes: AtomicU64,
+    bytes_saved: AtomicU64,
+}
+
+/// The ObjectCache client: one per process (or per TP rank), shared by threads.
+///
+/// Owns a small async runtime for its background reads; its async methods may be awaited
+/// from any runtime, and every method has a blocking form for threads without one.
+pub struct Engine {
+    store: Arc<dyn Store>,
+    cfg: EngineConfig,
+    rt: Option<tokio::runtime::Runtime>,
+    handle: tokio::runtime::Handle,
+    /// marker key -> (published?, time of the answer)
+    lookup_cache: Mutex<HashMap<String, (bool, Instant)>>,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("store", &self.store)
+            .field("namespace", &self.cfg.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Engine {
+    /// Opens the store named by `cfg.store` and starts the engine.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a bad store URL or settings; the store's error if it cannot be
+    /// opened.
+    pub fn new(cfg: EngineConfig) -> Result<Self, Error> {
+        let store = open_store_url(&cfg.store)?;
+        Self::with_store(store, cfg)
+    }
+
+    /// Starts an engine over an already opened store (`cfg.store` is ignored).
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the runtime cannot start; [`Error::Config`] for a bad namespace.
+    pub fn with_store(store: Arc<dyn Store>, cfg: EngineConfig) -> Result<Self, Error> {
+        crate::layout::validate_namespace(&cfg.namespace)?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cfg.worker_threads.max(1))
+            .thread_name("objectcache")
+            .enable_all()
+            .build()?;
+        let handle = rt.handle().clone();
+        Ok(Engine {
+            store,
+            cfg,
+            rt: Some(rt),
+            handle,
+            lookup_cache: Mutex::new(HashMap::new()),
+            counters: Counters::default(),
+        })
+    }
+
+    /// The store this engine uses.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// Key builder for a geometry under this engine's namespace and hash algorithm.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an invalid geometry.
+    pub fn keys(&self, g: &KvGeometry) -> Result<KeyBuilder, Error> {
+        g.validate()?;
+        KeyBuilder::new(&self.cfg.namespace, g, self.cfg.hash_algo)
+    }
+
+    /// Counters since creation.
+    pub fn metrics(&self) -> EngineMetrics {
+        let c = &self.counters;
+        EngineMetrics {
+            loads: c.loads.load(Ordering::Relaxed),
+            saves: c.saves.load(Ordering::Relaxed),
+            lookups: c.lookups.load(Ordering::Relaxed),
+            lookup_hit_chunks: c.lookup_hit_chunks.load(Ordering::Relaxed),
+            lookup_probes: c.lookup_probes.load(Ordering::Relaxed),
+            bytes_saved: c.bytes_saved.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Saves a prefix's KV: `layers[l]` holds layer `l` of every chunk, chunk `c`'s slice
+    /// (K of its `tokens_per_chunk` tokens, then V) at `c x slice_bytes`. Writes every chunk
+    /// object create-only, then the publish markers.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `layers.len() != geometry.layers` or a buffer is not
+    /// `hashes.len() x slice_bytes` bytes; the store's error if a write fails (then no marker
+    /// of this call is written past the failure, and nothing stored before is touched).
+    pub async fn save(
+        &self,
+        g: &KvGeometry,
+        hashes: &[ChunkHash],
+        layers: &[&[u8]],
+    ) -> Result<SaveReport, Error> {
+        let keys = self.keys(g)?;
+        let slice = g.slice_bytes() as usize;
+        if layers.len() != g.layers as usize {
+            return Err(Error::InvalidArgument(format!(
+                "save: {} layer buffers given, geometry {} has {} layers",
+                layers.len(),
+                g.model,
+                g.layers
+            )));
+        }
+        for (l, b) in layers.iter().enumerate() {
+            if b.len() != hashes.len() * slice {
+                return Err(Error::InvalidArgument(format!(
+                    "save: layer {l} buffer has {} bytes, expected {} chunks x {slice} bytes = {}",
+                    b.len(),
+                    hashes.len(),
+                    hashes.len() * slice
+                )));
+            }
+        }
+        // Phase 1: data objects, create-only.
+        let mut objects = Vec::with_capacity(hashes.len());
+        for (c, h) in hashes.iter().enumerate() {
+            let obj = encode_chunk(g, g.tokens_per_chunk, |l| {
+                &layers[l as usize][c * slice..(c + 1) * slice]
+            })?;
+            objects.push((keys.data(h), Bytes::from(obj)));
+        }
+        let store = self.store.clone();
+        let conc = self.cfg.save_concurrency;
+        let data = self.spawn(async move {
+            let results: Vec<Result<(PutIfAbsent, u64), StoreError>> =
+                futures::stream::iter(objects)
+                    .map(|(k, b)| {
+                        let store = store.clone();
+                        async move {
+                            let n = b.len() as u64;
+                            store.put_if_absent(&k, b).await.map(|r| (r, n))
+                        }
+                    })
+                    .buffered(conc.max(1))
+                    .collect()
+                    .await;
+            results
+        });
+        let mut report = SaveReport::default();
+        for r in data.await? {
+            match r? {
+                (PutIfAbsent::Written, n) => {
+                    report.written += 1;
+                    report.bytes += n;
+                }
+                (PutIfAbsent::AlreadyPresent, _) => report.already_present += 1,
+            }
+        }
+        // Phase 2: publish markers, after every data object is durable.
+        let len = object_len(g.layers, g.slice_bytes());
+        let mut marker = Vec::with_capacity(16);
+        marker.extend_from_slice(&MARKER_MAGIC);
+        marker.extend_from_slice(&len.to_le_bytes());
+        let marker = Bytes::from(marker);
+        let mkeys: Vec<String> = hashes.iter().map(|h| keys.marker(h)).collect();
+        let store = self.store.clone();
+        let mk2 = mkeys.clone();
+        let published = self.spawn(async move {
+            futures::stream::iter(mk2)
+                .map(|k| {
+                    let store = store.clone();
+                    let m = marker.clone();
+                    async move { store.put_if_absent(&k, m).await }
+                })
+                .buffered(conc.max(1))
+                .collect::<Vec<_>>()
+                .await
+        });
+        for r in published.await? {
+            if r? == PutIfAbsent::Written {
+                report.bytes += 16;
+            }
+        }
+        let now = Instant::now();
+        let mut cache = self.lookup_cache.lock().expect("lock");
+        for k in mkeys {
+            cache.insert(k, (true, now));
+        }
+        drop(cache);
+        self.counters.saves.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .bytes_saved
+            .fetch_add(report.bytes, Ordering::Relaxed);
+        Ok(report)
+    }
+
+    /// Blocking form of [`Engine::save`].
+    ///
+    /// # Errors
+    /// As [`Engine::save`].
+    pub fn save_blocking(
+        &self,
+        g: &KvGeometry,
+        hashes: &[ChunkHash],
+        layers: &[&[u8]],
+    ) -> Result<SaveReport, Error> {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let h = self.handle.clone();
+                h.block_on(self.save(g, hashes, layers))
+            })
+            .join()
+            .expect("save panicked")
+        })
+    }
+
+    fn spawn<T: Send + 'static>(
+        &self,
+        f: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> impl std::future::Future<Output = Result<T, Error>> {
+        let h = self.handle.spawn(f);
+        async move {
+            h.await
+                .map_err(|e| Error::Io(std::io::Error::other(format!("engine task failed: {e}"))))
+        }
+    }
+
+    /// How many leading chunks of `hashes` are published. Costs at most
+    /// ceil(log_{fanout+1}(n+1)) sequential round trips (a k-ary search over publish markers,
+    /// which are published in prefix order), stops at the first missing chunk, and reuses
+    /// answers younger than `lookup_cache_ttl` (hits and misses; a save by this engine marks
+    /// its chunks present at once).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a bad geometry; a store error other than not-found.
+    pub async fn lookup_report(
+        &self,
+        g: &KvGeometry,
+        hashes: &[ChunkHash],
+    ) -> Result<LookupReport, Error> {
+        let keys = self.keys(g)?;
+        let mkeys: Vec<String> = hashes.iter().map(|h| keys.marker(h)).collect();
+        let ttl = self.cfg.lookup_cache_ttl;
+        // Known state per position from the cache: Some(true/false) or None.
+        let mut known: Vec<Option<bool>> = {
+            let mut cache = self.lookup_cache.lock().expect("lock");
+            cache.retain(|_, (_, t)| t.elapsed() < ttl);
+            mkeys
+                .iter()
+                .map(|k| cache.get(k).map(|(p, _)| *p))
+                .collect()
+        };
+        // Markers are monotone along the prefix (published in order): find the boundary.
+        let mut lo = 0usize; // every position < lo is present
+        let mut hi = hashes.len(); // every position >= hi is absent (or beyond)
+        let tighten = |known: &[Option<bool>], lo: &mut usize, hi: &mut usize| {
+            while *lo < *hi && known[*lo] == Some(true) {
+                *lo += 1;
+            }
+            if let Some(p) = known[*lo..*hi].iter().position(|k| *k == Some(false)) {
+                *hi = *lo + p;
+            }
+        };
+        tighten(&known, &mut lo, &mut hi);
+        let mut report = LookupReport::default();
+        let fanout = self.cfg.lookup_fanout.max(1);
+        while lo < hi {
+            // Probe up to `fanout` positions spread over [lo, hi), always including lo.
+            let span = hi - lo;
+            let n = fanout.min(span);
+            let mut probes: Vec<usize> = (0..n).map(|i| lo + i * span / n).collect();
+            probes.dedup();
+            let store = self.store.clone();
+            let pk: Vec<String> = probes.iter().map(|&i| mkeys[i].clone()).collect();
+            let answers = self
+                .spawn(async move {
+                    futures::future::join_all(pk.into_iter().map(|k| {
+                        let store = store.clone();
+                        async move { store.exists(&k).await }
+                    }))
+                    .await
+                })
+                .await?;
+            report.round_trips += 1;
+            report.probes += probes.len();
+            for (&i, a) in probes.iter().zip(answers) {
+                known[i] = Some(a?);
+            }
+            // Monotonicity: a present marker implies all before it are present; an absent one
+            // that all after it are absent.
+            if let Some(&last_present) = probes.iter().filter(|&&i| known[i] == Some(true)).max() {
+                lo = lo.max(last_present + 1);
+            }
+            if let Some(&first_absent) = probes.iter().filter(|&&i| known[i] == Some(false)).min() {
+                hi = hi.min(first_absent);
+            }
+            tighten(&known, &mut lo, &mut hi);
+        }
+        report.chunks = lo;
+        {
+            let now = Instant::now();
+            let mut cache = self.lookup_cache.lock().expect("lock");
+            for (i, k) in mkeys.iter().enumerate() {
+                match known[i] {
+                    Some(p) => {
+                        cache.entry(k.clone()).or_insert((p, now));
+                    }
+                    None if i < lo => {
+                        cache.insert(k.clone(), (true, now));
+                    }
+                    None => {}
+                }
+            }
+            if lo < mkeys.len() {
+                cache.insert(mkeys[lo].clone(), (false, now));
+            }
+        }
+        self.counters.lookups.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .lookup_hit_chunks
+            .fetch_add(lo as u64, Ordering::Relaxed);
+        self.counters
+            .lookup_probes
+            .fetch_add(report.probes as u64, Ordering::Relaxed);
+        Ok(report)
+    }
+
+    /// Leading published chunks of `hashes` (see [`Engine::lookup_report`]).
+    ///
+    /// # Errors
+    /// As [`Engine::lookup_report`].
+    pub async fn lookup(&self, g: &KvGeometry, hashes: &[ChunkHash]) -> Result<usize, Error> {
+        Ok(self.lookup_report(g, hashes).await?.chunks)
+    }
+
+    /// Blocking form of [`Engine::lookup`].
+    ///
+    /// # Errors
+    /// As [`Engine::lookup_report`].
+    pub fn lookup_blocking(&self, g: &KvGeometry, hashes: &[ChunkHash]) -> Result<usize, Error> {
+        std::thread::scope(|s| {
+            s.spawn(|| self.handle.block_on(self.lookup(g, hashes)))
+                .join()
+                .expect("lookup panicked")
+        })
+    }
+
+    /// Starts a layer-ordered load of `req.hashes` into `dest` and returns at once.
+    ///
+    /// `dest` must have `geometry.layers` buffers of at least `hashes.len() x slice_bytes`
+    /// bytes; only that many bytes of each are written, never more. Reads are issued in layer
+    /// order (layer 0 of every chunk first), at most `window_bytes` and `max_requests` in
+    /// flight, each verified by its slice CRC32C before its layer can become ready.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty request, a wrong number of layer buffers or a
+    /// buffer too small (the message names the layer and the sizes).
+    pub fn load(&self, req: LoadRequest, dest: LayerBuffers) -> Result<LoadHandle, Error> {
+        let g = &req.geometry;
+        let keys = self.keys(g)?;
+        if req.hashes.is_empty() {
+            return Err(Error::InvalidArgument("load: no chunks requested".into()));
+        }
+        if dest.layers() != g.layers as usize {
+            return Err(Error::InvalidArgument(format!(
+                "load: {} destination buffers given, geometry {} has {} layers",
+                dest.layers(),
+                g.model,
+                g.layers
+            )));
+        }
+        let need = req.hashes.len() as u64 * g.slice_bytes();
+        for l in 0..dest.layers() {
+            if (dest.layer_len(l) as u64) < need {
+                return Err(Error::InvalidArgument(format!(
+                    "load: layer {l} buffer has {} bytes, needs {} chunks x {} bytes = {need}",
+                    dest.layer_len(l),
+                    req.hashes.len(),
+                    g.slice_bytes()
+                )));
+            }
+        }
+        let sh = Arc::new(load::Shared::new(dest, need, req.hashes.len()));
+        let run = load::run_store_load(
+            self.store.clone(),
+            keys,
+            req,
+            sh.clone(),
+            self.cfg.window_bytes,
+            self.cfg.max_requests,
+            self.cfg.coalesce_bytes,
+        );
+        let timeout = self.cfg.load_timeout;
+        let sh2 = sh.clone();
+        let driver = self.handle.spawn(async move {
+            match timeout {
+                None => run.await,
+                Some(t) => {
+                    if tokio::time::timeout(t, run).await.is_err() {
+                        // Deadline passed: every layer not ready is a miss; reads stop.
+                        for l in 0..sh2.state.layers() {
+                            sh2.state.fail_impl(
+                                l as u32,
+                                crate::error::LayerError::Timeout { layer: l },
+                            );
+                        }
+                        sh2.state.cancel();
+                    }
+                }
+            }
+        });
+        sh.tasks.lock().expect("lock").push(driver);
+        self.counters.loads.fetch_add(1, Ordering::Relaxed);
+        Ok(LoadHandle {
+            sh,
+            rt: self.handle.clone(),
+        })
+    }
+}

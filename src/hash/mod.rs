@@ -44,7 +44,11 @@ pub struct HashParams {
 impl HashParams {
     /// Seed `"0"`, no extra keys.
     pub fn new(block_size: usize) -> Self {
-        HashParams { seed: "0".into(), block_size, first_block_extra: None }
+        HashParams {
+            seed: "0".into(),
+            block_size,
+            first_block_extra: None,
+        }
     }
     /// Sets a cache salt (vLLM's `cache_salt`), which enters the first block's extra keys.
     pub fn with_salt(mut self, salt: &str) -> Self {
@@ -76,12 +80,18 @@ pub fn block_hash(parent: &[u8; 32], tokens: &[u32], extra: Option<&[ExtraKey]>)
 /// [`Error::InvalidArgument`] if `block_size` is 0.
 pub fn chunk_hashes(tokens: &[u32], p: &HashParams) -> Result<Vec<ChunkHash>, Error> {
     if p.block_size == 0 {
-        return Err(Error::InvalidArgument("hash block_size must be at least 1".into()));
+        return Err(Error::InvalidArgument(
+            "hash block_size must be at least 1".into(),
+        ));
     }
     let mut parent = none_hash(&p.seed);
     let mut out = Vec::with_capacity(tokens.len() / p.block_size);
     for (i, block) in tokens.chunks_exact(p.block_size).enumerate() {
-        let extra = if i == 0 { p.first_block_extra.as_deref() } else { None };
+        let extra = if i == 0 {
+            p.first_block_extra.as_deref()
+        } else {
+            None
+        };
         parent = block_hash(&parent, block, extra);
         out.push(ChunkHash::from_digest(parent));
     }
@@ -94,30 +104,57 @@ mod tests {
 
     #[test]
     fn none_hash_of_seed_zero() {
-        assert_eq!(hex::encode(none_hash("0")), "4e1195df020de59e0d65a33a4279f1183e7ae4e5d980e309f8b55adff2e61c3e");
+        assert_eq!(
+            hex::encode(none_hash("0")),
+            "4e1195df020de59e0d65a33a4279f1183e7ae4e5d980e309f8b55adff2e61c3e"
+        );
     }
 
     #[test]
     fn vllm_reference_vectors() {
-        let v: serde_json::Value =
-            serde_json::from_str(include_str!("../../tests/data/vllm_sha256_cbor_vectors.json")).unwrap();
+        let v: serde_json::Value = serde_json::from_str(include_str!(
+            "../../tests/data/vllm_sha256_cbor_vectors.json"
+        ))
+        .unwrap();
         let cases = v["cases"].as_array().unwrap();
         assert!(cases.len() >= 5);
         for (i, c) in cases.iter().enumerate() {
             let seed = c["python_hash_seed"].as_str().unwrap();
-            assert_eq!(hex::encode(none_hash(seed)), c["none_hash"].as_str().unwrap(), "case {i} none_hash");
-            let tokens: Vec<u32> = c["token_ids"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+            assert_eq!(
+                hex::encode(none_hash(seed)),
+                c["none_hash"].as_str().unwrap(),
+                "case {i} none_hash"
+            );
+            let tokens: Vec<u32> = c["token_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_u64().unwrap() as u32)
+                .collect();
             let extra = c["extra_keys_first_block"].as_array().map(|a| {
-                a.iter().map(|e| match e.as_str() {
-                    Some(s) => ExtraKey::Str(s.into()),
-                    None => ExtraKey::Int(e.as_i64().unwrap()),
-                })
-                .collect::<Vec<_>>()
+                a.iter()
+                    .map(|e| match e.as_str() {
+                        Some(s) => ExtraKey::Str(s.into()),
+                        None => ExtraKey::Int(e.as_i64().unwrap()),
+                    })
+                    .collect::<Vec<_>>()
             });
-            let p = HashParams { seed: seed.into(), block_size: c["block_size"].as_u64().unwrap() as usize, first_block_extra: extra };
-            let got: Vec<String> = chunk_hashes(&tokens, &p).unwrap().iter().map(|h| h.to_hex()).collect();
-            let want: Vec<String> =
-                c["block_hashes"].as_array().unwrap().iter().map(|h| h.as_str().unwrap().to_string()).collect();
+            let p = HashParams {
+                seed: seed.into(),
+                block_size: c["block_size"].as_u64().unwrap() as usize,
+                first_block_extra: extra,
+            };
+            let got: Vec<String> = chunk_hashes(&tokens, &p)
+                .unwrap()
+                .iter()
+                .map(|h| h.to_hex())
+                .collect();
+            let want: Vec<String> = c["block_hashes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|h| h.as_str().unwrap().to_string())
+                .collect();
             assert_eq!(got, want, "case {i}");
         }
     }

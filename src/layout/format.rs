@@ -69,7 +69,9 @@ pub enum FormatError {
     #[error("wrong data size: {0}")]
     WrongSize(String),
     /// A slice's CRC32C does not match.
-    #[error("slice checksum mismatch in layer {layer}: stored {stored:08x}, computed {computed:08x}")]
+    #[error(
+        "slice checksum mismatch in layer {layer}: stored {stored:08x}, computed {computed:08x}"
+    )]
     SliceChecksum {
         /// Layer index.
         layer: usize,
@@ -146,7 +148,10 @@ impl ChunkHeader {
     /// [`FormatError::HeaderChecksum`] or [`FormatError::InvalidField`].
     pub fn decode(b: &[u8]) -> Result<Self, FormatError> {
         if b.len() < HEADER_LEN as usize {
-            return Err(FormatError::Truncated { got: b.len() as u64, expected: HEADER_LEN });
+            return Err(FormatError::Truncated {
+                got: b.len() as u64,
+                expected: HEADER_LEN,
+            });
         }
         if b[0..8] != MAGIC {
             return Err(FormatError::BadMagic);
@@ -162,11 +167,18 @@ impl ChunkHeader {
             return Err(FormatError::HeaderChecksum);
         }
         if u16at(10) as u64 != HEADER_LEN {
-            return Err(FormatError::InvalidField(format!("header length {}", u16at(10))));
+            return Err(FormatError::InvalidField(format!(
+                "header length {}",
+                u16at(10)
+            )));
         }
-        let dtype = Dtype::from_code(b[12]).ok_or_else(|| FormatError::InvalidField(format!("dtype code {}", b[12])))?;
+        let dtype = Dtype::from_code(b[12])
+            .ok_or_else(|| FormatError::InvalidField(format!("dtype code {}", b[12])))?;
         if b[13] != CHECKSUM_CRC32C {
-            return Err(FormatError::InvalidField(format!("checksum algorithm {}", b[13])));
+            return Err(FormatError::InvalidField(format!(
+                "checksum algorithm {}",
+                b[13]
+            )));
         }
         let h = ChunkHeader {
             version,
@@ -213,7 +225,10 @@ impl ChunkHeader {
             ));
         }
         if self.layers != g.layers {
-            return mism(format!("object has {} layers, expected {}", self.layers, g.layers));
+            return mism(format!(
+                "object has {} layers, expected {}",
+                self.layers, g.layers
+            ));
         }
         if self.dtype != g.dtype {
             return mism(format!("object dtype {}, expected {}", self.dtype, g.dtype));
@@ -232,7 +247,10 @@ impl ChunkHeader {
             ));
         }
         if self.tokens != tokens {
-            return mism(format!("object holds {} tokens, expected {}", self.tokens, tokens));
+            return mism(format!(
+                "object holds {} tokens, expected {}",
+                self.tokens, tokens
+            ));
         }
         Ok(())
     }
@@ -274,13 +292,20 @@ pub fn slice_crc(data: &[u8]) -> u32 {
 /// [`FormatError::SliceChecksum`] on mismatch.
 pub fn verify_slice(layer: usize, with_crc: &[u8], slice_len: u64) -> Result<(), FormatError> {
     if with_crc.len() as u64 != slice_len + SLICE_CRC_LEN {
-        return Err(FormatError::Truncated { got: with_crc.len() as u64, expected: slice_len + SLICE_CRC_LEN });
+        return Err(FormatError::Truncated {
+            got: with_crc.len() as u64,
+            expected: slice_len + SLICE_CRC_LEN,
+        });
     }
     let (data, crc) = with_crc.split_at(slice_len as usize);
     let stored = u32::from_le_bytes(crc.try_into().expect("4"));
     let computed = slice_crc(data);
     if stored != computed {
-        return Err(FormatError::SliceChecksum { layer, stored, computed });
+        return Err(FormatError::SliceChecksum {
+            layer,
+            stored,
+            computed,
+        });
     }
     Ok(())
 }
@@ -338,7 +363,10 @@ pub fn decode_chunk<'a>(
     h.check(g, tokens)?;
     let need = h.object_len();
     if obj.len() as u64 != need {
-        return Err(FormatError::Truncated { got: obj.len() as u64, expected: need });
+        return Err(FormatError::Truncated {
+            got: obj.len() as u64,
+            expected: need,
+        });
     }
     let mut slices = Vec::with_capacity(h.layers as usize);
     for l in 0..h.layers {
@@ -380,14 +408,26 @@ mod tests {
         let data = vec![7u8; 64];
         let mut obj = encode_chunk(&g, 4, |_| &data).unwrap();
         obj[64 + 68 + 5] ^= 1;
-        assert!(matches!(decode_chunk(&g, 4, &obj), Err(FormatError::SliceChecksum { layer: 1, .. })));
+        assert!(matches!(
+            decode_chunk(&g, 4, &obj),
+            Err(FormatError::SliceChecksum { layer: 1, .. })
+        ));
         let other = g.with_dtype(Dtype::Bf16);
         let obj = encode_chunk(&g, 4, |_| &data).unwrap();
-        assert!(matches!(decode_chunk(&other, 4, &obj), Err(FormatError::GeometryMismatch(_))));
+        assert!(matches!(
+            decode_chunk(&other, 4, &obj),
+            Err(FormatError::GeometryMismatch(_))
+        ));
         let mut bad = obj.clone();
         bad[20] ^= 1;
         assert_eq!(ChunkHeader::decode(&bad), Err(FormatError::HeaderChecksum));
-        assert!(matches!(decode_chunk(&g, 4, &obj[..100]), Err(FormatError::Truncated { .. })));
-        assert!(matches!(encode_chunk(&g, 4, |_| &data[..10]), Err(FormatError::WrongSize(_))));
+        assert!(matches!(
+            decode_chunk(&g, 4, &obj[..100]),
+            Err(FormatError::Truncated { .. })
+        ));
+        assert!(matches!(
+            encode_chunk(&g, 4, |_| &data[..10]),
+            Err(FormatError::WrongSize(_))
+        ));
     }
 }

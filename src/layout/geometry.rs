@@ -123,7 +123,13 @@ impl KvGeometry {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] as for [`KvGeometry::validate`].
-    pub fn new(model: &str, layers: u32, kv_heads: u32, head_dim: u32, dtype: Dtype) -> Result<Self, Error> {
+    pub fn new(
+        model: &str,
+        layers: u32,
+        kv_heads: u32,
+        head_dim: u32,
+        dtype: Dtype,
+    ) -> Result<Self, Error> {
         let g = KvGeometry {
             model: model.to_string(),
             layers,
@@ -152,7 +158,10 @@ impl KvGeometry {
             return bad("geometry: layers must be at least 1 (got 0)".into());
         }
         if self.layers > 1024 {
-            return bad(format!("geometry: {} layers is more than the supported 1024", self.layers));
+            return bad(format!(
+                "geometry: {} layers is more than the supported 1024",
+                self.layers
+            ));
         }
         if self.kv_heads == 0 || self.head_dim == 0 {
             return bad(format!(
@@ -224,7 +233,10 @@ impl KvGeometry {
 
     /// Returns a copy with another dtype.
     pub fn with_dtype(&self, dtype: Dtype) -> Self {
-        KvGeometry { dtype, ..self.clone() }
+        KvGeometry {
+            dtype,
+            ..self.clone()
+        }
     }
 
     /// Returns a copy with another chunk size in tokens.
@@ -232,7 +244,10 @@ impl KvGeometry {
     /// # Errors
     /// [`Error::InvalidArgument`] if `tokens` is 0 or the slice would exceed 1 GiB.
     pub fn with_tokens_per_chunk(&self, tokens: u32) -> Result<Self, Error> {
-        let g = KvGeometry { tokens_per_chunk: tokens, ..self.clone() };
+        let g = KvGeometry {
+            tokens_per_chunk: tokens,
+            ..self.clone()
+        };
         g.validate()?;
         Ok(g)
     }
@@ -352,7 +367,13 @@ impl KvGeometry {
 }
 
 /// Names accepted by [`KvGeometry::preset`].
-pub const PRESET_NAMES: &[&str] = &["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-70b-tp8", "qwen2.5-7b", "smollm2-135m"];
+pub const PRESET_NAMES: &[&str] = &[
+    "llama-3.1-8b",
+    "llama-3.1-70b",
+    "llama-3.1-70b-tp8",
+    "qwen2.5-7b",
+    "smollm2-135m",
+];
 
 #[cfg(test)]
 mod tests {
@@ -377,7 +398,10 @@ mod tests {
         let b = KvGeometry::smollm2_135m();
         assert_ne!(a.fingerprint(), b.fingerprint());
         assert_ne!(a.fingerprint(), a.with_dtype(Dtype::Fp16).fingerprint());
-        assert_ne!(a.fingerprint(), a.with_tokens_per_chunk(16).unwrap().fingerprint());
+        assert_ne!(
+            a.fingerprint(),
+            a.with_tokens_per_chunk(16).unwrap().fingerprint()
+        );
         let r0 = KvGeometry::llama31_70b(8, 0).unwrap();
         assert_eq!(r0.fingerprint(), r0.with_rank(7).unwrap().fingerprint());
     }
@@ -387,8 +411,18 @@ mod tests {
         let mut g = KvGeometry::llama31_8b();
         g.layers = 0;
         assert!(g.validate().unwrap_err().to_string().contains("layers"));
-        assert!(KvGeometry::llama31_70b(3, 0).unwrap_err().to_string().contains("split evenly"));
-        assert!("int4".parse::<Dtype>().unwrap_err().to_string().contains("int4"));
-        assert!(KvGeometry::preset("gpt-5").unwrap_err().to_string().contains("llama-3.1-8b"));
+        assert!(KvGeometry::llama31_70b(3, 0)
+            .unwrap_err()
+            .to_string()
+            .contains("split evenly"));
+        assert!("int4"
+            .parse::<Dtype>()
+            .unwrap_err()
+            .to_string()
+            .contains("int4"));
+        assert!(KvGeometry::preset("gpt-5")
+            .unwrap_err()
+            .to_string()
+            .contains("llama-3.1-8b"));
     }
 }

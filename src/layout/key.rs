@@ -59,7 +59,8 @@ impl ChunkHash {
     /// # Errors
     /// [`Error::InvalidArgument`] for bad hex or length.
     pub fn from_hex(s: &str) -> Result<Self, Error> {
-        let b = hex::decode(s).map_err(|e| Error::InvalidArgument(format!("chunk hash {s:?} is not hex: {e}")))?;
+        let b = hex::decode(s)
+            .map_err(|e| Error::InvalidArgument(format!("chunk hash {s:?} is not hex: {e}")))?;
         Self::new(&b)
     }
     /// The hash bytes.
@@ -97,7 +98,10 @@ pub fn validate_namespace(ns: &str) -> Result<(), Error> {
         if seg.is_empty() || seg == "." || seg == ".." {
             return bad("empty, '.' or '..' segment");
         }
-        if !seg.bytes().all(|c| c.is_ascii_alphanumeric() || b"._-".contains(&c)) {
+        if !seg
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || b"._-".contains(&c))
+        {
             return bad("only letters, digits, '.', '_', '-' and '/' are allowed");
         }
     }
@@ -162,7 +166,12 @@ mod tests {
         assert_ne!(a.data(&h), c.data(&h));
         assert!(a.data(&h).starts_with("ns/v1/"));
         assert!(a.data(&h).contains("/tp0-1/sha256cbor/kv/abab"));
-        let r3 = KeyBuilder::new("ns", &KvGeometry::llama31_70b(8, 3).unwrap(), HashAlgo::Sha256Cbor).unwrap();
+        let r3 = KeyBuilder::new(
+            "ns",
+            &KvGeometry::llama31_70b(8, 3).unwrap(),
+            HashAlgo::Sha256Cbor,
+        )
+        .unwrap();
         assert!(r3.data(&h).contains("/tp3-8/"));
     }
 

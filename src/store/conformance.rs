@@ -26,7 +26,11 @@ pub const CASES: &[&str] = &[
 ];
 
 fn pattern(n: usize, seed: u8) -> Bytes {
-    Bytes::from((0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect::<Vec<u8>>())
+    Bytes::from(
+        (0..n)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect::<Vec<u8>>(),
+    )
 }
 
 /// Put then get returns the same bytes.
@@ -44,9 +48,21 @@ pub async fn ranged_get(s: &dyn Store, p: &str) {
     s.put(&k, d.clone()).await.unwrap();
     for r in [0..1, 0..10_000, 5..6, 4096..8192, 9_999..10_000, 123..4567] {
         let got = s.get_range(&k, r.clone()).await.unwrap();
-        assert_eq!(got, d.slice(r.start as usize..r.end as usize), "range {r:?}");
+        assert_eq!(
+            got,
+            d.slice(r.start as usize..r.end as usize),
+            "range {r:?}"
+        );
     }
-    let g = s.get_opts(&k, GetOptions { range: Some(10..20) }).await.unwrap();
+    let g = s
+        .get_opts(
+            &k,
+            GetOptions {
+                range: Some(10..20),
+            },
+        )
+        .await
+        .unwrap();
     assert_eq!(g.meta.size, 10_000);
     assert_eq!(g.range, 10..20);
 }
@@ -62,7 +78,10 @@ pub async fn invalid_range(s: &dyn Store, p: &str) {
 /// Reads of a missing key are `NotFound`.
 pub async fn missing_key(s: &dyn Store, p: &str) {
     let k = format!("{p}/missing/nothing-here");
-    assert!(matches!(s.get_bytes(&k).await, Err(StoreError::NotFound { .. })));
+    assert!(matches!(
+        s.get_bytes(&k).await,
+        Err(StoreError::NotFound { .. })
+    ));
     assert!(matches!(s.head(&k).await, Err(StoreError::NotFound { .. })));
     assert!(!s.exists(&k).await.unwrap());
 }
@@ -78,8 +97,14 @@ pub async fn overwrite(s: &dyn Store, p: &str) {
 /// Create-only: the first writer wins, the second is told `AlreadyPresent`, bytes unchanged.
 pub async fn put_if_absent(s: &dyn Store, p: &str) {
     let k = format!("{p}/pia/obj");
-    assert_eq!(s.put_if_absent(&k, pattern(64, 6)).await.unwrap(), PutIfAbsent::Written);
-    assert_eq!(s.put_if_absent(&k, pattern(64, 7)).await.unwrap(), PutIfAbsent::AlreadyPresent);
+    assert_eq!(
+        s.put_if_absent(&k, pattern(64, 6)).await.unwrap(),
+        PutIfAbsent::Written
+    );
+    assert_eq!(
+        s.put_if_absent(&k, pattern(64, 7)).await.unwrap(),
+        PutIfAbsent::AlreadyPresent
+    );
     assert_eq!(s.get_bytes(&k).await.unwrap(), pattern(64, 6));
 }
 
@@ -104,14 +129,33 @@ pub async fn delete_idempotent(s: &dyn Store, p: &str) {
 /// List returns exactly the keys under a prefix, sorted.
 pub async fn list_prefix(s: &dyn Store, p: &str) {
     for k in ["a/1", "a/2", "a/sub/3", "b/1"] {
-        s.put(&format!("{p}/list/{k}"), pattern(3, 1)).await.unwrap();
+        s.put(&format!("{p}/list/{k}"), pattern(3, 1))
+            .await
+            .unwrap();
     }
-    let got: Vec<String> = s.list(&format!("{p}/list/a/"), 1000).await.unwrap().into_iter().map(|m| m.key).collect();
-    assert_eq!(got, vec![format!("{p}/list/a/1"), format!("{p}/list/a/2"), format!("{p}/list/a/sub/3")]);
+    let got: Vec<String> = s
+        .list(&format!("{p}/list/a/"), 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.key)
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            format!("{p}/list/a/1"),
+            format!("{p}/list/a/2"),
+            format!("{p}/list/a/sub/3")
+        ]
+    );
     let got = s.list(&format!("{p}/list/"), 1000).await.unwrap();
     assert_eq!(got.len(), 4);
     assert!(got.iter().all(|m| m.size == 3));
-    assert!(s.list(&format!("{p}/list/zzz"), 1000).await.unwrap().is_empty());
+    assert!(s
+        .list(&format!("{p}/list/zzz"), 1000)
+        .await
+        .unwrap()
+        .is_empty());
 }
 
 /// List follows pagination past 1,000 keys (S3's page size) and honours the limit.
@@ -120,9 +164,12 @@ pub async fn list_pagination(s: &dyn Store, p: &str) {
     let keys: Vec<String> = (0..n).map(|i| format!("{p}/page/k{i:05}")).collect();
     let futs = keys.iter().map(|k| s.put(k, Bytes::from_static(b"x")));
     for chunk in futs.collect::<Vec<_>>().chunks_mut(64) {
-        futures::future::join_all(chunk.iter_mut()).await.into_iter().for_each(|r| {
-            r.unwrap();
-        });
+        futures::future::join_all(chunk.iter_mut())
+            .await
+            .into_iter()
+            .for_each(|r| {
+                r.unwrap();
+            });
     }
     let got = s.list(&format!("{p}/page/"), usize::MAX).await.unwrap();
     assert_eq!(got.len(), n);
@@ -132,7 +179,14 @@ pub async fn list_pagination(s: &dyn Store, p: &str) {
 
 /// Keys that could escape a root or confuse a gateway are refused.
 pub async fn bad_keys(s: &dyn Store, p: &str) {
-    for k in [String::new(), "/abs".into(), format!("{p}/../escape"), format!("{p}//x"), format!("{p}/a\0b"), format!("{p}/.")] {
+    for k in [
+        String::new(),
+        "/abs".into(),
+        format!("{p}/../escape"),
+        format!("{p}//x"),
+        format!("{p}/a\0b"),
+        format!("{p}/."),
+    ] {
         let e = s.put(&k, Bytes::from_static(b"x")).await.unwrap_err();
         assert!(matches!(e, StoreError::InvalidKey { .. }), "{k:?}: {e:?}");
     }
@@ -145,7 +199,10 @@ pub async fn large_object(s: &dyn Store, p: &str) {
     s.put(&k, d.clone()).await.unwrap();
     assert_eq!(s.get_bytes(&k).await.unwrap(), d);
     let r = (5 << 20) + 3..(17 << 20) + 5;
-    assert_eq!(s.get_range(&k, r.clone()).await.unwrap(), d.slice(r.start as usize..r.end as usize));
+    assert_eq!(
+        s.get_range(&k, r.clone()).await.unwrap(),
+        d.slice(r.start as usize..r.end as usize)
+    );
 }
 
 /// Runs every case in order (for ad-hoc use; tests use the macro).

@@ -10,7 +10,10 @@
 //! loss; with `Never` a crash may lose recent puts but never exposes a partial object (rename
 //! is atomic). A cache can choose `Never`: a lost entry is a miss, not corruption.
 
-use super::{resolve_range, validate_key, GetOptions, GetResult, ObjectMeta, PutMode, PutOptions, PutResult, Store};
+use super::{
+    resolve_range, validate_key, GetOptions, GetResult, ObjectMeta, PutMode, PutOptions, PutResult,
+    Store,
+};
 use crate::error::StoreError;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -47,8 +50,13 @@ impl FsStore {
     /// [`StoreError::Other`] if the directory cannot be created.
     pub fn new(root: impl AsRef<Path>, fsync: FsyncPolicy) -> Result<Self, StoreError> {
         let root = root.as_ref().to_path_buf();
-        std::fs::create_dir_all(&root).map_err(|e| StoreError::other("fs", format!("create {}: {e}", root.display())))?;
-        Ok(FsStore { root, fsync, seq: AtomicU64::new(0) })
+        std::fs::create_dir_all(&root)
+            .map_err(|e| StoreError::other("fs", format!("create {}: {e}", root.display())))?;
+        Ok(FsStore {
+            root,
+            fsync,
+            seq: AtomicU64::new(0),
+        })
     }
 
     /// The root directory.
@@ -59,7 +67,10 @@ impl FsStore {
     fn path(&self, key: &str) -> Result<PathBuf, StoreError> {
         validate_key(key)?;
         if key.split('/').any(|s| s.starts_with(TMP_PREFIX)) {
-            return Err(StoreError::InvalidKey { key: key.into(), reason: "segments starting with .tmp- are reserved" });
+            return Err(StoreError::InvalidKey {
+                key: key.into(),
+                reason: "segments starting with .tmp- are reserved",
+            });
         }
         Ok(self.root.join(key))
     }
@@ -78,11 +89,20 @@ fn meta_of(key: &str, m: &std::fs::Metadata) -> ObjectMeta {
     let etag = t
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map(|d| format!("{:x}-{:x}", m.len(), d.as_nanos()));
-    ObjectMeta { key: key.into(), size: m.len(), last_modified: t, etag }
+    ObjectMeta {
+        key: key.into(),
+        size: m.len(),
+        last_modified: t,
+        etag,
+    }
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, StoreError> + Send + 'static) -> Result<T, StoreError> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| StoreError::other("fs", format!("blocking task failed: {e}")))?
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StoreError::other("fs", format!("blocking task failed: {e}")))?
 }
 
 #[async_trait]
@@ -110,28 +130,52 @@ impl Store for FsStore {
         let start = range.start;
         let len = range.end - range.start;
         // Stream the range in READ_CHUNK pieces, each read on the blocking pool.
-        let body = futures::stream::try_unfold((file, start, len, key), |(mut f, pos, left, key)| async move {
-            if left == 0 {
-                return Ok(None);
-            }
-            let n = left.min(READ_CHUNK as u64) as usize;
-            let (f, buf) = blocking(move || {
-                let mut buf = vec![0u8; n];
-                f.seek(SeekFrom::Start(pos)).map_err(|e| io_err(&key, e))?;
-                f.read_exact(&mut buf).map_err(|e| StoreError::other("fs", format!("short read of {key}: {e}")))?;
-                Ok((f, (buf, key)))
-            })
-            .await?;
-            let (buf, key) = buf;
-            Ok(Some((Bytes::from(buf), (f, pos + n as u64, left - n as u64, key))))
-        });
-        Ok(GetResult { meta, range, body: Box::pin(body) })
+        let body = futures::stream::try_unfold(
+            (file, start, len, key),
+            |(mut f, pos, left, key)| async move {
+                if left == 0 {
+                    return Ok(None);
+                }
+                let n = left.min(READ_CHUNK as u64) as usize;
+                let (f, buf) = blocking(move || {
+                    let mut buf = vec![0u8; n];
+                    f.seek(SeekFrom::Start(pos)).map_err(|e| io_err(&key, e))?;
+                    f.read_exact(&mut buf).map_err(|e| {
+                        StoreError::other("fs", format!("short read of {key}: {e}"))
+                    })?;
+                    Ok((f, (buf, key)))
+                })
+                .await?;
+                let (buf, key) = buf;
+                Ok(Some((
+                    Bytes::from(buf),
+                    (f, pos + n as u64, left - n as u64, key),
+                )))
+            },
+        );
+        Ok(GetResult {
+            meta,
+            range,
+            body: Box::pin(body),
+        })
     }
 
-    async fn put_opts(&self, key: &str, data: Bytes, opts: PutOptions) -> Result<PutResult, StoreError> {
+    async fn put_opts(
+        &self,
+        key: &str,
+        data: Bytes,
+        opts: PutOptions,
+    ) -> Result<PutResult, StoreError> {
         let path = self.path(key)?;
-        let dir = path.parent().expect("key has a parent under root").to_path_buf();
-        let tmp = dir.join(format!("{TMP_PREFIX}{}-{}", std::process::id(), self.seq.fetch_add(1, Ordering::Relaxed)));
+        let dir = path
+            .parent()
+            .expect("key has a parent under root")
+            .to_path_buf();
+        let tmp = dir.join(format!(
+            "{TMP_PREFIX}{}-{}",
+            std::process::id(),
+            self.seq.fetch_add(1, Ordering::Relaxed)
+        ));
         let fsync = self.fsync;
         let key = key.to_string();
         blocking(move || {
@@ -167,10 +211,14 @@ impl Store for FsStore {
                 }
             }
             if fsync == FsyncPolicy::Always {
-                std::fs::File::open(&dir).and_then(|d| d.sync_all()).map_err(|e| io_err(&key, e))?;
+                std::fs::File::open(&dir)
+                    .and_then(|d| d.sync_all())
+                    .map_err(|e| io_err(&key, e))?;
             }
             let m = std::fs::metadata(&path).map_err(|e| io_err(&key, e))?;
-            Ok(PutResult { etag: meta_of(&key, &m).etag })
+            Ok(PutResult {
+                etag: meta_of(&key, &m).etag,
+            })
         })
         .await
     }
@@ -208,14 +256,23 @@ impl Store for FsStore {
                 Some(i) => &prefix[..i],
                 None => "",
             };
-            let start = if base.is_empty() { root.clone() } else { root.join(base) };
+            let start = if base.is_empty() {
+                root.clone()
+            } else {
+                root.join(base)
+            };
             let mut out = Vec::new();
             let mut stack = vec![(start, base.to_string())];
             while let Some((dir, rel)) = stack.pop() {
                 let rd = match std::fs::read_dir(&dir) {
                     Ok(rd) => rd,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                    Err(e) => return Err(StoreError::other("fs", format!("list {}: {e}", dir.display()))),
+                    Err(e) => {
+                        return Err(StoreError::other(
+                            "fs",
+                            format!("list {}: {e}", dir.display()),
+                        ))
+                    }
                 };
                 for ent in rd {
                     let ent = ent.map_err(|e| StoreError::other("fs", e))?;
@@ -223,7 +280,11 @@ impl Store for FsStore {
                     if name.starts_with(TMP_PREFIX) {
                         continue;
                     }
-                    let k = if rel.is_empty() { name } else { format!("{rel}/{name}") };
+                    let k = if rel.is_empty() {
+                        name
+                    } else {
+                        format!("{rel}/{name}")
+                    };
                     let ft = ent.file_type().map_err(|e| StoreError::other("fs", e))?;
                     if ft.is_dir() {
                         if prefix.starts_with(&k) || k.starts_with(&prefix) {

@@ -1,6 +1,9 @@
 //! In-memory store: the reference backend, for tests and single-process caches.
 
-use super::{resolve_range, validate_key, GetOptions, GetResult, ObjectMeta, PutMode, PutOptions, PutResult, Store};
+use super::{
+    resolve_range, validate_key, GetOptions, GetResult, ObjectMeta, PutMode, PutOptions, PutResult,
+    Store,
+};
 use crate::error::StoreError;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -23,7 +26,12 @@ impl MemoryStore {
     }
     /// Total bytes stored.
     pub fn total_bytes(&self) -> u64 {
-        self.objects.lock().expect("lock").values().map(|v| v.0.len() as u64).sum()
+        self.objects
+            .lock()
+            .expect("lock")
+            .values()
+            .map(|v| v.0.len() as u64)
+            .sum()
     }
 }
 
@@ -35,33 +43,60 @@ impl Store for MemoryStore {
 
     async fn get_opts(&self, key: &str, opts: GetOptions) -> Result<GetResult, StoreError> {
         validate_key(key)?;
-        let (data, t, etag) =
-            self.objects.lock().expect("lock").get(key).cloned().ok_or_else(|| StoreError::NotFound { key: key.into() })?;
+        let (data, t, etag) = self
+            .objects
+            .lock()
+            .expect("lock")
+            .get(key)
+            .cloned()
+            .ok_or_else(|| StoreError::NotFound { key: key.into() })?;
         let range = resolve_range(key, opts.range, data.len() as u64)?;
         let part = data.slice(range.start as usize..range.end as usize);
         Ok(GetResult {
-            meta: ObjectMeta { key: key.into(), size: data.len() as u64, last_modified: Some(t), etag: Some(etag.to_string()) },
+            meta: ObjectMeta {
+                key: key.into(),
+                size: data.len() as u64,
+                last_modified: Some(t),
+                etag: Some(etag.to_string()),
+            },
             range,
             body: Box::pin(futures::stream::once(async move { Ok(part) })),
         })
     }
 
-    async fn put_opts(&self, key: &str, data: Bytes, opts: PutOptions) -> Result<PutResult, StoreError> {
+    async fn put_opts(
+        &self,
+        key: &str,
+        data: Bytes,
+        opts: PutOptions,
+    ) -> Result<PutResult, StoreError> {
         validate_key(key)?;
-        let etag = self.next_etag.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let etag = self
+            .next_etag
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
         let mut m = self.objects.lock().expect("lock");
         if opts.mode == PutMode::Create && m.contains_key(key) {
             return Err(StoreError::AlreadyExists { key: key.into() });
         }
         m.insert(key.to_string(), (data, SystemTime::now(), etag));
-        Ok(PutResult { etag: Some(etag.to_string()) })
+        Ok(PutResult {
+            etag: Some(etag.to_string()),
+        })
     }
 
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
         validate_key(key)?;
         let m = self.objects.lock().expect("lock");
-        let (d, t, e) = m.get(key).ok_or_else(|| StoreError::NotFound { key: key.into() })?;
-        Ok(ObjectMeta { key: key.into(), size: d.len() as u64, last_modified: Some(*t), etag: Some(e.to_string()) })
+        let (d, t, e) = m
+            .get(key)
+            .ok_or_else(|| StoreError::NotFound { key: key.into() })?;
+        Ok(ObjectMeta {
+            key: key.into(),
+            size: d.len() as u64,
+            last_modified: Some(*t),
+            etag: Some(e.to_string()),
+        })
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
@@ -75,7 +110,12 @@ impl Store for MemoryStore {
         Ok(m.range(prefix.to_string()..)
             .take_while(|(k, _)| k.starts_with(prefix))
             .take(limit)
-            .map(|(k, (d, t, e))| ObjectMeta { key: k.clone(), size: d.len() as u64, last_modified: Some(*t), etag: Some(e.to_string()) })
+            .map(|(k, (d, t, e))| ObjectMeta {
+                key: k.clone(),
+                size: d.len() as u64,
+                last_modified: Some(*t),
+                etag: Some(e.to_string()),
+            })
             .collect())
     }
 }

@@ -7,9 +7,9 @@
 //! Keys are `/`-separated UTF-8 strings checked by [`validate_key`], so that no key can escape
 //! a filesystem root or confuse an S3 gateway.
 
+pub mod conformance;
 mod fs;
 mod memory;
-pub mod conformance;
 
 pub use fs::{FsStore, FsyncPolicy};
 pub use memory::MemoryStore;
@@ -31,7 +31,12 @@ pub const MAX_KEY_LEN: usize = 1024;
 /// # Errors
 /// [`StoreError::InvalidKey`] naming the rule broken.
 pub fn validate_key(key: &str) -> Result<(), StoreError> {
-    let bad = |reason| Err(StoreError::InvalidKey { key: key.to_string(), reason });
+    let bad = |reason| {
+        Err(StoreError::InvalidKey {
+            key: key.to_string(),
+            reason,
+        })
+    };
     if key.is_empty() || key.len() > MAX_KEY_LEN {
         return bad("must be 1 to 1024 bytes");
     }
@@ -82,7 +87,10 @@ pub struct GetResult {
 
 impl std::fmt::Debug for GetResult {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GetResult").field("meta", &self.meta).field("range", &self.range).finish_non_exhaustive()
+        f.debug_struct("GetResult")
+            .field("meta", &self.meta)
+            .field("range", &self.range)
+            .finish_non_exhaustive()
     }
 }
 
@@ -108,7 +116,12 @@ impl GetResult {
         if out.len() as u64 != want {
             return Err(StoreError::Other {
                 backend: "store",
-                message: format!("body of {} has {} bytes, expected {}", self.meta.key, out.len(), want),
+                message: format!(
+                    "body of {} has {} bytes, expected {}",
+                    self.meta.key,
+                    out.len(),
+                    want
+                ),
             });
         }
         Ok(out)
@@ -158,7 +171,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// # Errors
     /// [`StoreError::AlreadyExists`] with [`PutMode::Create`] when the key exists;
     /// [`StoreError::InvalidKey`]; a backend failure.
-    async fn put_opts(&self, key: &str, data: Bytes, opts: PutOptions) -> Result<PutResult, StoreError>;
+    async fn put_opts(
+        &self,
+        key: &str,
+        data: Bytes,
+        opts: PutOptions,
+    ) -> Result<PutResult, StoreError>;
 
     /// Metadata of an object.
     ///
@@ -197,14 +215,20 @@ pub trait StoreExt: Store {
     /// # Errors
     /// As [`Store::get_opts`].
     async fn get_bytes(&self, key: &str) -> Result<Bytes, StoreError> {
-        self.get_opts(key, GetOptions::default()).await?.bytes().await
+        self.get_opts(key, GetOptions::default())
+            .await?
+            .bytes()
+            .await
     }
     /// Reads `range` of an object into memory.
     ///
     /// # Errors
     /// As [`Store::get_opts`].
     async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, StoreError> {
-        self.get_opts(key, GetOptions { range: Some(range) }).await?.bytes().await
+        self.get_opts(key, GetOptions { range: Some(range) })
+            .await?
+            .bytes()
+            .await
     }
     /// Overwriting put.
     ///
@@ -218,7 +242,16 @@ pub trait StoreExt: Store {
     /// # Errors
     /// As [`Store::put_opts`], except `AlreadyExists`.
     async fn put_if_absent(&self, key: &str, data: Bytes) -> Result<PutIfAbsent, StoreError> {
-        match self.put_opts(key, data, PutOptions { mode: PutMode::Create }).await {
+        match self
+            .put_opts(
+                key,
+                data,
+                PutOptions {
+                    mode: PutMode::Create,
+                },
+            )
+            .await
+        {
             Ok(_) => Ok(PutIfAbsent::Written),
             Err(StoreError::AlreadyExists { .. }) => Ok(PutIfAbsent::AlreadyPresent),
             Err(e) => Err(e),
@@ -243,10 +276,19 @@ impl<T: Store + ?Sized> StoreExt for T {}
 ///
 /// # Errors
 /// [`StoreError::InvalidRange`] if `r` is empty-inverted or reaches past `size`.
-pub fn resolve_range(key: &str, r: Option<Range<u64>>, size: u64) -> Result<Range<u64>, StoreError> {
+pub fn resolve_range(
+    key: &str,
+    r: Option<Range<u64>>,
+    size: u64,
+) -> Result<Range<u64>, StoreError> {
     match r {
         None => Ok(0..size),
         Some(r) if r.start <= r.end && r.end <= size => Ok(r),
-        Some(r) => Err(StoreError::InvalidRange { key: key.to_string(), start: r.start, end: r.end, size }),
+        Some(r) => Err(StoreError::InvalidRange {
+            key: key.to_string(),
+            start: r.start,
+            end: r.end,
+            size,
+        }),
     }
 }

@@ -18,8 +18,16 @@ pub trait LayerSink: Send + Sync {
     /// [`LayerError::Cancelled`] if the load was cancelled; writes past the destination's end
     /// are refused with [`LayerError::GeometryMismatch`] (no byte is written past the buffer).
     fn write(&self, layer: u32, offset: u64, data: &[u8]) -> Result<(), LayerError>;
-    /// Marks `bytes` bytes of layer `layer` as verified and complete; when a layer's count
-    /// reaches its destination size the layer becomes ready.
+    /// Records that the transport itself placed `len` bytes at `offset` of layer `layer`'s
+    /// destination (RDMA writes by the NIC, no CPU copy). Counted like [`LayerSink::write`].
+    ///
+    /// # Errors
+    /// As [`LayerSink::write`].
+    fn placed(&self, layer: u32, offset: u64, len: u64) -> Result<(), LayerError>;
+    /// Marks `bytes` bytes of layer `layer` as verified (checksum matched). A layer becomes
+    /// ready when every byte of its destination was written or placed exactly once **and**
+    /// verified; overlapping or out-of-bounds writes are refused, so a layer can never be
+    /// ready with bytes missing.
     fn complete(&self, layer: u32, bytes: u64);
     /// Marks layer `layer` failed: it will never be reported ready (a miss).
     fn fail(&self, layer: u32, err: LayerError);

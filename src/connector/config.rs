@@ -1,0 +1,197 @@
+//! Engine configuration: one set of key/value names shared by the Rust API, the C ABI and
+//! the command line.
+
+use crate::error::Error;
+use crate::layout::HashAlgo;
+use std::time::Duration;
+
+/// Configuration of an [`super::Engine`]. Every field has a key of the same name for
+/// [`EngineConfig::from_pairs`] (the C ABI's `objectcache_engine_create` takes the same keys).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// `store`: where objects live, as a URL (see `store::open_store`): a directory path or
+    /// `file:///path` (the embedded default), `memory://`, `s3://bucket/prefix?endpoint=...`.
+    /// Default: `file://` + `$XDG_CACHE_HOME/objectcache/store` (or `~/.cache/...`).
+    pub store: String,
+    /// `namespace`: first key component; separates tenants and deployments. Default `default`.
+    pub namespace: String,
+    /// `hash_algo`: `sha256cbor` (default, vLLM-compatible) or `ext` (caller's own hashes).
+    pub hash_algo: HashAlgo,
+    /// `window_bytes`: look-ahead window of a load, bytes in flight at most. Default 256 MiB.
+    pub window_bytes: u64,
+    /// `max_requests`: concurrent storage requests of one load at most. Default 32.
+    pub max_requests: usize,
+    /// `coalesce_bytes`: a ranged GET after layer 0 spans following layers of the same chunk
+    /// up to this size (0 = one slice per request). Default 4 MiB (the paper's amortising
+    /// unit).
+    pub coalesce_bytes: u64,
+    /// `lookup_fanout`: markers probed in parallel per lookup round trip. Default 16, so a
+    /// lookup of n chunks costs at most ceil(log17(n+1)) round trips.
+    pub lookup_fanout: usize,
+    /// `lookup_cache_ttl_ms`: how long lookup answers (hits and misses) are reused. Default
+    /// 2,000 ms; 0 disables the cache.
+    pub lookup_cache_ttl: Duration,
+    /// `load_timeout_ms`: deadline of a whole load; layers not ready by then fail with
+    /// `Timeout`. Default 30,000 ms; 0 = none.
+    pub load_timeout: Option<Duration>,
+    /// `save_concurrency`: concurrent object writes of one save. Default 16.
+    pub save_concurrency: usize,
+    /// `worker_threads`: threads of the engine's own async runtime. Default 2.
+    pub worker_threads: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            store: default_store_url(),
+            namespace: "default".into(),
+            hash_algo: HashAlgo::Sha256Cbor,
+            window_bytes: 256 << 20,
+            max_requests: 32,
+            coalesce_bytes: 4 << 20,
+            lookup_fanout: 16,
+            lookup_cache_ttl: Duration::from_millis(2000),
+            load_timeout: Some(Duration::from_secs(30)),
+            save_concurrency: 16,
+            worker_threads: 2,
+        }
+    }
+}
+
+/// The default cache directory: `$OBJECTCACHE_HOME`, else `$XDG_CACHE_HOME/objectcache`, else
+/// `$HOME/.cache/objectcache`, else `./.cache/objectcache`.
+pub fn default_cache_dir() -> std::path::PathBuf {
+    if let Some(d) = std::env::var_os("OBJECTCACHE_HOME") {
+        return d.into();
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return std::path::PathBuf::from(d).join("objectcache");
+    }
+    if let Some(h) = std::env::var_os("HOME") {
+        return std::path::PathBuf::from(h)
+            .join(".cache")
+            .join("objectcache");
+    }
+    std::path::PathBuf::from(".cache/objectcache")
+}
+
+fn default_store_url() -> String {
+    format!("file://{}", default_cache_dir().join("store").display())
+}
+
+/// All keys accepted by [`EngineConfig::from_pairs`].
+pub const CONFIG_KEYS: &[&str] = &[
+    "store",
+    "namespace",
+    "hash_algo",
+    "window_bytes",
+    "max_requests",
+    "coalesce_bytes",
+    "lookup_fanout",
+    "lookup_cache_ttl_ms",
+    "load_timeout_ms",
+    "save_concurrency",
+    "worker_threads",
+];
+
+impl EngineConfig {
+    /// Applies one `key = value` setting.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming an unknown key (and listing the known ones) or a value that
+    /// does not parse or is out of range.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), Error> {
+        let num = |v: &str| -> Result<u64, Error> {
+            v.trim()
+                .parse::<u64>()
+                .map_err(|_| Error::Config(format!("{key}: {v:?} is not a non-negative integer")))
+        };
+        let pos = |v: &str| -> Result<u64, Error> {
+            let n = num(v)?;
+            if n == 0 {
+                return Err(Error::Config(format!("{key} must be at least 1")));
+            }
+            Ok(n)
+        };
+        match key {
+            "store" => self.store = value.to_string(),
+            "namespace" => {
+                crate::layout::validate_namespace(value)
+                    .map_err(|e| Error::Config(e.to_string()))?;
+                self.namespace = value.to_string()
+            }
+            "hash_algo" => {
+                self.hash_algo = match value {
+                    "sha256cbor" | "sha256_cbor" => HashAlgo::Sha256Cbor,
+                    "ext" | "external" => HashAlgo::External,
+                    v => {
+                        return Err(Error::Config(format!(
+                            "hash_algo: {v:?} is not sha256cbor or ext"
+                        )))
+                    }
+                }
+            }
+            "window_bytes" => self.window_bytes = pos(value)?,
+            "max_requests" => self.max_requests = pos(value)? as usize,
+            "coalesce_bytes" => self.coalesce_bytes = num(value)?,
+            "lookup_fanout" => self.lookup_fanout = pos(value)? as usize,
+            "lookup_cache_ttl_ms" => self.lookup_cache_ttl = Duration::from_millis(num(value)?),
+            "load_timeout_ms" => {
+                let n = num(value)?;
+                self.load_timeout = (n > 0).then(|| Duration::from_millis(n));
+            }
+            "save_concurrency" => self.save_concurrency = pos(value)? as usize,
+            "worker_threads" => self.worker_threads = pos(value)? as usize,
+            k => {
+                return Err(Error::Config(format!(
+                    "unknown setting {k:?}; known settings: {}",
+                    CONFIG_KEYS.join(", ")
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    /// Defaults overridden by `pairs`.
+    ///
+    /// # Errors
+    /// As [`EngineConfig::set`].
+    pub fn from_pairs<'a>(
+        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Self, Error> {
+        let mut c = EngineConfig::default();
+        for (k, v) in pairs {
+            c.set(k, v)?;
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairs_parse_and_errors_name_the_key() {
+        let c = EngineConfig::from_pairs([
+            ("namespace", "t1"),
+            ("window_bytes", "1024"),
+            ("load_timeout_ms", "0"),
+        ])
+        .unwrap();
+        assert_eq!(c.namespace, "t1");
+        assert_eq!(c.window_bytes, 1024);
+        assert_eq!(c.load_timeout, None);
+        let e = EngineConfig::from_pairs([("windw_bytes", "1")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("windw_bytes") && e.contains("window_bytes"),
+            "{e}"
+        );
+        let e = EngineConfig::from_pairs([("max_requests", "-3")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max_requests"), "{e}");
+    }
+}

@@ -1,0 +1,543 @@
+//! Layer-ordered load over a plain object store (stock S3 path): ranged GETs issued in layer
+//! order within a bounded look-ahead window, each body streamed straight into the caller's
+//! destination and verified slice by slice.
+
+use super::buffers::{LayerBuffers, LayerStatus, LoadState};
+use crate::error::{LayerError, StoreError};
+use crate::layout::{
+    object_len, plan_layer_major, ChunkHash, ChunkHeader, KeyBuilder, KvGeometry, HEADER_LEN,
+    SLICE_CRC_LEN,
+};
+use crate::store::{GetOptions, Store};
+use futures::StreamExt;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What to load.
+#[derive(Debug, Clone)]
+pub struct LoadRequest {
+    /// Geometry (incl. TP rank) the objects must have been written with.
+    pub geometry: KvGeometry,
+    /// The chunk hashes of the prefix, in order; every chunk holds `tokens_per_chunk` tokens.
+    pub hashes: Vec<ChunkHash>,
+}
+
+/// State of one chunk of a load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ChunkStatus {
+    /// Reads outstanding.
+    Pending = 0,
+    /// Every layer of this chunk arrived and verified.
+    Ok = 1,
+    /// The object does not exist.
+    Missing = 2,
+    /// A slice failed its checksum or the body was truncated.
+    Corrupt = 3,
+    /// The object was written for another geometry, model or format version.
+    WrongGeometry = 4,
+    /// Storage or transport error after bounded retries.
+    Error = 5,
+}
+
+impl ChunkStatus {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => ChunkStatus::Ok,
+            2 => ChunkStatus::Missing,
+            3 => ChunkStatus::Corrupt,
+            4 => ChunkStatus::WrongGeometry,
+            5 => ChunkStatus::Error,
+            _ => ChunkStatus::Pending,
+        }
+    }
+}
+
+/// Counters of one load.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LoadStats {
+    /// Storage requests issued (ranged GETs, or 1 for a gather load).
+    pub requests: u64,
+    /// Payload bytes received.
+    pub bytes: u64,
+    /// Seconds from `load` to layer 0 ready (time to first layer), if it became ready.
+    pub ttfl_s: Option<f64>,
+    /// Seconds from `load` to the last layer ready, if every layer became ready.
+    pub ttll_s: Option<f64>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) state: LoadState,
+    pub(crate) chunk_status: Vec<AtomicU8>,
+    pub(crate) requests: AtomicU64,
+    pub(crate) bytes: AtomicU64,
+    pub(crate) started: Instant,
+    pub(crate) ready_at: Mutex<Vec<Option<Duration>>>,
+    pub(crate) tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl Shared {
+    pub(crate) fn new(bufs: LayerBuffers, expected: u64, chunks: usize) -> Self {
+        let layers = bufs.layers();
+        Shared {
+            state: LoadState::new(bufs, expected),
+            chunk_status: (0..chunks).map(|_| AtomicU8::new(0)).collect(),
+            requests: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            started: Instant::now(),
+            ready_at: Mutex::new(vec![None; layers]),
+            tasks: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Sets a chunk's status unless it already holds a failure.
+    pub(crate) fn set_chunk(&self, c: usize, s: ChunkStatus) {
+        if let Some(a) = self.chunk_status.get(c) {
+            let _ = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
+                (old == ChunkStatus::Pending as u8
+                    || (old == ChunkStatus::Ok as u8 && s != ChunkStatus::Ok))
+                    .then_some(s as u8)
+            });
+        }
+    }
+
+    pub(crate) fn chunk(&self, c: usize) -> ChunkStatus {
+        ChunkStatus::from_u8(self.chunk_status[c].load(Ordering::Acquire))
+    }
+}
+
+/// Maps a store error on chunk `c` to its chunk status and layer error.
+fn classify(c: usize, key: &str, e: &StoreError) -> (ChunkStatus, LayerError) {
+    match e {
+        StoreError::NotFound { .. } => (
+            ChunkStatus::Missing,
+            LayerError::Missing {
+                chunk: c,
+                key: key.to_string(),
+            },
+        ),
+        StoreError::InvalidRange { size, .. } => (
+            ChunkStatus::WrongGeometry,
+            LayerError::GeometryMismatch {
+                chunk: c,
+                reason: format!("object {key} has {size} bytes, too short for this geometry"),
+            },
+        ),
+        other => (
+            ChunkStatus::Error,
+            LayerError::Storage {
+                chunk: c,
+                message: other.to_string(),
+            },
+        ),
+    }
+}
+
+/// Runs the stock-S3 layer-ordered load to completion (or failure of every pending layer).
+pub(crate) async fn run_store_load(
+    store: Arc<dyn Store>,
+    keys: KeyBuilder,
+    req: LoadRequest,
+    sh: Arc<Shared>,
+    window_bytes: u64,
+    max_requests: usize,
+    coalesce_bytes: u64,
+) {
+    let g = &req.geometry;
+    let slice = g.slice_bytes();
+    let tokens = g.tokens_per_chunk;
+    let full_len = object_len(g.layers, slice);
+    let plan = plan_layer_major(req.hashes.len(), g.layers, slice, coalesce_bytes);
+    // Window in KiB permits (a semaphore counts u32 permits).
+    let window_kib = (window_bytes / 1024).clamp(1, u32::MAX as u64 / 2) as u32;
+    let window = Arc::new(tokio::sync::Semaphore::new(window_kib as usize));
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_requests.max(1)));
+    for read in plan {
+        if sh.state.is_cancelled() {
+            break;
+        }
+        let c = read.chunk;
+        if sh.chunk(c) != ChunkStatus::Pending && sh.chunk(c) != ChunkStatus::Ok {
+            // This chunk already failed: its layers are failed too; don't read more of it.
+            continue;
+        }
+        // Layer 0's read also fetches the header, so geometry is checked before any byte lands.
+        let with_header = read.layers.start == 0;
+        let range = if with_header {
+            0..read.bytes.end
+        } else {
+            read.bytes.clone()
+        };
+        let kib = (((range.end - range.start) / 1024) as u32 + 1).min(window_kib);
+        let Ok(wp) = window.clone().acquire_many_owned(kib).await else {
+            break;
+        };
+        let Ok(sp) = slots.clone().acquire_owned().await else {
+            break;
+        };
+        let store = store.clone();
+        let key = keys.data(&req.hashes[c]);
+        let sh2 = sh.clone();
+        let g = g.clone();
+        let task = tokio::spawn(async move {
+            let _permits = (wp, sp);
+            sh2.requests.fetch_add(1, Ordering::Relaxed);
+            let r = fetch_range(
+                &*store,
+                &key,
+                range,
+                c,
+                read.layers.clone(),
+                with_header,
+                &g,
+                tokens,
+                full_len,
+                &sh2,
+            )
+            .await;
+            if let Err((status, err)) = r {
+                sh2.set_chunk(c, status);
+                // The chunk is unusable: every layer it belongs to is a miss.
+                for l in 0..g.layers {
+                    sh2.state.fail_impl(l, err.clone());
+                }
+            }
+        });
+        sh.tasks.lock().expect("lock").push(task);
+    }
+    // Every read holds a slot until it ends: taking all slots waits for the last one.
+    let _ = slots.acquire_many(max_requests.max(1) as u32).await;
+    for c in 0..req.hashes.len() {
+        sh.set_chunk(c, ChunkStatus::Ok);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn fetch_range(
+    store: &dyn Store,
+    key: &str,
+    range: std::ops::Range<u64>,
+    chunk: usize,
+    layers: std::ops::Range<u32>,
+    with_header: bool,
+    g: &KvGeometry,
+    tokens: u32,
+    full_len: u64,
+    sh: &Shared,
+) -> Result<(), (ChunkStatus, LayerError)> {
+    let slice = g.slice_bytes();
+    let res = store
+        .get_opts(
+            key,
+            GetOptions {
+                range: Some(range.clone()),
+            },
+        )
+        .await
+        .map_err(|e| classify(chunk, key, &e))?;
+    if res.meta.size != full_len {
+        return Err((
+            ChunkStatus::WrongGeometry,
+            LayerError::GeometryMismatch {
+                chunk,
+                reason: format!(
+                    "object {key} has {} bytes, expected {full_len} for this geometry",
+                    res.meta.size
+                ),
+            },
+        ));
+    }
+    let mut body = res.body;
+    // Demultiplex the body: [header] then per layer [slice bytes][crc32c].
+    let mut header = Vec::with_capacity(if with_header { HEADER_LEN as usize } else { 0 });
+    let mut layer = layers.start;
+    let mut in_slice: u64 = 0; // bytes of the current slice consumed
+    let mut crc: u32 = 0;
+    let mut trailer = [0u8; 4];
+    let mut tn = 0usize;
+    let dest_off = chunk as u64 * slice;
+    let mut received: u64 = 0;
+    while let Some(piece) = body.next().await {
+        if sh.state.is_cancelled() {
+            return Err((ChunkStatus::Error, LayerError::Cancelled));
+        }
+        let piece = piece.map_err(|e| classify(chunk, key, &e))?;
+        received += piece.len() as u64;
+        let mut p: &[u8] = &piece;
+        while !p.is_empty() {
+            if with_header && header.len() < HEADER_LEN as usize {
+                let n = p.len().min(HEADER_LEN as usize - header.len());
+                header.extend_from_slice(&p[..n]);
+                p = &p[n..];
+                if header.len() == HEADER_LEN as usize {
+                    let h = ChunkHeader::decode(&header).map_err(|e| {
+                        (
+                            ChunkStatus::WrongGeometry,
+                            LayerError::GeometryMismatch {
+                                chunk,
+                                reason: e.to_string(),
+                            },
+                        )
+                    })?;
+                    h.check(g, tokens).map_err(|e| {
+                        (
+                            ChunkStatus::WrongGeometry,
+                            LayerError::GeometryMismatch {
+                                chunk,
+                                reason: e.to_string(),
+                            },
+                        )
+                    })?;
+                }
+                continue;
+            }
+            if layer >= layers.end {
+                return Err((
+                    ChunkStatus::Corrupt,
+                    LayerError::Storage {
+                        chunk,
+                        message: format!("body of {key} is longer than the range asked for"),
+                    },
+                ));
+            }
+            if in_slice < slice {
+                let n = (p.len() as u64).min(slice - in_slice) as usize;
+                crc = crc32c::crc32c_append(crc, &p[..n]);
+                sh.state
+                    .write_impl(layer, dest_off + in_slice, &p[..n])
+                    .map_err(|e| (ChunkStatus::Error, e))?;
+                in_slice += n as u64;
+                p = &p[n..];
+            } else {
+                let n = p.len().min(4 - tn);
+                trailer[tn..tn + n].copy_from_slice(&p[..n]);
+                tn += n;
+                p = &p[n..];
+                if tn == 4 {
+                    let stored = u32::from_le_bytes(trailer);
+                    if stored != crc {
+                        return Err((
+                            ChunkStatus::Corrupt,
+                            LayerError::ChecksumMismatch {
+                                chunk,
+                                layer: layer as usize,
+                                stored,
+                                computed: crc,
+                            },
+                        ));
+                    }
+                    sh.state.complete_impl(layer, slice);
+                    sh.bytes.fetch_add(slice, Ordering::Relaxed);
+                    layer += 1;
+                    in_slice = 0;
+                    crc = 0;
+                    tn = 0;
+                }
+            }
+        }
+    }
+    let want = range.end - range.start;
+    if received != want || layer != layers.end {
+        return Err((
+            ChunkStatus::Corrupt,
+            LayerError::Storage {
+                chunk,
+                message: format!("body of {key} was truncated: {received} of {want} bytes"),
+            },
+        ));
+    }
+    let _ = SLICE_CRC_LEN;
+    Ok(())
+}
+
+/// A load in progress: per-layer readiness over the caller's destination buffers.
+///
+/// Dropping the handle cancels the load and waits for in-flight copies to stop.
+pub struct LoadHandle {
+    pub(crate) sh: Arc<Shared>,
+    pub(crate) rt: tokio::runtime::Handle,
+}
+
+impl std::fmt::Debug for LoadHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadHandle")
+            .field("layers", &self.layers())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LoadHandle {
+    /// Number of layers.
+    pub fn layers(&self) -> usize {
+        self.sh.state.layers()
+    }
+
+    fn note_ready(&self, l: usize, s: &LayerStatus) {
+        if *s == LayerStatus::Ready {
+            let mut r = self.sh.ready_at.lock().expect("lock");
+            if r[l].is_none() {
+                r[l] = Some(self.sh.started.elapsed());
+            }
+        }
+    }
+
+    /// Non-blocking status of layer `l`.
+    ///
+    /// # Panics
+    /// If `l >= layers()`.
+    pub fn poll_layer(&self, l: usize) -> LayerStatus {
+        let s = self.sh.state.status(l);
+        self.note_ready(l, &s);
+        s
+    }
+
+    /// Waits until layer `l` is ready.
+    ///
+    /// # Errors
+    /// The layer's [`LayerError`] if it is a miss (never bytes).
+    pub async fn wait_layer(&self, l: usize) -> Result<(), LayerError> {
+        let s = self.sh.state.wait(l).await;
+        self.note_ready(l, &s);
+        match s {
+            LayerStatus::Ready => Ok(()),
+            LayerStatus::Failed(e) => Err(e),
+            LayerStatus::Pending => unreachable!("wait returns a final status"),
+        }
+    }
+
+    /// Blocking form of [`LoadHandle::wait_layer`], with an optional timeout.
+    ///
+    /// # Errors
+    /// The layer's error, or [`LayerError::Timeout`] when `timeout` passes first (the load
+    /// goes on).
+    pub fn wait_layer_blocking(
+        &self,
+        l: usize,
+        timeout: Option<Duration>,
+    ) -> Result<(), LayerError> {
+        match self.sh.state.wait_blocking(l, timeout) {
+            Some(LayerStatus::Ready) => {
+                self.note_ready(l, &LayerStatus::Ready);
+                Ok(())
+            }
+            Some(LayerStatus::Failed(e)) => Err(e),
+            _ => Err(LayerError::Timeout { layer: l }),
+        }
+    }
+
+    /// Waits for every layer; returns the first error.
+    ///
+    /// # Errors
+    /// The first failed layer's error.
+    pub async fn wait_all(&self) -> Result<(), LayerError> {
+        for l in 0..self.layers() {
+            self.wait_layer(l).await?;
+        }
+        Ok(())
+    }
+
+    /// Blocking form of [`LoadHandle::wait_all`].
+    ///
+    /// # Errors
+    /// The first failed layer's error.
+    pub fn wait_all_blocking(&self) -> Result<(), LayerError> {
+        for l in 0..self.layers() {
+            self.wait_layer_blocking(l, None)?;
+        }
+        Ok(())
+    }
+
+    /// Layer `l`'s bytes (`chunks x slice_len`), only once it is ready.
+    pub fn layer(&self, l: usize) -> Option<&[u8]> {
+        self.sh.state.ready_bytes(l)
+    }
+
+    /// Per-chunk status.
+    pub fn chunk_status(&self) -> Vec<ChunkStatus> {
+        (0..self.sh.chunk_status.len())
+            .map(|c| self.sh.chunk(c))
+            .collect()
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> LoadStats {
+        let r = self.sh.ready_at.lock().expect("lock");
+        LoadStats {
+            requests: self.sh.requests.load(Ordering::Relaxed),
+            bytes: self.sh.bytes.load(Ordering::Relaxed),
+            ttfl_s: r.first().copied().flatten().map(|d| d.as_secs_f64()),
+            ttll_s: if r.iter().all(|x| x.is_some()) {
+                r.iter().flatten().max().map(|d| d.as_secs_f64())
+            } else {
+                None
+            },
+        }
+    }
+
+    /// Cancels outstanding reads; layers not yet ready fail with [`LayerError::Cancelled`].
+    pub fn cancel(&self) {
+        self.sh.state.cancel();
+        for t in self.sh.tasks.lock().expect("lock").iter() {
+            t.abort();
+        }
+    }
+
+    /// Cancels what is outstanding, waits until no task can touch the buffers, and returns
+    /// them (ready layers hold verified bytes; others hold unspecified bytes).
+    pub fn into_buffers(self) -> LayerBuffers {
+        self.finish();
+        let sh = self.sh.clone();
+        drop(self);
+        match Arc::try_unwrap(sh) {
+            Ok(s) => s.state.bufs,
+            Err(_) => unreachable!("every task holding the load state has finished"),
+        }
+    }
+
+    /// Stops every task of this load and waits for them (also run on drop).
+    fn finish(&self) {
+        if self
+            .sh
+            .tasks
+            .lock()
+            .expect("lock")
+            .iter()
+            .all(|t| t.is_finished())
+        {
+            self.sh.tasks.lock().expect("lock").clear();
+            return;
+        }
+        self.sh.state.cancel();
+        let sh = self.sh.clone();
+        let wait = async move {
+            // The first batch holds the driver task; once it has ended no read is added.
+            loop {
+                let tasks: Vec<_> = std::mem::take(&mut *sh.tasks.lock().expect("lock"));
+                if tasks.is_empty() {
+                    break;
+                }
+                for t in &tasks {
+                    t.abort();
+                }
+                for t in tasks {
+                    let _ = t.await;
+                }
+            }
+        };
+        let rt = self.rt.clone();
+        // Wait without blocking a runtime worker when called from async code.
+        match tokio::runtime::Handle::try_current() {
+            Ok(_) => std::thread::scope(|s| {
+                s.spawn(|| rt.block_on(wait));
+            }),
+            Err(_) => rt.block_on(wait),
+        }
+    }
+}
+
+impl Drop for LoadHandle {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}

@@ -1,0 +1,60 @@
+//! Shared test fixtures: deterministic KV bytes, stores under test, environment gates.
+#![allow(dead_code)]
+
+use objectcache::connector::{Engine, EngineConfig};
+use objectcache::hash::{chunk_hashes, HashParams};
+use objectcache::store::Store;
+use objectcache::{ChunkHash, KvGeometry};
+use std::sync::Arc;
+
+/// Deterministic KV bytes of layer `l` for `chunks` chunks: every chunk's slice differs and
+/// depends on (seed, chunk, layer), so a misplaced slice is detected.
+pub fn layer_bytes(g: &KvGeometry, chunks: usize, l: u32, seed: u64) -> Vec<u8> {
+    let slice = g.slice_bytes() as usize;
+    let mut out = vec![0u8; chunks * slice];
+    for c in 0..chunks {
+        let mut x = seed ^ ((c as u64) << 32) ^ ((l as u64) << 16) ^ 0x9e37_79b9_7f4a_7c15;
+        for w in out[c * slice..(c + 1) * slice].chunks_mut(8) {
+            // xorshift64*
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            let v = x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes();
+            w.copy_from_slice(&v[..w.len()]);
+        }
+    }
+    out
+}
+
+/// All layers' bytes for `chunks` chunks.
+pub fn kv(g: &KvGeometry, chunks: usize, seed: u64) -> Vec<Vec<u8>> {
+    (0..g.layers)
+        .map(|l| layer_bytes(g, chunks, l, seed))
+        .collect()
+}
+
+/// Chunk hashes of a synthetic prompt of `tokens` tokens (seeded).
+pub fn hashes(g: &KvGeometry, tokens: usize, seed: u32) -> Vec<ChunkHash> {
+    let t: Vec<u32> = (0..tokens as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761).wrapping_add(seed) % 128_000)
+        .collect();
+    chunk_hashes(&t, &HashParams::new(g.tokens_per_chunk as usize)).unwrap()
+}
+
+/// An engine over `store` with a unique namespace.
+pub fn engine(store: Arc<dyn Store>, ns: &str) -> Engine {
+    let cfg = EngineConfig {
+        namespace: ns.to_string(),
+        ..EngineConfig::default()
+    };
+    Engine::with_store(store, cfg).unwrap()
+}
+
+/// A unique namespace for one test run.
+pub fn unique_ns(test: &str) -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("t-{test}-{}-{t}", std::process::id())
+}
