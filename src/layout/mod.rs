@@ -16,3 +16,7 @@ pub use format::{
 pub use geometry::{Dtype, KvGeometry, DEFAULT_TOKENS_PER_CHUNK, PRESET_NAMES};
 pub use key::{validate_namespace, ChunkHash, HashAlgo, KeyBuilder};
 pub use ranges::{plan_layer_major, RangeRead};
+
+/// The object format specification (`docs/object-format.md`), rendered in rustdoc.
+#[doc = include_str!("../../docs/object-format.md")]
+pub mod spec {}
