@@ -10,9 +10,17 @@
 pub mod conformance;
 mod fs;
 mod memory;
+#[cfg(feature = "s3")]
+mod s3;
+mod url;
 
 pub use fs::{FsStore, FsyncPolicy};
 pub use memory::MemoryStore;
+#[cfg(feature = "s3")]
+pub use s3::{Addressing, S3Config, S3Credentials, S3Store};
+#[cfg(feature = "s3")]
+pub use url::parse_s3_url;
+pub use url::open_store;
 
 use crate::error::StoreError;
 use async_trait::async_trait;

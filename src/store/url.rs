@@ -1,0 +1,191 @@
+//! Store URLs: one string that names a backend and its settings, for command lines and
+//! configuration files.
+//!
+//! | URL | store |
+//! |---|---|
+//! | `file:///var/cache/kv`, `/var/cache/kv`, `./kv` | [`FsStore`] rooted there (created if missing) |
+//! | `memory://` | a new, empty [`MemoryStore`] |
+//! | `s3://bucket[/prefix]?endpoint=URL&region=R&addressing=path\|virtual&profile=P` | `S3Store` (feature `s3`) |
+//!
+//! `s3://` query parameters, all optional: `endpoint` (e.g. `http://127.0.0.1:7480`; default
+//! AWS S3), `region` (default from `AWS_REGION`, the profile, else `us-east-1`), `addressing`
+//! (default `path` with an endpoint, `virtual` without), `profile` (AWS profile name),
+//! `max_attempts` (attempts per request, default 4). Credentials are never part of a URL: they
+//! come from the environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`) or a profile.
+#![forbid(unsafe_code)]
+
+use super::{FsStore, FsyncPolicy, MemoryStore, Store};
+use crate::error::StoreError;
+use std::sync::Arc;
+
+fn bad(url: &str, why: impl std::fmt::Display) -> StoreError {
+    StoreError::Other { backend: "url", message: format!("bad store URL {url:?}: {why}") }
+}
+
+/// Opens the store a URL names (see the module documentation for the grammar).
+///
+/// # Errors
+/// `StoreError::Other` naming the URL and what is wrong with it: an unknown scheme, an unknown
+/// or repeated query parameter, a missing bucket, an `s3://` URL in a build without feature
+/// `s3`, or the backend's own error (an unusable directory, an S3 setting that cannot work).
+pub async fn open_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    let url = url.trim();
+    if url.is_empty() {
+        return Err(bad(url, "empty; expected file:///PATH, a path, memory:// or s3://BUCKET[/PREFIX]"));
+    }
+    let Some((scheme, _)) = url.split_once("://") else {
+        // A plain path.
+        return open_fs(url, url);
+    };
+    match scheme {
+        "file" => {
+            let u = url::Url::parse(url).map_err(|e| bad(url, e))?;
+            if u.host_str().is_some_and(|h| !h.is_empty() && h != "localhost") {
+                return Err(bad(url, "file URLs take no host: write file:///absolute/path"));
+            }
+            if u.query().is_some() {
+                return Err(bad(url, "file URLs take no query parameters"));
+            }
+            let path = u.to_file_path().map_err(|()| bad(url, "not a local absolute path"))?;
+            open_fs(url, &path.to_string_lossy())
+        }
+        "memory" => {
+            if url != "memory://" && url != "memory:///" {
+                return Err(bad(url, "memory:// takes no path or parameters"));
+            }
+            Ok(Arc::new(MemoryStore::new()))
+        }
+        "s3" => open_s3(url).await,
+        // Our own server's scheme (`oc://`) is added here by the server module.
+        other => Err(bad(url, format!("unknown scheme {other:?}; expected file, memory or s3"))),
+    }
+}
+
+fn open_fs(url: &str, path: &str) -> Result<Arc<dyn Store>, StoreError> {
+    let store = FsStore::new(path, FsyncPolicy::default()).map_err(|e| bad(url, e))?;
+    Ok(Arc::new(store))
+}
+
+#[cfg(not(feature = "s3"))]
+async fn open_s3(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    Err(bad(url, "this build has no S3 support (enable the cargo feature `s3`)"))
+}
+
+#[cfg(feature = "s3")]
+async fn open_s3(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(Arc::new(super::S3Store::new(parse_s3_url(url)?).await?))
+}
+
+/// Parses an `s3://` URL into an [`S3Config`](super::S3Config) (credentials from the default
+/// chain).
+///
+/// # Errors
+/// `StoreError::Other` naming what is wrong: no bucket, an unknown or repeated parameter, a
+/// bad value.
+#[cfg(feature = "s3")]
+pub fn parse_s3_url(url: &str) -> Result<super::S3Config, StoreError> {
+    let u = url::Url::parse(url).map_err(|e| bad(url, e))?;
+    if u.scheme() != "s3" {
+        return Err(bad(url, "expected s3://BUCKET[/PREFIX]"));
+    }
+    if !u.username().is_empty() || u.password().is_some() {
+        return Err(bad(url, "credentials do not belong in the URL; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or use a profile"));
+    }
+    if u.port().is_some() {
+        return Err(bad(url, "s3://BUCKET takes no port; give the server as ?endpoint=http://HOST:PORT"));
+    }
+    let bucket = u.host_str().unwrap_or("");
+    if bucket.is_empty() {
+        return Err(bad(url, "no bucket; expected s3://BUCKET[/PREFIX]"));
+    }
+    let mut c = super::S3Config::new(bucket);
+    c.prefix = u.path().trim_matches('/').to_string();
+    let mut seen = std::collections::HashSet::new();
+    for (k, v) in u.query_pairs() {
+        if !seen.insert(k.to_string()) {
+            return Err(bad(url, format!("parameter {k:?} given twice")));
+        }
+        match &*k {
+            "endpoint" => c.endpoint = Some(v.to_string()),
+            "region" => c.region = Some(v.to_string()),
+            "addressing" => c.addressing = Some(v.parse().map_err(|e| bad(url, e))?),
+            "profile" => c.profile = Some(v.to_string()),
+            "max_attempts" => {
+                c.max_attempts = v
+                    .parse()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or_else(|| bad(url, format!("max_attempts must be a whole number of at least 1, not {v:?}")))?
+            }
+            other => {
+                return Err(bad(
+                    url,
+                    format!("unknown parameter {other:?}; known: endpoint, region, addressing, profile, max_attempts"),
+                ))
+            }
+        }
+    }
+    Ok(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoreExt;
+
+    #[tokio::test]
+    async fn memory_and_paths_open() {
+        let m = open_store("memory://").await.unwrap();
+        assert_eq!(m.name(), "memory");
+        m.put("a/b", bytes::Bytes::from_static(b"xyz")).await.unwrap();
+        assert_eq!(m.get_bytes("a/b").await.unwrap(), bytes::Bytes::from_static(b"xyz"));
+
+        let dir = tempfile::tempdir().unwrap();
+        let plain = dir.path().join("plain");
+        let s = open_store(plain.to_str().unwrap()).await.unwrap();
+        assert_eq!(s.name(), "fs");
+        s.put("k/1", bytes::Bytes::from_static(b"one")).await.unwrap();
+        let via_url = open_store(&format!("file://{}", plain.display())).await.unwrap();
+        assert_eq!(via_url.get_bytes("k/1").await.unwrap(), bytes::Bytes::from_static(b"one"));
+    }
+
+    #[tokio::test]
+    async fn bad_urls_say_what_is_wrong() {
+        for (u, want) in [
+            ("", "empty"),
+            ("ftp://x/y", "unknown scheme"),
+            ("memory://x", "no path"),
+            ("file://host/p", "no host"),
+            ("file:///tmp/x?y=1", "no query"),
+        ] {
+            let e = open_store(u).await.unwrap_err().to_string();
+            assert!(e.contains(want), "{u}: {e}");
+        }
+    }
+
+    #[cfg(feature = "s3")]
+    #[test]
+    fn s3_urls_parse() {
+        let c = parse_s3_url("s3://kv.cache-test/team/a?endpoint=http://127.0.0.1:7480&region=eu-1&addressing=path").unwrap();
+        assert_eq!(c.bucket, "kv.cache-test");
+        assert_eq!(c.prefix, "team/a");
+        assert_eq!(c.endpoint.as_deref(), Some("http://127.0.0.1:7480"));
+        assert_eq!(c.region.as_deref(), Some("eu-1"));
+        assert_eq!(c.addressing, Some(crate::store::Addressing::Path));
+        let c = parse_s3_url("s3://bucket").unwrap();
+        assert_eq!(c.prefix, "");
+        assert_eq!(c.effective_addressing(), crate::store::Addressing::Virtual);
+        for (u, want) in [
+            ("s3://", "no bucket"),
+            ("s3://b/p?colour=red", "unknown parameter \"colour\""),
+            ("s3://b?region=a&region=b", "twice"),
+            ("s3://b?addressing=sideways", "'path' or 'virtual'"),
+            ("s3://ak:sk@b", "credentials"),
+            ("s3://b:9000", "endpoint"),
+            ("s3://b?max_attempts=0", "max_attempts"),
+        ] {
+            let e = parse_s3_url(u).unwrap_err().to_string();
+            assert!(e.contains(want), "{u}: {e}");
+        }
+    }
+}
