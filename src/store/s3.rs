@@ -198,6 +198,7 @@ pub struct S3Store {
     prefix: String,
     addressing: Addressing,
     endpoint: String,
+    host: Option<String>,
     read_timeout: Duration,
 }
 
@@ -296,6 +297,8 @@ enum Op {
     Head,
     Delete,
     List,
+    /// A request on the bucket itself (HEAD or create bucket).
+    Bucket,
 }
 
 impl Op {
@@ -306,6 +309,7 @@ impl Op {
             Op::Head => "HEAD",
             Op::Delete => "DELETE",
             Op::List => "LIST",
+            Op::Bucket => "bucket request",
         }
     }
 }
@@ -313,6 +317,8 @@ impl Op {
 /// Context that [`map_error`] needs about the store.
 struct ErrCtx<'a> {
     bucket: &'a str,
+    /// The endpoint's host name, where known.
+    host: Option<&'a str>,
     endpoint: &'a str,
     addressing: Addressing,
 }
@@ -370,9 +376,10 @@ where
             return StoreError::Other {
                 backend: BACKEND,
                 message: format!(
-                    "{}; with virtual-hosted addressing the request goes to host {}.<endpoint host>, which did not resolve or connect: if {} serves buckets as path segments or has no wildcard DNS, use addressing=path",
+                    "{}; with virtual-hosted addressing the request goes to host {}.{}, which did not resolve or connect: if {} serves buckets as path segments or has no wildcard DNS, use addressing=path",
                     detail(),
                     cx.bucket,
+                    cx.host.unwrap_or("<endpoint host>"),
                     cx.endpoint
                 ),
             };
@@ -383,7 +390,7 @@ where
         _ => {}
     }
     match (status, code.as_str()) {
-        (_, "NoSuchBucket") => {
+        (_, "NoSuchBucket") | (Some(404), _) if code == "NoSuchBucket" || op == Op::Bucket => {
             let hint = match cx.addressing {
                 Addressing::Virtual => format!(
                     "; with virtual-hosted addressing the endpoint must take the bucket from the Host header: if {} expects it in the path, use addressing=path",
@@ -422,7 +429,7 @@ impl S3Store {
     /// name, prefix, endpoint URL, or an addressing that cannot work with this endpoint and
     /// bucket (the message says to use `addressing=path`).
     pub async fn new(config: S3Config) -> Result<Self, StoreError> {
-        check_config(&config)?;
+        let host = check_config(&config)?;
         let addressing = config.effective_addressing();
 
         let http = aws_smithy_http_client::Builder::new()
@@ -500,6 +507,7 @@ impl S3Store {
             prefix: config.prefix,
             addressing,
             endpoint,
+            host,
             read_timeout: config.read_timeout,
         })
     }
@@ -526,7 +534,7 @@ impl S3Store {
             .send()
             .await
             .map(|_| ())
-            .map_err(|e| self.map_err(Op::List, "(bucket)", e))
+            .map_err(|e| self.map_err(Op::Bucket, &self.bucket, e))
     }
 
     /// Creates the bucket if it does not exist (for tests and first-time set-up).
@@ -537,7 +545,7 @@ impl S3Store {
         match self.client.create_bucket().bucket(&self.bucket).send().await {
             Ok(_) => Ok(()),
             Err(e) if matches!(e.code(), Some("BucketAlreadyOwnedByYou") | Some("BucketAlreadyExists")) => Ok(()),
-            Err(e) => Err(self.map_err(Op::Put, "(bucket)", e)),
+            Err(e) => Err(self.map_err(Op::Bucket, &self.bucket, e)),
         }
     }
 
@@ -545,7 +553,7 @@ impl S3Store {
     where
         E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     {
-        let cx = ErrCtx { bucket: &self.bucket, endpoint: &self.endpoint, addressing: self.addressing };
+        let cx = ErrCtx { bucket: &self.bucket, host: self.host.as_deref(), endpoint: &self.endpoint, addressing: self.addressing };
         map_error(&cx, op, key, err)
     }
 
@@ -569,32 +577,17 @@ impl S3Store {
 /// Environment variables naming the S3 endpoint that tests use (see [`S3Store::from_test_env`]).
 pub const TEST_ENV_ENDPOINT: &str = "OBJECTCACHE_TEST_S3_ENDPOINT";
 
-impl S3Store {
-    /// Connects to the S3 endpoint named by the test environment and makes sure its test bucket
-    /// exists; returns the store (no key prefix) and a key prefix unique to this call, or
-    /// `None` when nothing listens at the endpoint. For tests and benchmarks.
-    ///
-    /// Variables (defaults match `scripts/ceph-rgw/start.sh`): `OBJECTCACHE_TEST_S3_ENDPOINT`
+impl S3Config {
+    /// The settings of the S3 endpoint that tests and benchmarks use, from the environment
+    /// (defaults match `scripts/ceph-rgw/start.sh`): `OBJECTCACHE_TEST_S3_ENDPOINT`
     /// (`http://127.0.0.1:7480`), `OBJECTCACHE_TEST_S3_ACCESS_KEY` (`cephtestak`),
     /// `OBJECTCACHE_TEST_S3_SECRET_KEY` (`cephtestsecretkey0123456789`),
     /// `OBJECTCACHE_TEST_S3_BUCKET` (`objectcache-test`), `OBJECTCACHE_TEST_S3_REGION`
-    /// (`us-east-1`). The prefix is `{tag}-{pid}-{nanoseconds since 1970}`.
-    ///
-    /// # Errors
-    /// An endpoint that accepts connections but refuses the bucket or the credentials.
-    pub async fn from_test_env(tag: &str) -> Result<Option<(S3Store, String)>, StoreError> {
+    /// (`us-east-1`); path-style addressing.
+    pub fn from_test_env() -> S3Config {
         let var = |k: &str, d: &str| std::env::var(k).ok().filter(|v| !v.is_empty()).unwrap_or_else(|| d.to_string());
-        let endpoint = var(TEST_ENV_ENDPOINT, "http://127.0.0.1:7480");
-        let hostport = url::Url::parse(&endpoint)
-            .ok()
-            .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?)))
-            .ok_or_else(|| config_error(format!("{TEST_ENV_ENDPOINT}={endpoint:?} is not an http URL")))?;
-        match tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(&hostport)).await {
-            Ok(Ok(_)) => {}
-            _ => return Ok(None),
-        }
         let mut c = S3Config::new(var("OBJECTCACHE_TEST_S3_BUCKET", "objectcache-test"));
-        c.endpoint = Some(endpoint);
+        c.endpoint = Some(var(TEST_ENV_ENDPOINT, "http://127.0.0.1:7480"));
         c.region = Some(var("OBJECTCACHE_TEST_S3_REGION", "us-east-1"));
         c.addressing = Some(Addressing::Path);
         c.credentials = S3Credentials::Static {
@@ -602,6 +595,37 @@ impl S3Store {
             secret_key: var("OBJECTCACHE_TEST_S3_SECRET_KEY", "cephtestsecretkey0123456789"),
             session_token: None,
         };
+        c
+    }
+
+    /// `true` if something accepts TCP connections at the endpoint's host and port within
+    /// 2 s (no request is sent). Tests use it to tell "no server" from "server fails".
+    pub async fn endpoint_accepts_connections(&self) -> bool {
+        let Some(hostport) = self
+            .endpoint
+            .as_deref()
+            .and_then(|e| url::Url::parse(e).ok())
+            .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?)))
+        else {
+            return false;
+        };
+        matches!(tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(&hostport)).await, Ok(Ok(_)))
+    }
+}
+
+impl S3Store {
+    /// Connects to the S3 endpoint of [`S3Config::from_test_env`] and makes sure its bucket
+    /// exists; returns the store (no key prefix) and a key prefix unique to this call
+    /// (`{tag}-{pid}-{nanoseconds since 1970}`), or `None` when nothing listens at the
+    /// endpoint. For tests and benchmarks.
+    ///
+    /// # Errors
+    /// An endpoint that accepts connections but refuses the bucket or the credentials.
+    pub async fn from_test_env(tag: &str) -> Result<Option<(S3Store, String)>, StoreError> {
+        let c = S3Config::from_test_env();
+        if !c.endpoint_accepts_connections().await {
+            return Ok(None);
+        }
         let store = S3Store::new(c).await?;
         store.create_bucket().await?;
         let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
