@@ -218,13 +218,14 @@ impl LoadState {
                 reason: format!("layer {layer} out of range"),
             });
         };
-        let end = offset.checked_add(len).filter(|&e| e <= self.expected).ok_or_else(|| LayerError::GeometryMismatch {
-            chunk: (offset / self.expected.max(1)) as usize,
-            reason: format!(
-                "write of {len} bytes at offset {offset} would pass the end of layer {layer}'s {} bytes",
-                self.expected
-            ),
-        })?;
+        let end =
+            offset.checked_add(len).filter(|&e| e <= self.expected).ok_or_else(|| LayerError::GeometryMismatch {
+                chunk: (offset / self.expected.max(1)) as usize,
+                reason: format!(
+                    "write of {len} bytes at offset {offset} would pass the end of layer {layer}'s {} bytes",
+                    self.expected
+                ),
+            })?;
         let mut p = lock.lock().expect("lock");
         if let Some(e) = &p.failed {
             return Err(e.clone());

@@ -327,8 +327,9 @@ async fn fetch_range(
                             },
                         ));
                     }
-                    sh.state.complete_impl(layer, slice);
+                    // Count before the layer can become ready, so stats never lag readiness.
                     sh.bytes.fetch_add(slice, Ordering::Relaxed);
+                    sh.state.complete_impl(layer, slice);
                     layer += 1;
                     in_slice = 0;
                     crc = 0;
@@ -455,8 +456,13 @@ impl LoadHandle {
 
     /// Per-chunk status.
     pub fn chunk_status(&self) -> Vec<ChunkStatus> {
+        let all_ready = (0..self.layers()).all(|l| self.sh.state.status(l) == LayerStatus::Ready);
         (0..self.sh.chunk_status.len())
-            .map(|c| self.sh.chunk(c))
+            .map(|c| match self.sh.chunk(c) {
+                // Every layer verified means every slice of every chunk verified.
+                ChunkStatus::Pending if all_ready => ChunkStatus::Ok,
+                s => s,
+            })
             .collect()
     }
 

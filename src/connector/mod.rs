@@ -43,23 +43,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-// Temporary until the store URL opener lands in `store`: file paths and memory only.
-fn open_store_url(url: &str) -> Result<Arc<dyn Store>, Error> {
-    if url == "memory://" {
-        return Ok(Arc::new(crate::store::MemoryStore::new()));
-    }
-    let path = url.strip_prefix("file://").unwrap_or(url);
-    if path.contains("://") {
-        return Err(Error::Config(format!(
-            "store URL {url:?}: unsupported scheme"
-        )));
-    }
-    Ok(Arc::new(crate::store::FsStore::new(
-        path,
-        crate::store::FsyncPolicy::Always,
-    )?))
-}
-
 /// Magic of a publish marker object (16 bytes: magic, then the data object's length, u64 LE).
 pub const MARKER_MAGIC: [u8; 8] = *b"OCKVPUB1";
 
@@ -150,8 +133,15 @@ impl Engine {
     /// [`Error::Config`] for a bad store URL or settings; the store's error if it cannot be
     /// opened.
     pub fn new(cfg: EngineConfig) -> Result<Self, Error> {
-        let store = open_store_url(&cfg.store)?;
-        Self::with_store(store, cfg)
+        let mut e = Self::with_store(Arc::new(crate::store::MemoryStore::new()), cfg)?;
+        let url = e.cfg.store.clone();
+        let h = e.handle.clone();
+        e.store = std::thread::scope(|s| {
+            s.spawn(|| h.block_on(crate::store::open_store(&url)))
+                .join()
+        })
+        .map_err(|_| Error::Config(format!("opening store {url:?} panicked")))??;
+        Ok(e)
     }
 
     /// Starts an engine over an already opened store (`cfg.store` is ignored).
