@@ -1,0 +1,362 @@
+//! Real-model TTFT: SmolLM2-135M-Instruct on this CPU, prefix KV through ObjectCache.
+//!
+//! Request A (document + question A) prefills from scratch and saves the KV of its full
+//! chunks. Request B (same document, question B) is then timed two ways:
+//! - **hit**: look up the cached prefix, start a layer-ordered load, and prefill only B's new
+//!   tokens; layer `l` waits for its cached K, V just before its attention, so it computes
+//!   while later layers are still arriving;
+//! - **recompute**: prefill all of B's tokens.
+//!
+//! TTFT runs from B's token ids to the first output token's id (greedy argmax), tokenization
+//! excluded. Both ways then decode a few tokens greedily; the outputs must be identical.
+
+use super::kv::KvCodec;
+use super::model::{argmax, LayerKv, Model};
+use super::tokenizer::TextTokenizer;
+use super::{acquire, TtftArgs};
+use anyhow::{bail, Context, Result};
+use candle_core::Device;
+use indicatif::{ProgressBar, ProgressStyle};
+use objectcache::hash::{chunk_hashes, HashParams};
+use objectcache::layout::{ChunkHash, Dtype, KvGeometry};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// Request A's default question.
+pub const DEFAULT_QUESTION_A: &str = "Who built the lighthouse on the headland?";
+/// Request B's default question.
+pub const DEFAULT_QUESTION_B: &str = "What did the keeper write in the logbook every night?";
+/// The built-in document (written for this project; public domain, see bench/data/README.md).
+pub const DOCUMENT: &str = include_str!("../../data/document.txt");
+/// The model's identifier in reports and in the KV geometry.
+pub const MODEL_NAME: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
+
+/// SmolLM2-Instruct's chat format around one user turn.
+pub fn prompt(document: &str, question: &str) -> String {
+    format!(
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+         <|im_start|>user\nRead the document below, then answer the question.\n\n{document}\n\n\
+         Question: {question}<|im_end|>\n<|im_start|>assistant\n"
+    )
+}
+
+/// Waits for one layer's cached prefix and hands it over as layer-major bytes
+/// (`chunks x slice_bytes`).
+pub trait LayerLoad {
+    /// Blocks until layer `l` has landed; returns its bytes.
+    ///
+    /// # Errors
+    /// A failed or cancelled layer (a miss: the caller must not use it).
+    fn wait_layer(&mut self, l: usize) -> Result<Vec<u8>>;
+}
+
+/// The cache as the benchmark uses it: save, lookup, layer-ordered load.
+pub trait PrefixCache {
+    /// Saves the full chunks of `tokens`; `kvs` holds every layer's K, V for at least those
+    /// tokens. Returns the number of chunks saved.
+    ///
+    /// # Errors
+    /// Store or encoding errors.
+    fn save(&mut self, tokens: &[u32], kvs: &[LayerKv]) -> Result<usize>;
+    /// Number of leading full chunks of `tokens` the cache holds.
+    ///
+    /// # Errors
+    /// Store errors.
+    fn lookup(&mut self, tokens: &[u32]) -> Result<usize>;
+    /// Starts loading the first `chunks` chunks of `tokens`, every layer, in layer order.
+    ///
+    /// # Errors
+    /// Store errors at the start of the load.
+    fn load(&mut self, tokens: &[u32], chunks: usize) -> Result<Box<dyn LayerLoad>>;
+}
+
+/// An in-process cache holding each layer's layer-major bytes per chunk hash (for tests of
+/// the layerwise loop without a store).
+pub struct InProcessCache {
+    geometry: KvGeometry,
+    codec: KvCodec,
+    /// chunk hash -> per-layer slice bytes.
+    chunks: HashMap<ChunkHash, Vec<Vec<u8>>>,
+}
+
+impl InProcessCache {
+    /// An empty cache for `geometry`.
+    ///
+    /// # Errors
+    /// A geometry the codec does not support.
+    pub fn new(geometry: KvGeometry) -> Result<Self> {
+        Ok(InProcessCache { codec: KvCodec::new(&geometry)?, geometry, chunks: HashMap::new() })
+    }
+    fn hashes(&self, tokens: &[u32]) -> Result<Vec<ChunkHash>> {
+        Ok(chunk_hashes(tokens, &HashParams::new(self.geometry.tokens_per_chunk as usize))?)
+    }
+}
+
+struct Ready(Vec<Vec<u8>>);
+impl LayerLoad for Ready {
+    fn wait_layer(&mut self, l: usize) -> Result<Vec<u8>> {
+        Ok(std::mem::take(&mut self.0[l]))
+    }
+}
+
+impl PrefixCache for InProcessCache {
+    fn save(&mut self, tokens: &[u32], kvs: &[LayerKv]) -> Result<usize> {
+        let hashes = self.hashes(tokens)?;
+        let sb = self.codec.slice_bytes();
+        let layers: Vec<Vec<u8>> = kvs.iter().map(|kv| self.codec.encode_layer(kv, hashes.len())).collect::<Result<_>>()?;
+        for (c, h) in hashes.iter().enumerate() {
+            let per_layer = layers.iter().map(|b| b[c * sb..(c + 1) * sb].to_vec()).collect();
+            self.chunks.insert(h.clone(), per_layer);
+        }
+        Ok(hashes.len())
+    }
+    fn lookup(&mut self, tokens: &[u32]) -> Result<usize> {
+        Ok(self.hashes(tokens)?.iter().take_while(|h| self.chunks.contains_key(*h)).count())
+    }
+    fn load(&mut self, tokens: &[u32], chunks: usize) -> Result<Box<dyn LayerLoad>> {
+        let hashes = self.hashes(tokens)?;
+        let mut layers = vec![Vec::new(); self.geometry.layers as usize];
+        for h in hashes.iter().take(chunks) {
+            let c = self.chunks.get(h).context("chunk vanished from the in-process cache")?;
+            for (l, s) in c.iter().enumerate() {
+                layers[l].extend_from_slice(s);
+            }
+        }
+        Ok(Box::new(Ready(layers)))
+    }
+}
+
+/// One timed run of request B.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RunResult {
+    /// Time to first token, seconds.
+    pub ttft_s: f64,
+    /// Greedy output tokens (the first one is the TTFT token).
+    pub output_tokens: Vec<u32>,
+    /// Prefix tokens served from the cache (0 for recompute).
+    pub cached_tokens: usize,
+    /// Seconds spent in lookup (hit path only).
+    pub lookup_s: f64,
+    /// Per layer, seconds since the start at which the layer's cached KV was in hand.
+    pub layer_ready_s: Vec<f64>,
+    /// Per layer, seconds blocked waiting for the layer's cached KV.
+    pub layer_wait_s: Vec<f64>,
+    /// Per layer, seconds since the start at which the layer's compute finished.
+    pub layer_done_s: Vec<f64>,
+}
+
+fn bar(len: u64, msg: &str) -> ProgressBar {
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template("{msg:<28} [{bar:30}] {pos}/{len} layers {elapsed_precise}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.set_message(msg.to_string());
+    pb
+}
+
+/// Full prefill of `tokens` (no cache), then greedy decoding. Returns the run and the KV.
+pub fn recompute(model: &Model, tokens: &[u32], out_tokens: usize, eos: Option<u32>, pb: Option<&ProgressBar>) -> Result<(RunResult, Vec<LayerKv>)> {
+    let t0 = Instant::now();
+    let nl = model.cfg.layers;
+    let mut done = vec![0.0; nl];
+    let mut last = None;
+    let (logits, kvs) = model.forward(tokens, 0, |l| {
+        if l > 0 {
+            done[l - 1] = t0.elapsed().as_secs_f64();
+        }
+        if let Some(pb) = pb {
+            pb.set_position(l as u64);
+        }
+        last = Some(l);
+        Ok(None)
+    })?;
+    let first = argmax(&logits);
+    let ttft = t0.elapsed().as_secs_f64();
+    done[nl - 1] = ttft;
+    if let Some(pb) = pb {
+        pb.set_position(nl as u64);
+    }
+    let output_tokens = model.greedy(first, kvs.clone(), out_tokens, eos)?;
+    Ok((
+        RunResult { ttft_s: ttft, output_tokens, cached_tokens: 0, lookup_s: 0.0, layer_ready_s: vec![], layer_wait_s: vec![], layer_done_s: done },
+        kvs,
+    ))
+}
+
+/// The hit path: lookup, layer-ordered load, prefill of the uncached tail waiting per layer,
+/// greedy decoding. Falls back to a full recompute when nothing is cached.
+pub fn with_hit(model: &Model, cache: &mut dyn PrefixCache, codec: &KvCodec, tpc: usize, tokens: &[u32], out_tokens: usize, eos: Option<u32>) -> Result<RunResult> {
+    let t0 = Instant::now();
+    // Keep at least one token to compute: its logits give the first output token.
+    let usable = (tokens.len() - 1) / tpc;
+    let chunks = cache.lookup(&tokens[..usable * tpc])?.min(usable);
+    let lookup_s = t0.elapsed().as_secs_f64();
+    if chunks == 0 {
+        let (mut r, _) = recompute(model, tokens, out_tokens, eos, None)?;
+        r.lookup_s = lookup_s;
+        return Ok(r);
+    }
+    let cached = chunks * tpc;
+    let mut handle = cache.load(tokens, chunks)?;
+    let nl = model.cfg.layers;
+    let (mut ready, mut wait, mut done) = (vec![0.0; nl], vec![0.0; nl], vec![0.0; nl]);
+    let dev = Device::Cpu;
+    let (logits, kvs) = model.forward(&tokens[cached..], cached, |l| {
+        if l > 0 {
+            done[l - 1] = t0.elapsed().as_secs_f64();
+        }
+        let w = Instant::now();
+        let bytes = handle.wait_layer(l).with_context(|| format!("loading layer {l} of the cached prefix"))?;
+        wait[l] = w.elapsed().as_secs_f64();
+        ready[l] = t0.elapsed().as_secs_f64();
+        Ok(Some(codec.decode_layer(&bytes, &dev)?))
+    })?;
+    let first = argmax(&logits);
+    let ttft = t0.elapsed().as_secs_f64();
+    done[nl - 1] = ttft;
+    let output_tokens = model.greedy(first, kvs, out_tokens, eos)?;
+    Ok(RunResult { ttft_s: ttft, output_tokens, cached_tokens: cached, lookup_s, layer_ready_s: ready, layer_wait_s: wait, layer_done_s: done })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Runs the real-model benchmark described in the module docs.
+///
+/// # Errors
+/// Bad arguments, model fetch or load failures, store errors, or B's outputs differing
+/// between the hit and the recompute (reported after the table and JSON are written).
+pub fn run(a: &TtftArgs) -> Result<()> {
+    if a.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    if a.output_tokens == 0 {
+        bail!("--output-tokens must be at least 1");
+    }
+    let dtype: Dtype = a.dtype.parse()?;
+    let cache_dir = acquire::cache_dir(a.cache_dir.as_deref())?;
+    let model_path = acquire::ensure_model(a.model.as_deref(), &cache_dir)?;
+    let spin = ProgressBar::new_spinner();
+    spin.set_message(format!("loading {} (dequantizing to f32)", model_path.display()));
+    spin.enable_steady_tick(Duration::from_millis(120));
+    let t = Instant::now();
+    let (model, content) = Model::load(&model_path)?;
+    let tok = TextTokenizer::from_gguf(&content)?;
+    drop(content);
+    spin.finish_with_message(format!("model loaded in {:.1} s", t.elapsed().as_secs_f64()));
+    let cfg = &model.cfg;
+
+    let geometry = KvGeometry::smollm2_135m().with_dtype(dtype).with_tokens_per_chunk(a.tokens_per_chunk)?;
+    if (geometry.layers as usize, geometry.kv_heads as usize, geometry.head_dim as usize) != (cfg.layers, cfg.kv_heads, cfg.head_dim) {
+        bail!(
+            "the model file's shape ({} layers, {} KV heads, head dim {}) is not SmolLM2-135M's geometry ({} layers, {} KV heads, head dim {})",
+            cfg.layers, cfg.kv_heads, cfg.head_dim, geometry.layers, geometry.kv_heads, geometry.head_dim
+        );
+    }
+    let codec = KvCodec::new(&geometry)?;
+    let tpc = geometry.tokens_per_chunk as usize;
+
+    let doc_text = match &a.document {
+        Some(p) => std::fs::read_to_string(p).with_context(|| format!("reading document {}", p.display()))?,
+        None => DOCUMENT.to_string(),
+    };
+    let doc_text = if a.document_words > 0 {
+        doc_text.split_whitespace().take(a.document_words).collect::<Vec<_>>().join(" ")
+    } else {
+        doc_text.trim().to_string()
+    };
+    let tokens_a = tok.encode(&prompt(&doc_text, &a.question_a))?;
+    let tokens_b = tok.encode(&prompt(&doc_text, &a.question_b))?;
+    let common = tokens_a.iter().zip(&tokens_b).take_while(|(x, y)| x == y).count();
+    if tokens_b.len().max(tokens_a.len()) + a.output_tokens > cfg.context {
+        bail!("prompts of {} / {} tokens plus {} output tokens exceed the model's context of {}", tokens_a.len(), tokens_b.len(), a.output_tokens, cfg.context);
+    }
+    if common < tpc {
+        bail!("requests A and B share {common} leading tokens, less than one {tpc}-token chunk: nothing to cache (use a longer document or --tokens-per-chunk)");
+    }
+    eprintln!(
+        "request A: {} tokens, request B: {} tokens, shared prefix {} tokens ({} full chunks of {tpc})",
+        tokens_a.len(), tokens_b.len(), common, common / tpc
+    );
+
+    let mut cache = InProcessCache::new(geometry.clone())?;
+    let store_desc = "in-process".to_string();
+
+    // Request A: full prefill, then save its full chunks.
+    let pb = bar(cfg.layers as u64, "request A: prefill");
+    let (run_a, kvs_a) = recompute(&model, &tokens_a, a.output_tokens, tok.eos, Some(&pb))?;
+    pb.finish();
+    let t = Instant::now();
+    let saved = cache.save(&tokens_a, &kvs_a)?;
+    let save_s = t.elapsed().as_secs_f64();
+    drop(kvs_a);
+    eprintln!("request A: TTFT {:.3} s, saved {saved} chunks in {:.3} s; answer: {:?}", run_a.ttft_s, save_s, tok.decode(&run_a.output_tokens)?);
+
+    // Request B, alternating recompute and hit.
+    let mut hits = Vec::new();
+    let mut recs = Vec::new();
+    for i in 0..a.runs {
+        let pb = bar(cfg.layers as u64, &format!("request B: recompute {}/{}", i + 1, a.runs));
+        let (r, _) = recompute(&model, &tokens_b, a.output_tokens, tok.eos, Some(&pb))?;
+        pb.finish_and_clear();
+        recs.push(r);
+        hits.push(with_hit(&model, &mut cache, &codec, tpc, &tokens_b, a.output_tokens, tok.eos)?);
+    }
+    let ttft_hit = median(hits.iter().map(|r| r.ttft_s).collect());
+    let ttft_rec = median(recs.iter().map(|r| r.ttft_s).collect());
+    let identical = hits.iter().chain(&recs).all(|r| r.output_tokens == recs[0].output_tokens);
+    let prefix_tokens = hits[0].cached_tokens;
+    let new_tokens = tokens_b.len() - prefix_tokens;
+    let text_hit = tok.decode(&hits[0].output_tokens)?;
+    let text_rec = tok.decode(&recs[0].output_tokens)?;
+
+    println!();
+    println!("Real-model TTFT: {MODEL_NAME} on this CPU, KV {} through {store_desc}", geometry.dtype);
+    println!("| request B                  | prefix tokens | new tokens | TTFT (s) |");
+    println!("|----------------------------|--------------:|-----------:|---------:|");
+    println!("| hit (layerwise load)       | {prefix_tokens:>13} | {new_tokens:>10} | {ttft_hit:>8.3} |");
+    println!("| recompute                  | {:>13} | {:>10} | {ttft_rec:>8.3} |", 0, tokens_b.len());
+    println!("speed-up {:.1}x; median of {} runs; per-layer wait for KV (hit, total) {:.4} s", ttft_rec / ttft_hit, a.runs, hits[0].layer_wait_s.iter().sum::<f64>());
+    println!("output (hit):       {:?} {:?}", hits[0].output_tokens, text_hit);
+    println!("output (recompute): {:?} {:?}", recs[0].output_tokens, text_rec);
+    println!("outputs identical: {}", if identical { "yes" } else { "NO" });
+
+    if let Some(p) = &a.json {
+        let j = serde_json::json!({
+            "mode": "real",
+            "model": MODEL_NAME,
+            "model_file": model_path.display().to_string(),
+            "model_config": cfg,
+            "geometry": geometry,
+            "store": store_desc,
+            "request_a_tokens": tokens_a.len(),
+            "request_b_tokens": tokens_b.len(),
+            "shared_prefix_tokens": common,
+            "prefix_tokens": prefix_tokens,
+            "new_tokens": new_tokens,
+            "chunks_saved": saved,
+            "save_s": save_s,
+            "ttft_a_s": run_a.ttft_s,
+            "ttft_hit_s": ttft_hit,
+            "ttft_recompute_s": ttft_rec,
+            "speedup": ttft_rec / ttft_hit,
+            "outputs_identical": identical,
+            "output_tokens_hit": hits[0].output_tokens,
+            "output_tokens_recompute": recs[0].output_tokens,
+            "output_text_hit": text_hit,
+            "output_text_recompute": text_rec,
+            "runs_hit": hits,
+            "runs_recompute": recs,
+            "config": a,
+        });
+        std::fs::write(p, serde_json::to_string_pretty(&j)?).with_context(|| format!("writing {}", p.display()))?;
+    }
+    if !identical {
+        bail!("request B's greedy outputs differ between the cache hit and the full recompute");
+    }
+    Ok(())
+}
