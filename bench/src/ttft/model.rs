@@ -62,6 +62,9 @@ pub struct Model {
     device: Device,
 }
 
+/// Queries per attention block (bounds the score matrix to `heads x 128 x keys`).
+const QUERY_BLOCK: usize = 128;
+
 /// Per-layer K and V of a sequence, each `[1, kv_heads, tokens, head_dim]` f32.
 pub type LayerKv = (Tensor, Tensor);
 
@@ -208,26 +211,31 @@ impl Model {
         let total = k.dim(2)?;
         let pos0 = total - n;
         let group = c.heads / c.kv_heads;
-        // Query heads g*group..(g+1)*group share KV head g: fold them into rows.
-        let qg = q.reshape((1, c.kv_heads, group * n, c.head_dim))?;
         let scale = 1.0 / (c.head_dim as f64).sqrt();
-        let scores = (qg.matmul(&k.t()?)? * scale)?.reshape((1, c.heads, n, total))?;
-        let scores = if n > 1 {
-            let mask: Vec<f32> = (0..n)
-                .flat_map(|i| (0..total).map(move |j| if j <= pos0 + i { 0.0 } else { f32::NEG_INFINITY }))
-                .collect();
-            let mask = Tensor::from_vec(mask, (n, total), &self.device)?;
-            scores.broadcast_add(&mask)?
-        } else {
-            scores
-        };
-        let p = candle_nn::ops::softmax_last_dim(&scores)?;
-        let att = p
-            .reshape((1, c.kv_heads, group * n, total))?
-            .matmul(v)?
-            .reshape((1, c.heads, n, c.head_dim))?
-            .transpose(1, 2)?
-            .reshape((n, c.heads * c.head_dim))?;
+        // Attention in blocks of queries: bounded temporaries, and each block reads only the
+        // keys it may see (causal), so a full prefill does about half the attention work.
+        let mut blocks = Vec::with_capacity(n.div_ceil(QUERY_BLOCK));
+        for start in (0..n).step_by(QUERY_BLOCK) {
+            let nb = QUERY_BLOCK.min(n - start);
+            let visible = pos0 + start + nb;
+            // Query heads g*group..(g+1)*group share KV head g: fold them into rows.
+            let qg = q.narrow(2, start, nb)?.contiguous()?.reshape((1, c.kv_heads, group * nb, c.head_dim))?;
+            let kb = k.narrow(2, 0, visible)?;
+            let vb = v.narrow(2, 0, visible)?;
+            let scores = (qg.matmul(&kb.t()?)? * scale)?.reshape((1, c.heads, nb, visible))?;
+            let scores = if nb > 1 {
+                let first = pos0 + start;
+                let mask: Vec<f32> = (0..nb)
+                    .flat_map(|i| (0..visible).map(move |j| if j <= first + i { 0.0 } else { f32::NEG_INFINITY }))
+                    .collect();
+                scores.broadcast_add(&Tensor::from_vec(mask, (nb, visible), &self.device)?)?
+            } else {
+                scores
+            };
+            let p = candle_nn::ops::softmax_last_dim(&scores)?;
+            blocks.push(p.reshape((1, c.kv_heads, group * nb, visible))?.matmul(&vb.contiguous()?)?.reshape((1, c.heads, nb, c.head_dim))?);
+        }
+        let att = Tensor::cat(&blocks, 2)?.transpose(1, 2)?.reshape((n, c.heads * c.head_dim))?;
         let x = (x + att.matmul(&layer.wo.t()?)?)?;
         let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, c.rms_eps)?;
         let gu = h.matmul(&layer.w_gate_up.t()?)?;
