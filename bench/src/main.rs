@@ -33,6 +33,11 @@ fn main() {
     };
     if let Err(e) = r {
         eprintln!("objectcache-bench: {e:#}");
-        std::process::exit(1);
+        let code = if e.downcast_ref::<ttft::acquire::ModelUnavailable>().is_some() {
+            ttft::acquire::ModelUnavailable::EXIT_CODE
+        } else {
+            1
+        };
+        std::process::exit(code);
     }
 }

