@@ -67,6 +67,10 @@ pub struct TtftArgs {
     /// Tokens per chunk object (only full chunks are cached).
     #[arg(long, value_name = "N", default_value_t = 256)]
     pub tokens_per_chunk: u32,
+    /// How the model's projection weights are multiplied: dequantized to f32 at load time
+    /// (default; faster on CPUs) or in the file's quantized format.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub weights: model::Weights,
     /// Timed repetitions of request B, each way; the figures are medians.
     #[arg(long, value_name = "N", default_value_t = 3)]
     pub runs: usize,

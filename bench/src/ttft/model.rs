@@ -9,8 +9,8 @@
 //! head_dim]` after RoPE (the cached form); queries `[1, heads, tokens, head_dim]`.
 
 use anyhow::{bail, Context, Result};
-use candle_core::quantized::gguf_file;
-use candle_core::{DType, Device, IndexOp, Tensor};
+use candle_core::quantized::{gguf_file, QMatMul, QTensor};
+use candle_core::{DType, Device, IndexOp, Module, Tensor};
 use std::path::Path;
 
 /// Model hyper-parameters read from the GGUF metadata (`llama.*` keys).
@@ -38,15 +38,39 @@ pub struct Config {
     pub vocab: usize,
 }
 
+/// How the projection weights are held and multiplied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Weights {
+    /// Dequantized once at load time to f32; f32 matmuls (the default: faster here).
+    F32,
+    /// Kept in the file's quantized format (Q4_1); candle's quantized matmul kernels.
+    Quantized,
+}
+
+/// A projection made of one or more weight matrices `[out_i, in]` whose outputs are
+/// concatenated (f32 mode fuses Q, K, V and gate, up into one matrix each).
+struct Proj(Vec<QMatMul>);
+
+impl Proj {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if self.0.len() == 1 {
+            return Ok(self.0[0].forward(x)?);
+        }
+        let outs = self.0.iter().map(|m| m.forward(x)).collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(Tensor::cat(&outs, 1)?)
+    }
+}
+
 struct Layer {
     attn_norm: Tensor,
-    /// Fused Q, K, V projection, `[heads*hd + 2*kv_heads*hd, hidden]`.
-    wqkv: Tensor,
-    wo: Tensor,
+    /// Q, K, V projections, `[heads*hd + 2*kv_heads*hd, hidden]` in all.
+    wqkv: Proj,
+    wo: Proj,
     ffn_norm: Tensor,
-    /// Fused gate and up projections, `[2*ffn, hidden]`.
-    w_gate_up: Tensor,
-    w_down: Tensor,
+    /// Gate and up projections, `[2*ffn, hidden]` in all.
+    w_gate_up: Proj,
+    w_down: Proj,
 }
 
 /// The loaded model: f32 weights on the CPU and the RoPE tables.
@@ -73,12 +97,13 @@ fn meta<'a>(c: &'a gguf_file::Content, key: &str) -> Result<&'a gguf_file::Value
 }
 
 impl Model {
-    /// Reads the GGUF at `path`, checks that it is a Llama-architecture model and dequantizes
-    /// its weights to f32 (about 540 MB for SmolLM2-135M).
+    /// Reads the GGUF at `path`, checks that it is a Llama-architecture model and prepares its
+    /// weights as `weights` says (f32: about 540 MB for SmolLM2-135M). Embeddings, norms and
+    /// the output head are always f32.
     ///
     /// # Errors
     /// A missing or unreadable file, a non-GGUF file, another architecture, missing tensors.
-    pub fn load(path: &Path) -> Result<(Model, gguf_file::Content)> {
+    pub fn load(path: &Path, weights: Weights) -> Result<(Model, gguf_file::Content)> {
         let mut f = std::fs::File::open(path)
             .with_context(|| format!("opening model file {}", path.display()))?;
         let content = gguf_file::Content::read(&mut f)
@@ -106,34 +131,47 @@ impl Model {
             bail!("unsupported head layout: {} heads, {} KV heads, head dim {}", cfg.heads, cfg.kv_heads, cfg.head_dim);
         }
         let device = Device::Cpu;
-        let mut get = |name: &str| -> Result<Tensor> {
-            let q = content
-                .tensor(&mut f, name, &device)
-                .map_err(|e| anyhow::anyhow!("GGUF tensor {name}: {e}"))?;
-            Ok(q.dequantize(&device)?.to_dtype(DType::F32)?)
+        let read = |f: &mut std::fs::File, name: &str| -> Result<QTensor> {
+            content
+                .tensor(f, name, &device)
+                .map_err(|e| anyhow::anyhow!("GGUF tensor {name}: {e}"))
         };
-        let embed = get("token_embd.weight")?;
+        let get = |f: &mut std::fs::File, name: &str| -> Result<Tensor> { Ok(read(f, name)?.dequantize(&device)?.to_dtype(DType::F32)?) };
+        let embed = get(&mut f, "token_embd.weight")?;
         let mut layers = Vec::with_capacity(cfg.layers);
         for l in 0..cfg.layers {
             let p = format!("blk.{l}");
-            let wq = get(&format!("{p}.attn_q.weight"))?;
-            let wk = get(&format!("{p}.attn_k.weight"))?;
-            let wv = get(&format!("{p}.attn_v.weight"))?;
-            let gate = get(&format!("{p}.ffn_gate.weight"))?;
-            let up = get(&format!("{p}.ffn_up.weight"))?;
+            let mut proj = |names: &[&str]| -> Result<Proj> {
+                match weights {
+                    Weights::F32 => {
+                        let ts = names.iter().map(|n| get(&mut f, &format!("{p}.{n}.weight"))).collect::<Result<Vec<_>>>()?;
+                        Ok(Proj(vec![QMatMul::Tensor(Tensor::cat(&ts, 0)?)]))
+                    }
+                    Weights::Quantized => Ok(Proj(
+                        names
+                            .iter()
+                            .map(|n| Ok(QMatMul::from_qtensor(read(&mut f, &format!("{p}.{n}.weight"))?)?))
+                            .collect::<Result<Vec<_>>>()?,
+                    )),
+                }
+            };
+            let wqkv = proj(&["attn_q", "attn_k", "attn_v"])?;
+            let wo = proj(&["attn_output"])?;
+            let w_gate_up = proj(&["ffn_gate", "ffn_up"])?;
+            let w_down = proj(&["ffn_down"])?;
             layers.push(Layer {
-                attn_norm: get(&format!("{p}.attn_norm.weight"))?,
-                wqkv: Tensor::cat(&[&wq, &wk, &wv], 0)?,
-                wo: get(&format!("{p}.attn_output.weight"))?,
-                ffn_norm: get(&format!("{p}.ffn_norm.weight"))?,
-                w_gate_up: Tensor::cat(&[&gate, &up], 0)?,
-                w_down: get(&format!("{p}.ffn_down.weight"))?,
+                attn_norm: get(&mut f, &format!("{p}.attn_norm.weight"))?,
+                wqkv,
+                wo,
+                ffn_norm: get(&mut f, &format!("{p}.ffn_norm.weight"))?,
+                w_gate_up,
+                w_down,
             });
         }
-        let out_norm = get("output_norm.weight")?;
+        let out_norm = get(&mut f, "output_norm.weight")?;
         // Tied embeddings (SmolLM2) have no separate output matrix.
         let lm_head = if content.tensor_infos.contains_key("output.weight") {
-            get("output.weight")?
+            get(&mut f, "output.weight")?
         } else {
             embed.clone()
         };
@@ -183,7 +221,7 @@ impl Model {
             bail!("sequence of {} tokens exceeds the model's context of {}", pos0 + n, c.context);
         }
         let h = candle_nn::ops::rms_norm(x, &layer.attn_norm, c.rms_eps)?;
-        let qkv = h.matmul(&layer.wqkv.t()?)?;
+        let qkv = layer.wqkv.forward(&h)?;
         let qd = c.heads * c.head_dim;
         let kd = c.kv_heads * c.head_dim;
         let split = |off: usize, len: usize, heads: usize| -> Result<Tensor> {
@@ -236,11 +274,11 @@ impl Model {
             blocks.push(p.reshape((1, c.kv_heads, group * nb, visible))?.matmul(&vb.contiguous()?)?.reshape((1, c.heads, nb, c.head_dim))?);
         }
         let att = Tensor::cat(&blocks, 2)?.transpose(1, 2)?.reshape((n, c.heads * c.head_dim))?;
-        let x = (x + att.matmul(&layer.wo.t()?)?)?;
+        let x = (x + layer.wo.forward(&att)?)?;
         let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, c.rms_eps)?;
-        let gu = h.matmul(&layer.w_gate_up.t()?)?;
+        let gu = layer.w_gate_up.forward(&h)?;
         let act = (gu.narrow(1, 0, c.ffn)?.silu()? * gu.narrow(1, c.ffn, c.ffn)?)?;
-        Ok((x + act.matmul(&layer.w_down.t()?)?)?)
+        Ok((x + layer.w_down.forward(&act)?)?)
     }
 
     /// Logits of the last position of `x` (`[tokens, hidden]`): `[vocab]` f32.

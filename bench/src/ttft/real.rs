@@ -11,7 +11,7 @@
 //! excluded. Both ways then decode a few tokens greedily; the outputs must be identical.
 
 use super::kv::KvCodec;
-use super::model::{argmax, LayerKv, Model};
+use super::model::{argmax, LayerKv, Model, Weights};
 use super::tokenizer::TextTokenizer;
 use super::{acquire, TtftArgs};
 use anyhow::{bail, Context, Result};
@@ -235,16 +235,20 @@ pub fn run(a: &TtftArgs) -> Result<()> {
     let cache_dir = acquire::cache_dir(a.cache_dir.as_deref());
     let model_path = acquire::ensure_model(a.model.as_deref(), &cache_dir)?;
     let spin = ProgressBar::new_spinner();
-    spin.set_message(format!("loading {} (dequantizing to f32)", model_path.display()));
+    spin.set_message(format!("loading {} ({:?} weights)", model_path.display(), a.weights));
     spin.enable_steady_tick(Duration::from_millis(120));
     let t = Instant::now();
-    let (model, content) = Model::load(&model_path)?;
+    let (model, content) = Model::load(&model_path, a.weights)?;
     let tok = TextTokenizer::from_gguf(&content)?;
     drop(content);
     spin.finish_with_message(format!("model loaded in {:.1} s", t.elapsed().as_secs_f64()));
     let cfg = &model.cfg;
 
-    let geometry = KvGeometry::smollm2_135m().with_dtype(dtype).with_tokens_per_chunk(a.tokens_per_chunk)?;
+    let mut geometry = KvGeometry::smollm2_135m().with_dtype(dtype).with_tokens_per_chunk(a.tokens_per_chunk)?;
+    if a.weights == Weights::Quantized {
+        // Quantized kernels give (slightly) different KV than f32 ones: never share entries.
+        geometry.model.push_str("+quantized-matmul");
+    }
     if (geometry.layers as usize, geometry.kv_heads as usize, geometry.head_dim as usize) != (cfg.layers, cfg.kv_heads, cfg.head_dim) {
         bail!(
             "the model file's shape ({} layers, {} KV heads, head dim {}) is not SmolLM2-135M's geometry ({} layers, {} KV heads, head dim {})",
