@@ -123,6 +123,12 @@ pub struct RunResult {
     pub load_requests: u64,
     /// Bytes the load moved (hit path only).
     pub load_bytes: u64,
+    /// Seconds from the start of the load to layer 0 ready, as the connector saw it.
+    pub ttfl_s: Option<f64>,
+    /// Seconds from the start of the load to the last layer ready, as the connector saw it.
+    pub ttll_s: Option<f64>,
+    /// Why the hit path fell back to a full recompute (a layer that failed to load), if it did.
+    pub fallback: Option<String>,
 }
 
 fn bar(len: u64, msg: &str) -> ProgressBar {
@@ -141,7 +147,6 @@ pub fn recompute(model: &Model, tokens: &[u32], out_tokens: usize, eos: Option<u
     let t0 = Instant::now();
     let nl = model.cfg.layers;
     let mut done = vec![0.0; nl];
-    let mut last = None;
     let (logits, kvs) = model.forward(tokens, 0, |l| {
         if l > 0 {
             done[l - 1] = t0.elapsed().as_secs_f64();
@@ -149,7 +154,6 @@ pub fn recompute(model: &Model, tokens: &[u32], out_tokens: usize, eos: Option<u
         if let Some(pb) = pb {
             pb.set_position(l as u64);
         }
-        last = Some(l);
         Ok(None)
     })?;
     let first = argmax(&logits);
@@ -160,7 +164,7 @@ pub fn recompute(model: &Model, tokens: &[u32], out_tokens: usize, eos: Option<u
     }
     let output_tokens = model.greedy(first, kvs.clone(), out_tokens, eos)?;
     Ok((
-        RunResult { ttft_s: ttft, output_tokens, cached_tokens: 0, lookup_s: 0.0, layer_ready_s: vec![], layer_wait_s: vec![], layer_done_s: done, load_requests: 0, load_bytes: 0 },
+        RunResult { ttft_s: ttft, output_tokens, cached_tokens: 0, lookup_s: 0.0, layer_ready_s: vec![], layer_wait_s: vec![], layer_done_s: done, load_requests: 0, load_bytes: 0, ttfl_s: None, ttll_s: None, fallback: None },
         kvs,
     ))
 }
@@ -176,6 +180,7 @@ pub fn with_hit(model: &Model, cache: &KvCache, tokens: &[u32], out_tokens: usiz
     let lookup_s = t0.elapsed().as_secs_f64();
     if chunks == 0 {
         let (mut r, _) = recompute(model, tokens, out_tokens, eos, None)?;
+        r.ttft_s += lookup_s;
         r.lookup_s = lookup_s;
         return Ok(r);
     }
@@ -184,17 +189,36 @@ pub fn with_hit(model: &Model, cache: &KvCache, tokens: &[u32], out_tokens: usiz
     let nl = model.cfg.layers;
     let (mut ready, mut wait, mut done) = (vec![0.0; nl], vec![0.0; nl], vec![0.0; nl]);
     let dev = Device::Cpu;
-    let (logits, kvs) = model.forward(&tokens[cached..], cached, |l| {
+    let mut miss: Option<String> = None;
+    let result = model.forward(&tokens[cached..], cached, |l| {
         if l > 0 {
             done[l - 1] = t0.elapsed().as_secs_f64();
         }
         let w = Instant::now();
-        handle.wait_layer_blocking(l, None).with_context(|| format!("loading layer {l} of the cached prefix"))?;
+        if let Err(e) = handle.wait_layer_blocking(l, None) {
+            miss = Some(format!("layer {l} of the cached prefix failed to load: {e}"));
+            bail!("layer {l}: load failed");
+        }
         wait[l] = w.elapsed().as_secs_f64();
         ready[l] = t0.elapsed().as_secs_f64();
         let bytes = handle.layer(l).with_context(|| format!("layer {l} reported ready without bytes"))?;
         Ok(Some(cache.codec.decode_layer(bytes, &dev)?))
-    })?;
+    });
+    let (logits, kvs) = match (result, miss) {
+        (Ok(r), _) => r,
+        // A failed load is a miss, never KV: recompute everything, and say so.
+        (Err(_), Some(why)) => {
+            drop(handle);
+            eprintln!("request B: {why}; recomputing the whole prompt");
+            let spent = t0.elapsed().as_secs_f64();
+            let (mut r, _) = recompute(model, tokens, out_tokens, eos, None)?;
+            r.ttft_s += spent;
+            r.lookup_s = lookup_s;
+            r.fallback = Some(why);
+            return Ok(r);
+        }
+        (Err(e), None) => return Err(e),
+    };
     let first = argmax(&logits);
     let ttft = t0.elapsed().as_secs_f64();
     done[nl - 1] = ttft;
@@ -211,6 +235,9 @@ pub fn with_hit(model: &Model, cache: &KvCache, tokens: &[u32], out_tokens: usiz
         layer_done_s: done,
         load_requests: stats.requests,
         load_bytes: stats.bytes,
+        ttfl_s: stats.ttfl_s,
+        ttll_s: stats.ttll_s,
+        fallback: None,
     })
 }
 
@@ -311,6 +338,7 @@ pub fn run(a: &TtftArgs) -> Result<()> {
     let ttft_hit = median(hits.iter().map(|r| r.ttft_s).collect());
     let ttft_rec = median(recs.iter().map(|r| r.ttft_s).collect());
     let identical = hits.iter().chain(&recs).all(|r| r.output_tokens == recs[0].output_tokens);
+    let fallbacks = hits.iter().filter(|r| r.fallback.is_some()).count();
     let prefix_tokens = hits[0].cached_tokens;
     let new_tokens = tokens_b.len() - prefix_tokens;
     let text_hit = tok.decode(&hits[0].output_tokens)?;
@@ -325,6 +353,9 @@ pub fn run(a: &TtftArgs) -> Result<()> {
     println!("speed-up {:.1}x; median of {} runs; per-layer wait for KV (hit, total) {:.4} s", ttft_rec / ttft_hit, a.runs, hits[0].layer_wait_s.iter().sum::<f64>());
     println!("output (hit):       {:?} {:?}", hits[0].output_tokens, text_hit);
     println!("output (recompute): {:?} {:?}", recs[0].output_tokens, text_rec);
+    if fallbacks > 0 {
+        println!("{fallbacks} of {} hit runs fell back to a full recompute: {}", a.runs, hits.iter().find_map(|r| r.fallback.clone()).unwrap_or_default());
+    }
     println!("outputs identical: {}", if identical { "yes" } else { "NO" });
 
     if let Some(p) = &a.json {
@@ -350,6 +381,7 @@ pub fn run(a: &TtftArgs) -> Result<()> {
             "ttft_recompute_s": ttft_rec,
             "speedup": ttft_rec / ttft_hit,
             "outputs_identical": identical,
+            "hit_fallbacks": fallbacks,
             "output_tokens_hit": hits[0].output_tokens,
             "output_tokens_recompute": recs[0].output_tokens,
             "output_text_hit": text_hit,
