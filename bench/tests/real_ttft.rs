@@ -67,6 +67,8 @@ fn hit_and_recompute_give_identical_tokens() {
         return;
     };
     assert_eq!(j["hit_fallbacks"], 0);
+    // fp32 KV through the store is bit-identical to B's own recompute of the prefix.
+    assert_eq!(j["prefix_kv_max_abs_diff"].as_f64(), Some(0.0), "{j}");
     assert_eq!(j["model"], "HuggingFaceTB/SmolLM2-135M-Instruct");
     assert_eq!(j["outputs_identical"], true);
     let hit = j["output_tokens_hit"].as_array().unwrap();

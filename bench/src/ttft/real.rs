@@ -206,14 +206,16 @@ pub fn recompute(
 }
 
 /// The hit path: lookup, layer-ordered load, prefill of the uncached tail waiting per layer,
-/// greedy decoding. Falls back to a full recompute when nothing is cached.
+/// greedy decoding. Falls back to a full recompute when nothing is cached or a layer fails
+/// to load. Returns the run and, when the hit was used, every layer's K, V after the prefill
+/// (loaded prefix, then the computed tokens).
 pub fn with_hit(
     model: &Model,
     cache: &KvCache,
     tokens: &[u32],
     out_tokens: usize,
     eos: Option<u32>,
-) -> Result<RunResult> {
+) -> Result<(RunResult, Option<Vec<LayerKv>>)> {
     let t0 = Instant::now();
     let tpc = cache.geometry.tokens_per_chunk as usize;
     // Keep at least one token to compute: its logits give the first output token.
@@ -224,7 +226,7 @@ pub fn with_hit(
         let (mut r, _) = recompute(model, tokens, out_tokens, eos, None)?;
         r.ttft_s += lookup_s;
         r.lookup_s = lookup_s;
-        return Ok(r);
+        return Ok((r, None));
     }
     let cached = chunks * tpc;
     let handle = cache.load(tokens, chunks)?;
@@ -261,7 +263,7 @@ pub fn with_hit(
             r.ttft_s += spent;
             r.lookup_s = lookup_s;
             r.fallback = Some(why);
-            return Ok(r);
+            return Ok((r, None));
         }
         (Err(e), None) => return Err(e),
     };
@@ -270,8 +272,8 @@ pub fn with_hit(
     done[nl - 1] = ttft;
     let stats = handle.stats();
     drop(handle);
-    let output_tokens = model.greedy(first, kvs, out_tokens, eos)?;
-    Ok(RunResult {
+    let output_tokens = model.greedy(first, kvs.clone(), out_tokens, eos)?;
+    let run = RunResult {
         ttft_s: ttft,
         output_tokens,
         cached_tokens: cached,
@@ -284,7 +286,25 @@ pub fn with_hit(
         ttfl_s: stats.ttfl_s,
         ttll_s: stats.ttll_s,
         fallback: None,
-    })
+    };
+    Ok((run, Some(kvs)))
+}
+
+/// Largest absolute difference between two sequences' K, V over positions `0..tokens`, all
+/// layers.
+fn max_abs_diff(a: &[LayerKv], b: &[LayerKv], tokens: usize) -> Result<f32> {
+    let mut m = 0f32;
+    for ((ka, va), (kb, vb)) in a.iter().zip(b) {
+        for (x, y) in [(ka, kb), (va, vb)] {
+            let d = (x.narrow(2, 0, tokens)? - y.narrow(2, 0, tokens)?)?
+                .abs()?
+                .flatten_all()?
+                .max(0)?
+                .to_scalar::<f32>()?;
+            m = m.max(d);
+        }
+    }
+    Ok(m)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -403,21 +423,23 @@ pub fn run(a: &TtftArgs) -> Result<()> {
     // Request B, alternating recompute and hit.
     let mut hits = Vec::new();
     let mut recs = Vec::new();
+    // Largest |loaded - recomputed| over B's cached prefix K, V (first run).
+    let mut kv_diff: Option<f32> = None;
     for i in 0..a.runs {
         let pb = bar(
             cfg.layers as u64,
             &format!("request B: recompute {}/{}", i + 1, a.runs),
         );
-        let (r, _) = recompute(&model, &tokens_b, a.output_tokens, tok.eos, Some(&pb))?;
+        let (r, kv_rec) = recompute(&model, &tokens_b, a.output_tokens, tok.eos, Some(&pb))?;
         pb.finish_and_clear();
         recs.push(r);
-        hits.push(with_hit(
-            &model,
-            &cache,
-            &tokens_b,
-            a.output_tokens,
-            tok.eos,
-        )?);
+        let (h, kv_hit) = with_hit(&model, &cache, &tokens_b, a.output_tokens, tok.eos)?;
+        if i == 0 {
+            if let Some(kv_hit) = kv_hit {
+                kv_diff = Some(max_abs_diff(&kv_hit, &kv_rec, h.cached_tokens)?);
+            }
+        }
+        hits.push(h);
     }
     let ttft_hit = median(hits.iter().map(|r| r.ttft_s).collect());
     let ttft_rec = median(recs.iter().map(|r| r.ttft_s).collect());
@@ -465,6 +487,16 @@ pub fn run(a: &TtftArgs) -> Result<()> {
             h.layer_wait_s.iter().sum::<f64>() * 1e3
         );
     }
+    if let Some(d) = kv_diff {
+        println!(
+            "cached prefix K, V as loaded vs as recomputed by B: max |difference| {d:e} ({})",
+            if d == 0.0 {
+                "bit-identical"
+            } else {
+                "not bit-identical"
+            }
+        );
+    }
     println!(
         "output (hit):       {:?} {:?}",
         hits[0].output_tokens, text_hit
@@ -510,6 +542,7 @@ pub fn run(a: &TtftArgs) -> Result<()> {
             "ttft_recompute_s": ttft_rec,
             "speedup": ttft_rec / ttft_hit,
             "outputs_identical": identical,
+            "prefix_kv_max_abs_diff": kv_diff,
             "hit_fallbacks": fallbacks,
             "output_tokens_hit": hits[0].output_tokens,
             "output_tokens_recompute": recs[0].output_tokens,
