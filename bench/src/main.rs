@@ -1,5 +1,46 @@
-//! `objectcache-bench`: benchmark scenarios (filled in by the benchmark issues).
+//! `objectcache-bench`: ObjectCache's benchmarks.
+//!
+//! - `ttft`: time to first token of a request whose prefix KV is cached, on a real model
+//!   (`--mode real`, the default) or on a modeled GPU (`--mode modeled`).
+//! - `transfer`: transfer paths (stock S3 ranged GETs, gather over TCP/RDMA).
+
+use clap::{Parser, Subcommand};
+
+mod transfer;
+mod ttft;
+
+/// ObjectCache benchmarks.
+#[derive(Debug, Parser)]
+#[command(name = "objectcache-bench", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// TTFT of a request that reuses a cached prefix, with and without the cache hit.
+    Ttft(ttft::TtftArgs),
+    /// Transfer-path benchmark (stock S3, gather over TCP/RDMA).
+    Transfer(transfer::TransferArgs),
+}
+
 fn main() {
-    eprintln!("objectcache-bench: no scenarios yet");
-    std::process::exit(2);
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::Ttft(a) => ttft::run(a),
+        Command::Transfer(a) => transfer::run(a),
+    };
+    if let Err(e) = r {
+        eprintln!("objectcache-bench: {e:#}");
+        let code = if e
+            .downcast_ref::<ttft::acquire::ModelUnavailable>()
+            .is_some()
+        {
+            ttft::acquire::ModelUnavailable::EXIT_CODE
+        } else {
+            1
+        };
+        std::process::exit(code);
+    }
 }
