@@ -1275,3 +1275,86 @@ pub unsafe extern "C" fn objectcache_transfer_release(
         Ok(OBJECTCACHE_OK)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn last() -> String {
+        // SAFETY: objectcache_last_error returns a NUL-terminated string owned by this thread.
+        unsafe { CStr::from_ptr(objectcache_last_error()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    #[test]
+    fn a_panic_becomes_internal_error_with_its_message() {
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let s = guard("objectcache_test", || panic!("boom {}", 7));
+        std::panic::set_hook(prev);
+        assert_eq!(s, OBJECTCACHE_ERR_INTERNAL);
+        assert_eq!(last(), "objectcache_test: internal error (panic): boom 7");
+    }
+
+    #[test]
+    fn every_error_variant_has_its_stable_code() {
+        let nf = StoreError::NotFound { key: "k".into() };
+        let cases: Vec<(Error, i32)> = vec![
+            (Error::InvalidArgument("x".into()), 2),
+            (Error::Config("x".into()), 8),
+            (Error::Store(nf), 10),
+            (Error::Store(StoreError::other("fs", "disk")), 11),
+            (Error::Io(std::io::Error::other("x")), 12),
+            (Error::Layer(LayerError::Missing { chunk: 0, key: "k".into() }), 20),
+            (
+                Error::Layer(LayerError::ChecksumMismatch {
+                    chunk: 0,
+                    layer: 0,
+                    stored: 1,
+                    computed: 2,
+                }),
+                21,
+            ),
+            (
+                Error::Layer(LayerError::GeometryMismatch {
+                    chunk: 0,
+                    reason: "r".into(),
+                }),
+                22,
+            ),
+            (
+                Error::Layer(LayerError::Storage {
+                    chunk: 0,
+                    message: "m".into(),
+                }),
+                23,
+            ),
+            (Error::Layer(LayerError::Timeout { layer: 3 }), 24),
+            (Error::Layer(LayerError::Cancelled), 25),
+        ];
+        for (e, code) in cases {
+            let name = status_name(code).to_str().unwrap().to_string();
+            assert_eq!(error_code(&e), code, "{e} -> {name}");
+            assert_ne!(name, "unknown status");
+        }
+    }
+
+    #[test]
+    fn stale_and_wrong_kind_handles_are_refused_without_dereference() {
+        // A token that was never issued, and NULL.
+        let bogus: *mut objectcache_transfer = token(usize::MAX - 1);
+        // SAFETY: handles are tokens looked up in the registry, never dereferenced.
+        assert_eq!(
+            unsafe { objectcache_transfer_release(bogus) },
+            OBJECTCACHE_ERR_INVALID_HANDLE
+        );
+        assert!(last().contains("not live"), "{}", last());
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { objectcache_transfer_cancel(std::ptr::null_mut()) },
+            OBJECTCACHE_ERR_INVALID_HANDLE
+        );
+        assert!(last().contains("NULL"), "{}", last());
+    }
+}
