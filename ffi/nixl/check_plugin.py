@@ -103,6 +103,16 @@ def main():
     check("req7" in notifs and "saved" in notifs, "completion notifications")
     agent.release_xfer_handle(h)
 
+    # Read chunk 1 whole (one descriptor spanning every layer), without a notification.
+    whole = np.zeros(CHUNK, dtype=np.uint8)
+    agent.register_memory([(whole.ctypes.data, whole.nbytes, 0, "")], "DRAM")
+    local = agent.get_xfer_descs([(whole.ctypes.data, CHUNK, 0)], "DRAM")
+    remote = agent.get_xfer_descs([(0, CHUNK, 2)], "OBJ")
+    h = agent.initialize_xfer("READ", local, remote, agent.name)
+    check(wait(agent, h, "whole-chunk read") == "DONE", "whole-chunk read completes")
+    check(np.array_equal(whole, src[CHUNK:]), "whole chunk 1 bytes")
+    agent.release_xfer_handle(h)
+
     # A read of a chunk that was never written is an error, not bytes.
     dst[:] = 0
     local = agent.get_xfer_descs([(dst.ctypes.data, CHUNK, 0)], "DRAM")
