@@ -76,11 +76,17 @@ fn stage_lib(out_dir: &Path) -> PathBuf {
 
 /// Compiles one C file against the header and the cdylib; returns the executable.
 fn compile(cc: &str, src: &str, out_dir: &Path) -> PathBuf {
+    compile_with(cc, src, out_dir, &[])
+}
+
+/// As [`compile`], with extra compiler flags.
+fn compile_with(cc: &str, src: &str, out_dir: &Path, flags: &[&str]) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let lib = stage_lib(out_dir);
     let exe = out_dir.join(Path::new(src).file_stem().expect("file name"));
     let out = Command::new(cc)
         .args(["-std=c11", "-D_POSIX_C_SOURCE=200809L", "-Wall", "-Wextra", "-Werror", "-O1"])
+        .args(flags)
         .arg("-I")
         .arg(root.join("ffi"))
         .arg(root.join(src))
@@ -138,6 +144,50 @@ fn c_lifecycle_against_the_embedded_store() {
     // publish marker.
     let files = walk(&store);
     assert!(files >= 2 * 67, "{files} files in the store");
+}
+
+/// The same program under AddressSanitizer, UndefinedBehaviorSanitizer and LeakSanitizer:
+/// the library's copies into caller memory go through `memcpy`, which ASan checks, so a write
+/// past a destination, or a leak of what the C side owns, fails the run.
+#[test]
+fn c_lifecycle_under_sanitizers() {
+    let Some(cc) = cc() else { return };
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let probe = tmp.path().join("probe.c");
+    std::fs::write(&probe, "int main(void) { return 0; }\n").expect("write probe");
+    let ok = Command::new(&cc)
+        .args(["-fsanitize=address,undefined"])
+        .arg(&probe)
+        .arg("-o")
+        .arg(tmp.path().join("probe"))
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        if std::env::var_os("OBJECTCACHE_REQUIRE_ALL").is_some() {
+            panic!("{cc} cannot build with -fsanitize=address,undefined (install libasan)");
+        }
+        println!("SKIP: {cc} has no AddressSanitizer runtime");
+        return;
+    }
+    let exe = compile_with(
+        &cc,
+        "tests/c/lifecycle.c",
+        tmp.path(),
+        &["-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined"],
+    );
+    let out = Command::new(&exe)
+        .arg(tmp.path().join("store"))
+        .env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
+        .env("UBSAN_OPTIONS", "halt_on_error=1:print_stacktrace=1")
+        .output()
+        .expect("run the C program");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains(" 0 failed") && !stderr.contains("Sanitizer"),
+        "sanitized run failed ({:?}):\n{stdout}{stderr}",
+        out.status
+    );
 }
 
 #[test]

@@ -86,6 +86,33 @@ static void *wait_all_layers(void *arg) {
     return NULL;
 }
 
+/* One of several threads loading the same cached prefix at once into its own memory. */
+struct loader {
+    objectcache_engine *e;
+    objectcache_load_params lp; /* geometry and hashes shared, layers filled here */
+    unsigned char *dst;         /* LAYERS x per_layer bytes, registered by main */
+    size_t per_layer;
+    unsigned char **expect;     /* expected bytes per layer */
+    int ok;
+};
+
+static void *load_in_thread(void *arg) {
+    struct loader *ld = arg;
+    objectcache_layer_dest d[LAYERS];
+    for (int l = 0; l < LAYERS; l++) {
+        d[l].addr = ld->dst + l * ld->per_layer;
+        d[l].len = ld->per_layer;
+    }
+    ld->lp.layers = d;
+    objectcache_transfer *t = NULL;
+    ld->ok = objectcache_load(ld->e, &ld->lp, &t) == OBJECTCACHE_OK;
+    for (uint32_t l = 0; ld->ok && l < LAYERS; l++)
+        ld->ok = objectcache_transfer_wait_layer(t, l, OBJECTCACHE_WAIT_FOREVER) == OBJECTCACHE_OK &&
+                 memcmp(d[l].addr, ld->expect[l], ld->per_layer) == 0;
+    if (t && objectcache_transfer_release(t) != OBJECTCACHE_OK) ld->ok = 0;
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s STORE_URL\n", argv[0]);
@@ -439,13 +466,39 @@ int main(int argc, char **argv) {
                   w.result[l] == OBJECTCACHE_ERR_INVALID_HANDLE,
               "waiter after release: %s", objectcache_status_name(w.result[l]));
 
+    /* ---- Concurrent loads from several threads on one engine ---- */
+    enum { THREADS = 4 };
+    unsigned char *mt = malloc(THREADS * LAYERS * per_layer);
+    objectcache_region *mt_region = NULL;
+    EXPECT(objectcache_register_memory(e, mt, THREADS * LAYERS * per_layer, OBJECTCACHE_MEM_HOST, 0,
+                                       &mt_region),
+           OBJECTCACHE_OK);
+    struct loader ld[THREADS];
+    pthread_t ths[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        ld[i].e = e;
+        ld[i].lp = lp;
+        ld[i].lp.request_id = 100 + i;
+        ld[i].dst = mt + (size_t)i * LAYERS * per_layer;
+        ld[i].per_layer = per_layer;
+        ld[i].expect = src;
+        ld[i].ok = 0;
+        CHECK(pthread_create(&ths[i], NULL, load_in_thread, &ld[i]) == 0, "pthread_create");
+    }
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(ths[i], NULL);
+        CHECK(ld[i].ok, "thread %d's load", i);
+    }
+    EXPECT(objectcache_deregister_memory(e, mt_region), OBJECTCACHE_OK);
+    free(mt);
+
     /* ---- Metrics ---- */
     objectcache_metrics m;
     memset(&m, 0, sizeof m);
     m.struct_size = sizeof m;
     EXPECT(objectcache_metrics_get(e, &m), OBJECTCACHE_OK);
     CHECK(m.saves == 3, "saves %llu", (unsigned long long)m.saves);
-    CHECK(m.loads == 4, "loads %llu", (unsigned long long)m.loads);
+    CHECK(m.loads == 4 + THREADS, "loads %llu", (unsigned long long)m.loads);
     CHECK(m.lookups == 4, "lookups %llu", (unsigned long long)m.lookups);
     CHECK(m.live_transfers == 0, "live %llu", (unsigned long long)m.live_transfers);
     CHECK(m.registered_regions == 2, "regions %llu", (unsigned long long)m.registered_regions);
