@@ -327,7 +327,8 @@ async fn fetch_range(
                             },
                         ));
                     }
-                    // Count before the layer can become ready, so stats never lag readiness.
+                    // Count the bytes before the layer can become ready, so that stats read
+                    // after a layer is ready include it.
                     sh.bytes.fetch_add(slice, Ordering::Relaxed);
                     sh.state.complete_impl(layer, slice);
                     layer += 1;
@@ -454,12 +455,13 @@ impl LoadHandle {
         self.sh.state.ready_bytes(l)
     }
 
-    /// Per-chunk status.
+    /// Per-chunk status. Once every layer is ready, every chunk is [`ChunkStatus::Ok`] (each
+    /// of its slices arrived and was verified), even if the load's last task has not ended.
     pub fn chunk_status(&self) -> Vec<ChunkStatus> {
-        let all_ready = (0..self.layers()).all(|l| self.sh.state.status(l) == LayerStatus::Ready);
+        let all_ready =
+            (0..self.layers()).all(|l| self.sh.state.status(l) == LayerStatus::Ready);
         (0..self.sh.chunk_status.len())
             .map(|c| match self.sh.chunk(c) {
-                // Every layer verified means every slice of every chunk verified.
                 ChunkStatus::Pending if all_ready => ChunkStatus::Ok,
                 s => s,
             })

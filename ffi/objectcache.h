@@ -1,0 +1,392 @@
+/*
+ * objectcache.h: the C ABI of ObjectCache (layerwise object-storage retrieval of prefix KV
+ * cache for LLM serving). Link with -lobjectcache (see objectcache.pc).
+ *
+ * This header is the contract: the Rust exports (src/capi/) are checked against it at build
+ * time (build.rs), so a mismatch of a function signature, struct layout or constant fails
+ * the build.
+ *
+ * Conventions (see docs/c-abi.md):
+ *  - Versioning. OBJECTCACHE_ABI_VERSION changes whenever a signature, a struct or the
+ *    meaning of a constant changes. objectcache_engine_create() takes the version the caller
+ *    was compiled with and refuses another one. Every struct passed across the boundary
+ *    starts with `uint32_t struct_size` that the caller sets to sizeof(the struct); the
+ *    library refuses any other size with OBJECTCACHE_ERR_ABI_MISMATCH.
+ *  - Handles (objectcache_engine, objectcache_region, objectcache_transfer) are opaque
+ *    tokens, never dereferenced by the caller. A handle that was destroyed or released is
+ *    detected and refused with OBJECTCACHE_ERR_INVALID_HANDLE (tokens are never reused),
+ *    so a double release is an error, not a crash.
+ *  - Errors. Every function that can fail returns an objectcache_status: 0 is success,
+ *    OBJECTCACHE_PENDING (1) means "not yet" (not an error), anything else is an error code
+ *    below. objectcache_last_error() then gives a message naming what was wrong.
+ *  - Pointers. Unless stated otherwise, pointer arguments are borrowed for the duration of
+ *    the call only, and the library copies what it keeps. NULL is refused with
+ *    OBJECTCACHE_ERR_INVALID_ARGUMENT wherever a pointer is required.
+ *  - Threads. Every function is safe to call from any thread, concurrently, unless its
+ *    comment says otherwise. Blocking functions block only the calling thread.
+ *  - No Rust panic crosses this boundary: an internal failure is reported as
+ *    OBJECTCACHE_ERR_INTERNAL.
+ */
+#ifndef OBJECTCACHE_H
+#define OBJECTCACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Version ------------------------------------------------------------------------ */
+
+/** ABI version of this header. */
+#define OBJECTCACHE_ABI_VERSION 1
+
+/* ---- Status codes (stable integers; never renumbered within an ABI version) --------- */
+
+/** Success. */
+#define OBJECTCACHE_OK 0
+/** Not an error: the layer or transfer is not ready yet (poll, or a wait that timed out). */
+#define OBJECTCACHE_PENDING 1
+/** A NULL pointer, a zero or inconsistent size, an out-of-range index or value. */
+#define OBJECTCACHE_ERR_INVALID_ARGUMENT 2
+/** The caller's ABI version or a struct_size does not match this library. */
+#define OBJECTCACHE_ERR_ABI_MISMATCH 3
+/** A handle that is NULL, of the wrong kind, destroyed or released. */
+#define OBJECTCACHE_ERR_INVALID_HANDLE 4
+/** Not supported by this build (e.g. device memory without the cuda feature). */
+#define OBJECTCACHE_ERR_UNSUPPORTED 5
+/** The object is in use (an engine with live transfers, a region used by a transfer). */
+#define OBJECTCACHE_ERR_BUSY 6
+/** An output buffer is too small; the needed count is written where the function says. */
+#define OBJECTCACHE_ERR_BUFFER_TOO_SMALL 7
+/** A configuration key is unknown or its value does not parse (Rust Error::Config). */
+#define OBJECTCACHE_ERR_CONFIG 8
+/** Bytes are not a valid KV object of the expected format (Rust Error::Format). */
+#define OBJECTCACHE_ERR_FORMAT 9
+/** The object store reports that an object does not exist (StoreError::NotFound). */
+#define OBJECTCACHE_ERR_NOT_FOUND 10
+/** Any other object store failure (Rust Error::Store). */
+#define OBJECTCACHE_ERR_STORE 11
+/** An operating-system I/O failure outside the store (Rust Error::Io). */
+#define OBJECTCACHE_ERR_IO 12
+/** An internal failure (a caught Rust panic); the message says where. */
+#define OBJECTCACHE_ERR_INTERNAL 13
+/** Layer miss: a chunk object is missing (LayerError::Missing). */
+#define OBJECTCACHE_ERR_LAYER_MISSING 20
+/** Layer miss: a slice failed its CRC32C (LayerError::ChecksumMismatch). */
+#define OBJECTCACHE_ERR_LAYER_CHECKSUM 21
+/** Layer miss: an object has another geometry or format (LayerError::GeometryMismatch). */
+#define OBJECTCACHE_ERR_LAYER_GEOMETRY 22
+/** Layer miss: storage or transport failed (LayerError::Storage). */
+#define OBJECTCACHE_ERR_LAYER_STORAGE 23
+/** Layer miss: the load's deadline (load_timeout_ms) passed (LayerError::Timeout). */
+#define OBJECTCACHE_ERR_LAYER_TIMEOUT 24
+/** Layer miss: the transfer was cancelled (LayerError::Cancelled). */
+#define OBJECTCACHE_ERR_CANCELLED 25
+
+/** A status code (one of the OBJECTCACHE_OK / _PENDING / _ERR_* values). */
+typedef int32_t objectcache_status;
+
+/* ---- Enumerations -------------------------------------------------------------------- */
+
+/** Element types of KV tensors (objectcache_geometry.dtype). */
+#define OBJECTCACHE_DTYPE_BF16 1
+#define OBJECTCACHE_DTYPE_FP16 2
+#define OBJECTCACHE_DTYPE_FP8_E4M3 3
+#define OBJECTCACHE_DTYPE_FP32 4
+
+/** Memory kinds (objectcache_register_memory). */
+#define OBJECTCACHE_MEM_HOST 0
+#define OBJECTCACHE_MEM_DEVICE 1
+
+/** Per-chunk status of a transfer (objectcache_transfer_chunk_status). */
+#define OBJECTCACHE_CHUNK_PENDING 0
+#define OBJECTCACHE_CHUNK_OK 1
+#define OBJECTCACHE_CHUNK_MISSING 2
+#define OBJECTCACHE_CHUNK_CORRUPT 3
+#define OBJECTCACHE_CHUNK_WRONG_GEOMETRY 4
+#define OBJECTCACHE_CHUNK_ERROR 5
+
+/** Wait forever (timeout_ms argument of the wait functions). */
+#define OBJECTCACHE_WAIT_FOREVER (-1)
+
+/* ---- Opaque handles ------------------------------------------------------------------ */
+
+/** An engine: one per process or per TP rank, shared by threads. */
+typedef struct objectcache_engine objectcache_engine;
+/** A registered memory region of an engine. */
+typedef struct objectcache_region objectcache_region;
+/** One load in progress into registered memory. */
+typedef struct objectcache_transfer objectcache_transfer;
+
+/* ---- Structs (each starts with struct_size = sizeof(the struct), set by the caller) --- */
+
+/** Shape of one model's KV cache as one TP rank stores it. A chunk of tokens_per_chunk
+ *  tokens holds, per layer, K then V of shape [tokens, kv_heads / tp_world, head_dim];
+ *  one chunk's one-layer slice is 2 x tokens_per_chunk x (kv_heads / tp_world) x head_dim
+ *  x dtype bytes (objectcache_slice_bytes). */
+typedef struct objectcache_geometry {
+    uint32_t struct_size;
+    /** Transformer layers (1..1024). */
+    uint32_t layers;
+    /** KV heads of the whole model (before the TP split). */
+    uint32_t kv_heads;
+    /** Head dimension in elements. */
+    uint32_t head_dim;
+    /** OBJECTCACHE_DTYPE_*. */
+    uint32_t dtype;
+    /** Tokens per chunk object (the engine's block size as ObjectCache sees it). */
+    uint32_t tokens_per_chunk;
+    /** This process's tensor-parallel rank, 0..tp_world-1. */
+    uint32_t tp_rank;
+    /** Tensor-parallel world size (1 without TP). */
+    uint32_t tp_world;
+    /** Model identifier, NUL-terminated UTF-8; borrowed for the call. Enters the keys, so
+     *  two models of equal shape never share entries. */
+    const char *model;
+} objectcache_geometry;
+
+/** Parameters of vLLM-compatible sha256_cbor prefix hashing. */
+typedef struct objectcache_hash_params {
+    uint32_t struct_size;
+    /** Tokens per hashed block; must equal the geometry's tokens_per_chunk when used with a
+     *  geometry (0 = take tokens_per_chunk). */
+    uint32_t block_size;
+    /** The engine's hash seed (vLLM: PYTHONHASHSEED), NUL-terminated; NULL means "0".
+     *  Borrowed for the call. */
+    const char *seed;
+    /** Cache salt of the first block (vLLM cache_salt), NUL-terminated; NULL for none.
+     *  Borrowed for the call. */
+    const char *salt;
+} objectcache_hash_params;
+
+/** One layer's destination of a load: chunk c's slice lands at addr + c x slice_bytes. */
+typedef struct objectcache_layer_dest {
+    /** Start of the destination; must lie inside memory registered with the engine. */
+    void *addr;
+    /** Bytes available at addr; at least n_chunks x slice_bytes. */
+    uint64_t len;
+} objectcache_layer_dest;
+
+/** What to load, where to, and scheduling hints. */
+typedef struct objectcache_load_params {
+    uint32_t struct_size;
+    /** Scheduling hint: larger is more urgent (0 = normal). Advisory in ABI version 1. */
+    uint32_t priority;
+    /** Caller's request id (e.g. vLLM's request id hashed to 64 bits); appears in error
+     *  messages and the transfer's stats. */
+    uint64_t request_id;
+    /** Scheduling hint: the caller wants layer 0 within this many ms (0 = none). Advisory
+     *  in ABI version 1; the hard deadline is the engine's load_timeout_ms. */
+    uint64_t deadline_ms;
+    /** Scheduling hint: the caller's compute time per layer in microseconds, i.e. how long
+     *  each layer's transfer may take while still hidden (0 = unknown). Advisory in v1. */
+    uint64_t compute_us_per_layer;
+    /** Geometry the objects were saved with; borrowed for the call. */
+    const objectcache_geometry *geometry;
+    /** n_chunks chunk hashes, each hash_len bytes (1..64; 32 for sha256_cbor), packed;
+     *  borrowed for the call. */
+    const uint8_t *hashes;
+    size_t hash_len;
+    size_t n_chunks;
+    /** geometry->layers destinations, one per layer; the array is borrowed for the call,
+     *  the memory it points to is written until the transfer is released. */
+    const objectcache_layer_dest *layers;
+    size_t n_layers;
+} objectcache_load_params;
+
+/** Outcome of a save. */
+typedef struct objectcache_save_report {
+    uint32_t struct_size;
+    uint32_t _reserved;
+    /** Chunk objects this call wrote. */
+    uint64_t written;
+    /** Chunk objects already present (another writer won; not an error). */
+    uint64_t already_present;
+    /** Bytes written (data objects and publish markers). */
+    uint64_t bytes;
+} objectcache_save_report;
+
+/** Counters of an engine since creation. */
+typedef struct objectcache_metrics {
+    uint32_t struct_size;
+    uint32_t _reserved;
+    uint64_t loads;
+    uint64_t saves;
+    uint64_t lookups;
+    uint64_t lookup_hit_chunks;
+    uint64_t lookup_probes;
+    uint64_t bytes_saved;
+    /** Transfers posted and not yet released. */
+    uint64_t live_transfers;
+    /** Memory regions registered now. */
+    uint64_t registered_regions;
+} objectcache_metrics;
+
+/** Counters of one transfer. */
+typedef struct objectcache_transfer_stats {
+    uint32_t struct_size;
+    uint32_t layers_ready;
+    /** The request id given at load time. */
+    uint64_t request_id;
+    /** Storage requests issued. */
+    uint64_t requests;
+    /** Payload bytes received and verified. */
+    uint64_t bytes;
+    /** Seconds from load to layer 0 ready (time to first layer); negative if not yet. */
+    double ttfl_s;
+    /** Seconds from load to the last layer ready; negative if not every layer is ready. */
+    double ttll_s;
+} objectcache_transfer_stats;
+
+/* ---- Library ------------------------------------------------------------------------- */
+
+/** The library's ABI version (compare with OBJECTCACHE_ABI_VERSION). Thread-safe. */
+uint32_t objectcache_abi_version(void);
+
+/** The library's version string, e.g. "0.1.0"; static, never freed. Thread-safe. */
+const char *objectcache_version(void);
+
+/** sizeof each struct as this library was built, by name ("objectcache_geometry", ...);
+ *  0 for an unknown name. Thread-safe. */
+size_t objectcache_struct_size(const char *name);
+
+/** Message of the last error on the calling thread ("" if none). The string belongs to the
+ *  library and stays valid until the next failing call on the same thread; successful
+ *  calls leave it unchanged. Thread-local, so thread-safe. */
+const char *objectcache_last_error(void);
+
+/** A static name for a status code ("OBJECTCACHE_ERR_CONFIG", ...; "unknown status" for
+ *  others); never freed. Thread-safe. */
+const char *objectcache_status_name(objectcache_status status);
+
+/** Bytes of one chunk's one-layer slice (K and V) for a geometry, written to *out.
+ *  Thread-safe. */
+objectcache_status objectcache_slice_bytes(const objectcache_geometry *geometry, uint64_t *out);
+
+/** vLLM-compatible sha256_cbor hashes of every full block of tokens (a trailing partial
+ *  block gets none). Writes *n_chunks = n_tokens / block_size, and, if out_cap_bytes
+ *  >= 32 x *n_chunks, the 32-byte hashes packed into out (caller-owned); otherwise returns
+ *  OBJECTCACHE_ERR_BUFFER_TOO_SMALL. out may be NULL when out_cap_bytes is 0. Thread-safe. */
+objectcache_status objectcache_chunk_hashes(const objectcache_hash_params *params,
+                                            const uint32_t *tokens, size_t n_tokens,
+                                            uint8_t *out, size_t out_cap_bytes,
+                                            size_t *n_chunks);
+
+/* ---- Engine -------------------------------------------------------------------------- */
+
+/** Creates an engine from n key/value settings (the names of the Rust EngineConfig:
+ *  store, namespace, hash_algo, window_bytes, max_requests, coalesce_bytes, lookup_fanout,
+ *  lookup_cache_ttl_ms, load_timeout_ms, save_concurrency, worker_threads); unset keys keep
+ *  their defaults. keys and values are arrays of n NUL-terminated strings, borrowed for the
+ *  call (both may be NULL when n is 0). abi_version must be OBJECTCACHE_ABI_VERSION. On
+ *  success *out receives an engine the caller owns and frees with objectcache_engine_destroy.
+ *  An unknown key fails with OBJECTCACHE_ERR_CONFIG naming it. Thread-safe. */
+objectcache_status objectcache_engine_create(uint32_t abi_version, const char *const *keys,
+                                             const char *const *values, size_t n,
+                                             objectcache_engine **out);
+
+/** Destroys an engine and its region registrations. Fails with OBJECTCACHE_ERR_BUSY while
+ *  a transfer of it is not released. Thread-safe; destroying twice is
+ *  OBJECTCACHE_ERR_INVALID_HANDLE. */
+objectcache_status objectcache_engine_destroy(objectcache_engine *engine);
+
+/** Registers memory that loads may write into. addr/len stay owned by the caller, who keeps
+ *  them valid until objectcache_deregister_memory. kind is OBJECTCACHE_MEM_HOST, or
+ *  OBJECTCACHE_MEM_DEVICE with device the CUDA ordinal (OBJECTCACHE_ERR_UNSUPPORTED in
+ *  builds without the cuda feature). *out receives the region handle. Thread-safe. */
+objectcache_status objectcache_register_memory(objectcache_engine *engine, void *addr,
+                                               size_t len, int32_t kind, int32_t device,
+                                               objectcache_region **out);
+
+/** Deregisters a region. Fails with OBJECTCACHE_ERR_BUSY while an unreleased transfer writes
+ *  into it. Thread-safe; deregistering twice is OBJECTCACHE_ERR_INVALID_HANDLE. */
+objectcache_status objectcache_deregister_memory(objectcache_engine *engine,
+                                                 objectcache_region *region);
+
+/** Counters of the engine; out is caller-owned with out->struct_size set. Thread-safe. */
+objectcache_status objectcache_metrics_get(objectcache_engine *engine,
+                                           objectcache_metrics *out);
+
+/* ---- Lookup, save -------------------------------------------------------------------- */
+
+/** Longest cached prefix: *hit_chunks receives how many leading chunks of hashes (n_chunks
+ *  hashes of hash_len bytes, packed) are published. Blocks for at most a few storage round
+ *  trips. Thread-safe. */
+objectcache_status objectcache_lookup(objectcache_engine *engine,
+                                      const objectcache_geometry *geometry,
+                                      const uint8_t *hashes, size_t hash_len,
+                                      size_t n_chunks, size_t *hit_chunks);
+
+/** As objectcache_lookup, hashing tokens first (objectcache_chunk_hashes with params).
+ *  Cached tokens = *hit_chunks x geometry->tokens_per_chunk. Thread-safe. */
+objectcache_status objectcache_lookup_tokens(objectcache_engine *engine,
+                                             const objectcache_geometry *geometry,
+                                             const objectcache_hash_params *params,
+                                             const uint32_t *tokens, size_t n_tokens,
+                                             size_t *hit_chunks);
+
+/** Saves a prefix's KV and blocks until it is published. layers is an array of n_layers
+ *  (= geometry->layers) pointers, each to bytes_per_layer = n_chunks x slice_bytes bytes
+ *  holding chunk c's slice at c x slice_bytes; all borrowed for the call (no registration
+ *  needed). Chunks already stored are not rewritten. report may be NULL; otherwise it is
+ *  caller-owned with report->struct_size set. Thread-safe. */
+objectcache_status objectcache_save(objectcache_engine *engine,
+                                    const objectcache_geometry *geometry,
+                                    const uint8_t *hashes, size_t hash_len, size_t n_chunks,
+                                    const void *const *layers, size_t n_layers,
+                                    uint64_t bytes_per_layer,
+                                    objectcache_save_report *report);
+
+/* ---- Load (transfers) ---------------------------------------------------------------- */
+
+/** Posts a layer-ordered load and returns at once; *out receives the transfer, which the
+ *  caller owns and frees with objectcache_transfer_release. Each destination must lie inside
+ *  one region registered with this engine and must not overlap another; the library writes
+ *  there until release, and the caller must not touch a layer's bytes before that layer is
+ *  ready. Thread-safe. */
+objectcache_status objectcache_load(objectcache_engine *engine,
+                                    const objectcache_load_params *params,
+                                    objectcache_transfer **out);
+
+/** Non-blocking: OBJECTCACHE_OK if layer is ready (its bytes are verified KV),
+ *  OBJECTCACHE_PENDING if not yet, else the layer's miss code (20..25). Thread-safe. */
+objectcache_status objectcache_transfer_poll_layer(objectcache_transfer *transfer,
+                                                   uint32_t layer);
+
+/** Blocks until layer is ready or failed, or timeout_ms passes (OBJECTCACHE_PENDING; the
+ *  load goes on). timeout_ms 0 polls; OBJECTCACHE_WAIT_FOREVER waits without limit.
+ *  Thread-safe; any number of threads may wait on one transfer. */
+objectcache_status objectcache_transfer_wait_layer(objectcache_transfer *transfer,
+                                                   uint32_t layer, int64_t timeout_ms);
+
+/** Blocks until every layer is ready (OBJECTCACHE_OK), one failed (its code), or timeout_ms
+ *  passes (OBJECTCACHE_PENDING). Thread-safe. */
+objectcache_status objectcache_transfer_wait_all(objectcache_transfer *transfer,
+                                                 int64_t timeout_ms);
+
+/** Per-chunk status (OBJECTCACHE_CHUNK_*), one byte per chunk into out (caller-owned, cap
+ *  bytes). *n receives the number of chunks; OBJECTCACHE_ERR_BUFFER_TOO_SMALL if cap < *n.
+ *  Thread-safe. */
+objectcache_status objectcache_transfer_chunk_status(objectcache_transfer *transfer,
+                                                     uint8_t *out, size_t cap, size_t *n);
+
+/** Counters of the transfer; out is caller-owned with out->struct_size set. Thread-safe. */
+objectcache_status objectcache_transfer_stats_get(objectcache_transfer *transfer,
+                                                  objectcache_transfer_stats *out);
+
+/** Cancels outstanding reads; layers not yet ready fail with OBJECTCACHE_ERR_CANCELLED and
+ *  waiters wake. Ready layers stay ready. Returns at once. Thread-safe, idempotent. */
+objectcache_status objectcache_transfer_cancel(objectcache_transfer *transfer);
+
+/** Releases the transfer: cancels what is outstanding, wakes waiters, and returns only once
+ *  no copy into the destinations is in flight, after which the caller owns that memory
+ *  again. Thread-safe; releasing twice is OBJECTCACHE_ERR_INVALID_HANDLE. */
+objectcache_status objectcache_transfer_release(objectcache_transfer *transfer);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OBJECTCACHE_H */

@@ -1,0 +1,303 @@
+//! The C ABI's constants and `#[repr(C)]` structs, one for one with `ffi/objectcache.h`
+//! (which documents each field; `build.rs` checks names, types, layouts and values).
+
+use std::ffi::{c_char, c_void, CStr};
+
+/// ABI version (`OBJECTCACHE_ABI_VERSION`): bumped whenever a signature, a struct or the
+/// meaning of a constant changes.
+pub const OBJECTCACHE_ABI_VERSION: u32 = 1;
+
+/// A status code: [`OBJECTCACHE_OK`], [`OBJECTCACHE_PENDING`] or an `OBJECTCACHE_ERR_*`.
+pub type objectcache_status = i32;
+
+/// Success.
+pub const OBJECTCACHE_OK: i32 = 0;
+/// Not ready yet (not an error).
+pub const OBJECTCACHE_PENDING: i32 = 1;
+/// NULL pointer, bad size, out-of-range index or value ([`crate::Error::InvalidArgument`]).
+pub const OBJECTCACHE_ERR_INVALID_ARGUMENT: i32 = 2;
+/// ABI version or `struct_size` mismatch.
+pub const OBJECTCACHE_ERR_ABI_MISMATCH: i32 = 3;
+/// NULL, wrong-kind, destroyed or released handle.
+pub const OBJECTCACHE_ERR_INVALID_HANDLE: i32 = 4;
+/// Not supported by this build.
+pub const OBJECTCACHE_ERR_UNSUPPORTED: i32 = 5;
+/// In use (engine with live transfers, region used by a transfer).
+pub const OBJECTCACHE_ERR_BUSY: i32 = 6;
+/// Output buffer too small.
+pub const OBJECTCACHE_ERR_BUFFER_TOO_SMALL: i32 = 7;
+/// [`crate::Error::Config`].
+pub const OBJECTCACHE_ERR_CONFIG: i32 = 8;
+/// [`crate::Error::Format`].
+pub const OBJECTCACHE_ERR_FORMAT: i32 = 9;
+/// [`crate::StoreError::NotFound`].
+pub const OBJECTCACHE_ERR_NOT_FOUND: i32 = 10;
+/// Any other [`crate::Error::Store`].
+pub const OBJECTCACHE_ERR_STORE: i32 = 11;
+/// [`crate::Error::Io`].
+pub const OBJECTCACHE_ERR_IO: i32 = 12;
+/// A caught panic.
+pub const OBJECTCACHE_ERR_INTERNAL: i32 = 13;
+/// [`crate::LayerError::Missing`].
+pub const OBJECTCACHE_ERR_LAYER_MISSING: i32 = 20;
+/// [`crate::LayerError::ChecksumMismatch`].
+pub const OBJECTCACHE_ERR_LAYER_CHECKSUM: i32 = 21;
+/// [`crate::LayerError::GeometryMismatch`].
+pub const OBJECTCACHE_ERR_LAYER_GEOMETRY: i32 = 22;
+/// [`crate::LayerError::Storage`].
+pub const OBJECTCACHE_ERR_LAYER_STORAGE: i32 = 23;
+/// [`crate::LayerError::Timeout`].
+pub const OBJECTCACHE_ERR_LAYER_TIMEOUT: i32 = 24;
+/// [`crate::LayerError::Cancelled`].
+pub const OBJECTCACHE_ERR_CANCELLED: i32 = 25;
+
+/// bfloat16 ([`crate::Dtype::Bf16`], header code 1).
+pub const OBJECTCACHE_DTYPE_BF16: i32 = 1;
+/// IEEE half ([`crate::Dtype::Fp16`]).
+pub const OBJECTCACHE_DTYPE_FP16: i32 = 2;
+/// FP8 E4M3 ([`crate::Dtype::Fp8E4m3`]).
+pub const OBJECTCACHE_DTYPE_FP8_E4M3: i32 = 3;
+/// IEEE single ([`crate::Dtype::Fp32`]).
+pub const OBJECTCACHE_DTYPE_FP32: i32 = 4;
+
+/// Host memory.
+pub const OBJECTCACHE_MEM_HOST: i32 = 0;
+/// CUDA device memory (cuda feature).
+pub const OBJECTCACHE_MEM_DEVICE: i32 = 1;
+
+/// [`crate::connector::ChunkStatus::Pending`].
+pub const OBJECTCACHE_CHUNK_PENDING: i32 = 0;
+/// [`crate::connector::ChunkStatus::Ok`].
+pub const OBJECTCACHE_CHUNK_OK: i32 = 1;
+/// [`crate::connector::ChunkStatus::Missing`].
+pub const OBJECTCACHE_CHUNK_MISSING: i32 = 2;
+/// [`crate::connector::ChunkStatus::Corrupt`].
+pub const OBJECTCACHE_CHUNK_CORRUPT: i32 = 3;
+/// [`crate::connector::ChunkStatus::WrongGeometry`].
+pub const OBJECTCACHE_CHUNK_WRONG_GEOMETRY: i32 = 4;
+/// [`crate::connector::ChunkStatus::Error`].
+pub const OBJECTCACHE_CHUNK_ERROR: i32 = 5;
+
+/// Wait without limit (`timeout_ms`).
+pub const OBJECTCACHE_WAIT_FOREVER: i32 = -1;
+
+/// Opaque engine handle (a token, never dereferenced).
+#[repr(C)]
+pub struct objectcache_engine {
+    _unused: [u8; 0],
+}
+
+/// Opaque memory-region handle (a token, never dereferenced).
+#[repr(C)]
+pub struct objectcache_region {
+    _unused: [u8; 0],
+}
+
+/// Opaque transfer handle (a token, never dereferenced).
+#[repr(C)]
+pub struct objectcache_transfer {
+    _unused: [u8; 0],
+}
+
+/// KV geometry (see the header and [`crate::KvGeometry`]).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct objectcache_geometry {
+    /// `sizeof(objectcache_geometry)`.
+    pub struct_size: u32,
+    /// Layers.
+    pub layers: u32,
+    /// KV heads before the TP split.
+    pub kv_heads: u32,
+    /// Head dimension (elements).
+    pub head_dim: u32,
+    /// `OBJECTCACHE_DTYPE_*`.
+    pub dtype: u32,
+    /// Tokens per chunk.
+    pub tokens_per_chunk: u32,
+    /// TP rank.
+    pub tp_rank: u32,
+    /// TP world size.
+    pub tp_world: u32,
+    /// Model identifier (NUL-terminated).
+    pub model: *const c_char,
+}
+
+/// Hashing parameters (see [`crate::hash::HashParams`]).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct objectcache_hash_params {
+    /// `sizeof(objectcache_hash_params)`.
+    pub struct_size: u32,
+    /// Tokens per block (0 = the geometry's tokens_per_chunk).
+    pub block_size: u32,
+    /// Seed (NULL = "0").
+    pub seed: *const c_char,
+    /// Cache salt (NULL = none).
+    pub salt: *const c_char,
+}
+
+/// One layer's destination.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct objectcache_layer_dest {
+    /// Start address (inside registered memory).
+    pub addr: *mut c_void,
+    /// Bytes available.
+    pub len: u64,
+}
+
+/// Load parameters.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct objectcache_load_params {
+    /// `sizeof(objectcache_load_params)`.
+    pub struct_size: u32,
+    /// Scheduling hint (advisory).
+    pub priority: u32,
+    /// Caller's request id.
+    pub request_id: u64,
+    /// Scheduling hint: wanted layer-0 time in ms (advisory).
+    pub deadline_ms: u64,
+    /// Scheduling hint: compute time per layer in µs (advisory).
+    pub compute_us_per_layer: u64,
+    /// Geometry.
+    pub geometry: *const objectcache_geometry,
+    /// Packed chunk hashes.
+    pub hashes: *const u8,
+    /// Bytes per hash.
+    pub hash_len: usize,
+    /// Number of chunks.
+    pub n_chunks: usize,
+    /// Per-layer destinations.
+    pub layers: *const objectcache_layer_dest,
+    /// Number of destinations (= layers).
+    pub n_layers: usize,
+}
+
+/// Save outcome.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct objectcache_save_report {
+    /// `sizeof(objectcache_save_report)`.
+    pub struct_size: u32,
+    /// Reserved (0).
+    pub _reserved: u32,
+    /// Objects written.
+    pub written: u64,
+    /// Objects already present.
+    pub already_present: u64,
+    /// Bytes written.
+    pub bytes: u64,
+}
+
+/// Engine counters (see [`crate::connector::EngineMetrics`]).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct objectcache_metrics {
+    /// `sizeof(objectcache_metrics)`.
+    pub struct_size: u32,
+    /// Reserved (0).
+    pub _reserved: u32,
+    /// Loads started.
+    pub loads: u64,
+    /// Saves completed.
+    pub saves: u64,
+    /// Lookups answered.
+    pub lookups: u64,
+    /// Chunks reported as hits.
+    pub lookup_hit_chunks: u64,
+    /// Marker probes.
+    pub lookup_probes: u64,
+    /// Bytes written by saves.
+    pub bytes_saved: u64,
+    /// Unreleased transfers.
+    pub live_transfers: u64,
+    /// Registered regions.
+    pub registered_regions: u64,
+}
+
+/// Transfer counters (see [`crate::connector::LoadStats`]).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct objectcache_transfer_stats {
+    /// `sizeof(objectcache_transfer_stats)`.
+    pub struct_size: u32,
+    /// Layers ready now.
+    pub layers_ready: u32,
+    /// The load's request id.
+    pub request_id: u64,
+    /// Storage requests issued.
+    pub requests: u64,
+    /// Payload bytes received.
+    pub bytes: u64,
+    /// Time to first layer in seconds (negative if not yet).
+    pub ttfl_s: f64,
+    /// Time to last layer in seconds (negative if not yet).
+    pub ttll_s: f64,
+}
+
+/// A struct of the ABI that starts with `struct_size`.
+pub(crate) trait AbiStruct: Sized {
+    /// Its C name.
+    const NAME: &'static str;
+    /// Sets `struct_size` to `size_of::<Self>()`.
+    fn set_size(&mut self);
+}
+
+macro_rules! abi_struct {
+    ($($t:ident),*) => {
+        $(impl AbiStruct for $t {
+            const NAME: &'static str = stringify!($t);
+            fn set_size(&mut self) {
+                self.struct_size = std::mem::size_of::<Self>() as u32;
+            }
+        })*
+        /// `sizeof` of an ABI struct by C name, 0 for an unknown name.
+        pub(crate) fn struct_size_by_name(name: &[u8]) -> usize {
+            $(if name == stringify!($t).as_bytes() {
+                return std::mem::size_of::<$t>();
+            })*
+            if name == b"objectcache_layer_dest" {
+                return std::mem::size_of::<objectcache_layer_dest>();
+            }
+            0
+        }
+    };
+}
+
+abi_struct!(
+    objectcache_geometry,
+    objectcache_hash_params,
+    objectcache_load_params,
+    objectcache_save_report,
+    objectcache_metrics,
+    objectcache_transfer_stats
+);
+
+/// Static name of a status code.
+pub(crate) fn status_name(s: i32) -> &'static CStr {
+    match s {
+        OBJECTCACHE_OK => c"OBJECTCACHE_OK",
+        OBJECTCACHE_PENDING => c"OBJECTCACHE_PENDING",
+        OBJECTCACHE_ERR_INVALID_ARGUMENT => c"OBJECTCACHE_ERR_INVALID_ARGUMENT",
+        OBJECTCACHE_ERR_ABI_MISMATCH => c"OBJECTCACHE_ERR_ABI_MISMATCH",
+        OBJECTCACHE_ERR_INVALID_HANDLE => c"OBJECTCACHE_ERR_INVALID_HANDLE",
+        OBJECTCACHE_ERR_UNSUPPORTED => c"OBJECTCACHE_ERR_UNSUPPORTED",
+        OBJECTCACHE_ERR_BUSY => c"OBJECTCACHE_ERR_BUSY",
+        OBJECTCACHE_ERR_BUFFER_TOO_SMALL => c"OBJECTCACHE_ERR_BUFFER_TOO_SMALL",
+        OBJECTCACHE_ERR_CONFIG => c"OBJECTCACHE_ERR_CONFIG",
+        OBJECTCACHE_ERR_FORMAT => c"OBJECTCACHE_ERR_FORMAT",
+        OBJECTCACHE_ERR_NOT_FOUND => c"OBJECTCACHE_ERR_NOT_FOUND",
+        OBJECTCACHE_ERR_STORE => c"OBJECTCACHE_ERR_STORE",
+        OBJECTCACHE_ERR_IO => c"OBJECTCACHE_ERR_IO",
+        OBJECTCACHE_ERR_INTERNAL => c"OBJECTCACHE_ERR_INTERNAL",
+        OBJECTCACHE_ERR_LAYER_MISSING => c"OBJECTCACHE_ERR_LAYER_MISSING",
+        OBJECTCACHE_ERR_LAYER_CHECKSUM => c"OBJECTCACHE_ERR_LAYER_CHECKSUM",
+        OBJECTCACHE_ERR_LAYER_GEOMETRY => c"OBJECTCACHE_ERR_LAYER_GEOMETRY",
+        OBJECTCACHE_ERR_LAYER_STORAGE => c"OBJECTCACHE_ERR_LAYER_STORAGE",
+        OBJECTCACHE_ERR_LAYER_TIMEOUT => c"OBJECTCACHE_ERR_LAYER_TIMEOUT",
+        OBJECTCACHE_ERR_CANCELLED => c"OBJECTCACHE_ERR_CANCELLED",
+        _ => c"unknown status",
+    }
+}
