@@ -129,6 +129,8 @@ struct Progress {
     verified: u64,
     failed: Option<LayerError>,
     ready: bool,
+    /// When the layer became ready, since the load started.
+    ready_at: Option<std::time::Duration>,
 }
 
 /// Shared state of one load: buffers, per-layer progress, and wake-ups.
@@ -143,6 +145,7 @@ pub(crate) struct LoadState {
     wake_lock: Mutex<u64>,
     wake: Condvar,
     notify: tokio::sync::Notify,
+    started: std::time::Instant,
 }
 
 impl LoadState {
@@ -157,6 +160,7 @@ impl LoadState {
             wake_lock: Mutex::new(0),
             wake: Condvar::new(),
             notify: tokio::sync::Notify::new(),
+            started: std::time::Instant::now(),
         }
     }
 
@@ -182,6 +186,11 @@ impl LoadState {
         }
     }
 
+    /// When layer `l` became ready (landed and verified), measured from the load's start.
+    pub(crate) fn ready_at(&self, l: usize) -> Option<std::time::Duration> {
+        self.layers[l].lock().expect("lock").ready_at
+    }
+
     /// A ready layer's bytes.
     pub(crate) fn ready_bytes(&self, l: usize) -> Option<&[u8]> {
         if !self.ready_flags[l].load(Ordering::Acquire) {
@@ -201,6 +210,7 @@ impl LoadState {
             && p.verified == self.expected
         {
             p.ready = true;
+            p.ready_at = Some(self.started.elapsed());
             self.ready_flags[l].store(true, Ordering::Release);
             self.signal();
         }

@@ -12,7 +12,7 @@ use crate::store::{GetOptions, Store};
 use futures::StreamExt;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What to load.
 #[derive(Debug, Clone)]
@@ -72,21 +72,16 @@ pub(crate) struct Shared {
     pub(crate) chunk_status: Vec<AtomicU8>,
     pub(crate) requests: AtomicU64,
     pub(crate) bytes: AtomicU64,
-    pub(crate) started: Instant,
-    pub(crate) ready_at: Mutex<Vec<Option<Duration>>>,
     pub(crate) tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl Shared {
     pub(crate) fn new(bufs: LayerBuffers, expected: u64, chunks: usize) -> Self {
-        let layers = bufs.layers();
         Shared {
             state: LoadState::new(bufs, expected),
             chunk_status: (0..chunks).map(|_| AtomicU8::new(0)).collect(),
             requests: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
-            started: Instant::now(),
-            ready_at: Mutex::new(vec![None; layers]),
             tasks: Mutex::new(Vec::new()),
         }
     }
@@ -375,23 +370,12 @@ impl LoadHandle {
         self.sh.state.layers()
     }
 
-    fn note_ready(&self, l: usize, s: &LayerStatus) {
-        if *s == LayerStatus::Ready {
-            let mut r = self.sh.ready_at.lock().expect("lock");
-            if r[l].is_none() {
-                r[l] = Some(self.sh.started.elapsed());
-            }
-        }
-    }
-
     /// Non-blocking status of layer `l`.
     ///
     /// # Panics
     /// If `l >= layers()`.
     pub fn poll_layer(&self, l: usize) -> LayerStatus {
-        let s = self.sh.state.status(l);
-        self.note_ready(l, &s);
-        s
+        self.sh.state.status(l)
     }
 
     /// Waits until layer `l` is ready.
@@ -399,9 +383,7 @@ impl LoadHandle {
     /// # Errors
     /// The layer's [`LayerError`] if it is a miss (never bytes).
     pub async fn wait_layer(&self, l: usize) -> Result<(), LayerError> {
-        let s = self.sh.state.wait(l).await;
-        self.note_ready(l, &s);
-        match s {
+        match self.sh.state.wait(l).await {
             LayerStatus::Ready => Ok(()),
             LayerStatus::Failed(e) => Err(e),
             LayerStatus::Pending => unreachable!("wait returns a final status"),
@@ -419,10 +401,7 @@ impl LoadHandle {
         timeout: Option<Duration>,
     ) -> Result<(), LayerError> {
         match self.sh.state.wait_blocking(l, timeout) {
-            Some(LayerStatus::Ready) => {
-                self.note_ready(l, &LayerStatus::Ready);
-                Ok(())
-            }
+            Some(LayerStatus::Ready) => Ok(()),
             Some(LayerStatus::Failed(e)) => Err(e),
             _ => Err(LayerError::Timeout { layer: l }),
         }
@@ -468,9 +447,16 @@ impl LoadHandle {
             .collect()
     }
 
-    /// Counters so far.
+    /// When each layer became ready (landed and verified), in seconds since `load` was
+    /// called; `None` for layers not ready (yet).
+    pub fn layer_ready_s(&self) -> Vec<Option<f64>> {
+        (0..self.layers()).map(|l| self.sh.state.ready_at(l).map(|d| d.as_secs_f64())).collect()
+    }
+
+    /// Counters so far. `ttfl_s`/`ttll_s` are when layer 0 / the last layer landed and
+    /// verified, whether or not anyone waited for them.
     pub fn stats(&self) -> LoadStats {
-        let r = self.sh.ready_at.lock().expect("lock");
+        let r: Vec<Option<Duration>> = (0..self.layers()).map(|l| self.sh.state.ready_at(l)).collect();
         LoadStats {
             requests: self.sh.requests.load(Ordering::Relaxed),
             bytes: self.sh.bytes.load(Ordering::Relaxed),
