@@ -1,2 +1,30 @@
 //! Bandwidth scheduling across concurrent loads (sans-IO): compute model, policies, planner.
+//!
+//! Concurrent loads compete for one storage link (a server NIC, or a host NIC shared by the
+//! GPUs of a client). This module decides who gets which share so that the **added TTFT** —
+//! TTFT with loading minus TTFT with all KV already local, consumed layer by layer — is small,
+//! and how much of each cached prefix is worth loading at all.
+//!
+//! - [`model`]: per-layer prefill time from FLOPs and memory traffic (cited fits), and
+//!   host-to-device bandwidth per GPU;
+//! - [`timeline`]: layerwise consumption, added TTFT, the pipeline bound;
+//! - [`policy`]: FIFO, equal share, byte-proportional and stall-aware policies behind
+//!   [`Policy`];
+//! - [`scheduler`]: the event-driven [`Scheduler`] (arrival / progress / layer computed /
+//!   departure / timeout in; allocation, next unit, timeout out) with a shared [`TokenBucket`];
+//! - [`planner`]: load-vs-recompute per request and the deadline fallback.
+//!
+//! Everything here is pure: no I/O, no clock reads (callers pass `now` in seconds), no unsafe.
+//! See `docs/scheduling.md` for the design and the sources of every figure.
 #![forbid(unsafe_code)]
+
+pub mod model;
+pub mod planner;
+pub mod policy;
+pub mod scheduler;
+pub mod timeline;
+
+pub use model::{AnalyticModel, ComputeModel, Efficiency, GpuKind, KernelClass, MeasuredModel, ModelShape};
+pub use planner::{fallback, plan, Fallback, Plan, PlanChoice, PlanInput, StallState};
+pub use policy::{ByteProportional, EqualShare, Fifo, Policy, PolicyKind, StallAware};
+pub use scheduler::{Allocation, LoadId, LoadSpec, LoadState, Scheduler, TokenBucket, Unit};

@@ -1,0 +1,285 @@
+//! Bandwidth-sharing policies behind one trait.
+//!
+//! A [`Policy`] turns the state of the active loads into rates (bytes/s). The
+//! [`Scheduler`](super::Scheduler) calls it at every re-plan (arrival, departure, layer
+//! completion, deadline timeout) and enforces the contract (rates ≥ 0, each ≤ the load's
+//! `max_rate`, sum ≤ capacity, 0 for finished loads) whatever the policy returns.
+//!
+//! Policies:
+//! - [`Fifo`]: the earliest arrival gets all it can take, then the next.
+//! - [`EqualShare`]: max-min fair (water-filling with per-load limits).
+//! - [`ByteProportional`]: rates proportional to the bytes each load has left (water-filled).
+//! - [`StallAware`]: ours, described on the type.
+#![forbid(unsafe_code)]
+
+use super::scheduler::LoadState;
+use crate::error::Error;
+
+/// A bandwidth-sharing policy.
+///
+/// `allocate` receives the active loads (ascending id) and a zeroed `rates` slice of the same
+/// length, and writes each load's rate in bytes/s. It must be deterministic (same inputs, same
+/// output) and must not read a clock: `now` is the caller's time in seconds.
+pub trait Policy: std::fmt::Debug {
+    /// Short name used in reports (`fifo`, `equal-share`, `byte-proportional`, `stall-aware`).
+    fn name(&self) -> &'static str;
+    /// Writes the rates (bytes/s) of `loads` at `now` for a link of `capacity` bytes/s.
+    fn allocate(&mut self, now: f64, capacity: f64, loads: &[LoadState], rates: &mut [f64]);
+}
+
+/// The built-in policies, by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PolicyKind {
+    /// [`Fifo`].
+    Fifo,
+    /// [`EqualShare`].
+    EqualShare,
+    /// [`ByteProportional`].
+    ByteProportional,
+    /// [`StallAware`].
+    StallAware,
+}
+
+impl PolicyKind {
+    /// All built-in policies in report order.
+    pub const ALL: [PolicyKind; 4] =
+        [PolicyKind::Fifo, PolicyKind::EqualShare, PolicyKind::ByteProportional, PolicyKind::StallAware];
+
+    /// The policy's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::Fifo => "fifo",
+            PolicyKind::EqualShare => "equal-share",
+            PolicyKind::ByteProportional => "byte-proportional",
+            PolicyKind::StallAware => "stall-aware",
+        }
+    }
+
+    /// Parses a policy name (as [`PolicyKind::name`] prints it).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the unknown policy and the known ones.
+    pub fn parse(name: &str) -> Result<Self, Error> {
+        Self::ALL.into_iter().find(|p| p.name() == name.to_ascii_lowercase()).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "unknown policy {name:?}: known policies are fifo, equal-share, byte-proportional, stall-aware"
+            ))
+        })
+    }
+
+    /// A fresh boxed instance for [`Scheduler::new`](super::Scheduler::new).
+    pub fn build(self) -> Box<dyn Policy + Send> {
+        match self {
+            PolicyKind::Fifo => Box::new(Fifo),
+            PolicyKind::EqualShare => Box::new(EqualShare),
+            PolicyKind::ByteProportional => Box::new(ByteProportional),
+            PolicyKind::StallAware => Box::new(StallAware::default()),
+        }
+    }
+}
+
+/// Weighted water-filling: rates proportional to `weights`, each capped at `caps[i]`, summing
+/// to at most `capacity`; entries with weight 0 get 0. Deterministic, O(n log n).
+pub fn water_fill(capacity: f64, weights: &[f64], caps: &[f64], rates: &mut [f64]) {
+    let mut idx: Vec<usize> = (0..weights.len()).filter(|&i| weights[i] > 0.0 && caps[i] > 0.0).collect();
+    // Loads whose cap binds first (smallest cap per unit weight) are settled first.
+    idx.sort_by(|&a, &b| (caps[a] / weights[a]).total_cmp(&(caps[b] / weights[b])).then(a.cmp(&b)));
+    let mut left = capacity;
+    let mut wsum: f64 = idx.iter().map(|&i| weights[i]).sum();
+    for (k, &i) in idx.iter().enumerate() {
+        let fair = if wsum > 0.0 { left * weights[i] / wsum } else { 0.0 };
+        if caps[i] <= fair {
+            rates[i] = caps[i];
+            left -= caps[i];
+            wsum -= weights[i];
+        } else {
+            // Every remaining load has a larger cap per weight: all get their fair share.
+            let per_weight = left / wsum;
+            for &j in &idx[k..] {
+                rates[j] = per_weight * weights[j];
+            }
+            return;
+        }
+    }
+}
+
+/// First come, first served: loads in arrival order each take all they can.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Fifo;
+
+impl Policy for Fifo {
+    fn name(&self) -> &'static str {
+        "fifo"
+    }
+    fn allocate(&mut self, _now: f64, capacity: f64, loads: &[LoadState], rates: &mut [f64]) {
+        let mut order: Vec<usize> = (0..loads.len()).collect();
+        order.sort_by(|&a, &b| loads[a].arrival_s().total_cmp(&loads[b].arrival_s()).then(a.cmp(&b)));
+        let mut left = capacity;
+        for i in order {
+            if loads[i].remaining_bytes() == 0 {
+                continue;
+            }
+            let r = loads[i].spec().max_rate.min(left);
+            rates[i] = r;
+            left -= r;
+        }
+    }
+}
+
+/// Equal sharing: max-min fair rates over loads with bytes left.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EqualShare;
+
+impl Policy for EqualShare {
+    fn name(&self) -> &'static str {
+        "equal-share"
+    }
+    fn allocate(&mut self, _now: f64, capacity: f64, loads: &[LoadState], rates: &mut [f64]) {
+        let w: Vec<f64> = loads.iter().map(|l| if l.remaining_bytes() > 0 { 1.0 } else { 0.0 }).collect();
+        let caps: Vec<f64> = loads.iter().map(|l| l.spec().max_rate).collect();
+        water_fill(capacity, &w, &caps, rates);
+    }
+}
+
+/// Byte-proportional sharing: weights are the bytes each load has left, so loads started
+/// together finish together.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ByteProportional;
+
+impl Policy for ByteProportional {
+    fn name(&self) -> &'static str {
+        "byte-proportional"
+    }
+    fn allocate(&mut self, _now: f64, capacity: f64, loads: &[LoadState], rates: &mut [f64]) {
+        let w: Vec<f64> = loads.iter().map(|l| l.remaining_bytes() as f64).collect();
+        let caps: Vec<f64> = loads.iter().map(|l| l.spec().max_rate).collect();
+        water_fill(capacity, &w, &caps, rates);
+    }
+}
+
+/// Stall-aware sharing (ours): bandwidth goes where it shortens stalls.
+///
+/// At each re-plan, for every load with bytes left:
+/// - `need` = the smallest constant rate that delivers every remaining layer before its
+///   deadline (the predicted start of that layer's compute, [`LoadState::need_rate`]); infinite
+///   when a missing layer is already needed, in particular a request's **first layer, which is
+///   pure stall**;
+/// - `s` = the stall the load would still suffer if it had the whole link from now on
+///   ([`LoadState::stall_at_rate`]). `s = 0` means the load can be **hidden behind compute**.
+///
+/// Loads are ranked by `(s, next deadline, id)`: hideable loads first, earliest deadline first
+/// among them; then stalling loads by shortest unavoidable stall (the shortest-processing-time
+/// rule that minimises the sum of waiting). Water-filling in that order gives each hideable load
+/// exactly `need` (**no extra bandwidth for a request already hidden**) and each stalling load
+/// all it can take of what is left. Capacity still unused after that (every load satisfied or
+/// at its limit) is handed out in the same order so that no byte of the link is wasted.
+#[derive(Debug, Clone, Default)]
+pub struct StallAware {
+    order: Vec<(f64, f64, usize)>,
+}
+
+impl Policy for StallAware {
+    fn name(&self) -> &'static str {
+        "stall-aware"
+    }
+    fn allocate(&mut self, now: f64, capacity: f64, loads: &[LoadState], rates: &mut [f64]) {
+        self.order.clear();
+        let mut need = vec![0.0; loads.len()];
+        for (i, l) in loads.iter().enumerate() {
+            if l.remaining_bytes() == 0 {
+                continue;
+            }
+            let full = capacity.min(l.spec().max_rate);
+            let s = l.stall_at_rate(now, full);
+            // Stalls below a nanosecond are rounding noise: treat as hideable.
+            let s = if s < 1e-9 { 0.0 } else { s };
+            need[i] = if s == 0.0 { l.need_rate(now).min(full) } else { full };
+            self.order.push((s, l.next_deadline_s(), i));
+        }
+        self.order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
+        let mut left = capacity;
+        for &(_, _, i) in &self.order {
+            let r = need[i].min(left);
+            rates[i] = r;
+            left -= r;
+            if left <= 0.0 {
+                return;
+            }
+        }
+        for &(_, _, i) in &self.order {
+            let r = (loads[i].spec().max_rate - rates[i]).max(0.0).min(left);
+            rates[i] += r;
+            left -= r;
+            if left <= 0.0 {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::scheduler::{LoadSpec, Scheduler};
+    use super::*;
+
+    fn spec(layers: usize, bytes: u64, c: f64, max_rate: f64) -> LoadSpec {
+        LoadSpec { layer_bytes: vec![bytes; layers], layer_compute_s: vec![c; layers], compute_ready_s: 0.0, max_rate }
+    }
+
+    fn rates(kind: PolicyKind, specs: Vec<LoadSpec>, cap: f64) -> Vec<f64> {
+        let mut s = Scheduler::new(kind.build(), cap, cap, 0.0).unwrap();
+        for sp in specs {
+            s.handle_arrival(0.0, sp).unwrap();
+        }
+        s.poll_allocation(0.0).iter().map(|a| a.rate).collect()
+    }
+
+    #[test]
+    fn water_fill_respects_caps_and_weights() {
+        let mut r = vec![0.0; 3];
+        water_fill(10.0, &[1.0, 1.0, 1.0], &[1.0, 100.0, 100.0], &mut r);
+        assert_eq!(r, vec![1.0, 4.5, 4.5]);
+        let mut r = vec![0.0; 2];
+        water_fill(9.0, &[1.0, 2.0], &[100.0, 100.0], &mut r);
+        assert_eq!(r, vec![3.0, 6.0]);
+    }
+
+    #[test]
+    fn baseline_policies() {
+        let inf = f64::INFINITY;
+        let sp = || vec![spec(2, 100, 1.0, inf), spec(2, 300, 1.0, 30.0)];
+        assert_eq!(rates(PolicyKind::Fifo, sp(), 100.0), vec![100.0, 0.0]);
+        assert_eq!(rates(PolicyKind::EqualShare, sp(), 100.0), vec![70.0, 30.0]);
+        assert_eq!(rates(PolicyKind::ByteProportional, vec![spec(2, 100, 1.0, inf), spec(2, 300, 1.0, inf)], 100.0), vec![25.0, 75.0]);
+        assert_eq!(PolicyKind::parse("stall-aware").unwrap(), PolicyKind::StallAware);
+        assert!(PolicyKind::parse("lottery").is_err());
+    }
+
+    #[test]
+    fn stall_aware_gives_hidden_loads_only_what_they_need() {
+        // Load 0 has its first layer delivered and is hideable at 10 B/s; load 1 is stalling.
+        let mut s = Scheduler::new(PolicyKind::StallAware.build(), 100.0, 100.0, 0.0).unwrap();
+        let a = s.handle_arrival(0.0, spec(3, 10, 1.0, f64::INFINITY)).unwrap();
+        let b = s.handle_arrival(0.0, spec(3, 100, 0.1, f64::INFINITY)).unwrap();
+        s.handle_progress(0.0, a, 10).unwrap();
+        let al = s.poll_allocation(0.0).to_vec();
+        assert_eq!(al[0].id, a);
+        assert!((al[0].rate - 10.0).abs() < 1e-9, "{al:?}");
+        assert!((al[1].rate - 90.0).abs() < 1e-9 && al[1].id == b);
+    }
+
+    #[test]
+    fn stall_aware_serves_shortest_stall_first_and_wastes_nothing() {
+        // Two transfer-bound loads: the smaller one goes first with the whole link.
+        let r = rates(PolicyKind::StallAware, vec![spec(4, 400, 0.01, f64::INFINITY), spec(4, 100, 0.01, f64::INFINITY)], 100.0);
+        assert_eq!(r, vec![0.0, 100.0]);
+        // With a per-load limit the rest goes to the next load.
+        let r = rates(PolicyKind::StallAware, vec![spec(4, 400, 0.01, f64::INFINITY), spec(4, 100, 0.01, 60.0)], 100.0);
+        assert_eq!(r, vec![40.0, 60.0]);
+        // Every policy uses the whole link while some load can take it.
+        for k in PolicyKind::ALL {
+            let r = rates(k, vec![spec(4, 400, 0.01, 70.0), spec(4, 100, 10.0, 70.0)], 100.0);
+            assert!((r.iter().sum::<f64>() - 100.0).abs() < 1e-9, "{k:?} {r:?}");
+        }
+    }
+}
