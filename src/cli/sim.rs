@@ -1,15 +1,292 @@
-//! `objectcache sim`.
+//! `objectcache sim`: replay a workload in the discrete-event simulator under each scheduling
+//! policy; print a table, optionally write JSON records and an SVG plot.
+
+use crate::layout::KvGeometry;
+use crate::sched::{AnalyticModel, ComputeModel, GpuKind, KernelClass, ModelShape};
+use crate::sim::{self, workload, Record, RunSpec, SimConfig, SimPolicy};
+use crate::Error;
+use std::path::PathBuf;
 
 /// Arguments of `objectcache sim`.
 #[derive(Debug, clap::Args)]
-pub struct SimArgs {}
+pub struct SimArgs {
+    /// Workload: `mix` (bursts of N requests with 4K-128K prefixes), `staggered` (the same with
+    /// arrivals spread over the time the link needs for all of them), `c1` (case C1: N
+    /// concurrent 10K-token prefixes, cap set so loading all takes 3x recompute), `trace`
+    /// (Mooncake-style JSON lines, see --trace).
+    #[arg(long, default_value = "mix")]
+    pub workload: String,
+    /// Trace file for `--workload trace` (JSON lines: timestamp ms, input_length,
+    /// output_length, hash_ids of 512-token blocks).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Multiply trace timestamps by this factor (below 1 compresses time, raising concurrency).
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+    /// Model preset (llama-3.1-8b, llama-3.1-70b, qwen2.5-7b, smollm2-135m).
+    #[arg(long, default_value = "llama-3.1-8b")]
+    pub model: String,
+    /// Tensor-parallel degree (per-rank KV bytes and compute divided by it).
+    #[arg(long, default_value_t = 1)]
+    pub tp: u32,
+    /// GPU kind (a100, h100, h200, gh200).
+    #[arg(long, default_value = "h100")]
+    pub gpu: String,
+    /// Kernel class: tuned (FA3 / TensorRT-LLM class) or fa2.
+    #[arg(long, default_value = "tuned")]
+    pub kernels: String,
+    /// Link speed in Gb/s that the caps are fractions of.
+    #[arg(long, default_value_t = 100.0)]
+    pub link_gbps: f64,
+    /// Caps as fractions of the link, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0.25,0.5,0.75")]
+    pub cap: Vec<f64>,
+    /// Concurrency levels (requests per burst), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "2,3,8,16,32,64")]
+    pub concurrency: Vec<usize>,
+    /// Instances per concurrency level (0: about 64 requests per level).
+    #[arg(long, default_value_t = 0)]
+    pub instances: usize,
+    /// Policies, comma-separated (fifo, equal-share, byte-proportional, stall-aware, each
+    /// optionally with +planner); default: the four policies and the two with +planner.
+    #[arg(long, value_delimiter = ',')]
+    pub policies: Vec<String>,
+    /// Per-load rate limit in GB/s (default: none).
+    #[arg(long)]
+    pub max_rate_gbytes: Option<f64>,
+    /// Seed of the workload generator.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Compute the exact lower bound when the search has at most this many states (0: never).
+    #[arg(long, default_value_t = sim::bound::DEFAULT_MAX_STATES)]
+    pub bound_max_states: u64,
+    /// Write the records as a JSON array here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write an SVG plot of mean added TTFT per policy and concurrency here.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+}
+
+fn bad(m: String) -> Error {
+    Error::InvalidArgument(m)
+}
 
 /// Runs `objectcache sim`.
 ///
 /// # Errors
-/// Not built yet: always an error saying so.
-pub fn run(_args: SimArgs) -> crate::Result<()> {
-    Err(crate::Error::InvalidArgument(
-        "`objectcache sim` is not built yet".into(),
-    ))
+/// [`Error::InvalidArgument`] for a bad flag value (unknown model, GPU, policy or workload, a
+/// cap outside (0, 1], a missing or malformed trace), [`Error::Io`] if an output file cannot
+/// be written.
+pub fn run(args: SimArgs) -> crate::Result<()> {
+    let records = records(&args)?;
+    print!("{}", table(&records));
+    if let Some(p) = &args.json {
+        let s = serde_json::to_string_pretty(&records).map_err(|e| bad(format!("JSON encoding failed: {e}")))?;
+        std::fs::write(p, s + "\n")?;
+        eprintln!("wrote {}", p.display());
+    }
+    if let Some(p) = &args.svg {
+        plot(&records, p)?;
+        eprintln!("wrote {}", p.display());
+    }
+    Ok(())
+}
+
+/// Builds and runs everything `args` asks for; returns the records.
+///
+/// # Errors
+/// As [`run`].
+pub fn records(args: &SimArgs) -> crate::Result<Vec<Record>> {
+    let gpu = GpuKind::parse(&args.gpu)?;
+    let kernels = KernelClass::parse(&args.kernels)?;
+    if args.tp == 0 {
+        return Err(bad("--tp must be at least 1".into()));
+    }
+    let shape = ModelShape::preset(&args.model)?;
+    let model = ComputeModel::Analytic(AnalyticModel::new(shape.clone(), gpu, kernels, args.tp)?);
+    let geometry = KvGeometry::preset(&args.model)?;
+    let kv_bytes = shape.kv_bytes_per_token_per_layer / args.tp as u64;
+    if !(args.link_gbps.is_finite() && args.link_gbps > 0.0) {
+        return Err(bad(format!("--link-gbps {} must be > 0", args.link_gbps)));
+    }
+    let link = args.link_gbps * 1e9 / 8.0;
+    if let Some(c) = args.cap.iter().find(|c| !(**c > 0.0 && **c <= 1.0)) {
+        return Err(bad(format!("--cap {c} is not a fraction in (0, 1]")));
+    }
+    if args.concurrency.iter().any(|&c| c == 0) {
+        return Err(bad("--concurrency values must be at least 1".into()));
+    }
+    let policies: Vec<SimPolicy> = if args.policies.is_empty() {
+        SimPolicy::standard()
+    } else {
+        args.policies.iter().map(|p| SimPolicy::parse(p)).collect::<Result<_, _>>()?
+    };
+    let max_rate = args.max_rate_gbytes.map_or(f64::INFINITY, |g| g * 1e9);
+    let base = SimConfig {
+        model: model.clone(),
+        kv_bytes_per_token_per_layer: kv_bytes,
+        chunk_tokens: geometry.tokens_per_chunk as u64,
+        capacity: link,
+        max_rate_per_load: max_rate,
+    };
+    let mut workloads: Vec<(workload::Workload, Vec<f64>)> = Vec::new();
+    match args.workload.as_str() {
+        "mix" | "staggered" => {
+            for &c in &args.concurrency {
+                let inst = if args.instances > 0 { args.instances } else { (64 / c).max(1) };
+                for &cap in &args.cap {
+                    let w = if args.workload == "mix" {
+                        workload::burst_mix(c, inst, args.seed)
+                    } else {
+                        // Window: the time the cap needs to move every request's prefix.
+                        let probe = workload::burst_mix(c, 1, args.seed);
+                        let bytes: u64 = probe.instances[0].requests.iter().map(|r| r.prefix_tokens * kv_bytes * shape.layers as u64).sum();
+                        workload::staggered_mix(c, inst, bytes as f64 / (cap * link), args.seed)
+                    };
+                    workloads.push((w, vec![cap]));
+                }
+            }
+        }
+        "c1" => {
+            let n = args.concurrency.first().copied().unwrap_or(32);
+            let w = workload::c1(n, 10_000, 256);
+            let cap = c1_cap(&model, kv_bytes, n, 10_000, 256) / link;
+            workloads.push((w, vec![cap]));
+        }
+        "trace" => {
+            let path = args.trace.as_ref().ok_or_else(|| bad("--workload trace needs --trace PATH".into()))?;
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| bad(format!("cannot read trace {}: {e}", path.display())))?;
+            workloads.push((workload::mooncake_trace(&text, args.time_scale)?, args.cap.clone()));
+        }
+        other => return Err(bad(format!("unknown workload {other:?}: use mix, staggered, c1 or trace"))),
+    }
+    let mut out = Vec::new();
+    for (w, caps) in &workloads {
+        for &cap in caps {
+            let cfg = SimConfig { capacity: cap * link, ..base.clone() };
+            out.extend(sim::run(&RunSpec {
+                workload: w,
+                config: &cfg,
+                cap_fraction: cap,
+                policies: &policies,
+                model: &shape.name,
+                gpu: gpu.name(),
+                seed: args.seed,
+                bound_max_states: args.bound_max_states,
+            })?);
+        }
+    }
+    Ok(out)
+}
+
+/// Case C1's cap (bytes/s): loading all `n` prefixes takes 3x one request's recompute time.
+pub fn c1_cap(model: &ComputeModel, kv_bytes: u64, n: usize, prefix: u64, new: u64) -> f64 {
+    let total = (n as u64 * prefix * kv_bytes * model.layers() as u64) as f64;
+    total / (3.0 * model.recompute_time(prefix, new))
+}
+
+/// The readable table of `objectcache sim` (one line per record, times in seconds).
+pub fn table(records: &[Record]) -> String {
+    let mut s = format!(
+        "{:<10} {:>4} {:>5} {:<22} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>6}\n",
+        "workload", "conc", "cap", "policy", "reqs", "meanTTFT", "p99TTFT", "meanAdd", "p99Add", "LB", "eq/this", "loaded"
+    );
+    for r in records {
+        let eq = records
+            .iter()
+            .find(|e| e.policy == "equal-share" && e.workload == r.workload && e.concurrency == r.concurrency && e.cap_fraction == r.cap_fraction)
+            .map(|e| e.mean_added_ttft_s);
+        let ratio = match eq {
+            Some(e) if r.mean_added_ttft_s > 0.0 => format!("{:.2}", e / r.mean_added_ttft_s),
+            _ => "-".into(),
+        };
+        s += &format!(
+            "{:<10} {:>4} {:>4.0}% {:<22} {:>5} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9} {:>7} {:>5.0}%\n",
+            r.workload,
+            r.concurrency,
+            r.cap_fraction * 100.0,
+            r.policy,
+            r.requests,
+            r.mean_ttft_s,
+            r.p99_ttft_s,
+            r.mean_added_ttft_s,
+            r.p99_added_ttft_s,
+            r.lower_bound_mean_added_ttft_s.map_or("-".into(), |b| format!("{b:.3}")),
+            ratio,
+            r.loaded_fraction * 100.0
+        );
+    }
+    s
+}
+
+fn plot(records: &[Record], path: &std::path::Path) -> crate::Result<()> {
+    use plotters::prelude::*;
+    let err = |e: &dyn std::fmt::Display| bad(format!("cannot draw {}: {e}", path.display()));
+    let mut caps: Vec<f64> = records.iter().map(|r| r.cap_fraction).collect();
+    caps.sort_by(f64::total_cmp);
+    caps.dedup();
+    let mut concs: Vec<usize> = records.iter().map(|r| r.concurrency).collect();
+    concs.sort_unstable();
+    concs.dedup();
+    let mut policies: Vec<String> = Vec::new();
+    for r in records {
+        if !policies.contains(&r.policy) {
+            policies.push(r.policy.clone());
+        }
+    }
+    let floor = 1e-4;
+    let ymax = records.iter().map(|r| r.mean_added_ttft_s).fold(floor, f64::max) * 2.0;
+    let root = SVGBackend::new(path, (420 * caps.len().max(1) as u32, 420)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let panels = root.split_evenly((1, caps.len().max(1)));
+    for (panel, cap) in panels.iter().zip(&caps) {
+        let xmax = (concs.len().max(2) - 1) as f64;
+        let mut chart = ChartBuilder::on(panel)
+            .caption(format!("{} cap {:.0}%", records[0].workload, cap * 100.0), ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(56)
+            .build_cartesian_2d(0f64..xmax, (floor..ymax).log_scale())
+            .map_err(|e| err(&e))?;
+        let labels = concs.clone();
+        chart
+            .configure_mesh()
+            .x_desc("concurrency")
+            .y_desc("mean added TTFT (s)")
+            .x_labels(concs.len().max(2))
+            .x_label_formatter(&|x| {
+                let i = x.round() as usize;
+                if (x - x.round()).abs() < 1e-6 && i < labels.len() {
+                    labels[i].to_string()
+                } else {
+                    String::new()
+                }
+            })
+            .draw()
+            .map_err(|e| err(&e))?;
+        for (pi, pol) in policies.iter().enumerate() {
+            let color = Palette99::pick(pi).to_rgba();
+            let pts: Vec<(f64, f64)> = records
+                .iter()
+                .filter(|r| &r.policy == pol && r.cap_fraction == *cap)
+                .filter_map(|r| concs.iter().position(|&c| c == r.concurrency).map(|i| (i as f64, r.mean_added_ttft_s.max(floor))))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(pts, color.stroke_width(2)))
+                .map_err(|e| err(&e))?
+                .label(pol.as_str())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 11))
+            .draw()
+            .map_err(|e| err(&e))?;
+    }
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
 }

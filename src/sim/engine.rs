@@ -1,0 +1,349 @@
+//! The discrete-event engine: replays an [`Instance`] under a policy on a virtual clock.
+//!
+//! Model: each request computes on its own engine (GPU); the shared resource is the storage
+//! link of `capacity` bytes/s (the cap). Transfers are fluid: between two events every load
+//! receives its allocated rate. Events are arrivals, layer completions (a load's bytes reach a
+//! layer boundary), layer deadlines ([`Scheduler::poll_timeout`]) and departures; the scheduler
+//! re-plans at each. A load's layer `l` is ready when its last byte arrives; compute consumes
+//! layers in order ([`timeline::finish_time`]).
+//!
+//! With the planner on, each arriving request is planned ([`planner::plan`]) at the fair share
+//! `capacity / active loads` and, while stalled, checked against the deadline fallback
+//! ([`planner::fallback`]) at `max(its rate, the fair share)`; a fallback cancels the rest of
+//! the load and recomputes.
+#![forbid(unsafe_code)]
+
+use super::workload::{Instance, Workload};
+use crate::error::Error;
+use crate::sched::planner::{self, Fallback, PlanInput, StallState};
+use crate::sched::{timeline, ComputeModel, LoadId, LoadSpec, PolicyKind, Scheduler};
+
+/// Simulation parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimConfig {
+    /// Per-layer compute model.
+    pub model: ComputeModel,
+    /// KV bytes per token per layer (from the geometry).
+    pub kv_bytes_per_token_per_layer: u64,
+    /// Tokens per chunk (planner granularity).
+    pub chunk_tokens: u64,
+    /// Link capacity or cap shared by all loads (bytes/s).
+    pub capacity: f64,
+    /// Per-load rate limit (bytes/s), `f64::INFINITY` for none.
+    pub max_rate_per_load: f64,
+}
+
+/// A policy as simulated: a scheduling policy, with or without the planner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SimPolicy {
+    /// Bandwidth-sharing policy.
+    pub kind: PolicyKind,
+    /// Plan load-vs-recompute per request and apply the deadline fallback.
+    pub planner: bool,
+}
+
+impl SimPolicy {
+    /// Report name: the policy's name, with `+planner` when the planner is on.
+    pub fn name(&self) -> String {
+        if self.planner {
+            format!("{}+planner", self.kind.name())
+        } else {
+            self.kind.name().to_string()
+        }
+    }
+
+    /// Parses a report name.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an unknown policy.
+    pub fn parse(name: &str) -> Result<Self, Error> {
+        let (base, planner) = match name.strip_suffix("+planner") {
+            Some(b) => (b, true),
+            None => (name, false),
+        };
+        Ok(SimPolicy { kind: PolicyKind::parse(base)?, planner })
+    }
+
+    /// The policies of the standard report: the four policies loading everything, then equal
+    /// share and stall-aware with the planner.
+    pub fn standard() -> Vec<SimPolicy> {
+        let mut v: Vec<SimPolicy> = PolicyKind::ALL.iter().map(|&kind| SimPolicy { kind, planner: false }).collect();
+        v.push(SimPolicy { kind: PolicyKind::EqualShare, planner: true });
+        v.push(SimPolicy { kind: PolicyKind::StallAware, planner: true });
+        v
+    }
+}
+
+/// What happened to one request (seconds).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// Arrival time.
+    pub arrival_s: f64,
+    /// Cached prefix tokens.
+    pub prefix_tokens: u64,
+    /// New tokens.
+    pub new_tokens: u64,
+    /// Prefix tokens loaded (the rest recomputed).
+    pub load_tokens: u64,
+    /// TTFT.
+    pub ttft_s: f64,
+    /// TTFT with the whole prefix's KV already local.
+    pub local_ttft_s: f64,
+    /// TTFT of full recompute.
+    pub recompute_ttft_s: f64,
+    /// `ttft_s − local_ttft_s`.
+    pub added_ttft_s: f64,
+    /// True if the deadline fallback cancelled the load and recomputed.
+    pub fell_back: bool,
+}
+
+struct Active {
+    req: usize,
+    id: LoadId,
+    cum: Vec<u64>,
+    pos: f64,
+    reported: u64,
+    compute: Vec<f64>,
+    k: u64,
+    n: u64,
+}
+
+const MAX_EVENTS: u64 = 50_000_000;
+
+/// Simulates every instance of a workload; outcomes of all requests, instance by instance.
+///
+/// # Errors
+/// As [`simulate_instance`].
+pub fn simulate(workload: &Workload, cfg: &SimConfig, policy: SimPolicy) -> Result<Vec<Outcome>, Error> {
+    let mut out = Vec::with_capacity(workload.requests());
+    for inst in &workload.instances {
+        out.extend(simulate_instance(inst, cfg, policy)?);
+    }
+    Ok(out)
+}
+
+/// Simulates one instance; outcomes in the instance's request order.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a bad configuration (capacity not > 0, a request arriving at
+/// a negative or non-finite time) or if the simulation makes no progress.
+pub fn simulate_instance(inst: &Instance, cfg: &SimConfig, policy: SimPolicy) -> Result<Vec<Outcome>, Error> {
+    if !(cfg.capacity.is_finite() && cfg.capacity > 0.0) {
+        return Err(Error::InvalidArgument(format!("sim: capacity {} bytes/s must be finite and > 0", cfg.capacity)));
+    }
+    let reqs = &inst.requests;
+    if let Some(r) = reqs.iter().find(|r| !r.arrival_s.is_finite() || r.arrival_s < 0.0) {
+        return Err(Error::InvalidArgument(format!("sim: arrival time {} s is not valid", r.arrival_s)));
+    }
+    let mut order: Vec<usize> = (0..reqs.len()).collect();
+    order.sort_by(|&a, &b| reqs[a].arrival_s.total_cmp(&reqs[b].arrival_s).then(a.cmp(&b)));
+    let m = &cfg.model;
+    let fixed = m.fixed_s();
+    let mut out: Vec<Option<Outcome>> = vec![None; reqs.len()];
+    let outcome = |r: usize, load_tokens: u64, ttft: f64, fell_back: bool| {
+        let q = &reqs[r];
+        let local = m.prefill_time(q.new_tokens, q.prefix_tokens);
+        Outcome {
+            arrival_s: q.arrival_s,
+            prefix_tokens: q.prefix_tokens,
+            new_tokens: q.new_tokens,
+            load_tokens,
+            ttft_s: ttft,
+            local_ttft_s: local,
+            recompute_ttft_s: m.recompute_time(q.prefix_tokens, q.new_tokens),
+            added_ttft_s: ttft - local,
+            fell_back,
+        }
+    };
+    let t_start = order.first().map(|&i| reqs[i].arrival_s).unwrap_or(0.0);
+    let mut sched = Scheduler::new(policy.kind.build(), cfg.capacity, cfg.capacity * 1e-3, t_start)?;
+    let mut acts: Vec<Active> = Vec::new();
+    let mut next = 0usize;
+    let mut t = t_start;
+    let bpt = cfg.kv_bytes_per_token_per_layer;
+    for _ in 0..MAX_EVENTS {
+        // Arrivals due now, planned together at the fair share they will see.
+        let first = next;
+        while next < order.len() && reqs[order[next]].arrival_s <= t {
+            next += 1;
+        }
+        if next > first {
+            let loading = order[first..next].iter().filter(|&&r| reqs[r].prefix_tokens > 0).count();
+            let share = cfg.capacity.min(cfg.max_rate_per_load) / (acts.len() + loading).max(1) as f64;
+            for &r in &order[first..next] {
+                let q = &reqs[r];
+                let k = if q.prefix_tokens == 0 {
+                    0
+                } else if policy.planner {
+                    let input = PlanInput {
+                        prefix_tokens: q.prefix_tokens,
+                        new_tokens: q.new_tokens,
+                        chunk_tokens: cfg.chunk_tokens,
+                        kv_bytes_per_token_per_layer: bpt,
+                        rate: share,
+                    };
+                    planner::plan(m, &input)?.load_tokens
+                } else {
+                    q.prefix_tokens
+                };
+                if k == 0 || bpt == 0 {
+                    let ttft = m.prefill_time(q.prefix_tokens + q.new_tokens, 0);
+                    out[r] = Some(outcome(r, 0, ttft, false));
+                    continue;
+                }
+                let n = q.prefix_tokens - k + q.new_tokens;
+                let compute = m.layer_times(n, k);
+                let layer_bytes = vec![k * bpt; m.layers()];
+                let cum = (1..=m.layers() as u64).map(|l| l * k * bpt).collect();
+                let spec = LoadSpec {
+                    layer_bytes,
+                    layer_compute_s: compute.clone(),
+                    compute_ready_s: q.arrival_s,
+                    max_rate: cfg.max_rate_per_load,
+                };
+                let id = sched.handle_arrival(t, spec)?;
+                acts.push(Active { req: r, id, cum, pos: 0.0, reported: 0, compute, k, n });
+            }
+        }
+        if acts.is_empty() && next >= order.len() {
+            return Ok(out.into_iter().map(|o| o.expect("every request has an outcome")).collect());
+        }
+        let alloc = sched.poll_allocation(t).to_vec();
+        // Next event.
+        let mut nt = f64::INFINITY;
+        if next < order.len() {
+            nt = reqs[order[next]].arrival_s;
+        }
+        if let Some(to) = sched.poll_timeout(t) {
+            nt = nt.min(to);
+        }
+        for (a, al) in acts.iter().zip(&alloc) {
+            if al.rate > 0.0 {
+                let layer = a.cum.partition_point(|&c| c <= a.reported);
+                if let Some(&b) = a.cum.get(layer) {
+                    nt = nt.min(t + (b as f64 - a.pos).max(0.0) / al.rate);
+                }
+            }
+        }
+        if !nt.is_finite() {
+            return Err(Error::InvalidArgument("sim: no progress possible (every active load has rate 0)".into()));
+        }
+        let dt = (nt - t).max(0.0);
+        t = t.max(nt);
+        for (a, al) in acts.iter_mut().zip(&alloc) {
+            if al.rate <= 0.0 {
+                continue;
+            }
+            a.pos += al.rate * dt;
+            let layer = a.cum.partition_point(|&c| c <= a.reported);
+            if let Some(&b) = a.cum.get(layer) {
+                if b as f64 - a.pos <= 1.0 + 1e-9 * b as f64 {
+                    a.pos = b as f64;
+                }
+            }
+            let total = *a.cum.last().unwrap_or(&0);
+            let now_rep = (a.pos.floor() as u64).min(total);
+            if now_rep > a.reported {
+                sched.handle_progress(t, a.id, now_rep - a.reported)?;
+                a.reported = now_rep;
+            }
+        }
+        sched.handle_timeout(t);
+        // Departures and fallbacks.
+        let n_active = acts.len();
+        let mut i = 0;
+        while i < acts.len() {
+            let a = &acts[i];
+            let st = sched.load(a.id).expect("active load is known to the scheduler");
+            let q = &reqs[a.req];
+            if st.remaining_bytes() == 0 {
+                let finish = timeline::finish_time(q.arrival_s, st.layer_ready_s(), &a.compute);
+                out[a.req] = Some(outcome(a.req, a.k, finish + fixed - q.arrival_s, false));
+                sched.handle_departure(t, a.id)?;
+                acts.remove(i);
+                continue;
+            }
+            if policy.planner && st.stalled(t) {
+                let d = st.layers_delivered();
+                let missing: Vec<u64> = (d..a.cum.len()).map(|l| a.cum[l] - a.reported.max(if l == 0 { 0 } else { a.cum[l - 1] })).collect();
+                let rate = alloc
+                    .iter()
+                    .find(|x| x.id == a.id)
+                    .map_or(0.0, |x| x.rate)
+                    .max(cfg.capacity.min(cfg.max_rate_per_load) / n_active as f64);
+                let s = StallState {
+                    load_tokens: a.k,
+                    compute_tokens: a.n,
+                    layers_delivered: d,
+                    missing_layer_bytes: missing,
+                    frontier_s: st.next_deadline_s(),
+                    rate,
+                };
+                if let Fallback::Recompute { finish_s, .. } = planner::fallback(m, t, &s) {
+                    out[a.req] = Some(outcome(a.req, 0, finish_s + fixed - q.arrival_s, true));
+                    sched.handle_departure(t, a.id)?;
+                    acts.remove(i);
+                    continue;
+                }
+            }
+            i += 1;
+        }
+    }
+    Err(Error::InvalidArgument(format!("sim: more than {MAX_EVENTS} events; giving up")))
+}
+
+/// Mean and 99th percentile of a set of outcomes (seconds).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    /// Number of requests.
+    pub requests: usize,
+    /// Mean TTFT.
+    pub mean_ttft_s: f64,
+    /// 99th percentile TTFT (nearest rank).
+    pub p99_ttft_s: f64,
+    /// Mean added TTFT.
+    pub mean_added_ttft_s: f64,
+    /// 99th percentile added TTFT (nearest rank).
+    pub p99_added_ttft_s: f64,
+    /// Mean full-recompute TTFT.
+    pub mean_recompute_ttft_s: f64,
+    /// Largest `ttft / recompute_ttft` over the requests.
+    pub max_ttft_over_recompute: f64,
+    /// Fraction of cached prefix tokens that were loaded (not recomputed).
+    pub loaded_fraction: f64,
+    /// Requests whose load fell back to recompute.
+    pub fallbacks: usize,
+}
+
+/// Nearest-rank percentile `p` (0–100) of `xs` (0 for an empty slice).
+pub fn percentile(xs: &[f64], p: f64) -> f64 {
+    if xs.is_empty() {
+        return 0.0;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * v.len() as f64).ceil().max(1.0) as usize;
+    v[rank.min(v.len()) - 1]
+}
+
+impl Summary {
+    /// Summarises outcomes.
+    pub fn of(o: &[Outcome]) -> Summary {
+        let n = o.len().max(1) as f64;
+        let ttft: Vec<f64> = o.iter().map(|x| x.ttft_s).collect();
+        let added: Vec<f64> = o.iter().map(|x| x.added_ttft_s).collect();
+        let prefix: u64 = o.iter().map(|x| x.prefix_tokens).sum();
+        let loaded: u64 = o.iter().map(|x| x.load_tokens).sum();
+        Summary {
+            requests: o.len(),
+            mean_ttft_s: ttft.iter().sum::<f64>() / n,
+            p99_ttft_s: percentile(&ttft, 99.0),
+            mean_added_ttft_s: added.iter().sum::<f64>() / n,
+            p99_added_ttft_s: percentile(&added, 99.0),
+            mean_recompute_ttft_s: o.iter().map(|x| x.recompute_ttft_s).sum::<f64>() / n,
+            max_ttft_over_recompute: o.iter().map(|x| x.ttft_s / x.recompute_ttft_s).fold(0.0, f64::max),
+            loaded_fraction: if prefix == 0 { 0.0 } else { loaded as f64 / prefix as f64 },
+            fallbacks: o.iter().filter(|x| x.fell_back).count(),
+        }
+    }
+}
