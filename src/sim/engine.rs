@@ -13,7 +13,7 @@
 //! the load and recomputes.
 #![forbid(unsafe_code)]
 
-use super::workload::{Instance, Workload};
+use super::workload::{Instance, Request, Workload};
 use crate::error::Error;
 use crate::sched::planner::{self, Fallback, PlanInput, StallState};
 use crate::sched::{timeline, ComputeModel, LoadId, LoadSpec, PolicyKind, Scheduler};
@@ -95,6 +95,8 @@ pub struct Outcome {
     pub added_ttft_s: f64,
     /// True if the deadline fallback cancelled the load and recomputed.
     pub fell_back: bool,
+    /// When the load's last byte arrived (= arrival if nothing was loaded).
+    pub load_end_s: f64,
 }
 
 struct Active {
@@ -106,6 +108,7 @@ struct Active {
     compute: Vec<f64>,
     k: u64,
     n: u64,
+    deadline: f64,
 }
 
 const MAX_EVENTS: u64 = 50_000_000;
@@ -128,6 +131,103 @@ pub fn simulate(workload: &Workload, cfg: &SimConfig, policy: SimPolicy) -> Resu
 /// [`Error::InvalidArgument`] for a bad configuration (capacity not > 0, a request arriving at
 /// a negative or non-finite time) or if the simulation makes no progress.
 pub fn simulate_instance(inst: &Instance, cfg: &SimConfig, policy: SimPolicy) -> Result<Vec<Outcome>, Error> {
+    run_instance(inst, cfg, policy, None)
+}
+
+/// Rounds of plan → what-if simulation → re-plan per starting point (planner on).
+const PLAN_ROUNDS: usize = 4;
+
+/// Slack before a load that is behind its planned completion is checked for fallback:
+/// `planned end + 10% of the planned duration + 1 ms`.
+fn plan_deadline(now: f64, planned_load_s: f64) -> f64 {
+    now + planned_load_s * 1.1 + 1e-3
+}
+
+/// Plans a batch of arrivals against the shares the policy will actually give them; returns
+/// the load tokens per request and the predicted load duration (s from now) of each.
+///
+/// Candidates: every request recomputing (always admissible), then two chains of rounds
+/// starting from "each request planned at the fair share" and from "every prefix loaded in
+/// full". Each round simulates, from now, the batch with the current plans together with the
+/// loads already in flight (as requests whose prefix is their remaining bytes), reads off each
+/// new load's achieved average rate and re-plans at that rate; a request predicted slower than
+/// its own full recompute is set to recompute in the next round. Among the candidates in which
+/// no new request is predicted slower than its recompute, the smallest predicted total TTFT
+/// wins. For a burst with no later arrivals the prediction is exact.
+fn plan_batch(
+    batch: &[&Request],
+    active: &[(u64, u64)],
+    cfg: &SimConfig,
+    kind: PolicyKind,
+    share: f64,
+) -> Result<(Vec<u64>, Vec<f64>), Error> {
+    let m = &cfg.model;
+    let bpt = cfg.kv_bytes_per_token_per_layer;
+    let layers = m.layers() as u64;
+    let plan_at = |q: &Request, rate: f64| -> Result<u64, Error> {
+        Ok(planner::plan(
+            m,
+            &PlanInput {
+                prefix_tokens: q.prefix_tokens,
+                new_tokens: q.new_tokens,
+                chunk_tokens: cfg.chunk_tokens,
+                kv_bytes_per_token_per_layer: bpt,
+                rate,
+            },
+        )?
+        .load_tokens)
+    };
+    let mut what_if = Instance::default();
+    for q in batch {
+        what_if.requests.push(Request { arrival_s: 0.0, prefix_tokens: q.prefix_tokens, new_tokens: q.new_tokens });
+    }
+    for &(tokens, new) in active {
+        what_if.requests.push(Request { arrival_s: 0.0, prefix_tokens: tokens, new_tokens: new });
+    }
+    let recompute: Vec<f64> = batch.iter().map(|q| m.recompute_time(q.prefix_tokens, q.new_tokens)).collect();
+    let mut best: Option<(f64, Vec<u64>, Vec<f64>)> = None;
+    let mut consider = |ks: &Vec<u64>| -> Result<Vec<Outcome>, Error> {
+        let forced: Vec<u64> = ks.iter().copied().chain(active.iter().map(|a| a.0)).collect();
+        let o = run_instance(&what_if, cfg, SimPolicy { kind, planner: false }, Some(&forced))?;
+        let total: f64 = o.iter().map(|x| x.ttft_s).sum();
+        let admissible = (0..batch.len()).all(|i| o[i].ttft_s <= recompute[i] * (1.0 + 1e-9));
+        if admissible && best.as_ref().is_none_or(|b| total < b.0) {
+            best = Some((total, ks.clone(), o[..batch.len()].iter().map(|x| x.load_end_s).collect()));
+        }
+        Ok(o)
+    };
+    consider(&vec![0; batch.len()])?;
+    let starts = [
+        batch.iter().map(|q| plan_at(q, share)).collect::<Result<Vec<u64>, _>>()?,
+        batch.iter().map(|q| q.prefix_tokens).collect(),
+    ];
+    for start in starts {
+        let mut ks = start;
+        for _ in 0..PLAN_ROUNDS {
+            let o = consider(&ks)?;
+            let mut next = Vec::with_capacity(ks.len());
+            for (i, q) in batch.iter().enumerate() {
+                let x = &o[i];
+                let k = if x.ttft_s > recompute[i] {
+                    0
+                } else if ks[i] > 0 && x.load_end_s > 0.0 {
+                    plan_at(q, (ks[i] * bpt * layers) as f64 / x.load_end_s)?
+                } else {
+                    ks[i]
+                };
+                next.push(k);
+            }
+            if next == ks {
+                break;
+            }
+            ks = next;
+        }
+    }
+    let (_, ks, ends) = best.expect("all-recompute is always admissible");
+    Ok((ks, ends))
+}
+
+fn run_instance(inst: &Instance, cfg: &SimConfig, policy: SimPolicy, forced: Option<&[u64]>) -> Result<Vec<Outcome>, Error> {
     if !(cfg.capacity.is_finite() && cfg.capacity > 0.0) {
         return Err(Error::InvalidArgument(format!("sim: capacity {} bytes/s must be finite and > 0", cfg.capacity)));
     }
@@ -140,7 +240,7 @@ pub fn simulate_instance(inst: &Instance, cfg: &SimConfig, policy: SimPolicy) ->
     let m = &cfg.model;
     let fixed = m.fixed_s();
     let mut out: Vec<Option<Outcome>> = vec![None; reqs.len()];
-    let outcome = |r: usize, load_tokens: u64, ttft: f64, fell_back: bool| {
+    let outcome = |r: usize, load_tokens: u64, ttft: f64, fell_back: bool, load_end: f64| {
         let q = &reqs[r];
         let local = m.prefill_time(q.new_tokens, q.prefix_tokens);
         Outcome {
@@ -153,6 +253,7 @@ pub fn simulate_instance(inst: &Instance, cfg: &SimConfig, policy: SimPolicy) ->
             recompute_ttft_s: m.recompute_time(q.prefix_tokens, q.new_tokens),
             added_ttft_s: ttft - local,
             fell_back,
+            load_end_s: load_end,
         }
     };
     let t_start = order.first().map(|&i| reqs[i].arrival_s).unwrap_or(0.0);
@@ -170,25 +271,33 @@ pub fn simulate_instance(inst: &Instance, cfg: &SimConfig, policy: SimPolicy) ->
         if next > first {
             let loading = order[first..next].iter().filter(|&&r| reqs[r].prefix_tokens > 0).count();
             let share = cfg.capacity.min(cfg.max_rate_per_load) / (acts.len() + loading).max(1) as f64;
-            for &r in &order[first..next] {
+            let batch: Vec<usize> = order[first..next].to_vec();
+            let mut planned_end: Vec<f64> = vec![f64::INFINITY; batch.len()];
+            let ks: Vec<u64> = if let Some(f) = forced {
+                batch.iter().map(|&r| f[r].min(reqs[r].prefix_tokens)).collect()
+            } else if policy.planner {
+                let qs: Vec<&Request> = batch.iter().map(|&r| &reqs[r]).collect();
+                let layers = m.layers() as u64;
+                let active: Vec<(u64, u64)> = acts
+                    .iter()
+                    .map(|a| {
+                        let rem = a.cum.last().copied().unwrap_or(0) - a.reported;
+                        (rem.div_ceil((bpt * layers).max(1)), a.n)
+                    })
+                    .collect();
+                let (mut ks, ends) = plan_batch(&qs, &active, cfg, policy.kind, share)?;
+                ks.iter_mut().zip(&qs).for_each(|(k, q)| *k = (*k).min(q.prefix_tokens));
+                planned_end = ends;
+                ks
+            } else {
+                batch.iter().map(|&r| reqs[r].prefix_tokens).collect()
+            };
+            for ((&r, &k), &end) in batch.iter().zip(&ks).zip(&planned_end) {
                 let q = &reqs[r];
-                let k = if q.prefix_tokens == 0 {
-                    0
-                } else if policy.planner {
-                    let input = PlanInput {
-                        prefix_tokens: q.prefix_tokens,
-                        new_tokens: q.new_tokens,
-                        chunk_tokens: cfg.chunk_tokens,
-                        kv_bytes_per_token_per_layer: bpt,
-                        rate: share,
-                    };
-                    planner::plan(m, &input)?.load_tokens
-                } else {
-                    q.prefix_tokens
-                };
+                let deadline = if end.is_finite() { plan_deadline(t, end) } else { f64::INFINITY };
                 if k == 0 || bpt == 0 {
                     let ttft = m.prefill_time(q.prefix_tokens + q.new_tokens, 0);
-                    out[r] = Some(outcome(r, 0, ttft, false));
+                    out[r] = Some(outcome(r, 0, ttft, false, q.arrival_s));
                     continue;
                 }
                 let n = q.prefix_tokens - k + q.new_tokens;
@@ -202,7 +311,7 @@ pub fn simulate_instance(inst: &Instance, cfg: &SimConfig, policy: SimPolicy) ->
                     max_rate: cfg.max_rate_per_load,
                 };
                 let id = sched.handle_arrival(t, spec)?;
-                acts.push(Active { req: r, id, cum, pos: 0.0, reported: 0, compute, k, n });
+                acts.push(Active { req: r, id, cum, pos: 0.0, reported: 0, compute, k, n, deadline });
             }
         }
         if acts.is_empty() && next >= order.len() {
@@ -216,6 +325,11 @@ pub fn simulate_instance(inst: &Instance, cfg: &SimConfig, policy: SimPolicy) ->
         }
         if let Some(to) = sched.poll_timeout(t) {
             nt = nt.min(to);
+        }
+        for a in &acts {
+            if a.deadline > t {
+                nt = nt.min(a.deadline);
+            }
         }
         for (a, al) in acts.iter().zip(&alloc) {
             if al.rate > 0.0 {
@@ -258,12 +372,12 @@ pub fn simulate_instance(inst: &Instance, cfg: &SimConfig, policy: SimPolicy) ->
             let q = &reqs[a.req];
             if st.remaining_bytes() == 0 {
                 let finish = timeline::finish_time(q.arrival_s, st.layer_ready_s(), &a.compute);
-                out[a.req] = Some(outcome(a.req, a.k, finish + fixed - q.arrival_s, false));
+                out[a.req] = Some(outcome(a.req, a.k, finish + fixed - q.arrival_s, false, t));
                 sched.handle_departure(t, a.id)?;
                 acts.remove(i);
                 continue;
             }
-            if policy.planner && st.stalled(t) {
+            if policy.planner && t >= a.deadline && st.stalled(t) {
                 let d = st.layers_delivered();
                 let missing: Vec<u64> = (d..a.cum.len()).map(|l| a.cum[l] - a.reported.max(if l == 0 { 0 } else { a.cum[l - 1] })).collect();
                 let rate = alloc
@@ -280,7 +394,7 @@ pub fn simulate_instance(inst: &Instance, cfg: &SimConfig, policy: SimPolicy) ->
                     rate,
                 };
                 if let Fallback::Recompute { finish_s, .. } = planner::fallback(m, t, &s) {
-                    out[a.req] = Some(outcome(a.req, 0, finish_s + fixed - q.arrival_s, true));
+                    out[a.req] = Some(outcome(a.req, 0, finish_s + fixed - q.arrival_s, true, t));
                     sched.handle_departure(t, a.id)?;
                     acts.remove(i);
                     continue;
