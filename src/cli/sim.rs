@@ -41,8 +41,9 @@ pub struct SimArgs {
     /// Caps as fractions of the link, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "0.25,0.5,0.75")]
     pub cap: Vec<f64>,
-    /// Concurrency levels (requests per burst), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "2,3,8,16,32,64")]
+    /// Concurrency levels (requests per burst), comma-separated; default 2,3,8,16,32,64 for the
+    /// mixes and 32 for c1.
+    #[arg(long, value_delimiter = ',')]
     pub concurrency: Vec<usize>,
     /// Instances per concurrency level (0: about 64 requests per level).
     #[arg(long, default_value_t = 0)]
@@ -114,7 +115,14 @@ pub fn records(args: &SimArgs) -> crate::Result<Vec<Record>> {
     if let Some(c) = args.cap.iter().find(|c| !(**c > 0.0 && **c <= 1.0)) {
         return Err(bad(format!("--cap {c} is not a fraction in (0, 1]")));
     }
-    if args.concurrency.iter().any(|&c| c == 0) {
+    let concurrency: Vec<usize> = if !args.concurrency.is_empty() {
+        args.concurrency.clone()
+    } else if args.workload == "c1" {
+        vec![32]
+    } else {
+        vec![2, 3, 8, 16, 32, 64]
+    };
+    if concurrency.contains(&0) {
         return Err(bad("--concurrency values must be at least 1".into()));
     }
     let policies: Vec<SimPolicy> = if args.policies.is_empty() {
@@ -133,7 +141,7 @@ pub fn records(args: &SimArgs) -> crate::Result<Vec<Record>> {
     let mut workloads: Vec<(workload::Workload, Vec<f64>)> = Vec::new();
     match args.workload.as_str() {
         "mix" | "staggered" => {
-            for &c in &args.concurrency {
+            for &c in &concurrency {
                 let inst = if args.instances > 0 { args.instances } else { (64 / c).max(1) };
                 for &cap in &args.cap {
                     let w = if args.workload == "mix" {
@@ -149,7 +157,7 @@ pub fn records(args: &SimArgs) -> crate::Result<Vec<Record>> {
             }
         }
         "c1" => {
-            let n = args.concurrency.first().copied().unwrap_or(32);
+            let n = concurrency[0];
             let w = workload::c1(n, 10_000, 256);
             let cap = c1_cap(&model, kv_bytes, n, 10_000, 256) / link;
             workloads.push((w, vec![cap]));

@@ -32,7 +32,7 @@ use super::workload::Instance;
 use std::collections::HashMap;
 
 /// Largest state space (`Π (layers + 1)` over loading requests) searched by default.
-pub const DEFAULT_MAX_STATES: u64 = 2_000_000;
+pub const DEFAULT_MAX_STATES: u64 = 100_000;
 
 struct Req {
     layer_time: f64,
