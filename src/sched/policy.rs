@@ -176,6 +176,7 @@ impl Policy for ByteProportional {
 #[derive(Debug, Clone, Default)]
 pub struct StallAware {
     order: Vec<(f64, f64, usize)>,
+    need: Vec<f64>,
 }
 
 impl Policy for StallAware {
@@ -184,7 +185,9 @@ impl Policy for StallAware {
     }
     fn allocate(&mut self, now: f64, capacity: f64, loads: &[LoadState], rates: &mut [f64]) {
         self.order.clear();
-        let mut need = vec![0.0; loads.len()];
+        self.need.clear();
+        self.need.resize(loads.len(), 0.0);
+        let need = &mut self.need;
         for (i, l) in loads.iter().enumerate() {
             if l.remaining_bytes() == 0 {
                 continue;

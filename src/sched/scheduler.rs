@@ -219,9 +219,20 @@ impl LoadState {
     /// Stall (s) still to come if the load gets `rate` bytes/s from `now` on: predicted finish
     /// minus the finish with all remaining KV present now.
     pub fn stall_at_rate(&self, now: f64, rate: f64) -> f64 {
-        let rest: f64 = self.spec.layer_compute_s[self.layers_done..].iter().sum();
-        let ideal = self.frontier_s.max(if self.layers_done < self.layers() { now } else { self.frontier_s }) + rest;
-        (self.finish_at_rate(now, rate) - ideal).max(0.0)
+        let mut f = self.frontier_s;
+        let mut rest = 0.0;
+        let inv = if rate > 0.0 { 1.0 / rate } else { f64::INFINITY };
+        for l in self.layers_done..self.layers() {
+            let miss = self.missing_through(l);
+            let ready = if miss == 0 { now } else { now + miss as f64 * inv };
+            let c = self.spec.layer_compute_s[l];
+            f = f.max(ready) + c;
+            rest += c;
+        }
+        if self.layers_done >= self.layers() {
+            return 0.0;
+        }
+        (f - (self.frontier_s.max(now) + rest)).max(0.0)
     }
 
     fn advance_layers(&mut self, now: f64) {
