@@ -6,7 +6,9 @@
 //! loads only what pays, or nothing; the report says which it chose and why.
 
 use objectcache::layout::KvGeometry;
-use objectcache::sched::{plan, ComputeModel, GpuKind, KernelClass, PlanChoice, PlanInput, PolicyKind};
+use objectcache::sched::{
+    plan, ComputeModel, GpuKind, KernelClass, PlanChoice, PlanInput, PolicyKind,
+};
 use objectcache::sim::{simulate, workload, SimConfig, SimPolicy, Summary};
 
 const N: usize = 32;
@@ -33,11 +35,22 @@ fn c1_setup_loading_everything_takes_about_3x_recompute() {
     let (cfg, w) = setup();
     let recompute = cfg.model.recompute_time(PREFIX, NEW);
     // Equal sharing with full loads: every request waits for the whole link's worth.
-    let o = simulate(&w, &cfg, SimPolicy { kind: PolicyKind::EqualShare, planner: false }).unwrap();
+    let o = simulate(
+        &w,
+        &cfg,
+        SimPolicy {
+            kind: PolicyKind::EqualShare,
+            planner: false,
+        },
+    )
+    .unwrap();
     let worst = o.iter().map(|x| x.ttft_s).fold(0.0, f64::max);
     let ratio = worst / recompute;
     println!("C1: recompute TTFT {recompute:.3} s, equal share loading everything: worst TTFT {worst:.3} s ({ratio:.2}x)");
-    assert!((2.7..3.3).contains(&ratio), "setup should make full loading ~3x recompute, got {ratio:.2}x");
+    assert!(
+        (2.7..3.3).contains(&ratio),
+        "setup should make full loading ~3x recompute, got {ratio:.2}x"
+    );
 }
 
 #[test]
@@ -58,9 +71,16 @@ fn c1_every_ttft_within_5_percent_of_recompute_with_the_planner() {
     .unwrap();
     println!("C1 planner at the fair share: {p}");
     assert!(p.predicted_ttft_s <= p.recompute_ttft_s);
-    assert_ne!(p.choice, PlanChoice::LoadAll, "loading everything does not pay here: {p}");
+    assert_ne!(
+        p.choice,
+        PlanChoice::LoadAll,
+        "loading everything does not pay here: {p}"
+    );
     for kind in [PolicyKind::StallAware, PolicyKind::EqualShare] {
-        let pol = SimPolicy { kind, planner: true };
+        let pol = SimPolicy {
+            kind,
+            planner: true,
+        };
         let o = simulate(&w, &cfg, pol).unwrap();
         let s = Summary::of(&o);
         println!(
@@ -72,7 +92,12 @@ fn c1_every_ttft_within_5_percent_of_recompute_with_the_planner() {
             s.fallbacks
         );
         for (i, x) in o.iter().enumerate() {
-            assert!(x.ttft_s <= 1.05 * recompute, "{}: request {i} TTFT {:.3} s > 1.05 x recompute {recompute:.3} s", pol.name(), x.ttft_s);
+            assert!(
+                x.ttft_s <= 1.05 * recompute,
+                "{}: request {i} TTFT {:.3} s > 1.05 x recompute {recompute:.3} s",
+                pol.name(),
+                x.ttft_s
+            );
             assert!(x.load_tokens <= PREFIX && x.load_tokens % cfg.chunk_tokens == 0);
         }
     }
@@ -84,6 +109,14 @@ fn c1_without_the_planner_the_fault_shows() {
     // recomputing. The scheduler alone cannot fix it (the bytes must move).
     let (cfg, w) = setup();
     let recompute = cfg.model.recompute_time(PREFIX, NEW);
-    let o = simulate(&w, &cfg, SimPolicy { kind: PolicyKind::StallAware, planner: false }).unwrap();
+    let o = simulate(
+        &w,
+        &cfg,
+        SimPolicy {
+            kind: PolicyKind::StallAware,
+            planner: false,
+        },
+    )
+    .unwrap();
     assert!(o.iter().any(|x| x.ttft_s > 2.0 * recompute));
 }

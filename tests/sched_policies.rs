@@ -21,9 +21,15 @@ fn random_spec(rng: &mut ChaCha8Rng) -> LoadSpec {
     let layers = 1 + (rng.next_u64() % 40) as usize;
     LoadSpec {
         layer_bytes: (0..layers).map(|_| rng.next_u64() % 5_000_000).collect(),
-        layer_compute_s: (0..layers).map(|_| (rng.next_u64() % 1000) as f64 * 1e-5).collect(),
+        layer_compute_s: (0..layers)
+            .map(|_| (rng.next_u64() % 1000) as f64 * 1e-5)
+            .collect(),
         compute_ready_s: (rng.next_u64() % 100) as f64 * 1e-3,
-        max_rate: if rng.next_u64().is_multiple_of(3) { 1e8 + (rng.next_u64() % 1_000_000_000) as f64 } else { f64::INFINITY },
+        max_rate: if rng.next_u64().is_multiple_of(3) {
+            1e8 + (rng.next_u64() % 1_000_000_000) as f64
+        } else {
+            f64::INFINITY
+        },
     }
 }
 
@@ -47,7 +53,10 @@ fn every_policy_respects_the_cap_and_limits_and_wastes_nothing() {
             s.handle_timeout(now);
             let alloc = s.poll_allocation(now).to_vec();
             let total: f64 = alloc.iter().map(|a| a.rate).sum();
-            assert!(total <= cap * (1.0 + 1e-9), "{kind:?} round {round}: {total} > {cap}");
+            assert!(
+                total <= cap * (1.0 + 1e-9),
+                "{kind:?} round {round}: {total} > {cap}"
+            );
             let mut absorbable = 0.0;
             for (a, l) in alloc.iter().zip(s.loads()) {
                 assert_eq!(a.id, l.id());
@@ -59,7 +68,10 @@ fn every_policy_respects_the_cap_and_limits_and_wastes_nothing() {
                 }
             }
             let want = cap.min(absorbable);
-            assert!(total >= want * (1.0 - 1e-9), "{kind:?} round {round}: link idle ({total} < {want})");
+            assert!(
+                total >= want * (1.0 - 1e-9),
+                "{kind:?} round {round}: link idle ({total} < {want})"
+            );
         }
     }
 }
@@ -70,8 +82,28 @@ fn stall_aware_is_never_worse_than_equal_share_on_bursts_and_keeps_p99() {
         for c in [2usize, 4, 8, 16] {
             let w = workload::burst_mix(c, 4, 7);
             let cfg = cfg(cap);
-            let sa = Summary::of(&simulate(&w, &cfg, SimPolicy { kind: PolicyKind::StallAware, planner: false }).unwrap());
-            let eq = Summary::of(&simulate(&w, &cfg, SimPolicy { kind: PolicyKind::EqualShare, planner: false }).unwrap());
+            let sa = Summary::of(
+                &simulate(
+                    &w,
+                    &cfg,
+                    SimPolicy {
+                        kind: PolicyKind::StallAware,
+                        planner: false,
+                    },
+                )
+                .unwrap(),
+            );
+            let eq = Summary::of(
+                &simulate(
+                    &w,
+                    &cfg,
+                    SimPolicy {
+                        kind: PolicyKind::EqualShare,
+                        planner: false,
+                    },
+                )
+                .unwrap(),
+            );
             println!(
                 "cap {cap} c {c}: stall-aware mean added {:.3} s p99 {:.3} s; equal share {:.3} s p99 {:.3} s ({:.2}x)",
                 sa.mean_added_ttft_s,
@@ -94,16 +126,36 @@ fn stall_aware_is_within_10_percent_of_the_lower_bound_on_small_bursts() {
         for c in [2usize, 3] {
             let w = workload::burst_mix(c, 8, 99);
             for inst in &w.instances {
-                let sa = Summary::of(&simulate_instance(inst, &cfg, SimPolicy { kind: PolicyKind::StallAware, planner: false }).unwrap());
+                let sa = Summary::of(
+                    &simulate_instance(
+                        inst,
+                        &cfg,
+                        SimPolicy {
+                            kind: PolicyKind::StallAware,
+                            planner: false,
+                        },
+                    )
+                    .unwrap(),
+                );
                 let lb = burst_lower_bound(inst, &cfg, f64::INFINITY, DEFAULT_MAX_STATES).unwrap();
-                assert!(lb <= sa.mean_added_ttft_s + 1e-9, "bound above a feasible schedule");
+                assert!(
+                    lb <= sa.mean_added_ttft_s + 1e-9,
+                    "bound above a feasible schedule"
+                );
                 let gap = sa.mean_added_ttft_s / lb.max(1e-12) - 1.0;
                 worst_gap = worst_gap.max(gap);
-                assert!(sa.mean_added_ttft_s <= 1.10 * lb + 1e-6, "cap {cap} c {c}: {} vs bound {lb}", sa.mean_added_ttft_s);
+                assert!(
+                    sa.mean_added_ttft_s <= 1.10 * lb + 1e-6,
+                    "cap {cap} c {c}: {} vs bound {lb}",
+                    sa.mean_added_ttft_s
+                );
             }
         }
     }
-    println!("worst stall-aware gap to the exact lower bound on small bursts: {:.2}%", worst_gap * 100.0);
+    println!(
+        "worst stall-aware gap to the exact lower bound on small bursts: {:.2}%",
+        worst_gap * 100.0
+    );
 }
 
 #[test]
@@ -113,9 +165,20 @@ fn planner_never_above_recompute_on_bursts() {
             let w = workload::burst_mix(c, 2, 5);
             let cfg = cfg(cap);
             for kind in [PolicyKind::StallAware, PolicyKind::EqualShare] {
-                let o = simulate(&w, &cfg, SimPolicy { kind, planner: true }).unwrap();
+                let o = simulate(
+                    &w,
+                    &cfg,
+                    SimPolicy {
+                        kind,
+                        planner: true,
+                    },
+                )
+                .unwrap();
                 for x in &o {
-                    assert!(x.ttft_s <= x.recompute_ttft_s * (1.0 + 1e-9), "{kind:?} cap {cap} c {c}: {x:?}");
+                    assert!(
+                        x.ttft_s <= x.recompute_ttft_s * (1.0 + 1e-9),
+                        "{kind:?} cap {cap} c {c}: {x:?}"
+                    );
                     assert!(x.ttft_s >= x.local_ttft_s - 1e-9);
                 }
             }
@@ -140,7 +203,10 @@ fn unit_mode_follows_the_cap() {
         match s.poll_next_unit(now, 1 << 20) {
             Some(u) => {
                 sent += u.bytes;
-                assert!(sent as f64 <= cap * now + burst + (1u64 << 20) as f64, "{sent} bytes by {now}");
+                assert!(
+                    sent as f64 <= cap * now + burst + (1u64 << 20) as f64,
+                    "{sent} bytes by {now}"
+                );
                 s.handle_progress(now, u.id, u.bytes).unwrap();
                 if s.load(u.id).unwrap().remaining_bytes() == 0 {
                     s.handle_departure(now, u.id).unwrap();

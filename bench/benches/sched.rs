@@ -23,7 +23,8 @@ fn scheduler(kind: PolicyKind) -> Scheduler {
         };
         let id = s.handle_arrival(0.0, spec).unwrap();
         if i % 3 == 0 {
-            s.handle_progress(0.0, id, (i as u64 % 7) * prefix * 4096).unwrap();
+            s.handle_progress(0.0, id, (i as u64 % 7) * prefix * 4096)
+                .unwrap();
         }
     }
     s.replan(0.0);

@@ -83,7 +83,8 @@ pub fn run(args: SimArgs) -> crate::Result<()> {
     let records = records(&args)?;
     print!("{}", table(&records));
     if let Some(p) = &args.json {
-        let s = serde_json::to_string_pretty(&records).map_err(|e| bad(format!("JSON encoding failed: {e}")))?;
+        let s = serde_json::to_string_pretty(&records)
+            .map_err(|e| bad(format!("JSON encoding failed: {e}")))?;
         std::fs::write(p, s + "\n")?;
         eprintln!("wrote {}", p.display());
     }
@@ -128,7 +129,10 @@ pub fn records(args: &SimArgs) -> crate::Result<Vec<Record>> {
     let policies: Vec<SimPolicy> = if args.policies.is_empty() {
         SimPolicy::standard()
     } else {
-        args.policies.iter().map(|p| SimPolicy::parse(p)).collect::<Result<_, _>>()?
+        args.policies
+            .iter()
+            .map(|p| SimPolicy::parse(p))
+            .collect::<Result<_, _>>()?
     };
     let max_rate = args.max_rate_gbytes.map_or(f64::INFINITY, |g| g * 1e9);
     let base = SimConfig {
@@ -142,14 +146,22 @@ pub fn records(args: &SimArgs) -> crate::Result<Vec<Record>> {
     match args.workload.as_str() {
         "mix" | "staggered" => {
             for &c in &concurrency {
-                let inst = if args.instances > 0 { args.instances } else { (64 / c).max(1) };
+                let inst = if args.instances > 0 {
+                    args.instances
+                } else {
+                    (64 / c).max(1)
+                };
                 for &cap in &args.cap {
                     let w = if args.workload == "mix" {
                         workload::burst_mix(c, inst, args.seed)
                     } else {
                         // Window: the time the cap needs to move every request's prefix.
                         let probe = workload::burst_mix(c, 1, args.seed);
-                        let bytes: u64 = probe.instances[0].requests.iter().map(|r| r.prefix_tokens * kv_bytes * shape.layers as u64).sum();
+                        let bytes: u64 = probe.instances[0]
+                            .requests
+                            .iter()
+                            .map(|r| r.prefix_tokens * kv_bytes * shape.layers as u64)
+                            .sum();
                         workload::staggered_mix(c, inst, bytes as f64 / (cap * link), args.seed)
                     };
                     workloads.push((w, vec![cap]));
@@ -163,17 +175,30 @@ pub fn records(args: &SimArgs) -> crate::Result<Vec<Record>> {
             workloads.push((w, vec![cap]));
         }
         "trace" => {
-            let path = args.trace.as_ref().ok_or_else(|| bad("--workload trace needs --trace PATH".into()))?;
+            let path = args
+                .trace
+                .as_ref()
+                .ok_or_else(|| bad("--workload trace needs --trace PATH".into()))?;
             let text = std::fs::read_to_string(path)
                 .map_err(|e| bad(format!("cannot read trace {}: {e}", path.display())))?;
-            workloads.push((workload::mooncake_trace(&text, args.time_scale)?, args.cap.clone()));
+            workloads.push((
+                workload::mooncake_trace(&text, args.time_scale)?,
+                args.cap.clone(),
+            ));
         }
-        other => return Err(bad(format!("unknown workload {other:?}: use mix, staggered, c1 or trace"))),
+        other => {
+            return Err(bad(format!(
+                "unknown workload {other:?}: use mix, staggered, c1 or trace"
+            )))
+        }
     }
     let mut out = Vec::new();
     for (w, caps) in &workloads {
         for &cap in caps {
-            let cfg = SimConfig { capacity: cap * link, ..base.clone() };
+            let cfg = SimConfig {
+                capacity: cap * link,
+                ..base.clone()
+            };
             out.extend(sim::run(&RunSpec {
                 workload: w,
                 config: &cfg,
@@ -199,12 +224,28 @@ pub fn c1_cap(model: &ComputeModel, kv_bytes: u64, n: usize, prefix: u64, new: u
 pub fn table(records: &[Record]) -> String {
     let mut s = format!(
         "{:<10} {:>4} {:>5} {:<22} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>6}\n",
-        "workload", "conc", "cap", "policy", "reqs", "meanTTFT", "p99TTFT", "meanAdd", "p99Add", "LB", "eq/this", "loaded"
+        "workload",
+        "conc",
+        "cap",
+        "policy",
+        "reqs",
+        "meanTTFT",
+        "p99TTFT",
+        "meanAdd",
+        "p99Add",
+        "LB",
+        "eq/this",
+        "loaded"
     );
     for r in records {
         let eq = records
             .iter()
-            .find(|e| e.policy == "equal-share" && e.workload == r.workload && e.concurrency == r.concurrency && e.cap_fraction == r.cap_fraction)
+            .find(|e| {
+                e.policy == "equal-share"
+                    && e.workload == r.workload
+                    && e.concurrency == r.concurrency
+                    && e.cap_fraction == r.cap_fraction
+            })
             .map(|e| e.mean_added_ttft_s);
         let ratio = match eq {
             Some(e) if r.mean_added_ttft_s > 0.0 => format!("{:.2}", e / r.mean_added_ttft_s),
@@ -245,14 +286,21 @@ fn plot(records: &[Record], path: &std::path::Path) -> crate::Result<()> {
         }
     }
     let floor = 1e-4;
-    let ymax = records.iter().map(|r| r.mean_added_ttft_s).fold(floor, f64::max) * 2.0;
+    let ymax = records
+        .iter()
+        .map(|r| r.mean_added_ttft_s)
+        .fold(floor, f64::max)
+        * 2.0;
     let root = SVGBackend::new(path, (420 * caps.len().max(1) as u32, 420)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let panels = root.split_evenly((1, caps.len().max(1)));
     for (panel, cap) in panels.iter().zip(&caps) {
         let xmax = (concs.len().max(2) - 1) as f64;
         let mut chart = ChartBuilder::on(panel)
-            .caption(format!("{} cap {:.0}%", records[0].workload, cap * 100.0), ("sans-serif", 18))
+            .caption(
+                format!("{} cap {:.0}%", records[0].workload, cap * 100.0),
+                ("sans-serif", 18),
+            )
             .margin(12)
             .x_label_area_size(36)
             .y_label_area_size(56)
@@ -279,13 +327,20 @@ fn plot(records: &[Record], path: &std::path::Path) -> crate::Result<()> {
             let pts: Vec<(f64, f64)> = records
                 .iter()
                 .filter(|r| &r.policy == pol && r.cap_fraction == *cap)
-                .filter_map(|r| concs.iter().position(|&c| c == r.concurrency).map(|i| (i as f64, r.mean_added_ttft_s.max(floor))))
+                .filter_map(|r| {
+                    concs
+                        .iter()
+                        .position(|&c| c == r.concurrency)
+                        .map(|i| (i as f64, r.mean_added_ttft_s.max(floor)))
+                })
                 .collect();
             chart
                 .draw_series(LineSeries::new(pts, color.stroke_width(2)))
                 .map_err(|e| err(&e))?
                 .label(pol.as_str())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+                });
         }
         chart
             .configure_series_labels()

@@ -24,7 +24,9 @@ pub mod policy;
 pub mod scheduler;
 pub mod timeline;
 
-pub use model::{AnalyticModel, ComputeModel, Efficiency, GpuKind, KernelClass, MeasuredModel, ModelShape};
+pub use model::{
+    AnalyticModel, ComputeModel, Efficiency, GpuKind, KernelClass, MeasuredModel, ModelShape,
+};
 pub use planner::{fallback, plan, Fallback, Plan, PlanChoice, PlanInput, StallState};
 pub use policy::{ByteProportional, EqualShare, Fifo, Policy, PolicyKind, StallAware};
 pub use scheduler::{Allocation, LoadId, LoadSpec, LoadState, Scheduler, TokenBucket, Unit};

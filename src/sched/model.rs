@@ -169,10 +169,22 @@ impl Efficiency {
     /// The fitted efficiencies for a GPU and kernel class (module docs give the fits).
     pub fn fitted(gpu: GpuKind, kernels: KernelClass) -> Self {
         match (gpu, kernels) {
-            (GpuKind::A100, KernelClass::Fa2) => Efficiency { linear: 0.545, attention: 0.51 },
-            (GpuKind::A100, KernelClass::Tuned) => Efficiency { linear: 0.60, attention: 0.51 },
-            (_, KernelClass::Fa2) => Efficiency { linear: 0.65, attention: 0.34 },
-            (_, KernelClass::Tuned) => Efficiency { linear: 0.65, attention: 0.60 },
+            (GpuKind::A100, KernelClass::Fa2) => Efficiency {
+                linear: 0.545,
+                attention: 0.51,
+            },
+            (GpuKind::A100, KernelClass::Tuned) => Efficiency {
+                linear: 0.60,
+                attention: 0.51,
+            },
+            (_, KernelClass::Fa2) => Efficiency {
+                linear: 0.65,
+                attention: 0.34,
+            },
+            (_, KernelClass::Tuned) => Efficiency {
+                linear: 0.65,
+                attention: 0.60,
+            },
         }
     }
 }
@@ -196,7 +208,14 @@ pub struct ModelShape {
 impl ModelShape {
     /// Builds a shape from a Llama-style configuration (GQA attention, SwiGLU FFN):
     /// `P_layer = 2·d² + 2·d·kv_heads·head_dim + 3·d·ffn`.
-    pub fn llama_style(name: &str, layers: u32, d_model: u64, kv_heads: u64, head_dim: u64, ffn: u64) -> Self {
+    pub fn llama_style(
+        name: &str,
+        layers: u32,
+        d_model: u64,
+        kv_heads: u64,
+        head_dim: u64,
+        ffn: u64,
+    ) -> Self {
         let p = 2 * d_model * d_model + 2 * d_model * kv_heads * head_dim + 3 * d_model * ffn;
         ModelShape {
             name: name.to_string(),
@@ -254,9 +273,16 @@ impl AnalyticModel {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `tp` is 0.
-    pub fn new(shape: ModelShape, gpu: GpuKind, kernels: KernelClass, tp: u32) -> Result<Self, Error> {
+    pub fn new(
+        shape: ModelShape,
+        gpu: GpuKind,
+        kernels: KernelClass,
+        tp: u32,
+    ) -> Result<Self, Error> {
         if tp == 0 {
-            return Err(Error::InvalidArgument("compute model: tp must be at least 1".into()));
+            return Err(Error::InvalidArgument(
+                "compute model: tp must be at least 1".into(),
+            ));
         }
         Ok(AnalyticModel {
             shape,
@@ -281,7 +307,9 @@ impl AnalyticModel {
         let tp = self.tp as f64;
         let f_lin = 2.0 * p * n;
         let f_att = 4.0 * d * n * (c + n / 2.0);
-        let compute = (f_lin / (peak * self.efficiency.linear) + f_att / (peak * self.efficiency.attention)) / tp;
+        let compute = (f_lin / (peak * self.efficiency.linear)
+            + f_att / (peak * self.efficiency.attention))
+            / tp;
         let weight_read = 2.0 * p / (tp * self.gpu.hbm_bytes_per_s());
         compute.max(weight_read)
     }
@@ -320,15 +348,27 @@ impl MeasuredModel {
                 scale.shape.layers
             )));
         }
-        if per_layer_s.iter().chain(std::iter::once(&fixed_s)).any(|t| !t.is_finite() || *t < 0.0) {
+        if per_layer_s
+            .iter()
+            .chain(std::iter::once(&fixed_s))
+            .any(|t| !t.is_finite() || *t < 0.0)
+        {
             return Err(Error::InvalidArgument(
                 "measured compute model: times must be finite and non-negative seconds".into(),
             ));
         }
         if reference_new == 0 {
-            return Err(Error::InvalidArgument("measured compute model: reference_new must be at least 1".into()));
+            return Err(Error::InvalidArgument(
+                "measured compute model: reference_new must be at least 1".into(),
+            ));
         }
-        Ok(MeasuredModel { per_layer_s, fixed_s, reference_new, reference_cached, scale })
+        Ok(MeasuredModel {
+            per_layer_s,
+            fixed_s,
+            reference_new,
+            reference_cached,
+            scale,
+        })
     }
 }
 
@@ -347,7 +387,12 @@ impl ComputeModel {
     /// # Errors
     /// [`Error::InvalidArgument`] for an unknown model.
     pub fn preset(model: &str, gpu: GpuKind, kernels: KernelClass) -> Result<Self, Error> {
-        Ok(ComputeModel::Analytic(AnalyticModel::new(ModelShape::preset(model)?, gpu, kernels, 1)?))
+        Ok(ComputeModel::Analytic(AnalyticModel::new(
+            ModelShape::preset(model)?,
+            gpu,
+            kernels,
+            1,
+        )?))
     }
 
     /// Number of layers.
@@ -386,7 +431,9 @@ impl ComputeModel {
                 }
             }
             ComputeModel::Measured(m) => {
-                let Some(t) = m.per_layer_s.get(layer) else { return 0.0 };
+                let Some(t) = m.per_layer_s.get(layer) else {
+                    return 0.0;
+                };
                 let r = m.scale.layer_time(m.reference_new, m.reference_cached);
                 if r <= 0.0 {
                     return *t;
@@ -398,12 +445,16 @@ impl ComputeModel {
 
     /// Per-layer times for all layers (length [`ComputeModel::layers`]).
     pub fn layer_times(&self, new_tokens: u64, cached: u64) -> Vec<f64> {
-        (0..self.layers()).map(|l| self.layer_time(l, new_tokens, cached)).collect()
+        (0..self.layers())
+            .map(|l| self.layer_time(l, new_tokens, cached))
+            .collect()
     }
 
     /// Sum of the per-layer times, without the fixed time.
     pub fn compute_time(&self, new_tokens: u64, cached: u64) -> f64 {
-        (0..self.layers()).map(|l| self.layer_time(l, new_tokens, cached)).sum()
+        (0..self.layers())
+            .map(|l| self.layer_time(l, new_tokens, cached))
+            .sum()
     }
 
     /// TTFT with all `cached` tokens' KV already local: compute time plus fixed time.
@@ -432,16 +483,29 @@ mod tests {
     #[test]
     fn p_layer_matches_llama3_table() {
         let s8 = ModelShape::preset("llama-3.1-8b").unwrap();
-        assert!(close(s8.linear_params_per_layer as f64, 218.1e6, 0.001), "{}", s8.linear_params_per_layer);
+        assert!(
+            close(s8.linear_params_per_layer as f64, 218.1e6, 0.001),
+            "{}",
+            s8.linear_params_per_layer
+        );
         assert_eq!(s8.kv_bytes_per_token_per_layer, 4096);
         let s70 = ModelShape::preset("llama-3.1-70b").unwrap();
         assert!(close(s70.linear_params_per_layer as f64, 855.6e6, 0.001));
         assert_eq!(s70.kv_bytes_per_token_per_layer, 4096);
         // KV bytes agree with the layout presets.
-        for name in ["llama-3.1-8b", "llama-3.1-70b", "qwen2.5-7b", "smollm2-135m"] {
+        for name in [
+            "llama-3.1-8b",
+            "llama-3.1-70b",
+            "qwen2.5-7b",
+            "smollm2-135m",
+        ] {
             let g = crate::layout::KvGeometry::preset(name).unwrap();
             let s = ModelShape::preset(name).unwrap();
-            assert_eq!(s.kv_bytes_per_token_per_layer, g.bytes_per_token_per_layer(), "{name}");
+            assert_eq!(
+                s.kv_bytes_per_token_per_layer,
+                g.bytes_per_token_per_layer(),
+                "{name}"
+            );
             assert_eq!(s.layers, g.layers, "{name}");
         }
     }
@@ -450,17 +514,36 @@ mod tests {
     fn reproduces_reference_table_8b() {
         // Predicted batch-1 prefill from scratch, Llama-3.1-8B, one GPU, BF16 (compute.md §7).
         let rows: &[(GpuKind, KernelClass, [f64; 7])] = &[
-            (GpuKind::A100, KernelClass::Tuned, [0.078, 0.33, 0.72, 1.66, 4.2, 12.0, 38.1]),
-            (GpuKind::H100, KernelClass::Fa2, [0.023, 0.10, 0.23, 0.57, 1.55, 4.8, 16.2]),
-            (GpuKind::H100, KernelClass::Tuned, [0.023, 0.096, 0.21, 0.47, 1.19, 3.3, 10.4]),
-            (GpuKind::H200, KernelClass::Tuned, [0.023, 0.096, 0.21, 0.47, 1.19, 3.3, 10.4]),
+            (
+                GpuKind::A100,
+                KernelClass::Tuned,
+                [0.078, 0.33, 0.72, 1.66, 4.2, 12.0, 38.1],
+            ),
+            (
+                GpuKind::H100,
+                KernelClass::Fa2,
+                [0.023, 0.10, 0.23, 0.57, 1.55, 4.8, 16.2],
+            ),
+            (
+                GpuKind::H100,
+                KernelClass::Tuned,
+                [0.023, 0.096, 0.21, 0.47, 1.19, 3.3, 10.4],
+            ),
+            (
+                GpuKind::H200,
+                KernelClass::Tuned,
+                [0.023, 0.096, 0.21, 0.47, 1.19, 3.3, 10.4],
+            ),
         ];
         let lens = [1024u64, 4096, 8192, 16384, 32768, 65536, 131072];
         for (gpu, k, want) in rows {
             let cm = m("llama-3.1-8b", *gpu, *k);
             for (n, w) in lens.iter().zip(want) {
                 let got = cm.compute_time(*n, 0);
-                assert!(close(got, *w, 0.06), "{gpu:?} {k:?} {n}: got {got:.4} want {w}");
+                assert!(
+                    close(got, *w, 0.06),
+                    "{gpu:?} {k:?} {n}: got {got:.4} want {w}"
+                );
             }
         }
     }
@@ -472,14 +555,32 @@ mod tests {
         assert!(close(h100.compute_time(65536, 0), 3.3, 0.03));
         // "one H100 prefills about 20K tokens of Llama-3.1-8B in about 0.75 s" (FA2-class).
         let fa2 = m("llama-3.1-8b", GpuKind::H100, KernelClass::Fa2);
-        assert!(close(fa2.prefill_time(20_000, 0), 0.75, 0.03), "{}", fa2.prefill_time(20_000, 0));
+        assert!(
+            close(fa2.prefill_time(20_000, 0), 0.75, 0.03),
+            "{}",
+            fa2.prefill_time(20_000, 0)
+        );
         // A100 HF+FA2 fit: MInference 10K -> 0.976 s published, 0.986 s predicted.
         let a = m("llama-3.1-8b", GpuKind::A100, KernelClass::Fa2);
-        assert!(close(a.compute_time(10_000, 0), 0.986, 0.02), "{}", a.compute_time(10_000, 0));
+        assert!(
+            close(a.compute_time(10_000, 0), 0.986, 0.02),
+            "{}",
+            a.compute_time(10_000, 0)
+        );
         // Per-layer example of compute.md §7: 512 new over 16K prefix in 0.58 ms on H100.
-        assert!(close(h100.layer_time(0, 512, 16384), 0.58e-3, 0.03), "{}", h100.layer_time(0, 512, 16384));
+        assert!(
+            close(h100.layer_time(0, 512, 16384), 0.58e-3, 0.03),
+            "{}",
+            h100.layer_time(0, 512, 16384)
+        );
         // 70B TP8 FA3-class 4K: 0.11 s.
-        let t8 = AnalyticModel::new(ModelShape::preset("70b").unwrap(), GpuKind::H100, KernelClass::Tuned, 8).unwrap();
+        let t8 = AnalyticModel::new(
+            ModelShape::preset("70b").unwrap(),
+            GpuKind::H100,
+            KernelClass::Tuned,
+            8,
+        )
+        .unwrap();
         let t = ComputeModel::Analytic(t8).compute_time(4096, 0);
         assert!(close(t, 0.11, 0.06), "{t}");
     }
@@ -497,9 +598,16 @@ mod tests {
 
     #[test]
     fn measured_mode_scales_by_ratio() {
-        let a = AnalyticModel::new(ModelShape::preset("8b").unwrap(), GpuKind::H100, KernelClass::Tuned, 1).unwrap();
+        let a = AnalyticModel::new(
+            ModelShape::preset("8b").unwrap(),
+            GpuKind::H100,
+            KernelClass::Tuned,
+            1,
+        )
+        .unwrap();
         let per = vec![0.002; 32];
-        let mm = ComputeModel::Measured(MeasuredModel::new(per, 0.004, 4096, 0, a.clone()).unwrap());
+        let mm =
+            ComputeModel::Measured(MeasuredModel::new(per, 0.004, 4096, 0, a.clone()).unwrap());
         assert!(close(mm.layer_time(3, 4096, 0), 0.002, 1e-12));
         let ratio = a.layer_time(8192, 0) / a.layer_time(4096, 0);
         assert!(close(mm.layer_time(3, 8192, 0), 0.002 * ratio, 1e-12));
@@ -512,7 +620,10 @@ mod tests {
     fn parse_errors_name_the_input() {
         let e = GpuKind::parse("v100").unwrap_err().to_string();
         assert!(e.contains("v100") && e.contains("h100"), "{e}");
-        assert!(ModelShape::preset("gpt-9").unwrap_err().to_string().contains("gpt-9"));
+        assert!(ModelShape::preset("gpt-9")
+            .unwrap_err()
+            .to_string()
+            .contains("gpt-9"));
         assert_eq!(GpuKind::parse("H200").unwrap(), GpuKind::H200);
     }
 }

@@ -128,13 +128,20 @@ pub fn predicted_ttft(model: &ComputeModel, input: &PlanInput, k: u64) -> f64 {
 /// are no tokens at all.
 pub fn plan(model: &ComputeModel, input: &PlanInput) -> Result<Plan, Error> {
     if input.chunk_tokens == 0 {
-        return Err(Error::InvalidArgument("planner: chunk_tokens must be at least 1".into()));
+        return Err(Error::InvalidArgument(
+            "planner: chunk_tokens must be at least 1".into(),
+        ));
     }
     if input.rate.is_nan() || input.rate < 0.0 {
-        return Err(Error::InvalidArgument(format!("planner: rate {} bytes/s is not a valid share", input.rate)));
+        return Err(Error::InvalidArgument(format!(
+            "planner: rate {} bytes/s is not a valid share",
+            input.rate
+        )));
     }
     if input.prefix_tokens + input.new_tokens == 0 {
-        return Err(Error::InvalidArgument("planner: no tokens to prefill".into()));
+        return Err(Error::InvalidArgument(
+            "planner: no tokens to prefill".into(),
+        ));
     }
     let recompute = predicted_ttft(model, input, 0);
     let full_k = input.prefix_tokens / input.chunk_tokens * input.chunk_tokens;
@@ -215,17 +222,28 @@ pub fn fallback(model: &ComputeModel, now: f64, s: &StallState) -> Fallback {
     let k = s.load_tokens;
     // Waiting: the remaining layers arrive back to back at `rate`.
     let ready = timeline::ready_at_rate(now, &s.missing_layer_bytes, s.rate);
-    let compute_wait: Vec<f64> = (d..l_total).map(|l| model.layer_time(l, s.compute_tokens, k)).collect();
+    let compute_wait: Vec<f64> = (d..l_total)
+        .map(|l| model.layer_time(l, s.compute_tokens, k))
+        .collect();
     let wait_finish = timeline::finish_time(s.frontier_s, &ready, &compute_wait);
     // Recomputing: rebuild the k tokens' hidden states through layers 0..d, then all tokens.
     let start = s.frontier_s.max(now);
     let rebuild: f64 = (0..d).map(|l| model.layer_time(l, k, 0)).sum();
-    let rest: f64 = (d..l_total).map(|l| model.layer_time(l, s.compute_tokens + k, 0)).sum();
+    let rest: f64 = (d..l_total)
+        .map(|l| model.layer_time(l, s.compute_tokens + k, 0))
+        .sum();
     let rec_finish = start + rebuild + rest;
     if rec_finish < wait_finish {
-        Fallback::Recompute { from_layer: d, tokens: k, finish_s: rec_finish, wait_finish_s: wait_finish }
+        Fallback::Recompute {
+            from_layer: d,
+            tokens: k,
+            finish_s: rec_finish,
+            wait_finish_s: wait_finish,
+        }
     } else {
-        Fallback::Wait { finish_s: wait_finish }
+        Fallback::Wait {
+            finish_s: wait_finish,
+        }
     }
 }
 
@@ -239,7 +257,13 @@ mod tests {
     }
 
     fn input(prefix: u64, new: u64, rate: f64) -> PlanInput {
-        PlanInput { prefix_tokens: prefix, new_tokens: new, chunk_tokens: 256, kv_bytes_per_token_per_layer: 4096, rate }
+        PlanInput {
+            prefix_tokens: prefix,
+            new_tokens: new,
+            chunk_tokens: 256,
+            kv_bytes_per_token_per_layer: 4096,
+            rate,
+        }
     }
 
     #[test]
@@ -250,7 +274,10 @@ mod tests {
         assert!(fast.predicted_ttft_s < 0.2 * fast.recompute_ttft_s);
         let slow = plan(&m, &input(16384, 512, 3.125e9)).unwrap();
         assert_eq!(slow.choice, PlanChoice::Split, "{slow}");
-        assert!(slow.predicted_ttft_s < slow.recompute_ttft_s && slow.predicted_ttft_s < slow.load_all_ttft_s);
+        assert!(
+            slow.predicted_ttft_s < slow.recompute_ttft_s
+                && slow.predicted_ttft_s < slow.load_all_ttft_s
+        );
         let dead = plan(&m, &input(16384, 512, 1e3)).unwrap();
         assert_eq!(dead.choice, PlanChoice::RecomputeAll, "{dead}");
         assert_eq!(dead.predicted_ttft_s, dead.recompute_ttft_s);
@@ -264,14 +291,27 @@ mod tests {
             for new in [1u64, 128, 1024, 8192] {
                 for rate in [0.0, 1e8, 3.125e9, 12.5e9, 55e9, 1e12] {
                     let p = plan(&m, &input(prefix, new, rate)).unwrap();
-                    assert!(p.predicted_ttft_s <= p.recompute_ttft_s, "{prefix} {new} {rate}: {p}");
-                    assert!(p.predicted_ttft_s >= p.local_ttft_s - 1e-12, "{prefix} {new} {rate}: {p}");
+                    assert!(
+                        p.predicted_ttft_s <= p.recompute_ttft_s,
+                        "{prefix} {new} {rate}: {p}"
+                    );
+                    assert!(
+                        p.predicted_ttft_s >= p.local_ttft_s - 1e-12,
+                        "{prefix} {new} {rate}: {p}"
+                    );
                     assert_eq!(p.load_tokens % 256, 0);
                     assert_eq!(p.load_tokens + p.recompute_tokens, prefix);
                 }
             }
         }
-        assert!(plan(&m, &PlanInput { chunk_tokens: 0, ..input(10, 10, 1.0) }).is_err());
+        assert!(plan(
+            &m,
+            &PlanInput {
+                chunk_tokens: 0,
+                ..input(10, 10, 1.0)
+            }
+        )
+        .is_err());
         assert!(plan(&m, &input(0, 0, 1.0)).is_err());
     }
 
@@ -287,13 +327,23 @@ mod tests {
             rate: 1e6,
         };
         match fallback(&m, 0.01, &st) {
-            Fallback::Recompute { from_layer, tokens, finish_s, wait_finish_s } => {
+            Fallback::Recompute {
+                from_layer,
+                tokens,
+                finish_s,
+                wait_finish_s,
+            } => {
                 assert_eq!((from_layer, tokens), (1, 8192));
                 assert!(finish_s < wait_finish_s);
             }
             w => panic!("expected recompute, got {w:?}"),
         }
-        let nearly = StallState { layers_delivered: 31, missing_layer_bytes: vec![1000], rate: 12.5e9, ..st };
+        let nearly = StallState {
+            layers_delivered: 31,
+            missing_layer_bytes: vec![1000],
+            rate: 12.5e9,
+            ..st
+        };
         assert!(matches!(fallback(&m, 0.01, &nearly), Fallback::Wait { .. }));
     }
 }

@@ -42,8 +42,12 @@ pub enum PolicyKind {
 
 impl PolicyKind {
     /// All built-in policies in report order.
-    pub const ALL: [PolicyKind; 4] =
-        [PolicyKind::Fifo, PolicyKind::EqualShare, PolicyKind::ByteProportional, PolicyKind::StallAware];
+    pub const ALL: [PolicyKind; 4] = [
+        PolicyKind::Fifo,
+        PolicyKind::EqualShare,
+        PolicyKind::ByteProportional,
+        PolicyKind::StallAware,
+    ];
 
     /// The policy's name.
     pub fn name(self) -> &'static str {
@@ -81,13 +85,23 @@ impl PolicyKind {
 /// Weighted water-filling: rates proportional to `weights`, each capped at `caps[i]`, summing
 /// to at most `capacity`; entries with weight 0 get 0. Deterministic, O(n log n).
 pub fn water_fill(capacity: f64, weights: &[f64], caps: &[f64], rates: &mut [f64]) {
-    let mut idx: Vec<usize> = (0..weights.len()).filter(|&i| weights[i] > 0.0 && caps[i] > 0.0).collect();
+    let mut idx: Vec<usize> = (0..weights.len())
+        .filter(|&i| weights[i] > 0.0 && caps[i] > 0.0)
+        .collect();
     // Loads whose cap binds first (smallest cap per unit weight) are settled first.
-    idx.sort_by(|&a, &b| (caps[a] / weights[a]).total_cmp(&(caps[b] / weights[b])).then(a.cmp(&b)));
+    idx.sort_by(|&a, &b| {
+        (caps[a] / weights[a])
+            .total_cmp(&(caps[b] / weights[b]))
+            .then(a.cmp(&b))
+    });
     let mut left = capacity;
     let mut wsum: f64 = idx.iter().map(|&i| weights[i]).sum();
     for (k, &i) in idx.iter().enumerate() {
-        let fair = if wsum > 0.0 { left * weights[i] / wsum } else { 0.0 };
+        let fair = if wsum > 0.0 {
+            left * weights[i] / wsum
+        } else {
+            0.0
+        };
         if caps[i] <= fair {
             rates[i] = caps[i];
             left -= caps[i];
@@ -113,7 +127,12 @@ impl Policy for Fifo {
     }
     fn allocate(&mut self, _now: f64, capacity: f64, loads: &[LoadState], rates: &mut [f64]) {
         let mut order: Vec<usize> = (0..loads.len()).collect();
-        order.sort_by(|&a, &b| loads[a].arrival_s().total_cmp(&loads[b].arrival_s()).then(a.cmp(&b)));
+        order.sort_by(|&a, &b| {
+            loads[a]
+                .arrival_s()
+                .total_cmp(&loads[b].arrival_s())
+                .then(a.cmp(&b))
+        });
         let mut left = capacity;
         for i in order {
             if loads[i].remaining_bytes() == 0 {
@@ -135,7 +154,10 @@ impl Policy for EqualShare {
         "equal-share"
     }
     fn allocate(&mut self, _now: f64, capacity: f64, loads: &[LoadState], rates: &mut [f64]) {
-        let w: Vec<f64> = loads.iter().map(|l| if l.remaining_bytes() > 0 { 1.0 } else { 0.0 }).collect();
+        let w: Vec<f64> = loads
+            .iter()
+            .map(|l| if l.remaining_bytes() > 0 { 1.0 } else { 0.0 })
+            .collect();
         let caps: Vec<f64> = loads.iter().map(|l| l.spec().max_rate).collect();
         water_fill(capacity, &w, &caps, rates);
     }
@@ -196,10 +218,18 @@ impl Policy for StallAware {
             let s = l.stall_at_rate(now, full);
             // Stalls below a nanosecond are rounding noise: treat as hideable.
             let s = if s < 1e-9 { 0.0 } else { s };
-            need[i] = if s == 0.0 { l.need_rate(now).min(full) } else { full };
+            need[i] = if s == 0.0 {
+                l.need_rate(now).min(full)
+            } else {
+                full
+            };
             self.order.push((s, l.next_deadline_s(), i));
         }
-        self.order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
+        self.order.sort_by(|a, b| {
+            a.0.total_cmp(&b.0)
+                .then(a.1.total_cmp(&b.1))
+                .then(a.2.cmp(&b.2))
+        });
         let mut left = capacity;
         for &(_, _, i) in &self.order {
             let r = need[i].min(left);
@@ -226,7 +256,12 @@ mod tests {
     use super::*;
 
     fn spec(layers: usize, bytes: u64, c: f64, max_rate: f64) -> LoadSpec {
-        LoadSpec { layer_bytes: vec![bytes; layers], layer_compute_s: vec![c; layers], compute_ready_s: 0.0, max_rate }
+        LoadSpec {
+            layer_bytes: vec![bytes; layers],
+            layer_compute_s: vec![c; layers],
+            compute_ready_s: 0.0,
+            max_rate,
+        }
     }
 
     fn rates(kind: PolicyKind, specs: Vec<LoadSpec>, cap: f64) -> Vec<f64> {
@@ -253,8 +288,18 @@ mod tests {
         let sp = || vec![spec(2, 100, 1.0, inf), spec(2, 300, 1.0, 30.0)];
         assert_eq!(rates(PolicyKind::Fifo, sp(), 100.0), vec![100.0, 0.0]);
         assert_eq!(rates(PolicyKind::EqualShare, sp(), 100.0), vec![70.0, 30.0]);
-        assert_eq!(rates(PolicyKind::ByteProportional, vec![spec(2, 100, 1.0, inf), spec(2, 300, 1.0, inf)], 100.0), vec![25.0, 75.0]);
-        assert_eq!(PolicyKind::parse("stall-aware").unwrap(), PolicyKind::StallAware);
+        assert_eq!(
+            rates(
+                PolicyKind::ByteProportional,
+                vec![spec(2, 100, 1.0, inf), spec(2, 300, 1.0, inf)],
+                100.0
+            ),
+            vec![25.0, 75.0]
+        );
+        assert_eq!(
+            PolicyKind::parse("stall-aware").unwrap(),
+            PolicyKind::StallAware
+        );
         assert!(PolicyKind::parse("lottery").is_err());
     }
 
@@ -262,8 +307,12 @@ mod tests {
     fn stall_aware_gives_hidden_loads_only_what_they_need() {
         // Load 0 has its first layer delivered and is hideable at 10 B/s; load 1 is stalling.
         let mut s = Scheduler::new(PolicyKind::StallAware.build(), 100.0, 100.0, 0.0).unwrap();
-        let a = s.handle_arrival(0.0, spec(3, 10, 1.0, f64::INFINITY)).unwrap();
-        let b = s.handle_arrival(0.0, spec(3, 100, 0.1, f64::INFINITY)).unwrap();
+        let a = s
+            .handle_arrival(0.0, spec(3, 10, 1.0, f64::INFINITY))
+            .unwrap();
+        let b = s
+            .handle_arrival(0.0, spec(3, 100, 0.1, f64::INFINITY))
+            .unwrap();
         s.handle_progress(0.0, a, 10).unwrap();
         let al = s.poll_allocation(0.0).to_vec();
         assert_eq!(al[0].id, a);
@@ -274,14 +323,29 @@ mod tests {
     #[test]
     fn stall_aware_serves_shortest_stall_first_and_wastes_nothing() {
         // Two transfer-bound loads: the smaller one goes first with the whole link.
-        let r = rates(PolicyKind::StallAware, vec![spec(4, 400, 0.01, f64::INFINITY), spec(4, 100, 0.01, f64::INFINITY)], 100.0);
+        let r = rates(
+            PolicyKind::StallAware,
+            vec![
+                spec(4, 400, 0.01, f64::INFINITY),
+                spec(4, 100, 0.01, f64::INFINITY),
+            ],
+            100.0,
+        );
         assert_eq!(r, vec![0.0, 100.0]);
         // With a per-load limit the rest goes to the next load.
-        let r = rates(PolicyKind::StallAware, vec![spec(4, 400, 0.01, f64::INFINITY), spec(4, 100, 0.01, 60.0)], 100.0);
+        let r = rates(
+            PolicyKind::StallAware,
+            vec![spec(4, 400, 0.01, f64::INFINITY), spec(4, 100, 0.01, 60.0)],
+            100.0,
+        );
         assert_eq!(r, vec![40.0, 60.0]);
         // Every policy uses the whole link while some load can take it.
         for k in PolicyKind::ALL {
-            let r = rates(k, vec![spec(4, 400, 0.01, 70.0), spec(4, 100, 10.0, 70.0)], 100.0);
+            let r = rates(
+                k,
+                vec![spec(4, 400, 0.01, 70.0), spec(4, 100, 10.0, 70.0)],
+                100.0,
+            );
             assert!((r.iter().sum::<f64>() - 100.0).abs() < 1e-9, "{k:?} {r:?}");
         }
     }

@@ -71,14 +71,24 @@ impl LoadSpec {
                 self.layer_compute_s.len()
             )));
         }
-        if self.layer_compute_s.iter().any(|c| !c.is_finite() || *c < 0.0) {
-            return Err(Error::InvalidArgument("load spec: compute times must be finite and >= 0 s".into()));
+        if self
+            .layer_compute_s
+            .iter()
+            .any(|c| !c.is_finite() || *c < 0.0)
+        {
+            return Err(Error::InvalidArgument(
+                "load spec: compute times must be finite and >= 0 s".into(),
+            ));
         }
         if !self.compute_ready_s.is_finite() {
-            return Err(Error::InvalidArgument("load spec: compute_ready_s must be finite".into()));
+            return Err(Error::InvalidArgument(
+                "load spec: compute_ready_s must be finite".into(),
+            ));
         }
         if self.max_rate.is_nan() || self.max_rate <= 0.0 {
-            return Err(Error::InvalidArgument("load spec: max_rate must be > 0 bytes/s".into()));
+            return Err(Error::InvalidArgument(
+                "load spec: max_rate must be > 0 bytes/s".into(),
+            ));
         }
         Ok(())
     }
@@ -221,10 +231,18 @@ impl LoadState {
     pub fn stall_at_rate(&self, now: f64, rate: f64) -> f64 {
         let mut f = self.frontier_s;
         let mut rest = 0.0;
-        let inv = if rate > 0.0 { 1.0 / rate } else { f64::INFINITY };
+        let inv = if rate > 0.0 {
+            1.0 / rate
+        } else {
+            f64::INFINITY
+        };
         for l in self.layers_done..self.layers() {
             let miss = self.missing_through(l);
-            let ready = if miss == 0 { now } else { now + miss as f64 * inv };
+            let ready = if miss == 0 {
+                now
+            } else {
+                now + miss as f64 * inv
+            };
             let c = self.spec.layer_compute_s[l];
             f = f.max(ready) + c;
             rest += c;
@@ -236,9 +254,11 @@ impl LoadState {
     }
 
     fn advance_layers(&mut self, now: f64) {
-        while self.layers_done < self.layers() && self.delivered >= self.cum_bytes[self.layers_done] {
+        while self.layers_done < self.layers() && self.delivered >= self.cum_bytes[self.layers_done]
+        {
             self.layer_ready_s.push(now);
-            self.frontier_s = self.frontier_s.max(now) + self.spec.layer_compute_s[self.layers_done];
+            self.frontier_s =
+                self.frontier_s.max(now) + self.spec.layer_compute_s[self.layers_done];
             self.layers_done += 1;
         }
     }
@@ -266,7 +286,12 @@ impl TokenBucket {
                 "token bucket: rate ({rate}) and burst ({burst}) must be finite and > 0"
             )));
         }
-        Ok(TokenBucket { rate, burst, tokens: burst, last: now })
+        Ok(TokenBucket {
+            rate,
+            burst,
+            tokens: burst,
+            last: now,
+        })
     }
 
     /// Refill rate (bytes/s).
@@ -349,7 +374,12 @@ impl Scheduler {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] unless both are finite and > 0.
-    pub fn new(policy: Box<dyn Policy + Send>, capacity: f64, burst: f64, now: f64) -> Result<Self, Error> {
+    pub fn new(
+        policy: Box<dyn Policy + Send>,
+        capacity: f64,
+        burst: f64,
+        now: f64,
+    ) -> Result<Self, Error> {
         let bucket = TokenBucket::new(capacity, burst, now)?;
         Ok(Scheduler {
             policy,
@@ -441,7 +471,12 @@ impl Scheduler {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an unknown id or a layer whose KV was not delivered.
-    pub fn handle_layer_computed(&mut self, now: f64, id: LoadId, layer: usize) -> Result<(), Error> {
+    pub fn handle_layer_computed(
+        &mut self,
+        now: f64,
+        id: LoadId,
+        layer: usize,
+    ) -> Result<(), Error> {
         let i = self.index(id)?;
         let l = &mut self.loads[i];
         if layer >= l.layers_done {
@@ -507,7 +542,8 @@ impl Scheduler {
     pub fn replan(&mut self, now: f64) {
         self.accrue(now);
         let mut rates = vec![0.0; self.loads.len()];
-        self.policy.allocate(now, self.capacity, &self.loads, &mut rates);
+        self.policy
+            .allocate(now, self.capacity, &self.loads, &mut rates);
         // Enforce the contract whatever the policy did.
         let mut total = 0.0;
         for (r, l) in rates.iter_mut().zip(&self.loads) {
@@ -521,7 +557,12 @@ impl Scheduler {
             let k = self.capacity / total;
             rates.iter_mut().for_each(|r| *r *= k);
         }
-        self.alloc = self.loads.iter().zip(rates).map(|(l, rate)| Allocation { id: l.id, rate }).collect();
+        self.alloc = self
+            .loads
+            .iter()
+            .zip(rates)
+            .map(|(l, rate)| Allocation { id: l.id, rate })
+            .collect();
         self.dirty = false;
         self.replans += 1;
     }
@@ -574,7 +615,12 @@ impl Scheduler {
         }
         self.blocked_bytes = None;
         let l = &mut self.loads[i];
-        let unit = Unit { id: l.id, layer, offset: l.issued, bytes };
+        let unit = Unit {
+            id: l.id,
+            layer,
+            offset: l.issued,
+            bytes,
+        };
         l.issued += bytes;
         self.credits[i] -= bytes as f64;
         Some(unit)
@@ -621,7 +667,11 @@ mod tests {
         let mut s = Scheduler::new(PolicyKind::Fifo.build(), 1.0, 1.0, 0.0).unwrap();
         let mut bad = spec(2, 1, 0.1);
         bad.layer_compute_s.pop();
-        assert!(s.handle_arrival(0.0, bad).unwrap_err().to_string().contains("compute times"));
+        assert!(s
+            .handle_arrival(0.0, bad)
+            .unwrap_err()
+            .to_string()
+            .contains("compute times"));
         assert!(Scheduler::new(PolicyKind::Fifo.build(), 0.0, 1.0, 0.0).is_err());
     }
 
@@ -632,7 +682,11 @@ mod tests {
         let u = s.poll_next_unit(0.0, 10).unwrap();
         assert_eq!((u.id, u.layer, u.offset, u.bytes), (a, 0, 0, 10));
         let u = s.poll_next_unit(0.0, 10).unwrap();
-        assert_eq!((u.layer, u.offset, u.bytes), (0, 10, 5), "units stop at the layer boundary");
+        assert_eq!(
+            (u.layer, u.offset, u.bytes),
+            (0, 10, 5),
+            "units stop at the layer boundary"
+        );
         // 20-byte bucket spent (15 taken, 5 left): a 10-byte unit must wait 0.05 s.
         assert!(s.poll_next_unit(0.0, 10).is_none());
         let t = s.poll_timeout(0.0).unwrap();

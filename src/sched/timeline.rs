@@ -116,7 +116,9 @@ pub fn pipeline_ttft(compute: &[f64], layer_bytes: &[u64], rate: f64, fixed_s: f
 /// e.g. `[remote transfer, host-to-device copy, compute]`. Stages of unequal length are cut to
 /// the shortest; no stages gives 0.
 pub fn flow_shop_makespan(stages: &[Vec<f64>]) -> f64 {
-    let Some(n) = stages.iter().map(Vec::len).min() else { return 0.0 };
+    let Some(n) = stages.iter().map(Vec::len).min() else {
+        return 0.0;
+    };
     let mut done = vec![0.0f64; stages.len()];
     for l in 0..n {
         let mut prev_stage_end = 0.0f64;

@@ -44,7 +44,12 @@ struct Req {
 /// `None` when the instance is not a burst or its state space exceeds `max_states`.
 /// `upper_bound_mean` (e.g. a policy's simulated mean) prunes the search; pass `f64::INFINITY`
 /// if none is known. Requests with no prefix add 0 and count in the mean.
-pub fn burst_lower_bound(inst: &Instance, cfg: &SimConfig, upper_bound_mean: f64, max_states: u64) -> Option<f64> {
+pub fn burst_lower_bound(
+    inst: &Instance,
+    cfg: &SimConfig,
+    upper_bound_mean: f64,
+    max_states: u64,
+) -> Option<f64> {
     if !inst.is_burst() || inst.requests.is_empty() {
         return None;
     }
@@ -84,11 +89,21 @@ pub fn burst_lower_bound(inst: &Instance, cfg: &SimConfig, upper_bound_mean: f64
             s
         })
         .collect();
-    let ub_sum = if upper_bound_mean.is_finite() { upper_bound_mean * total_reqs * (1.0 + 1e-9) + 1e-12 } else { f64::INFINITY };
-    let encode = |p: &[usize]| p.iter().fold(0u64, |acc, &x| acc * (layers as u64 + 1) + x as u64);
+    let ub_sum = if upper_bound_mean.is_finite() {
+        upper_bound_mean * total_reqs * (1.0 + 1e-9) + 1e-12
+    } else {
+        f64::INFINITY
+    };
+    let encode = |p: &[usize]| {
+        p.iter()
+            .fold(0u64, |acc, &x| acc * (layers as u64 + 1) + x as u64)
+    };
     // Level-by-level: all states of a level have the same number of delivered layers.
     let mut level: HashMap<u64, (Vec<usize>, Vec<Vec<f64>>)> = HashMap::new();
-    level.insert(encode(&vec![0; n]), (vec![0; n], vec![reqs.iter().map(|r| r.t0).collect()]));
+    level.insert(
+        encode(&vec![0; n]),
+        (vec![0; n], vec![reqs.iter().map(|r| r.t0).collect()]),
+    );
     let mut best = f64::INFINITY;
     for _ in 0..(n * layers) {
         let mut nextl: HashMap<u64, (Vec<usize>, Vec<Vec<f64>>)> = HashMap::new();
@@ -97,7 +112,11 @@ pub fn burst_lower_bound(inst: &Instance, cfg: &SimConfig, upper_bound_mean: f64
         keys.sort_unstable();
         for key in keys {
             let (p, labels) = &level[&key];
-            let time: f64 = p.iter().zip(&reqs).map(|(&pi, r)| pi as f64 * r.layer_time).sum();
+            let time: f64 = p
+                .iter()
+                .zip(&reqs)
+                .map(|(&pi, r)| pi as f64 * r.layer_time)
+                .sum();
             for j in 0..n {
                 if p[j] >= layers {
                     continue;
@@ -130,7 +149,9 @@ pub fn burst_lower_bound(inst: &Instance, cfg: &SimConfig, upper_bound_mean: f64
     }
     for (_, labels) in level.values() {
         for f in labels {
-            let total: f64 = (0..n).map(|i| (f[i] - reqs[i].t0 - local[i]).max(0.0)).sum();
+            let total: f64 = (0..n)
+                .map(|i| (f[i] - reqs[i].t0 - local[i]).max(0.0))
+                .sum();
             best = best.min(total);
         }
     }
@@ -170,11 +191,18 @@ mod tests {
     #[test]
     fn single_request_bound_is_the_pipeline_bound() {
         let c = cfg(6.25e9);
-        let inst = Instance { requests: vec![Request { arrival_s: 0.0, prefix_tokens: 16384, new_tokens: 512 }] };
+        let inst = Instance {
+            requests: vec![Request {
+                arrival_s: 0.0,
+                prefix_tokens: 16384,
+                new_tokens: 512,
+            }],
+        };
         let lb = burst_lower_bound(&inst, &c, f64::INFINITY, DEFAULT_MAX_STATES).unwrap();
         let compute = c.model.layer_times(512, 16384);
         let bytes = vec![16384 * 4096; 32];
-        let bound = crate::sched::timeline::pipeline_ttft(&compute, &bytes, 6.25e9, 0.0) - compute.iter().sum::<f64>();
+        let bound = crate::sched::timeline::pipeline_ttft(&compute, &bytes, 6.25e9, 0.0)
+            - compute.iter().sum::<f64>();
         assert!((lb - bound).abs() < 1e-9, "{lb} vs {bound}");
     }
 
@@ -186,13 +214,35 @@ mod tests {
             for inst in &w.instances {
                 let lb = burst_lower_bound(inst, &c, f64::INFINITY, DEFAULT_MAX_STATES).unwrap();
                 for kind in PolicyKind::ALL {
-                    let o = simulate_instance(inst, &c, SimPolicy { kind, planner: false }).unwrap();
+                    let o = simulate_instance(
+                        inst,
+                        &c,
+                        SimPolicy {
+                            kind,
+                            planner: false,
+                        },
+                    )
+                    .unwrap();
                     let s = Summary::of(&o);
-                    assert!(lb <= s.mean_added_ttft_s + 1e-9, "{kind:?}: lb {lb} > {}", s.mean_added_ttft_s);
+                    assert!(
+                        lb <= s.mean_added_ttft_s + 1e-9,
+                        "{kind:?}: lb {lb} > {}",
+                        s.mean_added_ttft_s
+                    );
                 }
                 // Pruning with an upper bound does not change the answer.
-                let ub = Summary::of(&simulate_instance(inst, &c, SimPolicy { kind: PolicyKind::StallAware, planner: false }).unwrap())
-                    .mean_added_ttft_s;
+                let ub = Summary::of(
+                    &simulate_instance(
+                        inst,
+                        &c,
+                        SimPolicy {
+                            kind: PolicyKind::StallAware,
+                            planner: false,
+                        },
+                    )
+                    .unwrap(),
+                )
+                .mean_added_ttft_s;
                 let lb2 = burst_lower_bound(inst, &c, ub, DEFAULT_MAX_STATES).unwrap();
                 assert!((lb - lb2).abs() <= 1e-9 * lb.max(1.0), "{lb} vs {lb2}");
             }
@@ -202,10 +252,28 @@ mod tests {
     #[test]
     fn refuses_non_bursts_and_large_instances() {
         let c = cfg(1e9);
-        let mut inst = Instance { requests: vec![Request { arrival_s: 0.0, prefix_tokens: 4096, new_tokens: 1 }; 2] };
+        let mut inst = Instance {
+            requests: vec![
+                Request {
+                    arrival_s: 0.0,
+                    prefix_tokens: 4096,
+                    new_tokens: 1
+                };
+                2
+            ],
+        };
         inst.requests[1].arrival_s = 1.0;
         assert!(burst_lower_bound(&inst, &c, f64::INFINITY, DEFAULT_MAX_STATES).is_none());
-        let big = Instance { requests: vec![Request { arrival_s: 0.0, prefix_tokens: 4096, new_tokens: 1 }; 8] };
+        let big = Instance {
+            requests: vec![
+                Request {
+                    arrival_s: 0.0,
+                    prefix_tokens: 4096,
+                    new_tokens: 1
+                };
+                8
+            ],
+        };
         assert!(burst_lower_bound(&big, &c, f64::INFINITY, DEFAULT_MAX_STATES).is_none());
     }
 }

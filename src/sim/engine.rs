@@ -61,15 +61,30 @@ impl SimPolicy {
             Some(b) => (b, true),
             None => (name, false),
         };
-        Ok(SimPolicy { kind: PolicyKind::parse(base)?, planner })
+        Ok(SimPolicy {
+            kind: PolicyKind::parse(base)?,
+            planner,
+        })
     }
 
     /// The policies of the standard report: the four policies loading everything, then equal
     /// share and stall-aware with the planner.
     pub fn standard() -> Vec<SimPolicy> {
-        let mut v: Vec<SimPolicy> = PolicyKind::ALL.iter().map(|&kind| SimPolicy { kind, planner: false }).collect();
-        v.push(SimPolicy { kind: PolicyKind::EqualShare, planner: true });
-        v.push(SimPolicy { kind: PolicyKind::StallAware, planner: true });
+        let mut v: Vec<SimPolicy> = PolicyKind::ALL
+            .iter()
+            .map(|&kind| SimPolicy {
+                kind,
+                planner: false,
+            })
+            .collect();
+        v.push(SimPolicy {
+            kind: PolicyKind::EqualShare,
+            planner: true,
+        });
+        v.push(SimPolicy {
+            kind: PolicyKind::StallAware,
+            planner: true,
+        });
         v
     }
 }
@@ -117,7 +132,11 @@ const MAX_EVENTS: u64 = 50_000_000;
 ///
 /// # Errors
 /// As [`simulate_instance`].
-pub fn simulate(workload: &Workload, cfg: &SimConfig, policy: SimPolicy) -> Result<Vec<Outcome>, Error> {
+pub fn simulate(
+    workload: &Workload,
+    cfg: &SimConfig,
+    policy: SimPolicy,
+) -> Result<Vec<Outcome>, Error> {
     let mut out = Vec::with_capacity(workload.requests());
     for inst in &workload.instances {
         out.extend(simulate_instance(inst, cfg, policy)?);
@@ -130,7 +149,11 @@ pub fn simulate(workload: &Workload, cfg: &SimConfig, policy: SimPolicy) -> Resu
 /// # Errors
 /// [`Error::InvalidArgument`] for a bad configuration (capacity not > 0, a request arriving at
 /// a negative or non-finite time) or if the simulation makes no progress.
-pub fn simulate_instance(inst: &Instance, cfg: &SimConfig, policy: SimPolicy) -> Result<Vec<Outcome>, Error> {
+pub fn simulate_instance(
+    inst: &Instance,
+    cfg: &SimConfig,
+    policy: SimPolicy,
+) -> Result<Vec<Outcome>, Error> {
     run_instance(inst, cfg, policy, None)
 }
 
@@ -179,26 +202,56 @@ fn plan_batch(
     };
     let mut what_if = Instance::default();
     for q in batch {
-        what_if.requests.push(Request { arrival_s: 0.0, prefix_tokens: q.prefix_tokens, new_tokens: q.new_tokens });
+        what_if.requests.push(Request {
+            arrival_s: 0.0,
+            prefix_tokens: q.prefix_tokens,
+            new_tokens: q.new_tokens,
+        });
     }
     for &(tokens, new) in active {
-        what_if.requests.push(Request { arrival_s: 0.0, prefix_tokens: tokens, new_tokens: new });
+        what_if.requests.push(Request {
+            arrival_s: 0.0,
+            prefix_tokens: tokens,
+            new_tokens: new,
+        });
     }
-    let recompute: Vec<f64> = batch.iter().map(|q| m.recompute_time(q.prefix_tokens, q.new_tokens)).collect();
+    let recompute: Vec<f64> = batch
+        .iter()
+        .map(|q| m.recompute_time(q.prefix_tokens, q.new_tokens))
+        .collect();
     let mut best: Option<(f64, Vec<u64>, Vec<f64>)> = None;
     let mut consider = |ks: &Vec<u64>| -> Result<Vec<Outcome>, Error> {
-        let forced: Vec<u64> = ks.iter().copied().chain(active.iter().map(|a| a.0)).collect();
-        let o = run_instance(&what_if, cfg, SimPolicy { kind, planner: false }, Some(&forced))?;
+        let forced: Vec<u64> = ks
+            .iter()
+            .copied()
+            .chain(active.iter().map(|a| a.0))
+            .collect();
+        let o = run_instance(
+            &what_if,
+            cfg,
+            SimPolicy {
+                kind,
+                planner: false,
+            },
+            Some(&forced),
+        )?;
         let total: f64 = o.iter().map(|x| x.ttft_s).sum();
         let admissible = (0..batch.len()).all(|i| o[i].ttft_s <= recompute[i] * (1.0 + 1e-9));
         if admissible && best.as_ref().is_none_or(|b| total < b.0) {
-            best = Some((total, ks.clone(), o[..batch.len()].iter().map(|x| x.load_end_s).collect()));
+            best = Some((
+                total,
+                ks.clone(),
+                o[..batch.len()].iter().map(|x| x.load_end_s).collect(),
+            ));
         }
         Ok(o)
     };
     consider(&vec![0; batch.len()])?;
     let starts = [
-        batch.iter().map(|q| plan_at(q, share)).collect::<Result<Vec<u64>, _>>()?,
+        batch
+            .iter()
+            .map(|q| plan_at(q, share))
+            .collect::<Result<Vec<u64>, _>>()?,
         batch.iter().map(|q| q.prefix_tokens).collect(),
     ];
     for start in starts {
@@ -227,16 +280,35 @@ fn plan_batch(
     Ok((ks, ends))
 }
 
-fn run_instance(inst: &Instance, cfg: &SimConfig, policy: SimPolicy, forced: Option<&[u64]>) -> Result<Vec<Outcome>, Error> {
+fn run_instance(
+    inst: &Instance,
+    cfg: &SimConfig,
+    policy: SimPolicy,
+    forced: Option<&[u64]>,
+) -> Result<Vec<Outcome>, Error> {
     if !(cfg.capacity.is_finite() && cfg.capacity > 0.0) {
-        return Err(Error::InvalidArgument(format!("sim: capacity {} bytes/s must be finite and > 0", cfg.capacity)));
+        return Err(Error::InvalidArgument(format!(
+            "sim: capacity {} bytes/s must be finite and > 0",
+            cfg.capacity
+        )));
     }
     let reqs = &inst.requests;
-    if let Some(r) = reqs.iter().find(|r| !r.arrival_s.is_finite() || r.arrival_s < 0.0) {
-        return Err(Error::InvalidArgument(format!("sim: arrival time {} s is not valid", r.arrival_s)));
+    if let Some(r) = reqs
+        .iter()
+        .find(|r| !r.arrival_s.is_finite() || r.arrival_s < 0.0)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "sim: arrival time {} s is not valid",
+            r.arrival_s
+        )));
     }
     let mut order: Vec<usize> = (0..reqs.len()).collect();
-    order.sort_by(|&a, &b| reqs[a].arrival_s.total_cmp(&reqs[b].arrival_s).then(a.cmp(&b)));
+    order.sort_by(|&a, &b| {
+        reqs[a]
+            .arrival_s
+            .total_cmp(&reqs[b].arrival_s)
+            .then(a.cmp(&b))
+    });
     let m = &cfg.model;
     let fixed = m.fixed_s();
     let mut out: Vec<Option<Outcome>> = vec![None; reqs.len()];
@@ -257,7 +329,12 @@ fn run_instance(inst: &Instance, cfg: &SimConfig, policy: SimPolicy, forced: Opt
         }
     };
     let t_start = order.first().map(|&i| reqs[i].arrival_s).unwrap_or(0.0);
-    let mut sched = Scheduler::new(policy.kind.build(), cfg.capacity, cfg.capacity * 1e-3, t_start)?;
+    let mut sched = Scheduler::new(
+        policy.kind.build(),
+        cfg.capacity,
+        cfg.capacity * 1e-3,
+        t_start,
+    )?;
     let mut acts: Vec<Active> = Vec::new();
     let mut next = 0usize;
     let mut t = t_start;
@@ -269,12 +346,19 @@ fn run_instance(inst: &Instance, cfg: &SimConfig, policy: SimPolicy, forced: Opt
             next += 1;
         }
         if next > first {
-            let loading = order[first..next].iter().filter(|&&r| reqs[r].prefix_tokens > 0).count();
-            let share = cfg.capacity.min(cfg.max_rate_per_load) / (acts.len() + loading).max(1) as f64;
+            let loading = order[first..next]
+                .iter()
+                .filter(|&&r| reqs[r].prefix_tokens > 0)
+                .count();
+            let share =
+                cfg.capacity.min(cfg.max_rate_per_load) / (acts.len() + loading).max(1) as f64;
             let batch: Vec<usize> = order[first..next].to_vec();
             let mut planned_end: Vec<f64> = vec![f64::INFINITY; batch.len()];
             let ks: Vec<u64> = if let Some(f) = forced {
-                batch.iter().map(|&r| f[r].min(reqs[r].prefix_tokens)).collect()
+                batch
+                    .iter()
+                    .map(|&r| f[r].min(reqs[r].prefix_tokens))
+                    .collect()
             } else if policy.planner {
                 let qs: Vec<&Request> = batch.iter().map(|&r| &reqs[r]).collect();
                 let layers = m.layers() as u64;
@@ -286,7 +370,9 @@ fn run_instance(inst: &Instance, cfg: &SimConfig, policy: SimPolicy, forced: Opt
                     })
                     .collect();
                 let (mut ks, ends) = plan_batch(&qs, &active, cfg, policy.kind, share)?;
-                ks.iter_mut().zip(&qs).for_each(|(k, q)| *k = (*k).min(q.prefix_tokens));
+                ks.iter_mut()
+                    .zip(&qs)
+                    .for_each(|(k, q)| *k = (*k).min(q.prefix_tokens));
                 planned_end = ends;
                 ks
             } else {
@@ -294,7 +380,11 @@ fn run_instance(inst: &Instance, cfg: &SimConfig, policy: SimPolicy, forced: Opt
             };
             for ((&r, &k), &end) in batch.iter().zip(&ks).zip(&planned_end) {
                 let q = &reqs[r];
-                let deadline = if end.is_finite() { plan_deadline(t, end) } else { f64::INFINITY };
+                let deadline = if end.is_finite() {
+                    plan_deadline(t, end)
+                } else {
+                    f64::INFINITY
+                };
                 if k == 0 || bpt == 0 {
                     let ttft = m.prefill_time(q.prefix_tokens + q.new_tokens, 0);
                     out[r] = Some(outcome(r, 0, ttft, false, q.arrival_s));
@@ -311,11 +401,24 @@ fn run_instance(inst: &Instance, cfg: &SimConfig, policy: SimPolicy, forced: Opt
                     max_rate: cfg.max_rate_per_load,
                 };
                 let id = sched.handle_arrival(t, spec)?;
-                acts.push(Active { req: r, id, cum, pos: 0.0, reported: 0, compute, k, n, deadline });
+                acts.push(Active {
+                    req: r,
+                    id,
+                    cum,
+                    pos: 0.0,
+                    reported: 0,
+                    compute,
+                    k,
+                    n,
+                    deadline,
+                });
             }
         }
         if acts.is_empty() && next >= order.len() {
-            return Ok(out.into_iter().map(|o| o.expect("every request has an outcome")).collect());
+            return Ok(out
+                .into_iter()
+                .map(|o| o.expect("every request has an outcome"))
+                .collect());
         }
         let alloc = sched.poll_allocation(t).to_vec();
         // Next event.
@@ -340,7 +443,9 @@ fn run_instance(inst: &Instance, cfg: &SimConfig, policy: SimPolicy, forced: Opt
             }
         }
         if !nt.is_finite() {
-            return Err(Error::InvalidArgument("sim: no progress possible (every active load has rate 0)".into()));
+            return Err(Error::InvalidArgument(
+                "sim: no progress possible (every active load has rate 0)".into(),
+            ));
         }
         let dt = (nt - t).max(0.0);
         t = t.max(nt);
@@ -368,7 +473,9 @@ fn run_instance(inst: &Instance, cfg: &SimConfig, policy: SimPolicy, forced: Opt
         let mut i = 0;
         while i < acts.len() {
             let a = &acts[i];
-            let st = sched.load(a.id).expect("active load is known to the scheduler");
+            let st = sched
+                .load(a.id)
+                .expect("active load is known to the scheduler");
             let q = &reqs[a.req];
             if st.remaining_bytes() == 0 {
                 let finish = timeline::finish_time(q.arrival_s, st.layer_ready_s(), &a.compute);
@@ -379,7 +486,9 @@ fn run_instance(inst: &Instance, cfg: &SimConfig, policy: SimPolicy, forced: Opt
             }
             if policy.planner && t >= a.deadline && st.stalled(t) {
                 let d = st.layers_delivered();
-                let missing: Vec<u64> = (d..a.cum.len()).map(|l| a.cum[l] - a.reported.max(if l == 0 { 0 } else { a.cum[l - 1] })).collect();
+                let missing: Vec<u64> = (d..a.cum.len())
+                    .map(|l| a.cum[l] - a.reported.max(if l == 0 { 0 } else { a.cum[l - 1] }))
+                    .collect();
                 let rate = alloc
                     .iter()
                     .find(|x| x.id == a.id)
@@ -403,7 +512,9 @@ fn run_instance(inst: &Instance, cfg: &SimConfig, policy: SimPolicy, forced: Opt
             i += 1;
         }
     }
-    Err(Error::InvalidArgument(format!("sim: more than {MAX_EVENTS} events; giving up")))
+    Err(Error::InvalidArgument(format!(
+        "sim: more than {MAX_EVENTS} events; giving up"
+    )))
 }
 
 /// Mean and 99th percentile of a set of outcomes (seconds).
@@ -455,8 +566,15 @@ impl Summary {
             mean_added_ttft_s: added.iter().sum::<f64>() / n,
             p99_added_ttft_s: percentile(&added, 99.0),
             mean_recompute_ttft_s: o.iter().map(|x| x.recompute_ttft_s).sum::<f64>() / n,
-            max_ttft_over_recompute: o.iter().map(|x| x.ttft_s / x.recompute_ttft_s).fold(0.0, f64::max),
-            loaded_fraction: if prefix == 0 { 0.0 } else { loaded as f64 / prefix as f64 },
+            max_ttft_over_recompute: o
+                .iter()
+                .map(|x| x.ttft_s / x.recompute_ttft_s)
+                .fold(0.0, f64::max),
+            loaded_fraction: if prefix == 0 {
+                0.0
+            } else {
+                loaded as f64 / prefix as f64
+            },
             fallbacks: o.iter().filter(|x| x.fell_back).count(),
         }
     }

@@ -31,7 +31,9 @@ pub struct Instance {
 impl Instance {
     /// True if every request arrives at the same time (a burst).
     pub fn is_burst(&self) -> bool {
-        self.requests.windows(2).all(|w| w[0].arrival_s == w[1].arrival_s)
+        self.requests
+            .windows(2)
+            .all(|w| w[0].arrival_s == w[1].arrival_s)
     }
 }
 
@@ -73,11 +75,19 @@ pub fn burst_mix(concurrency: usize, instances: usize, seed: u64) -> Workload {
     let instances = (0..instances)
         .map(|_| Instance {
             requests: (0..concurrency)
-                .map(|_| Request { arrival_s: 0.0, prefix_tokens: pick(&mut rng, &MIX_PREFIXES), new_tokens: pick(&mut rng, &MIX_NEW_TOKENS) })
+                .map(|_| Request {
+                    arrival_s: 0.0,
+                    prefix_tokens: pick(&mut rng, &MIX_PREFIXES),
+                    new_tokens: pick(&mut rng, &MIX_NEW_TOKENS),
+                })
                 .collect(),
         })
         .collect();
-    Workload { name: "mix".into(), concurrency, instances }
+    Workload {
+        name: "mix".into(),
+        concurrency,
+        instances,
+    }
 }
 
 /// Staggered mix: as [`burst_mix`] but arrivals uniform over `window_s` seconds.
@@ -99,7 +109,13 @@ pub fn c1(n: usize, prefix: u64, new: u64) -> Workload {
         name: "c1".into(),
         concurrency: n,
         instances: vec![Instance {
-            requests: (0..n).map(|_| Request { arrival_s: 0.0, prefix_tokens: prefix, new_tokens: new }).collect(),
+            requests: (0..n)
+                .map(|_| Request {
+                    arrival_s: 0.0,
+                    prefix_tokens: prefix,
+                    new_tokens: new,
+                })
+                .collect(),
         }],
     }
 }
@@ -142,7 +158,10 @@ pub fn mooncake_trace(text: &str, time_scale: f64) -> Result<Workload, Error> {
         let r: TraceRecord = serde_json::from_str(line)
             .map_err(|e| Error::InvalidArgument(format!("trace line {}: {e}", i + 1)))?;
         if r.input_length == 0 {
-            return Err(Error::InvalidArgument(format!("trace line {}: input_length is 0", i + 1)));
+            return Err(Error::InvalidArgument(format!(
+                "trace line {}: input_length is 0",
+                i + 1
+            )));
         }
         if !r.timestamp.is_finite() || r.timestamp < last {
             return Err(Error::InvalidArgument(format!(
@@ -165,7 +184,11 @@ pub fn mooncake_trace(text: &str, time_scale: f64) -> Result<Workload, Error> {
     if requests.is_empty() {
         return Err(Error::InvalidArgument("trace has no requests".into()));
     }
-    Ok(Workload { name: "trace".into(), concurrency: 0, instances: vec![Instance { requests }] })
+    Ok(Workload {
+        name: "trace".into(),
+        concurrency: 0,
+        instances: vec![Instance { requests }],
+    })
 }
 
 #[cfg(test)]
@@ -179,9 +202,15 @@ mod tests {
         let w = burst_mix(8, 3, 1);
         assert_eq!(w.requests(), 24);
         assert!(w.instances.iter().all(Instance::is_burst));
-        assert!(w.instances[0].requests.iter().all(|r| MIX_PREFIXES.contains(&r.prefix_tokens)));
+        assert!(w.instances[0]
+            .requests
+            .iter()
+            .all(|r| MIX_PREFIXES.contains(&r.prefix_tokens)));
         let s = staggered_mix(8, 1, 2.0, 1);
-        assert!(s.instances[0].requests.iter().all(|r| (0.0..2.0).contains(&r.arrival_s)));
+        assert!(s.instances[0]
+            .requests
+            .iter()
+            .all(|r| (0.0..2.0).contains(&r.arrival_s)));
     }
 
     #[test]
@@ -192,10 +221,18 @@ mod tests {
                  {\"timestamp\": 2000, \"input_length\": 1024, \"output_length\": 5, \"hash_ids\": [1, 2]}\n";
         let w = mooncake_trace(t, 1.0).unwrap();
         let r = &w.instances[0].requests;
-        assert_eq!((r[0].prefix_tokens, r[0].new_tokens, r[0].arrival_s), (0, 1200, 0.0));
-        assert_eq!((r[1].prefix_tokens, r[1].new_tokens, r[1].arrival_s), (1024, 76, 0.5));
+        assert_eq!(
+            (r[0].prefix_tokens, r[0].new_tokens, r[0].arrival_s),
+            (0, 1200, 0.0)
+        );
+        assert_eq!(
+            (r[1].prefix_tokens, r[1].new_tokens, r[1].arrival_s),
+            (1024, 76, 0.5)
+        );
         assert_eq!((r[2].prefix_tokens, r[2].new_tokens), (1023, 1));
-        let e = mooncake_trace("{\"timestamp\": 1}", 1.0).unwrap_err().to_string();
+        let e = mooncake_trace("{\"timestamp\": 1}", 1.0)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("line 1"), "{e}");
         assert!(mooncake_trace("", 1.0).is_err());
     }
