@@ -7,9 +7,17 @@ use crate::sim::{self, workload, Record, RunSpec, SimConfig, SimPolicy};
 use crate::Error;
 use std::path::PathBuf;
 
-/// Arguments of `objectcache sim`.
+/// Arguments of `objectcache sim` (boxed, so the CLI's command enum stays small).
 #[derive(Debug, clap::Args)]
 pub struct SimArgs {
+    /// The options.
+    #[command(flatten)]
+    pub opts: Box<SimOptions>,
+}
+
+/// Options of `objectcache sim`.
+#[derive(Debug, clap::Args)]
+pub struct SimOptions {
     /// Workload: `mix` (bursts of N requests with 4K-128K prefixes), `staggered` (the same with
     /// arrivals spread over the time the link needs for all of them), `c1` (case C1: N
     /// concurrent 10K-token prefixes, cap set so loading all takes 3x recompute), `trace`
@@ -80,6 +88,7 @@ fn bad(m: String) -> Error {
 /// cap outside (0, 1], a missing or malformed trace), [`Error::Io`] if an output file cannot
 /// be written.
 pub fn run(args: SimArgs) -> crate::Result<()> {
+    let args = *args.opts;
     let records = records(&args)?;
     print!("{}", table(&records));
     if let Some(p) = &args.json {
@@ -99,7 +108,7 @@ pub fn run(args: SimArgs) -> crate::Result<()> {
 ///
 /// # Errors
 /// As [`run`].
-pub fn records(args: &SimArgs) -> crate::Result<Vec<Record>> {
+pub fn records(args: &SimOptions) -> crate::Result<Vec<Record>> {
     let gpu = GpuKind::parse(&args.gpu)?;
     let kernels = KernelClass::parse(&args.kernels)?;
     if args.tp == 0 {
