@@ -90,7 +90,11 @@ pub(crate) async fn serve(stream: TcpStream, sh: Arc<Shared>) {
                 }
                 _ => Ok(()),
             };
-            if r.is_err() {
+            if let Err(a) = r {
+                if a == Abort::Gone {
+                    sh.metrics.error("client_gone");
+                    tracing::info!(?peer, "client went away mid-request; its resources are freed");
+                }
                 return;
             }
         }
@@ -315,11 +319,7 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
             }
             a = io.next_signal() => match a {
                 Abort::Cancelled => break,
-                a => {
-                    sh.metrics.error("client_gone");
-                    tracing::info!(request = id, units, "client went away mid-load; resources freed");
-                    return Err(a);
-                }
+                a => return Err(a),
             },
             f = fetches.next() => {
                 let Some(f) = f else { break };
@@ -390,7 +390,7 @@ async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(),
     let base = format!("{}/{}", req.bucket, req.prefix);
     let (mut cur, mut written, mut present) = (0usize, 0u32, 0u32);
     let mut obj = BytesMut::new();
-    let mut headers: Vec<Bytes> = Vec::with_capacity(req.chunks.len());
+    let mut lens: Vec<u64> = Vec::with_capacity(req.chunks.len());
     loop {
         while let Some(ev) = io.conn.poll_event() {
             match ev {
@@ -419,7 +419,7 @@ async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(),
                             let _ = io.flush(sh).await;
                             return Err(Abort::Gone);
                         }
-                        headers.push(o.slice(..HEADER_LEN as usize));
+                        lens.push(o.len() as u64);
                         let key = format!("{base}kv/{}", req.chunks[cur].hash.to_hex());
                         match sh.store.put_if_absent(&key, o).await {
                             Ok(crate::store::PutIfAbsent::Written) => written += 1,
@@ -440,9 +440,9 @@ async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(),
                         return Err(Abort::Gone);
                     }
                     // Every data object is durable: publish, in prefix order.
-                    for (c, body) in req.chunks.iter().zip(&headers) {
+                    for (c, &len) in req.chunks.iter().zip(&lens) {
                         let marker = format!("{base}pub/{}", c.hash.to_hex());
-                        if let Err(e) = sh.store.put(&marker, body.clone()).await {
+                        if let Err(e) = sh.store.put(&marker, marker_body(len)).await {
                             fail(io, ErrorCode::Storage, format!("{marker}: {e}"));
                             let _ = io.flush(sh).await;
                             return Err(Abort::Gone);
@@ -489,3 +489,15 @@ fn check_object(req: &SaveRequest, i: usize, o: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+
+/// Magic of a publish marker; the same bytes as `connector::MARKER_MAGIC` (the server does
+/// not import the connector; `tests/gather_tcp.rs` checks both paths write identical markers).
+pub(crate) const MARKER_MAGIC: [u8; 8] = *b"OCKVPUB1";
+
+/// A publish marker's body: the magic, then the data object's length (u64 LE); 16 bytes.
+fn marker_body(object_len: u64) -> Bytes {
+    let mut b = Vec::with_capacity(16);
+    b.extend_from_slice(&MARKER_MAGIC);
+    b.extend_from_slice(&object_len.to_le_bytes());
+    Bytes::from(b)
+}

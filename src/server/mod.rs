@@ -182,29 +182,26 @@ impl ServerHandle {
     }
 }
 
-/// Opens the store named by `cfg.store` (`memory:`, `file://PATH` or a path; `s3://` for
-/// gateway mode where built).
+/// Opens the store named by `cfg.store`: `memory:`/`memory://`, `file://PATH` or a path
+/// (with `cfg.fsync`), or any URL [`crate::store::open_store`] accepts, e.g.
+/// `s3://BUCKET/PREFIX?endpoint=URL` for gateway mode (credentials from `AWS_ACCESS_KEY_ID`
+/// and `AWS_SECRET_ACCESS_KEY` or a profile).
 ///
 /// # Errors
-/// [`crate::Error::Config`] for an unknown scheme; the store's error.
+/// The store's error, naming the URL.
 pub async fn open_backend(cfg: &ServerConfig) -> crate::Result<Arc<dyn Store>> {
-    let url = cfg.store.as_str();
-    if url == "memory:" || url == "memory://" {
+    let url = cfg.store.trim();
+    if url == "memory:" {
         return Ok(Arc::new(MemoryStore::new()));
     }
     let fsync = if cfg.fsync { FsyncPolicy::Always } else { FsyncPolicy::Never };
     if let Some(p) = url.strip_prefix("file://") {
         return Ok(Arc::new(FsStore::new(p, fsync)?));
     }
-    if url.starts_with("s3://") || url.starts_with("http://") || url.starts_with("https://") {
-        return Err(crate::Error::Config(format!(
-            "store {url:?}: gateway mode needs the S3 backend, which this build does not include yet"
-        )));
+    if !url.contains("://") && !url.is_empty() {
+        return Ok(Arc::new(FsStore::new(url, fsync)?));
     }
-    if url.contains("://") {
-        return Err(crate::Error::Config(format!("store {url:?}: use memory:, file://PATH, a path, or s3://BUCKET/PREFIX")));
-    }
-    Ok(Arc::new(FsStore::new(url, fsync)?))
+    Ok(crate::store::open_store(url).await?)
 }
 
 /// Opens the configured store and starts the server.

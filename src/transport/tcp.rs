@@ -274,30 +274,39 @@ impl GatherClient {
         }
     }
 
-    /// Saves all chunk objects of a prefix in one request: `objects[i]` is chunk
-    /// `req.chunks[i]`'s encoded object ([`crate::layout::encode_chunk`]). The server checks
-    /// each object, writes it at `{prefix}kv/{hash}` if absent, and only after all are durable
-    /// writes the publish markers at `{prefix}pub/{hash}` in prefix order.
+    /// Saves all chunk objects of a prefix in one request: `objects` yields chunk
+    /// `req.chunks[i]`'s encoded object ([`crate::layout::encode_chunk`]) in order, and is
+    /// consumed as it is sent (one object in memory at a time if the iterator makes them
+    /// lazily). The server checks each object, writes it at `{prefix}kv/{hash}` if absent,
+    /// and only after all are durable writes the publish markers at `{prefix}pub/{hash}` in
+    /// prefix order.
     ///
     /// # Errors
-    /// [`GatherError::Protocol`] if `objects` does not match `req`; [`GatherError::Remote`] if
-    /// the server refused an object or failed to store it (nothing is published then);
-    /// [`GatherError::Io`]. After an error the connection is closed by the server.
-    pub async fn save(&mut self, req: &SaveRequest, objects: &[Bytes]) -> Result<SaveReport, GatherError> {
-        if objects.len() != req.chunks.len() {
-            return Err(ProtocolError::invalid("objects", format!("{} objects for {} chunks", objects.len(), req.chunks.len())).into());
-        }
-        for (i, o) in objects.iter().enumerate() {
-            if o.len() as u64 != req.object_len(i) {
-                return Err(ProtocolError::invalid("objects", format!("object {i} has {} bytes, expected {}", o.len(), req.object_len(i))).into());
-            }
-        }
+    /// [`GatherError::Protocol`] if an object has the wrong size or their count differs from
+    /// `req.chunks` (the connection is then shut down so nothing is published);
+    /// [`GatherError::Remote`] if the server refused an object or failed to store it (nothing
+    /// is published then); [`GatherError::Io`]. After an error the connection is closed.
+    pub async fn save(&mut self, req: &SaveRequest, objects: impl IntoIterator<Item = Bytes>) -> Result<SaveReport, GatherError> {
         self.conn.start_save(req)?;
         let step = MAX_UNIT_BYTES as usize;
         let mut sent = self.flush().await;
-        'outer: for (i, o) in objects.iter().enumerate() {
+        let mut count = 0usize;
+        let mut bad: Option<ProtocolError> = None;
+        'outer: for (i, o) in objects.into_iter().enumerate() {
+            count = i + 1;
+            if i >= req.chunks.len() || o.len() as u64 != req.object_len(i) {
+                bad = Some(ProtocolError::invalid(
+                    "objects",
+                    if i >= req.chunks.len() {
+                        format!("more objects than the {} chunks of the request", req.chunks.len())
+                    } else {
+                        format!("object {i} has {} bytes, expected {}", o.len(), req.object_len(i))
+                    },
+                ));
+                break;
+            }
             let mut a = 0;
-            while a < o.len() && sent.is_ok() {
+            while a < o.len() {
                 let b = (a + step).min(o.len());
                 self.conn.save_data(i as u32, a as u64, o.slice(a..b))?;
                 sent = self.flush().await;
@@ -306,6 +315,14 @@ impl GatherClient {
                 }
                 a = b;
             }
+        }
+        if bad.is_none() && sent.is_ok() && count != req.chunks.len() {
+            bad = Some(ProtocolError::invalid("objects", format!("{count} objects for {} chunks", req.chunks.len())));
+        }
+        if let Some(e) = bad {
+            // Abandon the save: the server publishes nothing for an unfinished save.
+            let _ = self.stream.shutdown().await;
+            return Err(e.into());
         }
         if sent.is_ok() {
             self.conn.save_end()?;
