@@ -276,25 +276,30 @@ async fn accept_loop(listener: TcpListener, sh: Arc<Shared>, s3: s3s::service::S
         };
         let sh2 = sh.clone();
         let s3 = s3.clone();
-        match sniff(&stream).await {
-            Some(true) => {
-                tracker.spawn(gather::serve(stream, sh2));
-            }
-            Some(false) => {
-                let _ = stream.set_nodelay(true);
-                let svc = service_fn(move |req| http_route(req, sh2.clone(), s3.clone()));
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .keep_alive(true)
-                    .serve_connection(TokioIo::new(stream), svc);
-                let conn = graceful.watch(conn);
-                tracker.spawn(async move {
-                    if let Err(e) = conn.await {
+        let watcher = graceful.watcher();
+        // Sniffing happens in the connection's own task: an idle connection (a client's
+        // pooled spare) never holds up the accept loop.
+        tracker.spawn(async move {
+            let kind = tokio::select! {
+                k = sniff(&stream) => k,
+                _ = sh2.shutdown.cancelled() => None,
+            };
+            match kind {
+                Some(true) => gather::serve(stream, sh2).await,
+                Some(false) => {
+                    let _ = stream.set_nodelay(true);
+                    let sh3 = sh2.clone();
+                    let svc = service_fn(move |req| http_route(req, sh3.clone(), s3.clone()));
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .keep_alive(true)
+                        .serve_connection(TokioIo::new(stream), svc);
+                    if let Err(e) = watcher.watch(conn).await {
                         tracing::debug!(%peer, error = %e, "http connection ended");
                     }
-                });
+                }
+                None => {}
             }
-            None => {}
-        }
+        });
     }
     drop(listener);
     tracker.close();
@@ -305,10 +310,10 @@ async fn accept_loop(listener: TcpListener, sh: Arc<Shared>, s3: s3s::service::S
 }
 
 /// Peeks at the first bytes: `Some(true)` for a gather connection, `Some(false)` for HTTP,
-/// `None` if the peer closed or sent nothing in 10 s.
+/// `None` if the peer closed or sent nothing for an hour.
 async fn sniff(stream: &TcpStream) -> Option<bool> {
     let mut b = [0u8; PREFACE.len()];
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3600);
     loop {
         let n = tokio::time::timeout_at(deadline, stream.peek(&mut b)).await.ok()?.ok()?;
         if n == 0 {
