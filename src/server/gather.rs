@@ -148,7 +148,7 @@ struct Fetched {
 
 async fn fetch_unit(sh: Arc<Shared>, keys: Arc<Vec<String>>, reads: Arc<Semaphore>, plan: UnitPlan, verify: bool) -> Fetched {
     let permit = sh.memory.clone().acquire_many_owned(permits_for(plan.len)).await.expect("memory semaphore is never closed");
-    sh.metrics.inflight_bytes.inc_by(plan.len as i64);
+    sh.metrics.add_inflight(plan.len as i64);
     let hold = MemoryHold { _permit: permit, bytes: plan.len as i64, sh: sh.clone() };
     let layer = plan.layer;
     let parts = futures::future::join_all(plan.pieces.iter().map(|p| {

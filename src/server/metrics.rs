@@ -39,6 +39,8 @@ pub struct Metrics {
     pub queued_loads: Gauge,
     /// Bytes read from the backend and not yet written to a client.
     pub inflight_bytes: Gauge,
+    /// Highest `inflight_bytes` since start.
+    pub inflight_peak_bytes: Gauge,
     ttfl: Histogram,
     layer: Histogram,
 }
@@ -59,6 +61,7 @@ impl Metrics {
         let active_loads = Gauge::default();
         let queued_loads = Gauge::default();
         let inflight_bytes = Gauge::default();
+        let inflight_peak_bytes = Gauge::default();
         // 100 us .. ~100 s.
         let ttfl = Histogram::new(exponential_buckets(1e-4, 2.0, 21));
         let layer = Histogram::new(exponential_buckets(1e-4, 2.0, 21));
@@ -68,9 +71,10 @@ impl Metrics {
         registry.register("active_loads", "Gather loads being served", active_loads.clone());
         registry.register("queued_loads", "Gather loads waiting for admission", queued_loads.clone());
         registry.register("inflight_bytes", "Bytes read from the backend not yet sent", inflight_bytes.clone());
+        registry.register("inflight_peak_bytes", "Highest inflight_bytes since start", inflight_peak_bytes.clone());
         registry.register("ttfl_seconds", "Time from gather request to its first unit written", ttfl.clone());
         registry.register("layer_seconds", "Time from gather request to each layer's last unit written", layer.clone());
-        Metrics { registry, requests, bytes, errors, active_loads, queued_loads, inflight_bytes, ttfl, layer }
+        Metrics { registry, requests, bytes, errors, active_loads, queued_loads, inflight_bytes, inflight_peak_bytes, ttfl, layer }
     }
     /// Counts one request of operation `op`.
     pub fn request(&self, op: &str) {
@@ -83,6 +87,11 @@ impl Metrics {
     /// Counts one error of `kind`.
     pub fn error(&self, kind: &str) {
         self.errors.get_or_create(&KindLabel { kind: kind.into() }).inc();
+    }
+    /// Adds `n` bytes in flight, updating the peak.
+    pub fn add_inflight(&self, n: i64) {
+        let now = self.inflight_bytes.inc_by(n) + n;
+        self.inflight_peak_bytes.inner().fetch_max(now, std::sync::atomic::Ordering::Relaxed);
     }
     /// Records a time to first layer, seconds.
     pub fn observe_ttfl(&self, s: f64) {
