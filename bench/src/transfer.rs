@@ -1,13 +1,378 @@
-//! Transfer-path benchmark (placeholder: the transfer helper replaces this file).
+//! `objectcache-bench transfer`: one load of a cached prefix over each path, on loopback.
+//!
+//! Paths: `gather-tcp` (one gather request, units streamed layer-major), `s3-layerwise` (the
+//! connector's stock-S3 load: ranged GETs in layer order), `s3-chunkwise` (one whole-object
+//! GET per chunk). Each record carries `raw_tcp_bytes_per_s`, a plain loopback TCP stream
+//! measured in the same run, so throughput reads as a fraction of what the machine moves.
+//! Goals (issue 3): gather throughput >= 0.8 x raw; TTFL <= 1.5 x (one layer's bytes / raw).
+
+use bytes::Bytes;
+use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadRequest};
+use objectcache::layout::{decode_chunk, encode_chunk, ChunkHash, HashAlgo, KeyBuilder, KvGeometry};
+use objectcache::protocol::{GatherRequest, SaveChunk, SaveRequest, WireGeometry};
+use objectcache::store::{Addressing, S3Config, S3Credentials, S3Store, Store, StoreExt};
+use objectcache::transport::tcp::GatherClient;
+use objectcache::transport::LayerSink;
+use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const NAMESPACE: &str = "bench";
 
 /// Arguments of `objectcache-bench transfer`.
 #[derive(Debug, clap::Args)]
-pub struct TransferArgs {}
+pub struct TransferArgs {
+    /// ObjectCache server as `http://HOST:PORT/BUCKET` (S3 and gather on one port); without
+    /// it a server is started in this process on loopback over a temporary directory.
+    #[arg(long)]
+    store: Option<String>,
+    /// Access key for `--store` (default `$AWS_ACCESS_KEY_ID`).
+    #[arg(long, env = "AWS_ACCESS_KEY_ID", default_value = "bench")]
+    access_key: String,
+    /// Secret key for `--store` (default `$AWS_SECRET_ACCESS_KEY`).
+    #[arg(long, env = "AWS_SECRET_ACCESS_KEY", default_value = "bench-secret", hide_env_values = true)]
+    secret_key: String,
+    /// Model geometry preset (`llama-3.1-8b`, `qwen2.5-7b`, `llama-3.1-70b-tp8`, ...).
+    #[arg(long, default_value = "llama-3.1-8b")]
+    model: String,
+    /// Prefix lengths in tokens (comma-separated); rounded down to whole chunks.
+    #[arg(long, value_delimiter = ',', default_value = "4096,32768")]
+    context: Vec<u32>,
+    /// Paths to run (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "gather-tcp,s3-layerwise,s3-chunkwise")]
+    paths: Vec<String>,
+    /// Write the records as a JSON array here.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
 
-/// Runs the transfer benchmark.
+/// One measured load (field names are stable; see docs/benchmarks.md).
+#[derive(Debug, Serialize)]
+struct Record {
+    path: String,
+    model: String,
+    context_tokens: u64,
+    bytes: u64,
+    requests: u64,
+    round_trips: u64,
+    ttfl_s: f64,
+    ttll_s: f64,
+    throughput_bytes_per_s: f64,
+    raw_tcp_bytes_per_s: f64,
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn hashes(n: usize, salt: u64) -> Vec<ChunkHash> {
+    (0..n)
+        .map(|c| {
+            let mut d = [0u8; 32];
+            for (k, w) in d.chunks_mut(8).enumerate() {
+                w.copy_from_slice(&splitmix(salt ^ (c as u64 * 4 + k as u64)).to_le_bytes());
+            }
+            ChunkHash::from_digest(d)
+        })
+        .collect()
+}
+
+fn object(g: &KvGeometry, c: usize) -> Bytes {
+    let sl = g.slice_bytes() as usize;
+    let data: Vec<Vec<u8>> = (0..g.layers)
+        .map(|l| {
+            let mut v = vec![0u8; sl];
+            let s = splitmix((c as u64) << 32 | l as u64);
+            for (i, w) in v.chunks_mut(8).enumerate() {
+                let x = splitmix(s ^ i as u64).to_le_bytes();
+                w.copy_from_slice(&x[..w.len()]);
+            }
+            v
+        })
+        .collect();
+    Bytes::from(encode_chunk(g, g.tokens_per_chunk, |l| &data[l as usize]).expect("encode"))
+}
+
+/// Destination buffers of the gather path (pre-touched), with per-layer completion times.
+struct DestSink {
+    layers: Vec<Mutex<Vec<u8>>>,
+    done: Vec<AtomicU64>,
+    layer_bytes: u64,
+    t0: Instant,
+    ready_ns: Vec<AtomicU64>,
+}
+
+impl LayerSink for DestSink {
+    fn write(&self, layer: u32, offset: u64, data: &[u8]) -> Result<(), objectcache::LayerError> {
+        let mut b = self.layers[layer as usize].lock().expect("lock");
+        let o = offset as usize;
+        b[o..o + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+    fn placed(&self, _l: u32, _o: u64, _n: u64) -> Result<(), objectcache::LayerError> {
+        Err(objectcache::LayerError::Cancelled)
+    }
+    fn complete(&self, layer: u32, bytes: u64) {
+        let d = self.done[layer as usize].fetch_add(bytes, Ordering::Relaxed) + bytes;
+        if d == self.layer_bytes {
+            self.ready_ns[layer as usize].store(self.t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+    fn fail(&self, layer: u32, err: objectcache::LayerError) {
+        eprintln!("layer {layer} failed: {err}");
+    }
+    fn is_cancelled(&self) -> bool {
+        false
+    }
+}
+
+fn touched(n: usize) -> Vec<u8> {
+    let mut v = vec![0u8; n];
+    v.iter_mut().step_by(4096).for_each(|b| *b = 1);
+    v
+}
+
+/// Raw loopback TCP: `bytes` through one connection in 16 MiB writes; bytes per second.
+async fn raw_tcp(bytes: u64) -> std::io::Result<f64> {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = l.local_addr()?;
+    let reader = tokio::spawn(async move {
+        let (mut s, _) = l.accept().await?;
+        let mut buf = vec![0u8; 16 << 20];
+        let mut got = 0u64;
+        loop {
+            let n = s.read(&mut buf).await?;
+            if n == 0 {
+                return Ok::<u64, std::io::Error>(got);
+            }
+            got += n as u64;
+        }
+    });
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.set_nodelay(true)?;
+    let buf = vec![7u8; 16 << 20];
+    let t0 = Instant::now();
+    let mut sent = 0u64;
+    while sent < bytes {
+        let n = (bytes - sent).min(buf.len() as u64) as usize;
+        s.write_all(&buf[..n]).await?;
+        sent += n as u64;
+    }
+    s.shutdown().await?;
+    let got = reader.await.expect("reader task")?;
+    let secs = t0.elapsed().as_secs_f64();
+    Ok(got as f64 / secs)
+}
+
+struct Target {
+    addr: std::net::SocketAddr,
+    endpoint: String,
+    bucket: String,
+    _server: Option<objectcache::server::ServerHandle>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+async fn target(args: &TransferArgs) -> Result<Target, String> {
+    if let Some(url) = &args.store {
+        let rest = url.strip_prefix("http://").ok_or_else(|| format!("--store {url:?}: expected http://HOST:PORT/BUCKET"))?;
+        let (hostport, bucket) = rest.split_once('/').ok_or_else(|| format!("--store {url:?}: no bucket"))?;
+        let addr = tokio::net::lookup_host(hostport).await.map_err(|e| format!("{hostport}: {e}"))?.next().ok_or("no address")?;
+        return Ok(Target { addr, endpoint: format!("http://{hostport}"), bucket: bucket.trim_end_matches('/').into(), _server: None, _dir: None });
+    }
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let cfg = objectcache::server::ServerConfig {
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        store: dir.path().display().to_string(),
+        fsync: false,
+        access_keys: vec![objectcache::server::AccessKey { access_key: args.access_key.clone(), secret_key: args.secret_key.clone() }],
+        buckets: vec!["kv-bench".into()],
+        log_filter: "warn".into(),
+        ..Default::default()
+    };
+    let server = objectcache::server::start(cfg).await.map_err(|e| e.to_string())?;
+    Ok(Target { addr: server.local_addr(), endpoint: server.endpoint(), bucket: "kv-bench".into(), _server: Some(server), _dir: Some(dir) })
+}
+
+async fn s3_store(t: &Target, args: &TransferArgs) -> Result<Arc<dyn Store>, String> {
+    let mut cfg = S3Config::new(t.bucket.clone());
+    cfg.endpoint = Some(t.endpoint.clone());
+    cfg.region = Some("us-east-1".into());
+    cfg.addressing = Some(Addressing::Path);
+    cfg.credentials = S3Credentials::Static { access_key: args.access_key.clone(), secret_key: args.secret_key.clone(), session_token: None };
+    Ok(Arc::new(S3Store::new(cfg).await.map_err(|e| e.to_string())?))
+}
+
+/// Runs the benchmark.
 ///
 /// # Errors
-/// Always, until the benchmark lands.
-pub fn run(_a: TransferArgs) -> anyhow::Result<()> {
-    anyhow::bail!("the transfer benchmark is not implemented yet")
+/// A message if the server, the store or a load fails.
+pub fn run(args: TransferArgs) -> anyhow::Result<()> {
+    run_inner(args).map_err(anyhow::Error::msg)
+}
+
+fn run_inner(args: TransferArgs) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let g = KvGeometry::preset(&args.model).map_err(|e| e.to_string())?;
+    let t = rt.block_on(target(&args))?;
+    let store = rt.block_on(s3_store(&t, &args))?;
+    let kb = KeyBuilder::new(NAMESPACE, &g, HashAlgo::Sha256Cbor).map_err(|e| e.to_string())?;
+    let mut records = Vec::new();
+    for &ctx in &args.context {
+        let chunks = (ctx / g.tokens_per_chunk) as usize;
+        if chunks == 0 {
+            return Err(format!("--context {ctx} is less than one {}-token chunk", g.tokens_per_chunk));
+        }
+        let tokens = chunks as u64 * g.tokens_per_chunk as u64;
+        let hs = hashes(chunks, ctx as u64);
+        let layer_bytes = chunks as u64 * g.slice_bytes();
+        let total = layer_bytes * g.layers as u64;
+        eprintln!("{}: {tokens} tokens, {chunks} chunks, {} MiB per layer, {} MiB per load", args.model, layer_bytes >> 20, total >> 20);
+        // Populate through one batched save (objects made as they are sent).
+        rt.block_on(async {
+            let mut c = GatherClient::connect(t.addr).await.map_err(|e| e.to_string())?;
+            let req = SaveRequest {
+                request_id: 1,
+                bucket: t.bucket.clone(),
+                prefix: kb.prefix().to_string(),
+                geometry: WireGeometry::from_geometry(&g),
+                chunks: hs.iter().map(|h| SaveChunk { hash: h.clone(), tokens: g.tokens_per_chunk }).collect(),
+            };
+            c.save(&req, (0..chunks).map(|i| object(&g, i))).await.map_err(|e| e.to_string())
+        })?;
+        let raw = rt.block_on(raw_tcp(total.min(4 << 30))).map_err(|e| e.to_string())?;
+        eprintln!("  raw loopback TCP: {:.2} GB/s", raw / 1e9);
+        let rec = |path: &str, requests: u64, round_trips: u64, ttfl: f64, ttll: f64| Record {
+            path: path.into(),
+            model: args.model.clone(),
+            context_tokens: tokens,
+            bytes: total,
+            requests,
+            round_trips,
+            ttfl_s: ttfl,
+            ttll_s: ttll,
+            throughput_bytes_per_s: total as f64 / ttll,
+            raw_tcp_bytes_per_s: raw,
+        };
+        for path in &args.paths {
+            let r = match path.as_str() {
+                "gather-tcp" => {
+                    let (ttfl, ttll) = rt.block_on(async {
+                        let mut c = GatherClient::connect(t.addr).await.map_err(|e| e.to_string())?;
+                        let sink = DestSink {
+                            layers: (0..g.layers).map(|_| Mutex::new(touched(layer_bytes as usize))).collect(),
+                            done: (0..g.layers).map(|_| AtomicU64::new(0)).collect(),
+                            layer_bytes,
+                            t0: Instant::now(),
+                            ready_ns: (0..g.layers).map(|_| AtomicU64::new(0)).collect(),
+                        };
+                        let req = GatherRequest::for_prefix(2, &t.bucket, &kb, &g, hs.clone(), vec![g.tokens_per_chunk; chunks]);
+                        let sink = DestSink { t0: Instant::now(), ..sink };
+                        let rep = c.load(&req, &sink).await.map_err(|e| e.to_string())?;
+                        if !rep.failed_layers.is_empty() {
+                            return Err(format!("gather: layers {:?} failed", rep.failed_layers));
+                        }
+                        let ns = |l: usize| sink.ready_ns[l].load(Ordering::Relaxed) as f64 / 1e9;
+                        let ttll = (0..g.layers as usize).map(ns).fold(0.0, f64::max);
+                        Ok::<_, String>((ns(0), ttll))
+                    })?;
+                    rec(path, 1, 1, ttfl, ttll)
+                }
+                "s3-layerwise" => {
+                    let mut cfg = EngineConfig::default();
+                    cfg.set("namespace", NAMESPACE).map_err(|e| e.to_string())?;
+                    let engine = Engine::with_store(store.clone(), cfg.clone()).map_err(|e| e.to_string())?;
+                    let dest = LayerBuffers::from_vecs((0..g.layers).map(|_| touched(layer_bytes as usize)).collect());
+                    let h = engine.load(LoadRequest { geometry: g.clone(), hashes: hs.clone() }, dest).map_err(|e| e.to_string())?;
+                    h.wait_all_blocking().map_err(|e| e.to_string())?;
+                    let s = h.stats();
+                    let rt_count = s.requests.div_ceil(cfg.max_requests as u64);
+                    rec(path, s.requests, rt_count, s.ttfl_s.unwrap_or(f64::NAN), s.ttll_s.unwrap_or(f64::NAN))
+                }
+                "s3-chunkwise" => {
+                    let conc = 16usize;
+                    let (ttll, n) = rt.block_on(async {
+                        let mut dest: Vec<Vec<u8>> = (0..g.layers).map(|_| touched(layer_bytes as usize)).collect();
+                        let t0 = Instant::now();
+                        let keys: Vec<String> = hs.iter().map(|h| kb.data(h)).collect();
+                        let mut got = 0u64;
+                        let mut i = 0;
+                        while i < keys.len() {
+                            let batch: Vec<_> = keys[i..(i + conc).min(keys.len())].iter().map(|k| store.get_bytes(k)).collect();
+                            let objs = join_all(batch).await;
+                            for (j, o) in objs.into_iter().enumerate() {
+                                let o = o.map_err(|e| e.to_string())?;
+                                let (_, slices) = decode_chunk(&g, g.tokens_per_chunk, &o).map_err(|e| e.to_string())?;
+                                let off = (i + j) * g.slice_bytes() as usize;
+                                for (l, s) in slices.iter().enumerate() {
+                                    dest[l][off..off + s.len()].copy_from_slice(s);
+                                }
+                                got += 1;
+                            }
+                            i += conc;
+                        }
+                        Ok::<_, String>((t0.elapsed().as_secs_f64(), got))
+                    })?;
+                    // Layer 0 needs every chunk's object: first layer and last layer coincide.
+                    rec(path, n, n.div_ceil(conc as u64), ttll, ttll)
+                }
+                other => return Err(format!("unknown path {other:?}: use gather-tcp, s3-layerwise, s3-chunkwise")),
+            };
+            let one_layer = layer_bytes as f64 / r.raw_tcp_bytes_per_s;
+            println!(
+                "{:<13} {:>6} tokens  {:>6} MiB  requests {:>6}  round trips {:>5}  TTFL {:>8.2} ms ({:.2}x one layer at raw)  TTLL {:>8.2} ms  {:>6.2} GB/s = {:.2} of raw TCP {:.2} GB/s",
+                r.path,
+                r.context_tokens,
+                r.bytes >> 20,
+                r.requests,
+                r.round_trips,
+                r.ttfl_s * 1e3,
+                r.ttfl_s / one_layer,
+                r.ttll_s * 1e3,
+                r.throughput_bytes_per_s / 1e9,
+                r.throughput_bytes_per_s / r.raw_tcp_bytes_per_s,
+                r.raw_tcp_bytes_per_s / 1e9
+            );
+            records.push(r);
+        }
+        // Free the prefix's objects before the next size.
+        rt.block_on(async {
+            for h in &hs {
+                let _ = store.delete(&kb.data(h)).await;
+                let _ = store.delete(&kb.marker(h)).await;
+            }
+        });
+    }
+    if let Some(p) = &args.json {
+        let s = serde_json::to_string_pretty(&records).map_err(|e| e.to_string())?;
+        std::fs::write(p, s).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    Ok(())
+}
+
+async fn join_all<F: std::future::Future>(fs: Vec<F>) -> Vec<F::Output> {
+    let mut out = Vec::with_capacity(fs.len());
+    let handles: Vec<_> = fs.into_iter().collect();
+    // Poll all concurrently.
+    let mut pinned: Vec<std::pin::Pin<Box<F>>> = handles.into_iter().map(Box::pin).collect();
+    let mut results: Vec<Option<F::Output>> = (0..pinned.len()).map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in pinned.iter_mut().enumerate() {
+            if results[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => results[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending { std::task::Poll::Pending } else { std::task::Poll::Ready(()) }
+    })
+    .await;
+    out.extend(results.into_iter().map(|r| r.expect("ready")));
+    out
 }

@@ -1,15 +1,192 @@
-//! `objectcache serve`.
+//! `objectcache serve`: settings come from defaults, then a TOML file (`--config`), then
+//! environment variables, then flags (later wins). `docs/deployment.md` has the reference.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
 
 /// Arguments of `objectcache serve`.
-#[derive(Debug, clap::Args)]
-pub struct ServeArgs {}
+#[derive(Debug, Default, clap::Args)]
+pub struct ServeArgs {
+    /// TOML configuration file; its keys are the long flag names with `_` for `-`.
+    #[arg(long, env = "OBJECTCACHE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address for S3 (HTTP) and gather (TCP) on one port [default: 127.0.0.1:9000].
+    #[arg(long, env = "OBJECTCACHE_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Backend: `memory:`, `file://PATH` or a directory path (default `./objectcache-data`),
+    /// or `s3://BUCKET/PREFIX?endpoint=URL` for gateway mode over an upstream S3 endpoint.
+    #[arg(long, env = "OBJECTCACHE_STORE")]
+    pub store: Option<String>,
+    /// Skip fsync on the directory backend (atomic, but recent puts may be lost on power loss).
+    #[arg(long, env = "OBJECTCACHE_NO_FSYNC")]
+    pub no_fsync: bool,
+    /// An S3 access key `ACCESS_KEY:SECRET_KEY` accepted by SigV4 (repeat, or comma-separate
+    /// in the environment variable).
+    #[arg(long = "access-key", env = "OBJECTCACHE_ACCESS_KEYS", value_delimiter = ',')]
+    pub access_keys: Vec<String>,
+    /// Accept unauthenticated S3 requests when no access key is configured.
+    #[arg(long, env = "OBJECTCACHE_ALLOW_ANONYMOUS")]
+    pub allow_anonymous: bool,
+    /// Bucket to create at start if absent (repeat, or comma-separate).
+    #[arg(long = "bucket", env = "OBJECTCACHE_BUCKETS", value_delimiter = ',')]
+    pub buckets: Vec<String>,
+    /// Largest object a PUT may write, bytes [default: 5 GiB].
+    #[arg(long, env = "OBJECTCACHE_MAX_OBJECT_BYTES")]
+    pub max_object_bytes: Option<u64>,
+    /// Largest gather/save descriptor, bytes [default: 1 MiB].
+    #[arg(long, env = "OBJECTCACHE_MAX_DESCRIPTOR_BYTES")]
+    pub max_descriptor_bytes: Option<u32>,
+    /// Most chunks per gather or save request [default: 4096].
+    #[arg(long, env = "OBJECTCACHE_MAX_CHUNKS")]
+    pub max_chunks: Option<u32>,
+    /// Loads served at once; more wait in the scheduler's queue [default: 64].
+    #[arg(long, env = "OBJECTCACHE_MAX_CONCURRENT_LOADS")]
+    pub max_concurrent_loads: Option<usize>,
+    /// Loads allowed to wait before new ones are refused as busy [default: 1024].
+    #[arg(long, env = "OBJECTCACHE_MAX_QUEUED_LOADS")]
+    pub max_queued_loads: Option<usize>,
+    /// Bytes one request may hold in server memory [default: 256 MiB].
+    #[arg(long, env = "OBJECTCACHE_MAX_REQUEST_BYTES")]
+    pub max_request_bytes: Option<u64>,
+    /// Bytes all requests together may hold in memory [default: 2 GiB].
+    #[arg(long, env = "OBJECTCACHE_MEMORY_BUDGET_BYTES")]
+    pub memory_budget_bytes: Option<u64>,
+    /// Backend reads in flight per load [default: 32].
+    #[arg(long, env = "OBJECTCACHE_READ_CONCURRENCY")]
+    pub read_concurrency: Option<usize>,
+    /// Verify every stored slice CRC32C before sending, whatever the client asks.
+    #[arg(long, env = "OBJECTCACHE_ALWAYS_VERIFY")]
+    pub always_verify: bool,
+    /// Load scheduling policy: `fifo` or `priority` [default: fifo].
+    #[arg(long, env = "OBJECTCACHE_SCHEDULER")]
+    pub scheduler: Option<String>,
+    /// Disconnect a client that accepts no bytes for this many seconds [default: 30].
+    #[arg(long, env = "OBJECTCACHE_CLIENT_TIMEOUT_SECS")]
+    pub client_timeout_secs: Option<u64>,
+    /// Seconds loads in flight get to finish on shutdown before they are aborted [default: 10].
+    #[arg(long, env = "OBJECTCACHE_SHUTDOWN_GRACE_SECS")]
+    pub shutdown_grace_secs: Option<u64>,
+    /// Log format: `text` or `json` [default: text].
+    #[arg(long, env = "OBJECTCACHE_LOG_FORMAT")]
+    pub log_format: Option<String>,
+    /// Log filter in tracing `EnvFilter` syntax, e.g. `info,objectcache=debug` [default: info].
+    #[arg(long, env = "OBJECTCACHE_LOG")]
+    pub log: Option<String>,
+    /// Print the effective configuration as TOML and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
 
-/// Runs `objectcache serve`.
+#[cfg(feature = "server")]
+impl ServeArgs {
+    /// The effective configuration: defaults, then the file, then environment and flags.
+    ///
+    /// # Errors
+    /// [`crate::Error::Config`] if the file cannot be read or parsed.
+    pub fn resolve(&self) -> crate::Result<crate::server::ServerConfig> {
+        let mut c = match &self.config {
+            Some(p) => {
+                let s = std::fs::read_to_string(p).map_err(|e| crate::Error::Config(format!("{}: {e}", p.display())))?;
+                crate::server::ServerConfig::from_toml(&s)?
+            }
+            None => crate::server::ServerConfig::default(),
+        };
+        macro_rules! set {
+            ($($f:ident),*) => { $( if let Some(v) = self.$f.clone() { c.$f = v; } )* };
+        }
+        set!(listen, store, max_object_bytes, max_descriptor_bytes, max_chunks, max_concurrent_loads, max_queued_loads,
+             max_request_bytes, memory_budget_bytes, read_concurrency, scheduler, client_timeout_secs, shutdown_grace_secs,
+             log_format);
+        if let Some(l) = &self.log {
+            c.log_filter = l.clone();
+        }
+        if self.no_fsync {
+            c.fsync = false;
+        }
+        if !self.access_keys.is_empty() {
+            c.access_keys = self
+                .access_keys
+                .iter()
+                .map(|k| crate::server::AccessKey::parse(k).map_err(|e| crate::Error::Config(format!("--access-key: {e}"))))
+                .collect::<crate::Result<_>>()?;
+        }
+        if self.allow_anonymous {
+            c.allow_anonymous = true;
+        }
+        if !self.buckets.is_empty() {
+            c.buckets = self.buckets.clone();
+        }
+        if self.always_verify {
+            c.always_verify = true;
+        }
+        Ok(c)
+    }
+}
+
+/// Runs `objectcache serve`: not available without feature `server`.
 ///
 /// # Errors
-/// Not built yet: always an error saying so.
+/// Always, saying so.
+#[cfg(not(feature = "server"))]
 pub fn run(_args: ServeArgs) -> crate::Result<()> {
-    Err(crate::Error::InvalidArgument(
-        "`objectcache serve` is not built yet".into(),
-    ))
+    Err(crate::Error::InvalidArgument("this build has no server (feature `server` is off)".into()))
+}
+
+/// Runs `objectcache serve` until SIGINT or SIGTERM, then shuts down gracefully.
+///
+/// # Errors
+/// Configuration errors, a store that cannot be opened, or an address that cannot be bound.
+#[cfg(feature = "server")]
+pub fn run(args: ServeArgs) -> crate::Result<()> {
+    let cfg = args.resolve()?;
+    if args.print_config {
+        print!("{}", toml::to_string_pretty(&cfg).map_err(|e| crate::Error::Config(e.to_string()))?);
+        return Ok(());
+    }
+    cfg.validate()?;
+    init_logging(&cfg)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let handle = crate::server::start(cfg).await?;
+        // Readiness line for scripts and tests that start the server as a process.
+        println!("objectcache listening on {}", handle.local_addr());
+        wait_for_signal().await;
+        tracing::info!("shutdown requested");
+        handle.shutdown().await;
+        Ok(())
+    })
+}
+
+#[cfg(feature = "server")]
+fn init_logging(cfg: &crate::server::ServerConfig) -> crate::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log_filter)
+        .map_err(|e| crate::Error::Config(format!("log filter {:?}: {e}", cfg.log_filter)))?;
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let r = if cfg.log_format == "json" { b.json().try_init() } else { b.try_init() };
+    // Already initialised (e.g. in tests): keep the existing subscriber.
+    let _ = r;
+    Ok(())
+}
+
+#[cfg(feature = "server")]
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = match signal(SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

@@ -1,3 +1,226 @@
 //! The gather wire protocol (sans-IO): descriptors, frames, and the client and server state
 //! machines. Specified byte by byte in `docs/protocol.md`.
+//!
+//! One gather request per load: the client names the chunk objects of a prefix (in prefix
+//! order), their geometry and token counts, and the server streams every layer's slices back
+//! as framed *units* in layer-major order, each carrying its layer index, destination offset,
+//! length and CRC32C. A batched save sends all chunk objects of a prefix in one request; the
+//! server publishes them only after every data object is durable.
+//!
+//! The code here performs no I/O and reads no clock: [`ClientConnection`] and
+//! [`ServerConnection`] take bytes in (`handle_bytes`), hand bytes out (`poll_transmit`) and
+//! report what happened (`poll_event`), in the vocabulary of `quinn-proto`. The tokio drivers
+//! live in [`crate::transport::tcp`] (client) and [`crate::server`] (server).
 #![forbid(unsafe_code)]
+
+mod client;
+mod descriptor;
+mod frame;
+mod server;
+mod wire;
+
+pub use client::{ClientConnection, ClientEvent};
+pub use descriptor::{
+    plan_units, ChunkKeys, DeliveryOrder, GatherRequest, SaveChunk, SaveRequest, SchedHints, SlicePiece,
+    TransportTarget, RdmaRegion, UnitPlan, WireGeometry,
+};
+pub use frame::{
+    decode_frame, encode_frame_header, ErrorCode, Frame, FrameHeader, FrameType, MissReason, UnitHeader,
+    FRAME_HEADER_LEN, UNIT_HEADER_LEN, ServerInfo, SAVE_DATA_HEADER_LEN,
+};
+pub use server::{ServerConnection, ServerEvent, ServerLimits};
+
+/// The 8 bytes a client sends first on a gather connection. They cannot begin an HTTP/1
+/// request, so one listening port can serve both S3 (HTTP) and gather.
+pub const PREFACE: [u8; 8] = *b"OCGATHER";
+/// Protocol version spoken by this build (see the versioning rule in `docs/protocol.md`).
+pub const PROTOCOL_VERSION: u16 = 1;
+/// Largest delivery unit payload, in bytes (16 MiB): a unit never exceeds it.
+pub const MAX_UNIT_BYTES: u32 = 16 << 20;
+/// Smallest delivery unit a client may ask for, in bytes (4 KiB).
+pub const MIN_UNIT_BYTES: u32 = 4 << 10;
+/// Hard cap on any control frame body (descriptors, errors), in bytes (16 MiB); servers
+/// announce a lower limit in their hello.
+pub const MAX_CONTROL_FRAME_BYTES: u32 = 16 << 20;
+/// Hard cap on chunks in one request (65,536 chunks = 16.7M tokens at 256 tokens per chunk);
+/// servers announce a lower limit in their hello.
+pub const MAX_CHUNKS_HARD: u32 = 1 << 16;
+
+/// Why bytes could not be decoded, or a request is not acceptable.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProtocolError {
+    /// The connection did not start with [`PREFACE`].
+    #[error("bad preface: not an ObjectCache gather connection")]
+    BadPreface,
+    /// The peer speaks no version this build speaks.
+    #[error("unsupported protocol version range {min}..={max} (this build speaks {PROTOCOL_VERSION})")]
+    UnsupportedVersion {
+        /// Lowest version offered.
+        min: u16,
+        /// Highest version offered.
+        max: u16,
+    },
+    /// An unknown frame type byte.
+    #[error("unknown frame type 0x{0:02x}")]
+    UnknownFrame(u8),
+    /// A frame arrived that the current state does not accept.
+    #[error("unexpected {frame} frame while {state}")]
+    UnexpectedFrame {
+        /// Frame type name.
+        frame: &'static str,
+        /// State name.
+        state: &'static str,
+    },
+    /// A frame body ended before a field.
+    #[error("truncated {what}: needed {needed} more bytes")]
+    Truncated {
+        /// What was being decoded.
+        what: &'static str,
+        /// Bytes missing.
+        needed: usize,
+    },
+    /// A length or count exceeds its limit.
+    #[error("{what} is {got}, above the limit of {max}")]
+    TooLarge {
+        /// What is too large.
+        what: &'static str,
+        /// The value received.
+        got: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// A field holds a value that is not allowed; the message names it.
+    #[error("invalid {field}: {reason}")]
+    Invalid {
+        /// Field name.
+        field: &'static str,
+        /// Why it is invalid.
+        reason: String,
+    },
+    /// The peer reported an error (server `Error` frame).
+    #[error("server error {code:?}: {message}")]
+    Remote {
+        /// Error code.
+        code: ErrorCode,
+        /// Server's message.
+        message: String,
+    },
+}
+
+impl ProtocolError {
+    pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        ProtocolError::Invalid { field, reason: reason.into() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{ChunkHash, HashAlgo, KeyBuilder, KvGeometry};
+    use bytes::{Bytes, BytesMut};
+
+    fn req(chunks: usize, tail: u32) -> GatherRequest {
+        let g = KvGeometry::llama31_8b();
+        let kb = KeyBuilder::new("ns", &g, HashAlgo::Sha256Cbor).unwrap();
+        let hashes = (0..chunks).map(|i| ChunkHash::from_digest([i as u8; 32])).collect();
+        let mut toks = vec![256; chunks];
+        *toks.last_mut().unwrap() = tail;
+        GatherRequest::for_prefix(7, "kv-test", &kb, &g, hashes, toks)
+    }
+
+    #[test]
+    fn descriptor_round_trips_and_keys_match_key_builder() {
+        let mut r = req(16, 100);
+        r.hints = SchedHints::LayerComputeUs(vec![150; 32]);
+        let mut b = BytesMut::new();
+        r.encode(&mut b);
+        let d = GatherRequest::decode(&b, 4096).unwrap();
+        assert_eq!(d, r);
+        let g = KvGeometry::llama31_8b();
+        let kb = KeyBuilder::new("ns", &g, HashAlgo::Sha256Cbor).unwrap();
+        assert_eq!(d.chunks.key(3).unwrap(), kb.data(&ChunkHash::from_digest([3; 32])));
+        // Every strict prefix is a clean truncation error, never a panic.
+        for n in 0..b.len() {
+            assert!(GatherRequest::decode(&b[..n], 4096).is_err(), "prefix {n}");
+        }
+        assert!(matches!(GatherRequest::decode(&b, 8), Err(ProtocolError::TooLarge { what: "chunks per request", .. })));
+    }
+
+    #[test]
+    fn units_are_layer_major_and_bounded() {
+        let mut r = req(128, 256); // 32K tokens: 128 MiB per layer
+        let units = plan_units(&r);
+        assert_eq!(units.len(), 32 * 8);
+        assert!(units.iter().all(|u| u.len <= MAX_UNIT_BYTES as u64));
+        assert!(units.windows(2).all(|w| w[0].layer <= w[1].layer));
+        let l0: u64 = units.iter().filter(|u| u.layer == 0).map(|u| u.len).sum();
+        assert_eq!(l0, r.layer_bytes());
+        r.max_unit_bytes = 300 << 10; // smaller than a 1 MiB slice: slices split
+        let units = plan_units(&r);
+        assert!(units.iter().all(|u| u.pieces.len() == 1 && u.len <= 300 << 10));
+        assert_eq!(units.iter().filter(|u| u.layer == 5).map(|u| u.len).sum::<u64>(), r.layer_bytes());
+    }
+
+    #[test]
+    fn client_and_server_machines_talk() {
+        let mut c = ClientConnection::new();
+        let mut s = ServerConnection::new(ServerLimits::default());
+        let pump_cs = |c: &mut ClientConnection, s: &mut ServerConnection| {
+            let mut b = BytesMut::new();
+            while let Some(x) = c.poll_transmit() {
+                b.extend_from_slice(&x);
+            }
+            s.handle_bytes(&mut b)
+        };
+        let pump_sc = |s: &mut ServerConnection, c: &mut ClientConnection| {
+            let mut b = BytesMut::new();
+            while let Some(x) = s.poll_transmit() {
+                b.extend_from_slice(&x);
+            }
+            c.handle_bytes(&mut b)
+        };
+        pump_cs(&mut c, &mut s).unwrap();
+        pump_sc(&mut s, &mut c).unwrap();
+        assert!(matches!(c.poll_event(), Some(ClientEvent::Connected(_))));
+        let r = req(2, 10);
+        c.start_gather(&r).unwrap();
+        pump_cs(&mut c, &mut s).unwrap();
+        let Some(ServerEvent::Gather(g)) = s.poll_event() else { panic!("no gather") };
+        assert_eq!(*g, r);
+        let payload = Bytes::from(vec![5u8; 1000]);
+        s.accept(7, 1, 1000);
+        s.send_unit(UnitHeader { layer: 3, crc32c: crc32c::crc32c(&payload), offset: 0, len: 1000 }, [payload.slice(..400), payload.slice(400..)]);
+        s.send_unit(UnitHeader { layer: 4, crc32c: 0, offset: 0, len: 4 }, [Bytes::from_static(b"abcd")]);
+        s.finish(7, 2, 1004);
+        pump_sc(&mut s, &mut c).unwrap();
+        assert!(matches!(c.poll_event(), Some(ClientEvent::Accepted { request_id: 7, .. })));
+        assert_eq!(c.poll_event(), Some(ClientEvent::Unit { layer: 3, offset: 0, data: payload }));
+        assert!(matches!(c.poll_event(), Some(ClientEvent::Corrupt { layer: 4, .. })));
+        assert!(matches!(c.poll_event(), Some(ClientEvent::End { request_id: 7, .. })));
+        assert!(c.is_idle());
+    }
+
+    #[test]
+    fn server_rejects_bad_preface_and_oversized_descriptor() {
+        let mut s = ServerConnection::new(ServerLimits::default());
+        let mut b = BytesMut::from(&b"GET / HTTP/1.1\r\n"[..]);
+        assert_eq!(s.handle_bytes(&mut b), Err(ProtocolError::BadPreface));
+        assert!(s.is_closed());
+        let mut s = ServerConnection::new(ServerLimits { max_descriptor_bytes: 1000, ..Default::default() });
+        let mut b = BytesMut::new();
+        b.extend_from_slice(&PREFACE);
+        Frame::Hello { version_min: 1, version_max: 1 }.encode(&mut b);
+        encode_frame_header(FrameType::Gather, 5000, &mut b);
+        let e = s.handle_bytes(&mut b).unwrap_err();
+        assert!(matches!(e, ProtocolError::TooLarge { what: "descriptor size", got: 5000, max: 1000 }), "{e}");
+        let mut out = BytesMut::new();
+        while let Some(x) = s.poll_transmit() {
+            out.extend_from_slice(&x);
+        }
+        let mut c = ClientConnection::new();
+        c.handle_bytes(&mut out).unwrap();
+        assert!(matches!(c.poll_event(), Some(ClientEvent::Connected(_))));
+        assert!(matches!(c.poll_event(), Some(ClientEvent::Error { code: ErrorCode::DescriptorTooLarge, .. })));
+    }
+}

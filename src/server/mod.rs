@@ -1,1 +1,386 @@
 //! The ObjectCache server: S3-compatible storage plus the one-request layer-ordered gather.
+//!
+//! One listening port serves both: a connection that opens with the gather preface
+//! ([`crate::protocol::PREFACE`]) is a gather connection ([`gather`]); anything else is
+//! HTTP/1.1, where `/_objectcache/health`, `/_objectcache/metrics` and
+//! `/_objectcache/capabilities` are answered here and every other request goes to the S3 API
+//! ([`s3::S3Frontend`] through `s3s`, SigV4 with the configured keys, path-style addressing).
+//! Bucket names cannot start with `_`, so these paths never shadow a bucket.
+//!
+//! Start one with [`start`] (opening the configured store) or [`start_with_store`]; stop it
+//! with [`ServerHandle::shutdown`], which stops accepting, lets loads in flight finish for
+//! `shutdown_grace_secs`, then aborts them with a `ShuttingDown` error frame.
+//!
+//! Built with feature `server` (on by default).
+#![cfg(feature = "server")]
+
+pub mod config;
+mod gather;
+pub mod metrics;
+pub mod s3;
+pub mod sched;
+
+pub use config::{AccessKey, ServerConfig};
+
+use crate::protocol::{ServerInfo, ServerLimits, PREFACE, PROTOCOL_VERSION};
+use crate::store::{FsStore, FsyncPolicy, MemoryStore, Store};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use metrics::Metrics;
+use s3::{Buckets, S3Frontend};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{oneshot, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Why a request stopped early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Abort {
+    /// The client closed the connection, failed, or stopped reading.
+    Gone,
+    /// The client cancelled.
+    Cancelled,
+    /// The server is shutting down.
+    Shutdown,
+}
+
+struct Admission {
+    active: usize,
+    queue: Box<dyn sched::LoadScheduler>,
+    waiting: HashMap<u64, oneshot::Sender<Slot>>,
+}
+
+/// State shared by every connection.
+pub(crate) struct Shared {
+    pub(crate) cfg: ServerConfig,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) buckets: Arc<Buckets>,
+    pub(crate) metrics: Arc<Metrics>,
+    /// Memory budget in [`gather::PERMIT_BYTES`] permits.
+    pub(crate) memory: Arc<Semaphore>,
+    pub(crate) shutdown: CancellationToken,
+    admission: Mutex<Admission>,
+    next_id: AtomicU64,
+}
+
+impl Shared {
+    pub(crate) fn limits(&self) -> ServerLimits {
+        ServerLimits {
+            max_descriptor_bytes: self.cfg.max_descriptor_bytes,
+            max_chunks: self.cfg.max_chunks,
+            max_request_bytes: self.cfg.max_request_bytes,
+            features: ServerInfo::FEATURE_GATHER_TCP | ServerInfo::FEATURE_SAVE,
+        }
+    }
+}
+
+/// A load's admission slot; dropping it admits the next waiting load.
+pub(crate) struct Slot {
+    sh: Arc<Shared>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let sh = self.sh.clone();
+        let mut a = sh.admission.lock().expect("admission lock");
+        a.active -= 1;
+        sh.metrics.active_loads.dec();
+        while let Some(t) = a.queue.pop() {
+            sh.metrics.queued_loads.dec();
+            if let Some(tx) = a.waiting.remove(&t.id) {
+                a.active += 1;
+                sh.metrics.active_loads.inc();
+                // If the waiter is gone the slot comes back here through its own drop.
+                let slot = Slot { sh: sh.clone() };
+                drop(a);
+                let _ = tx.send(slot);
+                return;
+            }
+        }
+    }
+}
+
+/// Waits for an admission slot under the configured scheduler.
+///
+/// # Errors
+/// A message when the queue is full.
+pub(crate) async fn admit(sh: &Arc<Shared>, priority: u8, first_deadline_us: Option<u64>, bytes: u64) -> Result<Slot, String> {
+    let rx = {
+        let mut a = sh.admission.lock().expect("admission lock");
+        if a.active < sh.cfg.max_concurrent_loads && a.queue.is_empty() {
+            a.active += 1;
+            sh.metrics.active_loads.inc();
+            return Ok(Slot { sh: sh.clone() });
+        }
+        if a.queue.len() >= sh.cfg.max_queued_loads {
+            return Err(format!(
+                "{} loads active and {} waiting (max_concurrent_loads {}, max_queued_loads {}); retry or fall back to S3",
+                a.active,
+                a.queue.len(),
+                sh.cfg.max_concurrent_loads,
+                sh.cfg.max_queued_loads
+            ));
+        }
+        let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        a.queue.push(sched::Ticket { id, seq: id, priority, first_deadline_us, bytes });
+        a.waiting.insert(id, tx);
+        sh.metrics.queued_loads.inc();
+        rx
+    };
+    rx.await.map_err(|_| "server is shutting down".to_string())
+}
+
+/// A running server.
+pub struct ServerHandle {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    join: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for ServerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerHandle").field("addr", &self.addr).finish_non_exhaustive()
+    }
+}
+
+impl ServerHandle {
+    /// The bound address (S3 and gather).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+    /// `http://ADDR`, the S3 endpoint URL.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+    /// The store behind the server.
+    pub fn store(&self) -> Arc<dyn Store> {
+        self.shared.store.clone()
+    }
+    /// The metrics registry.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.shared.metrics.clone()
+    }
+    /// Starts a graceful shutdown without waiting for it.
+    pub fn trigger_shutdown(&self) {
+        self.shared.shutdown.cancel();
+    }
+    /// Stops accepting, lets loads in flight finish (up to `shutdown_grace_secs`, then aborts
+    /// them), and waits for every connection to close.
+    pub async fn shutdown(self) {
+        self.shared.shutdown.cancel();
+        let _ = self.join.await;
+    }
+    /// Waits until the server stops (after a shutdown was triggered, e.g. by a signal).
+    pub async fn wait(self) {
+        let _ = self.join.await;
+    }
+}
+
+/// Opens the store named by `cfg.store`: `memory:`/`memory://`, `file://PATH` or a path
+/// (with `cfg.fsync`), or any URL [`crate::store::open_store`] accepts, e.g.
+/// `s3://BUCKET/PREFIX?endpoint=URL` for gateway mode (credentials from `AWS_ACCESS_KEY_ID`
+/// and `AWS_SECRET_ACCESS_KEY` or a profile).
+///
+/// # Errors
+/// The store's error, naming the URL.
+pub async fn open_backend(cfg: &ServerConfig) -> crate::Result<Arc<dyn Store>> {
+    let url = cfg.store.trim();
+    if url == "memory:" {
+        return Ok(Arc::new(MemoryStore::new()));
+    }
+    let fsync = if cfg.fsync { FsyncPolicy::Always } else { FsyncPolicy::Never };
+    if let Some(p) = url.strip_prefix("file://") {
+        return Ok(Arc::new(FsStore::new(p, fsync)?));
+    }
+    if !url.contains("://") && !url.is_empty() {
+        return Ok(Arc::new(FsStore::new(url, fsync)?));
+    }
+    Ok(crate::store::open_store(url).await?)
+}
+
+/// Opens the configured store and starts the server.
+///
+/// # Errors
+/// As [`open_backend`] and [`start_with_store`].
+pub async fn start(cfg: ServerConfig) -> crate::Result<ServerHandle> {
+    let store = open_backend(&cfg).await?;
+    start_with_store(cfg, store).await
+}
+
+/// Starts a server over `store`: validates `cfg`, creates `cfg.buckets`, binds `cfg.listen`
+/// (port 0 picks a free port; see [`ServerHandle::local_addr`]) and serves until shut down.
+///
+/// # Errors
+/// [`crate::Error::Config`] for inconsistent settings; [`crate::Error::Io`] if the address
+/// cannot be bound; a store error while loading buckets.
+pub async fn start_with_store(cfg: ServerConfig, store: Arc<dyn Store>) -> crate::Result<ServerHandle> {
+    cfg.validate()?;
+    let buckets = Arc::new(Buckets::load(store.clone()).await?);
+    for b in &cfg.buckets {
+        buckets.create(b).await?;
+    }
+    let metrics = Arc::new(Metrics::new());
+    let listener = TcpListener::bind(cfg.listen).await?;
+    let addr = listener.local_addr()?;
+    let queue = sched::by_name(&cfg.scheduler).ok_or_else(|| crate::Error::Config(format!("scheduler {:?}", cfg.scheduler)))?;
+    let shared = Arc::new(Shared {
+        memory: Arc::new(Semaphore::new(gather::permits_for(cfg.memory_budget_bytes) as usize)),
+        admission: Mutex::new(Admission { active: 0, queue, waiting: HashMap::new() }),
+        next_id: AtomicU64::new(1),
+        shutdown: CancellationToken::new(),
+        buckets: buckets.clone(),
+        metrics: metrics.clone(),
+        store: store.clone(),
+        cfg,
+    });
+    let mut builder = s3s::service::S3ServiceBuilder::new(S3Frontend::new(
+        store.clone(),
+        buckets,
+        shared.cfg.max_object_bytes,
+        metrics,
+    ));
+    if !shared.cfg.access_keys.is_empty() {
+        let mut auth = s3s::auth::SimpleAuth::new();
+        for k in &shared.cfg.access_keys {
+            auth.register(k.access_key.clone(), k.secret_key.clone().into());
+        }
+        builder.set_auth(auth);
+    }
+    let s3 = builder.build();
+    tracing::info!(%addr, store = store.name(), scheduler = %shared.cfg.scheduler, "objectcache server listening");
+    let sh = shared.clone();
+    let join = tokio::spawn(async move { accept_loop(listener, sh, s3).await });
+    Ok(ServerHandle { addr, shared, join })
+}
+
+async fn accept_loop(listener: TcpListener, sh: Arc<Shared>, s3: s3s::service::S3Service) {
+    let tracker = TaskTracker::new();
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = sh.shutdown.cancelled() => break,
+        };
+        let sh2 = sh.clone();
+        let s3 = s3.clone();
+        let watcher = graceful.watcher();
+        // Sniffing happens in the connection's own task: an idle connection (a client's
+        // pooled spare) never holds up the accept loop.
+        tracker.spawn(async move {
+            let kind = tokio::select! {
+                k = sniff(&stream) => k,
+                _ = sh2.shutdown.cancelled() => None,
+            };
+            match kind {
+                Some(true) => gather::serve(stream, sh2).await,
+                Some(false) => {
+                    let _ = stream.set_nodelay(true);
+                    let sh3 = sh2.clone();
+                    let svc = service_fn(move |req| http_route(req, sh3.clone(), s3.clone()));
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .keep_alive(true)
+                        .serve_connection(TokioIo::new(stream), svc);
+                    if let Err(e) = watcher.watch(conn).await {
+                        tracing::debug!(%peer, error = %e, "http connection ended");
+                    }
+                }
+                None => {}
+            }
+        });
+    }
+    drop(listener);
+    tracker.close();
+    let grace = Duration::from_secs(sh.cfg.shutdown_grace_secs + 1);
+    let _ = tokio::time::timeout(grace, graceful.shutdown()).await;
+    let _ = tokio::time::timeout(grace, tracker.wait()).await;
+    tracing::info!("objectcache server stopped");
+}
+
+/// Peeks at the first bytes: `Some(true)` for a gather connection, `Some(false)` for HTTP,
+/// `None` if the peer closed or sent nothing for an hour.
+async fn sniff(stream: &TcpStream) -> Option<bool> {
+    let mut b = [0u8; PREFACE.len()];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3600);
+    loop {
+        let n = tokio::time::timeout_at(deadline, stream.peek(&mut b)).await.ok()?.ok()?;
+        if n == 0 {
+            return None;
+        }
+        if b[..n] != PREFACE[..n] {
+            return Some(false);
+        }
+        if n == PREFACE.len() {
+            return Some(true);
+        }
+        // A partial preface: wait briefly for the rest.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+type HttpResp = hyper::Response<s3s::Body>;
+
+async fn http_route(
+    req: hyper::Request<hyper::body::Incoming>,
+    sh: Arc<Shared>,
+    s3: s3s::service::S3Service,
+) -> Result<HttpResp, std::convert::Infallible> {
+    let path = req.uri().path();
+    let text = |status: u16, ct: &str, body: String| {
+        hyper::Response::builder()
+            .status(status)
+            .header("content-type", ct)
+            .body(s3s::Body::from(body))
+            .expect("valid response")
+    };
+    if req.method() == hyper::Method::GET && path.starts_with("/_objectcache/") {
+        return Ok(match path {
+            "/_objectcache/health" => {
+                if sh.shutdown.is_cancelled() {
+                    text(503, "text/plain", "shutting down\n".into())
+                } else {
+                    text(200, "text/plain", "ok\n".into())
+                }
+            }
+            "/_objectcache/metrics" => text(200, "application/openmetrics-text; version=1.0.0; charset=utf-8", sh.metrics.encode()),
+            "/_objectcache/capabilities" => {
+                let l = sh.limits();
+                let body = serde_json::json!({
+                    "service": "objectcache",
+                    "version": env!("CARGO_PKG_VERSION"),
+                    "gather": {
+                        "protocol_versions": [PROTOCOL_VERSION],
+                        "transports": ["tcp"],
+                        "same_port": true,
+                        "batched_save": true,
+                        "max_descriptor_bytes": l.max_descriptor_bytes,
+                        "max_chunks": l.max_chunks,
+                        "max_request_bytes": l.max_request_bytes,
+                        "max_unit_bytes": crate::protocol::MAX_UNIT_BYTES,
+                    }
+                });
+                text(200, "application/json", body.to_string())
+            }
+            _ => text(404, "text/plain", "unknown objectcache endpoint\n".into()),
+        });
+    }
+    match s3.call(req.map(s3s::Body::from)).await {
+        Ok(r) => Ok(r),
+        Err(e) => {
+            sh.metrics.error("http");
+            Ok(text(500, "text/plain", format!("internal error: {e:?}\n")))
+        }
+    }
+}

@@ -3,6 +3,8 @@
 //! A transport delivers a load's bytes into a [`LayerSink`], which the connector implements
 //! over the caller's per-layer destination buffers.
 
+pub mod tcp;
+
 use crate::error::LayerError;
 
 /// Where a load's bytes land. Implemented by the connector over the caller's destination

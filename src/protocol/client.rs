@@ -1,0 +1,356 @@
+//! The client side of a gather connection, sans-IO.
+
+use super::descriptor::{GatherRequest, SaveRequest};
+use super::frame::{decode_frame, ErrorCode, Frame, MissReason, ServerInfo, FRAME_HEADER_LEN, SAVE_DATA_HEADER_LEN};
+use super::frame::{encode_frame_header, FrameType};
+use super::{ProtocolError, MAX_CONTROL_FRAME_BYTES, MAX_UNIT_BYTES, PREFACE, PROTOCOL_VERSION};
+use bytes::{BufMut, Bytes, BytesMut};
+use std::collections::VecDeque;
+use std::ops::Range;
+
+/// What the server said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientEvent {
+    /// The server's hello: gather is available with these limits.
+    Connected(ServerInfo),
+    /// The request was accepted.
+    Accepted {
+        /// Request id.
+        request_id: u64,
+        /// Units to come.
+        units: u64,
+        /// Payload bytes to come.
+        bytes: u64,
+    },
+    /// A unit whose CRC32C matched: copy `data` to layer `layer` at `offset`.
+    Unit {
+        /// Layer.
+        layer: u32,
+        /// Destination offset, bytes.
+        offset: u64,
+        /// Payload.
+        data: Bytes,
+    },
+    /// A unit whose CRC32C did not match: its layer is a miss.
+    Corrupt {
+        /// Layer.
+        layer: u32,
+        /// Destination offset of the unit.
+        offset: u64,
+        /// CRC in the frame.
+        expected: u32,
+        /// CRC computed over the payload.
+        computed: u32,
+    },
+    /// Chunk `chunk`'s `layers` will not arrive.
+    Miss {
+        /// Chunk index.
+        chunk: u32,
+        /// Layers.
+        layers: Range<u32>,
+        /// Why.
+        reason: MissReason,
+        /// Details.
+        message: String,
+    },
+    /// The gather finished.
+    End {
+        /// Request id.
+        request_id: u64,
+        /// Units sent.
+        units: u64,
+        /// Bytes sent.
+        bytes: u64,
+    },
+    /// A save was published.
+    SaveDone {
+        /// Request id.
+        request_id: u64,
+        /// Objects written.
+        written: u32,
+        /// Objects already present.
+        already_present: u32,
+    },
+    /// The request (or the connection, if [`ClientConnection::is_closed`]) failed.
+    Error {
+        /// Code.
+        code: ErrorCode,
+        /// Server's message.
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Hello,
+    Idle,
+    Gathering,
+    Saving,
+    Closed,
+}
+
+/// Bounds of the gather in flight, to reject units outside the destination.
+#[derive(Debug, Clone)]
+struct Current {
+    layers: Range<u32>,
+    layer_bytes: u64,
+}
+
+/// One gather connection, client side. [`ClientConnection::new`] queues the preface and
+/// hello; wait for [`ClientEvent::Connected`] before starting a request.
+#[derive(Debug)]
+pub struct ClientConnection {
+    state: State,
+    info: Option<ServerInfo>,
+    current: Option<Current>,
+    events: VecDeque<ClientEvent>,
+    transmit: VecDeque<Bytes>,
+}
+
+impl Default for ClientConnection {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ClientConnection {
+    /// A new connection with the preface and hello queued.
+    pub fn new() -> Self {
+        let mut b = BytesMut::with_capacity(16);
+        b.put_slice(&PREFACE);
+        Frame::Hello { version_min: PROTOCOL_VERSION, version_max: PROTOCOL_VERSION }.encode(&mut b);
+        ClientConnection {
+            state: State::Hello,
+            info: None,
+            current: None,
+            events: VecDeque::new(),
+            transmit: VecDeque::from([b.freeze()]),
+        }
+    }
+
+    /// The server's hello, once received.
+    pub fn server_info(&self) -> Option<ServerInfo> {
+        self.info
+    }
+
+    /// `true` when no request is in flight and the hello is done.
+    pub fn is_idle(&self) -> bool {
+        self.state == State::Idle
+    }
+
+    /// `true` once the connection failed.
+    pub fn is_closed(&self) -> bool {
+        self.state == State::Closed
+    }
+
+    /// Next bytes to write.
+    pub fn poll_transmit(&mut self) -> Option<Bytes> {
+        self.transmit.pop_front()
+    }
+
+    /// Next event.
+    pub fn poll_event(&mut self) -> Option<ClientEvent> {
+        self.events.pop_front()
+    }
+
+    /// Queues a gather request.
+    ///
+    /// # Errors
+    /// [`ProtocolError::UnexpectedFrame`] if not idle; the descriptor's own validation error;
+    /// [`ProtocolError::TooLarge`] if it exceeds the server's announced limits.
+    pub fn start_gather(&mut self, req: &GatherRequest) -> Result<(), ProtocolError> {
+        let info = self.ready("Gather")?;
+        req.validate(info.max_chunks)?;
+        if matches!(req.target, super::TransportTarget::Rdma(_)) && info.features & ServerInfo::FEATURE_RDMA == 0 {
+            return Err(ProtocolError::invalid("transport target", "the server does not offer RDMA"));
+        }
+        let b = self.encode_control(&Frame::Gather(Box::new(req.clone())), info)?;
+        self.transmit.push_back(b);
+        self.current = Some(Current { layers: req.layers.clone(), layer_bytes: req.layer_bytes() });
+        self.state = State::Gathering;
+        Ok(())
+    }
+
+    /// Queues a save request; follow with [`ClientConnection::save_data`] for every object
+    /// in chunk order, then [`ClientConnection::save_end`].
+    ///
+    /// # Errors
+    /// As [`ClientConnection::start_gather`]; [`ProtocolError::Invalid`] if the server does not
+    /// offer batched save.
+    pub fn start_save(&mut self, req: &SaveRequest) -> Result<(), ProtocolError> {
+        let info = self.ready("SaveBegin")?;
+        if info.features & ServerInfo::FEATURE_SAVE == 0 {
+            return Err(ProtocolError::invalid("save", "the server does not offer batched save"));
+        }
+        req.validate(info.max_chunks)?;
+        let b = self.encode_control(&Frame::SaveBegin(Box::new(req.clone())), info)?;
+        self.transmit.push_back(b);
+        self.state = State::Saving;
+        Ok(())
+    }
+
+    /// Queues save data: `data` (at most 16 MiB) at `offset` of chunk `chunk`'s object; the
+    /// payload is sent as is (no copy).
+    ///
+    /// # Errors
+    /// [`ProtocolError`] if no save is in progress or `data` is too large.
+    pub fn save_data(&mut self, chunk: u32, offset: u64, data: Bytes) -> Result<(), ProtocolError> {
+        if self.state != State::Saving {
+            return Err(ProtocolError::UnexpectedFrame { frame: "SaveData", state: "not saving" });
+        }
+        if data.len() > MAX_UNIT_BYTES as usize {
+            return Err(ProtocolError::TooLarge { what: "save data frame", got: data.len() as u64, max: MAX_UNIT_BYTES as u64 });
+        }
+        let mut h = BytesMut::with_capacity(FRAME_HEADER_LEN + SAVE_DATA_HEADER_LEN);
+        encode_frame_header(FrameType::SaveData, (SAVE_DATA_HEADER_LEN + data.len()) as u32, &mut h);
+        h.put_u32_le(chunk);
+        h.put_u32_le(0);
+        h.put_u64_le(offset);
+        self.transmit.push_back(h.freeze());
+        self.transmit.push_back(data);
+        Ok(())
+    }
+
+    /// Queues the end of save data.
+    ///
+    /// # Errors
+    /// [`ProtocolError`] if no save is in progress.
+    pub fn save_end(&mut self) -> Result<(), ProtocolError> {
+        if self.state != State::Saving {
+            return Err(ProtocolError::UnexpectedFrame { frame: "SaveEnd", state: "not saving" });
+        }
+        let mut b = BytesMut::new();
+        Frame::SaveEnd.encode(&mut b);
+        self.transmit.push_back(b.freeze());
+        Ok(())
+    }
+
+    /// Queues a cancel of the request in flight (the server stops and answers `End` or
+    /// `Error`; units already in flight may still arrive).
+    pub fn cancel(&mut self, request_id: u64) {
+        let mut b = BytesMut::new();
+        Frame::Cancel { request_id }.encode(&mut b);
+        self.transmit.push_back(b.freeze());
+    }
+
+    fn ready(&self, frame: &'static str) -> Result<ServerInfo, ProtocolError> {
+        match (self.state, self.info) {
+            (State::Idle, Some(i)) => Ok(i),
+            (s, _) => Err(ProtocolError::UnexpectedFrame {
+                frame,
+                state: match s {
+                    State::Hello => "awaiting the server's hello",
+                    State::Closed => "closed",
+                    _ => "a request is in flight",
+                },
+            }),
+        }
+    }
+
+    fn encode_control(&self, f: &Frame, info: ServerInfo) -> Result<Bytes, ProtocolError> {
+        let mut b = BytesMut::with_capacity(256);
+        f.encode(&mut b);
+        let body = (b.len() - FRAME_HEADER_LEN) as u64;
+        let max = info.max_descriptor_bytes.min(MAX_CONTROL_FRAME_BYTES) as u64;
+        if body > max {
+            return Err(ProtocolError::TooLarge { what: "descriptor size", got: body, max });
+        }
+        Ok(b.freeze())
+    }
+
+    /// Consumes whole frames from the front of `buf`.
+    ///
+    /// # Errors
+    /// A protocol violation by the server (the connection is then closed).
+    pub fn handle_bytes(&mut self, buf: &mut BytesMut) -> Result<(), ProtocolError> {
+        let r = self.handle_inner(buf);
+        if r.is_err() {
+            self.state = State::Closed;
+        }
+        r
+    }
+
+    fn handle_inner(&mut self, buf: &mut BytesMut) -> Result<(), ProtocolError> {
+        while self.state != State::Closed {
+            let Some(f) = decode_frame(buf, MAX_CONTROL_FRAME_BYTES, u32::MAX)? else {
+                return Ok(());
+            };
+            self.on_frame(f)?;
+        }
+        Ok(())
+    }
+
+    fn on_frame(&mut self, f: Frame) -> Result<(), ProtocolError> {
+        let st = self.state;
+        let unexpected = |f: &Frame| ProtocolError::UnexpectedFrame {
+            frame: f.ty().name(),
+            state: match st {
+                State::Hello => "awaiting hello",
+                State::Idle => "idle",
+                State::Gathering => "gathering",
+                State::Saving => "saving",
+                State::Closed => "closed",
+            },
+        };
+        match (st, f) {
+            (State::Hello, Frame::HelloAck(i)) => {
+                if i.version != PROTOCOL_VERSION {
+                    return Err(ProtocolError::UnsupportedVersion { min: i.version, max: i.version });
+                }
+                self.info = Some(i);
+                self.state = State::Idle;
+                self.events.push_back(ClientEvent::Connected(i));
+            }
+            (State::Gathering, Frame::Accepted { request_id, units, bytes }) => {
+                self.events.push_back(ClientEvent::Accepted { request_id, units, bytes });
+            }
+            (State::Gathering, Frame::Unit { header, data }) => {
+                let cur = self.current.as_ref().expect("gathering has a current request");
+                if !cur.layers.contains(&header.layer) || header.offset + header.len as u64 > cur.layer_bytes {
+                    return Err(ProtocolError::invalid(
+                        "unit",
+                        format!(
+                            "layer {} bytes {}..{} outside the request (layers {:?}, {} bytes per layer)",
+                            header.layer,
+                            header.offset,
+                            header.offset + header.len as u64,
+                            cur.layers,
+                            cur.layer_bytes
+                        ),
+                    ));
+                }
+                let computed = crc32c::crc32c(&data);
+                if computed == header.crc32c {
+                    self.events.push_back(ClientEvent::Unit { layer: header.layer, offset: header.offset, data });
+                } else {
+                    self.events.push_back(ClientEvent::Corrupt {
+                        layer: header.layer,
+                        offset: header.offset,
+                        expected: header.crc32c,
+                        computed,
+                    });
+                }
+            }
+            (State::Gathering, Frame::Miss { chunk, layers, reason, message }) => {
+                self.events.push_back(ClientEvent::Miss { chunk, layers, reason, message });
+            }
+            (State::Gathering, Frame::End { request_id, units, bytes }) => {
+                self.state = State::Idle;
+                self.current = None;
+                self.events.push_back(ClientEvent::End { request_id, units, bytes });
+            }
+            (State::Saving, Frame::SaveDone { request_id, written, already_present }) => {
+                self.state = State::Idle;
+                self.events.push_back(ClientEvent::SaveDone { request_id, written, already_present });
+            }
+            (_, Frame::Error { code, message }) => {
+                // Request-level errors leave the connection usable, except before the hello.
+                self.state = if st == State::Hello { State::Closed } else { State::Idle };
+                self.current = None;
+                self.events.push_back(ClientEvent::Error { code, message });
+            }
+            (_, f) => return Err(unexpected(&f)),
+        }
+        Ok(())
+    }
+}

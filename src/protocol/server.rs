@@ -1,0 +1,276 @@
+//! The server side of a gather connection, sans-IO.
+
+use super::descriptor::{GatherRequest, SaveRequest};
+use super::frame::{decode_frame, ErrorCode, Frame, MissReason, ServerInfo, UnitHeader};
+use super::{ProtocolError, MAX_CONTROL_FRAME_BYTES, PREFACE, PROTOCOL_VERSION};
+use bytes::{Bytes, BytesMut};
+use std::collections::VecDeque;
+use std::ops::Range;
+
+/// Limits a server announces in its hello and enforces on every request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// Largest descriptor body, bytes (at most 16 MiB).
+    pub max_descriptor_bytes: u32,
+    /// Most chunks per request.
+    pub max_chunks: u32,
+    /// Most bytes one request may hold in server memory.
+    pub max_request_bytes: u64,
+    /// Feature bits ([`ServerInfo::FEATURE_GATHER_TCP`], ...).
+    pub features: u32,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            max_descriptor_bytes: 1 << 20,
+            max_chunks: 4096,
+            max_request_bytes: 256 << 20,
+            features: ServerInfo::FEATURE_GATHER_TCP | ServerInfo::FEATURE_SAVE,
+        }
+    }
+}
+
+/// What the client asked for; the driver acts on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerEvent {
+    /// Serve this gather: call [`ServerConnection::accept`], then send units, then
+    /// [`ServerConnection::finish`] (or [`ServerConnection::fail`]).
+    Gather(Box<GatherRequest>),
+    /// A batched save begins.
+    SaveBegin(Box<SaveRequest>),
+    /// Save data for chunk `chunk` at byte `offset` of its object.
+    SaveData {
+        /// Chunk index.
+        chunk: u32,
+        /// Offset in the object.
+        offset: u64,
+        /// Bytes.
+        data: Bytes,
+    },
+    /// All save data sent: publish, then [`ServerConnection::save_done`].
+    SaveEnd,
+    /// The client cancelled the request in flight: stop sending and free its resources.
+    Cancel {
+        /// Request id.
+        request_id: u64,
+    },
+    /// The connection failed with this protocol error; an `Error` frame is queued and the
+    /// driver flushes it and closes.
+    Failed(ProtocolError),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Preface,
+    Hello,
+    Idle,
+    Gathering,
+    Saving,
+    Publishing,
+    Closed,
+}
+
+impl State {
+    fn name(self) -> &'static str {
+        match self {
+            State::Preface => "awaiting preface",
+            State::Hello => "awaiting hello",
+            State::Idle => "idle",
+            State::Gathering => "gathering",
+            State::Saving => "receiving save data",
+            State::Publishing => "publishing",
+            State::Closed => "closed",
+        }
+    }
+}
+
+/// One gather connection, server side: `handle_bytes` / `poll_event` / `poll_transmit`, plus
+/// commands (`accept`, `send_unit`, `send_miss`, `finish`, `fail`, `save_done`) that queue
+/// frames. Requests on one connection are sequential.
+#[derive(Debug)]
+pub struct ServerConnection {
+    limits: ServerLimits,
+    state: State,
+    events: VecDeque<ServerEvent>,
+    transmit: VecDeque<Bytes>,
+}
+
+/// Maps a decode error to the code the client sees.
+fn code_of(e: &ProtocolError) -> ErrorCode {
+    match e {
+        ProtocolError::TooLarge { what: "descriptor size", .. } => ErrorCode::DescriptorTooLarge,
+        ProtocolError::TooLarge { what: "chunks per request", .. } => ErrorCode::TooManyChunks,
+        ProtocolError::UnsupportedVersion { .. } => ErrorCode::UnsupportedVersion,
+        _ => ErrorCode::Malformed,
+    }
+}
+
+impl ServerConnection {
+    /// A new connection awaiting the client's preface.
+    pub fn new(limits: ServerLimits) -> Self {
+        let mut limits = limits;
+        limits.max_descriptor_bytes = limits.max_descriptor_bytes.min(MAX_CONTROL_FRAME_BYTES);
+        ServerConnection { limits, state: State::Preface, events: VecDeque::new(), transmit: VecDeque::new() }
+    }
+
+    /// `true` once the connection failed or the client's hello was refused: flush
+    /// [`ServerConnection::poll_transmit`] and close.
+    pub fn is_closed(&self) -> bool {
+        self.state == State::Closed
+    }
+
+    /// `true` while a gather or save is in progress.
+    pub fn is_busy(&self) -> bool {
+        matches!(self.state, State::Gathering | State::Saving | State::Publishing)
+    }
+
+    /// Consumes whole frames from the front of `buf` (leaving a partial frame there).
+    ///
+    /// # Errors
+    /// The protocol error that closed the connection (also reported as
+    /// [`ServerEvent::Failed`], with an `Error` frame queued for the client).
+    pub fn handle_bytes(&mut self, buf: &mut BytesMut) -> Result<(), ProtocolError> {
+        if let Err(e) = self.handle_inner(buf) {
+            let code = code_of(&e);
+            self.queue(Frame::Error { code, message: e.to_string() });
+            self.events.push_back(ServerEvent::Failed(e.clone()));
+            self.state = State::Closed;
+            buf.clear();
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn handle_inner(&mut self, buf: &mut BytesMut) -> Result<(), ProtocolError> {
+        loop {
+            match self.state {
+                State::Closed => return Ok(()),
+                State::Preface => {
+                    let n = buf.len().min(PREFACE.len());
+                    if buf[..n] != PREFACE[..n] {
+                        return Err(ProtocolError::BadPreface);
+                    }
+                    if n < PREFACE.len() {
+                        return Ok(());
+                    }
+                    let _ = buf.split_to(PREFACE.len());
+                    self.state = State::Hello;
+                }
+                _ => {
+                    let Some(f) = decode_frame(buf, self.limits.max_descriptor_bytes, self.limits.max_chunks)? else {
+                        return Ok(());
+                    };
+                    self.on_frame(f)?;
+                }
+            }
+        }
+    }
+
+    fn on_frame(&mut self, f: Frame) -> Result<(), ProtocolError> {
+        let unexpected = |f: &Frame, s: State| ProtocolError::UnexpectedFrame { frame: f.ty().name(), state: s.name() };
+        match (self.state, f) {
+            (State::Hello, Frame::Hello { version_min, version_max }) => {
+                if !(version_min..=version_max).contains(&PROTOCOL_VERSION) {
+                    return Err(ProtocolError::UnsupportedVersion { min: version_min, max: version_max });
+                }
+                self.queue(Frame::HelloAck(ServerInfo {
+                    version: PROTOCOL_VERSION,
+                    features: self.limits.features,
+                    max_descriptor_bytes: self.limits.max_descriptor_bytes,
+                    max_chunks: self.limits.max_chunks,
+                    max_request_bytes: self.limits.max_request_bytes,
+                }));
+                self.state = State::Idle;
+            }
+            (State::Idle, Frame::Gather(g)) => {
+                self.state = State::Gathering;
+                self.events.push_back(ServerEvent::Gather(g));
+            }
+            (State::Idle, Frame::SaveBegin(s)) => {
+                self.state = State::Saving;
+                self.events.push_back(ServerEvent::SaveBegin(s));
+            }
+            (State::Saving, Frame::SaveData { chunk, offset, data }) => {
+                self.events.push_back(ServerEvent::SaveData { chunk, offset, data });
+            }
+            (State::Saving, Frame::SaveEnd) => {
+                self.state = State::Publishing;
+                self.events.push_back(ServerEvent::SaveEnd);
+            }
+            // A cancel may race with the end of its request: ignore it when idle.
+            (State::Idle, Frame::Cancel { .. }) => {}
+            (State::Gathering | State::Saving | State::Publishing, Frame::Cancel { request_id }) => {
+                self.events.push_back(ServerEvent::Cancel { request_id });
+            }
+            (s, f) => return Err(unexpected(&f, s)),
+        }
+        Ok(())
+    }
+
+    /// Next event for the driver.
+    pub fn poll_event(&mut self) -> Option<ServerEvent> {
+        self.events.pop_front()
+    }
+
+    /// Next bytes to write to the socket, in order. Unit payloads come out as the very
+    /// `Bytes` handed to [`ServerConnection::send_unit`] (no copy).
+    pub fn poll_transmit(&mut self) -> Option<Bytes> {
+        self.transmit.pop_front()
+    }
+
+    /// Bytes queued for transmission.
+    pub fn queued_bytes(&self) -> usize {
+        self.transmit.iter().map(Bytes::len).sum()
+    }
+
+    fn queue(&mut self, f: Frame) {
+        let mut b = BytesMut::with_capacity(64);
+        f.encode(&mut b);
+        self.transmit.push_back(b.freeze());
+    }
+
+    /// Acknowledges the gather in progress: `units` units, `bytes` payload bytes.
+    pub fn accept(&mut self, request_id: u64, units: u64, bytes: u64) {
+        self.queue(Frame::Accepted { request_id, units, bytes });
+    }
+
+    /// Queues a unit whose payload is the concatenation of `parts` (each sent as is).
+    /// `header.len` must equal the parts' total length.
+    pub fn send_unit(&mut self, header: UnitHeader, parts: impl IntoIterator<Item = Bytes>) {
+        self.transmit.push_back(Bytes::copy_from_slice(&header.encode_prefix()));
+        self.transmit.extend(parts);
+    }
+
+    /// Queues a miss: chunk `chunk`'s `layers` will not be delivered.
+    pub fn send_miss(&mut self, chunk: u32, layers: Range<u32>, reason: MissReason, message: &str) {
+        self.queue(Frame::Miss { chunk, layers, reason, message: message.to_string() });
+    }
+
+    /// Ends the gather in progress; the connection accepts a next request.
+    pub fn finish(&mut self, request_id: u64, units: u64, bytes: u64) {
+        self.queue(Frame::End { request_id, units, bytes });
+        self.state = State::Idle;
+    }
+
+    /// Fails the request in progress (or refuses one) with `code`; the connection accepts a
+    /// next request.
+    pub fn fail(&mut self, code: ErrorCode, message: &str) {
+        self.queue(Frame::Error { code, message: message.to_string() });
+        if self.state != State::Closed {
+            self.state = State::Idle;
+        }
+    }
+
+    /// Refuses the request and closes the connection after flushing (e.g. shutting down).
+    pub fn close_with(&mut self, code: ErrorCode, message: &str) {
+        self.queue(Frame::Error { code, message: message.to_string() });
+        self.state = State::Closed;
+    }
+
+    /// Reports a published save.
+    pub fn save_done(&mut self, request_id: u64, written: u32, already_present: u32) {
+        self.queue(Frame::SaveDone { request_id, written, already_present });
+        self.state = State::Idle;
+    }
+}

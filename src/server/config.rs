@@ -1,0 +1,158 @@
+//! Server configuration: one struct, read from a TOML file and overridden by environment
+//! variables and flags (see `objectcache serve --help` and `docs/deployment.md`).
+
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+
+/// One S3 access key pair accepted by SigV4 authentication.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessKey {
+    /// Access key id.
+    pub access_key: String,
+    /// Secret access key.
+    pub secret_key: String,
+}
+
+impl AccessKey {
+    /// Parses `ACCESS:SECRET`.
+    ///
+    /// # Errors
+    /// A message if there is no `:` or either side is empty.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s.split_once(':') {
+            Some((a, k)) if !a.is_empty() && !k.is_empty() => {
+                Ok(AccessKey { access_key: a.to_string(), secret_key: k.to_string() })
+            }
+            _ => Err("an access key is written ACCESS_KEY:SECRET_KEY".to_string()),
+        }
+    }
+}
+
+/// Every setting of `objectcache serve`. Field docs are the reference; defaults in
+/// [`ServerConfig::default`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address to listen on; S3 (HTTP/1.1) and gather (TCP, recognised by its preface) share
+    /// it. Default `127.0.0.1:9000`.
+    pub listen: SocketAddr,
+    /// Backend: `memory:`, a directory (`file:///var/lib/objectcache` or a plain path), or an
+    /// upstream S3 endpoint for gateway mode (`s3://bucket/prefix?endpoint=http://...`).
+    /// Default `file://./objectcache-data`.
+    pub store: String,
+    /// `fsync` each put on the directory backend (durable on return). Default true.
+    pub fsync: bool,
+    /// Access keys accepted by SigV4. Empty requires `allow_anonymous`.
+    pub access_keys: Vec<AccessKey>,
+    /// Serve S3 requests without authentication when no access key is set. Default false.
+    pub allow_anonymous: bool,
+    /// Buckets created at start if absent.
+    pub buckets: Vec<String>,
+    /// Largest object a PUT may write, bytes. Default 5 GiB.
+    pub max_object_bytes: u64,
+    /// Largest gather/save descriptor, bytes. Default 1 MiB.
+    pub max_descriptor_bytes: u32,
+    /// Most chunks per gather or save request. Default 4,096 (1M tokens at 256 per chunk).
+    pub max_chunks: u32,
+    /// Loads served at once; more wait in the scheduler's queue. Default 64.
+    pub max_concurrent_loads: usize,
+    /// Loads allowed to wait; beyond it a load is refused with `Busy`. Default 1,024.
+    pub max_queued_loads: usize,
+    /// Bytes one request may hold in server memory (read-ahead of a load, one object of a
+    /// save). Default 256 MiB.
+    pub max_request_bytes: u64,
+    /// Bytes all requests together may hold in memory (read from the backend, not yet sent).
+    /// Default 2 GiB.
+    pub memory_budget_bytes: u64,
+    /// Backend reads in flight per load. Default 32.
+    pub read_concurrency: usize,
+    /// Always verify stored slice CRC32Cs before sending, whatever the client asks. Default
+    /// false (the client checks each unit's CRC, which covers storage corruption too).
+    pub always_verify: bool,
+    /// Load scheduling policy: `fifo` (arrival order) or `priority` (descriptor priority,
+    /// then earliest first-layer deadline, then arrival). Default `fifo`.
+    pub scheduler: String,
+    /// A client that accepts no bytes for this long is disconnected, seconds. Default 30.
+    pub client_timeout_secs: u64,
+    /// On shutdown, loads in flight get this long to finish before they are aborted, seconds.
+    /// Default 10.
+    pub shutdown_grace_secs: u64,
+    /// Log format: `text` or `json`. Default `text`.
+    pub log_format: String,
+    /// Log filter (tracing `EnvFilter` syntax). Default `info`.
+    pub log_filter: String,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: "127.0.0.1:9000".parse().expect("valid address"),
+            store: "file://./objectcache-data".into(),
+            fsync: true,
+            access_keys: Vec::new(),
+            allow_anonymous: false,
+            buckets: Vec::new(),
+            max_object_bytes: 5 << 30,
+            max_descriptor_bytes: 1 << 20,
+            max_chunks: 4096,
+            max_concurrent_loads: 64,
+            max_queued_loads: 1024,
+            max_request_bytes: 256 << 20,
+            memory_budget_bytes: 2 << 30,
+            read_concurrency: 32,
+            always_verify: false,
+            scheduler: "fifo".into(),
+            client_timeout_secs: 30,
+            shutdown_grace_secs: 10,
+            log_format: "text".into(),
+            log_filter: "info".into(),
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Parses a TOML document (unknown keys are errors).
+    ///
+    /// # Errors
+    /// [`crate::Error::Config`] with the parser's message (line and column).
+    pub fn from_toml(s: &str) -> crate::Result<Self> {
+        toml::from_str(s).map_err(|e| crate::Error::Config(format!("config file: {e}")))
+    }
+
+    /// Checks the settings against each other.
+    ///
+    /// # Errors
+    /// [`crate::Error::Config`] naming the setting.
+    pub fn validate(&self) -> crate::Result<()> {
+        let bad = |m: String| Err(crate::Error::Config(m));
+        if self.access_keys.is_empty() && !self.allow_anonymous {
+            return bad("no access key is configured: set access_keys (--access-key ACCESS:SECRET) or allow_anonymous".into());
+        }
+        if self.max_request_bytes < crate::protocol::MAX_UNIT_BYTES as u64 {
+            return bad(format!("max_request_bytes {} must be at least one 16 MiB unit", self.max_request_bytes));
+        }
+        if self.memory_budget_bytes < self.max_request_bytes {
+            return bad(format!(
+                "memory_budget_bytes {} must be at least max_request_bytes {}",
+                self.memory_budget_bytes, self.max_request_bytes
+            ));
+        }
+        if self.max_concurrent_loads == 0 || self.read_concurrency == 0 {
+            return bad("max_concurrent_loads and read_concurrency must be at least 1".into());
+        }
+        if self.max_descriptor_bytes < 1024 || self.max_descriptor_bytes > crate::protocol::MAX_CONTROL_FRAME_BYTES {
+            return bad(format!("max_descriptor_bytes {} must be 1 KiB ..= 16 MiB", self.max_descriptor_bytes));
+        }
+        if self.max_chunks == 0 || self.max_chunks > crate::protocol::MAX_CHUNKS_HARD {
+            return bad(format!("max_chunks {} must be 1 ..= 65536", self.max_chunks));
+        }
+        if !["fifo", "priority"].contains(&self.scheduler.as_str()) {
+            return bad(format!("scheduler {:?}: use fifo or priority", self.scheduler));
+        }
+        if !["text", "json"].contains(&self.log_format.as_str()) {
+            return bad(format!("log_format {:?}: use text or json", self.log_format));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,503 @@
+//! The gather endpoint: a tokio driver over [`ServerConnection`] that serves loads (parallel
+//! bounded reads, units streamed in layer order) and batched saves.
+
+use super::{Abort, Shared};
+use crate::error::StoreError;
+use crate::layout::{slice_range, verify_slice, ChunkHeader, HEADER_LEN};
+use crate::protocol::{
+    plan_units, ErrorCode, GatherRequest, MissReason, SaveRequest, ServerConnection, ServerEvent, TransportTarget,
+    UnitHeader, UnitPlan,
+};
+use crate::store::{GetOptions, StoreExt};
+use bytes::{Bytes, BytesMut};
+use futures::{stream, StreamExt};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+/// Bytes per permit of the memory budget semaphore.
+pub(crate) const PERMIT_BYTES: u64 = 4096;
+
+pub(crate) fn permits_for(bytes: u64) -> u32 {
+    bytes.div_ceil(PERMIT_BYTES).min(u32::MAX as u64) as u32
+}
+
+struct Io {
+    rd: OwnedReadHalf,
+    wr: OwnedWriteHalf,
+    buf: BytesMut,
+    conn: ServerConnection,
+}
+
+impl Io {
+    /// Writes everything queued; a client that accepts nothing for `client_timeout` is gone.
+    async fn flush(&mut self, sh: &Shared) -> Result<(), Abort> {
+        let t = Duration::from_secs(sh.cfg.client_timeout_secs);
+        while let Some(b) = self.conn.poll_transmit() {
+            match tokio::time::timeout(t, self.wr.write_all(&b)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(Abort::Gone),
+                Err(_) => {
+                    sh.metrics.error("client_timeout");
+                    return Err(Abort::Gone);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads until the client cancels or goes away (cancel-safe).
+    async fn next_signal(&mut self) -> Abort {
+        loop {
+            match self.rd.read_buf(&mut self.buf).await {
+                Ok(0) | Err(_) => return Abort::Gone,
+                Ok(_) => {
+                    if self.conn.handle_bytes(&mut self.buf).is_err() {
+                        return Abort::Gone;
+                    }
+                    while let Some(ev) = self.conn.poll_event() {
+                        if let ServerEvent::Cancel { .. } = ev {
+                            return Abort::Cancelled;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Serves one gather connection until the client closes it, fails, or the server stops.
+pub(crate) async fn serve(stream: TcpStream, sh: Arc<Shared>) {
+    let _ = stream.set_nodelay(true);
+    let peer = stream.peer_addr().ok();
+    let (rd, wr) = stream.into_split();
+    let mut io = Io { rd, wr, buf: BytesMut::with_capacity(64 << 10), conn: ServerConnection::new(sh.limits()) };
+    tracing::debug!(?peer, "gather connection");
+    loop {
+        while let Some(ev) = io.conn.poll_event() {
+            let r = match ev {
+                ServerEvent::Gather(req) => run_gather(&mut io, *req, &sh).await,
+                ServerEvent::SaveBegin(req) => run_save(&mut io, *req, &sh).await,
+                ServerEvent::Failed(e) => {
+                    sh.metrics.error("protocol");
+                    tracing::warn!(?peer, error = %e, "gather protocol error");
+                    Ok(())
+                }
+                _ => Ok(()),
+            };
+            if let Err(a) = r {
+                if a == Abort::Gone {
+                    sh.metrics.error("client_gone");
+                    tracing::info!(?peer, "client went away mid-request; its resources are freed");
+                }
+                return;
+            }
+        }
+        if io.flush(&sh).await.is_err() || io.conn.is_closed() {
+            let _ = io.wr.shutdown().await;
+            return;
+        }
+        tokio::select! {
+            r = io.rd.read_buf(&mut io.buf) => match r {
+                Ok(0) | Err(_) => return,
+                Ok(_) => { let _ = io.conn.handle_bytes(&mut io.buf); }
+            },
+            _ = sh.shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// Why a (chunk, layer) is not delivered.
+struct Miss {
+    chunk: u32,
+    reason: MissReason,
+    message: String,
+}
+
+fn miss_of(chunk: u32, e: StoreError) -> Miss {
+    let reason = match e {
+        StoreError::NotFound { .. } => MissReason::NotFound,
+        StoreError::InvalidRange { .. } => MissReason::GeometryMismatch,
+        _ => MissReason::Storage,
+    };
+    Miss { chunk, reason, message: e.to_string() }
+}
+
+/// Memory held by a unit between backend read and socket write.
+struct MemoryHold {
+    _permit: OwnedSemaphorePermit,
+    bytes: i64,
+    sh: Arc<Shared>,
+}
+impl Drop for MemoryHold {
+    fn drop(&mut self) {
+        self.sh.metrics.inflight_bytes.dec_by(self.bytes);
+    }
+}
+
+struct Fetched {
+    plan: UnitPlan,
+    result: Result<(Vec<Bytes>, u32), Miss>,
+    _hold: MemoryHold,
+}
+
+async fn fetch_unit(sh: Arc<Shared>, keys: Arc<Vec<String>>, reads: Arc<Semaphore>, plan: UnitPlan, verify: bool) -> Fetched {
+    let permit = sh.memory.clone().acquire_many_owned(permits_for(plan.len)).await.expect("memory semaphore is never closed");
+    sh.metrics.add_inflight(plan.len as i64);
+    let hold = MemoryHold { _permit: permit, bytes: plan.len as i64, sh: sh.clone() };
+    let layer = plan.layer;
+    let parts = futures::future::join_all(plan.pieces.iter().map(|p| {
+        let (sh, keys, reads) = (sh.clone(), keys.clone(), reads.clone());
+        async move {
+            let _r = reads.acquire().await.expect("read semaphore is never closed");
+            let key = &keys[p.chunk as usize];
+            let range = slice_range(layer, p.slice_len);
+            let b = sh.store.get_range(key, range).await.map_err(|e| miss_of(p.chunk, e))?;
+            let sl = p.slice_len as usize;
+            let stored = u32::from_le_bytes(b[sl..sl + 4].try_into().expect("4 bytes"));
+            let data = b.slice(..sl);
+            let whole = p.range.start == 0 && p.range.end == p.slice_len;
+            // Verified here, or passed through: the client checks the unit CRC either way.
+            if verify || !whole {
+                if let Err(e) = verify_slice(layer as usize, &b, p.slice_len) {
+                    return Err(Miss { chunk: p.chunk, reason: MissReason::ChecksumMismatch, message: e.to_string() });
+                }
+            }
+            let crc = stored;
+            if whole {
+                Ok((data, crc))
+            } else {
+                let piece = data.slice(p.range.start as usize..p.range.end as usize);
+                let c = crc32c::crc32c(&piece);
+                Ok((piece, c))
+            }
+        }
+    }))
+    .await;
+    let mut out = Vec::with_capacity(parts.len());
+    let mut crc: Option<u32> = None;
+    for p in parts {
+        match p {
+            Ok((b, c)) => {
+                crc = Some(match crc {
+                    None => c,
+                    Some(acc) => crc32c::crc32c_combine(acc, c, b.len()),
+                });
+                out.push(b);
+            }
+            Err(m) => return Fetched { plan, result: Err(m), _hold: hold },
+        }
+    }
+    Fetched { plan, result: Ok((out, crc.unwrap_or(0))), _hold: hold }
+}
+
+/// Reads and checks each chunk object's header; returns the misses (in chunk order).
+async fn check_headers(sh: Arc<Shared>, tokens: Vec<u32>, g: crate::protocol::WireGeometry, keys: Arc<Vec<String>>) -> Vec<Miss> {
+    let n = keys.len();
+    let conc = sh.cfg.read_concurrency;
+    let checks = stream::iter(0..n)
+        .map(move |i| check_header(sh.clone(), keys.clone(), i, tokens[i], g))
+        .buffered(conc);
+    let all: Vec<Result<(), Miss>> = checks.collect().await;
+    all.into_iter().filter_map(Result::err).collect()
+}
+
+async fn check_header(sh: Arc<Shared>, keys: Arc<Vec<String>>, i: usize, tokens: u32, g: crate::protocol::WireGeometry) -> Result<(), Miss> {
+    let c = i as u32;
+    let key = &keys[i];
+    let r = sh.store.get_opts(key, GetOptions { range: Some(0..HEADER_LEN) }).await.map_err(|e| miss_of(c, e))?;
+    let size = r.meta.size;
+    let b = r.bytes().await.map_err(|e| miss_of(c, e))?;
+    let geo = |message: String| Miss { chunk: c, reason: MissReason::GeometryMismatch, message };
+    let h = ChunkHeader::decode(&b).map_err(|e| geo(format!("{key}: {e}")))?;
+    g.check_header(&h, tokens).map_err(|m| geo(format!("{key}: {m}")))?;
+    if size != h.object_len() {
+        return Err(geo(format!("{key}: object has {size} bytes, its header says {}", h.object_len())));
+    }
+    Ok(())
+}
+
+async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result<(), Abort> {
+    let t0 = Instant::now();
+    sh.metrics.request("gather");
+    let id = req.request_id;
+    let refuse = |io: &mut Io, code: ErrorCode, msg: String| {
+        sh.metrics.error(code.label());
+        tracing::info!(request = id, code = code.label(), "gather refused: {msg}");
+        io.conn.fail(code, &msg);
+    };
+    if matches!(req.target, TransportTarget::Rdma(_)) {
+        refuse(io, ErrorCode::Unsupported, "this server offers no RDMA target; use the inline TCP target".into());
+        return io.flush(sh).await;
+    }
+    match sh.buckets.exists(&req.bucket).await {
+        Ok(true) => {}
+        Ok(false) => {
+            refuse(io, ErrorCode::NoSuchBucket, format!("bucket {} does not exist", req.bucket));
+            return io.flush(sh).await;
+        }
+        Err(e) => {
+            refuse(io, ErrorCode::Storage, e.to_string());
+            return io.flush(sh).await;
+        }
+    }
+    let plan = plan_units(&req);
+    let max_unit = plan.iter().map(|u| u.len).max().unwrap_or(0);
+    let total: u64 = plan.iter().map(|u| u.len).sum();
+    let keys: Arc<Vec<String>> = Arc::new((0..req.chunks.len()).map(|i| req.chunks.key(i).expect("in range")).collect());
+    if let Some(bad) = keys.iter().find(|k| crate::store::validate_key(&format!("{}/{k}", req.bucket)).is_err()) {
+        refuse(io, ErrorCode::Malformed, format!("invalid object key {bad:?}"));
+        return io.flush(sh).await;
+    }
+    let keys: Arc<Vec<String>> = Arc::new(keys.iter().map(|k| format!("{}/{k}", req.bucket)).collect());
+
+    // Admission: wait for a slot under the scheduler, watching the client meanwhile.
+    let first_deadline_us = match &req.hints {
+        crate::protocol::SchedHints::LayerDeadlinesUs(v) => v.first().map(|&d| d as u64),
+        crate::protocol::SchedHints::LayerComputeUs(v) => v.first().map(|&d| d as u64),
+        crate::protocol::SchedHints::None => None,
+    };
+    let slot = tokio::select! {
+        s = super::admit(sh, req.priority, first_deadline_us, total) => s,
+        a = io.next_signal() => return match a { Abort::Cancelled => { io.conn.finish(id, 0, 0); io.flush(sh).await } a => Err(a) },
+        _ = sh.shutdown.cancelled() => { io.conn.close_with(ErrorCode::ShuttingDown, "server is shutting down"); let _ = io.flush(sh).await; return Err(Abort::Shutdown) }
+    };
+    let _slot = match slot {
+        Ok(s) => s,
+        Err(msg) => {
+            refuse(io, ErrorCode::Busy, msg);
+            return io.flush(sh).await;
+        }
+    };
+
+    io.conn.accept(id, plan.len() as u64, total);
+    io.flush(sh).await?;
+    let misses = tokio::select! {
+        m = check_headers(sh.clone(), req.chunk_tokens.clone(), req.geometry, keys.clone()) => m,
+        a = io.next_signal() => return match a { Abort::Cancelled => { io.conn.finish(id, 0, 0); io.flush(sh).await } a => Err(a) },
+    };
+    if !misses.is_empty() {
+        for m in &misses {
+            sh.metrics.error("miss");
+            io.conn.send_miss(m.chunk, req.layers.clone(), m.reason, &m.message);
+        }
+        io.conn.finish(id, 0, 0);
+        return io.flush(sh).await;
+    }
+
+    let depth = ((sh.cfg.max_request_bytes / max_unit.max(1)) as usize).clamp(1, 64);
+    let verify = req.verify || sh.cfg.always_verify;
+    let reads = Arc::new(Semaphore::new(sh.cfg.read_concurrency));
+    let mut remaining: HashMap<u32, usize> = HashMap::new();
+    for u in &plan {
+        *remaining.entry(u.layer).or_default() += 1;
+    }
+    let fetches = stream::iter(plan)
+        .map(|u| fetch_unit(sh.clone(), keys.clone(), reads.clone(), u, verify))
+        .buffered(depth);
+    tokio::pin!(fetches);
+    let grace = async {
+        sh.shutdown.cancelled().await;
+        tokio::time::sleep(Duration::from_secs(sh.cfg.shutdown_grace_secs)).await;
+    };
+    tokio::pin!(grace);
+    let (mut units, mut bytes) = (0u64, 0u64);
+    let mut failed: Vec<u32> = Vec::new();
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut grace => {
+                sh.metrics.error("shutdown_abort");
+                io.conn.close_with(ErrorCode::ShuttingDown, "server shut down before the load finished");
+                let _ = io.flush(sh).await;
+                return Err(Abort::Shutdown);
+            }
+            a = io.next_signal() => match a {
+                Abort::Cancelled => break,
+                a => return Err(a),
+            },
+            f = fetches.next() => {
+                let Some(f) = f else { break };
+                let layer = f.plan.layer;
+                if failed.contains(&layer) {
+                    continue;
+                }
+                match f.result {
+                    Ok((parts, crc)) => {
+                        let h = UnitHeader { layer, crc32c: crc, offset: f.plan.offset, len: f.plan.len as u32 };
+                        io.conn.send_unit(h, parts);
+                        io.flush(sh).await?;
+                        drop(f._hold);
+                        if units == 0 {
+                            sh.metrics.observe_ttfl(t0.elapsed().as_secs_f64());
+                        }
+                        units += 1;
+                        bytes += f.plan.len;
+                        let r = remaining.get_mut(&layer).expect("planned layer");
+                        *r -= 1;
+                        if *r == 0 {
+                            sh.metrics.observe_layer(t0.elapsed().as_secs_f64());
+                        }
+                    }
+                    Err(m) => {
+                        sh.metrics.error("miss");
+                        failed.push(layer);
+                        io.conn.send_miss(m.chunk, layer..layer + 1, m.reason, &m.message);
+                    }
+                }
+            }
+        }
+    }
+    sh.metrics.bytes("gather_out", bytes);
+    io.conn.finish(id, units, bytes);
+    tracing::debug!(request = id, units, bytes, secs = t0.elapsed().as_secs_f64(), "gather done");
+    io.flush(sh).await
+}
+
+async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(), Abort> {
+    sh.metrics.request("save");
+    let id = req.request_id;
+    let fail = |io: &mut Io, code: ErrorCode, msg: String| {
+        sh.metrics.error(code.label());
+        tracing::info!(request = id, code = code.label(), "save failed: {msg}");
+        io.conn.close_with(code, &msg);
+    };
+    match sh.buckets.exists(&req.bucket).await {
+        Ok(true) => {}
+        Ok(false) => {
+            fail(io, ErrorCode::NoSuchBucket, format!("bucket {} does not exist", req.bucket));
+            let _ = io.flush(sh).await;
+            return Err(Abort::Gone);
+        }
+        Err(e) => {
+            fail(io, ErrorCode::Storage, e.to_string());
+            let _ = io.flush(sh).await;
+            return Err(Abort::Gone);
+        }
+    }
+    let largest = (0..req.chunks.len()).map(|i| req.object_len(i)).max().unwrap_or(0);
+    if largest > sh.cfg.max_request_bytes {
+        fail(io, ErrorCode::MemoryLimit, format!("a {largest}-byte object is above max_request_bytes {}", sh.cfg.max_request_bytes));
+        let _ = io.flush(sh).await;
+        return Err(Abort::Gone);
+    }
+    let _mem = sh.memory.clone().acquire_many_owned(permits_for(largest)).await.expect("never closed");
+    let base = format!("{}/{}", req.bucket, req.prefix);
+    let (mut cur, mut written, mut present) = (0usize, 0u32, 0u32);
+    let mut obj = BytesMut::new();
+    let mut lens: Vec<u64> = Vec::with_capacity(req.chunks.len());
+    loop {
+        while let Some(ev) = io.conn.poll_event() {
+            match ev {
+                ServerEvent::SaveData { chunk, offset, data } => {
+                    if cur >= req.chunks.len() || chunk as usize != cur || offset != obj.len() as u64 {
+                        fail(io, ErrorCode::BadObject, format!(
+                            "save data for chunk {chunk} at offset {offset}; expected chunk {cur} at offset {}", obj.len()));
+                        let _ = io.flush(sh).await;
+                        return Err(Abort::Gone);
+                    }
+                    let want = req.object_len(cur);
+                    if obj.is_empty() {
+                        obj.reserve(want as usize);
+                    }
+                    if obj.len() as u64 + data.len() as u64 > want {
+                        fail(io, ErrorCode::BadObject, format!("chunk {cur}'s object is longer than {want} bytes"));
+                        let _ = io.flush(sh).await;
+                        return Err(Abort::Gone);
+                    }
+                    obj.extend_from_slice(&data);
+                    sh.metrics.bytes("save_in", data.len() as u64);
+                    if obj.len() as u64 == want {
+                        let o = std::mem::take(&mut obj).freeze();
+                        if let Err(m) = check_object(&req, cur, &o) {
+                            fail(io, ErrorCode::BadObject, m);
+                            let _ = io.flush(sh).await;
+                            return Err(Abort::Gone);
+                        }
+                        lens.push(o.len() as u64);
+                        let key = format!("{base}kv/{}", req.chunks[cur].hash.to_hex());
+                        match sh.store.put_if_absent(&key, o).await {
+                            Ok(crate::store::PutIfAbsent::Written) => written += 1,
+                            Ok(crate::store::PutIfAbsent::AlreadyPresent) => present += 1,
+                            Err(e) => {
+                                fail(io, ErrorCode::Storage, format!("{key}: {e}"));
+                                let _ = io.flush(sh).await;
+                                return Err(Abort::Gone);
+                            }
+                        }
+                        cur += 1;
+                    }
+                }
+                ServerEvent::SaveEnd => {
+                    if cur != req.chunks.len() || !obj.is_empty() {
+                        fail(io, ErrorCode::BadObject, format!("save ended after {cur} of {} objects", req.chunks.len()));
+                        let _ = io.flush(sh).await;
+                        return Err(Abort::Gone);
+                    }
+                    // Every data object is durable: publish, in prefix order.
+                    for (c, &len) in req.chunks.iter().zip(&lens) {
+                        let marker = format!("{base}pub/{}", c.hash.to_hex());
+                        if let Err(e) = sh.store.put(&marker, marker_body(len)).await {
+                            fail(io, ErrorCode::Storage, format!("{marker}: {e}"));
+                            let _ = io.flush(sh).await;
+                            return Err(Abort::Gone);
+                        }
+                    }
+                    io.conn.save_done(id, written, present);
+                    return io.flush(sh).await;
+                }
+                ServerEvent::Cancel { .. } => {
+                    io.conn.close_with(ErrorCode::Internal, "save cancelled by the client; nothing published");
+                    let _ = io.flush(sh).await;
+                    return Err(Abort::Cancelled);
+                }
+                ServerEvent::Failed(_) => return Err(Abort::Gone),
+                _ => {}
+            }
+        }
+        io.flush(sh).await?;
+        if io.conn.is_closed() {
+            return Err(Abort::Gone);
+        }
+        tokio::select! {
+            r = io.rd.read_buf(&mut io.buf) => match r {
+                Ok(0) | Err(_) => return Err(Abort::Gone),
+                Ok(_) => { let _ = io.conn.handle_bytes(&mut io.buf); }
+            },
+            _ = sh.shutdown.cancelled() => {
+                io.conn.close_with(ErrorCode::ShuttingDown, "server is shutting down; nothing published");
+                let _ = io.flush(sh).await;
+                return Err(Abort::Shutdown);
+            }
+        }
+    }
+}
+
+/// Checks a saved object: header against the request, every slice's CRC.
+fn check_object(req: &SaveRequest, i: usize, o: &[u8]) -> Result<(), String> {
+    let h = ChunkHeader::decode(o).map_err(|e| format!("chunk {i}: {e}"))?;
+    req.geometry.check_header(&h, req.chunks[i].tokens).map_err(|m| format!("chunk {i}: {m}"))?;
+    for l in 0..h.layers {
+        let r = slice_range(l, h.slice_len);
+        verify_slice(l as usize, &o[r.start as usize..r.end as usize], h.slice_len).map_err(|e| format!("chunk {i}: {e}"))?;
+    }
+    Ok(())
+}
+
+
+/// Magic of a publish marker; the same bytes as `connector::MARKER_MAGIC` (the server does
+/// not import the connector; `tests/gather_tcp.rs` checks both paths write identical markers).
+pub(crate) const MARKER_MAGIC: [u8; 8] = *b"OCKVPUB1";
+
+/// A publish marker's body: the magic, then the data object's length (u64 LE); 16 bytes.
+fn marker_body(object_len: u64) -> Bytes {
+    let mut b = Vec::with_capacity(16);
+    b.extend_from_slice(&MARKER_MAGIC);
+    b.extend_from_slice(&object_len.to_le_bytes());
+    Bytes::from(b)
+}

@@ -1,0 +1,111 @@
+//! Prometheus metrics of the server (text exposition at `GET /_objectcache/metrics`).
+//!
+//! Names: `objectcache_server_requests_total{op}`, `objectcache_server_bytes_total{direction}`,
+//! `objectcache_server_errors_total{kind}`, `objectcache_server_active_loads`,
+//! `objectcache_server_queued_loads`, `objectcache_server_inflight_bytes`,
+//! `objectcache_server_ttfl_seconds` (request received to first unit written) and
+//! `objectcache_server_layer_seconds` (request received to each layer's last unit written).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabel {
+    op: String,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirLabel {
+    direction: String,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
+
+/// The server's metrics and their registry.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<OpLabel, Counter>,
+    bytes: Family<DirLabel, Counter>,
+    errors: Family<KindLabel, Counter>,
+    /// Loads being served.
+    pub active_loads: Gauge,
+    /// Loads waiting for admission.
+    pub queued_loads: Gauge,
+    /// Bytes read from the backend and not yet written to a client.
+    pub inflight_bytes: Gauge,
+    /// Highest `inflight_bytes` since start.
+    pub inflight_peak_bytes: Gauge,
+    ttfl: Histogram,
+    layer: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every metric registered.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("objectcache_server");
+        let requests = Family::<OpLabel, Counter>::default();
+        let bytes = Family::<DirLabel, Counter>::default();
+        let errors = Family::<KindLabel, Counter>::default();
+        let active_loads = Gauge::default();
+        let queued_loads = Gauge::default();
+        let inflight_bytes = Gauge::default();
+        let inflight_peak_bytes = Gauge::default();
+        // 100 us .. ~100 s.
+        let ttfl = Histogram::new(exponential_buckets(1e-4, 2.0, 21));
+        let layer = Histogram::new(exponential_buckets(1e-4, 2.0, 21));
+        registry.register("requests", "Requests by operation (S3 ops, gather, save)", requests.clone());
+        registry.register("bytes", "Payload bytes by direction", bytes.clone());
+        registry.register("errors", "Errors by kind", errors.clone());
+        registry.register("active_loads", "Gather loads being served", active_loads.clone());
+        registry.register("queued_loads", "Gather loads waiting for admission", queued_loads.clone());
+        registry.register("inflight_bytes", "Bytes read from the backend not yet sent", inflight_bytes.clone());
+        registry.register("inflight_peak_bytes", "Highest inflight_bytes since start", inflight_peak_bytes.clone());
+        registry.register("ttfl_seconds", "Time from gather request to its first unit written", ttfl.clone());
+        registry.register("layer_seconds", "Time from gather request to each layer's last unit written", layer.clone());
+        Metrics { registry, requests, bytes, errors, active_loads, queued_loads, inflight_bytes, inflight_peak_bytes, ttfl, layer }
+    }
+    /// Counts one request of operation `op`.
+    pub fn request(&self, op: &str) {
+        self.requests.get_or_create(&OpLabel { op: op.into() }).inc();
+    }
+    /// Counts `n` payload bytes in `direction` (`gather_out`, `save_in`, `s3_in`, `s3_out`).
+    pub fn bytes(&self, direction: &str, n: u64) {
+        self.bytes.get_or_create(&DirLabel { direction: direction.into() }).inc_by(n);
+    }
+    /// Counts one error of `kind`.
+    pub fn error(&self, kind: &str) {
+        self.errors.get_or_create(&KindLabel { kind: kind.into() }).inc();
+    }
+    /// Adds `n` bytes in flight, updating the peak.
+    pub fn add_inflight(&self, n: i64) {
+        let now = self.inflight_bytes.inc_by(n) + n;
+        self.inflight_peak_bytes.inner().fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+    }
+    /// Records a time to first layer, seconds.
+    pub fn observe_ttfl(&self, s: f64) {
+        self.ttfl.observe(s);
+    }
+    /// Records a layer completion time, seconds.
+    pub fn observe_layer(&self, s: f64) {
+        self.layer.observe(s);
+    }
+    /// The text exposition.
+    pub fn encode(&self) -> String {
+        let mut s = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut s, &self.registry);
+        s
+    }
+}

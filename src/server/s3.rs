@@ -1,0 +1,340 @@
+//! The S3 API over a [`Store`], through the `s3s` crate (request parsing, SigV4 checks,
+//! XML responses). Buckets are key prefixes of the store: object `k` of bucket `b` is store
+//! key `b/k`; the bucket registry lives under `_buckets/` (`_` cannot start a bucket name, so
+//! no bucket collides with it).
+
+use crate::error::StoreError;
+use crate::store::{validate_key, GetOptions, PutMode, PutOptions, Store, StoreExt};
+use bytes::{Bytes, BytesMut};
+use futures::{StreamExt, TryStreamExt};
+use s3s::dto::*;
+use s3s::{s3_error, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, S3};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, RwLock};
+use std::time::SystemTime;
+
+/// Store key prefix of the bucket registry.
+const BUCKETS_PREFIX: &str = "_buckets/";
+
+/// The set of buckets, cached in memory and persisted in the store (so a gateway restarted
+/// over the same upstream sees its buckets again).
+#[derive(Debug)]
+pub struct Buckets {
+    store: Arc<dyn Store>,
+    known: RwLock<HashMap<String, SystemTime>>,
+}
+
+impl Buckets {
+    /// Loads the registry from `store`.
+    ///
+    /// # Errors
+    /// The store's list error.
+    pub async fn load(store: Arc<dyn Store>) -> Result<Self, StoreError> {
+        let mut known = HashMap::new();
+        for m in store.list(BUCKETS_PREFIX, usize::MAX).await? {
+            let name = m.key[BUCKETS_PREFIX.len()..].to_string();
+            known.insert(name, m.last_modified.unwrap_or(SystemTime::UNIX_EPOCH));
+        }
+        Ok(Buckets { store, known: RwLock::new(known) })
+    }
+
+    /// `true` if the bucket exists (consulting the store on a cache miss).
+    pub async fn exists(&self, name: &str) -> Result<bool, StoreError> {
+        if self.known.read().expect("lock").contains_key(name) {
+            return Ok(true);
+        }
+        match self.store.head(&format!("{BUCKETS_PREFIX}{name}")).await {
+            Ok(m) => {
+                self.known.write().expect("lock").insert(name.into(), m.last_modified.unwrap_or(SystemTime::UNIX_EPOCH));
+                Ok(true)
+            }
+            Err(StoreError::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Creates a bucket; `Ok(false)` if it already existed.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub async fn create(&self, name: &str) -> Result<bool, StoreError> {
+        let r = self.store.put_if_absent(&format!("{BUCKETS_PREFIX}{name}"), Bytes::new()).await?;
+        self.known.write().expect("lock").entry(name.into()).or_insert_with(SystemTime::now);
+        Ok(r == crate::store::PutIfAbsent::Written)
+    }
+
+    async fn remove(&self, name: &str) -> Result<(), StoreError> {
+        self.store.delete(&format!("{BUCKETS_PREFIX}{name}")).await?;
+        self.known.write().expect("lock").remove(name);
+        Ok(())
+    }
+
+    fn list(&self) -> Vec<(String, SystemTime)> {
+        let mut v: Vec<_> = self.known.read().expect("lock").iter().map(|(k, t)| (k.clone(), *t)).collect();
+        v.sort();
+        v
+    }
+}
+
+/// The S3 frontend: implements [`s3s::S3`] over a store.
+#[derive(Debug, Clone)]
+pub struct S3Frontend {
+    store: Arc<dyn Store>,
+    buckets: Arc<Buckets>,
+    max_object_bytes: u64,
+    metrics: Arc<super::metrics::Metrics>,
+}
+
+impl S3Frontend {
+    /// A frontend; objects above `max_object_bytes` are refused with `EntityTooLarge`.
+    pub fn new(store: Arc<dyn Store>, buckets: Arc<Buckets>, max_object_bytes: u64, metrics: Arc<super::metrics::Metrics>) -> Self {
+        S3Frontend { store, buckets, max_object_bytes, metrics }
+    }
+
+    async fn bucket(&self, b: &str) -> S3Result<()> {
+        match self.buckets.exists(b).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(s3_error!(NoSuchBucket, "bucket {b} does not exist")),
+            Err(e) => Err(map_err(e)),
+        }
+    }
+
+    fn key(b: &str, k: &str) -> S3Result<String> {
+        let key = format!("{b}/{k}");
+        validate_key(&key).map_err(map_err)?;
+        Ok(key)
+    }
+
+    fn count(&self, op: &str) {
+        self.metrics.request(op);
+    }
+}
+
+/// Maps a store error to the S3 error a client sees.
+pub fn map_err(e: StoreError) -> S3Error {
+    match e {
+        StoreError::NotFound { key } => s3_error!(NoSuchKey, "no such key: {key}"),
+        StoreError::AlreadyExists { key } => s3_error!(PreconditionFailed, "object already exists: {key}"),
+        StoreError::Precondition { key } => s3_error!(PreconditionFailed, "precondition failed: {key}"),
+        StoreError::InvalidRange { key, start, end, size } => {
+            s3_error!(InvalidRange, "range {start}..{end} outside {key} of {size} bytes")
+        }
+        StoreError::InvalidKey { key, reason } => s3_error!(InvalidArgument, "invalid key {key:?}: {reason}"),
+        StoreError::PermissionDenied { message, .. } => s3_error!(AccessDenied, "{message}"),
+        StoreError::NotImplemented { operation, backend } => {
+            s3_error!(NotImplemented, "{operation} is not implemented by {backend}")
+        }
+        other => S3Error::with_message(S3ErrorCode::InternalError, other.to_string()),
+    }
+}
+
+fn etag(s: Option<String>) -> Option<ETag> {
+    s.map(ETag::Strong)
+}
+
+#[async_trait::async_trait]
+impl S3 for S3Frontend {
+    async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
+        self.count("create_bucket");
+        let b = req.input.bucket;
+        if !self.buckets.create(&b).await.map_err(map_err)? {
+            return Err(s3_error!(BucketAlreadyOwnedByYou, "bucket {b} exists"));
+        }
+        tracing::info!(bucket = %b, "bucket created");
+        Ok(S3Response::new(CreateBucketOutput { location: Some(format!("/{b}")), ..Default::default() }))
+    }
+
+    async fn delete_bucket(&self, req: S3Request<DeleteBucketInput>) -> S3Result<S3Response<DeleteBucketOutput>> {
+        self.count("delete_bucket");
+        let b = req.input.bucket;
+        self.bucket(&b).await?;
+        if !self.store.list(&format!("{b}/"), 1).await.map_err(map_err)?.is_empty() {
+            return Err(s3_error!(BucketNotEmpty, "bucket {b} is not empty"));
+        }
+        self.buckets.remove(&b).await.map_err(map_err)?;
+        Ok(S3Response::new(DeleteBucketOutput {}))
+    }
+
+    async fn head_bucket(&self, req: S3Request<HeadBucketInput>) -> S3Result<S3Response<HeadBucketOutput>> {
+        self.count("head_bucket");
+        self.bucket(&req.input.bucket).await?;
+        Ok(S3Response::new(HeadBucketOutput::default()))
+    }
+
+    async fn list_buckets(&self, _req: S3Request<ListBucketsInput>) -> S3Result<S3Response<ListBucketsOutput>> {
+        self.count("list_buckets");
+        let buckets = self
+            .buckets
+            .list()
+            .into_iter()
+            .map(|(name, t)| Bucket { name: Some(name), creation_date: Some(t.into()), bucket_region: None })
+            .collect();
+        Ok(S3Response::new(ListBucketsOutput { buckets: Some(buckets), ..Default::default() }))
+    }
+
+    async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
+        self.count("put_object");
+        let input = req.input;
+        self.bucket(&input.bucket).await?;
+        let key = Self::key(&input.bucket, &input.key)?;
+        let mode = match input.if_none_match {
+            None => PutMode::Overwrite,
+            Some(ETagCondition::Any) => PutMode::Create,
+            Some(_) => return Err(s3_error!(NotImplemented, "If-None-Match supports only *")),
+        };
+        if input.if_match.is_some() {
+            return Err(s3_error!(NotImplemented, "If-Match on PUT is not supported"));
+        }
+        if let Some(n) = input.content_length {
+            if n as u64 > self.max_object_bytes {
+                return Err(s3_error!(EntityTooLarge, "{n} bytes is above the limit of {}", self.max_object_bytes));
+            }
+        }
+        let mut buf = BytesMut::with_capacity(input.content_length.unwrap_or(0).max(0) as usize);
+        if let Some(mut body) = input.body {
+            while let Some(part) = body.next().await {
+                let part = part.map_err(|e| s3_error!(IncompleteBody, "body: {e}"))?;
+                if (buf.len() + part.len()) as u64 > self.max_object_bytes {
+                    return Err(s3_error!(EntityTooLarge, "body is above the limit of {} bytes", self.max_object_bytes));
+                }
+                buf.extend_from_slice(&part);
+            }
+        }
+        let len = buf.len();
+        let r = self.store.put_opts(&key, buf.freeze(), PutOptions { mode }).await.map_err(map_err)?;
+        self.metrics.bytes("s3_in", len as u64);
+        Ok(S3Response::new(PutObjectOutput { e_tag: etag(r.etag), size: Some(len as i64), ..Default::default() }))
+    }
+
+    async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
+        self.count("get_object");
+        let input = req.input;
+        self.bucket(&input.bucket).await?;
+        let key = Self::key(&input.bucket, &input.key)?;
+        let range = match input.range {
+            None => None,
+            Some(r) => {
+                let size = self.store.head(&key).await.map_err(map_err)?.size;
+                Some(r.check(size).map_err(|_| s3_error!(InvalidRange, "range is outside the object of {size} bytes"))?)
+            }
+        };
+        let partial = range.is_some();
+        let g = self.store.get_opts(&key, GetOptions { range }).await.map_err(map_err)?;
+        let len = g.range.end - g.range.start;
+        self.metrics.bytes("s3_out", len);
+        let content_range =
+            partial.then(|| format!("bytes {}-{}/{}", g.range.start, g.range.end.saturating_sub(1), g.meta.size));
+        let body = StreamingBlob::wrap(SyncStream(std::sync::Mutex::new(g.body)).map_err(std::io::Error::other));
+        Ok(S3Response::new(GetObjectOutput {
+            body: Some(body),
+            content_length: Some(len as i64),
+            content_range,
+            accept_ranges: Some("bytes".into()),
+            e_tag: etag(g.meta.etag),
+            last_modified: g.meta.last_modified.map(Into::into),
+            ..Default::default()
+        }))
+    }
+
+    async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
+        self.count("head_object");
+        let input = req.input;
+        self.bucket(&input.bucket).await?;
+        let key = Self::key(&input.bucket, &input.key)?;
+        let m = self.store.head(&key).await.map_err(map_err)?;
+        Ok(S3Response::new(HeadObjectOutput {
+            content_length: Some(m.size as i64),
+            accept_ranges: Some("bytes".into()),
+            e_tag: etag(m.etag),
+            last_modified: m.last_modified.map(Into::into),
+            ..Default::default()
+        }))
+    }
+
+    async fn delete_object(&self, req: S3Request<DeleteObjectInput>) -> S3Result<S3Response<DeleteObjectOutput>> {
+        self.count("delete_object");
+        let input = req.input;
+        self.bucket(&input.bucket).await?;
+        let key = Self::key(&input.bucket, &input.key)?;
+        self.store.delete(&key).await.map_err(map_err)?;
+        Ok(S3Response::new(DeleteObjectOutput::default()))
+    }
+
+    async fn list_objects_v2(&self, req: S3Request<ListObjectsV2Input>) -> S3Result<S3Response<ListObjectsV2Output>> {
+        self.count("list_objects_v2");
+        let input = req.input;
+        let b = input.bucket.clone();
+        self.bucket(&b).await?;
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let max_keys = input.max_keys.unwrap_or(1000).clamp(0, 1000) as usize;
+        let after = input.continuation_token.clone().or(input.start_after.clone()).unwrap_or_default();
+        let base = format!("{b}/");
+        let all = self.store.list(&format!("{base}{prefix}"), usize::MAX).await.map_err(map_err)?;
+        let mut contents = Vec::new();
+        let mut prefixes = BTreeSet::new();
+        let mut truncated = false;
+        let mut last = None;
+        for m in all {
+            let key = &m.key[base.len()..];
+            if key <= after.as_str() {
+                continue;
+            }
+            if let Some(d) = input.delimiter.as_deref().filter(|d| !d.is_empty()) {
+                if let Some(i) = key[prefix.len()..].find(d) {
+                    let cp = key[..prefix.len() + i + d.len()].to_string();
+                    if cp.as_str() <= after.as_str() || prefixes.contains(&cp) {
+                        continue;
+                    }
+                    if contents.len() + prefixes.len() >= max_keys {
+                        truncated = true;
+                        break;
+                    }
+                    last = Some(cp.clone());
+                    prefixes.insert(cp);
+                    continue;
+                }
+            }
+            if contents.len() + prefixes.len() >= max_keys {
+                truncated = true;
+                break;
+            }
+            last = Some(key.to_string());
+            contents.push(Object {
+                key: Some(key.to_string()),
+                size: Some(m.size as i64),
+                e_tag: etag(m.etag),
+                last_modified: m.last_modified.map(Into::into),
+                ..Default::default()
+            });
+        }
+        let key_count = (contents.len() + prefixes.len()) as i32;
+        Ok(S3Response::new(ListObjectsV2Output {
+            name: Some(b),
+            prefix: input.prefix,
+            delimiter: input.delimiter,
+            max_keys: Some(max_keys as i32),
+            key_count: Some(key_count),
+            continuation_token: input.continuation_token,
+            start_after: input.start_after,
+            is_truncated: Some(truncated),
+            next_continuation_token: if truncated { last } else { None },
+            contents: Some(contents),
+            common_prefixes: Some(prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(p) }).collect()),
+            ..Default::default()
+        }))
+    }
+}
+
+/// Makes a store body `Sync` (as `s3s` requires) without locking: it is only ever polled
+/// through `&mut`.
+struct SyncStream(std::sync::Mutex<crate::store::ByteStream>);
+
+impl futures::Stream for SyncStream {
+    type Item = Result<Bytes, StoreError>;
+    fn poll_next(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Self::Item>> {
+        match self.0.get_mut() {
+            Ok(s) => s.poll_next_unpin(cx),
+            Err(_) => std::task::Poll::Ready(Some(Err(StoreError::other("server", "body stream poisoned")))),
+        }
+    }
+}

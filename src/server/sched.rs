@@ -1,0 +1,128 @@
+//! Load admission: which waiting load is served next when a slot frees. Policies implement
+//! [`LoadScheduler`]; [`Fifo`] and [`Priority`] are built in.
+
+use std::collections::{BinaryHeap, VecDeque};
+use std::cmp::Reverse;
+
+/// A load waiting for admission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ticket {
+    /// Server-wide load id.
+    pub id: u64,
+    /// Arrival sequence number (monotonic).
+    pub seq: u64,
+    /// Descriptor priority, higher first.
+    pub priority: u8,
+    /// Deadline of the first requested layer, microseconds after arrival, if hinted.
+    pub first_deadline_us: Option<u64>,
+    /// Payload bytes the load will send.
+    pub bytes: u64,
+}
+
+/// A policy ordering waiting loads. Called under a lock; must not block.
+pub trait LoadScheduler: Send + std::fmt::Debug {
+    /// Short name (`fifo`, `priority`).
+    fn name(&self) -> &'static str;
+    /// Adds a waiting load.
+    fn push(&mut self, t: Ticket);
+    /// The load to admit next.
+    fn pop(&mut self) -> Option<Ticket>;
+    /// Loads waiting.
+    fn len(&self) -> usize;
+    /// `true` if none waits.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Arrival order.
+#[derive(Debug, Default)]
+pub struct Fifo(VecDeque<Ticket>);
+
+impl LoadScheduler for Fifo {
+    fn name(&self) -> &'static str {
+        "fifo"
+    }
+    fn push(&mut self, t: Ticket) {
+        self.0.push_back(t);
+    }
+    fn pop(&mut self) -> Option<Ticket> {
+        self.0.pop_front()
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct PrioKey(u8, Reverse<u64>, Reverse<u64>);
+
+/// Highest priority first; then the earliest absolute first-layer deadline (arrival
+/// sequence used as the time base); then arrival.
+#[derive(Debug, Default)]
+pub struct Priority(BinaryHeap<(PrioKey, TicketBox)>);
+
+#[derive(Debug)]
+struct TicketBox(Ticket);
+impl PartialEq for TicketBox {
+    fn eq(&self, o: &Self) -> bool {
+        self.0.id == o.0.id
+    }
+}
+impl Eq for TicketBox {}
+impl PartialOrd for TicketBox {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for TicketBox {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        o.0.id.cmp(&self.0.id)
+    }
+}
+
+impl LoadScheduler for Priority {
+    fn name(&self) -> &'static str {
+        "priority"
+    }
+    fn push(&mut self, t: Ticket) {
+        let k = PrioKey(t.priority, Reverse(t.first_deadline_us.unwrap_or(u64::MAX)), Reverse(t.seq));
+        self.0.push((k, TicketBox(t)));
+    }
+    fn pop(&mut self) -> Option<Ticket> {
+        self.0.pop().map(|(_, t)| t.0)
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// The policy named `name` (`fifo` or `priority`).
+pub fn by_name(name: &str) -> Option<Box<dyn LoadScheduler>> {
+    match name {
+        "fifo" => Some(Box::<Fifo>::default()),
+        "priority" => Some(Box::<Priority>::default()),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    fn t(id: u64, priority: u8) -> Ticket {
+        Ticket { id, seq: id, priority, first_deadline_us: None, bytes: 0 }
+    }
+    #[test]
+    fn fifo_and_priority_order() {
+        let mut f = Fifo::default();
+        let mut p = Priority::default();
+        for (id, pr) in [(1, 1), (2, 9), (3, 9), (4, 5)] {
+            f.push(t(id, pr));
+            p.push(t(id, pr));
+        }
+        let fo: Vec<_> = std::iter::from_fn(|| f.pop()).map(|t| t.id).collect();
+        let po: Vec<_> = std::iter::from_fn(|| p.pop()).map(|t| t.id).collect();
+        assert_eq!(fo, [1, 2, 3, 4]);
+        assert_eq!(po, [2, 3, 4, 1]);
+    }
+}

@@ -1,0 +1,352 @@
+//! Gather over TCP, client side: a thin tokio driver over [`ClientConnection`].
+//!
+//! ```text
+//! let mut c = GatherClient::connect("127.0.0.1:9000").await?;   // hello: capability check
+//! let report = c.load(&request, &sink).await?;                    // one request per load
+//! c.save(&save_request, &objects).await?;                         // one request per save
+//! ```
+//! [`GatherClient::connect`] fails with [`GatherError::NotOffered`] when the endpoint does
+//! not speak gather (a stock S3 server answers the preface with HTTP), which is the
+//! connector's signal to use ranged GETs instead. A connection carries one request at a time
+//! and can be reused for the next.
+
+use super::LayerSink;
+use crate::error::LayerError;
+use crate::protocol::{
+    ClientConnection, ClientEvent, ErrorCode, GatherRequest, MissReason, ProtocolError, SaveRequest, ServerInfo,
+    MAX_UNIT_BYTES,
+};
+use bytes::{Bytes, BytesMut};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, ToSocketAddrs};
+
+/// Why a gather call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GatherError {
+    /// The endpoint does not offer gather (fall back to ranged GETs).
+    #[error("the server does not offer gather: {0}")]
+    NotOffered(String),
+    /// Socket error, or the connection closed mid-request.
+    #[error("gather connection: {0}")]
+    Io(#[from] std::io::Error),
+    /// The request was refused locally, or the server broke the protocol.
+    #[error("gather protocol: {0}")]
+    Protocol(#[from] ProtocolError),
+    /// The server refused or failed the request.
+    #[error("gather server error {code:?}: {message}")]
+    Remote {
+        /// Code.
+        code: ErrorCode,
+        /// Server's message.
+        message: String,
+    },
+    /// The sink was cancelled; the server was told to stop.
+    #[error("load cancelled")]
+    Cancelled,
+}
+
+impl From<GatherError> for crate::Error {
+    fn from(e: GatherError) -> Self {
+        match e {
+            GatherError::Io(e) => crate::Error::Io(e),
+            GatherError::Cancelled => crate::Error::Layer(LayerError::Cancelled),
+            other => crate::Error::Store(crate::StoreError::other("gather", other)),
+        }
+    }
+}
+
+/// What a load delivered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadReport {
+    /// Units received and written.
+    pub units: u64,
+    /// Payload bytes written into the sink.
+    pub bytes: u64,
+    /// Layers reported failed to the sink (miss, corrupt unit, incomplete), ascending.
+    pub failed_layers: Vec<u32>,
+    /// From sending the request to the first unit written, if any.
+    pub ttfl: Option<Duration>,
+    /// From sending the request to the end.
+    pub elapsed: Duration,
+}
+
+/// What a batched save did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SaveReport {
+    /// Data objects this save wrote.
+    pub written: u32,
+    /// Data objects already present (first writer wins).
+    pub already_present: u32,
+}
+
+/// A gather connection to an ObjectCache server.
+#[derive(Debug)]
+pub struct GatherClient {
+    stream: TcpStream,
+    conn: ClientConnection,
+    buf: BytesMut,
+    info: ServerInfo,
+}
+
+impl GatherClient {
+    /// Connects and exchanges hellos.
+    ///
+    /// # Errors
+    /// [`GatherError::Io`] if the connection fails; [`GatherError::NotOffered`] if the server
+    /// answers with anything but a gather hello (e.g. HTTP from a stock S3 server).
+    pub async fn connect(addr: impl ToSocketAddrs) -> Result<Self, GatherError> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let mut c = GatherClient { stream, conn: ClientConnection::new(), buf: BytesMut::with_capacity(1 << 20), info: ServerInfo { version: 0, features: 0, max_descriptor_bytes: 0, max_chunks: 0, max_request_bytes: 0 } };
+        c.flush().await?;
+        let hello = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Some(ev) = c.conn.poll_event() {
+                    return match ev {
+                        ClientEvent::Connected(i) => Ok(i),
+                        ClientEvent::Error { code, message } => Err(GatherError::NotOffered(format!("{code:?}: {message}"))),
+                        other => Err(GatherError::NotOffered(format!("unexpected {other:?}"))),
+                    };
+                }
+                if c.read_more().await? == 0 {
+                    return Err(GatherError::NotOffered("the server closed the connection after the preface".into()));
+                }
+                if let Err(e) = c.conn.handle_bytes(&mut c.buf) {
+                    return Err(GatherError::NotOffered(format!("the server did not answer with a gather hello ({e})")));
+                }
+            }
+        })
+        .await
+        .map_err(|_| GatherError::NotOffered("no gather hello within 10 s".into()))??;
+        c.info = hello;
+        Ok(c)
+    }
+
+    /// The server's hello: version, features and limits.
+    pub fn server_info(&self) -> ServerInfo {
+        self.info
+    }
+
+    async fn flush(&mut self) -> std::io::Result<()> {
+        while let Some(b) = self.conn.poll_transmit() {
+            self.stream.write_all(&b).await?;
+        }
+        Ok(())
+    }
+
+    async fn read_more(&mut self) -> std::io::Result<usize> {
+        if self.buf.capacity() - self.buf.len() < (64 << 10) {
+            self.buf.reserve(1 << 20);
+        }
+        self.stream.read_buf(&mut self.buf).await
+    }
+
+    /// Loads one prefix: sends `req` (one request) and writes every unit into `sink` as it
+    /// arrives, marking bytes complete per layer. Layers that miss (object missing, geometry
+    /// mismatch, corrupt slice, connection loss) are reported with [`LayerSink::fail`] and
+    /// never completed. If `sink` is cancelled, the server is told to stop and the call
+    /// returns [`GatherError::Cancelled`] once it has (the connection stays usable).
+    ///
+    /// # Errors
+    /// [`GatherError::Remote`] if the server refused the request (too many chunks, busy, ...);
+    /// [`GatherError::Io`] if the connection broke (incomplete layers failed first);
+    /// [`GatherError::Protocol`] for an invalid request or a server protocol violation.
+    pub async fn load(&mut self, req: &GatherRequest, sink: &dyn LayerSink) -> Result<LoadReport, GatherError> {
+        self.conn.start_gather(req)?;
+        let t0 = Instant::now();
+        let slice_full = req.geometry.slice_len(req.geometry.tokens_per_chunk).max(1);
+        let layer_bytes = req.layer_bytes();
+        let mut got: HashMap<u32, u64> = HashMap::new();
+        let mut failed: Vec<u32> = Vec::new();
+        let mut report = LoadReport { units: 0, bytes: 0, failed_layers: Vec::new(), ttfl: None, elapsed: Duration::ZERO };
+        let mut cancelled = false;
+        let fail_rest = |failed: &mut Vec<u32>, got: &HashMap<u32, u64>, err: LayerError| {
+            for l in req.layers.clone() {
+                if !failed.contains(&l) && got.get(&l).copied().unwrap_or(0) < layer_bytes {
+                    sink.fail(l, err.clone());
+                    failed.push(l);
+                }
+            }
+        };
+        let result = loop {
+            if let Err(e) = self.flush().await {
+                break Err(GatherError::Io(e));
+            }
+            let mut done = None;
+            while let Some(ev) = self.conn.poll_event() {
+                match ev {
+                    ClientEvent::Accepted { .. } => {}
+                    ClientEvent::Unit { layer, offset, data } => {
+                        if cancelled || failed.contains(&layer) {
+                            continue;
+                        }
+                        match sink.write(layer, offset, &data) {
+                            Ok(()) => {
+                                sink.complete(layer, data.len() as u64);
+                                *got.entry(layer).or_default() += data.len() as u64;
+                                report.units += 1;
+                                report.bytes += data.len() as u64;
+                                report.ttfl.get_or_insert_with(|| t0.elapsed());
+                            }
+                            Err(LayerError::Cancelled) => {}
+                            Err(e) => {
+                                sink.fail(layer, e);
+                                failed.push(layer);
+                            }
+                        }
+                    }
+                    ClientEvent::Corrupt { layer, offset, expected, computed } => {
+                        if !failed.contains(&layer) {
+                            let chunk = (offset / slice_full) as usize;
+                            sink.fail(layer, LayerError::ChecksumMismatch { chunk, layer: layer as usize, stored: expected, computed });
+                            failed.push(layer);
+                        }
+                    }
+                    ClientEvent::Miss { chunk, layers, reason, message } => {
+                        for l in layers {
+                            if failed.contains(&l) {
+                                continue;
+                            }
+                            let c = chunk as usize;
+                            let key = req.chunks.key(c).unwrap_or_default();
+                            let e = match reason {
+                                MissReason::NotFound => LayerError::Missing { chunk: c, key: key.clone() },
+                                MissReason::GeometryMismatch => LayerError::GeometryMismatch { chunk: c, reason: message.clone() },
+                                MissReason::ChecksumMismatch | MissReason::Storage => {
+                                    LayerError::Storage { chunk: c, message: message.clone() }
+                                }
+                            };
+                            sink.fail(l, e);
+                            failed.push(l);
+                        }
+                    }
+                    ClientEvent::End { .. } => {
+                        done = Some(Ok(()));
+                        break;
+                    }
+                    ClientEvent::Error { code, message } => {
+                        done = Some(Err(GatherError::Remote { code, message }));
+                        break;
+                    }
+                    other => {
+                        done = Some(Err(GatherError::Protocol(ProtocolError::invalid("event", format!("{other:?} during a load")))));
+                        break;
+                    }
+                }
+            }
+            if let Some(d) = done {
+                break d;
+            }
+            if !cancelled && sink.is_cancelled() {
+                cancelled = true;
+                self.conn.cancel(req.request_id);
+                continue;
+            }
+            match self.read_more().await {
+                Ok(0) => break Err(GatherError::Io(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the server closed the connection mid-load"))),
+                Ok(_) => {
+                    if let Err(e) = self.conn.handle_bytes(&mut self.buf) {
+                        break Err(GatherError::Protocol(e));
+                    }
+                }
+                Err(e) => break Err(GatherError::Io(e)),
+            }
+        };
+        report.elapsed = t0.elapsed();
+        match result {
+            Ok(()) if cancelled => {
+                fail_rest(&mut failed, &got, LayerError::Cancelled);
+                Err(GatherError::Cancelled)
+            }
+            Ok(()) => {
+                fail_rest(&mut failed, &got, LayerError::Storage { chunk: 0, message: "the server ended the load with this layer incomplete".into() });
+                failed.sort_unstable();
+                report.failed_layers = failed;
+                Ok(report)
+            }
+            Err(e) => {
+                fail_rest(&mut failed, &got, if cancelled { LayerError::Cancelled } else { LayerError::Storage { chunk: 0, message: e.to_string() } });
+                Err(e)
+            }
+        }
+    }
+
+    /// Saves all chunk objects of a prefix in one request: `objects` yields chunk
+    /// `req.chunks[i]`'s encoded object ([`crate::layout::encode_chunk`]) in order, and is
+    /// consumed as it is sent (one object in memory at a time if the iterator makes them
+    /// lazily). The server checks each object, writes it at `{prefix}kv/{hash}` if absent,
+    /// and only after all are durable writes the publish markers at `{prefix}pub/{hash}` in
+    /// prefix order.
+    ///
+    /// # Errors
+    /// [`GatherError::Protocol`] if an object has the wrong size or their count differs from
+    /// `req.chunks` (the connection is then shut down so nothing is published);
+    /// [`GatherError::Remote`] if the server refused an object or failed to store it (nothing
+    /// is published then); [`GatherError::Io`]. After an error the connection is closed.
+    pub async fn save(&mut self, req: &SaveRequest, objects: impl IntoIterator<Item = Bytes>) -> Result<SaveReport, GatherError> {
+        self.conn.start_save(req)?;
+        let step = MAX_UNIT_BYTES as usize;
+        let mut sent = self.flush().await;
+        let mut count = 0usize;
+        let mut bad: Option<ProtocolError> = None;
+        'outer: for (i, o) in objects.into_iter().enumerate() {
+            count = i + 1;
+            if i >= req.chunks.len() || o.len() as u64 != req.object_len(i) {
+                bad = Some(ProtocolError::invalid(
+                    "objects",
+                    if i >= req.chunks.len() {
+                        format!("more objects than the {} chunks of the request", req.chunks.len())
+                    } else {
+                        format!("object {i} has {} bytes, expected {}", o.len(), req.object_len(i))
+                    },
+                ));
+                break;
+            }
+            let mut a = 0;
+            while a < o.len() {
+                let b = (a + step).min(o.len());
+                self.conn.save_data(i as u32, a as u64, o.slice(a..b))?;
+                sent = self.flush().await;
+                if sent.is_err() {
+                    break 'outer;
+                }
+                a = b;
+            }
+        }
+        if bad.is_none() && sent.is_ok() && count != req.chunks.len() {
+            bad = Some(ProtocolError::invalid("objects", format!("{count} objects for {} chunks", req.chunks.len())));
+        }
+        if let Some(e) = bad {
+            // Abandon the save: the server publishes nothing for an unfinished save.
+            let _ = self.stream.shutdown().await;
+            return Err(e.into());
+        }
+        if sent.is_ok() {
+            self.conn.save_end()?;
+            sent = self.flush().await;
+        }
+        // Read the answer even after a write error: the server may have said why it stopped.
+        loop {
+            while let Some(ev) = self.conn.poll_event() {
+                match ev {
+                    ClientEvent::SaveDone { written, already_present, .. } => return Ok(SaveReport { written, already_present }),
+                    ClientEvent::Error { code, message } => return Err(GatherError::Remote { code, message }),
+                    _ => {}
+                }
+            }
+            match self.read_more().await {
+                Ok(0) => {
+                    return Err(match sent {
+                        Err(e) => GatherError::Io(e),
+                        Ok(()) => GatherError::Io(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the server closed the connection mid-save")),
+                    })
+                }
+                Ok(_) => self.conn.handle_bytes(&mut self.buf)?,
+                Err(e) => return Err(GatherError::Io(e)),
+            }
+        }
+    }
+}
