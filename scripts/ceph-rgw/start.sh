@@ -86,6 +86,11 @@ osd max object namespace len = 64
 [client.rgw.gw]
 rgw frontends = beast endpoint=127.0.0.1:$PORT
 rgw dns name = localhost
+# Deleted objects' data is freed by RGW's garbage collector, by default after two hours; in a
+# test cluster that keeps everything in memory, free it within seconds instead.
+rgw gc obj min wait = 5
+rgw gc processor period = 10
+rgw gc processor max time = 10
 CONF
 export CEPH_CONF="$D/ceph.conf"
 
