@@ -53,7 +53,8 @@ fn main() {
         }
         Err(why) => panic!("C ABI check required (OBJECTCACHE_REQUIRE_ABI_CHECK) but {why}"),
     };
-    let out = Path::new(&std::env::var("OUT_DIR").expect("OUT_DIR")).join("objectcache_abi_check.rs");
+    let out =
+        Path::new(&std::env::var("OUT_DIR").expect("OUT_DIR")).join("objectcache_abi_check.rs");
     let checks = checks(&bindings);
     std::fs::write(&out, checks).expect("write the ABI check");
     println!("cargo:rustc-cfg=objectcache_abi_check");

@@ -85,7 +85,14 @@ fn compile_with(cc: &str, src: &str, out_dir: &Path, flags: &[&str]) -> PathBuf 
     let lib = stage_lib(out_dir);
     let exe = out_dir.join(Path::new(src).file_stem().expect("file name"));
     let out = Command::new(cc)
-        .args(["-std=c11", "-D_POSIX_C_SOURCE=200809L", "-Wall", "-Wextra", "-Werror", "-O1"])
+        .args([
+            "-std=c11",
+            "-D_POSIX_C_SOURCE=200809L",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-O1",
+        ])
         .args(flags)
         .arg("-I")
         .arg(root.join("ffi"))
@@ -108,7 +115,10 @@ fn compile_with(cc: &str, src: &str, out_dir: &Path, flags: &[&str]) -> PathBuf 
 }
 
 fn run(exe: &Path, arg: &Path) -> String {
-    let out = Command::new(exe).arg(arg).output().expect("run the C program");
+    let out = Command::new(exe)
+        .arg(arg)
+        .output()
+        .expect("run the C program");
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     print!("{stdout}");
@@ -173,7 +183,11 @@ fn c_lifecycle_under_sanitizers() {
         &cc,
         "tests/c/lifecycle.c",
         tmp.path(),
-        &["-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined"],
+        &[
+            "-g",
+            "-fno-omit-frame-pointer",
+            "-fsanitize=address,undefined",
+        ],
     );
     let out = Command::new(&exe)
         .arg(tmp.path().join("store"))
@@ -204,7 +218,10 @@ fn c_example_in_the_docs_runs() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let exe = compile(&cc, "ffi/examples/save_load.c", tmp.path());
     let stdout = run(&exe, &tmp.path().join("store"));
-    assert!(stdout.contains("cached prefix: 2 chunks = 64 tokens"), "{stdout}");
+    assert!(
+        stdout.contains("cached prefix: 2 chunks = 64 tokens"),
+        "{stdout}"
+    );
     assert_eq!(stdout.matches("bytes match").count(), 2, "{stdout}");
 }
 

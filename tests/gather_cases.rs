@@ -44,7 +44,11 @@ async fn c4_burst_of_100_cache_hits_under_a_2gib_budget() {
                 let s = 41 + i % 2;
                 let sink = VerifySink::new(&g, s, &tokens);
                 let r = c.load(&request(&g, s, &tokens), &sink).await.unwrap();
-                (sink.mismatches.load(Ordering::Relaxed), sink.complete_layers(), r.bytes)
+                (
+                    sink.mismatches.load(Ordering::Relaxed),
+                    sink.complete_layers(),
+                    r.bytes,
+                )
             })
         })
         .collect();
@@ -65,7 +69,10 @@ async fn c4_burst_of_100_cache_hits_under_a_2gib_budget() {
         rss.map(|r| r >> 20)
     );
     assert_eq!(total, loads * 16 * g.slice_bytes() * 32);
-    assert!(peak_inflight > 0 && peak_inflight <= budget, "peak in flight {peak_inflight} > budget {budget}");
+    assert!(
+        peak_inflight > 0 && peak_inflight <= budget,
+        "peak in flight {peak_inflight} > budget {budget}"
+    );
     if let Some(r) = rss {
         // Store (1 GiB) + in-flight budget (2 GiB) + one 16 MiB frame per active client
         // (64 admitted) + runtime slack.
@@ -91,17 +98,25 @@ async fn c5_many_layers_many_ranks_one_request_per_rank() {
         let saved = save_prefix(&mut c, &g, 500, &tokens).await;
         assert_eq!(saved.written, 128, "one object per chunk on rank {rank}");
         objects_written += saved.written;
-        let before = objectcache_metric(&server, "objectcache_server_requests_total{op=\"gather\"}");
+        let before =
+            objectcache_metric(&server, "objectcache_server_requests_total{op=\"gather\"}");
         let sink = VerifySink::new(&g, 500, &tokens);
         c.load(&request(&g, 500, &tokens), &sink).await.unwrap();
         assert_eq!(sink.mismatches.load(Ordering::Relaxed), 0);
         assert_eq!(sink.complete_layers(), 80);
         let after = objectcache_metric(&server, "objectcache_server_requests_total{op=\"gather\"}");
-        assert_eq!(after - before, 1.0, "one gather request for rank {rank}'s load");
+        assert_eq!(
+            after - before,
+            1.0,
+            "one gather request for rank {rank}'s load"
+        );
         let kb = key_builder(&g);
         assert!(kb.prefix().contains(&format!("/tp{rank}-8/")));
         for h in hashes(500, 128) {
-            store.delete(&format!("{BUCKET}/{}", kb.data(&h))).await.unwrap();
+            store
+                .delete(&format!("{BUCKET}/{}", kb.data(&h)))
+                .await
+                .unwrap();
         }
     }
     let g = KvGeometry::llama31_70b(8, 0).unwrap();

@@ -7,7 +7,9 @@ mod gather_util;
 use bytes::{BufMut, BytesMut};
 use gather_util::*;
 use objectcache::layout::{slice_range, KvGeometry};
-use objectcache::protocol::{encode_frame_header, ErrorCode, Frame, FrameType, MAX_UNIT_BYTES, PREFACE};
+use objectcache::protocol::{
+    encode_frame_header, ErrorCode, Frame, FrameType, MAX_UNIT_BYTES, PREFACE,
+};
 use objectcache::store::{FsStore, FsyncPolicy, MemoryStore, Store, StoreExt};
 use objectcache::transport::tcp::{GatherClient, GatherError};
 use std::sync::atomic::Ordering;
@@ -26,13 +28,20 @@ async fn roundtrip(store: Arc<dyn Store>, chunks: usize) {
     let r = c.load(&req, &sink).await.unwrap();
     let per_layer = chunks as u64 * g.slice_bytes();
     assert_eq!(r.bytes, per_layer * 32);
-    assert_eq!(sink.mismatches.load(Ordering::Relaxed), 0, "every byte matches");
+    assert_eq!(
+        sink.mismatches.load(Ordering::Relaxed),
+        0,
+        "every byte matches"
+    );
     assert_eq!(sink.complete_layers(), 32);
     assert!(sink.failed_layers().is_empty());
     assert!(r.failed_layers.is_empty());
     // One gather request for the whole load, units of at most 16 MiB.
     let m = server.metrics().encode();
-    assert_eq!(metric(&m, "objectcache_server_requests_total{op=\"gather\"}"), Some(1.0));
+    assert_eq!(
+        metric(&m, "objectcache_server_requests_total{op=\"gather\"}"),
+        Some(1.0)
+    );
     assert_eq!(r.units, 32 * per_layer.div_ceil(MAX_UNIT_BYTES as u64));
     println!(
         "gather {} tokens: {} bytes in {} units, ttfl {:?}, total {:?}",
@@ -53,7 +62,11 @@ async fn gather_roundtrip_4k_tokens_8b_byte_exact() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gather_roundtrip_32k_tokens_8b_byte_exact() {
     let dir = tempfile::tempdir().unwrap();
-    roundtrip(Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap()), 128).await;
+    roundtrip(
+        Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap()),
+        128,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -75,11 +88,24 @@ async fn batched_save_layout_matches_the_connector() {
     })
     .unwrap();
     for (i, h) in hashes(9, 3).iter().enumerate() {
-        let data = store.get_bytes(&format!("{BUCKET}/{}", kb.data(h))).await.unwrap();
-        assert_eq!(data, object(&g, 9, i, 256), "data object {i} at KeyBuilder::data");
-        let marker = store.get_bytes(&format!("{BUCKET}/{}", kb.marker(h))).await.unwrap();
+        let data = store
+            .get_bytes(&format!("{BUCKET}/{}", kb.data(h)))
+            .await
+            .unwrap();
+        assert_eq!(
+            data,
+            object(&g, 9, i, 256),
+            "data object {i} at KeyBuilder::data"
+        );
+        let marker = store
+            .get_bytes(&format!("{BUCKET}/{}", kb.marker(h)))
+            .await
+            .unwrap();
         assert_eq!(&marker[..8], &objectcache::connector::MARKER_MAGIC);
-        assert_eq!(u64::from_le_bytes(marker[8..16].try_into().unwrap()), data.len() as u64);
+        assert_eq!(
+            u64::from_le_bytes(marker[8..16].try_into().unwrap()),
+            data.len() as u64
+        );
         other.put(&kb.data(h), data).await.unwrap();
         other.put(&kb.marker(h), marker).await.unwrap();
     }
@@ -105,7 +131,9 @@ async fn partial_last_chunk_and_layer_subrange() {
     let r = c.load(&req, &sink).await.unwrap();
     assert_eq!(sink.mismatches.load(Ordering::Relaxed), 0);
     assert_eq!(sink.complete_layers(), 16);
-    assert!(sink.done[3].load(Ordering::Relaxed) == 0 && sink.done[20].load(Ordering::Relaxed) == 0);
+    assert!(
+        sink.done[3].load(Ordering::Relaxed) == 0 && sink.done[20].load(Ordering::Relaxed) == 0
+    );
     assert!(r.units > 16 * 3);
     server.shutdown().await;
 }
@@ -133,21 +161,40 @@ async fn missing_chunk_and_corrupt_slice_are_misses_never_data() {
         assert_eq!(r.failed_layers, vec![7]);
         assert_eq!(sink.complete_layers(), g.layers as usize - 1);
         // The corrupt unit never reached the sink (server miss) or was refused (client CRC).
-        assert_eq!(sink.mismatches.load(Ordering::Relaxed), 0, "verify={verify}");
+        assert_eq!(
+            sink.mismatches.load(Ordering::Relaxed),
+            0,
+            "verify={verify}"
+        );
     }
     // A missing chunk: every layer misses, no byte is delivered.
-    store.delete(&format!("{BUCKET}/{}", kb.data(&hashes(5, 4)[1]))).await.unwrap();
+    store
+        .delete(&format!("{BUCKET}/{}", kb.data(&hashes(5, 4)[1])))
+        .await
+        .unwrap();
     let sink = VerifySink::new(&g, 5, &tokens);
     let r = c.load(&request(&g, 5, &tokens), &sink).await.unwrap();
     assert_eq!(r.bytes, 0);
     assert_eq!(sink.failed_layers().len(), g.layers as usize);
-    assert!(matches!(sink.failed.lock().unwrap()[0].1, objectcache::LayerError::Missing { chunk: 1, .. }));
+    assert!(matches!(
+        sink.failed.lock().unwrap()[0].1,
+        objectcache::LayerError::Missing { chunk: 1, .. }
+    ));
     // Wrong geometry under the right key (case C3's kind): a geometry miss.
     let g2 = g.with_dtype(objectcache::Dtype::Fp32);
-    store.put(&format!("{BUCKET}/{}", kb.data(&hashes(5, 4)[1])), object(&g2, 5, 1, 256)).await.unwrap();
+    store
+        .put(
+            &format!("{BUCKET}/{}", kb.data(&hashes(5, 4)[1])),
+            object(&g2, 5, 1, 256),
+        )
+        .await
+        .unwrap();
     let sink = VerifySink::new(&g, 5, &tokens);
     c.load(&request(&g, 5, &tokens), &sink).await.unwrap();
-    assert!(matches!(sink.failed.lock().unwrap()[0].1, objectcache::LayerError::GeometryMismatch { chunk: 1, .. }));
+    assert!(matches!(
+        sink.failed.lock().unwrap()[0].1,
+        objectcache::LayerError::GeometryMismatch { chunk: 1, .. }
+    ));
     server.shutdown().await;
 }
 
@@ -171,7 +218,10 @@ async fn concurrent_loads_with_admission_queue() {
                 let s = 100 + i % 3;
                 let sink = VerifySink::new(&g, s, &tokens);
                 c.load(&request(&g, s, &tokens), &sink).await.unwrap();
-                (sink.mismatches.load(Ordering::Relaxed), sink.complete_layers())
+                (
+                    sink.mismatches.load(Ordering::Relaxed),
+                    sink.complete_layers(),
+                )
             })
         })
         .collect();
@@ -185,7 +235,11 @@ async fn raw_conn(addr: std::net::SocketAddr) -> tokio::net::TcpStream {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut b = BytesMut::new();
     b.put_slice(&PREFACE);
-    Frame::Hello { version_min: 1, version_max: 1 }.encode(&mut b);
+    Frame::Hello {
+        version_min: 1,
+        version_max: 1,
+    }
+    .encode(&mut b);
     s.write_all(&b).await.unwrap();
     s
 }
@@ -194,12 +248,17 @@ async fn raw_conn(addr: std::net::SocketAddr) -> tokio::net::TcpStream {
 async fn read_error(s: &mut tokio::net::TcpStream) -> (ErrorCode, String) {
     let mut buf = BytesMut::new();
     loop {
-        while let Some(f) = objectcache::protocol::decode_frame(&mut buf, 1 << 24, u32::MAX).unwrap() {
+        while let Some(f) =
+            objectcache::protocol::decode_frame(&mut buf, 1 << 24, u32::MAX).unwrap()
+        {
             if let Frame::Error { code, message } = f {
                 return (code, message);
             }
         }
-        assert!(s.read_buf(&mut buf).await.unwrap() > 0, "connection closed without an error frame");
+        assert!(
+            s.read_buf(&mut buf).await.unwrap() > 0,
+            "connection closed without an error frame"
+        );
     }
 }
 
@@ -229,7 +288,10 @@ async fn malformed_and_oversized_descriptors_get_clear_errors_and_the_server_sta
     s.write_all(&b).await.unwrap();
     let (code, msg) = read_error(&mut s).await;
     assert_eq!(code, ErrorCode::DescriptorTooLarge);
-    assert!(msg.contains("descriptor size is 1048576, above the limit of 4096"), "{msg}");
+    assert!(
+        msg.contains("descriptor size is 1048576, above the limit of 4096"),
+        "{msg}"
+    );
 
     // Too many chunks (the client library refuses this itself; send it raw).
     let tokens = vec![256u32; 9];
@@ -239,25 +301,41 @@ async fn malformed_and_oversized_descriptors_get_clear_errors_and_the_server_sta
     s.write_all(&b).await.unwrap();
     let (code, msg) = read_error(&mut s).await;
     assert_eq!(code, ErrorCode::TooManyChunks);
-    assert!(msg.contains("chunks per request is 9, above the limit of 8"), "{msg}");
+    assert!(
+        msg.contains("chunks per request is 9, above the limit of 8"),
+        "{msg}"
+    );
 
     // The client library refuses it locally with the same words.
     let mut c = GatherClient::connect(addr).await.unwrap();
-    let e = c.load(&request(&g, 1, &tokens), &VerifySink::new(&g, 1, &tokens)).await.unwrap_err();
-    assert!(e.to_string().contains("chunks per request is 9, above the limit of 8"), "{e}");
+    let e = c
+        .load(&request(&g, 1, &tokens), &VerifySink::new(&g, 1, &tokens))
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("chunks per request is 9, above the limit of 8"),
+        "{e}"
+    );
 
     // Unknown frame type, HTTP garbage on the gather port: errors, no crash.
     let mut s = raw_conn(addr).await;
     s.write_all(&[0x7f, 0, 0, 0, 0, 0, 0, 0]).await.unwrap();
     let (code, msg) = read_error(&mut s).await;
-    assert_eq!((code, msg.as_str()), (ErrorCode::Malformed, "unknown frame type 0x7f"));
+    assert_eq!(
+        (code, msg.as_str()),
+        (ErrorCode::Malformed, "unknown frame type 0x7f")
+    );
 
     // A missing bucket is a request-level error; the connection stays usable.
     let mut c = GatherClient::connect(addr).await.unwrap();
     let mut req = request(&g, 1, &[256]);
     req.bucket = "no-such-bucket".into();
     match c.load(&req, &VerifySink::new(&g, 1, &[256])).await {
-        Err(GatherError::Remote { code: ErrorCode::NoSuchBucket, .. }) => {}
+        Err(GatherError::Remote {
+            code: ErrorCode::NoSuchBucket,
+            ..
+        }) => {}
         other => panic!("{other:?}"),
     }
     // The server still serves.
@@ -290,14 +368,25 @@ async fn client_disconnecting_mid_stream_frees_resources() {
     let mut freed = false;
     for _ in 0..200 {
         let m = server.metrics().encode();
-        if metric(&m, "objectcache_server_active_loads") == Some(0.0) && metric(&m, "objectcache_server_inflight_bytes") == Some(0.0) {
+        if metric(&m, "objectcache_server_active_loads") == Some(0.0)
+            && metric(&m, "objectcache_server_inflight_bytes") == Some(0.0)
+        {
             freed = true;
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    assert!(freed, "load still active after the client left:\n{}", server.metrics().encode());
-    assert!(metric(&server.metrics().encode(), "objectcache_server_errors_total{kind=\"client_gone\"}") >= Some(1.0));
+    assert!(
+        freed,
+        "load still active after the client left:\n{}",
+        server.metrics().encode()
+    );
+    assert!(
+        metric(
+            &server.metrics().encode(),
+            "objectcache_server_errors_total{kind=\"client_gone\"}"
+        ) >= Some(1.0)
+    );
     // A cancel through the client library stops the load and keeps the connection usable.
     let mut sink = VerifySink::new(&g, 7, &tokens);
     sink.cancel_after = 3;
@@ -320,7 +409,9 @@ async fn a_stock_s3_endpoint_is_detected_for_fallback() {
         let (mut s, _) = l.accept().await.unwrap();
         let mut b = [0u8; 64];
         let _ = s.read(&mut b).await;
-        let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n").await;
+        let _ = s
+            .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            .await;
     });
     match GatherClient::connect(addr).await {
         Err(GatherError::NotOffered(m)) => assert!(m.contains("gather hello"), "{m}"),

@@ -81,7 +81,9 @@ fn round_trip(e: &Engine, g: &KvGeometry, chunks: usize, seed: u64) {
         "{:?} on {}: {:?}",
         h.chunk_status(),
         e.store().name(),
-        (0..g.layers as usize).map(|l| h.poll_layer(l)).collect::<Vec<_>>()
+        (0..g.layers as usize)
+            .map(|l| h.poll_layer(l))
+            .collect::<Vec<_>>()
     );
     let st = h.stats();
     assert_eq!(

@@ -17,11 +17,17 @@ use std::net::IpAddr;
 const BUCKET: &str = "kv.cache-test";
 
 fn port_of(c: &S3Config) -> u16 {
-    url::Url::parse(c.endpoint.as_deref().unwrap()).unwrap().port_or_known_default().unwrap()
+    url::Url::parse(c.endpoint.as_deref().unwrap())
+        .unwrap()
+        .port_or_known_default()
+        .unwrap()
 }
 
 fn unique(tag: &str) -> String {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     format!("c6-{tag}-{}-{nanos}", std::process::id())
 }
 
@@ -35,7 +41,9 @@ fn loopback() -> IpAddr {
 
 #[tokio::test]
 async fn c6_path_style_works_with_a_dotted_bucket_on_an_ip_endpoint() {
-    let Some(mut c) = rgw_config("c6_path_style").await else { return };
+    let Some(mut c) = rgw_config("c6_path_style").await else {
+        return;
+    };
     c.bucket = BUCKET.into();
     c.addressing = Some(Addressing::Path);
     let store = S3Store::new(c.clone()).await.unwrap();
@@ -45,10 +53,16 @@ async fn c6_path_style_works_with_a_dotted_bucket_on_an_ip_endpoint() {
     let data = payload(100_000);
     store.put(&key, data.clone()).await.unwrap();
     assert_eq!(store.get_bytes(&key).await.unwrap(), data);
-    assert_eq!(store.get_range(&key, 4096..8192).await.unwrap(), data.slice(4096..8192));
+    assert_eq!(
+        store.get_range(&key, 4096..8192).await.unwrap(),
+        data.slice(4096..8192)
+    );
 
     // The same through a store URL; path-style is the default when an endpoint is given.
-    let url = format!("s3://{BUCKET}?endpoint={}&region=us-east-1", c.endpoint.as_deref().unwrap());
+    let url = format!(
+        "s3://{BUCKET}?endpoint={}&region=us-east-1",
+        c.endpoint.as_deref().unwrap()
+    );
     std::env::set_var("AWS_ACCESS_KEY_ID", access_key(&c));
     std::env::set_var("AWS_SECRET_ACCESS_KEY", secret_key(&c));
     let via_url = open_store(&url).await.unwrap();
@@ -72,7 +86,9 @@ fn secret_key(c: &S3Config) -> String {
 
 #[tokio::test]
 async fn c6_virtual_hosted_is_a_setting() {
-    let Some(mut c) = rgw_config("c6_virtual_hosted").await else { return };
+    let Some(mut c) = rgw_config("c6_virtual_hosted").await else {
+        return;
+    };
     c.bucket = BUCKET.into();
     let path_store = S3Store::new(c.clone()).await.unwrap();
     path_store.create_bucket().await.unwrap();
@@ -89,7 +105,10 @@ async fn c6_virtual_hosted_is_a_setting() {
     let key = format!("{}/obj", unique("virtual"));
     let data = payload(50_000);
     vstore.put(&key, data.clone()).await.unwrap();
-    assert_eq!(vstore.get_range(&key, 1..49_999).await.unwrap(), data.slice(1..49_999));
+    assert_eq!(
+        vstore.get_range(&key, 1..49_999).await.unwrap(),
+        data.slice(1..49_999)
+    );
     // Same bucket, same object, whichever addressing wrote it.
     assert_eq!(path_store.get_bytes(&key).await.unwrap(), data);
     assert_eq!(vstore.list(&key, 10).await.unwrap().len(), 1);
@@ -105,13 +124,20 @@ async fn c6_virtual_hosted_on_an_ip_endpoint_is_refused_naming_path_style() {
     c.addressing = Some(Addressing::Virtual);
     let e = S3Store::new(c).await.unwrap_err().to_string();
     assert!(e.contains("use addressing=path"), "{e}");
-    let e = open_store(&format!("s3://{BUCKET}?endpoint=http://127.0.0.1:7480&addressing=virtual")).await.unwrap_err().to_string();
+    let e = open_store(&format!(
+        "s3://{BUCKET}?endpoint=http://127.0.0.1:7480&addressing=virtual"
+    ))
+    .await
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("use addressing=path"), "{e}");
 }
 
 #[tokio::test]
 async fn c6_virtual_hosted_where_the_server_wants_path_style_says_use_path() {
-    let Some(c) = rgw_config("c6_virtual_wrong").await else { return };
+    let Some(c) = rgw_config("c6_virtual_wrong").await else {
+        return;
+    };
     let port = port_of(&c);
     // 1. The server does not know the endpoint's name as its own domain, so it reads the
     //    bucket from the path: the bucket "does not exist".
@@ -119,7 +145,10 @@ async fn c6_virtual_hosted_where_the_server_wants_path_style_says_use_path() {
     v.bucket = BUCKET.into();
     v.endpoint = Some(format!("http://s3.test:{port}"));
     v.addressing = Some(Addressing::Virtual);
-    v.resolve = vec![("s3.test".into(), loopback()), ("*.s3.test".into(), loopback())];
+    v.resolve = vec![
+        ("s3.test".into(), loopback()),
+        ("*.s3.test".into(), loopback()),
+    ];
     let store = S3Store::new(v).await.unwrap();
     let key = format!("{}/obj", unique("wrongv"));
     let e = store.put(&key, payload(10)).await.unwrap_err().to_string();
@@ -141,7 +170,10 @@ async fn c6_virtual_hosted_where_the_server_wants_path_style_says_use_path() {
     let store = S3Store::new(v).await.unwrap();
     let e = store.get_bytes(&key).await.unwrap_err().to_string();
     eprintln!("bucket host name leads nowhere: {e}");
-    assert!(e.contains("use addressing=path") && e.contains("kv.cache-test.localhost"), "{e}");
+    assert!(
+        e.contains("use addressing=path") && e.contains("kv.cache-test.localhost"),
+        "{e}"
+    );
 }
 
 #[tokio::test]
@@ -162,5 +194,9 @@ async fn c6_path_style_where_the_server_wants_virtual_hosted_says_use_virtual() 
     eprintln!("wrong path-style addressing: {e}");
     assert!(e.contains("addressing=virtual"), "{e}");
     assert_eq!(srv.requests(), 1, "a redirect is not retried");
-    assert!(srv.seen()[0].line.starts_with("GET /kv-cache-test/a/b?"), "{:?}", srv.seen());
+    assert!(
+        srv.seen()[0].line.starts_with("GET /kv-cache-test/a/b?"),
+        "{:?}",
+        srv.seen()
+    );
 }

@@ -24,12 +24,22 @@ const ENV_KEYS: &[&str] = &[
 
 #[tokio::test]
 async fn credentials_from_config_environment_and_profile() {
-    let Some(c) = rgw_config("credentials").await else { return };
-    let S3Credentials::Static { access_key, secret_key, .. } = c.credentials.clone() else {
+    let Some(c) = rgw_config("credentials").await else {
+        return;
+    };
+    let S3Credentials::Static {
+        access_key,
+        secret_key,
+        ..
+    } = c.credentials.clone()
+    else {
         unreachable!("test settings carry fixed keys")
     };
     let endpoint = c.endpoint.clone().unwrap();
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     let key = format!("creds-{}-{nanos}/obj", std::process::id());
     let data = Bytes::from_static(b"written with configured credentials");
 
@@ -49,16 +59,26 @@ async fn credentials_from_config_environment_and_profile() {
     let dir = tempfile::tempdir().unwrap();
     let creds = dir.path().join("credentials");
     let config = dir.path().join("config");
-    std::fs::write(&creds, format!("[ocprofile]\naws_access_key_id = {access_key}\naws_secret_access_key = {secret_key}\n")).unwrap();
+    std::fs::write(
+        &creds,
+        format!(
+            "[ocprofile]\naws_access_key_id = {access_key}\naws_secret_access_key = {secret_key}\n"
+        ),
+    )
+    .unwrap();
     std::fs::write(&config, "[profile ocprofile]\nregion = us-east-1\n").unwrap();
     std::env::set_var("AWS_SHARED_CREDENTIALS_FILE", &creds);
     std::env::set_var("AWS_CONFIG_FILE", &config);
-    let via_profile = open_store(&format!("{url}&profile=ocprofile")).await.unwrap();
+    let via_profile = open_store(&format!("{url}&profile=ocprofile"))
+        .await
+        .unwrap();
     assert_eq!(via_profile.get_bytes(&key).await.unwrap(), data);
 
     // A profile with the wrong secret is refused by the server.
     std::fs::write(&creds, format!("[ocprofile]\naws_access_key_id = {access_key}\naws_secret_access_key = wrong{secret_key}\n")).unwrap();
-    let wrong = open_store(&format!("{url}&profile=ocprofile")).await.unwrap();
+    let wrong = open_store(&format!("{url}&profile=ocprofile"))
+        .await
+        .unwrap();
     let e = wrong.get_bytes(&key).await.unwrap_err();
     assert!(matches!(e, StoreError::PermissionDenied { .. }), "{e:?}");
 
@@ -70,8 +90,17 @@ async fn credentials_from_config_environment_and_profile() {
 
     // Refused configured keys.
     let mut bad = c.clone();
-    bad.credentials = S3Credentials::Static { access_key: "no-such-user".into(), secret_key: "x".repeat(20), session_token: None };
-    let e = S3Store::new(bad).await.unwrap().get_bytes(&key).await.unwrap_err();
+    bad.credentials = S3Credentials::Static {
+        access_key: "no-such-user".into(),
+        secret_key: "x".repeat(20),
+        session_token: None,
+    };
+    let e = S3Store::new(bad)
+        .await
+        .unwrap()
+        .get_bytes(&key)
+        .await
+        .unwrap_err();
     assert!(matches!(e, StoreError::PermissionDenied { .. }), "{e:?}");
     assert!(e.to_string().contains("403"), "{e}");
 

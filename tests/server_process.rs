@@ -21,16 +21,37 @@ impl Drop for Proc {
 /// Starts `objectcache serve` on a free port; returns the process and its address.
 fn spawn_server(extra: &[&str]) -> (Proc, std::net::SocketAddr) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_objectcache"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--store", "memory:", "--bucket", BUCKET])
-        .args(["--access-key", &format!("{ACCESS}:{SECRET}"), "--shutdown-grace-secs", "2"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            "memory:",
+            "--bucket",
+            BUCKET,
+        ])
+        .args([
+            "--access-key",
+            &format!("{ACCESS}:{SECRET}"),
+            "--shutdown-grace-secs",
+            "2",
+        ])
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn objectcache serve");
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line.trim().rsplit(' ').next().unwrap().parse().unwrap_or_else(|_| panic!("readiness line {line:?}"));
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| panic!("readiness line {line:?}"));
     (Proc(child), addr)
 }
 
@@ -45,13 +66,22 @@ async fn serve_as_a_process_gathers_and_shuts_down_gracefully() {
     c.load(&request(&g, 31, &tokens), &sink).await.unwrap();
     assert_eq!(sink.mismatches.load(Ordering::Relaxed), 0);
     assert_eq!(sink.complete_layers(), 32);
-    assert_eq!(http_get(addr, "/_objectcache/health").await, (200, "ok\n".to_string()));
+    assert_eq!(
+        http_get(addr, "/_objectcache/health").await,
+        (200, "ok\n".to_string())
+    );
     let (st, m) = http_get(addr, "/_objectcache/metrics").await;
     assert_eq!(st, 200);
-    assert_eq!(metric(&m, "objectcache_server_requests_total{op=\"gather\"}"), Some(1.0));
+    assert_eq!(
+        metric(&m, "objectcache_server_requests_total{op=\"gather\"}"),
+        Some(1.0)
+    );
     assert!(m.contains("objectcache_server_ttfl_seconds_bucket"), "{m}");
     drop(c);
-    let st = Command::new("kill").args(["-TERM", &p.0.id().to_string()]).status().unwrap();
+    let st = Command::new("kill")
+        .args(["-TERM", &p.0.id().to_string()])
+        .status()
+        .unwrap();
     assert!(st.success());
     let code = p.0.wait().unwrap();
     assert!(code.success(), "exit status after SIGTERM: {code:?}");
@@ -70,38 +100,66 @@ fn bad_configuration_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("c.toml");
     std::fs::write(&f, "listen = \"127.0.0.1:0\"\nmax_chunk = 3\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_objectcache")).args(["serve", "--config"]).arg(&f).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_objectcache"))
+        .args(["serve", "--config"])
+        .arg(&f)
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("unknown field `max_chunk`"), "{err}");
+    assert!(
+        !out.status.success() && err.contains("unknown field `max_chunk`"),
+        "{err}"
+    );
     // A file, then environment, then flags.
     std::fs::write(&f, "max_chunks = 3\nscheduler = \"priority\"\n").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_objectcache"))
-        .args(["serve", "--print-config", "--max-concurrent-loads", "5", "--config"])
+        .args([
+            "serve",
+            "--print-config",
+            "--max-concurrent-loads",
+            "5",
+            "--config",
+        ])
         .arg(&f)
         .env("OBJECTCACHE_MAX_CHUNKS", "7")
         .output()
         .unwrap();
     let cfg = String::from_utf8_lossy(&out.stdout);
-    assert!(cfg.contains("max_chunks = 7") && cfg.contains("scheduler = \"priority\"") && cfg.contains("max_concurrent_loads = 5"), "{cfg}");
+    assert!(
+        cfg.contains("max_chunks = 7")
+            && cfg.contains("scheduler = \"priority\"")
+            && cfg.contains("max_concurrent_loads = 5"),
+        "{cfg}"
+    );
 }
 
 /// awscli and boto3 (from PyPI, see scripts/awscli-setup.sh) against the server process.
 #[test]
 fn awscli_and_boto3_with_sigv4() {
-    let venv = std::env::var("OBJECTCACHE_AWS_VENV").unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/target/awscli-venv").into());
+    let venv = std::env::var("OBJECTCACHE_AWS_VENV")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/target/awscli-venv").into());
     if !std::path::Path::new(&venv).join("bin/aws").exists() {
         if std::env::var_os("OBJECTCACHE_REQUIRE_ALL").is_some() {
             panic!("awscli venv missing at {venv}: run scripts/awscli-setup.sh");
         }
-        eprintln!("SKIP awscli_and_boto3_with_sigv4: no venv at {venv} (run scripts/awscli-setup.sh)");
+        eprintln!(
+            "SKIP awscli_and_boto3_with_sigv4: no venv at {venv} (run scripts/awscli-setup.sh)"
+        );
         return;
     }
     let (_p, addr) = spawn_server(&[]);
-    let out = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/awscli-test.sh"))
-        .args([&format!("http://{addr}"), ACCESS, SECRET, &venv])
-        .output()
-        .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scripts/awscli-test.sh"
+    ))
+    .args([&format!("http://{addr}"), ACCESS, SECRET, &venv])
+    .output()
+    .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     println!("{text}");
     assert!(out.status.success(), "{text}");
     assert!(text.contains("bad credentials rejected (403) OK"), "{text}");

@@ -7,7 +7,9 @@ mod gather_util;
 
 use gather_util::*;
 use objectcache::layout::KvGeometry;
-use objectcache::store::{Addressing, MemoryStore, S3Config, S3Credentials, S3Store, Store, StoreExt};
+use objectcache::store::{
+    Addressing, MemoryStore, S3Config, S3Credentials, S3Store, Store, StoreExt,
+};
 use objectcache::transport::tcp::GatherClient;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -18,7 +20,11 @@ async fn s3_client(endpoint: &str, bucket: &str, secret: &str) -> S3Store {
     cfg.region = Some("us-east-1".into());
     cfg.addressing = Some(Addressing::Path);
     cfg.max_attempts = 1;
-    cfg.credentials = S3Credentials::Static { access_key: ACCESS.into(), secret_key: secret.into(), session_token: None };
+    cfg.credentials = S3Credentials::Static {
+        access_key: ACCESS.into(),
+        secret_key: secret.into(),
+        session_token: None,
+    };
     S3Store::new(cfg).await.expect("S3 client")
 }
 
@@ -38,12 +44,23 @@ mod conformance_through_server {
 async fn sigv4_rejects_bad_credentials() {
     let server = start(Arc::new(MemoryStore::new()), config()).await;
     let good = s3_client(&server.endpoint(), BUCKET, SECRET).await;
-    good.put("k", bytes::Bytes::from_static(b"v")).await.unwrap();
+    good.put("k", bytes::Bytes::from_static(b"v"))
+        .await
+        .unwrap();
     let bad = s3_client(&server.endpoint(), BUCKET, "wrong-secret").await;
     let e = bad.get_bytes("k").await.unwrap_err();
-    assert!(matches!(e, objectcache::StoreError::PermissionDenied { .. }), "{e:?}");
-    let e = bad.put("k2", bytes::Bytes::from_static(b"v")).await.unwrap_err();
-    assert!(matches!(e, objectcache::StoreError::PermissionDenied { .. }), "{e:?}");
+    assert!(
+        matches!(e, objectcache::StoreError::PermissionDenied { .. }),
+        "{e:?}"
+    );
+    let e = bad
+        .put("k2", bytes::Bytes::from_static(b"v"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, objectcache::StoreError::PermissionDenied { .. }),
+        "{e:?}"
+    );
     assert!(!good.exists("k2").await.unwrap());
     // Unauthenticated HTTP is refused too.
     let (st, _) = http_get(server.local_addr(), &format!("/{BUCKET}/k")).await;
@@ -59,7 +76,8 @@ async fn gateway_mode_over_an_upstream_s3_endpoint() {
     let mut ucfg = config();
     ucfg.buckets = vec!["upstream".into()];
     let upstream = start(upstream_store.clone(), ucfg).await;
-    let backend: Arc<dyn Store> = Arc::new(s3_client(&upstream.endpoint(), "upstream", SECRET).await);
+    let backend: Arc<dyn Store> =
+        Arc::new(s3_client(&upstream.endpoint(), "upstream", SECRET).await);
     let gateway = start(backend, config()).await;
     let g = KvGeometry::llama31_8b();
     let tokens = vec![256u32; 16];
@@ -68,12 +86,23 @@ async fn gateway_mode_over_an_upstream_s3_endpoint() {
     // The bytes live upstream.
     let kb = key_builder(&g);
     let k = format!("{BUCKET}/{}", kb.data(&hashes(21, 16)[0]));
-    assert_eq!(upstream_store.get_bytes(&format!("upstream/{k}")).await.unwrap(), object(&g, 21, 0, 256));
+    assert_eq!(
+        upstream_store
+            .get_bytes(&format!("upstream/{k}"))
+            .await
+            .unwrap(),
+        object(&g, 21, 0, 256)
+    );
     let sink = VerifySink::new(&g, 21, &tokens);
     let r = c.load(&request(&g, 21, &tokens), &sink).await.unwrap();
     assert_eq!(sink.mismatches.load(Ordering::Relaxed), 0);
     assert_eq!(sink.complete_layers(), 32);
-    println!("gather 4K tokens through the gateway: {} bytes, ttfl {:?}, total {:?}", r.bytes, r.ttfl.unwrap(), r.elapsed);
+    println!(
+        "gather 4K tokens through the gateway: {} bytes, ttfl {:?}, total {:?}",
+        r.bytes,
+        r.ttfl.unwrap(),
+        r.elapsed
+    );
     gateway.shutdown().await;
     upstream.shutdown().await;
 }

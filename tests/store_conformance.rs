@@ -21,6 +21,8 @@ mod s3 {
     // Against the S3 endpoint of the test environment (Ceph RGW in CI): see
     // `S3Store::from_test_env` for the variables; each test gets its own key prefix.
     objectcache::conformance_tests!(async {
-        objectcache::store::S3Store::from_test_env("conformance").await.expect("S3 test endpoint answers but refuses us")
+        objectcache::store::S3Store::from_test_env("conformance")
+            .await
+            .expect("S3 test endpoint answers but refuses us")
     });
 }

@@ -16,11 +16,18 @@ fn payload(n: usize) -> Bytes {
 fn frames(c: &mut Criterion) {
     let data = payload(UNIT);
     let crc = crc32c::crc32c(&data);
-    let h = UnitHeader { layer: 3, crc32c: crc, offset: 0, len: UNIT as u32 };
+    let h = UnitHeader {
+        layer: 3,
+        crc32c: crc,
+        offset: 0,
+        len: UNIT as u32,
+    };
     let mut g = c.benchmark_group("frame");
     g.throughput(Throughput::Bytes(UNIT as u64));
     // Zero-copy encode: a 32-byte prefix; the payload is sent as is.
-    g.bench_function("encode_unit_16MiB_zero_copy", |b| b.iter(|| black_box(h.encode_prefix())));
+    g.bench_function("encode_unit_16MiB_zero_copy", |b| {
+        b.iter(|| black_box(h.encode_prefix()))
+    });
     let mut wire = BytesMut::new();
     wire.extend_from_slice(&h.encode_prefix());
     wire.extend_from_slice(&data);
@@ -40,7 +47,9 @@ fn checksums(c: &mut Criterion) {
     let data = payload(UNIT);
     let mut g = c.benchmark_group("crc32c");
     g.throughput(Throughput::Bytes(UNIT as u64));
-    g.bench_function("crc32c_16MiB", |b| b.iter(|| black_box(crc32c::crc32c(black_box(&data)))));
+    g.bench_function("crc32c_16MiB", |b| {
+        b.iter(|| black_box(crc32c::crc32c(black_box(&data))))
+    });
     g.finish();
 }
 
@@ -57,7 +66,16 @@ fn gather(c: &mut Criterion) {
             for (s, &c) in slices.iter().zip(&crcs).skip(1) {
                 crc = crc32c::crc32c_combine(crc, c, s.len());
             }
-            black_box((UnitHeader { layer: 0, crc32c: crc, offset: 0, len: UNIT as u32 }.encode_prefix(), slices.clone()))
+            black_box((
+                UnitHeader {
+                    layer: 0,
+                    crc32c: crc,
+                    offset: 0,
+                    len: UNIT as u32,
+                }
+                .encode_prefix(),
+                slices.clone(),
+            ))
         })
     });
     // With server-side verification: every slice checksummed once.

@@ -8,7 +8,9 @@
 
 use bytes::Bytes;
 use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadRequest};
-use objectcache::layout::{decode_chunk, encode_chunk, ChunkHash, HashAlgo, KeyBuilder, KvGeometry};
+use objectcache::layout::{
+    decode_chunk, encode_chunk, ChunkHash, HashAlgo, KeyBuilder, KvGeometry,
+};
 use objectcache::protocol::{GatherRequest, SaveChunk, SaveRequest, WireGeometry};
 use objectcache::store::{Addressing, S3Config, S3Credentials, S3Store, Store, StoreExt};
 use objectcache::transport::tcp::GatherClient;
@@ -32,7 +34,12 @@ pub struct TransferArgs {
     #[arg(long, env = "AWS_ACCESS_KEY_ID", default_value = "bench")]
     access_key: String,
     /// Secret key for `--store` (default `$AWS_SECRET_ACCESS_KEY`).
-    #[arg(long, env = "AWS_SECRET_ACCESS_KEY", default_value = "bench-secret", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "AWS_SECRET_ACCESS_KEY",
+        default_value = "bench-secret",
+        hide_env_values = true
+    )]
     secret_key: String,
     /// Model geometry preset (`llama-3.1-8b`, `qwen2.5-7b`, `llama-3.1-70b-tp8`, ...).
     #[arg(long, default_value = "llama-3.1-8b")]
@@ -41,7 +48,11 @@ pub struct TransferArgs {
     #[arg(long, value_delimiter = ',', default_value = "4096,32768")]
     context: Vec<u32>,
     /// Paths to run (comma-separated).
-    #[arg(long, value_delimiter = ',', default_value = "gather-tcp,s3-layerwise,s3-chunkwise")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "gather-tcp,s3-layerwise,s3-chunkwise"
+    )]
     paths: Vec<String>,
     /// Write the records as a JSON array here.
     #[arg(long)]
@@ -120,7 +131,8 @@ impl LayerSink for DestSink {
     fn complete(&self, layer: u32, bytes: u64) {
         let d = self.done[layer as usize].fetch_add(bytes, Ordering::Relaxed) + bytes;
         if d == self.layer_bytes {
-            self.ready_ns[layer as usize].store(self.t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            self.ready_ns[layer as usize]
+                .store(self.t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
     }
     fn fail(&self, layer: u32, err: objectcache::LayerError) {
@@ -179,23 +191,48 @@ struct Target {
 
 async fn target(args: &TransferArgs) -> Result<Target, String> {
     if let Some(url) = &args.store {
-        let rest = url.strip_prefix("http://").ok_or_else(|| format!("--store {url:?}: expected http://HOST:PORT/BUCKET"))?;
-        let (hostport, bucket) = rest.split_once('/').ok_or_else(|| format!("--store {url:?}: no bucket"))?;
-        let addr = tokio::net::lookup_host(hostport).await.map_err(|e| format!("{hostport}: {e}"))?.next().ok_or("no address")?;
-        return Ok(Target { addr, endpoint: format!("http://{hostport}"), bucket: bucket.trim_end_matches('/').into(), _server: None, _dir: None });
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or_else(|| format!("--store {url:?}: expected http://HOST:PORT/BUCKET"))?;
+        let (hostport, bucket) = rest
+            .split_once('/')
+            .ok_or_else(|| format!("--store {url:?}: no bucket"))?;
+        let addr = tokio::net::lookup_host(hostport)
+            .await
+            .map_err(|e| format!("{hostport}: {e}"))?
+            .next()
+            .ok_or("no address")?;
+        return Ok(Target {
+            addr,
+            endpoint: format!("http://{hostport}"),
+            bucket: bucket.trim_end_matches('/').into(),
+            _server: None,
+            _dir: None,
+        });
     }
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let cfg = objectcache::server::ServerConfig {
         listen: "127.0.0.1:0".parse().expect("addr"),
         store: dir.path().display().to_string(),
         fsync: false,
-        access_keys: vec![objectcache::server::AccessKey { access_key: args.access_key.clone(), secret_key: args.secret_key.clone() }],
+        access_keys: vec![objectcache::server::AccessKey {
+            access_key: args.access_key.clone(),
+            secret_key: args.secret_key.clone(),
+        }],
         buckets: vec!["kv-bench".into()],
         log_filter: "warn".into(),
         ..Default::default()
     };
-    let server = objectcache::server::start(cfg).await.map_err(|e| e.to_string())?;
-    Ok(Target { addr: server.local_addr(), endpoint: server.endpoint(), bucket: "kv-bench".into(), _server: Some(server), _dir: Some(dir) })
+    let server = objectcache::server::start(cfg)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Target {
+        addr: server.local_addr(),
+        endpoint: server.endpoint(),
+        bucket: "kv-bench".into(),
+        _server: Some(server),
+        _dir: Some(dir),
+    })
 }
 
 async fn s3_store(t: &Target, args: &TransferArgs) -> Result<Arc<dyn Store>, String> {
@@ -203,8 +240,14 @@ async fn s3_store(t: &Target, args: &TransferArgs) -> Result<Arc<dyn Store>, Str
     cfg.endpoint = Some(t.endpoint.clone());
     cfg.region = Some("us-east-1".into());
     cfg.addressing = Some(Addressing::Path);
-    cfg.credentials = S3Credentials::Static { access_key: args.access_key.clone(), secret_key: args.secret_key.clone(), session_token: None };
-    Ok(Arc::new(S3Store::new(cfg).await.map_err(|e| e.to_string())?))
+    cfg.credentials = S3Credentials::Static {
+        access_key: args.access_key.clone(),
+        secret_key: args.secret_key.clone(),
+        session_token: None,
+    };
+    Ok(Arc::new(
+        S3Store::new(cfg).await.map_err(|e| e.to_string())?,
+    ))
 }
 
 /// Runs the benchmark.
@@ -216,7 +259,10 @@ pub fn run(args: TransferArgs) -> anyhow::Result<()> {
 }
 
 fn run_inner(args: TransferArgs) -> Result<(), String> {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
     let g = KvGeometry::preset(&args.model).map_err(|e| e.to_string())?;
     let t = rt.block_on(target(&args))?;
     let store = rt.block_on(s3_store(&t, &args))?;
@@ -225,26 +271,46 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
     for &ctx in &args.context {
         let chunks = (ctx / g.tokens_per_chunk) as usize;
         if chunks == 0 {
-            return Err(format!("--context {ctx} is less than one {}-token chunk", g.tokens_per_chunk));
+            return Err(format!(
+                "--context {ctx} is less than one {}-token chunk",
+                g.tokens_per_chunk
+            ));
         }
         let tokens = chunks as u64 * g.tokens_per_chunk as u64;
         let hs = hashes(chunks, ctx as u64);
         let layer_bytes = chunks as u64 * g.slice_bytes();
         let total = layer_bytes * g.layers as u64;
-        eprintln!("{}: {tokens} tokens, {chunks} chunks, {} MiB per layer, {} MiB per load", args.model, layer_bytes >> 20, total >> 20);
+        eprintln!(
+            "{}: {tokens} tokens, {chunks} chunks, {} MiB per layer, {} MiB per load",
+            args.model,
+            layer_bytes >> 20,
+            total >> 20
+        );
         // Populate through one batched save (objects made as they are sent).
         rt.block_on(async {
-            let mut c = GatherClient::connect(t.addr).await.map_err(|e| e.to_string())?;
+            let mut c = GatherClient::connect(t.addr)
+                .await
+                .map_err(|e| e.to_string())?;
             let req = SaveRequest {
                 request_id: 1,
                 bucket: t.bucket.clone(),
                 prefix: kb.prefix().to_string(),
                 geometry: WireGeometry::from_geometry(&g),
-                chunks: hs.iter().map(|h| SaveChunk { hash: h.clone(), tokens: g.tokens_per_chunk }).collect(),
+                chunks: hs
+                    .iter()
+                    .map(|h| SaveChunk {
+                        hash: h.clone(),
+                        tokens: g.tokens_per_chunk,
+                    })
+                    .collect(),
             };
-            c.save(&req, (0..chunks).map(|i| object(&g, i))).await.map_err(|e| e.to_string())
+            c.save(&req, (0..chunks).map(|i| object(&g, i)))
+                .await
+                .map_err(|e| e.to_string())
         })?;
-        let raw = rt.block_on(raw_tcp(total.min(4 << 30))).map_err(|e| e.to_string())?;
+        let raw = rt
+            .block_on(raw_tcp(total.min(4 << 30)))
+            .map_err(|e| e.to_string())?;
         eprintln!("  raw loopback TCP: {:.2} GB/s", raw / 1e9);
         let rec = |path: &str, requests: u64, round_trips: u64, ttfl: f64, ttll: f64| Record {
             path: path.into(),
@@ -262,16 +328,30 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
             let r = match path.as_str() {
                 "gather-tcp" => {
                     let (ttfl, ttll) = rt.block_on(async {
-                        let mut c = GatherClient::connect(t.addr).await.map_err(|e| e.to_string())?;
+                        let mut c = GatherClient::connect(t.addr)
+                            .await
+                            .map_err(|e| e.to_string())?;
                         let sink = DestSink {
-                            layers: (0..g.layers).map(|_| Mutex::new(touched(layer_bytes as usize))).collect(),
+                            layers: (0..g.layers)
+                                .map(|_| Mutex::new(touched(layer_bytes as usize)))
+                                .collect(),
                             done: (0..g.layers).map(|_| AtomicU64::new(0)).collect(),
                             layer_bytes,
                             t0: Instant::now(),
                             ready_ns: (0..g.layers).map(|_| AtomicU64::new(0)).collect(),
                         };
-                        let req = GatherRequest::for_prefix(2, &t.bucket, &kb, &g, hs.clone(), vec![g.tokens_per_chunk; chunks]);
-                        let sink = DestSink { t0: Instant::now(), ..sink };
+                        let req = GatherRequest::for_prefix(
+                            2,
+                            &t.bucket,
+                            &kb,
+                            &g,
+                            hs.clone(),
+                            vec![g.tokens_per_chunk; chunks],
+                        );
+                        let sink = DestSink {
+                            t0: Instant::now(),
+                            ..sink
+                        };
                         let rep = c.load(&req, &sink).await.map_err(|e| e.to_string())?;
                         if !rep.failed_layers.is_empty() {
                             return Err(format!("gather: layers {:?} failed", rep.failed_layers));
@@ -285,28 +365,53 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                 "s3-layerwise" => {
                     let mut cfg = EngineConfig::default();
                     cfg.set("namespace", NAMESPACE).map_err(|e| e.to_string())?;
-                    let engine = Engine::with_store(store.clone(), cfg.clone()).map_err(|e| e.to_string())?;
-                    let dest = LayerBuffers::from_vecs((0..g.layers).map(|_| touched(layer_bytes as usize)).collect());
-                    let h = engine.load(LoadRequest { geometry: g.clone(), hashes: hs.clone() }, dest).map_err(|e| e.to_string())?;
+                    let engine = Engine::with_store(store.clone(), cfg.clone())
+                        .map_err(|e| e.to_string())?;
+                    let dest = LayerBuffers::from_vecs(
+                        (0..g.layers)
+                            .map(|_| touched(layer_bytes as usize))
+                            .collect(),
+                    );
+                    let h = engine
+                        .load(
+                            LoadRequest {
+                                geometry: g.clone(),
+                                hashes: hs.clone(),
+                            },
+                            dest,
+                        )
+                        .map_err(|e| e.to_string())?;
                     h.wait_all_blocking().map_err(|e| e.to_string())?;
                     let s = h.stats();
                     let rt_count = s.requests.div_ceil(cfg.max_requests as u64);
-                    rec(path, s.requests, rt_count, s.ttfl_s.unwrap_or(f64::NAN), s.ttll_s.unwrap_or(f64::NAN))
+                    rec(
+                        path,
+                        s.requests,
+                        rt_count,
+                        s.ttfl_s.unwrap_or(f64::NAN),
+                        s.ttll_s.unwrap_or(f64::NAN),
+                    )
                 }
                 "s3-chunkwise" => {
                     let conc = 16usize;
                     let (ttll, n) = rt.block_on(async {
-                        let mut dest: Vec<Vec<u8>> = (0..g.layers).map(|_| touched(layer_bytes as usize)).collect();
+                        let mut dest: Vec<Vec<u8>> = (0..g.layers)
+                            .map(|_| touched(layer_bytes as usize))
+                            .collect();
                         let t0 = Instant::now();
                         let keys: Vec<String> = hs.iter().map(|h| kb.data(h)).collect();
                         let mut got = 0u64;
                         let mut i = 0;
                         while i < keys.len() {
-                            let batch: Vec<_> = keys[i..(i + conc).min(keys.len())].iter().map(|k| store.get_bytes(k)).collect();
+                            let batch: Vec<_> = keys[i..(i + conc).min(keys.len())]
+                                .iter()
+                                .map(|k| store.get_bytes(k))
+                                .collect();
                             let objs = join_all(batch).await;
                             for (j, o) in objs.into_iter().enumerate() {
                                 let o = o.map_err(|e| e.to_string())?;
-                                let (_, slices) = decode_chunk(&g, g.tokens_per_chunk, &o).map_err(|e| e.to_string())?;
+                                let (_, slices) = decode_chunk(&g, g.tokens_per_chunk, &o)
+                                    .map_err(|e| e.to_string())?;
                                 let off = (i + j) * g.slice_bytes() as usize;
                                 for (l, s) in slices.iter().enumerate() {
                                     dest[l][off..off + s.len()].copy_from_slice(s);
@@ -320,7 +425,11 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                     // Layer 0 needs every chunk's object: first layer and last layer coincide.
                     rec(path, n, n.div_ceil(conc as u64), ttll, ttll)
                 }
-                other => return Err(format!("unknown path {other:?}: use gather-tcp, s3-layerwise, s3-chunkwise")),
+                other => {
+                    return Err(format!(
+                        "unknown path {other:?}: use gather-tcp, s3-layerwise, s3-chunkwise"
+                    ))
+                }
             };
             let one_layer = layer_bytes as f64 / r.raw_tcp_bytes_per_s;
             println!(
@@ -370,7 +479,11 @@ async fn join_all<F: std::future::Future>(fs: Vec<F>) -> Vec<F::Output> {
                 }
             }
         }
-        if pending { std::task::Poll::Pending } else { std::task::Poll::Ready(()) }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
     })
     .await;
     out.extend(results.into_iter().map(|r| r.expect("ready")));

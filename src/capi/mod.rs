@@ -400,9 +400,7 @@ unsafe fn hashes(p: *const u8, hash_len: usize, n: usize) -> Result<Vec<ChunkHas
         return Ok(Vec::new());
     }
     if hash_len == 0 || hash_len > 64 {
-        return Err(invalid(format!(
-            "hash_len {hash_len} is not 1..64 bytes"
-        )));
+        return Err(invalid(format!("hash_len {hash_len} is not 1..64 bytes")));
     }
     let total = n
         .checked_mul(hash_len)
@@ -1306,7 +1304,13 @@ mod tests {
             (Error::Store(nf), 10),
             (Error::Store(StoreError::other("fs", "disk")), 11),
             (Error::Io(std::io::Error::other("x")), 12),
-            (Error::Layer(LayerError::Missing { chunk: 0, key: "k".into() }), 20),
+            (
+                Error::Layer(LayerError::Missing {
+                    chunk: 0,
+                    key: "k".into(),
+                }),
+                20,
+            ),
             (
                 Error::Layer(LayerError::ChecksumMismatch {
                     chunk: 0,

@@ -22,7 +22,11 @@ pub struct ServeArgs {
     pub no_fsync: bool,
     /// An S3 access key `ACCESS_KEY:SECRET_KEY` accepted by SigV4 (repeat, or comma-separate
     /// in the environment variable).
-    #[arg(long = "access-key", env = "OBJECTCACHE_ACCESS_KEYS", value_delimiter = ',')]
+    #[arg(
+        long = "access-key",
+        env = "OBJECTCACHE_ACCESS_KEYS",
+        value_delimiter = ','
+    )]
     pub access_keys: Vec<String>,
     /// Accept unauthenticated S3 requests when no access key is configured.
     #[arg(long, env = "OBJECTCACHE_ALLOW_ANONYMOUS")]
@@ -86,7 +90,8 @@ impl ServeArgs {
     pub fn resolve(&self) -> crate::Result<crate::server::ServerConfig> {
         let mut c = match &self.config {
             Some(p) => {
-                let s = std::fs::read_to_string(p).map_err(|e| crate::Error::Config(format!("{}: {e}", p.display())))?;
+                let s = std::fs::read_to_string(p)
+                    .map_err(|e| crate::Error::Config(format!("{}: {e}", p.display())))?;
                 crate::server::ServerConfig::from_toml(&s)?
             }
             None => crate::server::ServerConfig::default(),
@@ -94,9 +99,22 @@ impl ServeArgs {
         macro_rules! set {
             ($($f:ident),*) => { $( if let Some(v) = self.$f.clone() { c.$f = v; } )* };
         }
-        set!(listen, store, max_object_bytes, max_descriptor_bytes, max_chunks, max_concurrent_loads, max_queued_loads,
-             max_request_bytes, memory_budget_bytes, read_concurrency, scheduler, client_timeout_secs, shutdown_grace_secs,
-             log_format);
+        set!(
+            listen,
+            store,
+            max_object_bytes,
+            max_descriptor_bytes,
+            max_chunks,
+            max_concurrent_loads,
+            max_queued_loads,
+            max_request_bytes,
+            memory_budget_bytes,
+            read_concurrency,
+            scheduler,
+            client_timeout_secs,
+            shutdown_grace_secs,
+            log_format
+        );
         if let Some(l) = &self.log {
             c.log_filter = l.clone();
         }
@@ -107,7 +125,10 @@ impl ServeArgs {
             c.access_keys = self
                 .access_keys
                 .iter()
-                .map(|k| crate::server::AccessKey::parse(k).map_err(|e| crate::Error::Config(format!("--access-key: {e}"))))
+                .map(|k| {
+                    crate::server::AccessKey::parse(k)
+                        .map_err(|e| crate::Error::Config(format!("--access-key: {e}")))
+                })
                 .collect::<crate::Result<_>>()?;
         }
         if self.allow_anonymous {
@@ -129,7 +150,9 @@ impl ServeArgs {
 /// Always, saying so.
 #[cfg(not(feature = "server"))]
 pub fn run(_args: ServeArgs) -> crate::Result<()> {
-    Err(crate::Error::InvalidArgument("this build has no server (feature `server` is off)".into()))
+    Err(crate::Error::InvalidArgument(
+        "this build has no server (feature `server` is off)".into(),
+    ))
 }
 
 /// Runs `objectcache serve` until SIGINT or SIGTERM, then shuts down gracefully.
@@ -140,12 +163,17 @@ pub fn run(_args: ServeArgs) -> crate::Result<()> {
 pub fn run(args: ServeArgs) -> crate::Result<()> {
     let cfg = args.resolve()?;
     if args.print_config {
-        print!("{}", toml::to_string_pretty(&cfg).map_err(|e| crate::Error::Config(e.to_string()))?);
+        print!(
+            "{}",
+            toml::to_string_pretty(&cfg).map_err(|e| crate::Error::Config(e.to_string()))?
+        );
         return Ok(());
     }
     cfg.validate()?;
     init_logging(&cfg)?;
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
         let handle = crate::server::start(cfg).await?;
         // Readiness line for scripts and tests that start the server as a process.
@@ -161,8 +189,14 @@ pub fn run(args: ServeArgs) -> crate::Result<()> {
 fn init_logging(cfg: &crate::server::ServerConfig) -> crate::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log_filter)
         .map_err(|e| crate::Error::Config(format!("log filter {:?}: {e}", cfg.log_filter)))?;
-    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    let r = if cfg.log_format == "json" { b.json().try_init() } else { b.try_init() };
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let r = if cfg.log_format == "json" {
+        b.json().try_init()
+    } else {
+        b.try_init()
+    };
     // Already initialised (e.g. in tests): keep the existing subscriber.
     let _ = r;
     Ok(())

@@ -38,6 +38,10 @@ pub struct EngineConfig {
     pub save_concurrency: usize,
     /// `worker_threads`: threads of the engine's own async runtime. Default 2.
     pub worker_threads: usize,
+    /// `gather`: `auto` (default) loads through the gather protocol when the store's S3
+    /// endpoint is an ObjectCache server (probed once), ranged GETs otherwise; `off` always
+    /// uses ranged GETs.
+    pub gather: bool,
 }
 
 impl Default for EngineConfig {
@@ -54,6 +58,7 @@ impl Default for EngineConfig {
             load_timeout: Some(Duration::from_secs(30)),
             save_concurrency: 16,
             worker_threads: 2,
+            gather: true,
         }
     }
 }
@@ -92,6 +97,7 @@ pub const CONFIG_KEYS: &[&str] = &[
     "load_timeout_ms",
     "save_concurrency",
     "worker_threads",
+    "gather",
 ];
 
 impl EngineConfig {
@@ -142,6 +148,13 @@ impl EngineConfig {
             }
             "save_concurrency" => self.save_concurrency = pos(value)? as usize,
             "worker_threads" => self.worker_threads = pos(value)? as usize,
+            "gather" => {
+                self.gather = match value {
+                    "auto" | "on" | "true" | "1" => true,
+                    "off" | "false" | "0" => false,
+                    v => return Err(Error::Config(format!("gather: {v:?} is not auto or off"))),
+                }
+            }
             k => {
                 return Err(Error::Config(format!(
                     "unknown setting {k:?}; known settings: {}",

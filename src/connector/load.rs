@@ -437,8 +437,7 @@ impl LoadHandle {
     /// Per-chunk status. Once every layer is ready, every chunk is [`ChunkStatus::Ok`] (each
     /// of its slices arrived and was verified), even if the load's last task has not ended.
     pub fn chunk_status(&self) -> Vec<ChunkStatus> {
-        let all_ready =
-            (0..self.layers()).all(|l| self.sh.state.status(l) == LayerStatus::Ready);
+        let all_ready = (0..self.layers()).all(|l| self.sh.state.status(l) == LayerStatus::Ready);
         (0..self.sh.chunk_status.len())
             .map(|c| match self.sh.chunk(c) {
                 ChunkStatus::Pending if all_ready => ChunkStatus::Ok,
@@ -450,13 +449,17 @@ impl LoadHandle {
     /// When each layer became ready (landed and verified), in seconds since `load` was
     /// called; `None` for layers not ready (yet).
     pub fn layer_ready_s(&self) -> Vec<Option<f64>> {
-        (0..self.layers()).map(|l| self.sh.state.ready_at(l).map(|d| d.as_secs_f64())).collect()
+        (0..self.layers())
+            .map(|l| self.sh.state.ready_at(l).map(|d| d.as_secs_f64()))
+            .collect()
     }
 
     /// Counters so far. `ttfl_s`/`ttll_s` are when layer 0 / the last layer landed and
     /// verified, whether or not anyone waited for them.
     pub fn stats(&self) -> LoadStats {
-        let r: Vec<Option<Duration>> = (0..self.layers()).map(|l| self.sh.state.ready_at(l)).collect();
+        let r: Vec<Option<Duration>> = (0..self.layers())
+            .map(|l| self.sh.state.ready_at(l))
+            .collect();
         LoadStats {
             requests: self.sh.requests.load(Ordering::Relaxed),
             bytes: self.sh.bytes.load(Ordering::Relaxed),

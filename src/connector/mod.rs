@@ -27,6 +27,7 @@
 
 mod buffers;
 mod config;
+mod gather;
 mod load;
 
 pub use buffers::{LayerBuffers, LayerStatus};
@@ -107,6 +108,9 @@ pub struct Engine {
     /// marker key -> (published?, time of the answer)
     lookup_cache: Mutex<HashMap<String, (bool, Instant)>>,
     counters: Counters,
+    /// Whether the store's endpoint offers gather, and idle gather connections.
+    gather: Arc<Mutex<gather::Probe>>,
+    next_request_id: AtomicU64,
 }
 
 impl std::fmt::Debug for Engine {
@@ -163,6 +167,8 @@ impl Engine {
             handle,
             lookup_cache: Mutex::new(HashMap::new()),
             counters: Counters::default(),
+            gather: Arc::new(Mutex::new(gather::Probe::default())),
+            next_request_id: AtomicU64::new(1),
         })
     }
 
@@ -492,15 +498,30 @@ impl Engine {
             }
         }
         let sh = Arc::new(load::Shared::new(dest, need, req.hashes.len()));
-        let run = load::run_store_load(
-            self.store.clone(),
-            keys,
-            req,
-            sh.clone(),
+        let target = if self.cfg.gather {
+            self.store.gather_target()
+        } else {
+            None
+        };
+        let probe = self.gather.clone();
+        let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
+        let (store, sh1) = (self.store.clone(), sh.clone());
+        let (window, max_req, coalesce) = (
             self.cfg.window_bytes,
             self.cfg.max_requests,
             self.cfg.coalesce_bytes,
         );
+        // Gather (one request, server streams layer-major) where offered, else ranged GETs.
+        let run = async move {
+            if let Some(t) = target {
+                if let gather::Outcome::Done =
+                    gather::try_gather(&probe, &t, &keys, &req, request_id, &sh1).await
+                {
+                    return;
+                }
+            }
+            load::run_store_load(store, keys, req, sh1, window, max_req, coalesce).await
+        };
         let timeout = self.cfg.load_timeout;
         let sh2 = sh.clone();
         let driver = self.handle.spawn(async move {

@@ -1,7 +1,9 @@
 //! The client side of a gather connection, sans-IO.
 
 use super::descriptor::{GatherRequest, SaveRequest};
-use super::frame::{decode_frame, ErrorCode, Frame, MissReason, ServerInfo, FRAME_HEADER_LEN, SAVE_DATA_HEADER_LEN};
+use super::frame::{
+    decode_frame, ErrorCode, Frame, MissReason, ServerInfo, FRAME_HEADER_LEN, SAVE_DATA_HEADER_LEN,
+};
 use super::frame::{encode_frame_header, FrameType};
 use super::{ProtocolError, MAX_CONTROL_FRAME_BYTES, MAX_UNIT_BYTES, PREFACE, PROTOCOL_VERSION};
 use bytes::{BufMut, Bytes, BytesMut};
@@ -118,7 +120,11 @@ impl ClientConnection {
     pub fn new() -> Self {
         let mut b = BytesMut::with_capacity(16);
         b.put_slice(&PREFACE);
-        Frame::Hello { version_min: PROTOCOL_VERSION, version_max: PROTOCOL_VERSION }.encode(&mut b);
+        Frame::Hello {
+            version_min: PROTOCOL_VERSION,
+            version_max: PROTOCOL_VERSION,
+        }
+        .encode(&mut b);
         ClientConnection {
             state: State::Hello,
             info: None,
@@ -161,12 +167,20 @@ impl ClientConnection {
     pub fn start_gather(&mut self, req: &GatherRequest) -> Result<(), ProtocolError> {
         let info = self.ready("Gather")?;
         req.validate(info.max_chunks)?;
-        if matches!(req.target, super::TransportTarget::Rdma(_)) && info.features & ServerInfo::FEATURE_RDMA == 0 {
-            return Err(ProtocolError::invalid("transport target", "the server does not offer RDMA"));
+        if matches!(req.target, super::TransportTarget::Rdma(_))
+            && info.features & ServerInfo::FEATURE_RDMA == 0
+        {
+            return Err(ProtocolError::invalid(
+                "transport target",
+                "the server does not offer RDMA",
+            ));
         }
         let b = self.encode_control(&Frame::Gather(Box::new(req.clone())), info)?;
         self.transmit.push_back(b);
-        self.current = Some(Current { layers: req.layers.clone(), layer_bytes: req.layer_bytes() });
+        self.current = Some(Current {
+            layers: req.layers.clone(),
+            layer_bytes: req.layer_bytes(),
+        });
         self.state = State::Gathering;
         Ok(())
     }
@@ -180,7 +194,10 @@ impl ClientConnection {
     pub fn start_save(&mut self, req: &SaveRequest) -> Result<(), ProtocolError> {
         let info = self.ready("SaveBegin")?;
         if info.features & ServerInfo::FEATURE_SAVE == 0 {
-            return Err(ProtocolError::invalid("save", "the server does not offer batched save"));
+            return Err(ProtocolError::invalid(
+                "save",
+                "the server does not offer batched save",
+            ));
         }
         req.validate(info.max_chunks)?;
         let b = self.encode_control(&Frame::SaveBegin(Box::new(req.clone())), info)?;
@@ -196,13 +213,24 @@ impl ClientConnection {
     /// [`ProtocolError`] if no save is in progress or `data` is too large.
     pub fn save_data(&mut self, chunk: u32, offset: u64, data: Bytes) -> Result<(), ProtocolError> {
         if self.state != State::Saving {
-            return Err(ProtocolError::UnexpectedFrame { frame: "SaveData", state: "not saving" });
+            return Err(ProtocolError::UnexpectedFrame {
+                frame: "SaveData",
+                state: "not saving",
+            });
         }
         if data.len() > MAX_UNIT_BYTES as usize {
-            return Err(ProtocolError::TooLarge { what: "save data frame", got: data.len() as u64, max: MAX_UNIT_BYTES as u64 });
+            return Err(ProtocolError::TooLarge {
+                what: "save data frame",
+                got: data.len() as u64,
+                max: MAX_UNIT_BYTES as u64,
+            });
         }
         let mut h = BytesMut::with_capacity(FRAME_HEADER_LEN + SAVE_DATA_HEADER_LEN);
-        encode_frame_header(FrameType::SaveData, (SAVE_DATA_HEADER_LEN + data.len()) as u32, &mut h);
+        encode_frame_header(
+            FrameType::SaveData,
+            (SAVE_DATA_HEADER_LEN + data.len()) as u32,
+            &mut h,
+        );
         h.put_u32_le(chunk);
         h.put_u32_le(0);
         h.put_u64_le(offset);
@@ -217,7 +245,10 @@ impl ClientConnection {
     /// [`ProtocolError`] if no save is in progress.
     pub fn save_end(&mut self) -> Result<(), ProtocolError> {
         if self.state != State::Saving {
-            return Err(ProtocolError::UnexpectedFrame { frame: "SaveEnd", state: "not saving" });
+            return Err(ProtocolError::UnexpectedFrame {
+                frame: "SaveEnd",
+                state: "not saving",
+            });
         }
         let mut b = BytesMut::new();
         Frame::SaveEnd.encode(&mut b);
@@ -253,7 +284,11 @@ impl ClientConnection {
         let body = (b.len() - FRAME_HEADER_LEN) as u64;
         let max = info.max_descriptor_bytes.min(MAX_CONTROL_FRAME_BYTES) as u64;
         if body > max {
-            return Err(ProtocolError::TooLarge { what: "descriptor size", got: body, max });
+            return Err(ProtocolError::TooLarge {
+                what: "descriptor size",
+                got: body,
+                max,
+            });
         }
         Ok(b.freeze())
     }
@@ -295,18 +330,37 @@ impl ClientConnection {
         match (st, f) {
             (State::Hello, Frame::HelloAck(i)) => {
                 if i.version != PROTOCOL_VERSION {
-                    return Err(ProtocolError::UnsupportedVersion { min: i.version, max: i.version });
+                    return Err(ProtocolError::UnsupportedVersion {
+                        min: i.version,
+                        max: i.version,
+                    });
                 }
                 self.info = Some(i);
                 self.state = State::Idle;
                 self.events.push_back(ClientEvent::Connected(i));
             }
-            (State::Gathering, Frame::Accepted { request_id, units, bytes }) => {
-                self.events.push_back(ClientEvent::Accepted { request_id, units, bytes });
+            (
+                State::Gathering,
+                Frame::Accepted {
+                    request_id,
+                    units,
+                    bytes,
+                },
+            ) => {
+                self.events.push_back(ClientEvent::Accepted {
+                    request_id,
+                    units,
+                    bytes,
+                });
             }
             (State::Gathering, Frame::Unit { header, data }) => {
-                let cur = self.current.as_ref().expect("gathering has a current request");
-                if !cur.layers.contains(&header.layer) || header.offset + header.len as u64 > cur.layer_bytes {
+                let cur = self
+                    .current
+                    .as_ref()
+                    .expect("gathering has a current request");
+                if !cur.layers.contains(&header.layer)
+                    || header.offset + header.len as u64 > cur.layer_bytes
+                {
                     return Err(ProtocolError::invalid(
                         "unit",
                         format!(
@@ -321,7 +375,11 @@ impl ClientConnection {
                 }
                 let computed = crc32c::crc32c(&data);
                 if computed == header.crc32c {
-                    self.events.push_back(ClientEvent::Unit { layer: header.layer, offset: header.offset, data });
+                    self.events.push_back(ClientEvent::Unit {
+                        layer: header.layer,
+                        offset: header.offset,
+                        data,
+                    });
                 } else {
                     self.events.push_back(ClientEvent::Corrupt {
                         layer: header.layer,
@@ -331,21 +389,60 @@ impl ClientConnection {
                     });
                 }
             }
-            (State::Gathering, Frame::Miss { chunk, layers, reason, message }) => {
-                self.events.push_back(ClientEvent::Miss { chunk, layers, reason, message });
+            (
+                State::Gathering,
+                Frame::Miss {
+                    chunk,
+                    layers,
+                    reason,
+                    message,
+                },
+            ) => {
+                self.events.push_back(ClientEvent::Miss {
+                    chunk,
+                    layers,
+                    reason,
+                    message,
+                });
             }
-            (State::Gathering, Frame::End { request_id, units, bytes }) => {
+            (
+                State::Gathering,
+                Frame::End {
+                    request_id,
+                    units,
+                    bytes,
+                },
+            ) => {
                 self.state = State::Idle;
                 self.current = None;
-                self.events.push_back(ClientEvent::End { request_id, units, bytes });
+                self.events.push_back(ClientEvent::End {
+                    request_id,
+                    units,
+                    bytes,
+                });
             }
-            (State::Saving, Frame::SaveDone { request_id, written, already_present }) => {
+            (
+                State::Saving,
+                Frame::SaveDone {
+                    request_id,
+                    written,
+                    already_present,
+                },
+            ) => {
                 self.state = State::Idle;
-                self.events.push_back(ClientEvent::SaveDone { request_id, written, already_present });
+                self.events.push_back(ClientEvent::SaveDone {
+                    request_id,
+                    written,
+                    already_present,
+                });
             }
             (_, Frame::Error { code, message }) => {
                 // Request-level errors leave the connection usable, except before the hello.
-                self.state = if st == State::Hello { State::Closed } else { State::Idle };
+                self.state = if st == State::Hello {
+                    State::Closed
+                } else {
+                    State::Idle
+                };
                 self.current = None;
                 self.events.push_back(ClientEvent::Error { code, message });
             }

@@ -54,7 +54,10 @@ impl WireGeometry {
     /// A message naming the first field that differs.
     pub fn check_header(&self, h: &ChunkHeader, tokens: u32) -> Result<(), String> {
         if h.fingerprint != self.fingerprint {
-            return Err(format!("fingerprint {:016x}, expected {:016x}", h.fingerprint, self.fingerprint));
+            return Err(format!(
+                "fingerprint {:016x}, expected {:016x}",
+                h.fingerprint, self.fingerprint
+            ));
         }
         if h.layers != self.layers {
             return Err(format!("{} layers, expected {}", h.layers, self.layers));
@@ -66,10 +69,17 @@ impl WireGeometry {
             ));
         }
         if h.dtype.code() != self.dtype {
-            return Err(format!("dtype code {}, expected {}", h.dtype.code(), self.dtype));
+            return Err(format!(
+                "dtype code {}, expected {}",
+                h.dtype.code(),
+                self.dtype
+            ));
         }
         if h.tp_rank != self.tp_rank || h.tp_world != self.tp_world {
-            return Err(format!("TP {}/{}, expected {}/{}", h.tp_rank, h.tp_world, self.tp_rank, self.tp_world));
+            return Err(format!(
+                "TP {}/{}, expected {}/{}",
+                h.tp_rank, h.tp_world, self.tp_rank, self.tp_world
+            ));
         }
         if h.tokens != tokens {
             return Err(format!("{} tokens, expected {}", h.tokens, tokens));
@@ -78,16 +88,25 @@ impl WireGeometry {
     }
     fn validate(&self) -> Result<(), ProtocolError> {
         if self.layers == 0 || self.layers > 4096 {
-            return Err(ProtocolError::invalid("geometry.layers", format!("{} (allowed 1..=4096)", self.layers)));
+            return Err(ProtocolError::invalid(
+                "geometry.layers",
+                format!("{} (allowed 1..=4096)", self.layers),
+            ));
         }
         if self.bytes_per_token_per_layer == 0 {
-            return Err(ProtocolError::invalid("geometry.bytes_per_token_per_layer", "0"));
+            return Err(ProtocolError::invalid(
+                "geometry.bytes_per_token_per_layer",
+                "0",
+            ));
         }
         if self.tokens_per_chunk == 0 {
             return Err(ProtocolError::invalid("geometry.tokens_per_chunk", "0"));
         }
         if self.tp_world == 0 || self.tp_rank >= self.tp_world {
-            return Err(ProtocolError::invalid("geometry.tp", format!("rank {} of world {}", self.tp_rank, self.tp_world)));
+            return Err(ProtocolError::invalid(
+                "geometry.tp",
+                format!("rank {} of world {}", self.tp_rank, self.tp_world),
+            ));
         }
         Ok(())
     }
@@ -151,12 +170,17 @@ impl ChunkKeys {
     pub fn key(&self, i: usize) -> Option<String> {
         match self {
             ChunkKeys::Explicit(k) => k.get(i).cloned(),
-            ChunkKeys::Hashed { prefix, hashes } => hashes.get(i).map(|h| format!("{prefix}kv/{}", h.to_hex())),
+            ChunkKeys::Hashed { prefix, hashes } => {
+                hashes.get(i).map(|h| format!("{prefix}kv/{}", h.to_hex()))
+            }
         }
     }
     /// From a key builder and hashes (the connector's layout).
     pub fn from_builder(kb: &KeyBuilder, hashes: Vec<ChunkHash>) -> Self {
-        ChunkKeys::Hashed { prefix: kb.prefix().to_string(), hashes }
+        ChunkKeys::Hashed {
+            prefix: kb.prefix().to_string(),
+            hashes,
+        }
     }
 }
 
@@ -241,7 +265,14 @@ const FLAG_HASHED: u16 = 2;
 impl GatherRequest {
     /// A layer-major request for all layers of `g`, keys from `kb` and `hashes`, 16 MiB units,
     /// no hints, inline TCP, server-side verification on.
-    pub fn for_prefix(request_id: u64, bucket: &str, kb: &KeyBuilder, g: &KvGeometry, hashes: Vec<ChunkHash>, chunk_tokens: Vec<u32>) -> Self {
+    pub fn for_prefix(
+        request_id: u64,
+        bucket: &str,
+        kb: &KeyBuilder,
+        g: &KvGeometry,
+        hashes: Vec<ChunkHash>,
+        chunk_tokens: Vec<u32>,
+    ) -> Self {
         GatherRequest {
             request_id,
             bucket: bucket.to_string(),
@@ -260,7 +291,10 @@ impl GatherRequest {
 
     /// Bytes of layer `layer`'s destination: the sum of every chunk's slice length.
     pub fn layer_bytes(&self) -> u64 {
-        self.chunk_tokens.iter().map(|&t| self.geometry.slice_len(t)).sum()
+        self.chunk_tokens
+            .iter()
+            .map(|&t| self.geometry.slice_len(t))
+            .sum()
     }
 
     /// Checks every field against the protocol's hard limits and `max_chunks`.
@@ -272,11 +306,18 @@ impl GatherRequest {
         self.geometry.validate()?;
         let n = self.chunks.len();
         if n == 0 {
-            return Err(ProtocolError::invalid("chunks", "a request names at least one chunk"));
+            return Err(ProtocolError::invalid(
+                "chunks",
+                "a request names at least one chunk",
+            ));
         }
         let max = max_chunks.min(MAX_CHUNKS_HARD);
         if n as u64 > max as u64 {
-            return Err(ProtocolError::TooLarge { what: "chunks per request", got: n as u64, max: max as u64 });
+            return Err(ProtocolError::TooLarge {
+                what: "chunks per request",
+                got: n as u64,
+                max: max as u64,
+            });
         }
         if self.chunk_tokens.len() != n {
             return Err(ProtocolError::invalid(
@@ -288,7 +329,10 @@ impl GatherRequest {
             if t == 0 || t > self.geometry.tokens_per_chunk {
                 return Err(ProtocolError::invalid(
                     "chunk_tokens",
-                    format!("chunk {i} holds {t} tokens (allowed 1..={})", self.geometry.tokens_per_chunk),
+                    format!(
+                        "chunk {i} holds {t} tokens (allowed 1..={})",
+                        self.geometry.tokens_per_chunk
+                    ),
                 ));
             }
         }
@@ -296,30 +340,45 @@ impl GatherRequest {
             ChunkKeys::Explicit(keys) => {
                 for k in keys {
                     if k.is_empty() || k.len() > MAX_KEY_LEN {
-                        return Err(ProtocolError::invalid("key", format!("{} bytes (allowed 1..=1024)", k.len())));
+                        return Err(ProtocolError::invalid(
+                            "key",
+                            format!("{} bytes (allowed 1..=1024)", k.len()),
+                        ));
                     }
                 }
             }
             ChunkKeys::Hashed { prefix, hashes } => {
                 if prefix.len() + 3 + 128 > MAX_KEY_LEN {
-                    return Err(ProtocolError::invalid("key prefix", format!("{} bytes is too long", prefix.len())));
+                    return Err(ProtocolError::invalid(
+                        "key prefix",
+                        format!("{} bytes is too long", prefix.len()),
+                    ));
                 }
                 let hl = hashes[0].as_bytes().len();
                 if hashes.iter().any(|h| h.as_bytes().len() != hl) {
-                    return Err(ProtocolError::invalid("hashes", "all chunk hashes of a request have one length"));
+                    return Err(ProtocolError::invalid(
+                        "hashes",
+                        "all chunk hashes of a request have one length",
+                    ));
                 }
             }
         }
         if self.layers.start >= self.layers.end || self.layers.end > self.geometry.layers {
             return Err(ProtocolError::invalid(
                 "layers",
-                format!("{}..{} is not a non-empty range within 0..{}", self.layers.start, self.layers.end, self.geometry.layers),
+                format!(
+                    "{}..{} is not a non-empty range within 0..{}",
+                    self.layers.start, self.layers.end, self.geometry.layers
+                ),
             ));
         }
         if !(MIN_UNIT_BYTES..=MAX_UNIT_BYTES).contains(&self.max_unit_bytes) {
             return Err(ProtocolError::invalid(
                 "max_unit_bytes",
-                format!("{} (allowed {MIN_UNIT_BYTES}..={MAX_UNIT_BYTES})", self.max_unit_bytes),
+                format!(
+                    "{} (allowed {MIN_UNIT_BYTES}..={MAX_UNIT_BYTES})",
+                    self.max_unit_bytes
+                ),
             ));
         }
         let nl = (self.layers.end - self.layers.start) as usize;
@@ -327,13 +386,19 @@ impl GatherRequest {
             SchedHints::None => {}
             SchedHints::LayerDeadlinesUs(v) | SchedHints::LayerComputeUs(v) => {
                 if v.len() != nl {
-                    return Err(ProtocolError::invalid("hints", format!("{} values for {nl} layers", v.len())));
+                    return Err(ProtocolError::invalid(
+                        "hints",
+                        format!("{} values for {nl} layers", v.len()),
+                    ));
                 }
             }
         }
         if let TransportTarget::Rdma(r) = &self.target {
             if r.len() != nl {
-                return Err(ProtocolError::invalid("rdma target", format!("{} regions for {nl} layers", r.len())));
+                return Err(ProtocolError::invalid(
+                    "rdma target",
+                    format!("{} regions for {nl} layers", r.len()),
+                ));
             }
             let need = self.layer_bytes();
             if let Some((i, reg)) = r.iter().enumerate().find(|(_, reg)| reg.len < need) {
@@ -422,11 +487,19 @@ impl GatherRequest {
         let priority = r.u8()?;
         let order = match r.u8()? {
             1 => DeliveryOrder::LayerMajor,
-            o => return Err(ProtocolError::invalid("order", format!("unknown delivery order {o}"))),
+            o => {
+                return Err(ProtocolError::invalid(
+                    "order",
+                    format!("unknown delivery order {o}"),
+                ))
+            }
         };
         let flags = r.u16()?;
         if flags & !(FLAG_VERIFY | FLAG_HASHED) != 0 {
-            return Err(ProtocolError::invalid("flags", format!("unknown flag bits 0x{flags:04x}")));
+            return Err(ProtocolError::invalid(
+                "flags",
+                format!("unknown flag bits 0x{flags:04x}"),
+            ));
         }
         let max_unit_bytes = r.u32()?;
         let geometry = WireGeometry::decode(&mut r)?;
@@ -438,7 +511,10 @@ impl GatherRequest {
             let prefix = r.str16("key prefix", MAX_KEY_LEN)?;
             let hl = r.u8()? as usize;
             if hl == 0 || hl > 64 {
-                return Err(ProtocolError::invalid("hash length", format!("{hl} (allowed 1..=64)")));
+                return Err(ProtocolError::invalid(
+                    "hash length",
+                    format!("{hl} (allowed 1..=64)"),
+                ));
             }
             let m = r.count("chunks per request", max_chunks, hl)?;
             let hashes = (0..m)
@@ -447,7 +523,11 @@ impl GatherRequest {
             ChunkKeys::Hashed { prefix, hashes }
         } else {
             let m = r.count("chunks per request", max_chunks, 2)?;
-            ChunkKeys::Explicit((0..m).map(|_| r.str16("key", MAX_KEY_LEN)).collect::<Result<_, _>>()?)
+            ChunkKeys::Explicit(
+                (0..m)
+                    .map(|_| r.str16("key", MAX_KEY_LEN))
+                    .collect::<Result<_, _>>()?,
+            )
         };
         let kind = r.u8()?;
         let nv = r.count("hint values", 4096, 4)?;
@@ -456,7 +536,12 @@ impl GatherRequest {
             0 if nv == 0 => SchedHints::None,
             1 => SchedHints::LayerDeadlinesUs(vals),
             2 => SchedHints::LayerComputeUs(vals),
-            k => return Err(ProtocolError::invalid("hints", format!("kind {k} with {nv} values"))),
+            k => {
+                return Err(ProtocolError::invalid(
+                    "hints",
+                    format!("kind {k} with {nv} values"),
+                ))
+            }
         };
         let tkind = r.u8()?;
         let nr = r.count("rdma regions", 4096, 20)?;
@@ -464,10 +549,21 @@ impl GatherRequest {
             1 if nr == 0 => TransportTarget::InlineTcp,
             2 => TransportTarget::Rdma(
                 (0..nr)
-                    .map(|_| Ok(RdmaRegion { addr: r.u64()?, rkey: r.u32()?, len: r.u64()? }))
+                    .map(|_| {
+                        Ok(RdmaRegion {
+                            addr: r.u64()?,
+                            rkey: r.u32()?,
+                            len: r.u64()?,
+                        })
+                    })
                     .collect::<Result<_, ProtocolError>>()?,
             ),
-            k => return Err(ProtocolError::invalid("transport target", format!("kind {k} with {nr} regions"))),
+            k => {
+                return Err(ProtocolError::invalid(
+                    "transport target",
+                    format!("kind {k} with {nr} regions"),
+                ))
+            }
         };
         r.finish()?;
         let req = GatherRequest {
@@ -491,7 +587,8 @@ impl GatherRequest {
 
 fn validate_bucket(b: &str) -> Result<(), ProtocolError> {
     let ok = (3..=MAX_BUCKET_LEN).contains(&b.len())
-        && b.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'.' || c == b'-')
+        && b.bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'.' || c == b'-')
         && b.as_bytes()[0].is_ascii_alphanumeric();
     if !ok {
         return Err(ProtocolError::invalid(
@@ -530,7 +627,10 @@ pub struct SaveRequest {
 impl SaveRequest {
     /// Size in bytes of chunk `i`'s object (header plus every slice with its CRC).
     pub fn object_len(&self, i: usize) -> u64 {
-        crate::layout::object_len(self.geometry.layers, self.geometry.slice_len(self.chunks[i].tokens))
+        crate::layout::object_len(
+            self.geometry.layers,
+            self.geometry.slice_len(self.chunks[i].tokens),
+        )
     }
     /// Checks bucket, geometry, counts and token counts.
     ///
@@ -541,17 +641,36 @@ impl SaveRequest {
         self.geometry.validate()?;
         let max = max_chunks.min(MAX_CHUNKS_HARD);
         if self.chunks.is_empty() {
-            return Err(ProtocolError::invalid("chunks", "a save names at least one chunk"));
+            return Err(ProtocolError::invalid(
+                "chunks",
+                "a save names at least one chunk",
+            ));
         }
         if self.chunks.len() as u64 > max as u64 {
-            return Err(ProtocolError::TooLarge { what: "chunks per request", got: self.chunks.len() as u64, max: max as u64 });
+            return Err(ProtocolError::TooLarge {
+                what: "chunks per request",
+                got: self.chunks.len() as u64,
+                max: max as u64,
+            });
         }
-        if self.prefix.is_empty() || !self.prefix.ends_with('/') || self.prefix.len() + 4 + 128 > MAX_KEY_LEN {
-            return Err(ProtocolError::invalid("key prefix", format!("{:?} must be non-empty, short and end with '/'", self.prefix)));
+        if self.prefix.is_empty()
+            || !self.prefix.ends_with('/')
+            || self.prefix.len() + 4 + 128 > MAX_KEY_LEN
+        {
+            return Err(ProtocolError::invalid(
+                "key prefix",
+                format!(
+                    "{:?} must be non-empty, short and end with '/'",
+                    self.prefix
+                ),
+            ));
         }
         for (i, c) in self.chunks.iter().enumerate() {
             if c.tokens == 0 || c.tokens > self.geometry.tokens_per_chunk {
-                return Err(ProtocolError::invalid("chunk tokens", format!("chunk {i} holds {} tokens", c.tokens)));
+                return Err(ProtocolError::invalid(
+                    "chunk tokens",
+                    format!("chunk {i} holds {} tokens", c.tokens),
+                ));
             }
         }
         Ok(())
@@ -584,11 +703,18 @@ impl SaveRequest {
         for _ in 0..n {
             let tokens = r.u32()?;
             let hl = r.u8()? as usize;
-            let hash = ChunkHash::new(r.take(hl)?).map_err(|e| ProtocolError::invalid("hash", e.to_string()))?;
+            let hash = ChunkHash::new(r.take(hl)?)
+                .map_err(|e| ProtocolError::invalid("hash", e.to_string()))?;
             chunks.push(SaveChunk { hash, tokens });
         }
         r.finish()?;
-        let s = SaveRequest { request_id, bucket, prefix, geometry, chunks };
+        let s = SaveRequest {
+            request_id,
+            bucket,
+            prefix,
+            geometry,
+            chunks,
+        };
         s.validate(max_chunks)?;
         Ok(s)
     }
@@ -640,7 +766,11 @@ pub fn plan_units(req: &GatherRequest) -> Vec<UnitPlan> {
                         layer,
                         offset: offset + a,
                         len: b - a,
-                        pieces: vec![SlicePiece { chunk: c as u32, range: a..b, slice_len: sl }],
+                        pieces: vec![SlicePiece {
+                            chunk: c as u32,
+                            range: a..b,
+                            slice_len: sl,
+                        }],
                     });
                     a = b;
                 }
@@ -648,9 +778,18 @@ pub fn plan_units(req: &GatherRequest) -> Vec<UnitPlan> {
                 if cur.as_ref().is_some_and(|u| u.len + sl > max) {
                     out.push(cur.take().expect("some"));
                 }
-                let u = cur.get_or_insert_with(|| UnitPlan { layer, offset, len: 0, pieces: Vec::new() });
+                let u = cur.get_or_insert_with(|| UnitPlan {
+                    layer,
+                    offset,
+                    len: 0,
+                    pieces: Vec::new(),
+                });
                 u.len += sl;
-                u.pieces.push(SlicePiece { chunk: c as u32, range: 0..sl, slice_len: sl });
+                u.pieces.push(SlicePiece {
+                    chunk: c as u32,
+                    range: 0..sl,
+                    slice_len: sl,
+                });
             }
             offset += sl;
         }

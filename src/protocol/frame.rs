@@ -379,13 +379,20 @@ impl Frame {
         let start = out.len();
         encode_frame_header(self.ty(), 0, out);
         match self {
-            Frame::Hello { version_min, version_max } => {
+            Frame::Hello {
+                version_min,
+                version_max,
+            } => {
                 out.put_u16_le(*version_min);
                 out.put_u16_le(*version_max);
             }
             Frame::Gather(g) => g.encode(out),
             Frame::SaveBegin(s) => s.encode(out),
-            Frame::SaveData { chunk, offset, data } => {
+            Frame::SaveData {
+                chunk,
+                offset,
+                data,
+            } => {
                 out.put_u32_le(*chunk);
                 out.put_u32_le(0);
                 out.put_u64_le(*offset);
@@ -401,7 +408,16 @@ impl Frame {
                 out.put_u32_le(i.max_chunks);
                 out.put_u64_le(i.max_request_bytes);
             }
-            Frame::Accepted { request_id, units, bytes } | Frame::End { request_id, units, bytes } => {
+            Frame::Accepted {
+                request_id,
+                units,
+                bytes,
+            }
+            | Frame::End {
+                request_id,
+                units,
+                bytes,
+            } => {
                 out.put_u64_le(*request_id);
                 out.put_u64_le(*units);
                 out.put_u64_le(*bytes);
@@ -410,7 +426,12 @@ impl Frame {
                 out.put_slice(&header.encode_prefix()[FRAME_HEADER_LEN..]);
                 out.put_slice(data);
             }
-            Frame::Miss { chunk, layers, reason, message } => {
+            Frame::Miss {
+                chunk,
+                layers,
+                reason,
+                message,
+            } => {
                 out.put_u32_le(*chunk);
                 out.put_u32_le(layers.start);
                 out.put_u32_le(layers.end);
@@ -422,7 +443,11 @@ impl Frame {
                 out.put_u16_le(*code as u16);
                 put_str16(out, truncate(message, 4096));
             }
-            Frame::SaveDone { request_id, written, already_present } => {
+            Frame::SaveDone {
+                request_id,
+                written,
+                already_present,
+            } => {
                 out.put_u64_le(*request_id);
                 out.put_u32_le(*written);
                 out.put_u32_le(*already_present);
@@ -453,13 +478,20 @@ fn truncate(s: &str, max: usize) -> &str {
 /// # Errors
 /// [`ProtocolError`]: unknown type, nonzero reserved header bytes, a body above its type's
 /// limit (checked from the header, before the body is received), or a bad body.
-pub fn decode_frame(buf: &mut BytesMut, max_descriptor: u32, max_chunks: u32) -> Result<Option<Frame>, ProtocolError> {
+pub fn decode_frame(
+    buf: &mut BytesMut,
+    max_descriptor: u32,
+    max_chunks: u32,
+) -> Result<Option<Frame>, ProtocolError> {
     if buf.len() < FRAME_HEADER_LEN {
         return Ok(None);
     }
     let ty = FrameType::from_u8(buf[0])?;
     if buf[1] != 0 || buf[2] != 0 || buf[3] != 0 {
-        return Err(ProtocolError::invalid("frame header", "flags and reserved bytes must be zero"));
+        return Err(ProtocolError::invalid(
+            "frame header",
+            "flags and reserved bytes must be zero",
+        ));
     }
     let len = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes"));
     let max = ty.max_body(max_descriptor);
@@ -468,7 +500,11 @@ pub fn decode_frame(buf: &mut BytesMut, max_descriptor: u32, max_chunks: u32) ->
             FrameType::Gather | FrameType::SaveBegin => "descriptor size",
             _ => "frame body",
         };
-        return Err(ProtocolError::TooLarge { what, got: len as u64, max: max as u64 });
+        return Err(ProtocolError::TooLarge {
+            what,
+            got: len as u64,
+            max: max as u64,
+        });
     }
     let total = FRAME_HEADER_LEN + len as usize;
     if buf.len() < total {
@@ -481,20 +517,42 @@ pub fn decode_frame(buf: &mut BytesMut, max_descriptor: u32, max_chunks: u32) ->
     decode_body(ty, body, max_descriptor, max_chunks).map(Some)
 }
 
-fn decode_body(ty: FrameType, body: Bytes, _max_descriptor: u32, max_chunks: u32) -> Result<Frame, ProtocolError> {
+fn decode_body(
+    ty: FrameType,
+    body: Bytes,
+    _max_descriptor: u32,
+    max_chunks: u32,
+) -> Result<Frame, ProtocolError> {
     let mut r = Reader::new(&body, ty.name());
     let f = match ty {
-        FrameType::Hello => Frame::Hello { version_min: r.u16()?, version_max: r.u16()? },
-        FrameType::Gather => return Ok(Frame::Gather(Box::new(GatherRequest::decode(&body, max_chunks)?))),
-        FrameType::SaveBegin => return Ok(Frame::SaveBegin(Box::new(SaveRequest::decode(&body, max_chunks)?))),
+        FrameType::Hello => Frame::Hello {
+            version_min: r.u16()?,
+            version_max: r.u16()?,
+        },
+        FrameType::Gather => {
+            return Ok(Frame::Gather(Box::new(GatherRequest::decode(
+                &body, max_chunks,
+            )?)))
+        }
+        FrameType::SaveBegin => {
+            return Ok(Frame::SaveBegin(Box::new(SaveRequest::decode(
+                &body, max_chunks,
+            )?)))
+        }
         FrameType::SaveData => {
             let chunk = r.u32()?;
             r.zero(4, "save data reserved")?;
             let offset = r.u64()?;
-            return Ok(Frame::SaveData { chunk, offset, data: body.slice(SAVE_DATA_HEADER_LEN..) });
+            return Ok(Frame::SaveData {
+                chunk,
+                offset,
+                data: body.slice(SAVE_DATA_HEADER_LEN..),
+            });
         }
         FrameType::SaveEnd => Frame::SaveEnd,
-        FrameType::Cancel => Frame::Cancel { request_id: r.u64()? },
+        FrameType::Cancel => Frame::Cancel {
+            request_id: r.u64()?,
+        },
         FrameType::HelloAck => {
             let version = r.u16()?;
             r.zero(2, "hello reserved")?;
@@ -506,8 +564,16 @@ fn decode_body(ty: FrameType, body: Bytes, _max_descriptor: u32, max_chunks: u32
                 max_request_bytes: r.u64()?,
             })
         }
-        FrameType::Accepted => Frame::Accepted { request_id: r.u64()?, units: r.u64()?, bytes: r.u64()? },
-        FrameType::End => Frame::End { request_id: r.u64()?, units: r.u64()?, bytes: r.u64()? },
+        FrameType::Accepted => Frame::Accepted {
+            request_id: r.u64()?,
+            units: r.u64()?,
+            bytes: r.u64()?,
+        },
+        FrameType::End => Frame::End {
+            request_id: r.u64()?,
+            units: r.u64()?,
+            bytes: r.u64()?,
+        },
         FrameType::Unit => {
             let layer = r.u32()?;
             let crc32c = r.u32()?;
@@ -517,11 +583,19 @@ fn decode_body(ty: FrameType, body: Bytes, _max_descriptor: u32, max_chunks: u32
             if len as usize != body.len() - UNIT_HEADER_LEN {
                 return Err(ProtocolError::invalid(
                     "unit length",
-                    format!("header says {len} bytes, frame carries {}", body.len() - UNIT_HEADER_LEN),
+                    format!(
+                        "header says {len} bytes, frame carries {}",
+                        body.len() - UNIT_HEADER_LEN
+                    ),
                 ));
             }
             return Ok(Frame::Unit {
-                header: UnitHeader { layer, crc32c, offset, len },
+                header: UnitHeader {
+                    layer,
+                    crc32c,
+                    offset,
+                    len,
+                },
                 data: body.slice(UNIT_HEADER_LEN..),
             });
         }
@@ -531,13 +605,25 @@ fn decode_body(ty: FrameType, body: Bytes, _max_descriptor: u32, max_chunks: u32
             let reason = MissReason::from_u8(r.u8()?)?;
             r.zero(1, "miss reserved")?;
             let message = r.str16("miss message", 4096)?;
-            Frame::Miss { chunk, layers, reason, message }
+            Frame::Miss {
+                chunk,
+                layers,
+                reason,
+                message,
+            }
         }
         FrameType::Error => {
             let code = ErrorCode::from_u16(r.u16()?);
-            Frame::Error { code, message: r.str16("error message", 4096)? }
+            Frame::Error {
+                code,
+                message: r.str16("error message", 4096)?,
+            }
         }
-        FrameType::SaveDone => Frame::SaveDone { request_id: r.u64()?, written: r.u32()?, already_present: r.u32()? },
+        FrameType::SaveDone => Frame::SaveDone {
+            request_id: r.u64()?,
+            written: r.u32()?,
+            already_present: r.u32()?,
+        },
     };
     r.finish()?;
     Ok(f)

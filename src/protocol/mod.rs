@@ -21,12 +21,12 @@ mod wire;
 
 pub use client::{ClientConnection, ClientEvent};
 pub use descriptor::{
-    plan_units, ChunkKeys, DeliveryOrder, GatherRequest, SaveChunk, SaveRequest, SchedHints, SlicePiece,
-    TransportTarget, RdmaRegion, UnitPlan, WireGeometry,
+    plan_units, ChunkKeys, DeliveryOrder, GatherRequest, RdmaRegion, SaveChunk, SaveRequest,
+    SchedHints, SlicePiece, TransportTarget, UnitPlan, WireGeometry,
 };
 pub use frame::{
-    decode_frame, encode_frame_header, ErrorCode, Frame, FrameHeader, FrameType, MissReason, UnitHeader,
-    FRAME_HEADER_LEN, UNIT_HEADER_LEN, ServerInfo, SAVE_DATA_HEADER_LEN,
+    decode_frame, encode_frame_header, ErrorCode, Frame, FrameHeader, FrameType, MissReason,
+    ServerInfo, UnitHeader, FRAME_HEADER_LEN, SAVE_DATA_HEADER_LEN, UNIT_HEADER_LEN,
 };
 pub use server::{ServerConnection, ServerEvent, ServerLimits};
 
@@ -54,7 +54,9 @@ pub enum ProtocolError {
     #[error("bad preface: not an ObjectCache gather connection")]
     BadPreface,
     /// The peer speaks no version this build speaks.
-    #[error("unsupported protocol version range {min}..={max} (this build speaks {PROTOCOL_VERSION})")]
+    #[error(
+        "unsupported protocol version range {min}..={max} (this build speaks {PROTOCOL_VERSION})"
+    )]
     UnsupportedVersion {
         /// Lowest version offered.
         min: u16,
@@ -110,7 +112,10 @@ pub enum ProtocolError {
 
 impl ProtocolError {
     pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
-        ProtocolError::Invalid { field, reason: reason.into() }
+        ProtocolError::Invalid {
+            field,
+            reason: reason.into(),
+        }
     }
 }
 
@@ -123,7 +128,9 @@ mod tests {
     fn req(chunks: usize, tail: u32) -> GatherRequest {
         let g = KvGeometry::llama31_8b();
         let kb = KeyBuilder::new("ns", &g, HashAlgo::Sha256Cbor).unwrap();
-        let hashes = (0..chunks).map(|i| ChunkHash::from_digest([i as u8; 32])).collect();
+        let hashes = (0..chunks)
+            .map(|i| ChunkHash::from_digest([i as u8; 32]))
+            .collect();
         let mut toks = vec![256; chunks];
         *toks.last_mut().unwrap() = tail;
         GatherRequest::for_prefix(7, "kv-test", &kb, &g, hashes, toks)
@@ -139,12 +146,21 @@ mod tests {
         assert_eq!(d, r);
         let g = KvGeometry::llama31_8b();
         let kb = KeyBuilder::new("ns", &g, HashAlgo::Sha256Cbor).unwrap();
-        assert_eq!(d.chunks.key(3).unwrap(), kb.data(&ChunkHash::from_digest([3; 32])));
+        assert_eq!(
+            d.chunks.key(3).unwrap(),
+            kb.data(&ChunkHash::from_digest([3; 32]))
+        );
         // Every strict prefix is a clean truncation error, never a panic.
         for n in 0..b.len() {
             assert!(GatherRequest::decode(&b[..n], 4096).is_err(), "prefix {n}");
         }
-        assert!(matches!(GatherRequest::decode(&b, 8), Err(ProtocolError::TooLarge { what: "chunks per request", .. })));
+        assert!(matches!(
+            GatherRequest::decode(&b, 8),
+            Err(ProtocolError::TooLarge {
+                what: "chunks per request",
+                ..
+            })
+        ));
     }
 
     #[test]
@@ -158,8 +174,17 @@ mod tests {
         assert_eq!(l0, r.layer_bytes());
         r.max_unit_bytes = 300 << 10; // smaller than a 1 MiB slice: slices split
         let units = plan_units(&r);
-        assert!(units.iter().all(|u| u.pieces.len() == 1 && u.len <= 300 << 10));
-        assert_eq!(units.iter().filter(|u| u.layer == 5).map(|u| u.len).sum::<u64>(), r.layer_bytes());
+        assert!(units
+            .iter()
+            .all(|u| u.pieces.len() == 1 && u.len <= 300 << 10));
+        assert_eq!(
+            units
+                .iter()
+                .filter(|u| u.layer == 5)
+                .map(|u| u.len)
+                .sum::<u64>(),
+            r.layer_bytes()
+        );
     }
 
     #[test]
@@ -186,18 +211,52 @@ mod tests {
         let r = req(2, 10);
         c.start_gather(&r).unwrap();
         pump_cs(&mut c, &mut s).unwrap();
-        let Some(ServerEvent::Gather(g)) = s.poll_event() else { panic!("no gather") };
+        let Some(ServerEvent::Gather(g)) = s.poll_event() else {
+            panic!("no gather")
+        };
         assert_eq!(*g, r);
         let payload = Bytes::from(vec![5u8; 1000]);
         s.accept(7, 1, 1000);
-        s.send_unit(UnitHeader { layer: 3, crc32c: crc32c::crc32c(&payload), offset: 0, len: 1000 }, [payload.slice(..400), payload.slice(400..)]);
-        s.send_unit(UnitHeader { layer: 4, crc32c: 0, offset: 0, len: 4 }, [Bytes::from_static(b"abcd")]);
+        s.send_unit(
+            UnitHeader {
+                layer: 3,
+                crc32c: crc32c::crc32c(&payload),
+                offset: 0,
+                len: 1000,
+            },
+            [payload.slice(..400), payload.slice(400..)],
+        );
+        s.send_unit(
+            UnitHeader {
+                layer: 4,
+                crc32c: 0,
+                offset: 0,
+                len: 4,
+            },
+            [Bytes::from_static(b"abcd")],
+        );
         s.finish(7, 2, 1004);
         pump_sc(&mut s, &mut c).unwrap();
-        assert!(matches!(c.poll_event(), Some(ClientEvent::Accepted { request_id: 7, .. })));
-        assert_eq!(c.poll_event(), Some(ClientEvent::Unit { layer: 3, offset: 0, data: payload }));
-        assert!(matches!(c.poll_event(), Some(ClientEvent::Corrupt { layer: 4, .. })));
-        assert!(matches!(c.poll_event(), Some(ClientEvent::End { request_id: 7, .. })));
+        assert!(matches!(
+            c.poll_event(),
+            Some(ClientEvent::Accepted { request_id: 7, .. })
+        ));
+        assert_eq!(
+            c.poll_event(),
+            Some(ClientEvent::Unit {
+                layer: 3,
+                offset: 0,
+                data: payload
+            })
+        );
+        assert!(matches!(
+            c.poll_event(),
+            Some(ClientEvent::Corrupt { layer: 4, .. })
+        ));
+        assert!(matches!(
+            c.poll_event(),
+            Some(ClientEvent::End { request_id: 7, .. })
+        ));
         assert!(c.is_idle());
     }
 
@@ -207,13 +266,30 @@ mod tests {
         let mut b = BytesMut::from(&b"GET / HTTP/1.1\r\n"[..]);
         assert_eq!(s.handle_bytes(&mut b), Err(ProtocolError::BadPreface));
         assert!(s.is_closed());
-        let mut s = ServerConnection::new(ServerLimits { max_descriptor_bytes: 1000, ..Default::default() });
+        let mut s = ServerConnection::new(ServerLimits {
+            max_descriptor_bytes: 1000,
+            ..Default::default()
+        });
         let mut b = BytesMut::new();
         b.extend_from_slice(&PREFACE);
-        Frame::Hello { version_min: 1, version_max: 1 }.encode(&mut b);
+        Frame::Hello {
+            version_min: 1,
+            version_max: 1,
+        }
+        .encode(&mut b);
         encode_frame_header(FrameType::Gather, 5000, &mut b);
         let e = s.handle_bytes(&mut b).unwrap_err();
-        assert!(matches!(e, ProtocolError::TooLarge { what: "descriptor size", got: 5000, max: 1000 }), "{e}");
+        assert!(
+            matches!(
+                e,
+                ProtocolError::TooLarge {
+                    what: "descriptor size",
+                    got: 5000,
+                    max: 1000
+                }
+            ),
+            "{e}"
+        );
         let mut out = BytesMut::new();
         while let Some(x) = s.poll_transmit() {
             out.extend_from_slice(&x);
@@ -221,6 +297,12 @@ mod tests {
         let mut c = ClientConnection::new();
         c.handle_bytes(&mut out).unwrap();
         assert!(matches!(c.poll_event(), Some(ClientEvent::Connected(_))));
-        assert!(matches!(c.poll_event(), Some(ClientEvent::Error { code: ErrorCode::DescriptorTooLarge, .. })));
+        assert!(matches!(
+            c.poll_event(),
+            Some(ClientEvent::Error {
+                code: ErrorCode::DescriptorTooLarge,
+                ..
+            })
+        ));
     }
 }

@@ -99,8 +99,14 @@ pub struct ServerConnection {
 /// Maps a decode error to the code the client sees.
 fn code_of(e: &ProtocolError) -> ErrorCode {
     match e {
-        ProtocolError::TooLarge { what: "descriptor size", .. } => ErrorCode::DescriptorTooLarge,
-        ProtocolError::TooLarge { what: "chunks per request", .. } => ErrorCode::TooManyChunks,
+        ProtocolError::TooLarge {
+            what: "descriptor size",
+            ..
+        } => ErrorCode::DescriptorTooLarge,
+        ProtocolError::TooLarge {
+            what: "chunks per request",
+            ..
+        } => ErrorCode::TooManyChunks,
         ProtocolError::UnsupportedVersion { .. } => ErrorCode::UnsupportedVersion,
         _ => ErrorCode::Malformed,
     }
@@ -111,7 +117,12 @@ impl ServerConnection {
     pub fn new(limits: ServerLimits) -> Self {
         let mut limits = limits;
         limits.max_descriptor_bytes = limits.max_descriptor_bytes.min(MAX_CONTROL_FRAME_BYTES);
-        ServerConnection { limits, state: State::Preface, events: VecDeque::new(), transmit: VecDeque::new() }
+        ServerConnection {
+            limits,
+            state: State::Preface,
+            events: VecDeque::new(),
+            transmit: VecDeque::new(),
+        }
     }
 
     /// `true` once the connection failed or the client's hello was refused: flush
@@ -122,7 +133,10 @@ impl ServerConnection {
 
     /// `true` while a gather or save is in progress.
     pub fn is_busy(&self) -> bool {
-        matches!(self.state, State::Gathering | State::Saving | State::Publishing)
+        matches!(
+            self.state,
+            State::Gathering | State::Saving | State::Publishing
+        )
     }
 
     /// Consumes whole frames from the front of `buf` (leaving a partial frame there).
@@ -133,7 +147,10 @@ impl ServerConnection {
     pub fn handle_bytes(&mut self, buf: &mut BytesMut) -> Result<(), ProtocolError> {
         if let Err(e) = self.handle_inner(buf) {
             let code = code_of(&e);
-            self.queue(Frame::Error { code, message: e.to_string() });
+            self.queue(Frame::Error {
+                code,
+                message: e.to_string(),
+            });
             self.events.push_back(ServerEvent::Failed(e.clone()));
             self.state = State::Closed;
             buf.clear();
@@ -158,7 +175,12 @@ impl ServerConnection {
                     self.state = State::Hello;
                 }
                 _ => {
-                    let Some(f) = decode_frame(buf, self.limits.max_descriptor_bytes, self.limits.max_chunks)? else {
+                    let Some(f) = decode_frame(
+                        buf,
+                        self.limits.max_descriptor_bytes,
+                        self.limits.max_chunks,
+                    )?
+                    else {
                         return Ok(());
                     };
                     self.on_frame(f)?;
@@ -168,11 +190,23 @@ impl ServerConnection {
     }
 
     fn on_frame(&mut self, f: Frame) -> Result<(), ProtocolError> {
-        let unexpected = |f: &Frame, s: State| ProtocolError::UnexpectedFrame { frame: f.ty().name(), state: s.name() };
+        let unexpected = |f: &Frame, s: State| ProtocolError::UnexpectedFrame {
+            frame: f.ty().name(),
+            state: s.name(),
+        };
         match (self.state, f) {
-            (State::Hello, Frame::Hello { version_min, version_max }) => {
+            (
+                State::Hello,
+                Frame::Hello {
+                    version_min,
+                    version_max,
+                },
+            ) => {
                 if !(version_min..=version_max).contains(&PROTOCOL_VERSION) {
-                    return Err(ProtocolError::UnsupportedVersion { min: version_min, max: version_max });
+                    return Err(ProtocolError::UnsupportedVersion {
+                        min: version_min,
+                        max: version_max,
+                    });
                 }
                 self.queue(Frame::HelloAck(ServerInfo {
                     version: PROTOCOL_VERSION,
@@ -191,8 +225,19 @@ impl ServerConnection {
                 self.state = State::Saving;
                 self.events.push_back(ServerEvent::SaveBegin(s));
             }
-            (State::Saving, Frame::SaveData { chunk, offset, data }) => {
-                self.events.push_back(ServerEvent::SaveData { chunk, offset, data });
+            (
+                State::Saving,
+                Frame::SaveData {
+                    chunk,
+                    offset,
+                    data,
+                },
+            ) => {
+                self.events.push_back(ServerEvent::SaveData {
+                    chunk,
+                    offset,
+                    data,
+                });
             }
             (State::Saving, Frame::SaveEnd) => {
                 self.state = State::Publishing;
@@ -200,7 +245,10 @@ impl ServerConnection {
             }
             // A cancel may race with the end of its request: ignore it when idle.
             (State::Idle, Frame::Cancel { .. }) => {}
-            (State::Gathering | State::Saving | State::Publishing, Frame::Cancel { request_id }) => {
+            (
+                State::Gathering | State::Saving | State::Publishing,
+                Frame::Cancel { request_id },
+            ) => {
                 self.events.push_back(ServerEvent::Cancel { request_id });
             }
             (s, f) => return Err(unexpected(&f, s)),
@@ -232,31 +280,48 @@ impl ServerConnection {
 
     /// Acknowledges the gather in progress: `units` units, `bytes` payload bytes.
     pub fn accept(&mut self, request_id: u64, units: u64, bytes: u64) {
-        self.queue(Frame::Accepted { request_id, units, bytes });
+        self.queue(Frame::Accepted {
+            request_id,
+            units,
+            bytes,
+        });
     }
 
     /// Queues a unit whose payload is the concatenation of `parts` (each sent as is).
     /// `header.len` must equal the parts' total length.
     pub fn send_unit(&mut self, header: UnitHeader, parts: impl IntoIterator<Item = Bytes>) {
-        self.transmit.push_back(Bytes::copy_from_slice(&header.encode_prefix()));
+        self.transmit
+            .push_back(Bytes::copy_from_slice(&header.encode_prefix()));
         self.transmit.extend(parts);
     }
 
     /// Queues a miss: chunk `chunk`'s `layers` will not be delivered.
     pub fn send_miss(&mut self, chunk: u32, layers: Range<u32>, reason: MissReason, message: &str) {
-        self.queue(Frame::Miss { chunk, layers, reason, message: message.to_string() });
+        self.queue(Frame::Miss {
+            chunk,
+            layers,
+            reason,
+            message: message.to_string(),
+        });
     }
 
     /// Ends the gather in progress; the connection accepts a next request.
     pub fn finish(&mut self, request_id: u64, units: u64, bytes: u64) {
-        self.queue(Frame::End { request_id, units, bytes });
+        self.queue(Frame::End {
+            request_id,
+            units,
+            bytes,
+        });
         self.state = State::Idle;
     }
 
     /// Fails the request in progress (or refuses one) with `code`; the connection accepts a
     /// next request.
     pub fn fail(&mut self, code: ErrorCode, message: &str) {
-        self.queue(Frame::Error { code, message: message.to_string() });
+        self.queue(Frame::Error {
+            code,
+            message: message.to_string(),
+        });
         if self.state != State::Closed {
             self.state = State::Idle;
         }
@@ -264,13 +329,20 @@ impl ServerConnection {
 
     /// Refuses the request and closes the connection after flushing (e.g. shutting down).
     pub fn close_with(&mut self, code: ErrorCode, message: &str) {
-        self.queue(Frame::Error { code, message: message.to_string() });
+        self.queue(Frame::Error {
+            code,
+            message: message.to_string(),
+        });
         self.state = State::Closed;
     }
 
     /// Reports a published save.
     pub fn save_done(&mut self, request_id: u64, written: u32, already_present: u32) {
-        self.queue(Frame::SaveDone { request_id, written, already_present });
+        self.queue(Frame::SaveDone {
+            request_id,
+            written,
+            already_present,
+        });
         self.state = State::Idle;
     }
 }

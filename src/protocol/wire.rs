@@ -15,7 +15,10 @@ impl<'a> Reader<'a> {
     }
     pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], ProtocolError> {
         if self.b.len() < n {
-            return Err(ProtocolError::Truncated { what: self.what, needed: n - self.b.len() });
+            return Err(ProtocolError::Truncated {
+                what: self.what,
+                needed: n - self.b.len(),
+            });
         }
         let (a, rest) = self.b.split_at(n);
         self.b = rest;
@@ -25,32 +28,58 @@ impl<'a> Reader<'a> {
         Ok(self.take(1)?[0])
     }
     pub(crate) fn u16(&mut self) -> Result<u16, ProtocolError> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
     }
     pub(crate) fn u32(&mut self) -> Result<u32, ProtocolError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
     pub(crate) fn u64(&mut self) -> Result<u64, ProtocolError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
     /// A string with a u16 length prefix, at most `max` bytes of UTF-8.
-    pub(crate) fn str16(&mut self, field: &'static str, max: usize) -> Result<String, ProtocolError> {
+    pub(crate) fn str16(
+        &mut self,
+        field: &'static str,
+        max: usize,
+    ) -> Result<String, ProtocolError> {
         let n = self.u16()? as usize;
         if n > max {
-            return Err(ProtocolError::TooLarge { what: field, got: n as u64, max: max as u64 });
+            return Err(ProtocolError::TooLarge {
+                what: field,
+                got: n as u64,
+                max: max as u64,
+            });
         }
         let b = self.take(n)?;
         String::from_utf8(b.to_vec()).map_err(|_| ProtocolError::invalid(field, "not UTF-8"))
     }
     /// Bounds a count before allocating: each element needs at least `min_each` bytes.
-    pub(crate) fn count(&mut self, field: &'static str, max: u32, min_each: usize) -> Result<usize, ProtocolError> {
+    pub(crate) fn count(
+        &mut self,
+        field: &'static str,
+        max: u32,
+        min_each: usize,
+    ) -> Result<usize, ProtocolError> {
         let n = self.u32()?;
         if n > max {
-            return Err(ProtocolError::TooLarge { what: field, got: n as u64, max: max as u64 });
+            return Err(ProtocolError::TooLarge {
+                what: field,
+                got: n as u64,
+                max: max as u64,
+            });
         }
         let need = n as usize * min_each;
         if need > self.b.len() {
-            return Err(ProtocolError::Truncated { what: self.what, needed: need - self.b.len() });
+            return Err(ProtocolError::Truncated {
+                what: self.what,
+                needed: need - self.b.len(),
+            });
         }
         Ok(n as usize)
     }
@@ -62,7 +91,10 @@ impl<'a> Reader<'a> {
     }
     pub(crate) fn finish(&self) -> Result<(), ProtocolError> {
         if !self.b.is_empty() {
-            return Err(ProtocolError::invalid(self.what, format!("{} trailing bytes", self.b.len())));
+            return Err(ProtocolError::invalid(
+                self.what,
+                format!("{} trailing bytes", self.b.len()),
+            ));
         }
         Ok(())
     }

@@ -21,9 +21,10 @@ impl AccessKey {
     /// A message if there is no `:` or either side is empty.
     pub fn parse(s: &str) -> Result<Self, String> {
         match s.split_once(':') {
-            Some((a, k)) if !a.is_empty() && !k.is_empty() => {
-                Ok(AccessKey { access_key: a.to_string(), secret_key: k.to_string() })
-            }
+            Some((a, k)) if !a.is_empty() && !k.is_empty() => Ok(AccessKey {
+                access_key: a.to_string(),
+                secret_key: k.to_string(),
+            }),
             _ => Err("an access key is written ACCESS_KEY:SECRET_KEY".to_string()),
         }
     }
@@ -130,7 +131,10 @@ impl ServerConfig {
             return bad("no access key is configured: set access_keys (--access-key ACCESS:SECRET) or allow_anonymous".into());
         }
         if self.max_request_bytes < crate::protocol::MAX_UNIT_BYTES as u64 {
-            return bad(format!("max_request_bytes {} must be at least one 16 MiB unit", self.max_request_bytes));
+            return bad(format!(
+                "max_request_bytes {} must be at least one 16 MiB unit",
+                self.max_request_bytes
+            ));
         }
         if self.memory_budget_bytes < self.max_request_bytes {
             return bad(format!(
@@ -141,17 +145,31 @@ impl ServerConfig {
         if self.max_concurrent_loads == 0 || self.read_concurrency == 0 {
             return bad("max_concurrent_loads and read_concurrency must be at least 1".into());
         }
-        if self.max_descriptor_bytes < 1024 || self.max_descriptor_bytes > crate::protocol::MAX_CONTROL_FRAME_BYTES {
-            return bad(format!("max_descriptor_bytes {} must be 1 KiB ..= 16 MiB", self.max_descriptor_bytes));
+        if self.max_descriptor_bytes < 1024
+            || self.max_descriptor_bytes > crate::protocol::MAX_CONTROL_FRAME_BYTES
+        {
+            return bad(format!(
+                "max_descriptor_bytes {} must be 1 KiB ..= 16 MiB",
+                self.max_descriptor_bytes
+            ));
         }
         if self.max_chunks == 0 || self.max_chunks > crate::protocol::MAX_CHUNKS_HARD {
-            return bad(format!("max_chunks {} must be 1 ..= 65536", self.max_chunks));
+            return bad(format!(
+                "max_chunks {} must be 1 ..= 65536",
+                self.max_chunks
+            ));
         }
         if !["fifo", "priority"].contains(&self.scheduler.as_str()) {
-            return bad(format!("scheduler {:?}: use fifo or priority", self.scheduler));
+            return bad(format!(
+                "scheduler {:?}: use fifo or priority",
+                self.scheduler
+            ));
         }
         if !["text", "json"].contains(&self.log_format.as_str()) {
-            return bad(format!("log_format {:?}: use text or json", self.log_format));
+            return bad(format!(
+                "log_format {:?}: use text or json",
+                self.log_format
+            ));
         }
         Ok(())
     }

@@ -5,8 +5,8 @@ use super::{Abort, Shared};
 use crate::error::StoreError;
 use crate::layout::{slice_range, verify_slice, ChunkHeader, HEADER_LEN};
 use crate::protocol::{
-    plan_units, ErrorCode, GatherRequest, MissReason, SaveRequest, ServerConnection, ServerEvent, TransportTarget,
-    UnitHeader, UnitPlan,
+    plan_units, ErrorCode, GatherRequest, MissReason, SaveRequest, ServerConnection, ServerEvent,
+    TransportTarget, UnitHeader, UnitPlan,
 };
 use crate::store::{GetOptions, StoreExt};
 use bytes::{Bytes, BytesMut};
@@ -76,7 +76,12 @@ pub(crate) async fn serve(stream: TcpStream, sh: Arc<Shared>) {
     let _ = stream.set_nodelay(true);
     let peer = stream.peer_addr().ok();
     let (rd, wr) = stream.into_split();
-    let mut io = Io { rd, wr, buf: BytesMut::with_capacity(64 << 10), conn: ServerConnection::new(sh.limits()) };
+    let mut io = Io {
+        rd,
+        wr,
+        buf: BytesMut::with_capacity(64 << 10),
+        conn: ServerConnection::new(sh.limits()),
+    };
     tracing::debug!(?peer, "gather connection");
     loop {
         while let Some(ev) = io.conn.poll_event() {
@@ -93,7 +98,10 @@ pub(crate) async fn serve(stream: TcpStream, sh: Arc<Shared>) {
             if let Err(a) = r {
                 if a == Abort::Gone {
                     sh.metrics.error("client_gone");
-                    tracing::info!(?peer, "client went away mid-request; its resources are freed");
+                    tracing::info!(
+                        ?peer,
+                        "client went away mid-request; its resources are freed"
+                    );
                 }
                 return;
             }
@@ -125,7 +133,11 @@ fn miss_of(chunk: u32, e: StoreError) -> Miss {
         StoreError::InvalidRange { .. } => MissReason::GeometryMismatch,
         _ => MissReason::Storage,
     };
-    Miss { chunk, reason, message: e.to_string() }
+    Miss {
+        chunk,
+        reason,
+        message: e.to_string(),
+    }
 }
 
 /// Memory held by a unit between backend read and socket write.
@@ -146,18 +158,40 @@ struct Fetched {
     _hold: MemoryHold,
 }
 
-async fn fetch_unit(sh: Arc<Shared>, keys: Arc<Vec<String>>, reads: Arc<Semaphore>, plan: UnitPlan, verify: bool) -> Fetched {
-    let permit = sh.memory.clone().acquire_many_owned(permits_for(plan.len)).await.expect("memory semaphore is never closed");
+async fn fetch_unit(
+    sh: Arc<Shared>,
+    keys: Arc<Vec<String>>,
+    reads: Arc<Semaphore>,
+    plan: UnitPlan,
+    verify: bool,
+) -> Fetched {
+    let permit = sh
+        .memory
+        .clone()
+        .acquire_many_owned(permits_for(plan.len))
+        .await
+        .expect("memory semaphore is never closed");
     sh.metrics.add_inflight(plan.len as i64);
-    let hold = MemoryHold { _permit: permit, bytes: plan.len as i64, sh: sh.clone() };
+    let hold = MemoryHold {
+        _permit: permit,
+        bytes: plan.len as i64,
+        sh: sh.clone(),
+    };
     let layer = plan.layer;
     let parts = futures::future::join_all(plan.pieces.iter().map(|p| {
         let (sh, keys, reads) = (sh.clone(), keys.clone(), reads.clone());
         async move {
-            let _r = reads.acquire().await.expect("read semaphore is never closed");
+            let _r = reads
+                .acquire()
+                .await
+                .expect("read semaphore is never closed");
             let key = &keys[p.chunk as usize];
             let range = slice_range(layer, p.slice_len);
-            let b = sh.store.get_range(key, range).await.map_err(|e| miss_of(p.chunk, e))?;
+            let b = sh
+                .store
+                .get_range(key, range)
+                .await
+                .map_err(|e| miss_of(p.chunk, e))?;
             let sl = p.slice_len as usize;
             let stored = u32::from_le_bytes(b[sl..sl + 4].try_into().expect("4 bytes"));
             let data = b.slice(..sl);
@@ -165,7 +199,11 @@ async fn fetch_unit(sh: Arc<Shared>, keys: Arc<Vec<String>>, reads: Arc<Semaphor
             // Verified here, or passed through: the client checks the unit CRC either way.
             if verify || !whole {
                 if let Err(e) = verify_slice(layer as usize, &b, p.slice_len) {
-                    return Err(Miss { chunk: p.chunk, reason: MissReason::ChecksumMismatch, message: e.to_string() });
+                    return Err(Miss {
+                        chunk: p.chunk,
+                        reason: MissReason::ChecksumMismatch,
+                        message: e.to_string(),
+                    });
                 }
             }
             let crc = stored;
@@ -190,14 +228,29 @@ async fn fetch_unit(sh: Arc<Shared>, keys: Arc<Vec<String>>, reads: Arc<Semaphor
                 });
                 out.push(b);
             }
-            Err(m) => return Fetched { plan, result: Err(m), _hold: hold },
+            Err(m) => {
+                return Fetched {
+                    plan,
+                    result: Err(m),
+                    _hold: hold,
+                }
+            }
         }
     }
-    Fetched { plan, result: Ok((out, crc.unwrap_or(0))), _hold: hold }
+    Fetched {
+        plan,
+        result: Ok((out, crc.unwrap_or(0))),
+        _hold: hold,
+    }
 }
 
 /// Reads and checks each chunk object's header; returns the misses (in chunk order).
-async fn check_headers(sh: Arc<Shared>, tokens: Vec<u32>, g: crate::protocol::WireGeometry, keys: Arc<Vec<String>>) -> Vec<Miss> {
+async fn check_headers(
+    sh: Arc<Shared>,
+    tokens: Vec<u32>,
+    g: crate::protocol::WireGeometry,
+    keys: Arc<Vec<String>>,
+) -> Vec<Miss> {
     let n = keys.len();
     let conc = sh.cfg.read_concurrency;
     let checks = stream::iter(0..n)
@@ -207,17 +260,40 @@ async fn check_headers(sh: Arc<Shared>, tokens: Vec<u32>, g: crate::protocol::Wi
     all.into_iter().filter_map(Result::err).collect()
 }
 
-async fn check_header(sh: Arc<Shared>, keys: Arc<Vec<String>>, i: usize, tokens: u32, g: crate::protocol::WireGeometry) -> Result<(), Miss> {
+async fn check_header(
+    sh: Arc<Shared>,
+    keys: Arc<Vec<String>>,
+    i: usize,
+    tokens: u32,
+    g: crate::protocol::WireGeometry,
+) -> Result<(), Miss> {
     let c = i as u32;
     let key = &keys[i];
-    let r = sh.store.get_opts(key, GetOptions { range: Some(0..HEADER_LEN) }).await.map_err(|e| miss_of(c, e))?;
+    let r = sh
+        .store
+        .get_opts(
+            key,
+            GetOptions {
+                range: Some(0..HEADER_LEN),
+            },
+        )
+        .await
+        .map_err(|e| miss_of(c, e))?;
     let size = r.meta.size;
     let b = r.bytes().await.map_err(|e| miss_of(c, e))?;
-    let geo = |message: String| Miss { chunk: c, reason: MissReason::GeometryMismatch, message };
+    let geo = |message: String| Miss {
+        chunk: c,
+        reason: MissReason::GeometryMismatch,
+        message,
+    };
     let h = ChunkHeader::decode(&b).map_err(|e| geo(format!("{key}: {e}")))?;
-    g.check_header(&h, tokens).map_err(|m| geo(format!("{key}: {m}")))?;
+    g.check_header(&h, tokens)
+        .map_err(|m| geo(format!("{key}: {m}")))?;
     if size != h.object_len() {
-        return Err(geo(format!("{key}: object has {size} bytes, its header says {}", h.object_len())));
+        return Err(geo(format!(
+            "{key}: object has {size} bytes, its header says {}",
+            h.object_len()
+        )));
     }
     Ok(())
 }
@@ -232,13 +308,21 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
         io.conn.fail(code, &msg);
     };
     if matches!(req.target, TransportTarget::Rdma(_)) {
-        refuse(io, ErrorCode::Unsupported, "this server offers no RDMA target; use the inline TCP target".into());
+        refuse(
+            io,
+            ErrorCode::Unsupported,
+            "this server offers no RDMA target; use the inline TCP target".into(),
+        );
         return io.flush(sh).await;
     }
     match sh.buckets.exists(&req.bucket).await {
         Ok(true) => {}
         Ok(false) => {
-            refuse(io, ErrorCode::NoSuchBucket, format!("bucket {} does not exist", req.bucket));
+            refuse(
+                io,
+                ErrorCode::NoSuchBucket,
+                format!("bucket {} does not exist", req.bucket),
+            );
             return io.flush(sh).await;
         }
         Err(e) => {
@@ -249,12 +333,24 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
     let plan = plan_units(&req);
     let max_unit = plan.iter().map(|u| u.len).max().unwrap_or(0);
     let total: u64 = plan.iter().map(|u| u.len).sum();
-    let keys: Arc<Vec<String>> = Arc::new((0..req.chunks.len()).map(|i| req.chunks.key(i).expect("in range")).collect());
-    if let Some(bad) = keys.iter().find(|k| crate::store::validate_key(&format!("{}/{k}", req.bucket)).is_err()) {
-        refuse(io, ErrorCode::Malformed, format!("invalid object key {bad:?}"));
+    let keys: Arc<Vec<String>> = Arc::new(
+        (0..req.chunks.len())
+            .map(|i| req.chunks.key(i).expect("in range"))
+            .collect(),
+    );
+    if let Some(bad) = keys
+        .iter()
+        .find(|k| crate::store::validate_key(&format!("{}/{k}", req.bucket)).is_err())
+    {
+        refuse(
+            io,
+            ErrorCode::Malformed,
+            format!("invalid object key {bad:?}"),
+        );
         return io.flush(sh).await;
     }
-    let keys: Arc<Vec<String>> = Arc::new(keys.iter().map(|k| format!("{}/{k}", req.bucket)).collect());
+    let keys: Arc<Vec<String>> =
+        Arc::new(keys.iter().map(|k| format!("{}/{k}", req.bucket)).collect());
 
     // Admission: wait for a slot under the scheduler, watching the client meanwhile.
     let first_deadline_us = match &req.hints {
@@ -284,7 +380,8 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
     if !misses.is_empty() {
         for m in &misses {
             sh.metrics.error("miss");
-            io.conn.send_miss(m.chunk, req.layers.clone(), m.reason, &m.message);
+            io.conn
+                .send_miss(m.chunk, req.layers.clone(), m.reason, &m.message);
         }
         io.conn.finish(id, 0, 0);
         return io.flush(sh).await;
@@ -355,7 +452,13 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
     }
     sh.metrics.bytes("gather_out", bytes);
     io.conn.finish(id, units, bytes);
-    tracing::debug!(request = id, units, bytes, secs = t0.elapsed().as_secs_f64(), "gather done");
+    tracing::debug!(
+        request = id,
+        units,
+        bytes,
+        secs = t0.elapsed().as_secs_f64(),
+        "gather done"
+    );
     io.flush(sh).await
 }
 
@@ -370,7 +473,11 @@ async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(),
     match sh.buckets.exists(&req.bucket).await {
         Ok(true) => {}
         Ok(false) => {
-            fail(io, ErrorCode::NoSuchBucket, format!("bucket {} does not exist", req.bucket));
+            fail(
+                io,
+                ErrorCode::NoSuchBucket,
+                format!("bucket {} does not exist", req.bucket),
+            );
             let _ = io.flush(sh).await;
             return Err(Abort::Gone);
         }
@@ -380,13 +487,28 @@ async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(),
             return Err(Abort::Gone);
         }
     }
-    let largest = (0..req.chunks.len()).map(|i| req.object_len(i)).max().unwrap_or(0);
+    let largest = (0..req.chunks.len())
+        .map(|i| req.object_len(i))
+        .max()
+        .unwrap_or(0);
     if largest > sh.cfg.max_request_bytes {
-        fail(io, ErrorCode::MemoryLimit, format!("a {largest}-byte object is above max_request_bytes {}", sh.cfg.max_request_bytes));
+        fail(
+            io,
+            ErrorCode::MemoryLimit,
+            format!(
+                "a {largest}-byte object is above max_request_bytes {}",
+                sh.cfg.max_request_bytes
+            ),
+        );
         let _ = io.flush(sh).await;
         return Err(Abort::Gone);
     }
-    let _mem = sh.memory.clone().acquire_many_owned(permits_for(largest)).await.expect("never closed");
+    let _mem = sh
+        .memory
+        .clone()
+        .acquire_many_owned(permits_for(largest))
+        .await
+        .expect("never closed");
     let base = format!("{}/{}", req.bucket, req.prefix);
     let (mut cur, mut written, mut present) = (0usize, 0u32, 0u32);
     let mut obj = BytesMut::new();
@@ -394,8 +516,15 @@ async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(),
     loop {
         while let Some(ev) = io.conn.poll_event() {
             match ev {
-                ServerEvent::SaveData { chunk, offset, data } => {
-                    if cur >= req.chunks.len() || chunk as usize != cur || offset != obj.len() as u64 {
+                ServerEvent::SaveData {
+                    chunk,
+                    offset,
+                    data,
+                } => {
+                    if cur >= req.chunks.len()
+                        || chunk as usize != cur
+                        || offset != obj.len() as u64
+                    {
                         fail(io, ErrorCode::BadObject, format!(
                             "save data for chunk {chunk} at offset {offset}; expected chunk {cur} at offset {}", obj.len()));
                         let _ = io.flush(sh).await;
@@ -406,7 +535,11 @@ async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(),
                         obj.reserve(want as usize);
                     }
                     if obj.len() as u64 + data.len() as u64 > want {
-                        fail(io, ErrorCode::BadObject, format!("chunk {cur}'s object is longer than {want} bytes"));
+                        fail(
+                            io,
+                            ErrorCode::BadObject,
+                            format!("chunk {cur}'s object is longer than {want} bytes"),
+                        );
                         let _ = io.flush(sh).await;
                         return Err(Abort::Gone);
                     }
@@ -435,7 +568,11 @@ async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(),
                 }
                 ServerEvent::SaveEnd => {
                     if cur != req.chunks.len() || !obj.is_empty() {
-                        fail(io, ErrorCode::BadObject, format!("save ended after {cur} of {} objects", req.chunks.len()));
+                        fail(
+                            io,
+                            ErrorCode::BadObject,
+                            format!("save ended after {cur} of {} objects", req.chunks.len()),
+                        );
                         let _ = io.flush(sh).await;
                         return Err(Abort::Gone);
                     }
@@ -452,7 +589,10 @@ async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(),
                     return io.flush(sh).await;
                 }
                 ServerEvent::Cancel { .. } => {
-                    io.conn.close_with(ErrorCode::Internal, "save cancelled by the client; nothing published");
+                    io.conn.close_with(
+                        ErrorCode::Internal,
+                        "save cancelled by the client; nothing published",
+                    );
                     let _ = io.flush(sh).await;
                     return Err(Abort::Cancelled);
                 }
@@ -481,14 +621,20 @@ async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(),
 /// Checks a saved object: header against the request, every slice's CRC.
 fn check_object(req: &SaveRequest, i: usize, o: &[u8]) -> Result<(), String> {
     let h = ChunkHeader::decode(o).map_err(|e| format!("chunk {i}: {e}"))?;
-    req.geometry.check_header(&h, req.chunks[i].tokens).map_err(|m| format!("chunk {i}: {m}"))?;
+    req.geometry
+        .check_header(&h, req.chunks[i].tokens)
+        .map_err(|m| format!("chunk {i}: {m}"))?;
     for l in 0..h.layers {
         let r = slice_range(l, h.slice_len);
-        verify_slice(l as usize, &o[r.start as usize..r.end as usize], h.slice_len).map_err(|e| format!("chunk {i}: {e}"))?;
+        verify_slice(
+            l as usize,
+            &o[r.start as usize..r.end as usize],
+            h.slice_len,
+        )
+        .map_err(|e| format!("chunk {i}: {e}"))?;
     }
     Ok(())
 }
-
 
 /// Magic of a publish marker; the same bytes as `connector::MARKER_MAGIC` (the server does
 /// not import the connector; `tests/gather_tcp.rs` checks both paths write identical markers).

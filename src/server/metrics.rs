@@ -65,33 +65,82 @@ impl Metrics {
         // 100 us .. ~100 s.
         let ttfl = Histogram::new(exponential_buckets(1e-4, 2.0, 21));
         let layer = Histogram::new(exponential_buckets(1e-4, 2.0, 21));
-        registry.register("requests", "Requests by operation (S3 ops, gather, save)", requests.clone());
+        registry.register(
+            "requests",
+            "Requests by operation (S3 ops, gather, save)",
+            requests.clone(),
+        );
         registry.register("bytes", "Payload bytes by direction", bytes.clone());
         registry.register("errors", "Errors by kind", errors.clone());
-        registry.register("active_loads", "Gather loads being served", active_loads.clone());
-        registry.register("queued_loads", "Gather loads waiting for admission", queued_loads.clone());
-        registry.register("inflight_bytes", "Bytes read from the backend not yet sent", inflight_bytes.clone());
-        registry.register("inflight_peak_bytes", "Highest inflight_bytes since start", inflight_peak_bytes.clone());
-        registry.register("ttfl_seconds", "Time from gather request to its first unit written", ttfl.clone());
-        registry.register("layer_seconds", "Time from gather request to each layer's last unit written", layer.clone());
-        Metrics { registry, requests, bytes, errors, active_loads, queued_loads, inflight_bytes, inflight_peak_bytes, ttfl, layer }
+        registry.register(
+            "active_loads",
+            "Gather loads being served",
+            active_loads.clone(),
+        );
+        registry.register(
+            "queued_loads",
+            "Gather loads waiting for admission",
+            queued_loads.clone(),
+        );
+        registry.register(
+            "inflight_bytes",
+            "Bytes read from the backend not yet sent",
+            inflight_bytes.clone(),
+        );
+        registry.register(
+            "inflight_peak_bytes",
+            "Highest inflight_bytes since start",
+            inflight_peak_bytes.clone(),
+        );
+        registry.register(
+            "ttfl_seconds",
+            "Time from gather request to its first unit written",
+            ttfl.clone(),
+        );
+        registry.register(
+            "layer_seconds",
+            "Time from gather request to each layer's last unit written",
+            layer.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            bytes,
+            errors,
+            active_loads,
+            queued_loads,
+            inflight_bytes,
+            inflight_peak_bytes,
+            ttfl,
+            layer,
+        }
     }
     /// Counts one request of operation `op`.
     pub fn request(&self, op: &str) {
-        self.requests.get_or_create(&OpLabel { op: op.into() }).inc();
+        self.requests
+            .get_or_create(&OpLabel { op: op.into() })
+            .inc();
     }
     /// Counts `n` payload bytes in `direction` (`gather_out`, `save_in`, `s3_in`, `s3_out`).
     pub fn bytes(&self, direction: &str, n: u64) {
-        self.bytes.get_or_create(&DirLabel { direction: direction.into() }).inc_by(n);
+        self.bytes
+            .get_or_create(&DirLabel {
+                direction: direction.into(),
+            })
+            .inc_by(n);
     }
     /// Counts one error of `kind`.
     pub fn error(&self, kind: &str) {
-        self.errors.get_or_create(&KindLabel { kind: kind.into() }).inc();
+        self.errors
+            .get_or_create(&KindLabel { kind: kind.into() })
+            .inc();
     }
     /// Adds `n` bytes in flight, updating the peak.
     pub fn add_inflight(&self, n: i64) {
         let now = self.inflight_bytes.inc_by(n) + n;
-        self.inflight_peak_bytes.inner().fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+        self.inflight_peak_bytes
+            .inner()
+            .fetch_max(now, std::sync::atomic::Ordering::Relaxed);
     }
     /// Records a time to first layer, seconds.
     pub fn observe_ttfl(&self, s: f64) {

@@ -109,7 +109,12 @@ impl Drop for Slot {
 ///
 /// # Errors
 /// A message when the queue is full.
-pub(crate) async fn admit(sh: &Arc<Shared>, priority: u8, first_deadline_us: Option<u64>, bytes: u64) -> Result<Slot, String> {
+pub(crate) async fn admit(
+    sh: &Arc<Shared>,
+    priority: u8,
+    first_deadline_us: Option<u64>,
+    bytes: u64,
+) -> Result<Slot, String> {
     let rx = {
         let mut a = sh.admission.lock().expect("admission lock");
         if a.active < sh.cfg.max_concurrent_loads && a.queue.is_empty() {
@@ -128,7 +133,13 @@ pub(crate) async fn admit(sh: &Arc<Shared>, priority: u8, first_deadline_us: Opt
         }
         let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        a.queue.push(sched::Ticket { id, seq: id, priority, first_deadline_us, bytes });
+        a.queue.push(sched::Ticket {
+            id,
+            seq: id,
+            priority,
+            first_deadline_us,
+            bytes,
+        });
         a.waiting.insert(id, tx);
         sh.metrics.queued_loads.inc();
         rx
@@ -145,7 +156,9 @@ pub struct ServerHandle {
 
 impl std::fmt::Debug for ServerHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServerHandle").field("addr", &self.addr).finish_non_exhaustive()
+        f.debug_struct("ServerHandle")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
     }
 }
 
@@ -194,7 +207,11 @@ pub async fn open_backend(cfg: &ServerConfig) -> crate::Result<Arc<dyn Store>> {
     if url == "memory:" {
         return Ok(Arc::new(MemoryStore::new()));
     }
-    let fsync = if cfg.fsync { FsyncPolicy::Always } else { FsyncPolicy::Never };
+    let fsync = if cfg.fsync {
+        FsyncPolicy::Always
+    } else {
+        FsyncPolicy::Never
+    };
     if let Some(p) = url.strip_prefix("file://") {
         return Ok(Arc::new(FsStore::new(p, fsync)?));
     }
@@ -219,7 +236,10 @@ pub async fn start(cfg: ServerConfig) -> crate::Result<ServerHandle> {
 /// # Errors
 /// [`crate::Error::Config`] for inconsistent settings; [`crate::Error::Io`] if the address
 /// cannot be bound; a store error while loading buckets.
-pub async fn start_with_store(cfg: ServerConfig, store: Arc<dyn Store>) -> crate::Result<ServerHandle> {
+pub async fn start_with_store(
+    cfg: ServerConfig,
+    store: Arc<dyn Store>,
+) -> crate::Result<ServerHandle> {
     cfg.validate()?;
     let buckets = Arc::new(Buckets::load(store.clone()).await?);
     for b in &cfg.buckets {
@@ -228,10 +248,17 @@ pub async fn start_with_store(cfg: ServerConfig, store: Arc<dyn Store>) -> crate
     let metrics = Arc::new(Metrics::new());
     let listener = TcpListener::bind(cfg.listen).await?;
     let addr = listener.local_addr()?;
-    let queue = sched::by_name(&cfg.scheduler).ok_or_else(|| crate::Error::Config(format!("scheduler {:?}", cfg.scheduler)))?;
+    let queue = sched::by_name(&cfg.scheduler)
+        .ok_or_else(|| crate::Error::Config(format!("scheduler {:?}", cfg.scheduler)))?;
     let shared = Arc::new(Shared {
-        memory: Arc::new(Semaphore::new(gather::permits_for(cfg.memory_budget_bytes) as usize)),
-        admission: Mutex::new(Admission { active: 0, queue, waiting: HashMap::new() }),
+        memory: Arc::new(Semaphore::new(
+            gather::permits_for(cfg.memory_budget_bytes) as usize
+        )),
+        admission: Mutex::new(Admission {
+            active: 0,
+            queue,
+            waiting: HashMap::new(),
+        }),
         next_id: AtomicU64::new(1),
         shutdown: CancellationToken::new(),
         buckets: buckets.clone(),
@@ -315,7 +342,10 @@ async fn sniff(stream: &TcpStream) -> Option<bool> {
     let mut b = [0u8; PREFACE.len()];
     let deadline = tokio::time::Instant::now() + Duration::from_secs(3600);
     loop {
-        let n = tokio::time::timeout_at(deadline, stream.peek(&mut b)).await.ok()?.ok()?;
+        let n = tokio::time::timeout_at(deadline, stream.peek(&mut b))
+            .await
+            .ok()?
+            .ok()?;
         if n == 0 {
             return None;
         }
@@ -354,7 +384,11 @@ async fn http_route(
                     text(200, "text/plain", "ok\n".into())
                 }
             }
-            "/_objectcache/metrics" => text(200, "application/openmetrics-text; version=1.0.0; charset=utf-8", sh.metrics.encode()),
+            "/_objectcache/metrics" => text(
+                200,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                sh.metrics.encode(),
+            ),
             "/_objectcache/capabilities" => {
                 let l = sh.limits();
                 let body = serde_json::json!({

@@ -35,7 +35,10 @@ impl Buckets {
             let name = m.key[BUCKETS_PREFIX.len()..].to_string();
             known.insert(name, m.last_modified.unwrap_or(SystemTime::UNIX_EPOCH));
         }
-        Ok(Buckets { store, known: RwLock::new(known) })
+        Ok(Buckets {
+            store,
+            known: RwLock::new(known),
+        })
     }
 
     /// `true` if the bucket exists (consulting the store on a cache miss).
@@ -45,7 +48,10 @@ impl Buckets {
         }
         match self.store.head(&format!("{BUCKETS_PREFIX}{name}")).await {
             Ok(m) => {
-                self.known.write().expect("lock").insert(name.into(), m.last_modified.unwrap_or(SystemTime::UNIX_EPOCH));
+                self.known.write().expect("lock").insert(
+                    name.into(),
+                    m.last_modified.unwrap_or(SystemTime::UNIX_EPOCH),
+                );
                 Ok(true)
             }
             Err(StoreError::NotFound { .. }) => Ok(false),
@@ -58,19 +64,34 @@ impl Buckets {
     /// # Errors
     /// A store failure.
     pub async fn create(&self, name: &str) -> Result<bool, StoreError> {
-        let r = self.store.put_if_absent(&format!("{BUCKETS_PREFIX}{name}"), Bytes::new()).await?;
-        self.known.write().expect("lock").entry(name.into()).or_insert_with(SystemTime::now);
+        let r = self
+            .store
+            .put_if_absent(&format!("{BUCKETS_PREFIX}{name}"), Bytes::new())
+            .await?;
+        self.known
+            .write()
+            .expect("lock")
+            .entry(name.into())
+            .or_insert_with(SystemTime::now);
         Ok(r == crate::store::PutIfAbsent::Written)
     }
 
     async fn remove(&self, name: &str) -> Result<(), StoreError> {
-        self.store.delete(&format!("{BUCKETS_PREFIX}{name}")).await?;
+        self.store
+            .delete(&format!("{BUCKETS_PREFIX}{name}"))
+            .await?;
         self.known.write().expect("lock").remove(name);
         Ok(())
     }
 
     fn list(&self) -> Vec<(String, SystemTime)> {
-        let mut v: Vec<_> = self.known.read().expect("lock").iter().map(|(k, t)| (k.clone(), *t)).collect();
+        let mut v: Vec<_> = self
+            .known
+            .read()
+            .expect("lock")
+            .iter()
+            .map(|(k, t)| (k.clone(), *t))
+            .collect();
         v.sort();
         v
     }
@@ -87,8 +108,18 @@ pub struct S3Frontend {
 
 impl S3Frontend {
     /// A frontend; objects above `max_object_bytes` are refused with `EntityTooLarge`.
-    pub fn new(store: Arc<dyn Store>, buckets: Arc<Buckets>, max_object_bytes: u64, metrics: Arc<super::metrics::Metrics>) -> Self {
-        S3Frontend { store, buckets, max_object_bytes, metrics }
+    pub fn new(
+        store: Arc<dyn Store>,
+        buckets: Arc<Buckets>,
+        max_object_bytes: u64,
+        metrics: Arc<super::metrics::Metrics>,
+    ) -> Self {
+        S3Frontend {
+            store,
+            buckets,
+            max_object_bytes,
+            metrics,
+        }
     }
 
     async fn bucket(&self, b: &str) -> S3Result<()> {
@@ -114,15 +145,32 @@ impl S3Frontend {
 pub fn map_err(e: StoreError) -> S3Error {
     match e {
         StoreError::NotFound { key } => s3_error!(NoSuchKey, "no such key: {key}"),
-        StoreError::AlreadyExists { key } => s3_error!(PreconditionFailed, "object already exists: {key}"),
-        StoreError::Precondition { key } => s3_error!(PreconditionFailed, "precondition failed: {key}"),
-        StoreError::InvalidRange { key, start, end, size } => {
-            s3_error!(InvalidRange, "range {start}..{end} outside {key} of {size} bytes")
+        StoreError::AlreadyExists { key } => {
+            s3_error!(PreconditionFailed, "object already exists: {key}")
         }
-        StoreError::InvalidKey { key, reason } => s3_error!(InvalidArgument, "invalid key {key:?}: {reason}"),
+        StoreError::Precondition { key } => {
+            s3_error!(PreconditionFailed, "precondition failed: {key}")
+        }
+        StoreError::InvalidRange {
+            key,
+            start,
+            end,
+            size,
+        } => {
+            s3_error!(
+                InvalidRange,
+                "range {start}..{end} outside {key} of {size} bytes"
+            )
+        }
+        StoreError::InvalidKey { key, reason } => {
+            s3_error!(InvalidArgument, "invalid key {key:?}: {reason}")
+        }
         StoreError::PermissionDenied { message, .. } => s3_error!(AccessDenied, "{message}"),
         StoreError::NotImplemented { operation, backend } => {
-            s3_error!(NotImplemented, "{operation} is not implemented by {backend}")
+            s3_error!(
+                NotImplemented,
+                "{operation} is not implemented by {backend}"
+            )
         }
         other => S3Error::with_message(S3ErrorCode::InternalError, other.to_string()),
     }
@@ -134,45 +182,76 @@ fn etag(s: Option<String>) -> Option<ETag> {
 
 #[async_trait::async_trait]
 impl S3 for S3Frontend {
-    async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
+    async fn create_bucket(
+        &self,
+        req: S3Request<CreateBucketInput>,
+    ) -> S3Result<S3Response<CreateBucketOutput>> {
         self.count("create_bucket");
         let b = req.input.bucket;
         if !self.buckets.create(&b).await.map_err(map_err)? {
             return Err(s3_error!(BucketAlreadyOwnedByYou, "bucket {b} exists"));
         }
         tracing::info!(bucket = %b, "bucket created");
-        Ok(S3Response::new(CreateBucketOutput { location: Some(format!("/{b}")), ..Default::default() }))
+        Ok(S3Response::new(CreateBucketOutput {
+            location: Some(format!("/{b}")),
+            ..Default::default()
+        }))
     }
 
-    async fn delete_bucket(&self, req: S3Request<DeleteBucketInput>) -> S3Result<S3Response<DeleteBucketOutput>> {
+    async fn delete_bucket(
+        &self,
+        req: S3Request<DeleteBucketInput>,
+    ) -> S3Result<S3Response<DeleteBucketOutput>> {
         self.count("delete_bucket");
         let b = req.input.bucket;
         self.bucket(&b).await?;
-        if !self.store.list(&format!("{b}/"), 1).await.map_err(map_err)?.is_empty() {
+        if !self
+            .store
+            .list(&format!("{b}/"), 1)
+            .await
+            .map_err(map_err)?
+            .is_empty()
+        {
             return Err(s3_error!(BucketNotEmpty, "bucket {b} is not empty"));
         }
         self.buckets.remove(&b).await.map_err(map_err)?;
         Ok(S3Response::new(DeleteBucketOutput {}))
     }
 
-    async fn head_bucket(&self, req: S3Request<HeadBucketInput>) -> S3Result<S3Response<HeadBucketOutput>> {
+    async fn head_bucket(
+        &self,
+        req: S3Request<HeadBucketInput>,
+    ) -> S3Result<S3Response<HeadBucketOutput>> {
         self.count("head_bucket");
         self.bucket(&req.input.bucket).await?;
         Ok(S3Response::new(HeadBucketOutput::default()))
     }
 
-    async fn list_buckets(&self, _req: S3Request<ListBucketsInput>) -> S3Result<S3Response<ListBucketsOutput>> {
+    async fn list_buckets(
+        &self,
+        _req: S3Request<ListBucketsInput>,
+    ) -> S3Result<S3Response<ListBucketsOutput>> {
         self.count("list_buckets");
         let buckets = self
             .buckets
             .list()
             .into_iter()
-            .map(|(name, t)| Bucket { name: Some(name), creation_date: Some(t.into()), bucket_region: None })
+            .map(|(name, t)| Bucket {
+                name: Some(name),
+                creation_date: Some(t.into()),
+                bucket_region: None,
+            })
             .collect();
-        Ok(S3Response::new(ListBucketsOutput { buckets: Some(buckets), ..Default::default() }))
+        Ok(S3Response::new(ListBucketsOutput {
+            buckets: Some(buckets),
+            ..Default::default()
+        }))
     }
 
-    async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
+    async fn put_object(
+        &self,
+        req: S3Request<PutObjectInput>,
+    ) -> S3Result<S3Response<PutObjectOutput>> {
         self.count("put_object");
         let input = req.input;
         self.bucket(&input.bucket).await?;
@@ -183,11 +262,18 @@ impl S3 for S3Frontend {
             Some(_) => return Err(s3_error!(NotImplemented, "If-None-Match supports only *")),
         };
         if input.if_match.is_some() {
-            return Err(s3_error!(NotImplemented, "If-Match on PUT is not supported"));
+            return Err(s3_error!(
+                NotImplemented,
+                "If-Match on PUT is not supported"
+            ));
         }
         if let Some(n) = input.content_length {
             if n as u64 > self.max_object_bytes {
-                return Err(s3_error!(EntityTooLarge, "{n} bytes is above the limit of {}", self.max_object_bytes));
+                return Err(s3_error!(
+                    EntityTooLarge,
+                    "{n} bytes is above the limit of {}",
+                    self.max_object_bytes
+                ));
             }
         }
         let mut buf = BytesMut::with_capacity(input.content_length.unwrap_or(0).max(0) as usize);
@@ -195,18 +281,33 @@ impl S3 for S3Frontend {
             while let Some(part) = body.next().await {
                 let part = part.map_err(|e| s3_error!(IncompleteBody, "body: {e}"))?;
                 if (buf.len() + part.len()) as u64 > self.max_object_bytes {
-                    return Err(s3_error!(EntityTooLarge, "body is above the limit of {} bytes", self.max_object_bytes));
+                    return Err(s3_error!(
+                        EntityTooLarge,
+                        "body is above the limit of {} bytes",
+                        self.max_object_bytes
+                    ));
                 }
                 buf.extend_from_slice(&part);
             }
         }
         let len = buf.len();
-        let r = self.store.put_opts(&key, buf.freeze(), PutOptions { mode }).await.map_err(map_err)?;
+        let r = self
+            .store
+            .put_opts(&key, buf.freeze(), PutOptions { mode })
+            .await
+            .map_err(map_err)?;
         self.metrics.bytes("s3_in", len as u64);
-        Ok(S3Response::new(PutObjectOutput { e_tag: etag(r.etag), size: Some(len as i64), ..Default::default() }))
+        Ok(S3Response::new(PutObjectOutput {
+            e_tag: etag(r.etag),
+            size: Some(len as i64),
+            ..Default::default()
+        }))
     }
 
-    async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
+    async fn get_object(
+        &self,
+        req: S3Request<GetObjectInput>,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
         self.count("get_object");
         let input = req.input;
         self.bucket(&input.bucket).await?;
@@ -215,16 +316,30 @@ impl S3 for S3Frontend {
             None => None,
             Some(r) => {
                 let size = self.store.head(&key).await.map_err(map_err)?.size;
-                Some(r.check(size).map_err(|_| s3_error!(InvalidRange, "range is outside the object of {size} bytes"))?)
+                Some(r.check(size).map_err(|_| {
+                    s3_error!(InvalidRange, "range is outside the object of {size} bytes")
+                })?)
             }
         };
         let partial = range.is_some();
-        let g = self.store.get_opts(&key, GetOptions { range }).await.map_err(map_err)?;
+        let g = self
+            .store
+            .get_opts(&key, GetOptions { range })
+            .await
+            .map_err(map_err)?;
         let len = g.range.end - g.range.start;
         self.metrics.bytes("s3_out", len);
-        let content_range =
-            partial.then(|| format!("bytes {}-{}/{}", g.range.start, g.range.end.saturating_sub(1), g.meta.size));
-        let body = StreamingBlob::wrap(SyncStream(std::sync::Mutex::new(g.body)).map_err(std::io::Error::other));
+        let content_range = partial.then(|| {
+            format!(
+                "bytes {}-{}/{}",
+                g.range.start,
+                g.range.end.saturating_sub(1),
+                g.meta.size
+            )
+        });
+        let body = StreamingBlob::wrap(
+            SyncStream(std::sync::Mutex::new(g.body)).map_err(std::io::Error::other),
+        );
         Ok(S3Response::new(GetObjectOutput {
             body: Some(body),
             content_length: Some(len as i64),
@@ -236,7 +351,10 @@ impl S3 for S3Frontend {
         }))
     }
 
-    async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
+    async fn head_object(
+        &self,
+        req: S3Request<HeadObjectInput>,
+    ) -> S3Result<S3Response<HeadObjectOutput>> {
         self.count("head_object");
         let input = req.input;
         self.bucket(&input.bucket).await?;
@@ -251,7 +369,10 @@ impl S3 for S3Frontend {
         }))
     }
 
-    async fn delete_object(&self, req: S3Request<DeleteObjectInput>) -> S3Result<S3Response<DeleteObjectOutput>> {
+    async fn delete_object(
+        &self,
+        req: S3Request<DeleteObjectInput>,
+    ) -> S3Result<S3Response<DeleteObjectOutput>> {
         self.count("delete_object");
         let input = req.input;
         self.bucket(&input.bucket).await?;
@@ -260,16 +381,27 @@ impl S3 for S3Frontend {
         Ok(S3Response::new(DeleteObjectOutput::default()))
     }
 
-    async fn list_objects_v2(&self, req: S3Request<ListObjectsV2Input>) -> S3Result<S3Response<ListObjectsV2Output>> {
+    async fn list_objects_v2(
+        &self,
+        req: S3Request<ListObjectsV2Input>,
+    ) -> S3Result<S3Response<ListObjectsV2Output>> {
         self.count("list_objects_v2");
         let input = req.input;
         let b = input.bucket.clone();
         self.bucket(&b).await?;
         let prefix = input.prefix.clone().unwrap_or_default();
         let max_keys = input.max_keys.unwrap_or(1000).clamp(0, 1000) as usize;
-        let after = input.continuation_token.clone().or(input.start_after.clone()).unwrap_or_default();
+        let after = input
+            .continuation_token
+            .clone()
+            .or(input.start_after.clone())
+            .unwrap_or_default();
         let base = format!("{b}/");
-        let all = self.store.list(&format!("{base}{prefix}"), usize::MAX).await.map_err(map_err)?;
+        let all = self
+            .store
+            .list(&format!("{base}{prefix}"), usize::MAX)
+            .await
+            .map_err(map_err)?;
         let mut contents = Vec::new();
         let mut prefixes = BTreeSet::new();
         let mut truncated = false;
@@ -319,7 +451,12 @@ impl S3 for S3Frontend {
             is_truncated: Some(truncated),
             next_continuation_token: if truncated { last } else { None },
             contents: Some(contents),
-            common_prefixes: Some(prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(p) }).collect()),
+            common_prefixes: Some(
+                prefixes
+                    .into_iter()
+                    .map(|p| CommonPrefix { prefix: Some(p) })
+                    .collect(),
+            ),
             ..Default::default()
         }))
     }
@@ -331,10 +468,16 @@ struct SyncStream(std::sync::Mutex<crate::store::ByteStream>);
 
 impl futures::Stream for SyncStream {
     type Item = Result<Bytes, StoreError>;
-    fn poll_next(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Self::Item>> {
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
         match self.0.get_mut() {
             Ok(s) => s.poll_next_unpin(cx),
-            Err(_) => std::task::Poll::Ready(Some(Err(StoreError::other("server", "body stream poisoned")))),
+            Err(_) => std::task::Poll::Ready(Some(Err(StoreError::other(
+                "server",
+                "body stream poisoned",
+            )))),
         }
     }
 }

@@ -1,8 +1,8 @@
 //! Load admission: which waiting load is served next when a slot frees. Policies implement
 //! [`LoadScheduler`]; [`Fifo`] and [`Priority`] are built in.
 
-use std::collections::{BinaryHeap, VecDeque};
 use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 
 /// A load waiting for admission.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,7 +86,11 @@ impl LoadScheduler for Priority {
         "priority"
     }
     fn push(&mut self, t: Ticket) {
-        let k = PrioKey(t.priority, Reverse(t.first_deadline_us.unwrap_or(u64::MAX)), Reverse(t.seq));
+        let k = PrioKey(
+            t.priority,
+            Reverse(t.first_deadline_us.unwrap_or(u64::MAX)),
+            Reverse(t.seq),
+        );
         self.0.push((k, TicketBox(t)));
     }
     fn pop(&mut self) -> Option<Ticket> {
@@ -110,7 +114,13 @@ pub fn by_name(name: &str) -> Option<Box<dyn LoadScheduler>> {
 mod tests {
     use super::*;
     fn t(id: u64, priority: u8) -> Ticket {
-        Ticket { id, seq: id, priority, first_deadline_us: None, bytes: 0 }
+        Ticket {
+            id,
+            seq: id,
+            priority,
+            first_deadline_us: None,
+            bytes: 0,
+        }
     }
     #[test]
     fn fifo_and_priority_order() {

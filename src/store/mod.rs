@@ -18,9 +18,9 @@ pub use fs::{FsStore, FsyncPolicy};
 pub use memory::MemoryStore;
 #[cfg(feature = "s3")]
 pub use s3::{Addressing, S3Config, S3Credentials, S3Store};
+pub use url::open_store;
 #[cfg(feature = "s3")]
 pub use url::parse_s3_url;
-pub use url::open_store;
 
 use crate::error::StoreError;
 use async_trait::async_trait;
@@ -57,6 +57,17 @@ pub fn validate_key(key: &str) -> Result<(), StoreError> {
         }
     }
     Ok(())
+}
+
+/// A server endpoint that may speak the gather protocol for a store's objects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatherTarget {
+    /// `host:port` of the server (the S3 endpoint's).
+    pub addr: String,
+    /// Bucket holding the objects.
+    pub bucket: String,
+    /// Key prefix inside the bucket (empty, or without leading/trailing `/`).
+    pub key_prefix: String,
 }
 
 /// Metadata of a stored object.
@@ -166,6 +177,13 @@ pub struct PutResult {
 pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Short backend name for errors and metrics (`memory`, `fs`, `s3`, ...).
     fn name(&self) -> &'static str;
+
+    /// Where this store's server may offer the gather protocol, if anywhere: the S3 backend
+    /// names its endpoint (the connector then probes it and falls back to ranged GETs when
+    /// gather is not offered); local stores have none. Default: `None`.
+    fn gather_target(&self) -> Option<GatherTarget> {
+        None
+    }
 
     /// Reads an object or a byte range of it.
     ///

@@ -23,14 +23,20 @@
 //! Every HTTP failure is turned into a [`StoreError`] by one function (`map_error`).
 #![forbid(unsafe_code)]
 
-use super::{resolve_range, validate_key, ByteStream, GetOptions, GetResult, ObjectMeta, PutMode, PutOptions, PutResult, Store};
+use super::{
+    resolve_range, validate_key, ByteStream, GetOptions, GetResult, ObjectMeta, PutMode,
+    PutOptions, PutResult, Store,
+};
 use crate::error::StoreError;
 use async_trait::async_trait;
 use aws_config::meta::region::RegionProviderChain;
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::BehaviorVersion;
-use aws_sdk_s3::config::{Credentials, Region, RequestChecksumCalculation, ResponseChecksumValidation, StalledStreamProtectionConfig};
+use aws_sdk_s3::config::{
+    Credentials, Region, RequestChecksumCalculation, ResponseChecksumValidation,
+    StalledStreamProtectionConfig,
+};
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_smithy_http_client::tls;
 use aws_smithy_types::error::display::DisplayErrorContext;
@@ -78,7 +84,9 @@ impl std::str::FromStr for Addressing {
         match s {
             "path" | "path-style" => Ok(Addressing::Path),
             "virtual" | "virtual-hosted" => Ok(Addressing::Virtual),
-            other => Err(config_error(format!("addressing must be 'path' or 'virtual', not {other:?}"))),
+            other => Err(config_error(format!(
+                "addressing must be 'path' or 'virtual', not {other:?}"
+            ))),
         }
     }
 }
@@ -107,7 +115,9 @@ impl fmt::Debug for S3Credentials {
         match self {
             S3Credentials::Chain => f.write_str("Chain"),
             // Never print secrets.
-            S3Credentials::Static { access_key, .. } => write!(f, "Static {{ access_key: {access_key:?}, .. }}"),
+            S3Credentials::Static { access_key, .. } => {
+                write!(f, "Static {{ access_key: {access_key:?}, .. }}")
+            }
         }
     }
 }
@@ -182,12 +192,19 @@ impl S3Config {
     /// The addressing in force (the explicit setting, else the default described on
     /// [`S3Config::addressing`]).
     pub fn effective_addressing(&self) -> Addressing {
-        self.addressing.unwrap_or(if self.endpoint.is_some() { Addressing::Path } else { Addressing::Virtual })
+        self.addressing.unwrap_or(if self.endpoint.is_some() {
+            Addressing::Path
+        } else {
+            Addressing::Virtual
+        })
     }
 }
 
 fn config_error(message: String) -> StoreError {
-    StoreError::Other { backend: BACKEND, message: format!("invalid S3 configuration: {message}") }
+    StoreError::Other {
+        backend: BACKEND,
+        message: format!("invalid S3 configuration: {message}"),
+    }
 }
 
 /// An object store on an S3 bucket (optionally under a key prefix).
@@ -217,13 +234,23 @@ impl fmt::Debug for S3Store {
 fn check_config(c: &S3Config) -> Result<Option<String>, StoreError> {
     let b = &c.bucket;
     if b.len() < 3 || b.len() > 63 {
-        return Err(config_error(format!("bucket name {b:?} must be 3 to 63 characters")));
+        return Err(config_error(format!(
+            "bucket name {b:?} must be 3 to 63 characters"
+        )));
     }
-    if !b.bytes().all(|x| x.is_ascii_alphanumeric() || matches!(x, b'.' | b'-' | b'_')) {
-        return Err(config_error(format!("bucket name {b:?} may hold only letters, digits, '.', '-' and '_'")));
+    if !b
+        .bytes()
+        .all(|x| x.is_ascii_alphanumeric() || matches!(x, b'.' | b'-' | b'_'))
+    {
+        return Err(config_error(format!(
+            "bucket name {b:?} may hold only letters, digits, '.', '-' and '_'"
+        )));
     }
     if c.prefix.starts_with('/') || c.prefix.ends_with('/') {
-        return Err(config_error(format!("key prefix {:?} must not start or end with '/'", c.prefix)));
+        return Err(config_error(format!(
+            "key prefix {:?} must not start or end with '/'",
+            c.prefix
+        )));
     }
     if !c.prefix.is_empty() {
         validate_key(&c.prefix).map_err(|e| config_error(format!("key prefix: {e}")))?;
@@ -234,15 +261,25 @@ fn check_config(c: &S3Config) -> Result<Option<String>, StoreError> {
     let host = match &c.endpoint {
         None => None,
         Some(e) => {
-            let u = url::Url::parse(e).map_err(|err| config_error(format!("endpoint {e:?} is not a URL: {err}")))?;
+            let u = url::Url::parse(e)
+                .map_err(|err| config_error(format!("endpoint {e:?} is not a URL: {err}")))?;
             if u.scheme() != "http" && u.scheme() != "https" {
-                return Err(config_error(format!("endpoint {e:?} must start with http:// or https://")));
+                return Err(config_error(format!(
+                    "endpoint {e:?} must start with http:// or https://"
+                )));
             }
-            Some(u.host_str().ok_or_else(|| config_error(format!("endpoint {e:?} has no host")))?.to_string())
+            Some(
+                u.host_str()
+                    .ok_or_else(|| config_error(format!("endpoint {e:?} has no host")))?
+                    .to_string(),
+            )
         }
     };
     if c.effective_addressing() == Addressing::Virtual {
-        let https = c.endpoint.as_deref().is_none_or(|e| e.starts_with("https:"));
+        let https = c
+            .endpoint
+            .as_deref()
+            .is_none_or(|e| e.starts_with("https:"));
         if let Some(h) = &host {
             let h = h.trim_start_matches('[').trim_end_matches(']');
             if h.parse::<IpAddr>().is_ok() {
@@ -251,7 +288,10 @@ fn check_config(c: &S3Config) -> Result<Option<String>, StoreError> {
                 )));
             }
         }
-        if !b.bytes().all(|x| x.is_ascii_lowercase() || x.is_ascii_digit() || matches!(x, b'.' | b'-')) {
+        if !b
+            .bytes()
+            .all(|x| x.is_ascii_lowercase() || x.is_ascii_digit() || matches!(x, b'.' | b'-'))
+        {
             return Err(config_error(format!(
                 "bucket name {b:?} is not a valid DNS label, as virtual-hosted addressing needs: use addressing=path"
             )));
@@ -272,17 +312,29 @@ struct Resolver {
 }
 
 impl aws_smithy_runtime_api::client::dns::ResolveDns for Resolver {
-    fn resolve_dns<'a>(&'a self, name: &'a str) -> aws_smithy_runtime_api::client::dns::DnsFuture<'a> {
+    fn resolve_dns<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> aws_smithy_runtime_api::client::dns::DnsFuture<'a> {
         use aws_smithy_runtime_api::client::dns::{DnsFuture, ResolveDnsError};
-        let hit = self.fixed.iter().find(|(pat, _)| match pat.strip_prefix("*.") {
-            Some(suffix) => name.len() > suffix.len() + 1 && name.ends_with(suffix) && name.as_bytes()[name.len() - suffix.len() - 1] == b'.',
-            None => pat.eq_ignore_ascii_case(name),
-        });
+        let hit = self
+            .fixed
+            .iter()
+            .find(|(pat, _)| match pat.strip_prefix("*.") {
+                Some(suffix) => {
+                    name.len() > suffix.len() + 1
+                        && name.ends_with(suffix)
+                        && name.as_bytes()[name.len() - suffix.len() - 1] == b'.'
+                }
+                None => pat.eq_ignore_ascii_case(name),
+            });
         if let Some((_, ip)) = hit {
             return DnsFuture::ready(Ok(vec![*ip]));
         }
         DnsFuture::new(async move {
-            let addrs = tokio::net::lookup_host((name, 0)).await.map_err(ResolveDnsError::new)?;
+            let addrs = tokio::net::lookup_host((name, 0))
+                .await
+                .map_err(ResolveDnsError::new)?;
             Ok(addrs.map(|a| a.ip()).collect())
         })
     }
@@ -338,7 +390,12 @@ struct ErrCtx<'a> {
 /// | timeouts | [`StoreError::Timeout`] |
 /// | DNS or connect failure | `Other`; for virtual-hosted, suggesting path-style |
 /// | anything else (5xx after retries, ...) | `Other` with status, code and message |
-fn map_error<E>(cx: &ErrCtx<'_>, op: Op, key: &str, err: SdkError<E, aws_smithy_runtime_api::http::Response>) -> StoreError
+fn map_error<E>(
+    cx: &ErrCtx<'_>,
+    op: Op,
+    key: &str,
+    err: SdkError<E, aws_smithy_runtime_api::http::Response>,
+) -> StoreError
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
@@ -367,10 +424,16 @@ where
     };
     match &err {
         SdkError::TimeoutError(_) => {
-            return StoreError::Timeout { backend: BACKEND, message: format!("{} {key} to {}", op.name(), cx.endpoint) }
+            return StoreError::Timeout {
+                backend: BACKEND,
+                message: format!("{} {key} to {}", op.name(), cx.endpoint),
+            }
         }
         SdkError::DispatchFailure(d) if d.is_timeout() => {
-            return StoreError::Timeout { backend: BACKEND, message: detail() }
+            return StoreError::Timeout {
+                backend: BACKEND,
+                message: detail(),
+            }
         }
         SdkError::DispatchFailure(d) if d.is_io() && cx.addressing == Addressing::Virtual => {
             return StoreError::Other {
@@ -385,7 +448,10 @@ where
             };
         }
         SdkError::DispatchFailure(_) | SdkError::ConstructionFailure(_) => {
-            return StoreError::Other { backend: BACKEND, message: detail() }
+            return StoreError::Other {
+                backend: BACKEND,
+                message: detail(),
+            }
         }
         _ => {}
     }
@@ -435,11 +501,15 @@ impl S3Store {
         let http = aws_smithy_http_client::Builder::new()
             .pool_max_idle_per_host(config.max_idle_connections)
             .pool_idle_timeout(Duration::from_secs(60))
-            .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring));
+            .tls_provider(tls::Provider::Rustls(
+                tls::rustls_provider::CryptoMode::Ring,
+            ));
         let http = if config.resolve.is_empty() {
             http.build_https()
         } else {
-            http.build_with_resolver(Resolver { fixed: config.resolve.clone() })
+            http.build_with_resolver(Resolver {
+                fixed: config.resolve.clone(),
+            })
         };
 
         let region = match &config.region {
@@ -450,20 +520,29 @@ impl S3Store {
                 if let Some(p) = &config.profile {
                     profile_region = profile_region.profile_name(p);
                 }
-                RegionProviderChain::first_try(aws_config::environment::EnvironmentVariableRegionProvider::new())
-                    .or_else(profile_region.build())
-                    .or_else(Region::new("us-east-1"))
-                    .region()
-                    .await
-                    .unwrap_or_else(|| Region::new("us-east-1"))
+                RegionProviderChain::first_try(
+                    aws_config::environment::EnvironmentVariableRegionProvider::new(),
+                )
+                .or_else(profile_region.build())
+                .or_else(Region::new("us-east-1"))
+                .region()
+                .await
+                .unwrap_or_else(|| Region::new("us-east-1"))
             }
         };
 
-        let mut loader = aws_config::defaults(BehaviorVersion::latest()).region(region).http_client(http.clone());
+        let mut loader = aws_config::defaults(BehaviorVersion::latest())
+            .region(region)
+            .http_client(http.clone());
         if let Some(p) = &config.profile {
             loader = loader.profile_name(p);
         }
-        if let S3Credentials::Static { access_key, secret_key, session_token } = &config.credentials {
+        if let S3Credentials::Static {
+            access_key,
+            secret_key,
+            session_token,
+        } = &config.credentials
+        {
             loader = loader.credentials_provider(Credentials::new(
                 access_key.clone(),
                 secret_key.clone(),
@@ -500,7 +579,10 @@ impl S3Store {
         if let Some(e) = &config.endpoint {
             b = b.endpoint_url(e.trim_end_matches('/'));
         }
-        let endpoint = config.endpoint.clone().unwrap_or_else(|| "AWS S3".to_string());
+        let endpoint = config
+            .endpoint
+            .clone()
+            .unwrap_or_else(|| "AWS S3".to_string());
         Ok(S3Store {
             client: aws_sdk_s3::Client::from_conf(b.build()),
             bucket: config.bucket,
@@ -542,18 +624,41 @@ impl S3Store {
     /// # Errors
     /// A backend failure other than "already exists / owned by you".
     pub async fn create_bucket(&self) -> Result<(), StoreError> {
-        match self.client.create_bucket().bucket(&self.bucket).send().await {
+        match self
+            .client
+            .create_bucket()
+            .bucket(&self.bucket)
+            .send()
+            .await
+        {
             Ok(_) => Ok(()),
-            Err(e) if matches!(e.code(), Some("BucketAlreadyOwnedByYou") | Some("BucketAlreadyExists")) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.code(),
+                    Some("BucketAlreadyOwnedByYou") | Some("BucketAlreadyExists")
+                ) =>
+            {
+                Ok(())
+            }
             Err(e) => Err(self.map_err(Op::Bucket, &self.bucket, e)),
         }
     }
 
-    fn map_err<E>(&self, op: Op, key: &str, err: SdkError<E, aws_smithy_runtime_api::http::Response>) -> StoreError
+    fn map_err<E>(
+        &self,
+        op: Op,
+        key: &str,
+        err: SdkError<E, aws_smithy_runtime_api::http::Response>,
+    ) -> StoreError
     where
         E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     {
-        let cx = ErrCtx { bucket: &self.bucket, host: self.host.as_deref(), endpoint: &self.endpoint, addressing: self.addressing };
+        let cx = ErrCtx {
+            bucket: &self.bucket,
+            host: self.host.as_deref(),
+            endpoint: &self.endpoint,
+            addressing: self.addressing,
+        };
         map_error(&cx, op, key, err)
     }
 
@@ -569,7 +674,9 @@ impl S3Store {
         if self.prefix.is_empty() {
             full
         } else {
-            full.strip_prefix(self.prefix.as_str()).and_then(|r| r.strip_prefix('/')).unwrap_or(full)
+            full.strip_prefix(self.prefix.as_str())
+                .and_then(|r| r.strip_prefix('/'))
+                .unwrap_or(full)
         }
     }
 }
@@ -585,14 +692,22 @@ impl S3Config {
     /// `OBJECTCACHE_TEST_S3_BUCKET` (`objectcache-test`), `OBJECTCACHE_TEST_S3_REGION`
     /// (`us-east-1`); path-style addressing.
     pub fn from_test_env() -> S3Config {
-        let var = |k: &str, d: &str| std::env::var(k).ok().filter(|v| !v.is_empty()).unwrap_or_else(|| d.to_string());
+        let var = |k: &str, d: &str| {
+            std::env::var(k)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| d.to_string())
+        };
         let mut c = S3Config::new(var("OBJECTCACHE_TEST_S3_BUCKET", "objectcache-test"));
         c.endpoint = Some(var(TEST_ENV_ENDPOINT, "http://127.0.0.1:7480"));
         c.region = Some(var("OBJECTCACHE_TEST_S3_REGION", "us-east-1"));
         c.addressing = Some(Addressing::Path);
         c.credentials = S3Credentials::Static {
             access_key: var("OBJECTCACHE_TEST_S3_ACCESS_KEY", "cephtestak"),
-            secret_key: var("OBJECTCACHE_TEST_S3_SECRET_KEY", "cephtestsecretkey0123456789"),
+            secret_key: var(
+                "OBJECTCACHE_TEST_S3_SECRET_KEY",
+                "cephtestsecretkey0123456789",
+            ),
             session_token: None,
         };
         c
@@ -609,7 +724,14 @@ impl S3Config {
         else {
             return false;
         };
-        matches!(tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(&hostport)).await, Ok(Ok(_)))
+        matches!(
+            tokio::time::timeout(
+                Duration::from_secs(2),
+                tokio::net::TcpStream::connect(&hostport)
+            )
+            .await,
+            Ok(Ok(_))
+        )
     }
 }
 
@@ -628,8 +750,14 @@ impl S3Store {
         }
         let store = S3Store::new(c).await?;
         store.create_bucket().await?;
-        let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-        Ok(Some((store, format!("{tag}-{}-{nanos}", std::process::id()))))
+        let nanos = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        Ok(Some((
+            store,
+            format!("{tag}-{}-{nanos}", std::process::id()),
+        )))
     }
 }
 
@@ -644,7 +772,12 @@ fn total_from_content_range(cr: &str) -> Option<u64> {
 
 /// Streams an SDK body as our [`ByteStream`]: each chunk must arrive within `idle`, and the
 /// body must hold exactly `want` bytes (an early end or an overrun is an error).
-fn body_stream(key: String, body: aws_sdk_s3::primitives::ByteStream, want: u64, idle: Duration) -> ByteStream {
+fn body_stream(
+    key: String,
+    body: aws_sdk_s3::primitives::ByteStream,
+    want: u64,
+    idle: Duration,
+) -> ByteStream {
     struct St {
         key: String,
         body: aws_sdk_s3::primitives::ByteStream,
@@ -653,7 +786,14 @@ fn body_stream(key: String, body: aws_sdk_s3::primitives::ByteStream, want: u64,
         idle: Duration,
         done: bool,
     }
-    let st = St { key, body, got: 0, want, idle, done: false };
+    let st = St {
+        key,
+        body,
+        got: 0,
+        want,
+        idle,
+        done: false,
+    };
     futures::stream::unfold(st, |mut st| async move {
         if st.done {
             return None;
@@ -661,23 +801,38 @@ fn body_stream(key: String, body: aws_sdk_s3::primitives::ByteStream, want: u64,
         let next = match tokio::time::timeout(st.idle, st.body.next()).await {
             Err(_) => Some(Err(StoreError::Timeout {
                 backend: BACKEND,
-                message: format!("GET {}: no body bytes for {:?} after {} of {} bytes", st.key, st.idle, st.got, st.want),
+                message: format!(
+                    "GET {}: no body bytes for {:?} after {} of {} bytes",
+                    st.key, st.idle, st.got, st.want
+                ),
             })),
             Ok(None) if st.got == st.want => None,
             Ok(None) => Some(Err(StoreError::Other {
                 backend: BACKEND,
-                message: format!("GET {}: body ended after {} of {} bytes", st.key, st.got, st.want),
+                message: format!(
+                    "GET {}: body ended after {} of {} bytes",
+                    st.key, st.got, st.want
+                ),
             })),
             Ok(Some(Err(e))) => Some(Err(StoreError::Other {
                 backend: BACKEND,
-                message: format!("GET {}: body failed after {} of {} bytes: {}", st.key, st.got, st.want, DisplayErrorContext(&e)),
+                message: format!(
+                    "GET {}: body failed after {} of {} bytes: {}",
+                    st.key,
+                    st.got,
+                    st.want,
+                    DisplayErrorContext(&e)
+                ),
             })),
             Ok(Some(Ok(b))) => {
                 st.got += b.len() as u64;
                 if st.got > st.want {
                     Some(Err(StoreError::Other {
                         backend: BACKEND,
-                        message: format!("GET {}: body longer than the {} bytes expected", st.key, st.want),
+                        message: format!(
+                            "GET {}: body longer than the {} bytes expected",
+                            st.key, st.want
+                        ),
                     }))
                 } else {
                     Some(Ok(b))
@@ -702,6 +857,18 @@ impl Store for S3Store {
         BACKEND
     }
 
+    /// The endpoint's `host:port` when an endpoint is configured (an ObjectCache server or
+    /// any S3 server: the connector's probe tells them apart); `None` for AWS S3.
+    fn gather_target(&self) -> Option<super::GatherTarget> {
+        let u = url::Url::parse(&self.endpoint).ok()?;
+        let addr = format!("{}:{}", u.host_str()?, u.port_or_known_default()?);
+        Some(super::GatherTarget {
+            addr,
+            bucket: self.bucket.clone(),
+            key_prefix: self.prefix.clone(),
+        })
+    }
+
     async fn get_opts(&self, key: &str, opts: GetOptions) -> Result<GetResult, StoreError> {
         validate_key(key)?;
         let full = self.full_key(key);
@@ -710,7 +877,11 @@ impl Store for S3Store {
                 // HTTP cannot ask for zero bytes: check the range against the size instead.
                 let meta = self.head(key).await?;
                 let range = resolve_range(key, Some(r.clone()), meta.size)?;
-                return Ok(GetResult { meta, range, body: futures::stream::empty().boxed() });
+                return Ok(GetResult {
+                    meta,
+                    range,
+                    body: futures::stream::empty().boxed(),
+                });
             }
         }
         let mut req = self.client.get_object().bucket(&self.bucket).key(&full);
@@ -724,14 +895,22 @@ impl Store for S3Store {
                     StoreError::InvalidRange { .. } => {
                         let size = self.head(key).await?.size;
                         let r = opts.range.clone().unwrap_or(0..0);
-                        StoreError::InvalidRange { key: key.to_string(), start: r.start, end: r.end, size }
+                        StoreError::InvalidRange {
+                            key: key.to_string(),
+                            start: r.start,
+                            end: r.end,
+                            size,
+                        }
                     }
                     other => other,
                 })
             }
         };
         let len = out.content_length().unwrap_or(0).max(0) as u64;
-        let size = match (&opts.range, out.content_range().and_then(total_from_content_range)) {
+        let size = match (
+            &opts.range,
+            out.content_range().and_then(total_from_content_range),
+        ) {
             (_, Some(total)) => total,
             (None, None) => len,
             (Some(_), None) => {
@@ -751,7 +930,12 @@ impl Store for S3Store {
                 .trim_start_matches("bytes ")
                 .split_once('/')
                 .and_then(|(r, _)| r.split_once('-'))
-                .and_then(|(a, b)| Some((a.trim().parse::<u64>().ok()?, b.trim().parse::<u64>().ok()? + 1))),
+                .and_then(|(a, b)| {
+                    Some((
+                        a.trim().parse::<u64>().ok()?,
+                        b.trim().parse::<u64>().ok()? + 1,
+                    ))
+                }),
             None => Some((0, len)),
         };
         if served != Some((range.start, range.end)) || len != range.end - range.start {
@@ -769,10 +953,20 @@ impl Store for S3Store {
         Ok(GetResult { meta, range, body })
     }
 
-    async fn put_opts(&self, key: &str, data: Bytes, opts: PutOptions) -> Result<PutResult, StoreError> {
+    async fn put_opts(
+        &self,
+        key: &str,
+        data: Bytes,
+        opts: PutOptions,
+    ) -> Result<PutResult, StoreError> {
         validate_key(key)?;
         let full = self.full_key(key);
-        let mut req = self.client.put_object().bucket(&self.bucket).key(&full).body(data.into());
+        let mut req = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(&full)
+            .body(data.into());
         let op = match opts.mode {
             PutMode::Overwrite => Op::Put,
             PutMode::Create => {
@@ -781,7 +975,9 @@ impl Store for S3Store {
             }
         };
         let out = req.send().await.map_err(|e| self.map_err(op, key, e))?;
-        Ok(PutResult { etag: out.e_tag().map(str::to_string) })
+        Ok(PutResult {
+            etag: out.e_tag().map(str::to_string),
+        })
     }
 
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
@@ -804,7 +1000,14 @@ impl Store for S3Store {
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         validate_key(key)?;
-        match self.client.delete_object().bucket(&self.bucket).key(self.full_key(key)).send().await {
+        match self
+            .client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(self.full_key(key))
+            .send()
+            .await
+        {
             Ok(_) => Ok(()),
             Err(e) => match self.map_err(Op::Delete, key, e) {
                 StoreError::NotFound { .. } => Ok(()),
@@ -819,11 +1022,19 @@ impl Store for S3Store {
         let mut token: Option<String> = None;
         while out.len() < limit {
             let page_size = (limit - out.len()).min(1000) as i32;
-            let mut req = self.client.list_objects_v2().bucket(&self.bucket).prefix(&full_prefix).max_keys(page_size);
+            let mut req = self
+                .client
+                .list_objects_v2()
+                .bucket(&self.bucket)
+                .prefix(&full_prefix)
+                .max_keys(page_size);
             if let Some(t) = token.take() {
                 req = req.continuation_token(t);
             }
-            let page = req.send().await.map_err(|e| self.map_err(Op::List, prefix, e))?;
+            let page = req
+                .send()
+                .await
+                .map_err(|e| self.map_err(Op::List, prefix, e))?;
             for o in page.contents() {
                 let Some(k) = o.key() else { continue };
                 out.push(ObjectMeta {
@@ -859,7 +1070,10 @@ mod tests {
         assert!(e.contains("use addressing=path"), "{e}");
         c.endpoint = Some("https://s3.example.com".into());
         let e = check_config(&c).unwrap_err().to_string();
-        assert!(e.contains("dots") && e.contains("use addressing=path"), "{e}");
+        assert!(
+            e.contains("dots") && e.contains("use addressing=path"),
+            "{e}"
+        );
         c.endpoint = Some("http://s3.example.com".into());
         assert!(check_config(&c).is_ok());
         c.bucket = "Upper_Case".into();
@@ -870,16 +1084,29 @@ mod tests {
     #[test]
     fn bad_settings_are_named() {
         let mut c = S3Config::new("b");
-        assert!(check_config(&c).unwrap_err().to_string().contains("3 to 63"));
+        assert!(check_config(&c)
+            .unwrap_err()
+            .to_string()
+            .contains("3 to 63"));
         c.bucket = "bucket".into();
         c.prefix = "/x".into();
         assert!(check_config(&c).unwrap_err().to_string().contains("prefix"));
         c.prefix = "x".into();
         c.endpoint = Some("ftp://h".into());
-        assert!(check_config(&c).unwrap_err().to_string().contains("http://"));
+        assert!(check_config(&c)
+            .unwrap_err()
+            .to_string()
+            .contains("http://"));
         c.endpoint = Some("not a url".into());
-        assert!(check_config(&c).unwrap_err().to_string().contains("not a URL"));
-        assert!("sideways".parse::<Addressing>().unwrap_err().to_string().contains("'path' or 'virtual'"));
+        assert!(check_config(&c)
+            .unwrap_err()
+            .to_string()
+            .contains("not a URL"));
+        assert!("sideways"
+            .parse::<Addressing>()
+            .unwrap_err()
+            .to_string()
+            .contains("'path' or 'virtual'"));
     }
 
     #[test]
@@ -892,8 +1119,17 @@ mod tests {
     #[tokio::test]
     async fn fixed_resolver_matches_wildcards_only_below_the_suffix() {
         use aws_smithy_runtime_api::client::dns::ResolveDns;
-        let r = Resolver { fixed: vec![("*.localhost".into(), "127.0.0.9".parse().unwrap())] };
-        assert_eq!(r.resolve_dns("kv.cache-test.localhost").await.unwrap(), vec!["127.0.0.9".parse::<IpAddr>().unwrap()]);
-        assert!(r.resolve_dns("evillocalhost").await.map(|v| !v.contains(&"127.0.0.9".parse().unwrap())).unwrap_or(true));
+        let r = Resolver {
+            fixed: vec![("*.localhost".into(), "127.0.0.9".parse().unwrap())],
+        };
+        assert_eq!(
+            r.resolve_dns("kv.cache-test.localhost").await.unwrap(),
+            vec!["127.0.0.9".parse::<IpAddr>().unwrap()]
+        );
+        assert!(r
+            .resolve_dns("evillocalhost")
+            .await
+            .map(|v| !v.contains(&"127.0.0.9".parse().unwrap()))
+            .unwrap_or(true));
     }
 }

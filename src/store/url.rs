@@ -19,7 +19,10 @@ use crate::error::StoreError;
 use std::sync::Arc;
 
 fn bad(url: &str, why: impl std::fmt::Display) -> StoreError {
-    StoreError::Other { backend: "url", message: format!("bad store URL {url:?}: {why}") }
+    StoreError::Other {
+        backend: "url",
+        message: format!("bad store URL {url:?}: {why}"),
+    }
 }
 
 /// Opens the store a URL names (see the module documentation for the grammar).
@@ -31,7 +34,10 @@ fn bad(url: &str, why: impl std::fmt::Display) -> StoreError {
 pub async fn open_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     let url = url.trim();
     if url.is_empty() {
-        return Err(bad(url, "empty; expected file:///PATH, a path, memory:// or s3://BUCKET[/PREFIX]"));
+        return Err(bad(
+            url,
+            "empty; expected file:///PATH, a path, memory:// or s3://BUCKET[/PREFIX]",
+        ));
     }
     let Some((scheme, _)) = url.split_once("://") else {
         // A plain path.
@@ -40,13 +46,20 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     match scheme {
         "file" => {
             let u = url::Url::parse(url).map_err(|e| bad(url, e))?;
-            if u.host_str().is_some_and(|h| !h.is_empty() && h != "localhost") {
-                return Err(bad(url, "file URLs take no host: write file:///absolute/path"));
+            if u.host_str()
+                .is_some_and(|h| !h.is_empty() && h != "localhost")
+            {
+                return Err(bad(
+                    url,
+                    "file URLs take no host: write file:///absolute/path",
+                ));
             }
             if u.query().is_some() {
                 return Err(bad(url, "file URLs take no query parameters"));
             }
-            let path = u.to_file_path().map_err(|()| bad(url, "not a local absolute path"))?;
+            let path = u
+                .to_file_path()
+                .map_err(|()| bad(url, "not a local absolute path"))?;
             open_fs(url, &path.to_string_lossy())
         }
         "memory" => {
@@ -57,7 +70,10 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
         }
         "s3" => open_s3(url).await,
         // Our own server's scheme (`oc://`) is added here by the server module.
-        other => Err(bad(url, format!("unknown scheme {other:?}; expected file, memory or s3"))),
+        other => Err(bad(
+            url,
+            format!("unknown scheme {other:?}; expected file, memory or s3"),
+        )),
     }
 }
 
@@ -68,7 +84,10 @@ fn open_fs(url: &str, path: &str) -> Result<Arc<dyn Store>, StoreError> {
 
 #[cfg(not(feature = "s3"))]
 async fn open_s3(url: &str) -> Result<Arc<dyn Store>, StoreError> {
-    Err(bad(url, "this build has no S3 support (enable the cargo feature `s3`)"))
+    Err(bad(
+        url,
+        "this build has no S3 support (enable the cargo feature `s3`)",
+    ))
 }
 
 #[cfg(feature = "s3")]
@@ -92,7 +111,10 @@ pub fn parse_s3_url(url: &str) -> Result<super::S3Config, StoreError> {
         return Err(bad(url, "credentials do not belong in the URL; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or use a profile"));
     }
     if u.port().is_some() {
-        return Err(bad(url, "s3://BUCKET takes no port; give the server as ?endpoint=http://HOST:PORT"));
+        return Err(bad(
+            url,
+            "s3://BUCKET takes no port; give the server as ?endpoint=http://HOST:PORT",
+        ));
     }
     let bucket = u.host_str().unwrap_or("");
     if bucket.is_empty() {
@@ -137,16 +159,28 @@ mod tests {
     async fn memory_and_paths_open() {
         let m = open_store("memory://").await.unwrap();
         assert_eq!(m.name(), "memory");
-        m.put("a/b", bytes::Bytes::from_static(b"xyz")).await.unwrap();
-        assert_eq!(m.get_bytes("a/b").await.unwrap(), bytes::Bytes::from_static(b"xyz"));
+        m.put("a/b", bytes::Bytes::from_static(b"xyz"))
+            .await
+            .unwrap();
+        assert_eq!(
+            m.get_bytes("a/b").await.unwrap(),
+            bytes::Bytes::from_static(b"xyz")
+        );
 
         let dir = tempfile::tempdir().unwrap();
         let plain = dir.path().join("plain");
         let s = open_store(plain.to_str().unwrap()).await.unwrap();
         assert_eq!(s.name(), "fs");
-        s.put("k/1", bytes::Bytes::from_static(b"one")).await.unwrap();
-        let via_url = open_store(&format!("file://{}", plain.display())).await.unwrap();
-        assert_eq!(via_url.get_bytes("k/1").await.unwrap(), bytes::Bytes::from_static(b"one"));
+        s.put("k/1", bytes::Bytes::from_static(b"one"))
+            .await
+            .unwrap();
+        let via_url = open_store(&format!("file://{}", plain.display()))
+            .await
+            .unwrap();
+        assert_eq!(
+            via_url.get_bytes("k/1").await.unwrap(),
+            bytes::Bytes::from_static(b"one")
+        );
     }
 
     #[tokio::test]
@@ -166,7 +200,10 @@ mod tests {
     #[cfg(feature = "s3")]
     #[test]
     fn s3_urls_parse() {
-        let c = parse_s3_url("s3://kv.cache-test/team/a?endpoint=http://127.0.0.1:7480&region=eu-1&addressing=path").unwrap();
+        let c = parse_s3_url(
+            "s3://kv.cache-test/team/a?endpoint=http://127.0.0.1:7480&region=eu-1&addressing=path",
+        )
+        .unwrap();
         assert_eq!(c.bucket, "kv.cache-test");
         assert_eq!(c.prefix, "team/a");
         assert_eq!(c.endpoint.as_deref(), Some("http://127.0.0.1:7480"));

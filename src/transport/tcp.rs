@@ -13,8 +13,8 @@
 use super::LayerSink;
 use crate::error::LayerError;
 use crate::protocol::{
-    ClientConnection, ClientEvent, ErrorCode, GatherRequest, MissReason, ProtocolError, SaveRequest, ServerInfo,
-    MAX_UNIT_BYTES,
+    ClientConnection, ClientEvent, ErrorCode, GatherRequest, MissReason, ProtocolError,
+    SaveRequest, ServerInfo, MAX_UNIT_BYTES,
 };
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
@@ -100,22 +100,39 @@ impl GatherClient {
     pub async fn connect(addr: impl ToSocketAddrs) -> Result<Self, GatherError> {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
-        let mut c = GatherClient { stream, conn: ClientConnection::new(), buf: BytesMut::with_capacity(1 << 20), info: ServerInfo { version: 0, features: 0, max_descriptor_bytes: 0, max_chunks: 0, max_request_bytes: 0 } };
+        let mut c = GatherClient {
+            stream,
+            conn: ClientConnection::new(),
+            buf: BytesMut::with_capacity(1 << 20),
+            info: ServerInfo {
+                version: 0,
+                features: 0,
+                max_descriptor_bytes: 0,
+                max_chunks: 0,
+                max_request_bytes: 0,
+            },
+        };
         c.flush().await?;
         let hello = tokio::time::timeout(Duration::from_secs(10), async {
             loop {
                 if let Some(ev) = c.conn.poll_event() {
                     return match ev {
                         ClientEvent::Connected(i) => Ok(i),
-                        ClientEvent::Error { code, message } => Err(GatherError::NotOffered(format!("{code:?}: {message}"))),
+                        ClientEvent::Error { code, message } => {
+                            Err(GatherError::NotOffered(format!("{code:?}: {message}")))
+                        }
                         other => Err(GatherError::NotOffered(format!("unexpected {other:?}"))),
                     };
                 }
                 if c.read_more().await? == 0 {
-                    return Err(GatherError::NotOffered("the server closed the connection after the preface".into()));
+                    return Err(GatherError::NotOffered(
+                        "the server closed the connection after the preface".into(),
+                    ));
                 }
                 if let Err(e) = c.conn.handle_bytes(&mut c.buf) {
-                    return Err(GatherError::NotOffered(format!("the server did not answer with a gather hello ({e})")));
+                    return Err(GatherError::NotOffered(format!(
+                        "the server did not answer with a gather hello ({e})"
+                    )));
                 }
             }
         })
@@ -154,14 +171,24 @@ impl GatherClient {
     /// [`GatherError::Remote`] if the server refused the request (too many chunks, busy, ...);
     /// [`GatherError::Io`] if the connection broke (incomplete layers failed first);
     /// [`GatherError::Protocol`] for an invalid request or a server protocol violation.
-    pub async fn load(&mut self, req: &GatherRequest, sink: &dyn LayerSink) -> Result<LoadReport, GatherError> {
+    pub async fn load(
+        &mut self,
+        req: &GatherRequest,
+        sink: &dyn LayerSink,
+    ) -> Result<LoadReport, GatherError> {
         self.conn.start_gather(req)?;
         let t0 = Instant::now();
         let slice_full = req.geometry.slice_len(req.geometry.tokens_per_chunk).max(1);
         let layer_bytes = req.layer_bytes();
         let mut got: HashMap<u32, u64> = HashMap::new();
         let mut failed: Vec<u32> = Vec::new();
-        let mut report = LoadReport { units: 0, bytes: 0, failed_layers: Vec::new(), ttfl: None, elapsed: Duration::ZERO };
+        let mut report = LoadReport {
+            units: 0,
+            bytes: 0,
+            failed_layers: Vec::new(),
+            ttfl: None,
+            elapsed: Duration::ZERO,
+        };
         let mut cancelled = false;
         let fail_rest = |failed: &mut Vec<u32>, got: &HashMap<u32, u64>, err: LayerError| {
             for l in req.layers.clone() {
@@ -179,7 +206,11 @@ impl GatherClient {
             while let Some(ev) = self.conn.poll_event() {
                 match ev {
                     ClientEvent::Accepted { .. } => {}
-                    ClientEvent::Unit { layer, offset, data } => {
+                    ClientEvent::Unit {
+                        layer,
+                        offset,
+                        data,
+                    } => {
                         if cancelled || failed.contains(&layer) {
                             continue;
                         }
@@ -198,14 +229,32 @@ impl GatherClient {
                             }
                         }
                     }
-                    ClientEvent::Corrupt { layer, offset, expected, computed } => {
+                    ClientEvent::Corrupt {
+                        layer,
+                        offset,
+                        expected,
+                        computed,
+                    } => {
                         if !failed.contains(&layer) {
                             let chunk = (offset / slice_full) as usize;
-                            sink.fail(layer, LayerError::ChecksumMismatch { chunk, layer: layer as usize, stored: expected, computed });
+                            sink.fail(
+                                layer,
+                                LayerError::ChecksumMismatch {
+                                    chunk,
+                                    layer: layer as usize,
+                                    stored: expected,
+                                    computed,
+                                },
+                            );
                             failed.push(layer);
                         }
                     }
-                    ClientEvent::Miss { chunk, layers, reason, message } => {
+                    ClientEvent::Miss {
+                        chunk,
+                        layers,
+                        reason,
+                        message,
+                    } => {
                         for l in layers {
                             if failed.contains(&l) {
                                 continue;
@@ -213,10 +262,19 @@ impl GatherClient {
                             let c = chunk as usize;
                             let key = req.chunks.key(c).unwrap_or_default();
                             let e = match reason {
-                                MissReason::NotFound => LayerError::Missing { chunk: c, key: key.clone() },
-                                MissReason::GeometryMismatch => LayerError::GeometryMismatch { chunk: c, reason: message.clone() },
+                                MissReason::NotFound => LayerError::Missing {
+                                    chunk: c,
+                                    key: key.clone(),
+                                },
+                                MissReason::GeometryMismatch => LayerError::GeometryMismatch {
+                                    chunk: c,
+                                    reason: message.clone(),
+                                },
                                 MissReason::ChecksumMismatch | MissReason::Storage => {
-                                    LayerError::Storage { chunk: c, message: message.clone() }
+                                    LayerError::Storage {
+                                        chunk: c,
+                                        message: message.clone(),
+                                    }
                                 }
                             };
                             sink.fail(l, e);
@@ -232,7 +290,10 @@ impl GatherClient {
                         break;
                     }
                     other => {
-                        done = Some(Err(GatherError::Protocol(ProtocolError::invalid("event", format!("{other:?} during a load")))));
+                        done = Some(Err(GatherError::Protocol(ProtocolError::invalid(
+                            "event",
+                            format!("{other:?} during a load"),
+                        ))));
                         break;
                     }
                 }
@@ -246,7 +307,12 @@ impl GatherClient {
                 continue;
             }
             match self.read_more().await {
-                Ok(0) => break Err(GatherError::Io(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the server closed the connection mid-load"))),
+                Ok(0) => {
+                    break Err(GatherError::Io(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "the server closed the connection mid-load",
+                    )))
+                }
                 Ok(_) => {
                     if let Err(e) = self.conn.handle_bytes(&mut self.buf) {
                         break Err(GatherError::Protocol(e));
@@ -262,13 +328,31 @@ impl GatherClient {
                 Err(GatherError::Cancelled)
             }
             Ok(()) => {
-                fail_rest(&mut failed, &got, LayerError::Storage { chunk: 0, message: "the server ended the load with this layer incomplete".into() });
+                fail_rest(
+                    &mut failed,
+                    &got,
+                    LayerError::Storage {
+                        chunk: 0,
+                        message: "the server ended the load with this layer incomplete".into(),
+                    },
+                );
                 failed.sort_unstable();
                 report.failed_layers = failed;
                 Ok(report)
             }
             Err(e) => {
-                fail_rest(&mut failed, &got, if cancelled { LayerError::Cancelled } else { LayerError::Storage { chunk: 0, message: e.to_string() } });
+                fail_rest(
+                    &mut failed,
+                    &got,
+                    if cancelled {
+                        LayerError::Cancelled
+                    } else {
+                        LayerError::Storage {
+                            chunk: 0,
+                            message: e.to_string(),
+                        }
+                    },
+                );
                 Err(e)
             }
         }
@@ -286,7 +370,11 @@ impl GatherClient {
     /// `req.chunks` (the connection is then shut down so nothing is published);
     /// [`GatherError::Remote`] if the server refused an object or failed to store it (nothing
     /// is published then); [`GatherError::Io`]. After an error the connection is closed.
-    pub async fn save(&mut self, req: &SaveRequest, objects: impl IntoIterator<Item = Bytes>) -> Result<SaveReport, GatherError> {
+    pub async fn save(
+        &mut self,
+        req: &SaveRequest,
+        objects: impl IntoIterator<Item = Bytes>,
+    ) -> Result<SaveReport, GatherError> {
         self.conn.start_save(req)?;
         let step = MAX_UNIT_BYTES as usize;
         let mut sent = self.flush().await;
@@ -298,9 +386,16 @@ impl GatherClient {
                 bad = Some(ProtocolError::invalid(
                     "objects",
                     if i >= req.chunks.len() {
-                        format!("more objects than the {} chunks of the request", req.chunks.len())
+                        format!(
+                            "more objects than the {} chunks of the request",
+                            req.chunks.len()
+                        )
                     } else {
-                        format!("object {i} has {} bytes, expected {}", o.len(), req.object_len(i))
+                        format!(
+                            "object {i} has {} bytes, expected {}",
+                            o.len(),
+                            req.object_len(i)
+                        )
                     },
                 ));
                 break;
@@ -317,7 +412,10 @@ impl GatherClient {
             }
         }
         if bad.is_none() && sent.is_ok() && count != req.chunks.len() {
-            bad = Some(ProtocolError::invalid("objects", format!("{count} objects for {} chunks", req.chunks.len())));
+            bad = Some(ProtocolError::invalid(
+                "objects",
+                format!("{count} objects for {} chunks", req.chunks.len()),
+            ));
         }
         if let Some(e) = bad {
             // Abandon the save: the server publishes nothing for an unfinished save.
@@ -332,8 +430,19 @@ impl GatherClient {
         loop {
             while let Some(ev) = self.conn.poll_event() {
                 match ev {
-                    ClientEvent::SaveDone { written, already_present, .. } => return Ok(SaveReport { written, already_present }),
-                    ClientEvent::Error { code, message } => return Err(GatherError::Remote { code, message }),
+                    ClientEvent::SaveDone {
+                        written,
+                        already_present,
+                        ..
+                    } => {
+                        return Ok(SaveReport {
+                            written,
+                            already_present,
+                        })
+                    }
+                    ClientEvent::Error { code, message } => {
+                        return Err(GatherError::Remote { code, message })
+                    }
                     _ => {}
                 }
             }
@@ -341,7 +450,10 @@ impl GatherClient {
                 Ok(0) => {
                     return Err(match sent {
                         Err(e) => GatherError::Io(e),
-                        Ok(()) => GatherError::Io(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the server closed the connection mid-save")),
+                        Ok(()) => GatherError::Io(std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            "the server closed the connection mid-save",
+                        )),
                     })
                 }
                 Ok(_) => self.conn.handle_bytes(&mut self.buf)?,

@@ -74,22 +74,47 @@ pub fn key_builder(g: &KvGeometry) -> KeyBuilder {
 }
 
 /// Saves a prefix of `tokens.len()` chunks through one batched-save request.
-pub async fn save_prefix(client: &mut GatherClient, g: &KvGeometry, prefix_seed: u64, tokens: &[u32]) -> objectcache::transport::tcp::SaveReport {
+pub async fn save_prefix(
+    client: &mut GatherClient,
+    g: &KvGeometry,
+    prefix_seed: u64,
+    tokens: &[u32],
+) -> objectcache::transport::tcp::SaveReport {
     let hs = hashes(prefix_seed, tokens.len());
     let req = SaveRequest {
         request_id: prefix_seed,
         bucket: BUCKET.into(),
         prefix: key_builder(g).prefix().to_string(),
         geometry: WireGeometry::from_geometry(g),
-        chunks: hs.iter().zip(tokens).map(|(h, &t)| SaveChunk { hash: h.clone(), tokens: t }).collect(),
+        chunks: hs
+            .iter()
+            .zip(tokens)
+            .map(|(h, &t)| SaveChunk {
+                hash: h.clone(),
+                tokens: t,
+            })
+            .collect(),
     };
     // One request; objects are made as they are sent, so memory holds one at a time.
-    client.save(&req, (0..tokens.len()).map(|c| object(g, prefix_seed, c, tokens[c]))).await.expect("save")
+    client
+        .save(
+            &req,
+            (0..tokens.len()).map(|c| object(g, prefix_seed, c, tokens[c])),
+        )
+        .await
+        .expect("save")
 }
 
 /// The gather request for a saved prefix.
 pub fn request(g: &KvGeometry, prefix_seed: u64, tokens: &[u32]) -> GatherRequest {
-    GatherRequest::for_prefix(prefix_seed, BUCKET, &key_builder(g), g, hashes(prefix_seed, tokens.len()), tokens.to_vec())
+    GatherRequest::for_prefix(
+        prefix_seed,
+        BUCKET,
+        &key_builder(g),
+        g,
+        hashes(prefix_seed, tokens.len()),
+        tokens.to_vec(),
+    )
 }
 
 /// A sink that compares every byte written with the expected KV bytes, and records
@@ -110,7 +135,10 @@ pub struct VerifySink {
 
 impl VerifySink {
     pub fn new(g: &KvGeometry, prefix_seed: u64, tokens: &[u32]) -> Self {
-        let lens: Vec<u64> = tokens.iter().map(|&t| t as u64 * g.bytes_per_token_per_layer()).collect();
+        let lens: Vec<u64> = tokens
+            .iter()
+            .map(|&t| t as u64 * g.bytes_per_token_per_layer())
+            .collect();
         let mut offsets = Vec::new();
         let mut a = 0;
         for &l in &lens {
@@ -132,10 +160,19 @@ impl VerifySink {
     }
     /// Layers whose every byte arrived and matched.
     pub fn complete_layers(&self) -> usize {
-        self.done.iter().filter(|d| d.load(Ordering::Relaxed) == self.layer_bytes).count()
+        self.done
+            .iter()
+            .filter(|d| d.load(Ordering::Relaxed) == self.layer_bytes)
+            .count()
     }
     pub fn failed_layers(&self) -> Vec<u32> {
-        let mut v: Vec<u32> = self.failed.lock().unwrap().iter().map(|(l, _)| *l).collect();
+        let mut v: Vec<u32> = self
+            .failed
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(l, _)| *l)
+            .collect();
         v.sort_unstable();
         v.dedup();
         v
@@ -145,7 +182,10 @@ impl VerifySink {
 impl LayerSink for VerifySink {
     fn write(&self, layer: u32, offset: u64, data: &[u8]) -> Result<(), LayerError> {
         if offset + data.len() as u64 > self.layer_bytes {
-            return Err(LayerError::GeometryMismatch { chunk: 0, reason: "past the end".into() });
+            return Err(LayerError::GeometryMismatch {
+                chunk: 0,
+                reason: "past the end".into(),
+            });
         }
         let n = self.writes.fetch_add(1, Ordering::Relaxed) + 1;
         if self.cancel_after > 0 && n >= self.cancel_after {
@@ -158,7 +198,11 @@ impl LayerSink for VerifySink {
             let c = self.offsets.partition_point(|&o| o <= pos) - 1;
             let within = pos - self.offsets[c];
             let n = ((self.lens[c] - within) as usize).min(data.len() - filled);
-            fill(seed(self.prefix_seed, c, layer), within, &mut expect[filled..filled + n]);
+            fill(
+                seed(self.prefix_seed, c, layer),
+                within,
+                &mut expect[filled..filled + n],
+            );
             filled += n;
         }
         if expect != data {
@@ -168,7 +212,10 @@ impl LayerSink for VerifySink {
     }
     fn placed(&self, _layer: u32, _offset: u64, _len: u64) -> Result<(), LayerError> {
         // TCP delivers bytes through `write` only.
-        Err(LayerError::GeometryMismatch { chunk: 0, reason: "placed() is not used over TCP".into() })
+        Err(LayerError::GeometryMismatch {
+            chunk: 0,
+            reason: "placed() is not used over TCP".into(),
+        })
     }
     fn complete(&self, layer: u32, bytes: u64) {
         self.done[layer as usize].fetch_add(bytes, Ordering::Relaxed);
@@ -185,7 +232,10 @@ impl LayerSink for VerifySink {
 pub fn config() -> ServerConfig {
     ServerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
-        access_keys: vec![AccessKey { access_key: ACCESS.into(), secret_key: SECRET.into() }],
+        access_keys: vec![AccessKey {
+            access_key: ACCESS.into(),
+            secret_key: SECRET.into(),
+        }],
         buckets: vec![BUCKET.into()],
         fsync: false,
         shutdown_grace_secs: 2,
@@ -194,23 +244,39 @@ pub fn config() -> ServerConfig {
 }
 
 pub async fn start(store: Arc<dyn Store>, cfg: ServerConfig) -> ServerHandle {
-    objectcache::server::start_with_store(cfg, store).await.expect("server starts")
+    objectcache::server::start_with_store(cfg, store)
+        .await
+        .expect("server starts")
 }
 
 /// `GET path` over plain HTTP/1.1; returns (status, body).
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).await.unwrap();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
     let mut out = Vec::new();
     s.read_to_end(&mut out).await.unwrap();
     let text = String::from_utf8_lossy(&out).to_string();
-    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     (status, body)
 }
 
 /// A metric's value from the text exposition (first sample whose line starts with `name`).
 pub fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok())
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
 }

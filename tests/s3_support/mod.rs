@@ -37,11 +37,24 @@ pub struct Seen {
 /// What the scripted server does with one request.
 pub enum Reply {
     /// A complete response.
-    Full { status: u16, headers: Vec<(&'static str, String)>, body: Vec<u8> },
+    Full {
+        status: u16,
+        headers: Vec<(&'static str, String)>,
+        body: Vec<u8>,
+    },
     /// Headers announcing `declared` body bytes, then only `body`, then the connection closes.
-    Cut { headers: Vec<(&'static str, String)>, declared: usize, body: Vec<u8> },
+    Cut {
+        headers: Vec<(&'static str, String)>,
+        declared: usize,
+        body: Vec<u8>,
+    },
     /// Headers announcing `declared` body bytes, then `body`, then silence for `stall`.
-    Stall { headers: Vec<(&'static str, String)>, declared: usize, body: Vec<u8>, stall: Duration },
+    Stall {
+        headers: Vec<(&'static str, String)>,
+        declared: usize,
+        body: Vec<u8>,
+        stall: Duration,
+    },
 }
 
 impl Reply {
@@ -77,7 +90,9 @@ impl Drop for ScriptedServer {
 
 impl ScriptedServer {
     /// Binds 127.0.0.1 on a free port and serves in the background until dropped.
-    pub async fn start(script: impl Fn(usize, &Seen) -> Reply + Send + Sync + 'static) -> ScriptedServer {
+    pub async fn start(
+        script: impl Fn(usize, &Seen) -> Reply + Send + Sync + 'static,
+    ) -> ScriptedServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let endpoint = format!("http://{}", listener.local_addr().unwrap());
         let seen = Arc::new(Mutex::new(Vec::new()));
@@ -86,14 +101,21 @@ impl ScriptedServer {
         let (seen2, count2) = (seen.clone(), count.clone());
         let task = tokio::spawn(async move {
             loop {
-                let Ok((sock, _)) = listener.accept().await else { return };
+                let Ok((sock, _)) = listener.accept().await else {
+                    return;
+                };
                 let (seen, count, script) = (seen2.clone(), count2.clone(), script.clone());
                 tokio::spawn(async move {
                     let _ = serve_one(sock, &seen, &count, &*script).await;
                 });
             }
         });
-        ScriptedServer { endpoint, seen, count, task }
+        ScriptedServer {
+            endpoint,
+            seen,
+            count,
+            task,
+        }
     }
 
     /// Requests received so far.
@@ -112,7 +134,11 @@ impl ScriptedServer {
         let mut c = S3Config::new("bucket");
         c.endpoint = Some(self.endpoint.clone());
         c.region = Some("us-east-1".into());
-        c.credentials = S3Credentials::Static { access_key: "ak".into(), secret_key: "sk".into(), session_token: None };
+        c.credentials = S3Credentials::Static {
+            access_key: "ak".into(),
+            secret_key: "sk".into(),
+            session_token: None,
+        };
         c.max_attempts = attempts;
         c.initial_backoff = Duration::from_millis(10);
         c.max_backoff = Duration::from_millis(40);
@@ -121,7 +147,12 @@ impl ScriptedServer {
     }
 }
 
-async fn serve_one(mut sock: TcpStream, seen: &Mutex<Vec<Seen>>, count: &AtomicUsize, script: &Script) -> std::io::Result<()> {
+async fn serve_one(
+    mut sock: TcpStream,
+    seen: &Mutex<Vec<Seen>>,
+    count: &AtomicUsize,
+    script: &Script,
+) -> std::io::Result<()> {
     // One request per connection (we answer with `connection: close`).
     let mut buf = Vec::new();
     let head_end = loop {
@@ -142,7 +173,11 @@ async fn serve_one(mut sock: TcpStream, seen: &Mutex<Vec<Seen>>, count: &AtomicU
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
-    let want: usize = headers.iter().find(|(k, _)| k == "content-length").and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
+    let want: usize = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0);
     let mut body_len = buf.len() - head_end;
     while body_len < want {
         let mut chunk = [0u8; 65536];
@@ -152,7 +187,11 @@ async fn serve_one(mut sock: TcpStream, seen: &Mutex<Vec<Seen>>, count: &AtomicU
         }
         body_len += n;
     }
-    let req = Seen { line, headers, body_len };
+    let req = Seen {
+        line,
+        headers,
+        body_len,
+    };
     let n = count.fetch_add(1, Ordering::SeqCst);
     seen.lock().unwrap().push(req.clone());
     let reply = script(n, &req);
@@ -165,16 +204,32 @@ async fn serve_one(mut sock: TcpStream, seen: &Mutex<Vec<Seen>>, count: &AtomicU
         h
     };
     match reply {
-        Reply::Full { status, headers, body } => {
-            sock.write_all(write_head(status, &headers, body.len()).as_bytes()).await?;
+        Reply::Full {
+            status,
+            headers,
+            body,
+        } => {
+            sock.write_all(write_head(status, &headers, body.len()).as_bytes())
+                .await?;
             sock.write_all(&body).await?;
         }
-        Reply::Cut { headers, declared, body } => {
-            sock.write_all(write_head(200, &headers, declared).as_bytes()).await?;
+        Reply::Cut {
+            headers,
+            declared,
+            body,
+        } => {
+            sock.write_all(write_head(200, &headers, declared).as_bytes())
+                .await?;
             sock.write_all(&body).await?;
         }
-        Reply::Stall { headers, declared, body, stall } => {
-            sock.write_all(write_head(200, &headers, declared).as_bytes()).await?;
+        Reply::Stall {
+            headers,
+            declared,
+            body,
+            stall,
+        } => {
+            sock.write_all(write_head(200, &headers, declared).as_bytes())
+                .await?;
             sock.write_all(&body).await?;
             sock.flush().await?;
             tokio::time::sleep(stall).await;

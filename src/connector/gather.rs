@@ -1,0 +1,111 @@
+//! The gather path of a load: one request to an ObjectCache server, which streams every
+//! layer's slices layer-major into the load's destination. Used when the store's endpoint
+//! offers gather ([`crate::store::Store::gather_target`] plus a hello probe); otherwise, or
+//! when the server cannot be reached, the load falls back to ranged GETs.
+
+use super::load::{LoadRequest, Shared};
+use crate::layout::KeyBuilder;
+use crate::protocol::{ChunkKeys, GatherRequest};
+use crate::store::GatherTarget;
+use crate::transport::tcp::{GatherClient, GatherError};
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+
+/// What the engine knows about its store's endpoint.
+#[derive(Debug, Default)]
+pub(crate) enum Probe {
+    /// Not probed yet.
+    #[default]
+    Unknown,
+    /// Gather is offered; idle connections kept for reuse.
+    Offered(Vec<GatherClient>),
+    /// The endpoint does not speak gather (a stock S3 server): use ranged GETs.
+    NotOffered,
+}
+
+/// Result of trying gather for one load.
+pub(crate) enum Outcome {
+    /// The load ran over gather (its layers are ready or failed).
+    Done,
+    /// Gather is not available: run the ranged-GET path instead. No byte was delivered.
+    Fallback,
+}
+
+/// Runs `req` over gather if the endpoint offers it.
+pub(crate) async fn try_gather(
+    probe: &Mutex<Probe>,
+    target: &GatherTarget,
+    keys: &KeyBuilder,
+    req: &LoadRequest,
+    request_id: u64,
+    sh: &Shared,
+) -> Outcome {
+    let pooled = {
+        let mut p = probe.lock().expect("lock");
+        match &mut *p {
+            Probe::NotOffered => return Outcome::Fallback,
+            Probe::Offered(pool) => pool.pop(),
+            Probe::Unknown => None,
+        }
+    };
+    let mut client = match pooled {
+        Some(c) => c,
+        None => match GatherClient::connect(target.addr.as_str()).await {
+            Ok(c) => {
+                let mut p = probe.lock().expect("lock");
+                if matches!(*p, Probe::Unknown) {
+                    *p = Probe::Offered(Vec::new());
+                }
+                c
+            }
+            Err(GatherError::NotOffered(why)) => {
+                tracing::info!(addr = %target.addr, %why, "gather not offered; using ranged GETs");
+                *probe.lock().expect("lock") = Probe::NotOffered;
+                return Outcome::Fallback;
+            }
+            Err(e) => {
+                tracing::warn!(addr = %target.addr, error = %e, "gather connection failed; using ranged GETs");
+                return Outcome::Fallback;
+            }
+        },
+    };
+    let g = &req.geometry;
+    let mut greq = GatherRequest::for_prefix(
+        request_id,
+        &target.bucket,
+        keys,
+        g,
+        req.hashes.clone(),
+        vec![g.tokens_per_chunk; req.hashes.len()],
+    );
+    if !target.key_prefix.is_empty() {
+        greq.chunks = ChunkKeys::Hashed {
+            prefix: format!("{}/{}", target.key_prefix, keys.prefix()),
+            hashes: req.hashes.clone(),
+        };
+    }
+    sh.requests.fetch_add(1, Ordering::Relaxed);
+    match client.load(&greq, &sh.state).await {
+        Ok(report) => {
+            sh.bytes.fetch_add(report.bytes, Ordering::Relaxed);
+            if let Probe::Offered(pool) = &mut *probe.lock().expect("lock") {
+                pool.push(client);
+            }
+            Outcome::Done
+        }
+        Err(GatherError::Remote { code, message }) => {
+            // Refused before any byte (busy, limits): the ranged-GET path can still serve it.
+            tracing::warn!(?code, %message, "gather request refused; using ranged GETs");
+            Outcome::Fallback
+        }
+        Err(e) => {
+            // Mid-stream failures already failed the incomplete layers (misses, never bytes).
+            let err = crate::error::LayerError::Storage {
+                chunk: 0,
+                message: format!("gather: {e}"),
+            };
+            sh.state.fail_pending(err);
+            Outcome::Done
+        }
+    }
+}

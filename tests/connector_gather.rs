@@ -1,0 +1,133 @@
+//! The connector picks its data path by capability: one gather request per load where the
+//! store's endpoint is an ObjectCache server, ranged GETs where it is a stock S3 server (Ceph
+//! RGW) or where gather is switched off — the same API and the same bytes either way.
+#![cfg(feature = "s3")]
+
+mod common;
+mod gather_util;
+
+use common::{hashes, kv, unique_ns};
+use gather_util::{config, start, ACCESS, BUCKET, SECRET};
+use objectcache::connector::{ChunkStatus, Engine, EngineConfig, LayerBuffers, LoadRequest};
+use objectcache::store::{
+    Addressing, FsStore, FsyncPolicy, S3Config, S3Credentials, S3Store, Store,
+};
+use objectcache::KvGeometry;
+use std::sync::{Arc, OnceLock};
+
+/// Runtime that owns servers and S3 clients for the whole test process.
+fn rt() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap())
+}
+
+fn s3_on(endpoint: &str) -> Arc<dyn Store> {
+    let mut cfg = S3Config::new(BUCKET);
+    cfg.endpoint = Some(endpoint.to_string());
+    cfg.region = Some("us-east-1".into());
+    cfg.addressing = Some(Addressing::Path);
+    cfg.credentials = S3Credentials::Static {
+        access_key: ACCESS.into(),
+        secret_key: SECRET.into(),
+        session_token: None,
+    };
+    Arc::new(rt().block_on(S3Store::new(cfg)).unwrap())
+}
+
+/// Saves `chunks` chunks through `e`, loads them back, checks every byte; returns requests.
+fn save_and_load(e: &Engine, g: &KvGeometry, chunks: usize, seed: u64) -> u64 {
+    let hs = hashes(g, chunks * g.tokens_per_chunk as usize, seed as u32);
+    let data = kv(g, chunks, seed);
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    e.save_blocking(g, &hs, &refs).unwrap();
+    assert_eq!(e.lookup_blocking(g, &hs).unwrap(), chunks);
+    let h = e
+        .load(
+            LoadRequest {
+                geometry: g.clone(),
+                hashes: hs,
+            },
+            LayerBuffers::allocate(g.layers as usize, data[0].len()),
+        )
+        .unwrap();
+    for l in 0..g.layers as usize {
+        h.wait_layer_blocking(l, None).unwrap();
+        assert_eq!(h.layer(l).unwrap(), &data[l][..], "layer {l}");
+    }
+    assert!(h.chunk_status().iter().all(|s| *s == ChunkStatus::Ok));
+    let st = h.stats();
+    assert_eq!(st.bytes, chunks as u64 * g.slice_bytes() * g.layers as u64);
+    st.requests
+}
+
+#[test]
+fn gather_where_offered_ranged_gets_where_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend: Arc<dyn Store> = Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap());
+    let server = rt().block_on(start(backend, config()));
+    let store = s3_on(&server.endpoint());
+    let g = KvGeometry::llama31_8b();
+    // 1K tokens at 8B geometry: 4 chunks x 32 layers.
+    let ns = unique_ns("gather");
+    let e = Engine::with_store(
+        store.clone(),
+        EngineConfig {
+            namespace: ns.clone(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        save_and_load(&e, &g, 4, 1),
+        1,
+        "one gather request per load"
+    );
+    let off = EngineConfig {
+        namespace: ns,
+        gather: false,
+        ..Default::default()
+    };
+    let e2 = Engine::with_store(store, off).unwrap();
+    let n = save_and_load(&e2, &g, 4, 2);
+    assert!(
+        n >= 4 * 2,
+        "ranged GETs: layer 0 per chunk plus coalesced later layers, got {n}"
+    );
+    drop((e, e2));
+    rt().block_on(server.shutdown());
+}
+
+#[test]
+fn stock_s3_falls_back_to_ranged_gets() {
+    let Some((s, _)) = rt()
+        .block_on(S3Store::from_test_env("fallback"))
+        .expect("S3 endpoint refuses us")
+    else {
+        assert!(
+            std::env::var_os("OBJECTCACHE_REQUIRE_ALL").is_none(),
+            "no S3 endpoint but OBJECTCACHE_REQUIRE_ALL is set"
+        );
+        eprintln!("SKIP: no S3 test endpoint");
+        return;
+    };
+    let store: Arc<dyn Store> = Arc::new(s);
+    assert!(
+        store.gather_target().is_some(),
+        "an endpoint is configured, so the connector probes it"
+    );
+    let e = Engine::with_store(
+        store,
+        EngineConfig {
+            namespace: unique_ns("fallback"),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut g = KvGeometry::smollm2_135m();
+    g.tokens_per_chunk = 16;
+    let n = save_and_load(&e, &g, 3, 3);
+    assert!(
+        n > 1,
+        "Ceph RGW offers no gather: ranged GETs ({n} requests)"
+    );
+}
