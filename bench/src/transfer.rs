@@ -286,11 +286,26 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
             layer_bytes >> 20,
             total >> 20
         );
-        // Populate through one batched save (objects made as they are sent).
+        // Populate through one batched save (objects made as they are sent); a stock S3
+        // server (no gather) gets plain PUTs of the same objects and publish markers.
         rt.block_on(async {
-            let mut c = GatherClient::connect(t.addr)
-                .await
-                .map_err(|e| e.to_string())?;
+            let mut c = match GatherClient::connect(t.addr).await {
+                Ok(c) => c,
+                Err(objectcache::transport::tcp::GatherError::NotOffered(why)) => {
+                    eprintln!("no gather at this endpoint ({why}): populating with S3 PUTs");
+                    for (i, h) in hs.iter().enumerate() {
+                        store.put(&kb.data(h), object(&g, i)).await.map_err(|e| e.to_string())?;
+                    }
+                    let len = objectcache::layout::object_len(g.layers, g.slice_bytes());
+                    let mut m = objectcache::connector::MARKER_MAGIC.to_vec();
+                    m.extend_from_slice(&len.to_le_bytes());
+                    for h in &hs {
+                        store.put(&kb.marker(h), bytes::Bytes::from(m.clone())).await.map_err(|e| e.to_string())?;
+                    }
+                    return Ok(objectcache::transport::tcp::SaveReport { written: hs.len() as u32, already_present: 0 });
+                }
+                Err(e) => return Err(e.to_string()),
+            };
             let req = SaveRequest {
                 request_id: 1,
                 bucket: t.bucket.clone(),
@@ -365,6 +380,8 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                 "s3-layerwise" => {
                     let mut cfg = EngineConfig::default();
                     cfg.set("namespace", NAMESPACE).map_err(|e| e.to_string())?;
+                    // This path measures stock-S3 ranged GETs even against our server.
+                    cfg.gather = false;
                     let engine = Engine::with_store(store.clone(), cfg.clone())
                         .map_err(|e| e.to_string())?;
                     let dest = LayerBuffers::from_vecs(
