@@ -143,6 +143,8 @@ impl Shared {
         for qp in &self.qps {
             let _ = qp.set_error();
         }
+        // Tell the server at once (it stops writing and flushes what it has in flight).
+        let _ = self.writer.lock().unwrap_or_else(|p| p.into_inner()).shutdown(std::net::Shutdown::Both);
         let mut actions = Vec::new();
         {
             let mut st = self.lock();
@@ -163,11 +165,29 @@ impl Shared {
                         actions.push(Action::Fail(ld.sink.clone(), layer, err));
                     }
                 }
-                ld.finished = true;
             }
         }
-        self.cv.notify_all();
+        // Sink calls first, then wake waiters: a waiter that returns sees every layer resolved.
         run(actions);
+        let mut st = self.lock();
+        for ld in st.loads.values_mut() {
+            ld.finished = true;
+        }
+        drop(st);
+        self.cv.notify_all();
+    }
+
+    /// Finishes the loads in `slots` that are complete; called after their sink calls ran.
+    fn settle(&self, slots: &[u32]) {
+        let mut st = self.lock();
+        let mut any = false;
+        for &slot in slots {
+            any |= Self::maybe_finish(&mut st, slot);
+        }
+        drop(st);
+        if any {
+            self.cv.notify_all();
+        }
     }
 
     /// Marks a load finished once every layer is resolved and the server said Done.
@@ -182,7 +202,7 @@ impl Shared {
     }
 
     /// Handles one receive completion.
-    fn on_recv(&self, wc: &Completion, actions: &mut Vec<Action>) -> std::result::Result<(), String> {
+    fn on_recv(&self, wc: &Completion, actions: &mut Vec<Action>, touched: &mut Vec<u32>) -> std::result::Result<(), String> {
         let Some(v) = wc.imm else { return Err(format!("receive completion without immediate (opcode {})", wc.opcode)) };
         let imm = Imm::decode(v);
         let mut st = self.lock();
@@ -211,9 +231,7 @@ impl Shared {
                 ld.outcome.ready.push(layer);
             }
         }
-        if Self::maybe_finish(&mut st, slot) {
-            self.cv.notify_all();
-        }
+        touched.push(slot);
         Ok(())
     }
 
@@ -234,11 +252,9 @@ impl Shared {
                 }
             }
             ld.server_done = true;
-            if Self::maybe_finish(&mut st, slot) {
-                self.cv.notify_all();
-            }
         }
         run(actions);
+        self.settle(&[slot]);
     }
 }
 
@@ -483,6 +499,7 @@ fn poll_loop(sh: &Shared) {
         }
         idle = 0;
         let mut actions = Vec::new();
+        let mut touched = Vec::new();
         for wc in &wcs {
             let broken = sh.lock().broken.is_some();
             if !wc.is_ok() {
@@ -495,7 +512,7 @@ fn poll_loop(sh: &Shared) {
                 continue;
             }
             if wc.is_recv_write_imm() {
-                if let Err(why) = sh.on_recv(wc, &mut actions) {
+                if let Err(why) = sh.on_recv(wc, &mut actions, &mut touched) {
                     run(std::mem::take(&mut actions));
                     sh.break_conn(why, None);
                     continue;
@@ -509,6 +526,7 @@ fn poll_loop(sh: &Shared) {
             }
         }
         run(actions);
+        sh.settle(&touched);
     }
 }
 

@@ -246,9 +246,26 @@ fn serve_conn(mut s: TcpStream, pd: &Arc<ProtectionDomain>, src: &dyn SliceSourc
     let arena_mr = MemoryRegion::register(pd, &arena, Access::Local)?;
     control::send(&mut s, &Msg::Welcome { endpoints: qps.iter().map(|q| q.endpoint()).collect() })?;
 
-    let mut conn = Conn { qps, cq, arena: arena_mr, cfg: cfg.clone(), broken: None, next_qp: 0 };
+    // A reader thread forwards control messages and flags a disconnect, so a load that is
+    // waiting for completions notices a vanished client at once.
+    let gone = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel::<Result<Option<Msg>>>();
+    let mut rs = s.try_clone()?;
+    let gone2 = gone.clone();
+    let reader = std::thread::Builder::new().name("rdma-conn-ctrl".into()).spawn(move || loop {
+        let m = control::recv(&mut rs);
+        let end = !matches!(m, Ok(Some(Msg::Load { .. })));
+        if end {
+            gone2.store(true, Ordering::Release);
+        }
+        if tx.send(m).is_err() || end {
+            return;
+        }
+    })?;
+    let mut conn = Conn { qps, cq, arena: arena_mr, cfg: cfg.clone(), broken: None, next_qp: 0, gone };
     let result = loop {
-        match control::recv(&mut s) {
+        let m = rx.recv().unwrap_or(Ok(None));
+        match m {
             Ok(Some(Msg::Load { slot, spec, targets })) => {
                 let failed = conn.serve_load(src, slot, &spec, &targets);
                 if let Err(e) = control::send(&mut s, &Msg::Done { slot, failed }) {
@@ -267,6 +284,7 @@ fn serve_conn(mut s: TcpStream, pd: &Arc<ProtectionDomain>, src: &dyn SliceSourc
         let _ = qp.set_error();
     }
     let _ = s.shutdown(std::net::Shutdown::Both);
+    let _ = reader.join();
     result
 }
 
@@ -277,6 +295,7 @@ struct Conn {
     cfg: ServerConfig,
     broken: Option<String>,
     next_qp: usize,
+    gone: Arc<AtomicBool>,
 }
 
 /// Per-load bookkeeping of in-flight writes: arena slot → index into `spec.layers`.
@@ -382,6 +401,14 @@ impl Conn {
             }
             if !wcs.is_empty() {
                 break;
+            }
+            if self.gone.load(Ordering::Acquire) && self.broken.is_none() {
+                // The client closed its control channel: flush what is in flight (its QPs may
+                // be gone, so the writes would otherwise wait for transport retries).
+                self.broken = Some("the client disconnected".into());
+                for qp in &self.qps {
+                    let _ = qp.set_error();
+                }
             }
             if Instant::now() >= deadline {
                 self.broken = Some(format!("no completion within {:?}", self.cfg.op_timeout));
