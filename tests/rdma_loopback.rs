@@ -55,16 +55,25 @@ fn put_chunks(rt: &tokio::runtime::Runtime, store: &Arc<MemoryStore>, g: &KvGeom
     keys
 }
 
-/// A destination the test inspects: bytes completed per layer, failures.
+/// A destination the test inspects: bytes completed per layer, failures, placed ranges
+/// (overlaps and ranges past the layer are refused, as the connector's sink does).
 struct TestSink {
     size: u64,
     state: Mutex<(HashMap<u32, u64>, HashMap<u32, LayerError>)>,
+    placed: Mutex<HashMap<u32, Vec<(u64, u64)>>>,
+    cancelled: std::sync::atomic::AtomicBool,
     cv: Condvar,
 }
 
 impl TestSink {
     fn new(layer_size: u64) -> Arc<Self> {
-        Arc::new(TestSink { size: layer_size, state: Mutex::new((HashMap::new(), HashMap::new())), cv: Condvar::new() })
+        Arc::new(TestSink {
+            size: layer_size,
+            state: Mutex::new((HashMap::new(), HashMap::new())),
+            placed: Mutex::new(HashMap::new()),
+            cancelled: std::sync::atomic::AtomicBool::new(false),
+            cv: Condvar::new(),
+        })
     }
     fn ready(&self, layer: u32) -> bool {
         self.state.lock().unwrap().0.get(&layer) == Some(&self.size)
@@ -89,6 +98,15 @@ impl LayerSink for TestSink {
     fn write(&self, _layer: u32, _offset: u64, _data: &[u8]) -> Result<(), LayerError> {
         panic!("the RDMA path must not copy through LayerSink::write");
     }
+    fn placed(&self, layer: u32, offset: u64, len: u64) -> Result<(), LayerError> {
+        let mut p = self.placed.lock().unwrap();
+        let ranges = p.entry(layer).or_default();
+        if offset + len > self.size || ranges.iter().any(|&(a, b)| offset < b && a < offset + len) {
+            return Err(LayerError::GeometryMismatch { chunk: 0, reason: format!("range {offset}+{len} refused") });
+        }
+        ranges.push((offset, offset + len));
+        Ok(())
+    }
     fn complete(&self, layer: u32, bytes: u64) {
         *self.state.lock().unwrap().0.entry(layer).or_default() += bytes;
         self.cv.notify_all();
@@ -98,7 +116,7 @@ impl LayerSink for TestSink {
         self.cv.notify_all();
     }
     fn is_cancelled(&self) -> bool {
-        false
+        self.cancelled.load(std::sync::atomic::Ordering::Acquire)
     }
 }
 
@@ -134,7 +152,7 @@ fn start_server(src: Arc<dyn SliceSource>) -> ServerHandle {
 /// Layer-major destinations in one buffer: layer `l` at `l x chunks x slice`.
 fn dests(g: &KvGeometry, buf: &Arc<HostBuffer>, layers: &[u32], chunks: u32) -> Vec<LayerDest> {
     let layer_len = chunks as usize * g.slice_bytes() as usize;
-    layers.iter().map(|&l| LayerDest { layer: l, buf: buf.clone(), offset: l as usize * layer_len }).collect()
+    layers.iter().map(|&l| LayerDest::host(l, buf.clone(), l as usize * layer_len)).collect()
 }
 
 /// Asserts layer `l`'s destination holds exactly the expected bytes of every chunk.
@@ -379,4 +397,52 @@ fn remote_disconnect_and_timeout_become_misses() {
     gate.release(true);
     drop(client);
     drop(server);
+}
+
+#[test]
+fn cancel_stops_the_server_and_the_connection_stays_usable() {
+    if !rdma_present("cancel_stops_the_server_and_the_connection_stays_usable") {
+        return;
+    }
+    let _t = Timer::start();
+    let f = fixture();
+    let chunks = 3;
+    let keys = put_chunks(&f.rt, &f.store, &f.g, "cancel", 6, chunks);
+    let gate = gated(&f, 2);
+    let server = start_server(gate.clone());
+    let client = RdmaClient::connect(server.addr(), ClientConfig::default()).unwrap();
+    let slice = f.g.slice_bytes();
+    let buf = HostBuffer::new((f.g.layers * chunks) as usize * slice as usize).unwrap();
+    let order: Vec<u32> = (0..f.g.layers).collect();
+    let sink = TestSink::new(u64::from(chunks) * slice);
+    let spec = LoadSpec { keys: keys.clone(), slice_len: slice, layers: order.clone() };
+    let h = client.load(spec.clone(), &dests(&f.g, &buf, &order, chunks), sink.clone()).unwrap();
+    assert!(sink.wait_resolved(0) && sink.wait_resolved(1));
+    // the engine cancels through its sink; the client forwards it to the server
+    sink.cancelled.store(true, std::sync::atomic::Ordering::Release);
+    for _ in 0..12_000 {
+        if server.cancels_received() > 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(server.cancels_received(), 1, "the Cancel reached the server");
+    gate.release(true);
+    let out = h.wait();
+    assert_eq!({ let mut r = out.ready.clone(); r.sort(); r }, vec![0, 1]);
+    // layer 2's first unit may have been posted before the server saw the Cancel; after it,
+    // every pending layer is a Cancelled miss
+    assert_eq!(out.failed.len(), 4, "{:?}", out.failed);
+    assert!(out.failed.iter().all(|(_, e)| *e == LayerError::Cancelled), "{:?}", out.failed);
+    assert_layer_exact(&f.g, &buf, 6, 0, chunks);
+    assert_layer_exact(&f.g, &buf, 6, 1, chunks);
+    // same connection, same buffer (registered once), a full load
+    assert!(client.broken().is_none());
+    buf.fill(0);
+    let out = client.load(spec, &dests(&f.g, &buf, &order, chunks), TestSink::new(u64::from(chunks) * slice)).unwrap().wait();
+    assert!(out.failed.is_empty(), "{:?}", out.failed);
+    for l in 0..f.g.layers {
+        assert_layer_exact(&f.g, &buf, 6, l, chunks);
+    }
+    assert_eq!(client.registrations(), 1);
 }

@@ -50,15 +50,40 @@ impl Default for ClientConfig {
     }
 }
 
-/// Where one layer of a load lands: `units x slice_len` bytes of `buf` from `offset`.
+/// Where one layer of a load lands: `units x slice_len` bytes from the start of the
+/// destination memory. Build it with [`LayerDest::host`] or [`LayerDest::raw`].
 #[derive(Debug, Clone)]
 pub struct LayerDest {
-    /// Layer index (must match the load spec's layer at the same position).
-    pub layer: u32,
-    /// The buffer (registered once through the client's cache).
-    pub buf: Arc<HostBuffer>,
-    /// Byte offset of the layer's first chunk in `buf`.
-    pub offset: usize,
+    layer: u32,
+    mem: DestMem,
+}
+
+#[derive(Debug, Clone)]
+enum DestMem {
+    Host { buf: Arc<HostBuffer>, offset: usize },
+    Raw { ptr: usize, len: usize },
+}
+
+impl LayerDest {
+    /// Layer `layer` lands in `buf` from byte `offset` (the whole buffer is registered once
+    /// through the client's cache and reused by later loads).
+    pub fn host(layer: u32, buf: Arc<HostBuffer>, offset: usize) -> Self {
+        LayerDest { layer, mem: DestMem::Host { buf, offset } }
+    }
+    /// Layer `layer` lands in caller memory `ptr..ptr+len` (for example one region of the
+    /// connector's `LayerBuffers`), registered once through the client's cache.
+    ///
+    /// # Safety
+    /// As [`RegistrationCache::get_or_register_raw`]: the memory stays mapped while cached
+    /// (evict it with [`RdmaClient::evict_raw`] before freeing it), and nothing holds a Rust
+    /// reference to it while a load into it runs.
+    pub unsafe fn raw(layer: u32, ptr: *mut u8, len: usize) -> Self {
+        LayerDest { layer, mem: DestMem::Raw { ptr: ptr as usize, len } }
+    }
+    /// The layer index.
+    pub fn layer(&self) -> u32 {
+        self.layer
+    }
 }
 
 /// How a load ended.
@@ -89,6 +114,7 @@ struct LoadState {
     layers: HashMap<u32, LayerProg>,
     deadline: Instant,
     server_done: bool,
+    cancel_sent: bool,
     outcome: LoadOutcome,
     finished: bool,
     _mrs: Vec<Arc<MemoryRegion>>,
@@ -102,14 +128,20 @@ impl LoadState {
 
 /// A sink call made after the state lock is released.
 enum Action {
-    Complete(Arc<dyn LayerSink>, u32, u64),
+    /// `placed(layer, offset, len)` then `complete(layer, len)`: the bytes were written by
+    /// the NIC and verified by the server's CRC32C check before they were sent (RoCE's ICRC
+    /// protects them on the wire).
+    Placed(Arc<dyn LayerSink>, u32, u64, u64),
     Fail(Arc<dyn LayerSink>, u32, LayerError),
 }
 
 fn run(actions: Vec<Action>) {
     for a in actions {
         match a {
-            Action::Complete(s, l, b) => s.complete(l, b),
+            Action::Placed(s, l, off, len) => match s.placed(l, off, len) {
+                Ok(()) => s.complete(l, len),
+                Err(e) => s.fail(l, e),
+            },
             Action::Fail(s, l, e) => s.fail(l, e),
         }
     }
@@ -177,6 +209,31 @@ impl Shared {
         self.cv.notify_all();
     }
 
+    /// Tells the server about loads whose sink reports cancellation (once per load).
+    fn send_cancels(&self) {
+        let slots: Vec<u32> = {
+            let mut st = self.lock();
+            if st.broken.is_some() {
+                return;
+            }
+            st.loads
+                .iter_mut()
+                .filter(|(_, l)| !l.finished && !l.cancel_sent && !l.server_done && l.sink.is_cancelled())
+                .map(|(s, l)| {
+                    l.cancel_sent = true;
+                    *s
+                })
+                .collect()
+        };
+        for slot in slots {
+            let r = control::send(&mut *self.writer.lock().unwrap_or_else(|p| p.into_inner()), &Msg::Cancel { slot });
+            if let Err(e) = r {
+                self.break_conn(format!("sending Cancel failed: {e}"), None);
+                return;
+            }
+        }
+    }
+
     /// Finishes the loads in `slots` that are complete; called after their sink calls ran.
     fn settle(&self, slots: &[u32]) {
         let mut st = self.lock();
@@ -225,7 +282,7 @@ impl Shared {
         lp.seen[unit] = true;
         lp.got += 1;
         if lp.state == LayerState::Pending {
-            actions.push(Action::Complete(ld.sink.clone(), layer, slice_len));
+            actions.push(Action::Placed(ld.sink.clone(), layer, unit as u64 * slice_len, slice_len));
             if lp.got as usize == lp.seen.len() {
                 lp.state = LayerState::Ready;
                 ld.outcome.ready.push(layer);
@@ -245,7 +302,11 @@ impl Shared {
                     if lp.state == LayerState::Pending {
                         lp.state = LayerState::Failed;
                         let chunk = lp.seen.iter().position(|s| !s).unwrap_or(0);
-                        let err = LayerError::Storage { chunk, message: format!("server: {why}") };
+                        let err = if ld.cancel_sent && why == super::server::CANCELLED {
+                            LayerError::Cancelled
+                        } else {
+                            LayerError::Storage { chunk, message: format!("server: {why}") }
+                        };
                         ld.outcome.failed.push((layer, err.clone()));
                         actions.push(Action::Fail(ld.sink.clone(), layer, err));
                     }
@@ -363,18 +424,24 @@ impl RdmaClient {
             if d.layer != l || l >= Imm::MAX_LAYERS {
                 return Err(RdmaError::InvalidArgument(format!("destination for layer {} given where layer {l} is loaded", d.layer)));
             }
-            if (d.offset as u64).checked_add(len).is_none_or(|e| e > d.buf.len() as u64) {
+            let (offset, cap) = match &d.mem {
+                DestMem::Host { buf, offset } => (*offset, buf.len()),
+                DestMem::Raw { len, .. } => (0, *len),
+            };
+            if (offset as u64).checked_add(len).is_none_or(|e| e > cap as u64) {
                 return Err(RdmaError::InvalidArgument(format!(
-                    "layer {l}: {len} bytes at offset {} do not fit a buffer of {} bytes",
-                    d.offset,
-                    d.buf.len()
+                    "layer {l}: {len} bytes at offset {offset} do not fit a destination of {cap} bytes"
                 )));
             }
             if layers.insert(l, LayerProg { seen: vec![false; units], got: 0, state: LayerState::Pending }).is_some() {
                 return Err(RdmaError::InvalidArgument(format!("layer {l} is named twice")));
             }
-            let mr = self.shared.cache.get_or_register(&d.buf)?;
-            targets.push(LayerTarget { layer: l, addr: mr.addr() + d.offset as u64, rkey: mr.rkey(), len });
+            let mr = match &d.mem {
+                DestMem::Host { buf, .. } => self.shared.cache.get_or_register(buf)?,
+                // SAFETY: the contract of `LayerDest::raw`, which the caller accepted.
+                DestMem::Raw { ptr, len } => unsafe { self.shared.cache.get_or_register_raw(*ptr as *mut u8, *len)? },
+            };
+            targets.push(LayerTarget { layer: l, addr: mr.addr() + offset as u64, rkey: mr.rkey(), len });
             mrs.push(mr);
         }
         let slot = {
@@ -393,6 +460,7 @@ impl RdmaClient {
                     layers,
                     deadline: Instant::now() + self.shared.cfg.load_timeout,
                     server_done: false,
+                    cancel_sent: false,
                     outcome: LoadOutcome { ready: Vec::new(), failed: Vec::new() },
                     finished: false,
                     _mrs: mrs,
@@ -414,6 +482,12 @@ impl RdmaClient {
     /// into the same buffers do not add to it.
     pub fn registrations(&self) -> u64 {
         self.shared.cache.registrations()
+    }
+
+    /// Forgets the cached registration of caller memory `ptr..ptr+len` (see
+    /// [`LayerDest::raw`]); `true` if it was cached.
+    pub fn evict_raw(&self, ptr: *mut u8, len: usize) -> bool {
+        self.shared.cache.evict_raw(ptr, len)
     }
 
     /// `Some(reason)` once the connection is broken.
@@ -494,6 +568,7 @@ fn poll_loop(sh: &Shared) {
             if let Some(slot) = expired {
                 sh.break_conn(format!("load slot {slot} passed its deadline of {:?}", sh.cfg.load_timeout), Some(slot));
             }
+            sh.send_cancels();
             backoff(&mut idle);
             continue;
         }
@@ -568,6 +643,33 @@ impl std::fmt::Debug for LoadHandle {
 }
 
 impl LoadHandle {
+    /// Asks the server to stop this load: units not yet posted are skipped and their layers
+    /// become [`LayerError::Cancelled`] misses once the server confirms (the destination may
+    /// still receive writes until then, so keep it until [`LoadHandle::wait`] returns). A
+    /// sink whose `is_cancelled` turns true has the same effect.
+    ///
+    /// # Errors
+    /// [`RdmaError::Broken`] when the connection is gone (the load then ends on its own).
+    pub fn cancel(&self) -> Result<()> {
+        let Some(slot) = self.slot else { return Ok(()) };
+        {
+            let mut st = self.shared.lock();
+            if let Some(why) = &st.broken {
+                return Err(RdmaError::Broken(why.clone()));
+            }
+            match st.loads.get_mut(&slot) {
+                Some(l) if !l.finished && !l.cancel_sent && !l.server_done => l.cancel_sent = true,
+                _ => return Ok(()),
+            }
+        }
+        let r = control::send(&mut *self.shared.writer.lock().unwrap_or_else(|p| p.into_inner()), &Msg::Cancel { slot });
+        if let Err(e) = r {
+            self.shared.break_conn(format!("sending Cancel failed: {e}"), None);
+            return Err(e);
+        }
+        Ok(())
+    }
+
     /// Blocks until the load ends (bounded by the load deadline, after which pending layers
     /// are [`LayerError::Timeout`] misses) and returns its outcome.
     pub fn wait(mut self) -> LoadOutcome {

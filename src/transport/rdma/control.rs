@@ -94,6 +94,12 @@ pub enum Msg {
         /// `(layer, reason)` of each layer the server could not deliver.
         failed: Vec<(u32, String)>,
     },
+    /// Client → server: stop load `slot` (units not yet posted are skipped; the server still
+    /// answers with [`Msg::Done`], after which no write of that load can land).
+    Cancel {
+        /// Load slot.
+        slot: u32,
+    },
     /// Client → server: orderly close.
     Bye,
 }

@@ -164,10 +164,15 @@ impl Access {
 }
 
 /// A registered memory region (`ibv_mr`) over a [`HostBuffer`], which it keeps alive.
+///
+/// Or over caller memory registered with [`MemoryRegion::register_raw`] (for example the
+/// connector's `LayerBuffers` regions, or pinned memory of an inference engine).
 #[derive(Debug)]
 pub struct MemoryRegion {
     raw: NonNull<ffi::ibv_mr>,
-    buf: Arc<HostBuffer>,
+    buf: Option<Arc<HostBuffer>>,
+    addr: u64,
+    len: usize,
     _pd: Arc<ProtectionDomain>,
     lkey: u32,
     rkey: u32,
@@ -186,12 +191,36 @@ impl MemoryRegion {
     /// `ulimit -l`, is too low; see docs/rdma.md).
     pub fn register(pd: &Arc<ProtectionDomain>, buf: &Arc<HostBuffer>, access: Access) -> Result<Self> {
         // SAFETY: `buf` is a live allocation of `buf.len()` bytes that this MR keeps alive
-        // (it stores the `Arc`) until `ibv_dereg_mr` in `Drop`; `pd` is a live PD, also kept.
-        let raw = unsafe { ffi::ibv_reg_mr(pd.as_ptr(), buf.as_mut_ptr().cast(), buf.len(), access.flags()) };
+        // (it stores the `Arc`) until `ibv_dereg_mr` in `Drop`; that memory is only reached
+        // through raw-pointer copies, so DMA into it never aliases a Rust reference.
+        let mut mr = unsafe { Self::register_raw(pd, buf.as_mut_ptr(), buf.len(), access)? };
+        mr.buf = Some(buf.clone());
+        Ok(mr)
+    }
+
+    /// Registers caller memory `ptr..ptr+len`.
+    ///
+    /// # Safety
+    /// The memory must stay allocated and mapped at this address until the returned region
+    /// is dropped, and while remote-write access is granted nothing may hold a Rust reference
+    /// to it that a NIC write could invalidate (read it through raw pointers, after the
+    /// layer is ready). Freeing and re-mapping it while registered leaves the region pinned
+    /// to the old pages: evict it from any [`RegistrationCache`] first.
+    ///
+    /// # Errors
+    /// [`RdmaError::InvalidArgument`] for a null or empty range; otherwise as
+    /// [`MemoryRegion::register`].
+    pub unsafe fn register_raw(pd: &Arc<ProtectionDomain>, ptr: *mut u8, len: usize, access: Access) -> Result<Self> {
+        if ptr.is_null() || len == 0 {
+            return Err(RdmaError::InvalidArgument("cannot register a null or empty memory range".into()));
+        }
+        // SAFETY: the caller guarantees `ptr..ptr+len` stays mapped until `Drop` deregisters
+        // it; `pd` is a live PD kept alive by the `Arc` stored in the result.
+        let raw = unsafe { ffi::ibv_reg_mr(pd.as_ptr(), ptr.cast(), len, access.flags()) };
         let raw = NonNull::new(raw).ok_or_else(|| RdmaError::verbs("ibv_reg_mr", 0))?;
         // SAFETY: `raw` points to the `ibv_mr` just returned; the keys are plain fields.
         let (lkey, rkey) = unsafe { ((*raw.as_ptr()).lkey, (*raw.as_ptr()).rkey) };
-        Ok(MemoryRegion { raw, buf: buf.clone(), _pd: pd.clone(), lkey, rkey })
+        Ok(MemoryRegion { raw, buf: None, addr: ptr as u64, len, _pd: pd.clone(), lkey, rkey })
     }
     /// Local key (used in this side's scatter/gather entries).
     pub fn lkey(&self) -> u32 {
@@ -203,19 +232,19 @@ impl MemoryRegion {
     }
     /// Start address of the region.
     pub fn addr(&self) -> u64 {
-        self.buf.addr()
+        self.addr
     }
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.buf.len()
+        self.len
     }
     /// `true` when the region has no bytes (never: buffers have at least one byte).
     pub fn is_empty(&self) -> bool {
         false
     }
-    /// The registered buffer.
-    pub fn buffer(&self) -> &Arc<HostBuffer> {
-        &self.buf
+    /// The registered [`HostBuffer`] (`None` for caller memory).
+    pub fn buffer(&self) -> Option<&Arc<HostBuffer>> {
+        self.buf.as_ref()
     }
 }
 
@@ -256,6 +285,32 @@ impl RegistrationCache {
         self.registrations.fetch_add(1, Ordering::Relaxed);
         map.insert(key, mr.clone());
         Ok(mr)
+    }
+    /// The region for caller memory `ptr..ptr+len` with remote-write access, registering it
+    /// on first use (keyed by address and length).
+    ///
+    /// # Safety
+    /// As [`MemoryRegion::register_raw`], for as long as the region stays cached: call
+    /// [`RegistrationCache::evict_raw`] before the memory is freed or re-mapped.
+    ///
+    /// # Errors
+    /// As [`MemoryRegion::register_raw`].
+    pub unsafe fn get_or_register_raw(&self, ptr: *mut u8, len: usize) -> Result<Arc<MemoryRegion>> {
+        let key = (ptr as u64, len);
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(mr) = map.get(&key) {
+            return Ok(mr.clone());
+        }
+        // SAFETY: forwarded from this function's contract.
+        let mr = Arc::new(unsafe { MemoryRegion::register_raw(&self.pd, ptr, len, Access::RemoteWrite)? });
+        self.registrations.fetch_add(1, Ordering::Relaxed);
+        map.insert(key, mr.clone());
+        Ok(mr)
+    }
+    /// Drops the cached region of caller memory `ptr..ptr+len`; `true` if it was cached. The
+    /// region is deregistered once no running load holds it.
+    pub fn evict_raw(&self, ptr: *mut u8, len: usize) -> bool {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).remove(&(ptr as u64, len)).is_some()
     }
     /// Drops the cached region of `buf` (deregistered once no load uses it); `true` if cached.
     pub fn evict(&self, buf: &Arc<HostBuffer>) -> bool {

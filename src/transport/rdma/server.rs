@@ -2,9 +2,9 @@
 //! QP, and serves each load by reading slices into a bounded, registered staging arena and
 //! posting one RDMA_WRITE_WITH_IMM per delivery unit into the client's memory.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -148,7 +148,8 @@ impl RdmaServer {
         self.listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
         let conns: Arc<Mutex<Vec<(TcpStream, JoinHandle<()>)>>> = Arc::default();
-        let (stop2, conns2) = (stop.clone(), conns.clone());
+        let cancels = Arc::new(AtomicU64::new(0));
+        let (stop2, conns2, cancels2) = (stop.clone(), conns.clone(), cancels.clone());
         let accept = std::thread::Builder::new().name("rdma-accept".into()).spawn(move || {
             while !stop2.load(Ordering::Acquire) {
                 match self.listener.accept() {
@@ -156,9 +157,9 @@ impl RdmaServer {
                         let _ = s.set_nonblocking(false);
                         let _ = s.set_nodelay(true);
                         let Ok(watch) = s.try_clone() else { continue };
-                        let (pd, src, cfg) = (self.pd.clone(), self.source.clone(), self.cfg.clone());
+                        let (pd, src, cfg, cancels) = (self.pd.clone(), self.source.clone(), self.cfg.clone(), cancels2.clone());
                         let h = std::thread::Builder::new().name("rdma-conn".into()).spawn(move || {
-                            if let Err(e) = serve_conn(s, &pd, src.as_ref(), &cfg) {
+                            if let Err(e) = serve_conn(s, &pd, src.as_ref(), &cfg, &cancels) {
                                 tracing::debug!(%peer, error = %e, "rdma connection ended");
                             }
                         });
@@ -173,7 +174,7 @@ impl RdmaServer {
                 }
             }
         })?;
-        Ok(ServerHandle { addr, stop, accept: Some(accept), conns })
+        Ok(ServerHandle { addr, stop, accept: Some(accept), conns, cancels })
     }
 }
 
@@ -184,12 +185,17 @@ pub struct ServerHandle {
     stop: Arc<AtomicBool>,
     accept: Option<JoinHandle<()>>,
     conns: Arc<Mutex<Vec<(TcpStream, JoinHandle<()>)>>>,
+    cancels: Arc<AtomicU64>,
 }
 
 impl ServerHandle {
     /// The control address clients connect to.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+    /// How many Cancel requests clients have sent to this server (all connections).
+    pub fn cancels_received(&self) -> u64 {
+        self.cancels.load(Ordering::Relaxed)
     }
     /// Stops accepting, closes every client's control channel (their QPs are torn down, so
     /// clients see a remote disconnect) and waits for the connection threads.
@@ -215,7 +221,13 @@ impl Drop for ServerHandle {
 }
 
 /// One client connection: handshake, then loads in arrival order until Bye or EOF.
-fn serve_conn(mut s: TcpStream, pd: &Arc<ProtectionDomain>, src: &dyn SliceSource, cfg: &ServerConfig) -> Result<()> {
+fn serve_conn(
+    mut s: TcpStream,
+    pd: &Arc<ProtectionDomain>,
+    src: &dyn SliceSource,
+    cfg: &ServerConfig,
+    cancels: &Arc<AtomicU64>,
+) -> Result<()> {
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     let endpoints = match control::recv(&mut s)? {
         Some(Msg::Hello { version, endpoints }) => {
@@ -252,8 +264,19 @@ fn serve_conn(mut s: TcpStream, pd: &Arc<ProtectionDomain>, src: &dyn SliceSourc
     let (tx, rx) = std::sync::mpsc::channel::<Result<Option<Msg>>>();
     let mut rs = s.try_clone()?;
     let gone2 = gone.clone();
+    let cancel: Arc<Mutex<HashSet<u32>>> = Arc::default();
+    let cancel2 = cancel.clone();
+    let cancels = cancels.clone();
     let reader = std::thread::Builder::new().name("rdma-conn-ctrl".into()).spawn(move || loop {
         let m = control::recv(&mut rs);
+        if let Ok(Some(Msg::Cancel { slot })) = m {
+            cancel2.lock().unwrap_or_else(|p| p.into_inner()).insert(slot);
+            cancels.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        if let Ok(Some(Msg::Load { slot, .. })) = &m {
+            cancel2.lock().unwrap_or_else(|p| p.into_inner()).remove(slot);
+        }
         let end = !matches!(m, Ok(Some(Msg::Load { .. })));
         if end {
             gone2.store(true, Ordering::Release);
@@ -262,7 +285,7 @@ fn serve_conn(mut s: TcpStream, pd: &Arc<ProtectionDomain>, src: &dyn SliceSourc
             return;
         }
     })?;
-    let mut conn = Conn { qps, cq, arena: arena_mr, cfg: cfg.clone(), broken: None, next_qp: 0, gone };
+    let mut conn = Conn { qps, cq, arena: arena_mr, arena_buf: arena, cfg: cfg.clone(), broken: None, next_qp: 0, gone, cancel };
     let result = loop {
         let m = rx.recv().unwrap_or(Ok(None));
         match m {
@@ -292,10 +315,12 @@ struct Conn {
     qps: Vec<QueuePair<Rts>>,
     cq: Arc<CompletionQueue>,
     arena: MemoryRegion,
+    arena_buf: Arc<HostBuffer>,
     cfg: ServerConfig,
     broken: Option<String>,
     next_qp: usize,
     gone: Arc<AtomicBool>,
+    cancel: Arc<Mutex<HashSet<u32>>>,
 }
 
 /// Per-load bookkeeping of in-flight writes: arena slot → index into `spec.layers`.
@@ -331,6 +356,12 @@ impl Conn {
                 if self.broken.is_some() {
                     break 'layers;
                 }
+                if self.cancel.lock().unwrap_or_else(|p| p.into_inner()).contains(&slot) {
+                    for fl in f.failed.iter_mut().skip(li) {
+                        fl.get_or_insert_with(|| CANCELLED.to_string());
+                    }
+                    break 'layers;
+                }
                 let Some(slot_ix) = self.acquire(&mut f, deadline) else { break 'layers };
                 let off = slot_ix * slice as usize;
                 // Read straight into the registered slot.
@@ -338,7 +369,7 @@ impl Conn {
                 // and no other `&mut` to it exists until it is pushed back; the arena has
                 // local access only, so no peer writes into it; the range is inside the arena
                 // because `slots * slice <= arena.len()`.
-                let dst = unsafe { self.arena.buffer().slice_mut(off, slice as usize) };
+                let dst = unsafe { self.arena_buf.slice_mut(off, slice as usize) };
                 if let Err(e) = src.read_slice(spec, t.layer, unit, dst) {
                     f.failed[li] = Some(e.to_string());
                     f.free.push(slot_ix);
@@ -439,6 +470,9 @@ impl Conn {
         self.broken.is_none() || !f.inflight.is_empty()
     }
 }
+
+/// Reason the server gives for layers it stopped on a client's Cancel.
+pub(crate) const CANCELLED: &str = "cancelled by the client";
 
 /// Checks a load request against the immediate's ranges and the targets' lengths.
 fn validate(slot: u32, spec: &LoadSpec, targets: &[LayerTarget]) -> std::result::Result<(), String> {
