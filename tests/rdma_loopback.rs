@@ -262,6 +262,29 @@ impl SliceSource for Gate {
     }
 }
 
+/// Opens the gate (failing the gated reads) when dropped, so that a failing assertion ends
+/// the test instead of leaving the server's connection thread blocked in the gate. Declare
+/// it after the server: locals drop in reverse order.
+struct OpenOnDrop(Arc<Gate>);
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        if self.0.open.lock().map(|o| o.is_none()).unwrap_or(true) {
+            self.0.release(false);
+        }
+    }
+}
+
+/// Polls `cond` every 10 ms for at most 120 s; panics with `what` if it never holds.
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..12_000 {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("waited 120 s for {what}");
+}
+
 fn gated(f: &Fixture, layer: u32) -> Arc<Gate> {
     Arc::new(Gate {
         inner: StoreSliceSource::new(f.store.clone(), f.rt.handle().clone()),
@@ -282,6 +305,7 @@ fn qp_failure_mid_load_becomes_a_miss_not_a_hang() {
     let keys = put_chunks(&f.rt, &f.store, &f.g, "qpf", 3, chunks);
     let gate = gated(&f, 2);
     let server = start_server(gate.clone());
+    let _open = OpenOnDrop(gate.clone());
     let client = RdmaClient::connect(server.addr(), ClientConfig { qps: 2, ..ClientConfig::default() }).unwrap();
     let slice = f.g.slice_bytes();
     let buf = HostBuffer::new((f.g.layers * chunks) as usize * slice as usize).unwrap();
@@ -366,27 +390,31 @@ fn remote_disconnect_and_timeout_become_misses() {
     // 1. the server goes away mid-load
     let gate = gated(&f, 1);
     let server = start_server(gate.clone());
+    let _open = OpenOnDrop(gate.clone());
     let client = RdmaClient::connect(server.addr(), ClientConfig::default()).unwrap();
     let buf = HostBuffer::new((f.g.layers * chunks) as usize * slice as usize).unwrap();
     let sink = TestSink::new(u64::from(chunks) * slice);
     let spec = LoadSpec { keys: keys.clone(), slice_len: slice, layers: order.clone() };
     let h = client.load(spec.clone(), &dests(&f.g, &buf, &order, chunks), sink.clone()).unwrap();
     assert!(sink.wait_resolved(0));
+    eprintln!("disconnect: layer 0 in, stopping the server");
     let mut server = server;
     let stopper = std::thread::spawn(move || server.shutdown());
-    while client.broken().is_none() {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until("the client to notice the server's disconnect", || client.broken().is_some());
+    eprintln!("disconnect: client saw it");
     gate.release(false);
     stopper.join().unwrap();
+    eprintln!("disconnect: server stopped");
     let out = h.wait();
     assert_eq!(out.ready, vec![0]);
     assert_eq!(out.failed.len(), 5, "{:?}", out.failed);
     assert_layer_exact(&f.g, &buf, 5, 0, chunks);
 
+    eprintln!("disconnect: part 1 done");
     // 2. the server stalls past the client's deadline
     let gate = gated(&f, 0);
     let server = start_server(gate.clone());
+    let _open = OpenOnDrop(gate.clone());
     let cfg = ClientConfig { load_timeout: Duration::from_secs(3), ..ClientConfig::default() };
     let client = RdmaClient::connect(server.addr(), cfg).unwrap();
     let sink = TestSink::new(u64::from(chunks) * slice);
@@ -394,9 +422,12 @@ fn remote_disconnect_and_timeout_become_misses() {
     assert!(out.ready.is_empty());
     assert_eq!(out.failed.len(), 6);
     assert!(out.failed.iter().all(|(l, e)| *e == LayerError::Timeout { layer: *l as usize }), "{:?}", out.failed);
+    eprintln!("timeout: part 2 outcome checked");
     gate.release(true);
     drop(client);
+    eprintln!("timeout: client dropped");
     drop(server);
+    eprintln!("timeout: server dropped");
 }
 
 #[test]
@@ -410,6 +441,7 @@ fn cancel_stops_the_server_and_the_connection_stays_usable() {
     let keys = put_chunks(&f.rt, &f.store, &f.g, "cancel", 6, chunks);
     let gate = gated(&f, 2);
     let server = start_server(gate.clone());
+    let _open = OpenOnDrop(gate.clone());
     let client = RdmaClient::connect(server.addr(), ClientConfig::default()).unwrap();
     let slice = f.g.slice_bytes();
     let buf = HostBuffer::new((f.g.layers * chunks) as usize * slice as usize).unwrap();
@@ -420,13 +452,8 @@ fn cancel_stops_the_server_and_the_connection_stays_usable() {
     assert!(sink.wait_resolved(0) && sink.wait_resolved(1));
     // the engine cancels through its sink; the client forwards it to the server
     sink.cancelled.store(true, std::sync::atomic::Ordering::Release);
-    for _ in 0..12_000 {
-        if server.cancels_received() > 0 {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert_eq!(server.cancels_received(), 1, "the Cancel reached the server");
+    wait_until("the Cancel to reach the server", || server.cancels_received() > 0);
+    assert_eq!(server.cancels_received(), 1);
     gate.release(true);
     let out = h.wait();
     assert_eq!({ let mut r = out.ready.clone(); r.sort(); r }, vec![0, 1]);

@@ -114,6 +114,9 @@ struct LoadState {
     layers: HashMap<u32, LayerProg>,
     deadline: Instant,
     server_done: bool,
+    /// Writes the server reported complete (from Done) and receive completions seen so far.
+    writes_expected: u64,
+    writes_seen: u64,
     cancel_sent: bool,
     outcome: LoadOutcome,
     finished: bool,
@@ -169,20 +172,15 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Breaks the connection: QPs to ERROR (no late write can land), every pending layer of
-    /// every load becomes a miss. `timed_out` names the load whose deadline passed.
+    /// Breaks the connection: every pending layer of every load becomes a miss, QPs go to
+    /// ERROR (no late write can land) and the control channel is shut. `timed_out` names the
+    /// load whose deadline passed. The first caller's reason wins (the socket shutdown below
+    /// wakes the control reader, which then calls this again with "closed").
     fn break_conn(&self, why: String, timed_out: Option<u32>) {
-        for qp in &self.qps {
-            let _ = qp.set_error();
-        }
-        // Tell the server at once (it stops writing and flushes what it has in flight).
-        let _ = self.writer.lock().unwrap_or_else(|p| p.into_inner()).shutdown(std::net::Shutdown::Both);
         let mut actions = Vec::new();
         {
             let mut st = self.lock();
-            if st.broken.is_none() {
-                st.broken = Some(why.clone());
-            }
+            let why = st.broken.get_or_insert(why).clone();
             for (slot, ld) in st.loads.iter_mut() {
                 for (&layer, lp) in ld.layers.iter_mut() {
                     if lp.state == LayerState::Pending {
@@ -199,7 +197,13 @@ impl Shared {
                 }
             }
         }
-        // Sink calls first, then wake waiters: a waiter that returns sees every layer resolved.
+        for qp in &self.qps {
+            let _ = qp.set_error();
+        }
+        // Tell the server at once (it stops writing and flushes what it has in flight).
+        let _ = self.writer.lock().unwrap_or_else(|p| p.into_inner()).shutdown(std::net::Shutdown::Both);
+        // Sink calls first, then wake waiters: a waiter that returns sees every layer resolved
+        // and no write can land any more (the QPs are in ERROR).
         run(actions);
         let mut st = self.lock();
         for ld in st.loads.values_mut() {
@@ -250,7 +254,7 @@ impl Shared {
     /// Marks a load finished once every layer is resolved and the server said Done.
     fn maybe_finish(st: &mut ConnState, slot: u32) -> bool {
         if let Some(ld) = st.loads.get_mut(&slot) {
-            if !ld.finished && ld.server_done && ld.all_resolved() {
+            if !ld.finished && ld.server_done && ld.writes_seen >= ld.writes_expected && ld.all_resolved() {
                 ld.finished = true;
                 return true;
             }
@@ -269,6 +273,7 @@ impl Shared {
         };
         let layer = u32::from(imm.layer);
         let slice_len = ld.slice_len;
+        ld.writes_seen += 1;
         let Some(lp) = ld.layers.get_mut(&layer) else {
             return Err(format!("write for layer {layer}, which load slot {slot} did not ask for"));
         };
@@ -292,7 +297,7 @@ impl Shared {
         Ok(())
     }
 
-    fn on_done(&self, slot: u32, failed: Vec<(u32, String)>) {
+    fn on_done(&self, slot: u32, failed: Vec<(u32, String)>, writes: u64) {
         let mut actions = Vec::new();
         {
             let mut st = self.lock();
@@ -313,6 +318,7 @@ impl Shared {
                 }
             }
             ld.server_done = true;
+            ld.writes_expected = writes;
         }
         run(actions);
         self.settle(&[slot]);
@@ -460,6 +466,8 @@ impl RdmaClient {
                     layers,
                     deadline: Instant::now() + self.shared.cfg.load_timeout,
                     server_done: false,
+                    writes_expected: 0,
+                    writes_seen: 0,
                     cancel_sent: false,
                     outcome: LoadOutcome { ready: Vec::new(), failed: Vec::new() },
                     finished: false,
@@ -609,7 +617,7 @@ fn poll_loop(sh: &Shared) {
 fn read_loop(sh: &Shared, mut s: TcpStream) {
     loop {
         match control::recv(&mut s) {
-            Ok(Some(Msg::Done { slot, failed })) => sh.on_done(slot, failed),
+            Ok(Some(Msg::Done { slot, failed, writes })) => sh.on_done(slot, failed, writes),
             Ok(Some(other)) => {
                 sh.break_conn(format!("unexpected control message {other:?}"), None);
                 return;

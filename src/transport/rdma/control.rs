@@ -93,6 +93,10 @@ pub enum Msg {
         slot: u32,
         /// `(layer, reason)` of each layer the server could not deliver.
         failed: Vec<(u32, String)>,
+        /// RDMA_WRITE_WITH_IMM operations of this load that completed successfully; the client
+        /// reuses the slot only after it has seen as many receive completions (its receive
+        /// completions may trail this message).
+        writes: u64,
     },
     /// Client → server: stop load `slot` (units not yet posted are skipped; the server still
     /// answers with [`Msg::Done`], after which no write of that load can land).
@@ -161,7 +165,7 @@ mod tests {
                 spec: LoadSpec { keys: vec!["a/b".into()], slice_len: 4096, layers: vec![2, 0, 1] },
                 targets: vec![LayerTarget { layer: 2, addr: 0x1000, rkey: 9, len: 4096 }],
             },
-            Msg::Done { slot: 3, failed: vec![(1, "boom".into())] },
+            Msg::Done { slot: 3, failed: vec![(1, "boom".into())], writes: 7 },
             Msg::Bye,
         ];
         let mut wire = Vec::new();

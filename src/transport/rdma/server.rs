@@ -290,8 +290,8 @@ fn serve_conn(
         let m = rx.recv().unwrap_or(Ok(None));
         match m {
             Ok(Some(Msg::Load { slot, spec, targets })) => {
-                let failed = conn.serve_load(src, slot, &spec, &targets);
-                if let Err(e) = control::send(&mut s, &Msg::Done { slot, failed }) {
+                let (failed, writes) = conn.serve_load(src, slot, &spec, &targets);
+                if let Err(e) = control::send(&mut s, &Msg::Done { slot, failed, writes }) {
                     break Err(e);
                 }
                 if let Some(why) = &conn.broken {
@@ -328,12 +328,14 @@ struct Flight {
     free: Vec<usize>,
     inflight: HashMap<usize, usize>,
     failed: Vec<Option<String>>,
+    ok_writes: u64,
 }
 
 impl Conn {
-    /// Serves one load; returns the `(layer, reason)` of each layer not delivered.
-    fn serve_load(&mut self, src: &dyn SliceSource, slot: u32, spec: &LoadSpec, targets: &[LayerTarget]) -> Vec<(u32, String)> {
-        let fail_all = |why: String| spec.layers.iter().map(|&l| (l, why.clone())).collect::<Vec<_>>();
+    /// Serves one load; returns the `(layer, reason)` of each layer not delivered and the
+    /// number of writes that completed successfully.
+    fn serve_load(&mut self, src: &dyn SliceSource, slot: u32, spec: &LoadSpec, targets: &[LayerTarget]) -> (Vec<(u32, String)>, u64) {
+        let fail_all = |why: String| (spec.layers.iter().map(|&l| (l, why.clone())).collect::<Vec<_>>(), 0);
         if let Some(why) = &self.broken {
             return fail_all(why.clone());
         }
@@ -347,7 +349,7 @@ impl Conn {
             return fail_all(format!("slice of {slice} bytes exceeds the staging arena of {} bytes", self.arena.len()));
         }
         let deadline = Instant::now() + self.cfg.op_timeout;
-        let mut f = Flight { free: (0..slots).rev().collect(), inflight: HashMap::new(), failed: vec![None; spec.layers.len()] };
+        let mut f = Flight { free: (0..slots).rev().collect(), inflight: HashMap::new(), failed: vec![None; spec.layers.len()], ok_writes: 0 };
         'layers: for (li, t) in targets.iter().enumerate() {
             for unit in 0..units as u32 {
                 if f.failed[li].is_some() {
@@ -404,7 +406,7 @@ impl Conn {
                 out.push((l, f.failed[li].clone().or_else(|| why_broken.clone()).unwrap_or_default()));
             }
         }
-        out
+        (out, f.ok_writes)
     }
 
     /// A free arena slot, reaping completions until one frees; `None` on timeout or breakage.
@@ -455,6 +457,9 @@ impl Conn {
             let li = f.inflight.remove(&slot_ix);
             if li.is_some() {
                 f.free.push(slot_ix);
+            }
+            if wc.is_ok() && li.is_some() {
+                f.ok_writes += 1;
             }
             if !wc.is_ok() {
                 let why = format!("RDMA write failed on QP {}: {}", wc.qp_num, wc.status_str());
