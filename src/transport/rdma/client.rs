@@ -114,6 +114,10 @@ struct LoadState {
     layers: HashMap<u32, LayerProg>,
     deadline: Instant,
     server_done: bool,
+    /// Set when the connection broke: the load ends once its sink calls have run.
+    aborted: bool,
+    /// Sink calls decided under the lock but not yet run.
+    sink_pending: u32,
     /// Writes the server reported complete (from Done) and receive completions seen so far.
     writes_expected: u64,
     writes_seen: u64,
@@ -178,6 +182,7 @@ impl Shared {
     /// wakes the control reader, which then calls this again with "closed").
     fn break_conn(&self, why: String, timed_out: Option<u32>) {
         let mut actions = Vec::new();
+        let mut ran = Vec::new();
         {
             let mut st = self.lock();
             let why = st.broken.get_or_insert(why).clone();
@@ -193,6 +198,8 @@ impl Shared {
                         };
                         ld.outcome.failed.push((layer, err.clone()));
                         actions.push(Action::Fail(ld.sink.clone(), layer, err));
+                        ld.sink_pending += 1;
+                        ran.push(*slot);
                     }
                 }
             }
@@ -205,12 +212,14 @@ impl Shared {
         // Sink calls first, then wake waiters: a waiter that returns sees every layer resolved
         // and no write can land any more (the QPs are in ERROR).
         run(actions);
-        let mut st = self.lock();
-        for ld in st.loads.values_mut() {
-            ld.finished = true;
-        }
-        drop(st);
-        self.cv.notify_all();
+        let slots: Vec<u32> = {
+            let mut st = self.lock();
+            for ld in st.loads.values_mut() {
+                ld.aborted = true;
+            }
+            st.loads.keys().copied().collect()
+        };
+        self.settle(&ran, &slots);
     }
 
     /// Tells the server about loads whose sink reports cancellation (once per load).
@@ -238,11 +247,19 @@ impl Shared {
         }
     }
 
-    /// Finishes the loads in `slots` that are complete; called after their sink calls ran.
-    fn settle(&self, slots: &[u32]) {
+    /// Records that the sink calls counted in `ran` (one entry per call, by slot) have run,
+    /// then finishes the loads in `ran` and `check` that are complete. A load finishes only
+    /// after every sink call for it has run, so a waiter never sees a layer "ready" before
+    /// the sink does.
+    fn settle(&self, ran: &[u32], check: &[u32]) {
         let mut st = self.lock();
+        for slot in ran {
+            if let Some(ld) = st.loads.get_mut(slot) {
+                ld.sink_pending = ld.sink_pending.saturating_sub(1);
+            }
+        }
         let mut any = false;
-        for &slot in slots {
+        for &slot in ran.iter().chain(check) {
             any |= Self::maybe_finish(&mut st, slot);
         }
         drop(st);
@@ -251,10 +268,13 @@ impl Shared {
         }
     }
 
-    /// Marks a load finished once every layer is resolved and the server said Done.
+    /// Marks a load finished when its sink calls have all run and it is either aborted or
+    /// fully delivered (every layer resolved, the server's Done seen, and as many receive
+    /// completions seen as the server reported writes).
     fn maybe_finish(st: &mut ConnState, slot: u32) -> bool {
         if let Some(ld) = st.loads.get_mut(&slot) {
-            if !ld.finished && ld.server_done && ld.writes_seen >= ld.writes_expected && ld.all_resolved() {
+            let delivered = ld.server_done && ld.writes_seen >= ld.writes_expected && ld.all_resolved();
+            if !ld.finished && ld.sink_pending == 0 && (ld.aborted || delivered) {
                 ld.finished = true;
                 return true;
             }
@@ -263,7 +283,15 @@ impl Shared {
     }
 
     /// Handles one receive completion.
-    fn on_recv(&self, wc: &Completion, actions: &mut Vec<Action>, touched: &mut Vec<u32>) -> std::result::Result<(), String> {
+    /// `touched` gets the slot once per sink call queued, `check` once per completion (the
+    /// load may be finishable even when no sink call is due: a late unit of a failed layer).
+    fn on_recv(
+        &self,
+        wc: &Completion,
+        actions: &mut Vec<Action>,
+        touched: &mut Vec<u32>,
+        check: &mut Vec<u32>,
+    ) -> std::result::Result<(), String> {
         let Some(v) = wc.imm else { return Err(format!("receive completion without immediate (opcode {})", wc.opcode)) };
         let imm = Imm::decode(v);
         let mut st = self.lock();
@@ -274,6 +302,7 @@ impl Shared {
         let layer = u32::from(imm.layer);
         let slice_len = ld.slice_len;
         ld.writes_seen += 1;
+        check.push(slot);
         let Some(lp) = ld.layers.get_mut(&layer) else {
             return Err(format!("write for layer {layer}, which load slot {slot} did not ask for"));
         };
@@ -292,8 +321,10 @@ impl Shared {
                 lp.state = LayerState::Ready;
                 ld.outcome.ready.push(layer);
             }
+            // the sink call runs after the lock is released; the load cannot finish before
+            ld.sink_pending += 1;
+            touched.push(slot);
         }
-        touched.push(slot);
         Ok(())
     }
 
@@ -314,14 +345,16 @@ impl Shared {
                         };
                         ld.outcome.failed.push((layer, err.clone()));
                         actions.push(Action::Fail(ld.sink.clone(), layer, err));
+                        ld.sink_pending += 1;
                     }
                 }
             }
             ld.server_done = true;
             ld.writes_expected = writes;
         }
+        let ran = vec![slot; actions.len()];
         run(actions);
-        self.settle(&[slot]);
+        self.settle(&ran, &[slot]);
     }
 }
 
@@ -466,6 +499,8 @@ impl RdmaClient {
                     layers,
                     deadline: Instant::now() + self.shared.cfg.load_timeout,
                     server_done: false,
+                    aborted: false,
+                    sink_pending: 0,
                     writes_expected: 0,
                     writes_seen: 0,
                     cancel_sent: false,
@@ -583,6 +618,7 @@ fn poll_loop(sh: &Shared) {
         idle = 0;
         let mut actions = Vec::new();
         let mut touched = Vec::new();
+        let mut check = Vec::new();
         for wc in &wcs {
             let broken = sh.lock().broken.is_some();
             if !wc.is_ok() {
@@ -595,21 +631,23 @@ fn poll_loop(sh: &Shared) {
                 continue;
             }
             if wc.is_recv_write_imm() {
-                if let Err(why) = sh.on_recv(wc, &mut actions, &mut touched) {
+                if let Err(why) = sh.on_recv(wc, &mut actions, &mut touched, &mut check) {
                     run(std::mem::take(&mut actions));
+                    sh.settle(&std::mem::take(&mut touched), &std::mem::take(&mut check));
                     sh.break_conn(why, None);
                     continue;
                 }
                 if let Some(qp) = sh.qps.get(wc.wr_id as usize) {
                     if let Err(e) = qp.post_recv(wc.wr_id) {
                         run(std::mem::take(&mut actions));
+                        sh.settle(&std::mem::take(&mut touched), &std::mem::take(&mut check));
                         sh.break_conn(format!("re-posting a receive failed: {e}"), None);
                     }
                 }
             }
         }
         run(actions);
-        sh.settle(&touched);
+        sh.settle(&touched, &check);
     }
 }
 
