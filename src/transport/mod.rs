@@ -7,6 +7,9 @@ pub mod tcp;
 
 use crate::error::LayerError;
 
+#[cfg(feature = "rdma")]
+pub mod rdma;
+
 /// Where a load's bytes land. Implemented by the connector over the caller's destination
 /// buffers; called by transports (gather over TCP or RDMA) and by the stock-S3 path.
 ///

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# CI lane for the RDMA data path (feature `rdma`).
+#
+# 1. installs the system packages (QEMU, busybox, kmod, cpio, rdma-core and the verbs
+#    headers, libclang for bindgen) when missing;
+# 2. builds every test with `cargo test --release --features rdma --no-run`;
+# 3. boots the soft-RoCE VM once (scripts/rxe-vm/run.sh: Debian's kernel under QEMU, rxe0 on
+#    loopback) and runs the RDMA test binaries (tests/rdma_*.rs and the unit tests under
+#    transport::rdma) inside it, where OBJECTCACHE_REQUIRE_RDMA=1 turns any SKIP into a failure.
+# Exits non-zero when anything fails. Guest memory: RXE_VM_MEM (default 1G).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+
+pkgs=(qemu-system-x86 busybox-static kmod cpio rdma-core ibverbs-utils ibverbs-providers libibverbs-dev
+      librdmacm-dev iproute2 libclang-dev pkg-config)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "ci-rdma: installing ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+echo "ci-rdma: building tests with --features rdma"
+json="$(mktemp)"; trap 'rm -f "$json"' EXIT
+cargo test --release --features rdma --no-run --message-format=json-render-diagnostics > "$json"
+# test executables: integration tests named rdma_* and the library's unit tests
+exe() { sed -n 's/.*"executable":"\([^"]*\)".*/\1/p'; }
+mapfile -t rdma_tests < <(grep '"kind":\["test"\]' "$json" | grep -E '"name":"rdma_[A-Za-z0-9_]*"' | exe || true)
+lib_test="$( (grep '"name":"objectcache"' "$json" | grep '"src_path":"[^"]*/src/lib\.rs"' | exe || true) | head -n1)"
+[ ${#rdma_tests[@]} -gt 0 ] || { echo "ci-rdma: no tests/rdma_*.rs executables were built" >&2; exit 1; }
+echo "ci-rdma: ${#rdma_tests[@]} RDMA test binaries${lib_test:+ + unit tests}; booting the soft-RoCE VM"
+
+script="set -e"
+[ -n "$lib_test" ] && script+="; echo '== unit tests transport::rdma'; $lib_test transport::rdma"
+for t in "${rdma_tests[@]}"; do script+="; echo '== $(basename "$t")'; $t"; done
+rc=0
+scripts/rxe-vm/run.sh bash -c "$script" || rc=$?
+echo "ci-rdma: exit $rc after $(( $(date +%s) - start )) s"
+exit $rc

@@ -1,0 +1,197 @@
+//! The TCP control channel: connection set-up (QP numbers, GIDs, PSNs) and per-load requests
+//! carrying the client's registered destination (address, rkey, length per layer).
+//!
+//! Framing: a 4-byte big-endian length, then that many bytes of JSON (one [`Msg`]). Frames
+//! above [`MAX_FRAME`] bytes are refused. This is the minimal exchange the RDMA path needs
+//! on its own; the gather protocol's descriptor can carry the same [`LayerTarget`]s.
+
+use std::io::{Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+use super::{RdmaError, Result};
+
+/// Control protocol version sent in [`Msg::Hello`].
+pub const VERSION: u32 = 1;
+/// Largest control frame in bytes (16 MiB).
+pub const MAX_FRAME: u32 = 16 << 20;
+
+/// One side of an RC connection, as exchanged before bring-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Endpoint {
+    /// QP number (24 bits).
+    pub qpn: u32,
+    /// Starting packet sequence number (24 bits).
+    pub psn: u32,
+    /// 16-byte GID (RoCE: the IPv6 or IPv4-mapped address of the port).
+    pub gid: [u8; 16],
+    /// LID (InfiniBand only; 0 on RoCE).
+    pub lid: u16,
+    /// Active MTU of the port in bytes.
+    pub mtu: u32,
+}
+
+/// Where one layer of a load lands in the client's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerTarget {
+    /// Layer index in the model.
+    pub layer: u32,
+    /// Remote virtual address of the layer's first byte.
+    pub addr: u64,
+    /// Remote key of the memory region holding it.
+    pub rkey: u32,
+    /// Bytes: `units x unit_len` (chunks x slice bytes, CRC excluded).
+    pub len: u64,
+}
+
+/// What to load: chunk objects in prefix order (unit `u` = chunk `keys[u]`), the slice length
+/// of one layer of one chunk (K+V bytes, CRC excluded) and the layers in the order the
+/// scheduler wants them delivered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoadSpec {
+    /// Object keys of the chunks, first chunk of the prefix first.
+    pub keys: Vec<String>,
+    /// One layer's K+V bytes of one chunk (`KvGeometry::slice_bytes`).
+    pub slice_len: u64,
+    /// Layers to deliver, in delivery order.
+    pub layers: Vec<u32>,
+}
+
+/// A control-channel message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Msg {
+    /// Client → server: version and the client's QPs (in INIT, receives posted).
+    Hello {
+        /// [`VERSION`].
+        version: u32,
+        /// One endpoint per QP.
+        endpoints: Vec<Endpoint>,
+    },
+    /// Server → client: the server's QPs (already RTS), paired by position.
+    Welcome {
+        /// One endpoint per client QP.
+        endpoints: Vec<Endpoint>,
+    },
+    /// Server → client: set-up refused (no device, version mismatch); the text says why.
+    Refuse {
+        /// Reason.
+        reason: String,
+    },
+    /// Client → server: deliver `spec` into `targets` under load slot `slot`.
+    Load {
+        /// Load slot (see [`super::Imm`]).
+        slot: u32,
+        /// What to load.
+        spec: LoadSpec,
+        /// Destination of each layer in `spec.layers`, same order.
+        targets: Vec<LayerTarget>,
+    },
+    /// Server → client: every write of load `slot` has completed, except the listed layers,
+    /// which are misses (with the reason).
+    Done {
+        /// Load slot.
+        slot: u32,
+        /// `(layer, reason)` of each layer the server could not deliver.
+        failed: Vec<(u32, String)>,
+        /// RDMA_WRITE_WITH_IMM operations of this load that completed successfully; the client
+        /// reuses the slot only after it has seen as many receive completions (its receive
+        /// completions may trail this message).
+        writes: u64,
+    },
+    /// Client → server: stop load `slot` (units not yet posted are skipped; the server still
+    /// answers with [`Msg::Done`], after which no write of that load can land).
+    Cancel {
+        /// Load slot.
+        slot: u32,
+    },
+    /// Client → server: orderly close.
+    Bye,
+}
+
+/// Writes one frame.
+///
+/// # Errors
+/// [`RdmaError::Io`] on socket errors; [`RdmaError::Protocol`] if the frame is too large.
+pub fn send(w: &mut impl Write, msg: &Msg) -> Result<()> {
+    let body = serde_json::to_vec(msg).map_err(|e| RdmaError::Protocol(format!("encode: {e}")))?;
+    if body.len() > MAX_FRAME as usize {
+        return Err(RdmaError::Protocol(format!("frame of {} bytes exceeds {MAX_FRAME}", body.len())));
+    }
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&body);
+    w.write_all(&frame)?;
+    w.flush()?;
+    Ok(())
+}
+
+/// Reads one frame; `Ok(None)` on a clean end of stream before a frame starts.
+///
+/// # Errors
+/// [`RdmaError::Io`] on socket errors or a stream cut inside a frame; [`RdmaError::Protocol`]
+/// for an oversized frame or JSON that is not a [`Msg`].
+pub fn recv(r: &mut impl Read) -> Result<Option<Msg>> {
+    let mut len = [0u8; 4];
+    let mut got = 0;
+    while got < 4 {
+        let n = r.read(&mut len[got..])?;
+        if n == 0 {
+            if got == 0 {
+                return Ok(None);
+            }
+            return Err(RdmaError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        got += n;
+    }
+    let len = u32::from_be_bytes(len);
+    if len > MAX_FRAME {
+        return Err(RdmaError::Protocol(format!("frame of {len} bytes exceeds {MAX_FRAME}")));
+    }
+    let mut body = vec![0u8; len as usize];
+    r.read_exact(&mut body)?;
+    serde_json::from_slice(&body).map(Some).map_err(|e| RdmaError::Protocol(format!("bad frame: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_reject_garbage() {
+        let msgs = vec![
+            Msg::Hello { version: VERSION, endpoints: vec![Endpoint { qpn: 17, psn: 0xabcdef, gid: [7; 16], lid: 0, mtu: 1024 }] },
+            Msg::Load {
+                slot: 3,
+                spec: LoadSpec { keys: vec!["a/b".into()], slice_len: 4096, layers: vec![2, 0, 1] },
+                targets: vec![LayerTarget { layer: 2, addr: 0x1000, rkey: 9, len: 4096 }],
+            },
+            Msg::Done { slot: 3, failed: vec![(1, "boom".into())], writes: 7 },
+            Msg::Bye,
+        ];
+        let mut wire = Vec::new();
+        for m in &msgs {
+            send(&mut wire, m).unwrap();
+        }
+        let mut r = &wire[..];
+        for m in &msgs {
+            assert_eq!(recv(&mut r).unwrap().as_ref(), Some(m));
+        }
+        assert_eq!(recv(&mut r).unwrap(), None);
+        // cut inside a frame
+        let mut cut = &wire[..wire.len() - 1 - 4 - 5];
+        let mut last = Ok(None);
+        for _ in 0..4 {
+            last = recv(&mut cut);
+            if last.is_err() {
+                break;
+            }
+        }
+        assert!(last.is_err());
+        // oversized and non-JSON frames
+        let mut big = &(MAX_FRAME + 1).to_be_bytes()[..];
+        assert!(matches!(recv(&mut big), Err(RdmaError::Protocol(_))));
+        let mut bad = Vec::from(3u32.to_be_bytes());
+        bad.extend_from_slice(b"xyz");
+        assert!(matches!(recv(&mut &bad[..]), Err(RdmaError::Protocol(_))));
+    }
+}
