@@ -405,11 +405,17 @@ impl Engine {
             }
             // Monotonicity: a present marker implies all before it are present; an absent one
             // that all after it are absent.
-            if let Some(&last_present) = probes.iter().filter(|&&i| known[i] == Some(true)).max() {
-                lo = lo.max(last_present + 1);
-            }
+            // An absent marker bounds the answer even if a later one is present (markers that
+            // are not a prefix: a marker phase that failed part way, a chunk evicted).
             if let Some(&first_absent) = probes.iter().filter(|&&i| known[i] == Some(false)).min() {
                 hi = hi.min(first_absent);
+            }
+            if let Some(&last_present) = probes
+                .iter()
+                .filter(|&&i| i < hi && known[i] == Some(true))
+                .max()
+            {
+                lo = lo.max(last_present + 1);
             }
             tighten(&known, &mut lo, &mut hi);
         }
