@@ -26,6 +26,7 @@ pub mod connector;
 pub mod error;
 pub mod hash;
 pub mod layout;
+pub mod lifecycle;
 pub mod protocol;
 pub mod sched;
 pub mod server;
