@@ -256,6 +256,10 @@ impl Store for FsStore {
                 Some(i) => &prefix[..i],
                 None => "",
             };
+            // The directory part must be a valid key itself: no `..` climbing out of the root.
+            if !base.is_empty() {
+                validate_key(base)?;
+            }
             let start = if base.is_empty() {
                 root.clone()
             } else {
