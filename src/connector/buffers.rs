@@ -203,7 +203,11 @@ impl LoadState {
         Some(unsafe { std::slice::from_raw_parts(r.ptr, self.expected as usize) })
     }
 
-    fn try_ready(&self, l: usize, p: &mut Progress) {
+    /// Marks layer `l` ready if it is complete; returns whether it just became ready. The
+    /// caller must call `signal` after releasing the layer's lock (`wait_blocking` takes the
+    /// wake lock, then a layer lock: signalling under a layer lock would invert that order).
+    #[must_use]
+    fn try_ready(&self, l: usize, p: &mut Progress) -> bool {
         if p.failed.is_none()
             && !p.ready
             && p.written == self.expected
@@ -212,8 +216,9 @@ impl LoadState {
             p.ready = true;
             p.ready_at = Some(self.started.elapsed());
             self.ready_flags[l].store(true, Ordering::Release);
-            self.signal();
+            return true;
         }
+        false
     }
 
     /// Reserves `offset..offset+len` of layer `l`.
@@ -256,7 +261,11 @@ impl LoadState {
     fn finish_write(&self, l: usize, len: u64) {
         let mut p = self.layers[l].lock().expect("lock");
         p.written += len;
-        self.try_ready(l, &mut p);
+        let ready = self.try_ready(l, &mut p);
+        drop(p);
+        if ready {
+            self.signal();
+        }
     }
 
     pub(crate) fn write_impl(
@@ -288,7 +297,11 @@ impl LoadState {
         if let Some(lock) = self.layers.get(layer as usize) {
             let mut p = lock.lock().expect("lock");
             p.verified += bytes;
-            self.try_ready(layer as usize, &mut p);
+            let ready = self.try_ready(layer as usize, &mut p);
+            drop(p);
+            if ready {
+                self.signal();
+            }
         }
     }
 
