@@ -39,6 +39,24 @@ fn object_header(data: &[u8]) {
     }
 }
 
+/// The body of the `gather_descriptor` fuzz target.
+fn gather_descriptor(data: &[u8]) {
+    let _ = objectcache::protocol::GatherRequest::decode(data, 4096);
+    let _ = objectcache::protocol::SaveRequest::decode(data, 4096);
+}
+
+/// The body of the `frame_decoder` fuzz target.
+fn frame_decoder(data: &[u8]) {
+    use bytes::BytesMut;
+    use objectcache::protocol::{decode_frame, ClientConnection, ServerConnection, ServerLimits};
+    let mut buf = BytesMut::from(data);
+    while let Ok(Some(_)) = decode_frame(&mut buf, 1 << 20, 4096) {}
+    let mut s = ServerConnection::new(ServerLimits::default());
+    let _ = s.handle_bytes(&mut BytesMut::from(data));
+    let mut c = ClientConnection::new();
+    let _ = c.handle_bytes(&mut BytesMut::from(data));
+}
+
 fn replay(target: &str, f: fn(&[u8])) -> usize {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz/regressions").join(target);
     let mut n = 0;
@@ -78,4 +96,18 @@ fn object_header_regressions_and_hostile_headers() {
         object_header(&x);
     }
     println!("SECURITY|fuzz regressions + hostile object headers replayed|{}|no panic", n + 2 * inputs.len());
+}
+
+#[test]
+fn protocol_regressions_and_hostile_frames() {
+    let mut n = replay("gather_descriptor", gather_descriptor) + replay("frame_decoder", frame_decoder);
+    // Hostile inputs: every frame type byte with a maximal length, all-ones bodies.
+    for ty in 0..=255u8 {
+        let mut f = vec![ty, 0, 0, 0, 0xff, 0xff, 0xff, 0xff];
+        f.extend_from_slice(&[0xff; 64]);
+        frame_decoder(&f);
+        gather_descriptor(&f);
+        n += 2;
+    }
+    println!("SECURITY|protocol fuzz regressions + hostile frames replayed|{n}|no panic");
 }
