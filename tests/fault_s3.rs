@@ -115,6 +115,7 @@ fn slow_drip_never_yields_garbage() {
             load_timeout: Some(Duration::from_secs(3)),
             coalesce_bytes: 0,
             max_requests: 2,
+            gather: false,
             ..EngineConfig::default()
         },
     )
@@ -281,6 +282,7 @@ fn interrupted_save_leaves_no_visible_partial_prefix() {
             let mut cfg = EngineConfig {
                 namespace: nsk.clone(),
                 save_concurrency: 1,
+                gather: false,
                 ..EngineConfig::default()
             };
             cfg.lookup_cache_ttl = Duration::ZERO;

@@ -93,6 +93,8 @@ pub fn engine_on(store: Arc<dyn Store>, ns: &str, timeout: Duration) -> Engine {
         load_timeout: Some(timeout),
         lookup_cache_ttl: Duration::ZERO,
         coalesce_bytes: 0,
+        // The stock S3 path (ranged GETs) is under test: no gather probe.
+        gather: false,
         ..EngineConfig::default()
     };
     Engine::with_store(store, cfg).unwrap()
