@@ -5,6 +5,10 @@
 //! Needs a C compiler; without one the test fails under `OBJECTCACHE_REQUIRE_ALL` and prints
 //! SKIP otherwise.
 
+#[cfg(feature = "s3")]
+#[allow(dead_code)]
+mod gather_util;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -18,7 +22,9 @@ fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let deps = exe.parent().expect("deps dir").to_path_buf();
     let profile = deps.parent().expect("profile dir").to_path_buf();
-    for d in [&profile, &deps] {
+    // `deps/` first: it holds the cdylib built for this test run; the profile directory's
+    // copy is only refreshed by `cargo build` and may be older.
+    for d in [&deps, &profile] {
         if d.join(lib_name()).exists() {
             return d.clone();
         }
@@ -238,4 +244,34 @@ fn walk(p: &Path) -> usize {
         }
     }
     n
+}
+
+/// The same C program against the ObjectCache server (in-process, on loopback): the engine
+/// opens an `s3://` store URL on the server's endpoint, probes it, and loads through gather.
+#[cfg(feature = "s3")]
+#[test]
+fn c_lifecycle_against_the_server() {
+    let Some(cc) = cc() else { return };
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let exe = compile(&cc, "tests/c/lifecycle.c", tmp.path());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let backend: std::sync::Arc<dyn objectcache::store::Store> =
+        std::sync::Arc::new(objectcache::store::FsStore::new(tmp.path().join("srv"), objectcache::store::FsyncPolicy::Never).unwrap());
+    let server = rt.block_on(gather_util::start(backend, gather_util::config()));
+    let url = format!("s3://{}?endpoint={}&region=us-east-1&addressing=path", gather_util::BUCKET, server.endpoint());
+    let out = Command::new(&exe)
+        .arg(&url)
+        .env("AWS_ACCESS_KEY_ID", gather_util::ACCESS)
+        .env("AWS_SECRET_ACCESS_KEY", gather_util::SECRET)
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .output()
+        .expect("run the C program");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    print!("{stdout}");
+    eprint!("{stderr}");
+    assert!(out.status.success(), "C program against the server exited with {:?}:\n{stdout}{stderr}", out.status);
+    let summary = stdout.lines().find(|l| l.starts_with("c_abi: ")).expect("summary line");
+    assert!(summary.ends_with(" 0 failed"), "{summary}");
+    rt.block_on(server.shutdown());
 }

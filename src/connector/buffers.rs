@@ -191,6 +191,11 @@ impl LoadState {
         self.layers[l].lock().expect("lock").ready_at
     }
 
+    /// Bytes verified so far over all layers (counted before a layer can become ready).
+    pub(crate) fn verified_bytes(&self) -> u64 {
+        self.layers.iter().map(|p| p.lock().expect("lock").verified).sum()
+    }
+
     /// A ready layer's bytes.
     pub(crate) fn ready_bytes(&self, l: usize) -> Option<&[u8]> {
         if !self.ready_flags[l].load(Ordering::Acquire) {

@@ -88,6 +88,14 @@ pub(crate) async fn try_gather(
     match client.load(&greq, &sh.state).await {
         Ok(report) => {
             sh.bytes.fetch_add(report.bytes, Ordering::Relaxed);
+            // Per-chunk status from the layers' miss reasons (the server names the chunk).
+            for l in 0..sh.state.layers() {
+                if let super::buffers::LayerStatus::Failed(e) = sh.state.status(l) {
+                    if let Some((c, s)) = super::load::chunk_status_of(&e) {
+                        sh.set_chunk(c, s);
+                    }
+                }
+            }
             if let Probe::Offered(pool) = &mut *probe.lock().expect("lock") {
                 pool.push(client);
             }

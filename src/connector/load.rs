@@ -102,6 +102,18 @@ impl Shared {
     }
 }
 
+/// The chunk a layer error names, and the chunk status it implies (`None` for errors that
+/// name no chunk: timeouts, cancellation).
+pub(crate) fn chunk_status_of(e: &LayerError) -> Option<(usize, ChunkStatus)> {
+    match e {
+        LayerError::Missing { chunk, .. } => Some((*chunk, ChunkStatus::Missing)),
+        LayerError::ChecksumMismatch { chunk, .. } => Some((*chunk, ChunkStatus::Corrupt)),
+        LayerError::GeometryMismatch { chunk, .. } => Some((*chunk, ChunkStatus::WrongGeometry)),
+        LayerError::Storage { chunk, .. } => Some((*chunk, ChunkStatus::Error)),
+        _ => None,
+    }
+}
+
 /// Maps a store error on chunk `c` to its chunk status and layer error.
 fn classify(c: usize, key: &str, e: &StoreError) -> (ChunkStatus, LayerError) {
     match e {
@@ -437,10 +449,24 @@ impl LoadHandle {
     /// Per-chunk status. Once every layer is ready, every chunk is [`ChunkStatus::Ok`] (each
     /// of its slices arrived and was verified), even if the load's last task has not ended.
     pub fn chunk_status(&self) -> Vec<ChunkStatus> {
-        let all_ready = (0..self.layers()).all(|l| self.sh.state.status(l) == LayerStatus::Ready);
+        let statuses: Vec<LayerStatus> = (0..self.layers()).map(|l| self.sh.state.status(l)).collect();
+        let all_ready = statuses.iter().all(|s| *s == LayerStatus::Ready);
+        // A failed layer's error names the chunk at fault (also on the gather path, where the
+        // server reports misses per layer while the stream goes on).
+        let mut named: Vec<Option<ChunkStatus>> = vec![None; self.sh.chunk_status.len()];
+        for s in &statuses {
+            if let LayerStatus::Failed(e) = s {
+                if let Some((c, st)) = chunk_status_of(e) {
+                    if let Some(slot) = named.get_mut(c) {
+                        slot.get_or_insert(st);
+                    }
+                }
+            }
+        }
         (0..self.sh.chunk_status.len())
             .map(|c| match self.sh.chunk(c) {
                 ChunkStatus::Pending if all_ready => ChunkStatus::Ok,
+                ChunkStatus::Pending => named[c].unwrap_or(ChunkStatus::Pending),
                 s => s,
             })
             .collect()
@@ -462,7 +488,7 @@ impl LoadHandle {
             .collect();
         LoadStats {
             requests: self.sh.requests.load(Ordering::Relaxed),
-            bytes: self.sh.bytes.load(Ordering::Relaxed),
+            bytes: self.sh.state.verified_bytes(),
             ttfl_s: r.first().copied().flatten().map(|d| d.as_secs_f64()),
             ttll_s: if r.iter().all(|x| x.is_some()) {
                 r.iter().flatten().max().map(|d| d.as_secs_f64())
