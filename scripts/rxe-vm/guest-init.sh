@@ -10,9 +10,14 @@ mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 exchange "$x" || { ech
 exec >>"$x/output" 2>&1
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
-mount -t tmpfs tmpfs /tmp
-[ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
 . "$x/settings"   # VM_NETDEV, VM_CWD
+# A fresh /tmp, unless the checkout (and so the test binaries) lives under the host's /tmp:
+# the overlay root already makes /tmp writable, and a tmpfs would hide the host's files.
+case "$VM_CWD" in
+  /tmp|/tmp/*) ;;
+  *) mount -t tmpfs tmpfs /tmp ;;
+esac
+[ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
 kver="$(uname -r)"
 mkdir -p "/lib/modules/$kver"
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose modules "/lib/modules/$kver" || { echo "guest: modules mount failed"; finish 125; }
