@@ -297,10 +297,9 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                         store.put(&kb.data(h), object(&g, i)).await.map_err(|e| e.to_string())?;
                     }
                     let len = objectcache::layout::object_len(g.layers, g.slice_bytes());
-                    let mut m = objectcache::connector::MARKER_MAGIC.to_vec();
-                    m.extend_from_slice(&len.to_le_bytes());
+                    let m = objectcache::layout::encode_marker(len);
                     for h in &hs {
-                        store.put(&kb.marker(h), bytes::Bytes::from(m.clone())).await.map_err(|e| e.to_string())?;
+                        store.put(&kb.marker(h), Bytes::copy_from_slice(&m)).await.map_err(|e| e.to_string())?;
                     }
                     return Ok(objectcache::transport::tcp::SaveReport { written: hs.len() as u32, already_present: 0 });
                 }

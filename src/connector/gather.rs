@@ -86,8 +86,7 @@ pub(crate) async fn try_gather(
     }
     sh.requests.fetch_add(1, Ordering::Relaxed);
     match client.load(&greq, &sh.state).await {
-        Ok(report) => {
-            sh.bytes.fetch_add(report.bytes, Ordering::Relaxed);
+        Ok(_report) => {
             // Per-chunk status from the layers' miss reasons (the server names the chunk).
             for l in 0..sh.state.layers() {
                 if let super::buffers::LayerStatus::Failed(e) = sh.state.status(l) {

@@ -71,7 +71,6 @@ pub(crate) struct Shared {
     pub(crate) state: LoadState,
     pub(crate) chunk_status: Vec<AtomicU8>,
     pub(crate) requests: AtomicU64,
-    pub(crate) bytes: AtomicU64,
     pub(crate) tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
@@ -81,7 +80,6 @@ impl Shared {
             state: LoadState::new(bufs, expected),
             chunk_status: (0..chunks).map(|_| AtomicU8::new(0)).collect(),
             requests: AtomicU64::new(0),
-            bytes: AtomicU64::new(0),
             tasks: Mutex::new(Vec::new()),
         }
     }
@@ -334,9 +332,6 @@ async fn fetch_range(
                             },
                         ));
                     }
-                    // Count the bytes before the layer can become ready, so that stats read
-                    // after a layer is ready include it.
-                    sh.bytes.fetch_add(slice, Ordering::Relaxed);
                     sh.state.complete_impl(layer, slice);
                     layer += 1;
                     in_slice = 0;

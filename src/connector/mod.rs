@@ -44,8 +44,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-/// Magic of a publish marker object (16 bytes: magic, then the data object's length, u64 LE).
-pub const MARKER_MAGIC: [u8; 8] = *b"OCKVPUB1";
+pub use crate::layout::MARKER_MAGIC;
 
 /// Outcome of a save.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -275,10 +274,7 @@ impl Engine {
         }
         // Phase 2: publish markers, after every data object is durable.
         let len = object_len(g.layers, g.slice_bytes());
-        let mut marker = Vec::with_capacity(16);
-        marker.extend_from_slice(&MARKER_MAGIC);
-        marker.extend_from_slice(&len.to_le_bytes());
-        let marker = Bytes::from(marker);
+        let marker = Bytes::copy_from_slice(&crate::layout::encode_marker(len));
         let mkeys: Vec<String> = hashes.iter().map(|h| keys.marker(h)).collect();
         let store = self.store.clone();
         let mk2 = mkeys.clone();

@@ -261,6 +261,17 @@ impl ChunkHeader {
     }
 }
 
+/// Magic of a publish marker object (see docs/object-format.md, "Publish markers").
+pub const MARKER_MAGIC: [u8; 8] = *b"OCKVPUB1";
+
+/// A publish marker's 16 bytes: [`MARKER_MAGIC`], then the data object's length (u64 LE).
+pub fn encode_marker(object_len: u64) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&MARKER_MAGIC);
+    b[8..].copy_from_slice(&object_len.to_le_bytes());
+    b
+}
+
 /// Total size of a chunk object of `layers` layers and `slice_len`-byte slices.
 pub fn object_len(layers: u32, slice_len: u64) -> u64 {
     HEADER_LEN + layers as u64 * (slice_len + SLICE_CRC_LEN)

@@ -636,14 +636,7 @@ fn check_object(req: &SaveRequest, i: usize, o: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-/// Magic of a publish marker; the same bytes as `connector::MARKER_MAGIC` (the server does
-/// not import the connector; `tests/gather_tcp.rs` checks both paths write identical markers).
-pub(crate) const MARKER_MAGIC: [u8; 8] = *b"OCKVPUB1";
-
-/// A publish marker's body: the magic, then the data object's length (u64 LE); 16 bytes.
+/// A publish marker's body (the layout module's encoding, shared with the connector).
 fn marker_body(object_len: u64) -> Bytes {
-    let mut b = Vec::with_capacity(16);
-    b.extend_from_slice(&MARKER_MAGIC);
-    b.extend_from_slice(&object_len.to_le_bytes());
-    Bytes::from(b)
+    Bytes::copy_from_slice(&crate::layout::encode_marker(object_len))
 }
