@@ -84,6 +84,9 @@ extern "C" {
 #define OBJECTCACHE_ERR_LAYER_TIMEOUT 24
 /** Layer miss: the transfer was cancelled (LayerError::Cancelled). */
 #define OBJECTCACHE_ERR_CANCELLED 25
+/** Layer miss: verified in host memory, its copy to device memory failed
+ *  (LayerError::Device; cuda builds only). */
+#define OBJECTCACHE_ERR_LAYER_DEVICE 26
 
 /** A status code (one of the OBJECTCACHE_OK / _PENDING / _ERR_* values). */
 typedef int32_t objectcache_status;

@@ -144,6 +144,15 @@ pub enum LayerError {
     /// The load was cancelled before this layer was ready.
     #[error("load cancelled")]
     Cancelled,
+    /// The layer arrived and was verified in host memory, but its copy to the device
+    /// failed (feature `cuda`; see `crate::cuda`).
+    #[error("layer {layer}: {message}")]
+    Device {
+        /// Layer index.
+        layer: usize,
+        /// The CUDA driver's error, as text.
+        message: String,
+    },
 }
 
 /// Crate-level error for API calls.

@@ -14,7 +14,8 @@
 //! - **pure core** (no I/O, no clock): [`layout`] (geometry, object format, keys, read planning),
 //!   [`hash`] (vLLM-compatible block hashes), [`protocol`] (gather wire format),
 //!   [`sched`] (bandwidth scheduling, compute model, planner), [`sim`] (discrete-event simulator);
-//! - **shells** (I/O): [`store`] (one trait, many backends), [`transport`] (TCP, RDMA drivers);
+//! - **shells** (I/O): [`store`] (one trait, many backends), [`transport`] (TCP, RDMA drivers),
+//!   `cuda` (feature `cuda`: per-layer copies from pinned staging into device memory);
 //! - **composition**: [`connector`] (the client engine: save, lookup, load), [`server`];
 //! - **edges**: [`capi`] (C ABI), [`cli`] (the `objectcache` binary).
 #![warn(missing_docs)]
@@ -23,6 +24,8 @@
 pub mod capi;
 pub mod cli;
 pub mod connector;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod error;
 pub mod hash;
 pub mod layout;

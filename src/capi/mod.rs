@@ -75,6 +75,7 @@ fn layer_code(e: &LayerError) -> objectcache_status {
         LayerError::Storage { .. } => OBJECTCACHE_ERR_LAYER_STORAGE,
         LayerError::Timeout { .. } => OBJECTCACHE_ERR_LAYER_TIMEOUT,
         LayerError::Cancelled => OBJECTCACHE_ERR_CANCELLED,
+        LayerError::Device { .. } => OBJECTCACHE_ERR_LAYER_DEVICE,
     }
 }
 
@@ -267,11 +268,17 @@ struct RegionObj {
     len: usize,
     /// Unreleased transfers writing into this region.
     users: AtomicUsize,
+    /// Device memory: the device and the pinned host staging that loads land in first.
+    #[cfg(feature = "cuda")]
+    device: Option<(crate::cuda::Device, crate::cuda::PinnedStaging)>,
 }
 
 struct TransferObj {
     engine: Arc<EngineObj>,
-    handle: LoadHandle,
+    handle: Arc<LoadHandle>,
+    /// Copies of the layers whose destination is device memory (none: all host).
+    #[cfg(feature = "cuda")]
+    device: Option<crate::cuda::DeviceLoad>,
     regions: Vec<Arc<RegionObj>>,
     request_id: u64,
 }
@@ -673,18 +680,18 @@ pub unsafe extern "C" fn objectcache_register_memory(
         need_out(out, "out")?;
         match kind {
             OBJECTCACHE_MEM_HOST => {}
+            #[cfg(not(feature = "cuda"))]
             OBJECTCACHE_MEM_DEVICE => {
-                let why = if cfg!(feature = "cuda") {
-                    "device destinations are not implemented by the connector yet; register \
-                     host memory and copy to the device"
-                } else {
-                    "this library was built without the cuda feature"
-                };
                 return Err(err(
                     OBJECTCACHE_ERR_UNSUPPORTED,
-                    format!("device memory (device {device}): {why}"),
+                    format!(
+                        "device memory (device {device}): this library was built without the \
+                         cuda feature"
+                    ),
                 ));
             }
+            #[cfg(feature = "cuda")]
+            OBJECTCACHE_MEM_DEVICE => {}
             k => {
                 return Err(invalid(format!(
                     "kind {k} is not OBJECTCACHE_MEM_HOST (0) or OBJECTCACHE_MEM_DEVICE (1)"
@@ -700,6 +707,16 @@ pub unsafe extern "C" fn objectcache_register_memory(
         if addr.addr().checked_add(len).is_none() || len > isize::MAX as usize {
             return Err(invalid(format!("addr {addr:p} + len {len} overflows")));
         }
+        #[cfg(feature = "cuda")]
+        let device_region = if kind == OBJECTCACHE_MEM_DEVICE {
+            let dev = crate::cuda::Device::open(device)
+                .map_err(|x| err(OBJECTCACHE_ERR_UNSUPPORTED, x.to_string()))?;
+            dev.check_device_range(addr.addr(), len)?;
+            let staging = dev.staging(len)?;
+            Some((dev, staging))
+        } else {
+            None
+        };
         let mut regions = lock(&e.regions);
         let id = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
         let r = Arc::new(RegionObj {
@@ -707,6 +724,8 @@ pub unsafe extern "C" fn objectcache_register_memory(
             addr: addr.addr(),
             len,
             users: AtomicUsize::new(0),
+            #[cfg(feature = "cuda")]
+            device: device_region,
         });
         regions.push(r.clone());
         registry().insert(id, Obj::Region(r));
@@ -951,6 +970,11 @@ pub unsafe extern "C" fn objectcache_load(
         let regions = lock(&e.regions).clone();
         let mut raw: Vec<(*mut u8, usize)> = Vec::with_capacity(dests.len());
         let mut used: Vec<Arc<RegionObj>> = Vec::new();
+        // Per layer: the host-to-device copies of a device destination (staging -> device).
+        #[cfg(feature = "cuda")]
+        let mut copies: Vec<Vec<crate::cuda::LayerCopy>> = Vec::with_capacity(dests.len());
+        #[cfg(feature = "cuda")]
+        let mut load_device: Option<crate::cuda::Device> = None;
         for (l, d) in dests.iter().enumerate() {
             if d.addr.is_null() {
                 return Err(ctx(format!("params->layers[{l}].addr is NULL")));
@@ -981,6 +1005,32 @@ pub unsafe extern "C" fn objectcache_load(
             if !used.iter().any(|u| u.id == r.id) {
                 used.push(r.clone());
             }
+            #[cfg(feature = "cuda")]
+            if let Some((dev, staging)) = &r.device {
+                match &load_device {
+                    Some(ld) if ld.ordinal() != dev.ordinal() => {
+                        return Err(ctx(format!(
+                            "params->layers[{l}] is on device {}, other layers on device {}: \
+                             one load writes to one device",
+                            dev.ordinal(),
+                            ld.ordinal()
+                        )))
+                    }
+                    Some(_) => {}
+                    None => load_device = Some(dev.clone()),
+                }
+                // The load lands in the staging bytes at the same offset as the device range.
+                let src = staging.as_mut_ptr()?.wrapping_add(a - r.addr);
+                copies.push(vec![crate::cuda::LayerCopy {
+                    dst: a as u64,
+                    src: src.addr(),
+                    len,
+                }]);
+                raw.push((src, len));
+                continue;
+            }
+            #[cfg(feature = "cuda")]
+            copies.push(Vec::new());
             raw.push((d.addr.cast(), len));
         }
         let mut sorted: Vec<(usize, usize, usize)> = raw
@@ -1022,9 +1072,34 @@ pub unsafe extern "C" fn objectcache_load(
                 return Err(err(error_code(&x), format!("request {rid}: {x}")));
             }
         };
+        let handle = Arc::new(handle);
+        #[cfg(feature = "cuda")]
+        let device = match load_device {
+            None => None,
+            // SAFETY: every copy's source is the staging twin of a registered device range
+            // (pinned, owned by a region this transfer holds busy until released, and written
+            // only by this load); every destination is that device range, checked at
+            // registration; release drops the DeviceLoad (waiting for its copies) before
+            // letting the regions go.
+            Some(dev) => {
+                match unsafe { crate::cuda::DeviceLoad::start(&dev, handle.clone(), copies) } {
+                    Ok(d) => Some(d),
+                    Err(x) => {
+                        handle.cancel();
+                        for r in &used {
+                            r.users.fetch_sub(1, Ordering::AcqRel);
+                        }
+                        e.live_transfers.fetch_sub(1, Ordering::AcqRel);
+                        return Err(err(error_code(&x), format!("request {rid}: {x}")));
+                    }
+                }
+            }
+        };
         let id = insert(Obj::Transfer(Arc::new(TransferObj {
             engine: e,
             handle,
+            #[cfg(feature = "cuda")]
+            device,
             regions: used,
             request_id: rid,
         })));
@@ -1045,6 +1120,26 @@ fn check_layer(t: &TransferObj, layer: u32) -> Result<usize, CErr> {
     Ok(l)
 }
 
+impl TransferObj {
+    /// Layer `l`'s status as the caller sees it: on the device for device destinations.
+    fn poll(&self, l: usize) -> LayerStatus {
+        #[cfg(feature = "cuda")]
+        if let Some(d) = &self.device {
+            return d.poll_layer(l);
+        }
+        self.handle.poll_layer(l)
+    }
+
+    /// Blocking wait for layer `l` (see [`LoadHandle::wait_layer_blocking`]).
+    fn wait(&self, l: usize, to: Option<Duration>) -> Result<(), LayerError> {
+        #[cfg(feature = "cuda")]
+        if let Some(d) = &self.device {
+            return d.wait_layer_blocking(l, to);
+        }
+        self.handle.wait_layer_blocking(l, to)
+    }
+}
+
 fn layer_result(t: &TransferObj, l: usize, s: LayerStatus) -> Result<objectcache_status, CErr> {
     match s {
         LayerStatus::Ready => Ok(OBJECTCACHE_OK),
@@ -1063,10 +1158,10 @@ fn wait_one(
     deadline: Option<Instant>,
 ) -> Result<objectcache_status, CErr> {
     let to = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-    match t.handle.wait_layer_blocking(l, to) {
+    match t.wait(l, to) {
         Ok(()) => Ok(OBJECTCACHE_OK),
         // A wait that timed out leaves the layer pending; the load's own deadline fails it.
-        Err(LayerError::Timeout { .. }) => layer_result(t, l, t.handle.poll_layer(l)),
+        Err(LayerError::Timeout { .. }) => layer_result(t, l, t.poll(l)),
         Err(e) => layer_result(t, l, LayerStatus::Failed(e)),
     }
 }
@@ -1083,7 +1178,7 @@ pub unsafe extern "C" fn objectcache_transfer_poll_layer(
     guard("objectcache_transfer_poll_layer", || {
         let t = get_transfer(transfer)?;
         let l = check_layer(&t, layer)?;
-        layer_result(&t, l, t.handle.poll_layer(l))
+        layer_result(&t, l, t.poll(l))
     })
 }
 
@@ -1187,7 +1282,7 @@ pub unsafe extern "C" fn objectcache_transfer_stats_get(
     guard("objectcache_transfer_stats_get", || {
         let t = get_transfer(transfer)?;
         let ready = (0..t.handle.layers())
-            .filter(|&l| t.handle.poll_layer(l) == LayerStatus::Ready)
+            .filter(|&l| t.poll(l) == LayerStatus::Ready)
             .count();
         let s = t.handle.stats();
         let v = objectcache_transfer_stats {
@@ -1261,8 +1356,14 @@ pub unsafe extern "C" fn objectcache_transfer_release(
             engine,
             handle,
             regions,
+            #[cfg(feature = "cuda")]
+            device,
             ..
         } = obj;
+        // Device copies first: dropping them waits for every queued copy to finish reading
+        // the staging memory.
+        #[cfg(feature = "cuda")]
+        drop(device);
         // Dropping the handle stops every task of the load and waits until none can touch
         // the destinations; only then are the regions free to be deregistered.
         drop(handle);

@@ -50,6 +50,8 @@ pub const OBJECTCACHE_ERR_LAYER_STORAGE: i32 = 23;
 pub const OBJECTCACHE_ERR_LAYER_TIMEOUT: i32 = 24;
 /// [`crate::LayerError::Cancelled`].
 pub const OBJECTCACHE_ERR_CANCELLED: i32 = 25;
+/// [`crate::LayerError::Device`]: verified in host memory, the copy to the device failed.
+pub const OBJECTCACHE_ERR_LAYER_DEVICE: i32 = 26;
 
 /// bfloat16 ([`crate::Dtype::Bf16`], header code 1).
 pub const OBJECTCACHE_DTYPE_BF16: i32 = 1;
@@ -298,6 +300,7 @@ pub(crate) fn status_name(s: i32) -> &'static CStr {
         OBJECTCACHE_ERR_LAYER_STORAGE => c"OBJECTCACHE_ERR_LAYER_STORAGE",
         OBJECTCACHE_ERR_LAYER_TIMEOUT => c"OBJECTCACHE_ERR_LAYER_TIMEOUT",
         OBJECTCACHE_ERR_CANCELLED => c"OBJECTCACHE_ERR_CANCELLED",
+        OBJECTCACHE_ERR_LAYER_DEVICE => c"OBJECTCACHE_ERR_LAYER_DEVICE",
         _ => c"unknown status",
     }
 }
