@@ -350,6 +350,11 @@ pub fn run(a: &ModeledArgs, runs: usize, json: Option<&std::path::Path>) -> Resu
             .save_blocking(&g, &hs, &refs)
             .map_err(|e| anyhow!("saving {model}'s chunks: {e}"))?;
         let kb = eng_gather.keys(&g).map_err(|e| anyhow!("{e}"))?;
+        // One untimed load per engine: connection set-up and the gather probe are not part
+        // of a steady-state load.
+        for eng in [&eng_gather, &eng_ranged] {
+            link::engine_load(eng, &g, &hs[..1], &data).context("warm-up load")?;
+        }
         let methods = 3 + usize::from(python.is_some());
         let pb = ProgressBar::new((plan.contexts.len() * methods * plan.runs) as u64);
         pb.set_style(
