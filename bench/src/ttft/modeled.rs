@@ -70,7 +70,7 @@ pub struct ModeledArgs {
     #[arg(long, value_name = "GBPS", default_value_t = 100.0)]
     pub link_gbps: f64,
     /// [modeled] Real cap of the loopback proxy every load crosses, MB/s (10^6 bytes/s).
-    #[arg(long, value_name = "MB_S", default_value_t = 500.0)]
+    #[arg(long, value_name = "MB_S", default_value_t = 250.0)]
     pub loopback_cap_mb_s: f64,
     /// [modeled] Real bytes moved per load at most, MiB (the prefix's first chunks; the time
     /// scale covers the rest).

@@ -28,9 +28,12 @@ pub const ACCESS_KEY: &str = "bench";
 /// Secret key of the in-process server.
 pub const SECRET_KEY: &str = "bench-secret";
 
-/// Burst allowance of the capped link, seconds at the cap rate (2 ms): timers sleep at
+/// Burst allowance of the capped link, seconds at the cap rate (4 ms): timers sleep at
 /// millisecond granularity, so a strict pacer would lose up to 1 ms per block.
-pub const BURST_S: f64 = 0.002;
+pub const BURST_S: f64 = 0.004;
+
+/// Blocks (of at most 1 MiB) the link may have delivered ahead of the client's reads.
+const DELIVERY_QUEUE: usize = 32;
 
 /// Shared pacer of the capped link: when the link is next free.
 struct Pacer {
@@ -86,20 +89,34 @@ async fn pipe_down(
     mut w: tokio::net::tcp::OwnedWriteHalf,
     pacer: Arc<Pacer>,
 ) {
-    let mut buf = vec![0u8; 256 << 10];
+    // The link delivers into a receive queue of up to DELIVERY_QUEUE blocks (a NIC ring and
+    // socket buffer); a writer drains it into the client's socket as fast as the client
+    // reads, so a client that is briefly descheduled lags on its own without idling the link.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(DELIVERY_QUEUE);
+    let writer = tokio::spawn(async move {
+        while let Some(b) = rx.recv().await {
+            if w.write_all(&b).await.is_err() {
+                break;
+            }
+        }
+        let _ = w.shutdown().await;
+    });
     loop {
+        let mut buf = vec![0u8; 1 << 20];
         match r.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
+                buf.truncate(n);
                 let at = pacer.reserve(n);
                 tokio::time::sleep_until(at.into()).await;
-                if w.write_all(&buf[..n]).await.is_err() {
+                if tx.send(buf).await.is_err() {
                     break;
                 }
             }
         }
     }
-    let _ = w.shutdown().await;
+    drop(tx);
+    let _ = writer.await;
 }
 
 /// Starts the server over an in-memory store and the capped proxy in front of it.
