@@ -36,7 +36,8 @@ fn find<'a>(recs: &'a [Value], method: &str, conc: u64) -> Vec<&'a Value> {
 }
 
 fn f(r: &Value, k: &str) -> f64 {
-    r[k].as_f64().unwrap_or_else(|| panic!("{k} is not a number in {r}"))
+    r[k].as_f64()
+        .unwrap_or_else(|| panic!("{k} is not a number in {r}"))
 }
 
 #[test]
@@ -75,7 +76,10 @@ fn modeled_grid_point_end_to_end() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("goal gather-tcp within 5% of the pipeline bound"), "{stdout}");
+    assert!(
+        stdout.contains("goal gather-tcp within 5% of the pipeline bound"),
+        "{stdout}"
+    );
 
     let recs: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap())
         .expect("JSON is a list of records");
@@ -96,7 +100,10 @@ fn modeled_grid_point_end_to_end() {
     if nixl {
         methods.push("nixl-obj");
     } else {
-        assert!(find(&recs, "nixl-obj", 1).is_empty(), "nixl-obj without a venv");
+        assert!(
+            find(&recs, "nixl-obj", 1).is_empty(),
+            "nixl-obj without a venv"
+        );
     }
     let one = |m: &str| {
         let v = find(&recs, m, 1);
@@ -128,7 +135,10 @@ fn modeled_grid_point_end_to_end() {
         f(gather, "transfer_time_s") >= f(gather, "pure_transfer_s") - eps,
         "gather moved the prefix faster than the link: {gather}"
     );
-    assert!(f(local, "ttft_s") <= f(chunk, "ttft_s"), "local {local} chunkwise {chunk}");
+    assert!(
+        f(local, "ttft_s") <= f(chunk, "ttft_s"),
+        "local {local} chunkwise {chunk}"
+    );
     assert!(f(local, "ttft_s") <= f(gather, "ttft_s"));
     assert_eq!(f(local, "added_ttft_s"), 0.0);
     assert!(
@@ -151,10 +161,17 @@ fn modeled_grid_point_end_to_end() {
     }
 
     let svgs: Vec<_> = std::fs::read_dir(&svg).unwrap().flatten().collect();
-    assert!(svgs.len() >= 2, "expected TTFT and timeline plots: {svgs:?}");
+    assert!(
+        svgs.len() >= 2,
+        "expected TTFT and timeline plots: {svgs:?}"
+    );
     for e in svgs {
         let t = std::fs::read_to_string(e.path()).unwrap();
-        assert!(t.starts_with("<svg") && t.ends_with("</svg>"), "{:?}", e.path());
+        assert!(
+            t.starts_with("<svg") && t.ends_with("</svg>"),
+            "{:?}",
+            e.path()
+        );
     }
 }
 
@@ -168,7 +185,15 @@ fn modeled_bad_arguments_are_named() {
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(e.contains("v100"), "{e}");
     let out = Command::new(env!("CARGO_BIN_EXE_objectcache-bench"))
-        .args(["ttft", "--mode", "modeled", "--contexts", "100", "--models", "llama-3.1-8b"])
+        .args([
+            "ttft",
+            "--mode",
+            "modeled",
+            "--contexts",
+            "100",
+            "--models",
+            "llama-3.1-8b",
+        ])
         .output()
         .expect("run objectcache-bench");
     assert!(!out.status.success());

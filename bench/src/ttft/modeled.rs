@@ -38,8 +38,8 @@ use objectcache::layout::KvGeometry;
 use objectcache::sched::model::{AnalyticModel, GpuKind, KernelClass, ModelShape};
 use objectcache::sched::planner::{self, PlanInput};
 use objectcache::sched::{timeline, ComputeModel};
-use objectcache::store::StoreExt;
 use objectcache::sim::{self, Instance, Request, SimConfig, SimPolicy, Workload};
+use objectcache::store::StoreExt;
 use serde::Serialize;
 use std::path::PathBuf;
 
@@ -48,7 +48,11 @@ use std::path::PathBuf;
 pub struct ModeledArgs {
     /// [modeled] Model geometries (comma-separated): llama-3.1-8b, llama-3.1-70b-tp8 (rank 0
     /// of TP 8).
-    #[arg(long, value_delimiter = ',', default_value = "llama-3.1-8b,llama-3.1-70b-tp8")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "llama-3.1-8b,llama-3.1-70b-tp8"
+    )]
     pub models: Vec<String>,
     /// [modeled] Cached prefix lengths in tokens (rounded down to whole 256-token chunks).
     #[arg(long, value_delimiter = ',', default_value = "4096,16384,65536,131072")]
@@ -264,14 +268,18 @@ fn resolve(a: &ModeledArgs, runs: usize) -> Result<Plan> {
         p.concurrency = vec![4];
         p.runs = 1;
     }
-    if p.models.is_empty() || p.contexts.is_empty() || p.new_tokens.is_empty() || p.gpus.is_empty() {
+    if p.models.is_empty() || p.contexts.is_empty() || p.new_tokens.is_empty() || p.gpus.is_empty()
+    {
         bail!("--models, --contexts, --new-tokens and --gpu each need at least one value");
     }
     if !(p.link > 0.0 && p.link.is_finite()) {
         bail!("--link-gbps must be a positive number, got {}", a.link_gbps);
     }
     if !(p.cap > 0.0 && p.cap.is_finite()) {
-        bail!("--loopback-cap-mb-s must be a positive number, got {}", a.loopback_cap_mb_s);
+        bail!(
+            "--loopback-cap-mb-s must be a positive number, got {}",
+            a.loopback_cap_mb_s
+        );
     }
     if p.max_load == 0 {
         bail!("--max-load-mib must be at least 1");
@@ -282,10 +290,19 @@ fn resolve(a: &ModeledArgs, runs: usize) -> Result<Plan> {
     Ok(p)
 }
 
-fn compute_model(model: &str, g: &KvGeometry, gpu: GpuKind, k: KernelClass) -> Result<ComputeModel> {
+fn compute_model(
+    model: &str,
+    g: &KvGeometry,
+    gpu: GpuKind,
+    k: KernelClass,
+) -> Result<ComputeModel> {
     let shape = ModelShape::preset(model).map_err(|e| anyhow!("--models: {e}"))?;
     if shape.layers != g.layers {
-        bail!("{model}: compute model has {} layers, geometry {}", shape.layers, g.layers);
+        bail!(
+            "{model}: compute model has {} layers, geometry {}",
+            shape.layers,
+            g.layers
+        );
     }
     Ok(ComputeModel::Analytic(
         AnalyticModel::new(shape, gpu, k, g.tp_world).map_err(|e| anyhow!("{e}"))?,
@@ -337,7 +354,11 @@ pub fn run(a: &ModeledArgs, runs: usize, json: Option<&std::path::Path>) -> Resu
                 g.tokens_per_chunk
             );
         }
-        let save_chunks = chunk_counts.iter().map(|&n| n.min(per_load_chunks)).max().unwrap_or(1);
+        let save_chunks = chunk_counts
+            .iter()
+            .map(|&n| n.min(per_load_chunks))
+            .max()
+            .unwrap_or(1);
         let hs = link::hashes(save_chunks, 0x6d6f_6465_6c00 + mi as u64);
         let data = link::layer_data(&g, save_chunks, mi as u64 + 1);
         let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
@@ -372,7 +393,10 @@ pub fn run(a: &ModeledArgs, runs: usize, json: Option<&std::path::Path>) -> Resu
                 let mut rs = Vec::new();
                 for _ in 0..plan.runs {
                     pb.set_message(format!("{ctx} tokens, {name}"));
-                    rs.push(link::engine_load(eng, &g, h, &data).with_context(|| format!("{model} {ctx} {name}"))?);
+                    rs.push(
+                        link::engine_load(eng, &g, h, &data)
+                            .with_context(|| format!("{model} {ctx} {name}"))?,
+                    );
                     pb.inc(1);
                 }
                 loads.push((name.to_string(), median_run(rs), n));
@@ -399,14 +423,21 @@ pub fn run(a: &ModeledArgs, runs: usize, json: Option<&std::path::Path>) -> Resu
                     timeout_s: 300.0,
                 };
                 match nixl::run(py, &job)? {
-                    nixl::NixlOutcome::Loaded { load_s, bytes, sha256_first, version } => {
+                    nixl::NixlOutcome::Loaded {
+                        load_s,
+                        bytes,
+                        sha256_first,
+                        version,
+                    } => {
                         let obj = rt
                             .block_on(store.get_bytes(&kb.data(&h[0])))
                             .map_err(|e| anyhow!("re-reading chunk 0: {e}"))?;
                         use sha2::Digest;
                         let want = hex::encode(sha2::Sha256::digest(&obj));
                         if want != sha256_first {
-                            bail!("nixl-obj: the first object NIXL read differs from the stored one");
+                            bail!(
+                                "nixl-obj: the first object NIXL read differs from the stored one"
+                            );
                         }
                         let mut ls = load_s.clone();
                         ls.sort_by(f64::total_cmp);
@@ -420,7 +451,9 @@ pub fn run(a: &ModeledArgs, runs: usize, json: Option<&std::path::Path>) -> Resu
                             },
                             n,
                         ));
-                        nixl_note = Some(format!("{version}, OBJ plugin, whole-object READ of {n} objects"));
+                        nixl_note = Some(format!(
+                            "{version}, OBJ plugin, whole-object READ of {n} objects"
+                        ));
                     }
                     nixl::NixlOutcome::Unavailable(why) => {
                         let msg = format!("nixl-obj skipped: {why}");
@@ -432,7 +465,15 @@ pub fn run(a: &ModeledArgs, runs: usize, json: Option<&std::path::Path>) -> Resu
                 }
                 pb.inc(plan.runs as u64);
             }
-            points.push((ctx, PointLoads { chunks_full, chunks_measured: n, loads, nixl_note }));
+            points.push((
+                ctx,
+                PointLoads {
+                    chunks_full,
+                    chunks_measured: n,
+                    loads,
+                    nixl_note,
+                },
+            ));
         }
         pb.finish_and_clear();
         for (ctx, pl) in &points {
@@ -440,7 +481,9 @@ pub fn run(a: &ModeledArgs, runs: usize, json: Option<&std::path::Path>) -> Resu
                 let cm = compute_model(model, &g, gpu, plan.kernels)?;
                 for &new in &plan.new_tokens {
                     let recs = point_records(&plan, model, &g, gpu, &cm, *ctx, new, pl)?;
-                    if timeline_svg.is_none() || (model.contains("8b") && *ctx == 65536 && new == 1024) {
+                    if timeline_svg.is_none()
+                        || (model.contains("8b") && *ctx == 65536 && new == 1024)
+                    {
                         if let Some(t) = timeline_plot(&plan, model, &g, gpu, &cm, *ctx, new, pl) {
                             timeline_svg = Some(t);
                         }
@@ -459,7 +502,9 @@ pub fn run(a: &ModeledArgs, runs: usize, json: Option<&std::path::Path>) -> Resu
         println!("{n}");
     }
     if a.nixl_venv.is_none() {
-        println!("nixl-obj not run: give --nixl-venv DIR (a venv with nixl-cu12 and numpy) to add it");
+        println!(
+            "nixl-obj not run: give --nixl-venv DIR (a venv with nixl-cu12 and numpy) to add it"
+        );
     }
     if let Some(p) = json {
         let s = serde_json::to_string_pretty(&records)?;
@@ -529,13 +574,23 @@ fn timeline_plot(
     new: u64,
     pl: &PointLoads,
 ) -> Option<super::modeled_plot::TimelinePlot> {
-    let c = Ctx { plan, g, gpu, ctx_tokens: ctx_tokens(g, pl), pl };
+    let c = Ctx {
+        plan,
+        g,
+        gpu,
+        ctx_tokens: ctx_tokens(g, pl),
+        pl,
+    };
     let compute = cm.layer_times(new, c.ctx_tokens);
     let s = c.time_scale();
     let h2d = c.h2d_layer_s(c.ctx_tokens);
     let mut series = Vec::new();
     let local = model_request(&vec![0.0; g.layers as usize], h2d, &compute, cm.fixed_s());
-    series.push(("local-layerwise".to_string(), vec![0.0; g.layers as usize], local));
+    series.push((
+        "local-layerwise".to_string(),
+        vec![0.0; g.layers as usize],
+        local,
+    ));
     for (name, m, _) in &pl.loads {
         if name == "gather-tcp" || name == "s3-layerwise" {
             let host: Vec<f64> = m.ready_s.iter().map(|r| r * s).collect();
@@ -550,7 +605,11 @@ fn timeline_plot(
             gpu.name(),
             plan.link * 8.0 / 1e9
         ),
-        bound_ready: timeline::ready_at_rate(0.0, &vec![c.layer_bytes(); g.layers as usize], plan.link),
+        bound_ready: timeline::ready_at_rate(
+            0.0,
+            &vec![c.layer_bytes(); g.layers as usize],
+            plan.link,
+        ),
         series,
     })
 }
@@ -566,7 +625,13 @@ fn point_records(
     new: u64,
     pl: &PointLoads,
 ) -> Result<Vec<Record>> {
-    let c = Ctx { plan, g, gpu, ctx_tokens: ctx_tokens(g, pl), pl };
+    let c = Ctx {
+        plan,
+        g,
+        gpu,
+        ctx_tokens: ctx_tokens(g, pl),
+        pl,
+    };
     let layers = g.layers as usize;
     let compute = cm.layer_times(new, c.ctx_tokens);
     let fixed = cm.fixed_s();
@@ -580,41 +645,42 @@ fn point_records(
     let local = model_request(&vec![0.0; layers], h2d, &compute, fixed).ttft_s;
     let recompute = cm.recompute_time(c.ctx_tokens, new);
     let pure = c.prefix_bytes() as f64 / plan.link;
-    let base = |method: &str, ttft: f64, transfer: f64, loaded: u64, measured_s: f64, note: String| {
-        let added = ttft - local;
-        Record {
-            method: method.into(),
-            model: model.into(),
-            gpu: gpu.name().into(),
-            context_tokens: c.ctx_tokens,
-            new_tokens: new,
-            concurrency: 1,
-            policy: "single".into(),
-            ttft_s: ttft,
-            added_ttft_s: added,
-            added_ttft_pct: added / local * 100.0,
-            transfer_time_s: transfer,
-            bound_ttft_s: Some(bound),
-            bound_h2d_ttft_s: Some(bound_h2d),
-            ttft_over_bound: Some(ttft / bound),
-            local_ttft_s: local,
-            recompute_ttft_s: recompute,
-            pure_transfer_s: pure,
-            added_over_pure_transfer: added / pure,
-            loaded_tokens: loaded,
-            prefix_bytes: c.prefix_bytes(),
-            measured_bytes: c.measured_bytes(),
-            measured_load_s: measured_s,
-            time_scale: s,
-            link_bytes_per_s: plan.link,
-            loopback_cap_bytes_per_s: plan.cap,
-            h2d_bytes_per_s: gpu.h2d_bytes_per_s(),
-            kernels: format!("{:?}", plan.kernels).to_lowercase(),
-            tp: g.tp_world,
-            p99_ttft_s: None,
-            note,
-        }
-    };
+    let base =
+        |method: &str, ttft: f64, transfer: f64, loaded: u64, measured_s: f64, note: String| {
+            let added = ttft - local;
+            Record {
+                method: method.into(),
+                model: model.into(),
+                gpu: gpu.name().into(),
+                context_tokens: c.ctx_tokens,
+                new_tokens: new,
+                concurrency: 1,
+                policy: "single".into(),
+                ttft_s: ttft,
+                added_ttft_s: added,
+                added_ttft_pct: added / local * 100.0,
+                transfer_time_s: transfer,
+                bound_ttft_s: Some(bound),
+                bound_h2d_ttft_s: Some(bound_h2d),
+                ttft_over_bound: Some(ttft / bound),
+                local_ttft_s: local,
+                recompute_ttft_s: recompute,
+                pure_transfer_s: pure,
+                added_over_pure_transfer: added / pure,
+                loaded_tokens: loaded,
+                prefix_bytes: c.prefix_bytes(),
+                measured_bytes: c.measured_bytes(),
+                measured_load_s: measured_s,
+                time_scale: s,
+                link_bytes_per_s: plan.link,
+                loopback_cap_bytes_per_s: plan.cap,
+                h2d_bytes_per_s: gpu.h2d_bytes_per_s(),
+                kernels: format!("{:?}", plan.kernels).to_lowercase(),
+                tp: g.tp_world,
+                p99_ttft_s: None,
+                note,
+            }
+        };
     let mut out = vec![base(
         "local-layerwise",
         local,
@@ -629,13 +695,29 @@ fn point_records(
         let md = model_request(&host, h2d, &compute, fixed);
         let transfer = host.iter().copied().fold(0.0, f64::max);
         let note = match name.as_str() {
-            "gather-tcp" => format!("connector engine, gather over TCP, {} request(s)", m.requests),
-            "s3-layerwise" => format!("connector engine, ranged GETs in layer order, {} requests", m.requests),
-            "chunkwise" => format!("{} whole-object GETs, 16 in flight; compute after the last", m.requests),
+            "gather-tcp" => format!(
+                "connector engine, gather over TCP, {} request(s)",
+                m.requests
+            ),
+            "s3-layerwise" => format!(
+                "connector engine, ranged GETs in layer order, {} requests",
+                m.requests
+            ),
+            "chunkwise" => format!(
+                "{} whole-object GETs, 16 in flight; compute after the last",
+                m.requests
+            ),
             "nixl-obj" => pl.nixl_note.clone().unwrap_or_default(),
             _ => String::new(),
         };
-        out.push(base(name, md.ttft_s, transfer, c.ctx_tokens, m.last(), note));
+        out.push(base(
+            name,
+            md.ttft_s,
+            transfer,
+            c.ctx_tokens,
+            m.last(),
+            note,
+        ));
         if name == "gather-tcp" {
             gather_host = Some(host);
         }
@@ -672,7 +754,10 @@ fn point_records(
             tr,
             k,
             0.0,
-            format!("planner at the measured gather rate {:.2} GB/s: {p}", rate / 1e9),
+            format!(
+                "planner at the measured gather rate {:.2} GB/s: {p}",
+                rate / 1e9
+            ),
         ));
     }
     out.push(base(
@@ -708,12 +793,17 @@ fn concurrent_records(
     let capacity = plan.link * eff;
     let gpu = plan.gpus[0];
     let cm = compute_model(model, g, gpu, plan.kernels)?;
-    let new = if plan.new_tokens.contains(&1024) { 1024 } else { plan.new_tokens[0] };
+    let new = if plan.new_tokens.contains(&1024) {
+        1024
+    } else {
+        plan.new_tokens[0]
+    };
     for &conc in &plan.concurrency {
         let reqs: Vec<Request> = (0..conc)
             .map(|i| Request {
                 arrival_s: 0.0,
-                prefix_tokens: points[i % points.len()].1.chunks_full as u64 * g.tokens_per_chunk as u64,
+                prefix_tokens: points[i % points.len()].1.chunks_full as u64
+                    * g.tokens_per_chunk as u64,
                 new_tokens: new,
             })
             .collect();
@@ -721,7 +811,9 @@ fn concurrent_records(
         let wl = Workload {
             name: format!("burst-{conc}"),
             concurrency: conc,
-            instances: vec![Instance { requests: reqs.clone() }],
+            instances: vec![Instance {
+                requests: reqs.clone(),
+            }],
         };
         let cfg = SimConfig {
             model: cm.clone(),
@@ -740,8 +832,16 @@ fn concurrent_records(
             seed: 0,
             bound_max_states: 0,
         };
-        let local: f64 = reqs.iter().map(|r| cm.prefill_time(r.new_tokens, r.prefix_tokens)).sum::<f64>() / conc as f64;
-        let pure: f64 = reqs.iter().map(|r| (r.prefix_tokens * g.bytes_per_token_per_layer() * g.layers as u64) as f64).sum::<f64>() / plan.link;
+        let local: f64 = reqs
+            .iter()
+            .map(|r| cm.prefill_time(r.new_tokens, r.prefix_tokens))
+            .sum::<f64>()
+            / conc as f64;
+        let pure: f64 = reqs
+            .iter()
+            .map(|r| (r.prefix_tokens * g.bytes_per_token_per_layer() * g.layers as u64) as f64)
+            .sum::<f64>()
+            / plan.link;
         let recs = sim::run(&spec).map_err(|e| anyhow!("simulator: {e}"))?;
         for (r, pol) in recs.into_iter().zip(&plan.policies) {
             let outs = sim::simulate(&wl, &cfg, *pol).map_err(|e| anyhow!("simulator: {e}"))?;
@@ -798,7 +898,19 @@ fn ms(x: f64) -> String {
 fn print_table(records: &[Record]) {
     println!(
         "{:<18} {:<20} {:>5} {:>7} {:>6} {:>4} {:<20} {:>10} {:>10} {:>8} {:>10} {:>10} {:>8}",
-        "method", "model", "gpu", "context", "new", "conc", "policy", "TTFT ms", "added ms", "added %", "xfer ms", "bound ms", "/bound"
+        "method",
+        "model",
+        "gpu",
+        "context",
+        "new",
+        "conc",
+        "policy",
+        "TTFT ms",
+        "added ms",
+        "added %",
+        "xfer ms",
+        "bound ms",
+        "/bound"
     );
     for r in records {
         println!(
@@ -821,9 +933,15 @@ fn print_table(records: &[Record]) {
 }
 
 fn print_goals(records: &[Record]) {
-    let single = |m: &'static str| records.iter().filter(move |r| r.method == m && r.concurrency == 1);
+    let single = |m: &'static str| {
+        records
+            .iter()
+            .filter(move |r| r.method == m && r.concurrency == 1)
+    };
     if let Some(w) = single("gather-tcp").max_by(|a, b| {
-        a.ttft_over_bound.unwrap_or(0.0).total_cmp(&b.ttft_over_bound.unwrap_or(0.0))
+        a.ttft_over_bound
+            .unwrap_or(0.0)
+            .total_cmp(&b.ttft_over_bound.unwrap_or(0.0))
     }) {
         println!(
             "goal gather-tcp within 5% of the pipeline bound: worst {:.3}x ({} {} ctx {} new {}) -> {}",
@@ -836,7 +954,9 @@ fn print_goals(records: &[Record]) {
         );
     }
     for r in single("gather-tcp").filter(|r| r.context_tokens == 65536 && r.model.contains("8b")) {
-        let ideal = r.bound_h2d_ttft_s.map_or(f64::NAN, |b| (b - r.local_ttft_s) / r.local_ttft_s * 100.0);
+        let ideal = r
+            .bound_h2d_ttft_s
+            .map_or(f64::NAN, |b| (b - r.local_ttft_s) / r.local_ttft_s * 100.0);
         println!(
             "goal 64K added TTFT <= 3% over local layerwise: {} {} new {}: {:.1}% ({:.1} ms; the link+h2d pipeline bound itself: {ideal:.1}%) -> {}",
             r.model,

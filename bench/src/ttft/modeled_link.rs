@@ -12,7 +12,9 @@
 use anyhow::{anyhow, bail, Context, Result};
 use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadRequest};
 use objectcache::layout::{decode_chunk, ChunkHash, KeyBuilder, KvGeometry};
-use objectcache::store::{Addressing, MemoryStore, S3Config, S3Credentials, S3Store, Store, StoreExt};
+use objectcache::store::{
+    Addressing, MemoryStore, S3Config, S3Credentials, S3Store, Store, StoreExt,
+};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -186,11 +188,9 @@ pub async fn s3_store(link: &Link) -> Result<Arc<dyn Store>> {
         secret_key: SECRET_KEY.into(),
         session_token: None,
     };
-    Ok(Arc::new(
-        S3Store::new(cfg)
-            .await
-            .map_err(|e| anyhow!("S3 client of the in-process server: {e}"))?,
-    ))
+    Ok(Arc::new(S3Store::new(cfg).await.map_err(|e| {
+        anyhow!("S3 client of the in-process server: {e}")
+    })?))
 }
 
 /// An engine over `store`, loading through gather (`gather = true`) or ranged GETs.
@@ -294,7 +294,9 @@ pub fn engine_load(
         .collect::<Result<_>>()?;
     let st = h.stats();
     for (l, e) in expect.iter().enumerate() {
-        let got = h.layer(l).ok_or_else(|| anyhow!("layer {l} not readable"))?;
+        let got = h
+            .layer(l)
+            .ok_or_else(|| anyhow!("layer {l} not readable"))?;
         if got[..layer_bytes] != e[..layer_bytes] {
             bail!("layer {l}: loaded bytes differ from the saved ones");
         }
@@ -338,8 +340,8 @@ pub async fn chunkwise_load(
             .ok_or_else(|| anyhow!("no GET in flight"))?
             .context("GET task")?;
         let obj = obj.map_err(|e| anyhow!("GET of chunk {i}: {e}"))?;
-        let (_, slices) = decode_chunk(g, g.tokens_per_chunk, &obj)
-            .map_err(|e| anyhow!("chunk {i}: {e}"))?;
+        let (_, slices) =
+            decode_chunk(g, g.tokens_per_chunk, &obj).map_err(|e| anyhow!("chunk {i}: {e}"))?;
         for (l, s) in slices.iter().enumerate() {
             dest[l][i * sl..(i + 1) * sl].copy_from_slice(s);
         }

@@ -92,10 +92,16 @@ pub fn run(python: &Path, job: &NixlJob<'_>) -> Result<NixlOutcome> {
         .ok_or_else(|| anyhow!("driver stdin"))?
         .write_all(&input)
         .context("writing the driver's input")?;
-    let out = child.wait_with_output().context("waiting for the NIXL driver")?;
+    let out = child
+        .wait_with_output()
+        .context("waiting for the NIXL driver")?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let Some(line) = stdout.lines().rev().find(|l| l.trim_start().starts_with('{')) else {
+    let Some(line) = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+    else {
         if out.status.code() == Some(2) {
             bail!("NIXL driver rejected its input: {}", stderr.trim());
         }

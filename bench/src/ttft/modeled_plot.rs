@@ -20,12 +20,17 @@ const COLORS: &[&str] = &[
 ];
 
 fn color(method: &str) -> &'static str {
-    let i = METHODS.iter().position(|m| *m == method).unwrap_or(COLORS.len() - 1);
+    let i = METHODS
+        .iter()
+        .position(|m| *m == method)
+        .unwrap_or(COLORS.len() - 1);
     COLORS[i % COLORS.len()]
 }
 
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// One grouped-bar SVG per (model, GPU, new tokens) of the single-request records, with the
@@ -42,10 +47,18 @@ pub fn ttft_plots(records: &[Record]) -> Vec<(String, String)> {
         .map(|(model, gpu, new)| {
             let rs: Vec<&Record> = records
                 .iter()
-                .filter(|r| r.concurrency == 1 && r.model == model && r.gpu == gpu && r.new_tokens == new)
+                .filter(|r| {
+                    r.concurrency == 1 && r.model == model && r.gpu == gpu && r.new_tokens == new
+                })
                 .collect();
             let name = format!("modeled-ttft-{model}-{gpu}-new{new}.svg");
-            (name, bars(&format!("{model}, {gpu}, {new} new tokens: modeled TTFT per method"), &rs))
+            (
+                name,
+                bars(
+                    &format!("{model}, {gpu}, {new} new tokens: modeled TTFT per method"),
+                    &rs,
+                ),
+            )
         })
         .collect()
 }
@@ -78,7 +91,11 @@ fn bars(title: &str, rs: &[&Record]) -> String {
     while e as f64 <= l1 {
         let v = 10f64.powi(e);
         let yy = y(v);
-        let label = if v >= 1.0 { format!("{v:.0} s") } else { format!("{} ms", v * 1e3) };
+        let label = if v >= 1.0 {
+            format!("{v:.0} s")
+        } else {
+            format!("{} ms", v * 1e3)
+        };
         let _ = write!(
             s,
             r##"<line x1="{left}" x2="{}" y1="{yy:.1}" y2="{yy:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{label}</text>"##,
@@ -113,7 +130,11 @@ fn bars(title: &str, rs: &[&Record]) -> String {
                 );
             }
         }
-        if let Some(b) = rs.iter().find(|r| r.context_tokens == *c).and_then(|r| r.bound_ttft_s) {
+        if let Some(b) = rs
+            .iter()
+            .find(|r| r.context_tokens == *c)
+            .and_then(|r| r.bound_ttft_s)
+        {
             let yy = y(b);
             let _ = write!(
                 s,
@@ -210,7 +231,10 @@ pub fn timeline_svg(t: &TimelinePlot) -> String {
             let yy = y0 + l as f64 * row + row * 0.4;
             let _ = write!(d, "{}{:.2},{yy:.1} ", if l == 0 { "M" } else { "L" }, x(*r));
         }
-        let _ = write!(s, r##"<path d="{d}" fill="none" stroke="#999" stroke-dasharray="3 2"/>"##);
+        let _ = write!(
+            s,
+            r##"<path d="{d}" fill="none" stroke="#999" stroke-dasharray="3 2"/>"##
+        );
     }
     let yb = top + band * t.series.len() as f64;
     let _ = write!(
