@@ -482,7 +482,7 @@ pub fn run(a: &ModeledArgs, runs: usize, json: Option<&std::path::Path>) -> Resu
                 for &new in &plan.new_tokens {
                     let recs = point_records(&plan, model, &g, gpu, &cm, *ctx, new, pl)?;
                     if timeline_svg.is_none()
-                        || (model.contains("8b") && *ctx == 65536 && new == 1024)
+                        || (model.contains("8b") && *ctx == 65536 && new == 1024 && gpu == plan.gpus[0])
                     {
                         if let Some(t) = timeline_plot(&plan, model, &g, gpu, &cm, *ctx, new, pl) {
                             timeline_svg = Some(t);
