@@ -85,7 +85,7 @@ pub struct TtftArgs {
     /// 4 contexts, 3 new-token counts, H100 and H200, 3 runs per path) takes about 2-3
     /// minutes on 2 cores; `--quick` one small point in about 20 s.
     #[command(flatten)]
-    pub modeled: modeled::ModeledArgs,
+    pub modeled: Box<modeled::ModeledArgs>,
 }
 
 /// Runs `objectcache-bench ttft`.
