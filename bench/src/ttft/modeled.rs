@@ -477,6 +477,14 @@ pub fn run(a: &ModeledArgs, runs: usize, json: Option<&std::path::Path>) -> Resu
             ));
         }
         pb.finish_and_clear();
+        // Free this model's objects in the server before the next model.
+        rt.block_on(async {
+            for h in &hs {
+                let _ = store.delete(&kb.data(h)).await;
+                let _ = store.delete(&kb.marker(h)).await;
+            }
+        });
+        drop(data);
         for (ctx, pl) in &points {
             for &gpu in &plan.gpus {
                 let cm = compute_model(model, &g, gpu, plan.kernels)?;
