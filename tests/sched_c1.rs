@@ -66,6 +66,7 @@ fn c1_every_ttft_within_5_percent_of_recompute_with_the_planner() {
             chunk_tokens: cfg.chunk_tokens,
             kv_bytes_per_token_per_layer: cfg.kv_bytes_per_token_per_layer,
             rate: cfg.capacity / N as f64,
+            h2d_rate: None,
         },
     )
     .unwrap();

@@ -13,6 +13,10 @@
 //! TTFT(k) = layerwise finish(ready, compute) + t_fixed        (see timeline::finish_time)
 //! ```
 //!
+//! When the KV lands in host memory and is copied to the GPU at `h2d` bytes/s
+//! ([`PlanInput::h2d_rate`]), each layer passes three pipelined stages instead (link, copy,
+//! compute: `TTFT(k) = flow_shop_makespan([k·b/r, k·b/h2d, compute_l]) + t_fixed`).
+//!
 //! [`plan`] evaluates every chunk multiple `k ∈ {0, chunk, …, C}` (k = 0 is full recompute,
 //! `TTFT(0) = prefill(C + N)`) and keeps the smallest predicted TTFT, preferring fewer bytes on
 //! ties. Because `k = 0` is a candidate, the plan is **never predicted slower than full
@@ -44,6 +48,11 @@ pub struct PlanInput {
     pub kv_bytes_per_token_per_layer: u64,
     /// Bandwidth share the load expects (bytes/s).
     pub rate: f64,
+    /// Host-to-device copy rate (bytes/s) when loaded KV lands in host memory and is then
+    /// copied to the GPU layer by layer (`GpuKind::h2d_bytes_per_s`); `None` when it lands in
+    /// GPU memory directly. With it, each loaded layer passes three pipelined stages (link,
+    /// host-to-device, compute; `timeline::flow_shop_makespan`).
+    pub h2d_rate: Option<f64>,
 }
 
 /// What [`plan`] chose.
@@ -117,8 +126,18 @@ pub fn predicted_ttft(model: &ComputeModel, input: &PlanInput, k: u64) -> f64 {
     if k == 0 {
         return compute.iter().sum::<f64>() + model.fixed_s();
     }
-    let bytes = vec![k * input.kv_bytes_per_token_per_layer; model.layers()];
-    timeline::pipeline_ttft(&compute, &bytes, input.rate, model.fixed_s())
+    let layer_bytes = k * input.kv_bytes_per_token_per_layer;
+    match input.h2d_rate {
+        Some(h2d) if h2d > 0.0 && h2d.is_finite() => {
+            let stage = |rate: f64| vec![layer_bytes as f64 / rate; model.layers()];
+            timeline::flow_shop_makespan(&[stage(input.rate), stage(h2d), compute])
+                + model.fixed_s()
+        }
+        _ => {
+            let bytes = vec![layer_bytes; model.layers()];
+            timeline::pipeline_ttft(&compute, &bytes, input.rate, model.fixed_s())
+        }
+    }
 }
 
 /// Chooses how many prefix tokens to load (module docs).
@@ -263,7 +282,48 @@ mod tests {
             chunk_tokens: 256,
             kv_bytes_per_token_per_layer: 4096,
             rate,
+            h2d_rate: None,
         }
+    }
+
+    #[test]
+    fn host_to_device_stage_only_adds_and_keeps_the_recompute_guarantee() {
+        let m = h100();
+        for (prefix, new, rate) in [
+            (4096u64, 128u64, 12.5e9),
+            (65_536, 8192, 12.5e9),
+            (16384, 512, 345e9),
+        ] {
+            let plain = input(prefix, new, rate);
+            let staged = PlanInput {
+                h2d_rate: Some(GpuKind::H100.h2d_bytes_per_s()),
+                ..plain.clone()
+            };
+            for k in [256u64, prefix / 2 / 256 * 256, prefix] {
+                let a = predicted_ttft(&m, &plain, k);
+                let b = predicted_ttft(&m, &staged, k);
+                assert!(b >= a - 1e-12, "{prefix} {new} k={k}: {b} < {a}");
+            }
+            // With an h2d far faster than the link, the copy hides behind the link.
+            let instant = PlanInput {
+                h2d_rate: Some(1e18),
+                ..plain.clone()
+            };
+            let (a, b) = (
+                predicted_ttft(&m, &plain, prefix),
+                predicted_ttft(&m, &instant, prefix),
+            );
+            assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+            let p = plan(&m, &staged).unwrap();
+            assert!(p.predicted_ttft_s <= p.recompute_ttft_s, "{p}");
+        }
+        // A link faster than the h2d copy: the copy is the bottleneck and loading costs more.
+        let fast = input(65_536, 128, 345e9);
+        let staged = PlanInput {
+            h2d_rate: Some(GpuKind::H100.h2d_bytes_per_s()),
+            ..fast.clone()
+        };
+        assert!(predicted_ttft(&m, &staged, 65_536) > predicted_ttft(&m, &fast, 65_536) * 1.5);
     }
 
     #[test]

@@ -196,6 +196,7 @@ fn plan_batch(
                 chunk_tokens: cfg.chunk_tokens,
                 kv_bytes_per_token_per_layer: bpt,
                 rate,
+                h2d_rate: None,
             },
         )?
         .load_tokens)

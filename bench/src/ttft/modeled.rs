@@ -491,7 +491,10 @@ pub fn run(a: &ModeledArgs, runs: usize, json: Option<&std::path::Path>) -> Resu
                 for &new in &plan.new_tokens {
                     let recs = point_records(&plan, model, &g, gpu, &cm, *ctx, new, pl)?;
                     if timeline_svg.is_none()
-                        || (model.contains("8b") && *ctx == 65536 && new == 1024 && gpu == plan.gpus[0])
+                        || (model.contains("8b")
+                            && *ctx == 65536
+                            && new == 1024
+                            && gpu == plan.gpus[0])
                     {
                         if let Some(t) = timeline_plot(&plan, model, &g, gpu, &cm, *ctx, new, pl) {
                             timeline_svg = Some(t);
@@ -742,6 +745,7 @@ fn point_records(
                 chunk_tokens: g.tokens_per_chunk as u64,
                 kv_bytes_per_token_per_layer: c.bpt(),
                 rate,
+                h2d_rate: Some(c.gpu.h2d_bytes_per_s()),
             },
         )
         .map_err(|e| anyhow!("planner: {e}"))?;
