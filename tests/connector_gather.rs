@@ -131,3 +131,66 @@ fn stock_s3_falls_back_to_ranged_gets() {
         "Ceph RGW offers no gather: ranged GETs ({n} requests)"
     );
 }
+
+/// One missing chunk over gather: every layer fails naming that chunk (a layer is never
+/// ready with bytes missing, as on the ranged-GET path), and `chunk_status` names only it:
+/// the chunks before it are the longest valid prefix, the others were delivered whole.
+#[test]
+fn gather_missing_chunk_is_a_per_chunk_miss() {
+    let backend: Arc<dyn Store> = Arc::new(objectcache::store::MemoryStore::new());
+    let server = rt().block_on(start(backend, config()));
+    let store = s3_on(&server.endpoint());
+    let g = KvGeometry::smollm2_135m();
+    let e = Engine::with_store(
+        store.clone(),
+        EngineConfig {
+            namespace: unique_ns("gmiss"),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let chunks = 4;
+    let hs = hashes(&g, chunks * g.tokens_per_chunk as usize, 7);
+    let data = kv(&g, chunks, 7);
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    e.save_blocking(&g, &hs, &refs).unwrap();
+    let keys = e.keys(&g).unwrap();
+    rt().block_on(store.delete(&keys.data(&hs[2]))).unwrap();
+    let h = e
+        .load(
+            LoadRequest {
+                geometry: g.clone(),
+                hashes: hs.clone(),
+            },
+            LayerBuffers::allocate(g.layers as usize, data[0].len()),
+        )
+        .unwrap();
+    for l in 0..g.layers as usize {
+        let err = h.wait_layer_blocking(l, None).unwrap_err();
+        assert!(
+            matches!(err, objectcache::LayerError::Missing { chunk: 2, .. }),
+            "layer {l}: {err:?}"
+        );
+        assert!(h.layer(l).is_none());
+    }
+    // The layers fail as soon as the miss arrives; the other chunks are marked whole when
+    // the stream ends.
+    let t = std::time::Instant::now();
+    while h.chunk_status().contains(&ChunkStatus::Pending)
+        && t.elapsed() < std::time::Duration::from_secs(60)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(
+        h.chunk_status(),
+        vec![
+            ChunkStatus::Ok,
+            ChunkStatus::Ok,
+            ChunkStatus::Missing,
+            ChunkStatus::Ok
+        ]
+    );
+    assert_eq!(h.stats().requests, 1, "one gather request, no fallback");
+    drop(e);
+    rt().block_on(server.shutdown());
+}

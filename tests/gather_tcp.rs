@@ -167,19 +167,44 @@ async fn missing_chunk_and_corrupt_slice_are_misses_never_data() {
             "verify={verify}"
         );
     }
-    // A missing chunk: every layer misses, no byte is delivered.
+    // A missing chunk is a per-chunk miss: every layer misses (it lacks chunk 1's slice),
+    // the server names chunk 1 once, and the other chunks' slices are still delivered, byte
+    // for byte, into every layer.
     store
         .delete(&format!("{BUCKET}/{}", kb.data(&hashes(5, 4)[1])))
         .await
         .unwrap();
     let sink = VerifySink::new(&g, 5, &tokens);
     let r = c.load(&request(&g, 5, &tokens), &sink).await.unwrap();
-    assert_eq!(r.bytes, 0);
+    // (Chunk 2's corrupt layer-7 slice is still there: with server-side verification it is
+    // a (chunk 2, layer 7) miss of its own.)
+    assert_eq!(
+        r.missed_chunks[0],
+        (1, objectcache::protocol::MissReason::NotFound)
+    );
+    assert!(r.missed_chunks[1..]
+        .iter()
+        .all(|m| *m == (2, objectcache::protocol::MissReason::ChecksumMismatch)));
     assert_eq!(sink.failed_layers().len(), g.layers as usize);
-    assert!(matches!(
-        sink.failed.lock().unwrap()[0].1,
-        objectcache::LayerError::Missing { chunk: 1, .. }
-    ));
+    assert!(sink
+        .failed
+        .lock()
+        .unwrap()
+        .iter()
+        .all(|(_, e)| matches!(e, objectcache::LayerError::Missing { chunk: 1, .. })));
+    let slice = g.slice_bytes();
+    // Every layer but 7 got chunks 0, 2 and 3 whole.
+    for l in 0..g.layers as usize {
+        let want = if l == 7 { 0 } else { 3 * slice };
+        assert!(
+            sink.done[l].load(Ordering::Relaxed) >= want,
+            "layer {l}: {} bytes",
+            sink.done[l].load(Ordering::Relaxed)
+        );
+        assert!(sink.done[l].load(Ordering::Relaxed) <= 3 * slice, "layer {l}");
+    }
+    assert_eq!(r.bytes, sink.done.iter().map(|d| d.load(Ordering::Relaxed)).sum::<u64>());
+    assert_eq!(sink.mismatches.load(Ordering::Relaxed), 0);
     // Wrong geometry under the right key (case C3's kind): a geometry miss.
     let g2 = g.with_dtype(objectcache::Dtype::Fp32);
     store

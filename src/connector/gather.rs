@@ -5,7 +5,7 @@
 
 use super::load::{LoadRequest, Shared};
 use crate::layout::KeyBuilder;
-use crate::protocol::{ChunkKeys, GatherRequest};
+use crate::protocol::{ChunkKeys, GatherRequest, MissReason};
 use crate::store::GatherTarget;
 use crate::transport::tcp::{GatherClient, GatherError};
 use std::sync::atomic::Ordering;
@@ -86,7 +86,7 @@ pub(crate) async fn try_gather(
     }
     sh.requests.fetch_add(1, Ordering::Relaxed);
     match client.load(&greq, &sh.state).await {
-        Ok(_report) => {
+        Ok(report) => {
             // Per-chunk status from the layers' miss reasons (the server names the chunk).
             for l in 0..sh.state.layers() {
                 if let super::buffers::LayerStatus::Failed(e) = sh.state.status(l) {
@@ -94,6 +94,23 @@ pub(crate) async fn try_gather(
                         sh.set_chunk(c, s);
                     }
                 }
+            }
+            // The server names each bad chunk once and delivers the others: like the
+            // ranged-GET path, every chunk not named is whole (its slices arrived verified).
+            use super::load::ChunkStatus;
+            for &(c, reason) in &report.missed_chunks {
+                sh.set_chunk(
+                    c as usize,
+                    match reason {
+                        MissReason::NotFound => ChunkStatus::Missing,
+                        MissReason::GeometryMismatch => ChunkStatus::WrongGeometry,
+                        MissReason::ChecksumMismatch => ChunkStatus::Corrupt,
+                        MissReason::Storage => ChunkStatus::Error,
+                    },
+                );
+            }
+            for c in 0..req.hashes.len() {
+                sh.set_chunk(c, ChunkStatus::Ok);
             }
             if let Probe::Offered(pool) = &mut *probe.lock().expect("lock") {
                 pool.push(client);

@@ -23,6 +23,9 @@ use tokio::time::Instant;
 /// Bytes per permit of the memory budget semaphore.
 pub(crate) const PERMIT_BYTES: u64 = 4096;
 
+/// Buffers per vectored write (well under the kernel's IOV_MAX of 1024).
+const MAX_IOV: usize = 64;
+
 pub(crate) fn permits_for(bytes: u64) -> u32 {
     bytes.div_ceil(PERMIT_BYTES).min(u32::MAX as u64) as u32
 }
@@ -35,16 +38,39 @@ struct Io {
 }
 
 impl Io {
-    /// Writes everything queued; a client that accepts nothing for `client_timeout` is gone.
+    /// Writes everything queued with vectored writes (no copy: the queued `Bytes` are the
+    /// backend's buffers); a client that accepts nothing for `client_timeout` is gone.
     async fn flush(&mut self, sh: &Shared) -> Result<(), Abort> {
         let t = Duration::from_secs(sh.cfg.client_timeout_secs);
+        let mut q: std::collections::VecDeque<Bytes> = std::collections::VecDeque::new();
         while let Some(b) = self.conn.poll_transmit() {
-            match tokio::time::timeout(t, self.wr.write_all(&b)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => return Err(Abort::Gone),
+            if !b.is_empty() {
+                q.push_back(b);
+            }
+        }
+        while !q.is_empty() {
+            let slices: Vec<std::io::IoSlice<'_>> = q
+                .iter()
+                .take(MAX_IOV)
+                .map(|b| std::io::IoSlice::new(b))
+                .collect();
+            let mut n = match tokio::time::timeout(t, self.wr.write_vectored(&slices)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return Err(Abort::Gone),
+                Ok(Ok(n)) => n,
                 Err(_) => {
                     sh.metrics.error("client_timeout");
                     return Err(Abort::Gone);
+                }
+            };
+            drop(slices);
+            while n > 0 {
+                let front = q.front_mut().expect("written bytes were queued");
+                if n >= front.len() {
+                    n -= front.len();
+                    q.pop_front();
+                } else {
+                    bytes::Buf::advance(front, n);
+                    n = 0;
                 }
             }
         }
@@ -152,10 +178,94 @@ impl Drop for MemoryHold {
     }
 }
 
+/// One piece of a unit, read: its payload as the backend's buffers (no copy) and its CRC32C.
+type PieceResult = Result<(Vec<Bytes>, u32), Miss>;
+
 struct Fetched {
     plan: UnitPlan,
-    result: Result<(Vec<Bytes>, u32), Miss>,
+    /// Per piece of `plan.pieces`, in order.
+    pieces: Vec<PieceResult>,
     _hold: MemoryHold,
+}
+
+/// `range` of the concatenation of `parts`, as slices of the same buffers (no copy).
+fn sub_parts(parts: &[Bytes], range: std::ops::Range<u64>) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut at = 0u64;
+    for p in parts {
+        let (s, e) = (at, at + p.len() as u64);
+        at = e;
+        let (a, b) = (range.start.max(s), range.end.min(e));
+        if a < b {
+            out.push(p.slice((a - s) as usize..(b - s) as usize));
+        }
+    }
+    out
+}
+
+fn crc_of(parts: &[Bytes]) -> u32 {
+    parts.iter().fold(0, |c, p| crc32c::crc32c_append(c, p))
+}
+
+/// Reads one slice piece: the slice and its CRC trailer in one ranged read, streamed as the
+/// backend's buffers (never concatenated).
+async fn fetch_piece(
+    sh: &Shared,
+    key: &str,
+    layer: u32,
+    p: &crate::protocol::SlicePiece,
+    verify: bool,
+) -> PieceResult {
+    let range = slice_range(layer, p.slice_len);
+    let want = range.end - range.start;
+    let r = sh
+        .store
+        .get_opts(key, GetOptions { range: Some(range) })
+        .await
+        .map_err(|e| miss_of(p.chunk, e))?;
+    let mut body = r.body;
+    let mut parts = Vec::new();
+    let mut got = 0u64;
+    while let Some(b) = body.next().await {
+        let b = b.map_err(|e| miss_of(p.chunk, e))?;
+        got += b.len() as u64;
+        parts.push(b);
+    }
+    if got != want {
+        return Err(Miss {
+            chunk: p.chunk,
+            reason: MissReason::Storage,
+            message: format!("{key}: layer {layer} slice read returned {got} of {want} bytes"),
+        });
+    }
+    let sl = p.slice_len;
+    let trailer: Vec<u8> = sub_parts(&parts, sl..sl + 4)
+        .iter()
+        .flat_map(|b| b.iter().copied())
+        .collect();
+    let stored = u32::from_le_bytes(trailer[..4].try_into().expect("4 bytes"));
+    let data = sub_parts(&parts, 0..sl);
+    let whole = p.range.start == 0 && p.range.end == sl;
+    // Verified here, or passed through: the client checks the unit CRC either way.
+    if verify || !whole {
+        let computed = crc_of(&data);
+        if computed != stored {
+            return Err(Miss {
+                chunk: p.chunk,
+                reason: MissReason::ChecksumMismatch,
+                message: format!(
+                    "{key}: layer {layer} slice CRC32C {computed:#010x}, stored {stored:#010x}"
+                ),
+            });
+        }
+    }
+    if whole {
+        Ok((data, stored))
+    } else {
+        let piece = sub_parts(&data, p.range.clone());
+        let c = crc_of(&piece);
+        Ok((piece, c))
+    }
 }
 
 async fn fetch_unit(
@@ -178,69 +288,29 @@ async fn fetch_unit(
         sh: sh.clone(),
     };
     let layer = plan.layer;
-    let parts = futures::future::join_all(plan.pieces.iter().map(|p| {
+    let pieces = futures::future::join_all(plan.pieces.iter().map(|p| {
         let (sh, keys, reads) = (sh.clone(), keys.clone(), reads.clone());
         async move {
             let _r = reads
                 .acquire()
                 .await
                 .expect("read semaphore is never closed");
-            let key = &keys[p.chunk as usize];
-            let range = slice_range(layer, p.slice_len);
-            let b = sh
-                .store
-                .get_range(key, range)
-                .await
-                .map_err(|e| miss_of(p.chunk, e))?;
-            let sl = p.slice_len as usize;
-            let stored = u32::from_le_bytes(b[sl..sl + 4].try_into().expect("4 bytes"));
-            let data = b.slice(..sl);
-            let whole = p.range.start == 0 && p.range.end == p.slice_len;
-            // Verified here, or passed through: the client checks the unit CRC either way.
-            if verify || !whole {
-                if let Err(e) = verify_slice(layer as usize, &b, p.slice_len) {
-                    return Err(Miss {
-                        chunk: p.chunk,
-                        reason: MissReason::ChecksumMismatch,
-                        message: e.to_string(),
-                    });
-                }
-            }
-            let crc = stored;
-            if whole {
-                Ok((data, crc))
-            } else {
-                let piece = data.slice(p.range.start as usize..p.range.end as usize);
-                let c = crc32c::crc32c(&piece);
-                Ok((piece, c))
-            }
+            fetch_piece(&sh, &keys[p.chunk as usize], layer, p, verify).await
         }
     }))
     .await;
-    let mut out = Vec::with_capacity(parts.len());
-    let mut crc: Option<u32> = None;
-    for p in parts {
-        match p {
-            Ok((b, c)) => {
-                crc = Some(match crc {
-                    None => c,
-                    Some(acc) => crc32c::crc32c_combine(acc, c, b.len()),
-                });
-                out.push(b);
-            }
-            Err(m) => {
-                return Fetched {
-                    plan,
-                    result: Err(m),
-                    _hold: hold,
-                }
-            }
-        }
-    }
     Fetched {
         plan,
-        result: Ok((out, crc.unwrap_or(0))),
+        pieces,
         _hold: hold,
+    }
+}
+
+/// Aborts a spawned task when dropped (a load that ends early stops its reads at once).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -373,20 +443,9 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
 
     io.conn.accept(id, plan.len() as u64, total);
     io.flush(sh).await?;
-    let misses = tokio::select! {
-        m = check_headers(sh.clone(), req.chunk_tokens.clone(), req.geometry, keys.clone()) => m,
-        a = io.next_signal() => return match a { Abort::Cancelled => { io.conn.finish(id, 0, 0); io.flush(sh).await } a => Err(a) },
-    };
-    if !misses.is_empty() {
-        for m in &misses {
-            sh.metrics.error("miss");
-            io.conn
-                .send_miss(m.chunk, req.layers.clone(), m.reason, &m.message);
-        }
-        io.conn.finish(id, 0, 0);
-        return io.flush(sh).await;
-    }
-
+    // Reads run in their own task, ahead of the socket: while unit u is being written, units
+    // u+1.. are read (bounded by `depth` units and the server's memory budget). The header
+    // checks run alongside; nothing is sent before they are known.
     let depth = ((sh.cfg.max_request_bytes / max_unit.max(1)) as usize).clamp(1, 64);
     let verify = req.verify || sh.cfg.always_verify;
     let reads = Arc::new(Semaphore::new(sh.cfg.read_concurrency));
@@ -394,17 +453,50 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
     for u in &plan {
         *remaining.entry(u.layer).or_default() += 1;
     }
-    let fetches = stream::iter(plan)
-        .map(|u| fetch_unit(sh.clone(), keys.clone(), reads.clone(), u, verify))
-        .buffered(depth);
-    tokio::pin!(fetches);
+    let mut headers = AbortOnDrop(tokio::spawn(check_headers(
+        sh.clone(),
+        req.chunk_tokens.clone(),
+        req.geometry,
+        keys.clone(),
+    )));
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Fetched>(depth);
+    let _reader = AbortOnDrop(tokio::spawn({
+        let (sh, keys, reads) = (sh.clone(), keys.clone(), reads.clone());
+        async move {
+            let mut fetches = stream::iter(plan)
+                .map(|u| fetch_unit(sh.clone(), keys.clone(), reads.clone(), u, verify))
+                .buffered(depth);
+            while let Some(f) = fetches.next().await {
+                if tx.send(f).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }));
+    let misses = tokio::select! {
+        m = &mut headers.0 => m.unwrap_or_default(),
+        a = io.next_signal() => return match a { Abort::Cancelled => { io.conn.finish(id, 0, 0); io.flush(sh).await } a => Err(a) },
+    };
+    // Per-chunk misses: a bad chunk's slices are left out of every unit; the other chunks'
+    // slices are still delivered (the client keeps their bytes and names the bad chunk).
+    let mut bad: std::collections::HashSet<u32> = std::collections::HashSet::new();
+    for m in &misses {
+        sh.metrics.error("miss");
+        bad.insert(m.chunk);
+        io.conn
+            .send_miss(m.chunk, req.layers.clone(), m.reason, &m.message);
+    }
+    if bad.len() == req.chunks.len() {
+        io.conn.finish(id, 0, 0);
+        return io.flush(sh).await;
+    }
     let grace = async {
         sh.shutdown.cancelled().await;
         tokio::time::sleep(Duration::from_secs(sh.cfg.shutdown_grace_secs)).await;
     };
     tokio::pin!(grace);
     let (mut units, mut bytes) = (0u64, 0u64);
-    let mut failed: Vec<u32> = Vec::new();
+    let mut ttfl_seen = false;
     loop {
         tokio::select! {
             biased;
@@ -418,34 +510,54 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
                 Abort::Cancelled => break,
                 a => return Err(a),
             },
-            f = fetches.next() => {
+            f = rx.recv() => {
                 let Some(f) = f else { break };
                 let layer = f.plan.layer;
-                if failed.contains(&layer) {
-                    continue;
+                // Runs of consecutive good pieces become units (a bad chunk splits a unit).
+                let mut run: Option<(u64, Vec<Bytes>, u32, u64)> = None;
+                let mut out: Vec<(u64, Vec<Bytes>, u32, u64)> = Vec::new();
+                let mut at = f.plan.offset;
+                for (p, r) in f.plan.pieces.iter().zip(f.pieces) {
+                    let len = p.range.end - p.range.start;
+                    let off = at;
+                    at += len;
+                    if bad.contains(&p.chunk) {
+                        out.extend(run.take());
+                        continue;
+                    }
+                    match r {
+                        Ok((parts, crc)) => {
+                            let (_, ps, c, l) = run.get_or_insert_with(|| (off, Vec::new(), 0, 0));
+                            *c = if *l == 0 { crc } else { crc32c::crc32c_combine(*c, crc, len as usize) };
+                            *l += len;
+                            ps.extend(parts);
+                        }
+                        Err(m) => {
+                            // This (chunk, layer) slice misses; the chunk's other layers and
+                            // the other chunks of this layer are still delivered.
+                            out.extend(run.take());
+                            sh.metrics.error("miss");
+                            io.conn.send_miss(m.chunk, layer..layer + 1, m.reason, &m.message);
+                        }
+                    }
                 }
-                match f.result {
-                    Ok((parts, crc)) => {
-                        let h = UnitHeader { layer, crc32c: crc, offset: f.plan.offset, len: f.plan.len as u32 };
-                        io.conn.send_unit(h, parts);
-                        io.flush(sh).await?;
-                        drop(f._hold);
-                        if units == 0 {
-                            sh.metrics.observe_ttfl(t0.elapsed().as_secs_f64());
-                        }
-                        units += 1;
-                        bytes += f.plan.len;
-                        let r = remaining.get_mut(&layer).expect("planned layer");
-                        *r -= 1;
-                        if *r == 0 {
-                            sh.metrics.observe_layer(t0.elapsed().as_secs_f64());
-                        }
-                    }
-                    Err(m) => {
-                        sh.metrics.error("miss");
-                        failed.push(layer);
-                        io.conn.send_miss(m.chunk, layer..layer + 1, m.reason, &m.message);
-                    }
+                out.extend(run.take());
+                for (offset, parts, crc, len) in out {
+                    let h = UnitHeader { layer, crc32c: crc, offset, len: len as u32 };
+                    io.conn.send_unit(h, parts);
+                    units += 1;
+                    bytes += len;
+                }
+                io.flush(sh).await?;
+                drop(f._hold);
+                if units > 0 && !ttfl_seen {
+                    ttfl_seen = true;
+                    sh.metrics.observe_ttfl(t0.elapsed().as_secs_f64());
+                }
+                let r = remaining.get_mut(&layer).expect("planned layer");
+                *r -= 1;
+                if *r == 0 {
+                    sh.metrics.observe_layer(t0.elapsed().as_secs_f64());
                 }
             }
         }

@@ -14,7 +14,7 @@ use super::LayerSink;
 use crate::error::LayerError;
 use crate::protocol::{
     ClientConnection, ClientEvent, ErrorCode, GatherRequest, MissReason, ProtocolError,
-    SaveRequest, ServerInfo, MAX_UNIT_BYTES,
+    SaveRequest, ServerInfo, FRAME_HEADER_LEN, MAX_UNIT_BYTES,
 };
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
@@ -67,6 +67,10 @@ pub struct LoadReport {
     pub bytes: u64,
     /// Layers reported failed to the sink (miss, corrupt unit, incomplete), ascending.
     pub failed_layers: Vec<u32>,
+    /// Chunks the server reported as misses (missing object, wrong geometry, corrupt or
+    /// unreadable slice) with the server's reason, ascending by chunk. The other chunks' slices were still delivered: every
+    /// layer that contains a missed chunk is failed, but its other bytes reached the sink.
+    pub missed_chunks: Vec<(u32, MissReason)>,
     /// From sending the request to the first unit written, if any.
     pub ttfl: Option<Duration>,
     /// From sending the request to the end.
@@ -155,8 +159,16 @@ impl GatherClient {
     }
 
     async fn read_more(&mut self) -> std::io::Result<usize> {
-        if self.buf.capacity() - self.buf.len() < (64 << 10) {
-            self.buf.reserve(1 << 20);
+        // Room for the whole frame being received (a unit is up to 16 MiB): one allocation
+        // per frame at most, reused once the previous frame's bytes are dropped, instead of
+        // growing (and copying) the buffer step by step.
+        let mut want = 1 << 20;
+        if self.buf.len() >= FRAME_HEADER_LEN {
+            let body = u32::from_le_bytes(self.buf[4..8].try_into().expect("4 bytes")) as usize;
+            want = want.max(FRAME_HEADER_LEN + body.min(MAX_UNIT_BYTES as usize + 64));
+        }
+        if self.buf.capacity() < want || self.buf.capacity() - self.buf.len() < (64 << 10) {
+            self.buf.reserve(want.saturating_sub(self.buf.len()).max(64 << 10));
         }
         self.stream.read_buf(&mut self.buf).await
     }
@@ -186,6 +198,7 @@ impl GatherClient {
             units: 0,
             bytes: 0,
             failed_layers: Vec::new(),
+            missed_chunks: Vec::new(),
             ttfl: None,
             elapsed: Duration::ZERO,
         };
@@ -211,9 +224,12 @@ impl GatherClient {
                         offset,
                         data,
                     } => {
-                        if cancelled || failed.contains(&layer) {
+                        if cancelled {
                             continue;
                         }
+                        // Units of a layer that already has a miss are still offered to the
+                        // sink: the other chunks' bytes are good (a sink that refuses writes
+                        // to failed layers just drops them).
                         match sink.write(layer, offset, &data) {
                             Ok(()) => {
                                 sink.complete(layer, data.len() as u64);
@@ -223,6 +239,7 @@ impl GatherClient {
                                 report.ttfl.get_or_insert_with(|| t0.elapsed());
                             }
                             Err(LayerError::Cancelled) => {}
+                            Err(_) if failed.contains(&layer) => {}
                             Err(e) => {
                                 sink.fail(layer, e);
                                 failed.push(layer);
@@ -255,6 +272,9 @@ impl GatherClient {
                         reason,
                         message,
                     } => {
+                        if !report.missed_chunks.iter().any(|m| m.0 == chunk) {
+                            report.missed_chunks.push((chunk, reason));
+                        }
                         for l in layers {
                             if failed.contains(&l) {
                                 continue;
@@ -338,6 +358,7 @@ impl GatherClient {
                 );
                 failed.sort_unstable();
                 report.failed_layers = failed;
+                report.missed_chunks.sort_unstable_by_key(|m| m.0);
                 Ok(report)
             }
             Err(e) => {
