@@ -19,7 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 async fn roundtrip(store: Arc<dyn Store>, chunks: usize) {
     let g = KvGeometry::llama31_8b();
     let server = start(store.clone(), config()).await;
-    let mut c = GatherClient::connect(server.local_addr()).await.unwrap();
+    let mut c = GatherClient::connect_with(server.local_addr(), creds()).await.unwrap();
     let tokens = vec![256u32; chunks];
     let saved = save_prefix(&mut c, &g, 1, &tokens).await;
     assert_eq!(saved.written as usize, chunks);
@@ -76,7 +76,7 @@ async fn batched_save_layout_matches_the_connector() {
     let g = KvGeometry::smollm2_135m();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let server = start(store.clone(), config()).await;
-    let mut c = GatherClient::connect(server.local_addr()).await.unwrap();
+    let mut c = GatherClient::connect_with(server.local_addr(), creds()).await.unwrap();
     let tokens = [256u32, 256, 256];
     save_prefix(&mut c, &g, 9, &tokens).await;
     let kb = key_builder(&g);
@@ -121,7 +121,7 @@ async fn batched_save_layout_matches_the_connector() {
 async fn partial_last_chunk_and_layer_subrange() {
     let g = KvGeometry::smollm2_135m();
     let server = start(Arc::new(MemoryStore::new()), config()).await;
-    let mut c = GatherClient::connect(server.local_addr()).await.unwrap();
+    let mut c = GatherClient::connect_with(server.local_addr(), creds()).await.unwrap();
     let tokens = [256u32, 256, 100];
     save_prefix(&mut c, &g, 3, &tokens).await;
     let mut req = request(&g, 3, &tokens);
@@ -143,7 +143,7 @@ async fn missing_chunk_and_corrupt_slice_are_misses_never_data() {
     let g = KvGeometry::smollm2_135m();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let server = start(store.clone(), config()).await;
-    let mut c = GatherClient::connect(server.local_addr()).await.unwrap();
+    let mut c = GatherClient::connect_with(server.local_addr(), creds()).await.unwrap();
     let tokens = [256u32; 4];
     save_prefix(&mut c, &g, 5, &tokens).await;
     let kb = key_builder(&g);
@@ -230,7 +230,7 @@ async fn concurrent_loads_with_admission_queue() {
     cfg.max_concurrent_loads = 2;
     let server = start(Arc::new(MemoryStore::new()), cfg).await;
     let tokens = vec![256u32; 4];
-    let mut c = GatherClient::connect(server.local_addr()).await.unwrap();
+    let mut c = GatherClient::connect_with(server.local_addr(), creds()).await.unwrap();
     for s in 0..3 {
         save_prefix(&mut c, &g, 100 + s, &tokens).await;
     }
@@ -239,7 +239,7 @@ async fn concurrent_loads_with_admission_queue() {
         .map(|i| {
             let (g, tokens) = (g.clone(), tokens.clone());
             tokio::spawn(async move {
-                let mut c = GatherClient::connect(addr).await.unwrap();
+                let mut c = GatherClient::connect_with(addr, creds()).await.unwrap();
                 let s = 100 + i % 3;
                 let sink = VerifySink::new(&g, s, &tokens);
                 c.load(&request(&g, s, &tokens), &sink).await.unwrap();
@@ -256,17 +256,38 @@ async fn concurrent_loads_with_admission_queue() {
     server.shutdown().await;
 }
 
+/// A raw connection past the hello and the authentication challenge.
 async fn raw_conn(addr: std::net::SocketAddr) -> tokio::net::TcpStream {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut b = BytesMut::new();
     b.put_slice(&PREFACE);
     Frame::Hello {
-        version_min: 1,
-        version_max: 1,
+        version_min: objectcache::protocol::PROTOCOL_VERSION,
+        version_max: objectcache::protocol::PROTOCOL_VERSION,
     }
     .encode(&mut b);
     s.write_all(&b).await.unwrap();
-    s
+    let mut buf = BytesMut::new();
+    loop {
+        while let Some(f) =
+            objectcache::protocol::decode_frame(&mut buf, 1 << 24, u32::MAX).unwrap()
+        {
+            match f {
+                Frame::AuthChallenge { nonce } => {
+                    let mut b = BytesMut::new();
+                    Frame::Auth {
+                        access_key: ACCESS.into(),
+                        mac: objectcache::protocol::auth::auth_mac(ACCESS, SECRET, &nonce),
+                    }
+                    .encode(&mut b);
+                    s.write_all(&b).await.unwrap();
+                }
+                Frame::HelloAck(_) => return s,
+                other => panic!("unexpected {other:?} during the handshake"),
+            }
+        }
+        assert!(s.read_buf(&mut buf).await.unwrap() > 0, "closed during the handshake");
+    }
 }
 
 /// Reads frames until an Error frame; returns its code and message.
@@ -332,7 +353,7 @@ async fn malformed_and_oversized_descriptors_get_clear_errors_and_the_server_sta
     );
 
     // The client library refuses it locally with the same words.
-    let mut c = GatherClient::connect(addr).await.unwrap();
+    let mut c = GatherClient::connect_with(addr, creds()).await.unwrap();
     let e = c
         .load(&request(&g, 1, &tokens), &VerifySink::new(&g, 1, &tokens))
         .await
@@ -353,7 +374,7 @@ async fn malformed_and_oversized_descriptors_get_clear_errors_and_the_server_sta
     );
 
     // A missing bucket is a request-level error; the connection stays usable.
-    let mut c = GatherClient::connect(addr).await.unwrap();
+    let mut c = GatherClient::connect_with(addr, creds()).await.unwrap();
     let mut req = request(&g, 1, &[256]);
     req.bucket = "no-such-bucket".into();
     match c.load(&req, &VerifySink::new(&g, 1, &[256])).await {
@@ -379,7 +400,7 @@ async fn client_disconnecting_mid_stream_frees_resources() {
     let server = start(Arc::new(MemoryStore::new()), config()).await;
     let addr = server.local_addr();
     let tokens = vec![256u32; 32]; // 8K tokens: 32 MiB per layer, 1 GiB per load
-    let mut c = GatherClient::connect(addr).await.unwrap();
+    let mut c = GatherClient::connect_with(addr, creds()).await.unwrap();
     save_prefix(&mut c, &g, 7, &tokens).await;
     // A raw client that reads a little and then vanishes.
     let mut s = raw_conn(addr).await;
@@ -438,7 +459,7 @@ async fn a_stock_s3_endpoint_is_detected_for_fallback() {
             .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
             .await;
     });
-    match GatherClient::connect(addr).await {
+    match GatherClient::connect_with(addr, creds()).await {
         Err(GatherError::NotOffered(m)) => assert!(m.contains("gather hello"), "{m}"),
         other => panic!("{other:?}"),
     }
@@ -448,5 +469,67 @@ async fn a_stock_s3_endpoint_is_detected_for_fallback() {
     assert_eq!(st, 200);
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["gather"]["protocol_versions"][0], 1);
+    server.shutdown().await;
+}
+
+/// The gather endpoint authenticates with the server's S3 access keys: a wrong secret, an
+/// unknown key id and no credentials are refused with a clear error before any request; the
+/// right pair works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gather_connection_needs_a_valid_access_key() {
+    let g = KvGeometry::smollm2_135m();
+    let server = start(Arc::new(MemoryStore::new()), config()).await;
+    let addr = server.local_addr();
+    for (creds, what) in [
+        (Some((ACCESS.to_string(), "wrong-secret".to_string())), "wrong secret"),
+        (Some(("nobody".to_string(), SECRET.to_string())), "unknown key id"),
+        (None, "no credentials"),
+    ] {
+        match GatherClient::connect_with(addr, creds).await {
+            Err(GatherError::Unauthorized(m)) => {
+                assert!(m.contains("authentication"), "{what}: {m}")
+            }
+            other => panic!("{what}: expected Unauthorized, got {other:?}"),
+        }
+    }
+    // A raw version-2 client that skips the challenge and sends a request is refused too.
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut b = BytesMut::new();
+    b.put_slice(&PREFACE);
+    Frame::Hello {
+        version_min: 2,
+        version_max: 2,
+    }
+    .encode(&mut b);
+    Frame::Gather(Box::new(request(&g, 1, &[256]))).encode(&mut b);
+    s.write_all(&b).await.unwrap();
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got).await;
+    let mut buf = BytesMut::from(&got[..]);
+    let mut saw_error = false;
+    while let Ok(Some(f)) = objectcache::protocol::decode_frame(&mut buf, 1 << 20, 4096) {
+        match f {
+            Frame::AuthChallenge { .. } => {}
+            Frame::Error { code, .. } => {
+                assert_eq!(code, ErrorCode::Malformed);
+                saw_error = true;
+            }
+            other => panic!("unexpected {other:?} before authentication"),
+        }
+    }
+    assert!(saw_error, "the server answered an unauthenticated request");
+    // The right key pair: connected, authenticated, and a save and a load work.
+    let mut c = GatherClient::connect_with(addr, creds()).await.unwrap();
+    assert_ne!(
+        c.server_info().features & objectcache::protocol::ServerInfo::FEATURE_AUTH,
+        0
+    );
+    let tokens = [256u32, 256];
+    save_prefix(&mut c, &g, 11, &tokens).await;
+    let sink = VerifySink::new(&g, 11, &tokens);
+    let r = c.load(&request(&g, 11, &tokens), &sink).await.unwrap();
+    assert!(r.failed_layers.is_empty());
+    assert_eq!(sink.complete_layers(), g.layers as usize);
+    assert_eq!(sink.mismatches.load(Ordering::Relaxed), 0);
     server.shutdown().await;
 }

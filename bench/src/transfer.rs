@@ -185,8 +185,16 @@ struct Target {
     addr: std::net::SocketAddr,
     endpoint: String,
     bucket: String,
+    /// Access key pair: S3 SigV4 and gather authentication.
+    creds: (String, String),
     _server: Option<objectcache::server::ServerHandle>,
     _dir: Option<tempfile::TempDir>,
+}
+
+impl Target {
+    fn credentials(&self) -> Option<(String, String)> {
+        Some(self.creds.clone())
+    }
 }
 
 async fn target(args: &TransferArgs) -> Result<Target, String> {
@@ -206,6 +214,7 @@ async fn target(args: &TransferArgs) -> Result<Target, String> {
             addr,
             endpoint: format!("http://{hostport}"),
             bucket: bucket.trim_end_matches('/').into(),
+            creds: (args.access_key.clone(), args.secret_key.clone()),
             _server: None,
             _dir: None,
         });
@@ -230,6 +239,7 @@ async fn target(args: &TransferArgs) -> Result<Target, String> {
         addr: server.local_addr(),
         endpoint: server.endpoint(),
         bucket: "kv-bench".into(),
+        creds: (args.access_key.clone(), args.secret_key.clone()),
         _server: Some(server),
         _dir: Some(dir),
     })
@@ -289,7 +299,7 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
         // Populate through one batched save (objects made as they are sent); a stock S3
         // server (no gather) gets plain PUTs of the same objects and publish markers.
         rt.block_on(async {
-            let mut c = match GatherClient::connect(t.addr).await {
+            let mut c = match GatherClient::connect_with(t.addr, t.credentials()).await {
                 Ok(c) => c,
                 Err(objectcache::transport::tcp::GatherError::NotOffered(why)) => {
                     eprintln!("no gather at this endpoint ({why}): populating with S3 PUTs");
@@ -342,7 +352,7 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
             let r = match path.as_str() {
                 "gather-tcp" => {
                     let (ttfl, ttll) = rt.block_on(async {
-                        let mut c = GatherClient::connect(t.addr)
+                        let mut c = GatherClient::connect_with(t.addr, t.credentials())
                             .await
                             .map_err(|e| e.to_string())?;
                         let sink = DestSink {

@@ -50,7 +50,7 @@ pub(crate) async fn try_gather(
     };
     let mut client = match pooled {
         Some(c) => c,
-        None => match GatherClient::connect(target.addr.as_str()).await {
+        None => match GatherClient::connect_with(target.addr.as_str(), target.credentials.clone()).await {
             Ok(c) => {
                 let mut p = probe.lock().expect("lock");
                 if matches!(*p, Probe::Unknown) {

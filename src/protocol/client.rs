@@ -107,6 +107,8 @@ pub struct ClientConnection {
     current: Option<Current>,
     events: VecDeque<ClientEvent>,
     transmit: VecDeque<Bytes>,
+    /// Access key id and secret, to answer an authentication challenge.
+    credentials: Option<(String, String)>,
 }
 
 impl Default for ClientConnection {
@@ -116,8 +118,15 @@ impl Default for ClientConnection {
 }
 
 impl ClientConnection {
-    /// A new connection with the preface and hello queued.
+    /// A new connection with the preface and hello queued, without credentials: a server
+    /// that requires authentication refuses it ([`ErrorCode::Unauthorized`]).
     pub fn new() -> Self {
+        Self::with_credentials(None)
+    }
+
+    /// A new connection that answers the server's authentication challenge (protocol
+    /// version 2, see [`super::auth`]) with `(access_key_id, secret_key)`.
+    pub fn with_credentials(credentials: Option<(String, String)>) -> Self {
         let mut b = BytesMut::with_capacity(16);
         b.put_slice(&PREFACE);
         Frame::Hello {
@@ -131,6 +140,7 @@ impl ClientConnection {
             current: None,
             events: VecDeque::new(),
             transmit: VecDeque::from([b.freeze()]),
+            credentials,
         }
     }
 
@@ -328,6 +338,26 @@ impl ClientConnection {
             },
         };
         match (st, f) {
+            (State::Hello, Frame::AuthChallenge { nonce }) => match &self.credentials {
+                Some((ak, sk)) => {
+                    let mut b = BytesMut::with_capacity(64 + ak.len());
+                    Frame::Auth {
+                        access_key: ak.clone(),
+                        mac: super::auth::auth_mac(ak, sk, &nonce),
+                    }
+                    .encode(&mut b);
+                    self.transmit.push_back(b.freeze());
+                }
+                None => {
+                    self.state = State::Closed;
+                    self.events.push_back(ClientEvent::Error {
+                        code: ErrorCode::Unauthorized,
+                        message: "the server requires authentication and this client has no \
+                                  access key (give the store URL or config credentials)"
+                            .into(),
+                    });
+                }
+            },
             (State::Hello, Frame::HelloAck(i)) => {
                 if i.version != PROTOCOL_VERSION {
                     return Err(ProtocolError::UnsupportedVersion {

@@ -31,6 +31,8 @@ pub enum FrameType {
     SaveEnd = 0x05,
     /// Client: cancel the request in flight.
     Cancel = 0x06,
+    /// Client (version 2): access key id and HMAC answering the server's nonce.
+    Auth = 0x07,
     /// Server hello: version chosen, limits.
     HelloAck = 0x81,
     /// Server: request accepted.
@@ -45,6 +47,8 @@ pub enum FrameType {
     Error = 0x86,
     /// Server: save published.
     SaveDone = 0x87,
+    /// Server (version 2): authenticate first; carries the nonce to answer.
+    AuthChallenge = 0x88,
 }
 
 impl FrameType {
@@ -61,6 +65,7 @@ impl FrameType {
             0x04 => SaveData,
             0x05 => SaveEnd,
             0x06 => Cancel,
+            0x07 => Auth,
             0x81 => HelloAck,
             0x82 => Accepted,
             0x83 => Unit,
@@ -68,6 +73,7 @@ impl FrameType {
             0x85 => End,
             0x86 => Error,
             0x87 => SaveDone,
+            0x88 => AuthChallenge,
             _ => return Err(ProtocolError::UnknownFrame(b)),
         })
     }
@@ -88,6 +94,8 @@ impl FrameType {
             End => "End",
             Error => "Error",
             SaveDone => "SaveDone",
+            Auth => "Auth",
+            AuthChallenge => "AuthChallenge",
         }
     }
     /// Largest body this frame type may have, given the descriptor limit.
@@ -172,6 +180,8 @@ pub enum ErrorCode {
     Storage = 11,
     /// Anything else.
     Internal = 12,
+    /// Authentication required, or the access key / MAC was refused (version 2).
+    Unauthorized = 13,
 }
 
 impl ErrorCode {
@@ -189,6 +199,7 @@ impl ErrorCode {
             9 => ShuttingDown,
             10 => BadObject,
             11 => Storage,
+            13 => Unauthorized,
             _ => Internal,
         }
     }
@@ -208,6 +219,7 @@ impl ErrorCode {
             BadObject => "bad_object",
             Storage => "storage",
             Internal => "internal",
+            Unauthorized => "unauthorized",
         }
     }
 }
@@ -234,6 +246,8 @@ impl ServerInfo {
     pub const FEATURE_SAVE: u32 = 2;
     /// Feature bit: RDMA target.
     pub const FEATURE_RDMA: u32 = 4;
+    /// Feature bit (version 2): this connection was authenticated with an access key.
+    pub const FEATURE_AUTH: u32 = 8;
 }
 
 /// The 24-byte header of a `Unit` frame body.
@@ -297,6 +311,18 @@ pub enum Frame {
     },
     /// Server hello.
     HelloAck(ServerInfo),
+    /// Client's answer to an [`Frame::AuthChallenge`] (version 2).
+    Auth {
+        /// Access key id (at most [`super::auth::MAX_ACCESS_KEY_LEN`] bytes).
+        access_key: String,
+        /// [`super::auth::auth_mac`] of the challenge's nonce.
+        mac: [u8; super::auth::MAC_LEN],
+    },
+    /// Server: authenticate before anything else (version 2).
+    AuthChallenge {
+        /// Random bytes, fresh per connection.
+        nonce: [u8; super::auth::NONCE_LEN],
+    },
     /// Request accepted.
     Accepted {
         /// Request id.
@@ -369,6 +395,8 @@ impl Frame {
             Frame::End { .. } => FrameType::End,
             Frame::Error { .. } => FrameType::Error,
             Frame::SaveDone { .. } => FrameType::SaveDone,
+            Frame::Auth { .. } => FrameType::Auth,
+            Frame::AuthChallenge { .. } => FrameType::AuthChallenge,
         }
     }
 
@@ -452,6 +480,11 @@ impl Frame {
                 out.put_u32_le(*written);
                 out.put_u32_le(*already_present);
             }
+            Frame::Auth { access_key, mac } => {
+                put_str16(out, truncate(access_key, super::auth::MAX_ACCESS_KEY_LEN));
+                out.put_slice(mac);
+            }
+            Frame::AuthChallenge { nonce } => out.put_slice(nonce),
         }
         let body = (out.len() - start - FRAME_HEADER_LEN) as u32;
         out[start + 4..start + 8].copy_from_slice(&body.to_le_bytes());
@@ -623,6 +656,19 @@ fn decode_body(
             request_id: r.u64()?,
             written: r.u32()?,
             already_present: r.u32()?,
+        },
+        FrameType::Auth => Frame::Auth {
+            access_key: r.str16("access key id", super::auth::MAX_ACCESS_KEY_LEN)?,
+            mac: r
+                .take(super::auth::MAC_LEN)?
+                .try_into()
+                .expect("MAC_LEN bytes"),
+        },
+        FrameType::AuthChallenge => Frame::AuthChallenge {
+            nonce: r
+                .take(super::auth::NONCE_LEN)?
+                .try_into()
+                .expect("NONCE_LEN bytes"),
         },
     };
     r.finish()?;

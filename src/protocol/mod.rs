@@ -13,6 +13,7 @@
 //! live in [`crate::transport::tcp`] (client) and [`crate::server`] (server).
 #![forbid(unsafe_code)]
 
+pub mod auth;
 mod client;
 mod descriptor;
 mod frame;
@@ -34,7 +35,7 @@ pub use server::{ServerConnection, ServerEvent, ServerLimits};
 /// request, so one listening port can serve both S3 (HTTP) and gather.
 pub const PREFACE: [u8; 8] = *b"OCGATHER";
 /// Protocol version spoken by this build (see the versioning rule in `docs/protocol.md`).
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Largest delivery unit payload, in bytes (16 MiB): a unit never exceeds it.
 pub const MAX_UNIT_BYTES: u32 = 16 << 20;
 /// Smallest delivery unit a client may ask for, in bytes (4 KiB).
@@ -273,8 +274,8 @@ mod tests {
         let mut b = BytesMut::new();
         b.extend_from_slice(&PREFACE);
         Frame::Hello {
-            version_min: 1,
-            version_max: 1,
+            version_min: PROTOCOL_VERSION,
+            version_max: PROTOCOL_VERSION,
         }
         .encode(&mut b);
         encode_frame_header(FrameType::Gather, 5000, &mut b);

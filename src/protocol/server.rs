@@ -58,12 +58,21 @@ pub enum ServerEvent {
     /// The connection failed with this protocol error; an `Error` frame is queued and the
     /// driver flushes it and closes.
     Failed(ProtocolError),
+    /// The client answered the authentication challenge (version 2): look up the secret of
+    /// `access_key` and call [`ServerConnection::authenticate`].
+    Authenticate {
+        /// Access key id the client claims.
+        access_key: String,
+        /// Its HMAC of the nonce ([`super::auth::auth_mac`]).
+        mac: [u8; super::auth::MAC_LEN],
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Preface,
     Hello,
+    Auth,
     Idle,
     Gathering,
     Saving,
@@ -76,6 +85,7 @@ impl State {
         match self {
             State::Preface => "awaiting preface",
             State::Hello => "awaiting hello",
+            State::Auth => "awaiting authentication",
             State::Idle => "idle",
             State::Gathering => "gathering",
             State::Saving => "receiving save data",
@@ -94,6 +104,8 @@ pub struct ServerConnection {
     state: State,
     events: VecDeque<ServerEvent>,
     transmit: VecDeque<Bytes>,
+    /// Set when the connection must authenticate: the nonce sent in the challenge.
+    nonce: Option<[u8; super::auth::NONCE_LEN]>,
 }
 
 /// Maps a decode error to the code the client sees.
@@ -122,7 +134,56 @@ impl ServerConnection {
             state: State::Preface,
             events: VecDeque::new(),
             transmit: VecDeque::new(),
+            nonce: None,
         }
+    }
+
+    /// A new connection that must authenticate before anything else: after the hello the
+    /// server sends `nonce` (fresh random bytes from the driver) in an `AuthChallenge`, and
+    /// answers the client's `Auth` with [`ServerEvent::Authenticate`].
+    pub fn with_auth(limits: ServerLimits, nonce: [u8; super::auth::NONCE_LEN]) -> Self {
+        let mut c = Self::new(limits);
+        c.nonce = Some(nonce);
+        c
+    }
+
+    /// Completes the authentication reported by [`ServerEvent::Authenticate`]: `secret` is
+    /// the configured secret of the claimed access key (`None`: unknown key). On success the
+    /// `HelloAck` is queued and requests are accepted; otherwise an `Unauthorized` error is
+    /// queued and the connection closes. Returns whether the client was authenticated.
+    pub fn authenticate(
+        &mut self,
+        access_key: &str,
+        mac: &[u8; super::auth::MAC_LEN],
+        secret: Option<&str>,
+    ) -> bool {
+        let ok = match (self.state, self.nonce, secret) {
+            (State::Auth, Some(n), Some(sk)) => super::auth::verify_mac(access_key, sk, &n, mac),
+            _ => false,
+        };
+        if ok {
+            self.hello_ack(ServerInfo::FEATURE_AUTH);
+            self.state = State::Idle;
+        } else {
+            self.close_with(
+                ErrorCode::Unauthorized,
+                &format!(
+                    "gather authentication failed: access key {access_key:?} is unknown or its \
+                     HMAC does not match"
+                ),
+            );
+        }
+        ok
+    }
+
+    fn hello_ack(&mut self, extra_features: u32) {
+        self.queue(Frame::HelloAck(ServerInfo {
+            version: PROTOCOL_VERSION,
+            features: self.limits.features | extra_features,
+            max_descriptor_bytes: self.limits.max_descriptor_bytes,
+            max_chunks: self.limits.max_chunks,
+            max_request_bytes: self.limits.max_request_bytes,
+        }));
     }
 
     /// `true` once the connection failed or the client's hello was refused: flush
@@ -208,14 +269,20 @@ impl ServerConnection {
                         max: version_max,
                     });
                 }
-                self.queue(Frame::HelloAck(ServerInfo {
-                    version: PROTOCOL_VERSION,
-                    features: self.limits.features,
-                    max_descriptor_bytes: self.limits.max_descriptor_bytes,
-                    max_chunks: self.limits.max_chunks,
-                    max_request_bytes: self.limits.max_request_bytes,
-                }));
-                self.state = State::Idle;
+                match self.nonce {
+                    Some(nonce) => {
+                        self.queue(Frame::AuthChallenge { nonce });
+                        self.state = State::Auth;
+                    }
+                    None => {
+                        self.hello_ack(0);
+                        self.state = State::Idle;
+                    }
+                }
+            }
+            (State::Auth, Frame::Auth { access_key, mac }) => {
+                self.events
+                    .push_back(ServerEvent::Authenticate { access_key, mac });
             }
             (State::Idle, Frame::Gather(g)) => {
                 self.state = State::Gathering;

@@ -97,6 +97,24 @@ impl Io {
     }
 }
 
+/// A connection's protocol state: with access keys configured, the client must answer an
+/// HMAC challenge over a fresh random nonce with one of them (protocol version 2,
+/// [`crate::protocol::auth`]) before any request, as S3 requests must carry SigV4.
+fn new_connection(sh: &Shared) -> ServerConnection {
+    if sh.cfg.access_keys.is_empty() {
+        return ServerConnection::new(sh.limits());
+    }
+    let mut nonce = [0u8; crate::protocol::auth::NONCE_LEN];
+    if let Err(e) = getrandom::fill(&mut nonce) {
+        // No OS randomness: refuse the connection rather than use a guessable nonce.
+        tracing::error!(error = %e, "no random nonce for gather authentication");
+        let mut c = ServerConnection::new(sh.limits());
+        c.close_with(ErrorCode::Internal, "server has no randomness for authentication");
+        return c;
+    }
+    ServerConnection::with_auth(sh.limits(), nonce)
+}
+
 /// Serves one gather connection until the client closes it, fails, or the server stops.
 pub(crate) async fn serve(stream: TcpStream, sh: Arc<Shared>) {
     let _ = stream.set_nodelay(true);
@@ -106,7 +124,7 @@ pub(crate) async fn serve(stream: TcpStream, sh: Arc<Shared>) {
         rd,
         wr,
         buf: BytesMut::with_capacity(64 << 10),
-        conn: ServerConnection::new(sh.limits()),
+        conn: new_connection(&sh),
     };
     tracing::debug!(?peer, "gather connection");
     loop {
@@ -114,6 +132,21 @@ pub(crate) async fn serve(stream: TcpStream, sh: Arc<Shared>) {
             let r = match ev {
                 ServerEvent::Gather(req) => run_gather(&mut io, *req, &sh).await,
                 ServerEvent::SaveBegin(req) => run_save(&mut io, *req, &sh).await,
+                ServerEvent::Authenticate { access_key, mac } => {
+                    let secret = sh
+                        .cfg
+                        .access_keys
+                        .iter()
+                        .find(|k| k.access_key == access_key)
+                        .map(|k| k.secret_key.as_str());
+                    if io.conn.authenticate(&access_key, &mac, secret) {
+                        tracing::debug!(?peer, %access_key, "gather connection authenticated");
+                    } else {
+                        sh.metrics.error("unauthorized");
+                        tracing::warn!(?peer, %access_key, "gather authentication refused");
+                    }
+                    Ok(())
+                }
                 ServerEvent::Failed(e) => {
                     sh.metrics.error("protocol");
                     tracing::warn!(?peer, error = %e, "gather protocol error");

@@ -68,6 +68,9 @@ pub struct GatherTarget {
     pub bucket: String,
     /// Key prefix inside the bucket (empty, or without leading/trailing `/`).
     pub key_prefix: String,
+    /// `(access_key_id, secret_key)` the gather connection authenticates with (the store's
+    /// S3 credentials); `None` for a server without authentication.
+    pub credentials: Option<(String, String)>,
 }
 
 /// Metadata of a stored object.

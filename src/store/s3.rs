@@ -217,6 +217,9 @@ pub struct S3Store {
     endpoint: String,
     host: Option<String>,
     read_timeout: Duration,
+    /// Access key pair a gather connection authenticates with (static credentials, or the
+    /// `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` environment of the default chain).
+    gather_credentials: Option<(String, String)>,
 }
 
 impl fmt::Debug for S3Store {
@@ -583,7 +586,18 @@ impl S3Store {
             .endpoint
             .clone()
             .unwrap_or_else(|| "AWS S3".to_string());
+        let gather_credentials = match &config.credentials {
+            S3Credentials::Static {
+                access_key,
+                secret_key,
+                ..
+            } => Some((access_key.clone(), secret_key.clone())),
+            S3Credentials::Chain => std::env::var("AWS_ACCESS_KEY_ID")
+                .ok()
+                .zip(std::env::var("AWS_SECRET_ACCESS_KEY").ok()),
+        };
         Ok(S3Store {
+            gather_credentials,
             client: aws_sdk_s3::Client::from_conf(b.build()),
             bucket: config.bucket,
             prefix: config.prefix,
@@ -866,6 +880,7 @@ impl Store for S3Store {
             addr,
             bucket: self.bucket.clone(),
             key_prefix: self.prefix.clone(),
+            credentials: self.gather_credentials.clone(),
         })
     }
 

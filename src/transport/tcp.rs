@@ -46,6 +46,9 @@ pub enum GatherError {
     /// The sink was cancelled; the server was told to stop.
     #[error("load cancelled")]
     Cancelled,
+    /// The server requires authentication and refused (or was not given) credentials.
+    #[error("gather authentication: {0}")]
+    Unauthorized(String),
 }
 
 impl From<GatherError> for crate::Error {
@@ -102,11 +105,25 @@ impl GatherClient {
     /// [`GatherError::Io`] if the connection fails; [`GatherError::NotOffered`] if the server
     /// answers with anything but a gather hello (e.g. HTTP from a stock S3 server).
     pub async fn connect(addr: impl ToSocketAddrs) -> Result<Self, GatherError> {
+        Self::connect_with(addr, None).await
+    }
+
+    /// Connects, exchanges hellos and, when the server asks for it, authenticates with
+    /// `credentials = (access_key_id, secret_key)`: one of the server's S3 access keys (an
+    /// HMAC-SHA256 answer to the server's nonce, see [`crate::protocol::auth`]).
+    ///
+    /// # Errors
+    /// As [`GatherClient::connect`], plus [`GatherError::Unauthorized`] when the server
+    /// requires authentication and the credentials are missing or refused.
+    pub async fn connect_with(
+        addr: impl ToSocketAddrs,
+        credentials: Option<(String, String)>,
+    ) -> Result<Self, GatherError> {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
         let mut c = GatherClient {
             stream,
-            conn: ClientConnection::new(),
+            conn: ClientConnection::with_credentials(credentials),
             buf: BytesMut::with_capacity(1 << 20),
             info: ServerInfo {
                 version: 0,
@@ -122,6 +139,10 @@ impl GatherClient {
                 if let Some(ev) = c.conn.poll_event() {
                     return match ev {
                         ClientEvent::Connected(i) => Ok(i),
+                        ClientEvent::Error {
+                            code: ErrorCode::Unauthorized,
+                            message,
+                        } => Err(GatherError::Unauthorized(message)),
                         ClientEvent::Error { code, message } => {
                             Err(GatherError::NotOffered(format!("{code:?}: {message}")))
                         }
@@ -138,6 +159,8 @@ impl GatherClient {
                         "the server did not answer with a gather hello ({e})"
                     )));
                 }
+                // The answer to an authentication challenge, if one came.
+                c.flush().await?;
             }
         })
         .await

@@ -280,3 +280,8 @@ pub fn metric(text: &str, name: &str) -> Option<f64> {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
 }
+
+/// The test server's access key pair, as a gather client presents it.
+pub fn creds() -> Option<(String, String)> {
+    Some((ACCESS.into(), SECRET.into()))
+}
