@@ -468,7 +468,11 @@ async fn a_stock_s3_endpoint_is_detected_for_fallback() {
     let (st, body) = http_get(server.local_addr(), "/_objectcache/capabilities").await;
     assert_eq!(st, 200);
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(v["gather"]["protocol_versions"][0], 1);
+    assert_eq!(
+        v["gather"]["protocol_versions"][0],
+        objectcache::protocol::PROTOCOL_VERSION
+    );
+    assert_eq!(v["gather"]["authentication"], "hmac-sha256");
     server.shutdown().await;
 }
 

@@ -106,3 +106,69 @@ async fn gateway_mode_over_an_upstream_s3_endpoint() {
     gateway.shutdown().await;
     upstream.shutdown().await;
 }
+
+/// Gateway mode in front of Ceph RGW (the S3 test endpoint, `OBJECTCACHE_TEST_S3_ENDPOINT`):
+/// a batched save through the gateway lands in Ceph as the chunk objects, and a gather load
+/// through the gateway is byte-exact. Fails (not skips) under `OBJECTCACHE_REQUIRE_ALL=1`
+/// when Ceph is not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_mode_in_front_of_ceph_rgw() {
+    let Some((ceph, prefix)) = S3Store::from_test_env("gw")
+        .await
+        .expect("the S3 test endpoint refuses us")
+    else {
+        assert!(
+            std::env::var_os("OBJECTCACHE_REQUIRE_ALL").is_none(),
+            "no S3 test endpoint (Ceph RGW at OBJECTCACHE_TEST_S3_ENDPOINT) but \
+             OBJECTCACHE_REQUIRE_ALL is set"
+        );
+        eprintln!("SKIP: no S3 test endpoint (start Ceph RGW: scripts/ceph-rgw/start.sh)");
+        return;
+    };
+    let backend: Arc<dyn Store> = Arc::new(ceph);
+    // The gateway's bucket is a unique key prefix inside the Ceph bucket.
+    let bucket = prefix.to_lowercase();
+    let mut cfg = config();
+    cfg.buckets = vec![bucket.clone()];
+    let gateway = start(backend.clone(), cfg).await;
+    let g = KvGeometry::smollm2_135m();
+    let tokens = vec![256u32, 256, 256, 100];
+    let mut c = GatherClient::connect_with(gateway.local_addr(), creds())
+        .await
+        .unwrap();
+    let save = objectcache::protocol::SaveRequest {
+        request_id: 31,
+        bucket: bucket.clone(),
+        prefix: key_builder(&g).prefix().to_string(),
+        geometry: objectcache::protocol::WireGeometry::from_geometry(&g),
+        chunks: hashes(31, tokens.len())
+            .into_iter()
+            .zip(&tokens)
+            .map(|(hash, &tokens)| objectcache::protocol::SaveChunk { hash, tokens })
+            .collect(),
+    };
+    c.save(
+        &save,
+        tokens.iter().enumerate().map(|(i, &t)| object(&g, 31, i, t)),
+    )
+    .await
+    .unwrap();
+    // The bytes live in Ceph, under the gateway's bucket.
+    let kb = key_builder(&g);
+    let hs = hashes(31, tokens.len());
+    for (i, &t) in tokens.iter().enumerate() {
+        let k = format!("{bucket}/{}", kb.data(&hs[i]));
+        assert_eq!(backend.get_bytes(&k).await.unwrap(), object(&g, 31, i, t));
+    }
+    let mut req = request(&g, 31, &tokens);
+    req.bucket = bucket.clone();
+    let sink = VerifySink::new(&g, 31, &tokens);
+    let r = c.load(&req, &sink).await.unwrap();
+    assert!(r.failed_layers.is_empty(), "{:?}", r.failed_layers);
+    assert_eq!(sink.mismatches.load(Ordering::Relaxed), 0);
+    assert_eq!(sink.complete_layers(), g.layers as usize);
+    gateway.shutdown().await;
+    for k in backend.list(&format!("{bucket}/"), 10_000).await.unwrap() {
+        let _ = backend.delete(&k.key).await;
+    }
+}

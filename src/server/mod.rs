@@ -403,6 +403,8 @@ async fn http_route(
                         "max_chunks": l.max_chunks,
                         "max_request_bytes": l.max_request_bytes,
                         "max_unit_bytes": crate::protocol::MAX_UNIT_BYTES,
+                        // Access keys configured: connections answer an HMAC-SHA256 challenge.
+                        "authentication": if sh.cfg.access_keys.is_empty() { "none" } else { "hmac-sha256" },
                     }
                 });
                 text(200, "application/json", body.to_string())
