@@ -496,9 +496,17 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
     let _reader = AbortOnDrop(tokio::spawn({
         let (sh, keys, reads) = (sh.clone(), keys.clone(), reads.clone());
         async move {
+            // The first layer's units are read alone, with every read slot, before any
+            // read-ahead starts: layer 0 is pure stall for the client (time to first layer).
+            let first = plan.first().map(|u| u.layer);
+            let split = plan.iter().take_while(|u| Some(u.layer) == first).count();
+            let mut plan = plan;
+            let rest = plan.split_off(split);
+            let fetch = |u| fetch_unit(sh.clone(), keys.clone(), reads.clone(), u, verify);
             let mut fetches = stream::iter(plan)
-                .map(|u| fetch_unit(sh.clone(), keys.clone(), reads.clone(), u, verify))
-                .buffered(depth);
+                .map(fetch)
+                .buffered(depth)
+                .chain(stream::iter(rest).map(fetch).buffered(depth));
             while let Some(f) = fetches.next().await {
                 if tx.send(f).await.is_err() {
                     return;
