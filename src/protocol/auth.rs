@@ -22,8 +22,8 @@ const AUTH_CONTEXT: &[u8] = b"OCGATHER-AUTH-v2\0";
 
 /// The client's answer to `nonce`: `HMAC-SHA256(secret_key, context || nonce || access_key)`.
 pub fn auth_mac(access_key: &str, secret_key: &str, nonce: &[u8; NONCE_LEN]) -> [u8; MAC_LEN] {
-    let mut m = HmacSha256::new_from_slice(secret_key.as_bytes())
-        .expect("HMAC accepts keys of any length");
+    let mut m =
+        HmacSha256::new_from_slice(secret_key.as_bytes()).expect("HMAC accepts keys of any length");
     m.update(AUTH_CONTEXT);
     m.update(nonce);
     m.update(access_key.as_bytes());
@@ -37,8 +37,8 @@ pub fn verify_mac(
     nonce: &[u8; NONCE_LEN],
     mac: &[u8; MAC_LEN],
 ) -> bool {
-    let mut m = HmacSha256::new_from_slice(secret_key.as_bytes())
-        .expect("HMAC accepts keys of any length");
+    let mut m =
+        HmacSha256::new_from_slice(secret_key.as_bytes()).expect("HMAC accepts keys of any length");
     m.update(AUTH_CONTEXT);
     m.update(nonce);
     m.update(access_key.as_bytes());
