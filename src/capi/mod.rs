@@ -709,10 +709,12 @@ pub unsafe extern "C" fn objectcache_register_memory(
         }
         #[cfg(feature = "cuda")]
         let device_region = if kind == OBJECTCACHE_MEM_DEVICE {
+            let on = |x: Error| format!("device memory (device {device}): {x}");
             let dev = crate::cuda::Device::open(device)
-                .map_err(|x| err(OBJECTCACHE_ERR_UNSUPPORTED, x.to_string()))?;
-            dev.check_device_range(addr.addr(), len)?;
-            let staging = dev.staging(len)?;
+                .map_err(|x| err(OBJECTCACHE_ERR_UNSUPPORTED, on(x)))?;
+            dev.check_device_range(addr.addr(), len)
+                .map_err(|x| invalid(on(x)))?;
+            let staging = dev.staging(len).map_err(|x| invalid(on(x)))?;
             Some((dev, staging))
         } else {
             None
