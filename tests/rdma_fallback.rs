@@ -46,3 +46,54 @@ fn default_selection_matches_what_the_host_has() {
         }
     }
 }
+
+/// An Engine built with `rdma` against a server that offers no RDMA target (here switched off
+/// with `OBJECTCACHE_RDMA=off`; on a host without a device it is off anyway) loads over TCP
+/// gather, byte-exact, even with `transport = rdma`. Runs on the host and in the VM.
+#[cfg(all(feature = "s3", feature = "server"))]
+#[test]
+fn engine_falls_back_to_tcp_gather_without_rdma() {
+    use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadRequest, Transport};
+    use objectcache::store::{Addressing, S3Config, S3Credentials, S3Store, Store};
+    // Only this test in this binary starts a server, so the variable affects nothing else.
+    std::env::set_var("OBJECTCACHE_RDMA", "off");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cfg = objectcache::server::ServerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        allow_anonymous: false,
+        access_keys: vec![objectcache::server::AccessKey { access_key: "fb-access".into(), secret_key: "fb-secret-key".into() }],
+        buckets: vec!["kv-fallback".into()],
+        fsync: false,
+        shutdown_grace_secs: 1,
+        ..objectcache::server::ServerConfig::default()
+    };
+    let srv = rt.block_on(objectcache::server::start_with_store(cfg, Arc::new(MemoryStore::new()))).unwrap();
+    assert_eq!(srv.rdma_writes(), None, "RDMA is off on this server");
+    let mut s3 = S3Config::new("kv-fallback");
+    s3.endpoint = Some(srv.endpoint());
+    s3.region = Some("us-east-1".into());
+    s3.addressing = Some(Addressing::Path);
+    s3.credentials = S3Credentials::Static { access_key: "fb-access".into(), secret_key: "fb-secret-key".into(), session_token: None };
+    let store: Arc<dyn Store> = Arc::new(rt.block_on(S3Store::new(s3)).unwrap());
+    let g = objectcache::layout::KvGeometry::new("rdma-fallback", 3, 2, 16, objectcache::layout::Dtype::Bf16)
+        .unwrap()
+        .with_tokens_per_chunk(16)
+        .unwrap();
+    let e = Engine::with_store(store, EngineConfig { namespace: "rdmafallback".into(), transport: Transport::Rdma, ..Default::default() }).unwrap();
+    let chunks = 3usize;
+    let hs: Vec<objectcache::layout::ChunkHash> =
+        (0..chunks).map(|c| objectcache::layout::ChunkHash::from_digest([c as u8 + 1; 32])).collect();
+    let slice = g.slice_bytes() as usize;
+    let data: Vec<Vec<u8>> = (0..g.layers).map(|l| (0..chunks * slice).map(|i| (i as u32 * 7 + l * 31) as u8).collect()).collect();
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    e.save_blocking(&g, &hs, &refs).unwrap();
+    let h = e.load(LoadRequest { geometry: g.clone(), hashes: hs }, LayerBuffers::allocate(g.layers as usize, chunks * slice)).unwrap();
+    for l in 0..g.layers as usize {
+        h.wait_layer_blocking(l, None).unwrap();
+        assert_eq!(h.layer(l).unwrap(), &data[l][..], "layer {l}");
+    }
+    assert_eq!(h.stats().requests, 1, "one TCP gather request");
+    drop(h);
+    drop(e);
+    rt.block_on(srv.shutdown());
+}

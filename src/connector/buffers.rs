@@ -102,6 +102,12 @@ impl LayerBuffers {
         (self.regions[l].ptr, self.regions[l].len)
     }
 
+    /// `true` for caller memory given through [`LayerBuffers::from_raw`] (it outlives the load,
+    /// so an RDMA registration of it may be cached); `false` for owned buffers.
+    pub fn is_borrowed(&self) -> bool {
+        self.owned.is_none()
+    }
+
     /// Gives the owned buffers back (`None` for borrowed memory).
     pub fn into_vecs(self) -> Option<Vec<Vec<u8>>> {
         self.owned

@@ -42,6 +42,24 @@ pub struct EngineConfig {
     /// endpoint is an ObjectCache server (probed once), ranged GETs otherwise; `off` always
     /// uses ranged GETs.
     pub gather: bool,
+    /// `transport`: how gather loads move bytes. `auto` (default): RDMA when this build has
+    /// feature `rdma`, the server announces the RDMA target and this host has an RDMA device
+    /// (else TCP gather); `tcp`: always TCP gather; `rdma`: RDMA wanted (refused as a setting
+    /// by a build without feature `rdma`; still falls back to TCP gather, with a warning, when
+    /// the server or host has no RDMA). See `docs/rdma.md`.
+    pub transport: Transport,
+}
+
+/// The `transport` setting of [`EngineConfig`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// RDMA where available, else TCP gather.
+    #[default]
+    Auto,
+    /// TCP gather only.
+    Tcp,
+    /// RDMA wanted (warns when it falls back).
+    Rdma,
 }
 
 impl Default for EngineConfig {
@@ -59,6 +77,7 @@ impl Default for EngineConfig {
             save_concurrency: 16,
             worker_threads: 2,
             gather: true,
+            transport: Transport::Auto,
         }
     }
 }
@@ -98,6 +117,7 @@ pub const CONFIG_KEYS: &[&str] = &[
     "save_concurrency",
     "worker_threads",
     "gather",
+    "transport",
 ];
 
 impl EngineConfig {
@@ -153,6 +173,23 @@ impl EngineConfig {
                     "auto" | "on" | "true" | "1" => true,
                     "off" | "false" | "0" => false,
                     v => return Err(Error::Config(format!("gather: {v:?} is not auto or off"))),
+                }
+            }
+            "transport" => {
+                self.transport = match value {
+                    "auto" => Transport::Auto,
+                    "tcp" => Transport::Tcp,
+                    "rdma" if cfg!(feature = "rdma") => Transport::Rdma,
+                    "rdma" => {
+                        return Err(Error::Config(
+                            "transport: rdma needs a build with feature `rdma`".into(),
+                        ))
+                    }
+                    v => {
+                        return Err(Error::Config(format!(
+                            "transport: {v:?} is not auto, tcp or rdma"
+                        )))
+                    }
                 }
             }
             k => {

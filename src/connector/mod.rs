@@ -29,9 +29,11 @@ mod buffers;
 mod config;
 mod gather;
 mod load;
+#[cfg(feature = "rdma")]
+mod rdma;
 
 pub use buffers::{LayerBuffers, LayerStatus};
-pub use config::{default_cache_dir, EngineConfig, CONFIG_KEYS};
+pub use config::{default_cache_dir, EngineConfig, Transport, CONFIG_KEYS};
 pub use load::{ChunkStatus, LoadHandle, LoadRequest, LoadStats};
 
 use crate::error::{Error, StoreError};
@@ -110,6 +112,9 @@ pub struct Engine {
     /// Whether the store's endpoint offers gather, and idle gather connections.
     gather: Arc<Mutex<gather::Probe>>,
     next_request_id: AtomicU64,
+    /// RDMA session with the store's server and idle gather connections for it.
+    #[cfg(feature = "rdma")]
+    rdma: Arc<Mutex<rdma::Probe>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -168,6 +173,8 @@ impl Engine {
             counters: Counters::default(),
             gather: Arc::new(Mutex::new(gather::Probe::default())),
             next_request_id: AtomicU64::new(1),
+            #[cfg(feature = "rdma")]
+            rdma: Arc::new(Mutex::new(rdma::Probe::default())),
         })
     }
 
@@ -513,8 +520,19 @@ impl Engine {
             self.cfg.max_requests,
             self.cfg.coalesce_bytes,
         );
+        #[cfg(feature = "rdma")]
+        let (rprobe, transport) = (self.rdma.clone(), self.cfg.transport);
         // Gather (one request, server streams layer-major) where offered, else ranged GETs.
         let run = async move {
+            // Gather with an RDMA target where the server and this host offer it.
+            #[cfg(feature = "rdma")]
+            if let Some(t) = &target {
+                if let gather::Outcome::Done =
+                    rdma::try_rdma(&rprobe, transport, t, &keys, &req, request_id, &sh1).await
+                {
+                    return;
+                }
+            }
             if let Some(t) = target {
                 if let gather::Outcome::Done =
                     gather::try_gather(&probe, &t, &keys, &req, request_id, &sh1).await

@@ -217,6 +217,31 @@ pub struct RdmaRegion {
     pub len: u64,
 }
 
+/// An RDMA destination: the RDMA session whose queue pairs carry the writes, the load slot
+/// that tells concurrent loads on that session apart, and one region per requested layer.
+///
+/// The session is set up once per client and server (QP numbers, GIDs and PSNs exchanged on
+/// the server's gather port behind the `OCRDMA01` preface, see `docs/rdma.md`); the server
+/// names it with a 64-bit token the client echoes here. Each unit is written with
+/// `RDMA_WRITE_WITH_IMM` whose 32-bit immediate is `slot:6 | layer:10 | unit:16`, `unit`
+/// being the unit's index within its layer in [`plan_units`] order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RdmaTarget {
+    /// Session token from the RDMA set-up exchange.
+    pub session: u64,
+    /// Load slot on that session, `0..64`.
+    pub slot: u8,
+    /// Destination of each requested layer, in layer order (`layers.start` first).
+    pub regions: Vec<RdmaRegion>,
+}
+
+/// Largest RDMA load slot plus one (the immediate's 6-bit slot field).
+pub const RDMA_SLOTS: u8 = 64;
+/// Most units per layer an RDMA target can name (the immediate's 16-bit unit field).
+pub const RDMA_MAX_UNITS_PER_LAYER: u64 = 1 << 16;
+/// Most layers an RDMA target can name (the immediate's 10-bit layer field).
+pub const RDMA_MAX_LAYERS: u32 = 1 << 10;
+
 /// Where units go.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum TransportTarget {
@@ -224,8 +249,8 @@ pub enum TransportTarget {
     #[default]
     InlineTcp,
     /// RDMA WRITEs into per-layer regions (one per layer of the range); the TCP stream then
-    /// carries only control frames. Reserved: a TCP-only server refuses it.
-    Rdma(Vec<RdmaRegion>),
+    /// carries only control frames (accept, misses, end). A server without RDMA refuses it.
+    Rdma(RdmaTarget),
 }
 
 /// A gather request: one per load.
@@ -393,7 +418,29 @@ impl GatherRequest {
                 }
             }
         }
-        if let TransportTarget::Rdma(r) = &self.target {
+        if let TransportTarget::Rdma(t) = &self.target {
+            let r = &t.regions;
+            if t.slot >= RDMA_SLOTS {
+                return Err(ProtocolError::invalid(
+                    "rdma target",
+                    format!("slot {} (allowed 0..{RDMA_SLOTS})", t.slot),
+                ));
+            }
+            if self.layers.end > RDMA_MAX_LAYERS {
+                return Err(ProtocolError::invalid(
+                    "rdma target",
+                    format!("layer {} is past the immediate's {RDMA_MAX_LAYERS} layers", self.layers.end - 1),
+                ));
+            }
+            // plan_units makes at most one unit per chunk plus one per max_unit_bytes of a layer.
+            let per_layer = self.layer_bytes().div_ceil(self.max_unit_bytes as u64)
+                + self.chunk_tokens.len() as u64;
+            if per_layer > RDMA_MAX_UNITS_PER_LAYER {
+                return Err(ProtocolError::invalid(
+                    "rdma target",
+                    format!("up to {per_layer} units per layer, the immediate names {RDMA_MAX_UNITS_PER_LAYER}"),
+                ));
+            }
             if r.len() != nl {
                 return Err(ProtocolError::invalid(
                     "rdma target",
@@ -464,14 +511,16 @@ impl GatherRequest {
                 out.put_u8(1);
                 out.put_u32_le(0);
             }
-            TransportTarget::Rdma(regions) => {
+            TransportTarget::Rdma(t) => {
                 out.put_u8(2);
-                out.put_u32_le(regions.len() as u32);
-                for r in regions {
+                out.put_u32_le(t.regions.len() as u32);
+                for r in &t.regions {
                     out.put_u64_le(r.addr);
                     out.put_u32_le(r.rkey);
                     out.put_u64_le(r.len);
                 }
+                out.put_u64_le(t.session);
+                out.put_u8(t.slot);
             }
         }
     }
@@ -547,8 +596,8 @@ impl GatherRequest {
         let nr = r.count("rdma regions", 4096, 20)?;
         let target = match tkind {
             1 if nr == 0 => TransportTarget::InlineTcp,
-            2 => TransportTarget::Rdma(
-                (0..nr)
+            2 => {
+                let regions = (0..nr)
                     .map(|_| {
                         Ok(RdmaRegion {
                             addr: r.u64()?,
@@ -556,8 +605,13 @@ impl GatherRequest {
                             len: r.u64()?,
                         })
                     })
-                    .collect::<Result<_, ProtocolError>>()?,
-            ),
+                    .collect::<Result<_, ProtocolError>>()?;
+                TransportTarget::Rdma(RdmaTarget {
+                    regions,
+                    session: r.u64()?,
+                    slot: r.u8()?,
+                })
+            }
             k => {
                 return Err(ProtocolError::invalid(
                     "transport target",
@@ -729,6 +783,19 @@ pub struct SlicePiece {
     pub range: Range<u64>,
     /// The slice's full length (a piece is whole when `range == 0..slice_len`).
     pub slice_len: u64,
+}
+
+/// Index of each unit within its layer, in plan order (the `unit` field of the RDMA
+/// immediate): the `i`-th unit of layer `l` in `plan` gets index `i`.
+pub fn unit_indices(plan: &[UnitPlan]) -> Vec<u32> {
+    let mut next: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+    plan.iter()
+        .map(|u| {
+            let n = next.entry(u.layer).or_default();
+            *n += 1;
+            *n - 1
+        })
+        .collect()
 }
 
 /// One delivery unit: a contiguous byte range of one layer's destination.

@@ -22,8 +22,9 @@ mod wire;
 
 pub use client::{ClientConnection, ClientEvent};
 pub use descriptor::{
-    plan_units, ChunkKeys, DeliveryOrder, GatherRequest, RdmaRegion, SaveChunk, SaveRequest,
-    SchedHints, SlicePiece, TransportTarget, UnitPlan, WireGeometry,
+    plan_units, unit_indices, ChunkKeys, DeliveryOrder, GatherRequest, RdmaRegion, RdmaTarget,
+    SaveChunk, SaveRequest, SchedHints, SlicePiece, TransportTarget, UnitPlan, WireGeometry,
+    RDMA_MAX_LAYERS, RDMA_MAX_UNITS_PER_LAYER, RDMA_SLOTS,
 };
 pub use frame::{
     decode_frame, encode_frame_header, ErrorCode, Frame, FrameHeader, FrameType, MissReason,

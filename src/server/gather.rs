@@ -410,6 +410,7 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
         tracing::info!(request = id, code = code.label(), "gather refused: {msg}");
         io.conn.fail(code, &msg);
     };
+    #[cfg(not(feature = "rdma"))]
     if matches!(req.target, TransportTarget::Rdma(_)) {
         refuse(
             io,
@@ -434,6 +435,18 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
         }
     }
     let plan = plan_units(&req);
+    // RDMA target: units are written into the client's memory (gather_rdma), not the stream.
+    #[cfg(feature = "rdma")]
+    let mut rdma = match &req.target {
+        TransportTarget::Rdma(_) => match super::gather_rdma::Delivery::start(sh, &req, &plan) {
+            Ok(d) => Some(d),
+            Err(msg) => {
+                refuse(io, ErrorCode::Unsupported, msg);
+                return io.flush(sh).await;
+            }
+        },
+        TransportTarget::InlineTcp => None,
+    };
     let max_unit = plan.iter().map(|u| u.len).max().unwrap_or(0);
     let total: u64 = plan.iter().map(|u| u.len).sum();
     let keys: Arc<Vec<String>> = Arc::new(
@@ -538,6 +551,8 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
     tokio::pin!(grace);
     let (mut units, mut bytes) = (0u64, 0u64);
     let mut ttfl_seen = false;
+    #[cfg(feature = "rdma")]
+    let mut rdma_failed: std::collections::HashSet<u32> = std::collections::HashSet::new();
     loop {
         tokio::select! {
             biased;
@@ -583,6 +598,29 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
                     }
                 }
                 out.extend(run.take());
+                // RDMA target: the client counts the planned units, so only a whole planned
+                // unit is written; one cut by a bad chunk or slice is not (that chunk's Miss
+                // already made the layer a miss on the client, which misses whole layers).
+                #[cfg(feature = "rdma")]
+                if let Some(d) = rdma.as_mut() {
+                    let whole = out.len() == 1 && out[0].0 == f.plan.offset && out[0].3 == f.plan.len;
+                    let cut = std::mem::take(&mut out);
+                    if whole && !rdma_failed.contains(&layer) {
+                        let (_, parts, _, len) = cut.into_iter().next().expect("one unit");
+                        match d.unit(&f.plan, parts).await {
+                            Ok(()) => {
+                                units += 1;
+                                bytes += len;
+                            }
+                            Err(msg) => {
+                                sh.metrics.error("rdma");
+                                rdma_failed.insert(layer);
+                                let c = f.plan.pieces.first().map_or(0, |p| p.chunk);
+                                io.conn.send_miss(c, layer..layer + 1, MissReason::Storage, &msg);
+                            }
+                        }
+                    }
+                }
                 for (offset, parts, crc, len) in out {
                     let h = UnitHeader { layer, crc32c: crc, offset, len: len as u32 };
                     io.conn.send_unit(h, parts);
@@ -602,6 +640,18 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
                 }
             }
         }
+    }
+    #[cfg(feature = "rdma")]
+    if let Some(d) = rdma.take() {
+        // Every posted write completes (or fails) before End; End counts completed writes.
+        let (bad, ok) = d.finish().await;
+        for (layer, msg) in bad {
+            if rdma_failed.insert(layer) {
+                sh.metrics.error("rdma");
+                io.conn.send_miss(0, layer..layer + 1, MissReason::Storage, &msg);
+            }
+        }
+        units = ok;
     }
     sh.metrics.bytes("gather_out", bytes);
     io.conn.finish(id, units, bytes);

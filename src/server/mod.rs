@@ -16,6 +16,8 @@
 
 pub mod config;
 mod gather;
+#[cfg(feature = "rdma")]
+mod gather_rdma;
 pub mod metrics;
 pub mod s3;
 pub mod sched;
@@ -66,6 +68,9 @@ pub(crate) struct Shared {
     pub(crate) shutdown: CancellationToken,
     admission: Mutex<Admission>,
     next_id: AtomicU64,
+    /// RDMA gather sessions (feature `rdma`, when a device exists).
+    #[cfg(feature = "rdma")]
+    pub(crate) rdma: Option<Arc<crate::transport::rdma::SessionRegistry>>,
 }
 
 impl Shared {
@@ -74,8 +79,17 @@ impl Shared {
             max_descriptor_bytes: self.cfg.max_descriptor_bytes,
             max_chunks: self.cfg.max_chunks,
             max_request_bytes: self.cfg.max_request_bytes,
-            features: ServerInfo::FEATURE_GATHER_TCP | ServerInfo::FEATURE_SAVE,
+            features: ServerInfo::FEATURE_GATHER_TCP | ServerInfo::FEATURE_SAVE | self.rdma_feature(),
         }
+    }
+
+    /// [`ServerInfo::FEATURE_RDMA`] when RDMA gather sessions are offered, else 0.
+    fn rdma_feature(&self) -> u32 {
+        #[cfg(feature = "rdma")]
+        if self.rdma.is_some() {
+            return ServerInfo::FEATURE_RDMA;
+        }
+        0
     }
 }
 
@@ -175,6 +189,13 @@ impl ServerHandle {
     pub fn store(&self) -> Arc<dyn Store> {
         self.shared.store.clone()
     }
+    /// RDMA writes completed for gather requests with an RDMA target since start, or `None`
+    /// when this server offers no RDMA target (feature `rdma` without a device, or
+    /// `OBJECTCACHE_RDMA=off`).
+    #[cfg(feature = "rdma")]
+    pub fn rdma_writes(&self) -> Option<u64> {
+        self.shared.rdma.as_ref().map(|r| r.writes())
+    }
     /// The metrics registry.
     pub fn metrics(&self) -> Arc<Metrics> {
         self.shared.metrics.clone()
@@ -265,6 +286,8 @@ pub async fn start_with_store(
         metrics: metrics.clone(),
         store: store.clone(),
         cfg,
+        #[cfg(feature = "rdma")]
+        rdma: gather_rdma::open(),
     });
     let mut builder = s3s::service::S3ServiceBuilder::new(S3Frontend::new(
         store.clone(),
@@ -313,6 +336,11 @@ async fn accept_loop(listener: TcpListener, sh: Arc<Shared>, s3: s3s::service::S
             };
             match kind {
                 Some(true) => gather::serve(stream, sh2).await,
+                #[cfg(feature = "rdma")]
+                Some(false) if sh2.rdma.is_some() && gather_rdma::sniff(&stream).await => {
+                    let reg = sh2.rdma.clone().expect("checked");
+                    gather_rdma::serve_control(stream, reg).await;
+                }
                 Some(false) => {
                     let _ = stream.set_nodelay(true);
                     let sh3 = sh2.clone();
@@ -329,6 +357,10 @@ async fn accept_loop(listener: TcpListener, sh: Arc<Shared>, s3: s3s::service::S
         });
     }
     drop(listener);
+    #[cfg(feature = "rdma")]
+    if let Some(r) = &sh.rdma {
+        r.shutdown();
+    }
     tracker.close();
     let grace = Duration::from_secs(sh.cfg.shutdown_grace_secs + 1);
     let _ = tokio::time::timeout(grace, graceful.shutdown()).await;
@@ -396,7 +428,7 @@ async fn http_route(
                     "version": env!("CARGO_PKG_VERSION"),
                     "gather": {
                         "protocol_versions": [PROTOCOL_VERSION],
-                        "transports": ["tcp"],
+                        "transports": if l.features & ServerInfo::FEATURE_RDMA != 0 { vec!["tcp", "rdma"] } else { vec!["tcp"] },
                         "same_port": true,
                         "batched_save": true,
                         "max_descriptor_bytes": l.max_descriptor_bytes,

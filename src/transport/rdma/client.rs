@@ -103,6 +103,8 @@ enum LayerState {
 }
 
 struct LayerProg {
+    /// `(offset, len)` of each unit in the layer's destination, by unit index.
+    units: Vec<(u64, u64)>,
     seen: Vec<bool>,
     got: u32,
     state: LayerState,
@@ -110,7 +112,6 @@ struct LayerProg {
 
 struct LoadState {
     sink: Arc<dyn LayerSink>,
-    slice_len: u64,
     layers: HashMap<u32, LayerProg>,
     deadline: Instant,
     server_done: bool,
@@ -169,6 +170,8 @@ struct Shared {
     cv: Condvar,
     stop: AtomicBool,
     cfg: ClientConfig,
+    /// A gather session: cancels go through the gather protocol, not this channel.
+    gather: bool,
 }
 
 impl Shared {
@@ -185,6 +188,7 @@ impl Shared {
         let mut ran = Vec::new();
         {
             let mut st = self.lock();
+            tracing::debug!(reason = %why, "rdma client connection breaks");
             let why = st.broken.get_or_insert(why).clone();
             for (slot, ld) in st.loads.iter_mut() {
                 for (&layer, lp) in ld.layers.iter_mut() {
@@ -226,7 +230,7 @@ impl Shared {
     fn send_cancels(&self) {
         let slots: Vec<u32> = {
             let mut st = self.lock();
-            if st.broken.is_some() {
+            if st.broken.is_some() || self.gather {
                 return;
             }
             st.loads
@@ -300,7 +304,6 @@ impl Shared {
             return Err(format!("write for unknown load slot {slot}"));
         };
         let layer = u32::from(imm.layer);
-        let slice_len = ld.slice_len;
         ld.writes_seen += 1;
         check.push(slot);
         let Some(lp) = ld.layers.get_mut(&layer) else {
@@ -310,13 +313,14 @@ impl Shared {
         if unit >= lp.seen.len() || lp.seen[unit] {
             return Err(format!("unexpected or repeated unit {unit} of layer {layer}"));
         }
-        if u64::from(wc.byte_len) != slice_len {
-            return Err(format!("unit {unit} of layer {layer} carried {} bytes, want {slice_len}", wc.byte_len));
+        let (off, len) = lp.units[unit];
+        if u64::from(wc.byte_len) != len {
+            return Err(format!("unit {unit} of layer {layer} carried {} bytes, want {len}", wc.byte_len));
         }
         lp.seen[unit] = true;
         lp.got += 1;
         if lp.state == LayerState::Pending {
-            actions.push(Action::Placed(ld.sink.clone(), layer, unit as u64 * slice_len, slice_len));
+            actions.push(Action::Placed(ld.sink.clone(), layer, off, len));
             if lp.got as usize == lp.seen.len() {
                 lp.state = LayerState::Ready;
                 ld.outcome.ready.push(layer);
@@ -362,6 +366,7 @@ impl Shared {
 /// control channel. Loads may run concurrently (up to 64 per connection).
 pub struct RdmaClient {
     shared: Arc<Shared>,
+    session: u64,
     poller: Option<JoinHandle<()>>,
     reader: Option<JoinHandle<()>>,
 }
@@ -381,6 +386,26 @@ impl RdmaClient {
     /// path), [`RdmaError::Io`] when the server cannot be reached, [`RdmaError::Protocol`]
     /// when it refuses, [`RdmaError::Verbs`] when bring-up fails.
     pub fn connect(addr: impl ToSocketAddrs, cfg: ClientConfig) -> Result<Self> {
+        Self::connect_inner(addr, cfg, false)
+    }
+
+    /// Like [`RdmaClient::connect`], but to an ObjectCache server's gather port: sends the
+    /// [`control::PREFACE`] and asks for a *gather session*, whose token
+    /// ([`RdmaClient::session`]) gather descriptors name in their RDMA target. Loads then go
+    /// through [`RdmaClient::expect_gather`] and the gather protocol, not [`RdmaClient::load`].
+    ///
+    /// # Errors
+    /// As [`RdmaClient::connect`]; [`RdmaError::Protocol`] when the server offers no RDMA.
+    pub fn connect_gather(addr: impl ToSocketAddrs, cfg: ClientConfig) -> Result<Self> {
+        Self::connect_inner(addr, cfg, true)
+    }
+
+    /// The gather session token (0 for a plain session).
+    pub fn session(&self) -> u64 {
+        self.session
+    }
+
+    fn connect_inner(addr: impl ToSocketAddrs, cfg: ClientConfig, gather: bool) -> Result<Self> {
         if cfg.qps == 0 || cfg.qps > 64 {
             return Err(RdmaError::InvalidArgument(format!("qps = {} is outside 1..=64", cfg.qps)));
         }
@@ -393,6 +418,9 @@ impl RdmaClient {
         let mut s = TcpStream::connect_timeout(&addr, cfg.connect_timeout)?;
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(cfg.connect_timeout))?;
+        if gather {
+            std::io::Write::write_all(&mut s, &control::PREFACE)?;
+        }
         let n = cfg.qps as u32;
         let cq = CompletionQueue::new(&ctx, n * (cfg.caps.max_send_wr + cfg.caps.max_recv_wr))?;
         let mut inits = Vec::new();
@@ -405,10 +433,12 @@ impl RdmaClient {
         }
         control::send(
             &mut s,
-            &Msg::Hello { version: control::VERSION, endpoints: inits.iter().map(|q| q.endpoint()).collect() },
+            &Msg::Hello { version: control::VERSION, endpoints: inits.iter().map(|q| q.endpoint()).collect(), gather },
         )?;
-        let remote = match control::recv(&mut s)? {
-            Some(Msg::Welcome { endpoints }) if endpoints.len() == inits.len() => endpoints,
+        let (remote, session) = match control::recv(&mut s)? {
+            Some(Msg::Welcome { endpoints, session }) if endpoints.len() == inits.len() && (session != 0) == gather => {
+                (endpoints, session)
+            }
             Some(Msg::Refuse { reason }) => return Err(RdmaError::Protocol(format!("server refused: {reason}"))),
             other => return Err(RdmaError::Protocol(format!("expected Welcome with {} QPs, got {other:?}", inits.len()))),
         };
@@ -427,12 +457,13 @@ impl RdmaClient {
             cv: Condvar::new(),
             stop: AtomicBool::new(false),
             cfg,
+            gather,
         });
         let sh = shared.clone();
         let poller = std::thread::Builder::new().name("rdma-poll".into()).spawn(move || poll_loop(&sh))?;
         let sh = shared.clone();
         let reader = std::thread::Builder::new().name("rdma-ctrl".into()).spawn(move || read_loop(&sh, reader_stream))?;
-        Ok(RdmaClient { shared, poller: Some(poller), reader: Some(reader) })
+        Ok(RdmaClient { shared, session, poller: Some(poller), reader: Some(reader) })
     }
 
     /// Starts a load: layer `spec.layers[i]` lands in `dests[i]` (`units x slice_len` bytes,
@@ -455,14 +486,53 @@ impl RdmaClient {
         if dests.len() != spec.layers.len() {
             return Err(RdmaError::InvalidArgument(format!("{} destinations for {} layers", dests.len(), spec.layers.len())));
         }
-        let len = units as u64 * spec.slice_len;
-        let mut targets = Vec::with_capacity(dests.len());
-        let mut mrs = Vec::new();
-        let mut layers = HashMap::new();
+        let table: Vec<(u64, u64)> = (0..units as u64).map(|u| (u * spec.slice_len, spec.slice_len)).collect();
         for (d, &l) in dests.iter().zip(&spec.layers) {
-            if d.layer != l || l >= Imm::MAX_LAYERS {
+            if d.layer != l {
                 return Err(RdmaError::InvalidArgument(format!("destination for layer {} given where layer {l} is loaded", d.layer)));
             }
+        }
+        let plan: Vec<(LayerDest, Vec<(u64, u64)>)> = dests.iter().map(|d| (d.clone(), table.clone())).collect();
+        let (slot, targets) = self.register_load(&plan, sink)?;
+        let sent = {
+            let mut w = self.shared.writer.lock().unwrap_or_else(|p| p.into_inner());
+            control::send(&mut *w, &Msg::Load { slot, spec, targets })
+        };
+        if let Err(e) = sent {
+            self.shared.break_conn(format!("sending the load request failed: {e}"), None);
+        }
+        Ok(LoadHandle { shared: self.shared.clone(), slot: Some(slot) })
+    }
+
+    /// Registers a gather load on this session: layer `d.layer()` of each `(d, units)` lands
+    /// in `d`, unit `i` (the `unit` of the immediate) at `units[i] = (offset, len)` of it.
+    /// Returns the handle, the load slot and one `(addr, rkey, len)` target per layer (in the
+    /// given order) for the gather descriptor's RDMA target. Completions are counted per
+    /// layer as they arrive; end the load with [`LoadHandle::server_end`] when the server's
+    /// `End` frame says how many writes it made, or [`LoadHandle::forget`] when it refused.
+    ///
+    /// # Errors
+    /// As [`RdmaClient::load`].
+    pub fn expect_gather(&self, layers: &[(LayerDest, Vec<(u64, u64)>)], sink: Arc<dyn LayerSink>) -> Result<(LoadHandle, u32, Vec<LayerTarget>)> {
+        let (slot, targets) = self.register_load(layers, sink)?;
+        Ok((LoadHandle { shared: self.shared.clone(), slot: Some(slot) }, slot, targets))
+    }
+
+    fn register_load(&self, plan: &[(LayerDest, Vec<(u64, u64)>)], sink: Arc<dyn LayerSink>) -> Result<(u32, Vec<LayerTarget>)> {
+        let mut targets = Vec::with_capacity(plan.len());
+        let mut mrs = Vec::new();
+        let mut layers = HashMap::new();
+        for (d, table) in plan {
+            let l = d.layer;
+            if l >= Imm::MAX_LAYERS || table.is_empty() || table.len() as u64 > u64::from(Imm::MAX_UNITS) {
+                return Err(RdmaError::InvalidArgument(format!(
+                    "layer {l} with {} units (layers < {}, 1..={} units)",
+                    table.len(),
+                    Imm::MAX_LAYERS,
+                    Imm::MAX_UNITS
+                )));
+            }
+            let len = table.iter().map(|&(o, n)| o + n).max().unwrap_or(0);
             let (offset, cap) = match &d.mem {
                 DestMem::Host { buf, offset } => (*offset, buf.len()),
                 DestMem::Raw { len, .. } => (0, *len),
@@ -472,7 +542,7 @@ impl RdmaClient {
                     "layer {l}: {len} bytes at offset {offset} do not fit a destination of {cap} bytes"
                 )));
             }
-            if layers.insert(l, LayerProg { seen: vec![false; units], got: 0, state: LayerState::Pending }).is_some() {
+            if layers.insert(l, LayerProg { units: table.clone(), seen: vec![false; table.len()], got: 0, state: LayerState::Pending }).is_some() {
                 return Err(RdmaError::InvalidArgument(format!("layer {l} is named twice")));
             }
             let mr = match &d.mem {
@@ -495,7 +565,6 @@ impl RdmaClient {
                 slot,
                 LoadState {
                     sink,
-                    slice_len: spec.slice_len,
                     layers,
                     deadline: Instant::now() + self.shared.cfg.load_timeout,
                     server_done: false,
@@ -511,14 +580,7 @@ impl RdmaClient {
             );
             slot
         };
-        let sent = {
-            let mut w = self.shared.writer.lock().unwrap_or_else(|p| p.into_inner());
-            control::send(&mut *w, &Msg::Load { slot, spec, targets })
-        };
-        if let Err(e) = sent {
-            self.shared.break_conn(format!("sending the load request failed: {e}"), None);
-        }
-        Ok(LoadHandle { shared: self.shared.clone(), slot: Some(slot) })
+        Ok((slot, targets))
     }
 
     /// How many destination buffers have been registered (`ibv_reg_mr` calls); repeated loads
@@ -689,6 +751,63 @@ impl std::fmt::Debug for LoadHandle {
 }
 
 impl LoadHandle {
+    /// The server's `End` for a gather load: it made `writes` successful writes, and every
+    /// layer it could not deliver was reported before (see [`LoadHandle::fail_layers`]). The
+    /// load finishes once that many completions have arrived.
+    pub fn server_end(&self, writes: u64) {
+        if let Some(slot) = self.slot {
+            self.shared.on_done(slot, Vec::new(), writes);
+        }
+    }
+
+    /// Makes `layers` misses (the server's `Miss` frames of a gather load): units of them
+    /// that still arrive are counted but not reported to the sink.
+    pub fn fail_layers(&self, layers: &[(u32, LayerError)]) {
+        let Some(slot) = self.slot else { return };
+        let mut actions = Vec::new();
+        {
+            let mut st = self.shared.lock();
+            let Some(ld) = st.loads.get_mut(&slot) else { return };
+            for (layer, err) in layers {
+                if let Some(lp) = ld.layers.get_mut(layer) {
+                    if lp.state == LayerState::Pending {
+                        lp.state = LayerState::Failed;
+                        ld.outcome.failed.push((*layer, err.clone()));
+                        actions.push(Action::Fail(ld.sink.clone(), *layer, err.clone()));
+                        ld.sink_pending += 1;
+                    }
+                }
+            }
+        }
+        let ran = vec![slot; actions.len()];
+        run(actions);
+        self.shared.settle(&ran, &[slot]);
+    }
+
+    /// Breaks the session (QPs to the error state, so no write of this or any other load can
+    /// land any more); every pending layer becomes a miss. For a gather load whose control
+    /// stream failed.
+    pub fn abort(&self, why: &str) {
+        self.shared.break_conn(why.to_string(), None);
+    }
+
+    /// Withdraws a gather load the server refused before writing anything: the slot is freed
+    /// and the sink is not touched (the caller falls back to another path).
+    pub fn forget(mut self) {
+        if let Some(slot) = self.slot.take() {
+            let mut st = self.shared.lock();
+            st.loads.remove(&slot);
+            if st.broken.is_none() {
+                st.free_slots.push(slot);
+            }
+        }
+    }
+
+    /// `true` once the load has ended (every layer ready or a miss, and every write counted).
+    pub fn is_finished(&self) -> bool {
+        self.slot.is_none_or(|s| self.shared.lock().loads.get(&s).is_none_or(|l| l.finished))
+    }
+
     /// Asks the server to stop this load: units not yet posted are skipped and their layers
     /// become [`LayerError::Cancelled`] misses once the server confirms (the destination may
     /// still receive writes until then, so keep it until [`LoadHandle::wait`] returns). A
@@ -698,6 +817,9 @@ impl LoadHandle {
     /// [`RdmaError::Broken`] when the connection is gone (the load then ends on its own).
     pub fn cancel(&self) -> Result<()> {
         let Some(slot) = self.slot else { return Ok(()) };
+        if self.shared.gather {
+            return Err(RdmaError::InvalidArgument("a gather load is cancelled through the gather protocol".into()));
+        }
         {
             let mut st = self.shared.lock();
             if let Some(why) = &st.broken {

@@ -11,6 +11,11 @@ use serde::{Deserialize, Serialize};
 
 use super::{RdmaError, Result};
 
+/// The 8 bytes a client sends first when it opens the RDMA set-up channel on an ObjectCache
+/// server's gather port (the server tells them apart from `OCGATHER` and from HTTP). The
+/// JSON frames below follow.
+pub const PREFACE: [u8; 8] = *b"OCRDMA01";
+
 /// Control protocol version sent in [`Msg::Hello`].
 pub const VERSION: u32 = 1;
 /// Largest control frame in bytes (16 MiB).
@@ -66,11 +71,18 @@ pub enum Msg {
         version: u32,
         /// One endpoint per QP.
         endpoints: Vec<Endpoint>,
+        /// `true`: a session for gather requests (loads arrive as gather descriptors with an
+        /// RDMA target on the gather port; this channel then only keeps the session alive).
+        #[serde(default)]
+        gather: bool,
     },
     /// Server → client: the server's QPs (already RTS), paired by position.
     Welcome {
         /// One endpoint per client QP.
         endpoints: Vec<Endpoint>,
+        /// Session token a gather descriptor names (0 for a plain session).
+        #[serde(default)]
+        session: u64,
     },
     /// Server → client: set-up refused (no device, version mismatch); the text says why.
     Refuse {
@@ -159,7 +171,7 @@ mod tests {
     #[test]
     fn frames_round_trip_and_reject_garbage() {
         let msgs = vec![
-            Msg::Hello { version: VERSION, endpoints: vec![Endpoint { qpn: 17, psn: 0xabcdef, gid: [7; 16], lid: 0, mtu: 1024 }] },
+            Msg::Hello { version: VERSION, endpoints: vec![Endpoint { qpn: 17, psn: 0xabcdef, gid: [7; 16], lid: 0, mtu: 1024 }], gather: true },
             Msg::Load {
                 slot: 3,
                 spec: LoadSpec { keys: vec!["a/b".into()], slice_len: 4096, layers: vec![2, 0, 1] },

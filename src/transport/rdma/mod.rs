@@ -11,7 +11,9 @@
 //! - [`qp`]: RC queue pairs with a typestate bring-up (`Reset → Init → Rtr → Rts`);
 //! - [`imm`]: the 32-bit immediate that names (load slot, layer, unit) — pure code;
 //! - [`control`]: the TCP control channel (QP numbers, GIDs, PSNs, per-layer targets);
-//! - [`client`] / [`server`]: the two ends of the data path.
+//! - [`client`] / [`server`]: the two ends of the data path on its own control channel;
+//! - [`session`] / [`gather`]: the same data path under the gather protocol (server and
+//!   client end): set-up on the gather port, loads as gather descriptors with an RDMA target.
 //!
 //! Failure model: a QP error, a remote disconnect or a load deadline turns every layer that
 //! is not complete into a miss through [`crate::transport::LayerSink::fail`]; no call waits
@@ -29,6 +31,8 @@ pub mod mr;
 pub mod pd;
 pub mod qp;
 pub mod server;
+pub mod session;
+pub mod gather;
 
 pub use client::{ClientConfig, LayerDest, LoadHandle, LoadOutcome, RdmaClient};
 pub use context::{devices, select_transport, Context, DeviceSelector, TransportChoice};
@@ -39,6 +43,8 @@ pub use mr::{HostBuffer, MemoryRegion, RegistrationCache};
 pub use pd::ProtectionDomain;
 pub use qp::{Init, QueuePair, Reset, Rtr, Rts};
 pub use server::{RdmaServer, ServerConfig, ServerHandle, SliceSource, StoreSliceSource};
+pub use session::{GatherSession, SessionRegistry};
+pub use gather::{GatherConn, RdmaGatherError};
 
 /// What the RDMA layer reports.
 #[derive(Debug, thiserror::Error)]

@@ -230,7 +230,7 @@ fn serve_conn(
 ) -> Result<()> {
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     let endpoints = match control::recv(&mut s)? {
-        Some(Msg::Hello { version, endpoints }) => {
+        Some(Msg::Hello { version, endpoints, .. }) => {
             if version != control::VERSION || endpoints.is_empty() || endpoints.len() > cfg.max_qps {
                 let reason = format!(
                     "version {version} with {} QPs not accepted (want version {}, 1..={} QPs)",
@@ -256,7 +256,7 @@ fn serve_conn(
     }
     let arena = HostBuffer::new(cfg.arena_bytes)?;
     let arena_mr = MemoryRegion::register(pd, &arena, Access::Local)?;
-    control::send(&mut s, &Msg::Welcome { endpoints: qps.iter().map(|q| q.endpoint()).collect() })?;
+    control::send(&mut s, &Msg::Welcome { endpoints: qps.iter().map(|q| q.endpoint()).collect(), session: 0 })?;
 
     // A reader thread forwards control messages and flags a disconnect, so a load that is
     // waiting for completions notices a vanished client at once.

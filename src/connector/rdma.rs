@@ -1,0 +1,192 @@
+//! The RDMA choice of a load (feature `rdma`): when the store's endpoint is an ObjectCache
+//! server that announces the RDMA target and this host has an RDMA device, the load is one
+//! gather request whose target is the load's own destination buffers (registered once per
+//! buffer in the session's registration cache); the server writes every unit into them.
+//! Otherwise, or when the server refuses before writing, the load falls back to TCP gather
+//! (and from there to ranged GETs).
+//!
+//! One RDMA session per engine (set up on the server's gather port), shared by concurrent
+//! loads (each gets its own load slot and gather connection). A broken session (QP error,
+//! server gone, a load's deadline) is dropped and set up again on the next load.
+#![allow(unsafe_code)]
+
+use super::config::Transport;
+use super::gather::Outcome;
+use super::load::{LoadRequest, Shared};
+use crate::error::LayerError;
+use crate::layout::KeyBuilder;
+use crate::protocol::{ChunkKeys, GatherRequest};
+use crate::store::GatherTarget;
+use crate::transport::rdma::{ClientConfig, DeviceSelector, GatherConn, LayerDest, RdmaClient, RdmaGatherError};
+use crate::transport::LayerSink;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+/// What the engine knows about RDMA to its store's server.
+#[derive(Default)]
+pub(crate) enum Probe {
+    /// Not tried yet (or the last session broke).
+    #[default]
+    Unknown,
+    /// No RDMA (no device here, the server does not offer it, or set-up failed).
+    Off,
+    /// A live session and idle gather connections for RDMA-target requests.
+    On {
+        client: Arc<RdmaClient>,
+        pool: Vec<GatherConn>,
+    },
+}
+
+/// The load's state as a [`LayerSink`] the RDMA session can hold.
+struct SinkRef(Arc<Shared>);
+
+impl LayerSink for SinkRef {
+    fn write(&self, layer: u32, offset: u64, data: &[u8]) -> Result<(), LayerError> {
+        self.0.state.write(layer, offset, data)
+    }
+    fn placed(&self, layer: u32, offset: u64, len: u64) -> Result<(), LayerError> {
+        self.0.state.placed(layer, offset, len)
+    }
+    fn complete(&self, layer: u32, bytes: u64) {
+        self.0.state.complete(layer, bytes)
+    }
+    fn fail(&self, layer: u32, err: LayerError) {
+        self.0.state.fail(layer, err)
+    }
+    fn is_cancelled(&self) -> bool {
+        self.0.state.is_cancelled()
+    }
+}
+
+/// Sets up the RDMA session and one gather connection; `Err` says why RDMA is not used.
+async fn connect(addr: &str, credentials: Option<(String, String)>) -> Result<(Arc<RdmaClient>, GatherConn), String> {
+    let device = DeviceSelector::from_env().map_err(|e| e.to_string())?;
+    let conn = GatherConn::connect(addr, credentials).await?;
+    let a = addr.to_string();
+    let client = tokio::task::spawn_blocking(move || RdmaClient::connect_gather(a, ClientConfig { device, ..ClientConfig::default() }))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    Ok((Arc::new(client), conn))
+}
+
+/// Runs `req` as a gather request with an RDMA target if the server and host offer RDMA.
+pub(crate) async fn try_rdma(
+    probe: &Mutex<Probe>,
+    transport: Transport,
+    target: &GatherTarget,
+    keys: &KeyBuilder,
+    req: &LoadRequest,
+    request_id: u64,
+    sh: &Arc<Shared>,
+) -> Outcome {
+    if transport == Transport::Tcp {
+        return Outcome::Fallback;
+    }
+    let taken = {
+        let mut p = probe.lock().expect("lock");
+        match &mut *p {
+            Probe::Off => return Outcome::Fallback,
+            Probe::On { client, pool } if client.broken().is_none() => Some((client.clone(), pool.pop())),
+            Probe::On { .. } => {
+                *p = Probe::Unknown;
+                None
+            }
+            Probe::Unknown => None,
+        }
+    };
+    let (client, conn) = match taken {
+        Some((c, Some(conn))) => (c, conn),
+        Some((c, None)) => match GatherConn::connect(target.addr.as_str(), target.credentials.clone()).await {
+            Ok(conn) => (c, conn),
+            Err(why) => {
+                tracing::warn!(addr = %target.addr, %why, "gather connection for RDMA failed; using TCP");
+                return Outcome::Fallback;
+            }
+        },
+        None => match connect(&target.addr, target.credentials.clone()).await {
+            Ok((c, conn)) => {
+                tracing::info!(addr = %target.addr, session = format!("{:016x}", c.session()), "loads use RDMA");
+                let mut p = probe.lock().expect("lock");
+                if !matches!(*p, Probe::On { .. }) {
+                    *p = Probe::On { client: c.clone(), pool: Vec::new() };
+                }
+                (c, conn)
+            }
+            Err(why) => {
+                if transport == Transport::Rdma {
+                    tracing::warn!(addr = %target.addr, %why, "transport = rdma, but RDMA is not available; using TCP gather");
+                } else {
+                    tracing::info!(addr = %target.addr, %why, "no RDMA; using TCP gather");
+                }
+                *probe.lock().expect("lock") = Probe::Off;
+                return Outcome::Fallback;
+            }
+        },
+    };
+    let mut conn = conn;
+    let g = &req.geometry;
+    let mut greq = GatherRequest::for_prefix(
+        request_id,
+        &target.bucket,
+        keys,
+        g,
+        req.hashes.clone(),
+        vec![g.tokens_per_chunk; req.hashes.len()],
+    );
+    if !target.key_prefix.is_empty() {
+        greq.chunks = ChunkKeys::Hashed { prefix: format!("{}/{}", target.key_prefix, keys.prefix()), hashes: req.hashes.clone() };
+    }
+    // The server verifies every slice's CRC32C before writing it (the client cannot check
+    // bytes the NIC placed without reading them back).
+    greq.verify = true;
+    let bufs = &sh.state.bufs;
+    // Addresses as integers: the future must be `Send`.
+    let regions: Vec<(usize, usize)> = (0..bufs.layers()).map(|l| bufs.region(l)).map(|(p, n)| (p as usize, n)).collect();
+    let dests: Vec<LayerDest> = regions
+        .iter()
+        .enumerate()
+        // SAFETY: the regions belong to this load's `LayerBuffers`, which live in `sh` for as
+        // long as the load runs and are not read by anyone until their layer is ready; a
+        // registration of owned buffers is evicted below, when the load ends, so it never
+        // outlives the memory; borrowed buffers are the caller's long-lived registered memory
+        // (the C ABI's contract), so their registration is kept for later loads.
+        .map(|(l, &(p, n))| unsafe { LayerDest::raw(l as u32, p as *mut u8, n) })
+        .collect();
+    sh.requests.fetch_add(1, Ordering::Relaxed);
+    let r = conn.load(&client, greq, &dests, Arc::new(SinkRef(sh.clone()))).await;
+    if !bufs.is_borrowed() {
+        for &(p, n) in &regions {
+            client.evict_raw(p as *mut u8, n);
+        }
+    }
+    match r {
+        Ok(()) => {
+            for l in 0..sh.state.layers() {
+                if let super::buffers::LayerStatus::Failed(e) = sh.state.status(l) {
+                    if let Some((c, s)) = super::load::chunk_status_of(&e) {
+                        sh.set_chunk(c, s);
+                    }
+                }
+            }
+            if let Probe::On { pool, .. } = &mut *probe.lock().expect("lock") {
+                pool.push(conn);
+            }
+            Outcome::Done
+        }
+        Err(RdmaGatherError::Refused(why)) => {
+            tracing::warn!(%why, "gather over RDMA refused; using TCP gather");
+            sh.requests.fetch_sub(1, Ordering::Relaxed);
+            Outcome::Fallback
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "gather over RDMA failed mid-load; the session will be set up again");
+            sh.state.fail_pending(LayerError::Storage { chunk: 0, message: e.to_string() });
+            let mut p = probe.lock().expect("lock");
+            if matches!(&*p, Probe::On { client: c, .. } if Arc::ptr_eq(c, &client)) {
+                *p = Probe::Unknown;
+            }
+            Outcome::Done
+        }
+    }
+}

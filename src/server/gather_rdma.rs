@@ -1,0 +1,203 @@
+//! Gather over RDMA, server end (feature `rdma`): RDMA session set-up on the gather port and
+//! per-unit delivery by `RDMA_WRITE_WITH_IMM` for requests whose target is RDMA.
+//!
+//! - Set-up: a connection on the server's port that opens with
+//!   [`crate::transport::rdma::control::PREFACE`] (`OCRDMA01`) is an RDMA set-up channel;
+//!   [`SessionRegistry::serve_control`] brings up the client's QPs and hands it a session
+//!   token, and keeps the session until the channel closes.
+//! - Delivery: the gather driver ([`super::gather`]) plans, reads and verifies units exactly as
+//!   for TCP, in the same (scheduler's) order; for an RDMA target it hands each unit to
+//!   [`Delivery::unit`] instead of writing it to the stream. The unit is staged in the session's
+//!   registered arena and written to `region.addr + unit.offset` of its layer with the
+//!   immediate `slot | layer | unit index`. Before `End`, [`Delivery::finish`] waits for every
+//!   write's completion: a failed write (QP error, remote gone, timeout) becomes a `Miss` of its
+//!   layer, and `End` reports only the writes that completed, which the client counts.
+//!
+//! The server opens the first RDMA device (or `OBJECTCACHE_RDMA_DEVICE`, `_PORT`,
+//! `_GID_INDEX`) at start; `OBJECTCACHE_RDMA=off` disables it. Without a device the server
+//! does not announce [`crate::protocol::ServerInfo::FEATURE_RDMA`] and refuses RDMA targets.
+
+use super::Shared;
+use crate::protocol::{unit_indices, GatherRequest, RdmaRegion, TransportTarget, UnitPlan, MAX_UNIT_BYTES};
+use crate::transport::rdma::session::WriteResult;
+use crate::transport::rdma::{control, DeviceSelector, GatherSession, Imm, ServerConfig as RdmaServerConfig, SessionRegistry};
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpStream;
+
+/// Opens the RDMA device for gather sessions, or says why not (logged; the server then serves
+/// gather over TCP only).
+pub(crate) fn open() -> Option<Arc<SessionRegistry>> {
+    if std::env::var("OBJECTCACHE_RDMA").is_ok_and(|v| v.eq_ignore_ascii_case("off")) {
+        tracing::info!("RDMA disabled by OBJECTCACHE_RDMA=off");
+        return None;
+    }
+    let device = match DeviceSelector::from_env() {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::warn!(error = %e, "RDMA device selection; serving gather over TCP only");
+            return None;
+        }
+    };
+    let cfg = RdmaServerConfig { device, ..RdmaServerConfig::default() };
+    match SessionRegistry::open(cfg, MAX_UNIT_BYTES as usize) {
+        Ok(r) => {
+            tracing::info!(device = r.device(), "RDMA target offered on the gather port");
+            Some(r)
+        }
+        Err(e) => {
+            tracing::info!(error = %e, "no RDMA target; serving gather over TCP only");
+            None
+        }
+    }
+}
+
+/// `true` when the connection opens with the RDMA set-up preface (peeks; consumes nothing).
+pub(crate) async fn sniff(stream: &TcpStream) -> bool {
+    let mut b = [0u8; control::PREFACE.len()];
+    for _ in 0..1000 {
+        match stream.peek(&mut b).await {
+            Ok(n) if n > 0 && b[..n] == control::PREFACE[..n] => {
+                if n == b.len() {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// Serves one RDMA set-up channel (preface still unread) on a blocking thread until it closes.
+pub(crate) async fn serve_control(stream: TcpStream, reg: Arc<SessionRegistry>) {
+    let peer = stream.peer_addr().ok();
+    let r = async {
+        let s = stream.into_std()?;
+        s.set_nonblocking(false)?;
+        tokio::task::spawn_blocking(move || -> crate::transport::rdma::Result<()> {
+            let mut s = s;
+            let mut pre = [0u8; 8];
+            std::io::Read::read_exact(&mut s, &mut pre)?;
+            reg.serve_control(s)
+        })
+        .await
+        .map_err(std::io::Error::other)?
+        .map_err(std::io::Error::other)
+    };
+    if let Err(e) = r.await {
+        tracing::info!(?peer, error = %e, "RDMA set-up channel ended");
+    }
+}
+
+/// RDMA delivery of one gather request (see the module doc).
+pub(crate) struct Delivery {
+    session: Arc<GatherSession>,
+    slot: u32,
+    regions: Vec<RdmaRegion>,
+    layer0: u32,
+    /// `(layer, offset)` -> unit index within the layer (the immediate's `unit`).
+    index: HashMap<(u32, u64), u32>,
+    inflight: FuturesUnordered<BoxFuture<'static, (u32, WriteResult)>>,
+    failed: HashMap<u32, String>,
+    ok_writes: u64,
+}
+
+impl Delivery {
+    /// Prepares delivery of `req` (an RDMA target) along `plan`.
+    ///
+    /// # Errors
+    /// A message when the target is not RDMA, the server has no RDMA device, or the session
+    /// is unknown or broken (the request is then refused before any read).
+    pub(crate) fn start(sh: &Shared, req: &GatherRequest, plan: &[UnitPlan]) -> Result<Self, String> {
+        let TransportTarget::Rdma(t) = &req.target else {
+            return Err("not an RDMA target".into());
+        };
+        let reg = sh.rdma.as_ref().ok_or("this server offers no RDMA target; use the inline TCP target")?;
+        let session = reg.get(t.session).ok_or_else(|| format!("no RDMA session {:016x} on this server", t.session))?;
+        if let Some(why) = session.broken() {
+            return Err(format!("RDMA session {:016x} is broken: {why}", t.session));
+        }
+        if plan.iter().any(|u| u.len as usize > session.slot_bytes()) {
+            return Err(format!("a unit exceeds the staging slot of {} bytes", session.slot_bytes()));
+        }
+        let idx = unit_indices(plan);
+        let index = plan.iter().zip(idx).map(|(u, i)| ((u.layer, u.offset), i)).collect();
+        Ok(Delivery {
+            session,
+            slot: u32::from(t.slot),
+            regions: t.regions.clone(),
+            layer0: req.layers.start,
+            index,
+            inflight: FuturesUnordered::new(),
+            failed: HashMap::new(),
+            ok_writes: 0,
+        })
+    }
+
+    fn reap_ready(&mut self) {
+        while let Some(Some((layer, r))) = self.inflight.next().now_or_never() {
+            self.record(layer, r);
+        }
+    }
+
+    fn record(&mut self, layer: u32, r: WriteResult) {
+        match r {
+            Ok(()) => self.ok_writes += 1,
+            Err(why) => {
+                self.failed.entry(layer).or_insert(why);
+            }
+        }
+    }
+
+    /// Stages and posts unit `u` (its bytes in `parts`). Returns once the write is posted (it
+    /// waits for a free staging slot, bounded by the session's op timeout).
+    ///
+    /// # Errors
+    /// A message when the write could not be posted; the caller makes the layer a miss.
+    pub(crate) async fn unit(&mut self, u: &UnitPlan, parts: Vec<Bytes>) -> Result<(), String> {
+        self.reap_ready();
+        let layer = u.layer;
+        let region = self.regions.get((layer - self.layer0) as usize).copied().ok_or("unit of a layer outside the request")?;
+        let unit = *self.index.get(&(layer, u.offset)).ok_or("unit not in the plan")?;
+        let imm = Imm::new(self.slot, layer, unit).ok_or("immediate out of range")?.encode();
+        if u.offset + u.len > region.len {
+            return Err(format!("unit at {}+{} is past the layer's region of {} bytes", u.offset, u.len, region.len));
+        }
+        let rx = self.session.write(imm, &parts, region.addr + u.offset, region.rkey).await?;
+        let timeout = self.session.op_timeout();
+        let session = self.session.clone();
+        self.inflight.push(
+            async move {
+                let r = match tokio::time::timeout(timeout, rx).await {
+                    Ok(Ok(r)) => r,
+                    Ok(Err(_)) => Err("RDMA session closed".to_string()),
+                    Err(_) => {
+                        let why = format!("no write completion within {timeout:?}");
+                        session.break_session(&why);
+                        Err(why)
+                    }
+                };
+                (layer, r)
+            }
+            .boxed(),
+        );
+        Ok(())
+    }
+
+    /// Waits for every posted write; returns the layers whose writes failed (with why) and the
+    /// number of writes that completed, which `End` reports.
+    pub(crate) async fn finish(mut self) -> (Vec<(u32, String)>, u64) {
+        while let Some((layer, r)) = self.inflight.next().await {
+            self.record(layer, r);
+        }
+        let mut failed: Vec<(u32, String)> = self.failed.into_iter().collect();
+        failed.sort_unstable_by_key(|f| f.0);
+        (failed, self.ok_writes)
+    }
+}

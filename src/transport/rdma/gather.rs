@@ -1,0 +1,284 @@
+//! Gather over RDMA, client end: a gather connection (the `OCGATHER` protocol on the server's
+//! gather port) whose requests carry an RDMA target, so the stream carries only control frames
+//! (accept, misses, end) while the server writes every unit into the client's registered
+//! memory over the session's queue pairs.
+//!
+//! A load: plan the units exactly as the server will ([`plan_units`], layer-major, units of at
+//! most `max_unit_bytes` that never span layers), register each layer's destination (through
+//! the session's registration cache), announce the load to the session
+//! ([`RdmaClient::expect_gather`]), send the descriptor, then turn `Miss` frames into layer
+//! misses and wait, after `End`, for as many write completions as the server reports. A broken
+//! stream breaks the RDMA session too, so no late write can land after the call returns.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, ToSocketAddrs};
+
+use crate::error::LayerError;
+use crate::protocol::{
+    plan_units, unit_indices, ClientConnection, ClientEvent, GatherRequest, MissReason, ProtocolError, RdmaRegion, RdmaTarget,
+    ServerInfo, TransportTarget,
+};
+use crate::transport::LayerSink;
+
+use super::client::{LayerDest, RdmaClient};
+
+/// Why a gather-over-RDMA load did not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RdmaGatherError {
+    /// Refused before any byte was written (server without RDMA, busy, bad request, no slot,
+    /// registration failed): the caller may run the load over TCP instead. No layer was touched.
+    #[error("gather over RDMA refused: {0}")]
+    Refused(String),
+    /// Failed mid-load: every layer not delivered is already a miss, and the RDMA session is
+    /// broken (reconnect it).
+    #[error("gather over RDMA failed: {0}")]
+    Failed(String),
+}
+
+/// A gather connection used for RDMA-target requests.
+#[derive(Debug)]
+pub struct GatherConn {
+    stream: TcpStream,
+    conn: ClientConnection,
+    buf: BytesMut,
+    info: ServerInfo,
+}
+
+impl GatherConn {
+    /// Connects to a server's gather port and exchanges hellos, authenticating with
+    /// `credentials` (access key id, secret) when the server asks (gather protocol v2).
+    ///
+    /// # Errors
+    /// A message when the connection fails, the server does not speak gather, refuses the
+    /// credentials, or does not announce the RDMA target ([`ServerInfo::FEATURE_RDMA`]).
+    pub async fn connect(addr: impl ToSocketAddrs, credentials: Option<(String, String)>) -> Result<Self, String> {
+        let stream = TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
+        let _ = stream.set_nodelay(true);
+        let mut c = GatherConn {
+            stream,
+            conn: ClientConnection::with_credentials(credentials),
+            buf: BytesMut::with_capacity(64 << 10),
+            info: ServerInfo { version: 0, features: 0, max_descriptor_bytes: 0, max_chunks: 0, max_request_bytes: 0 },
+        };
+        c.flush().await.map_err(|e| format!("send hello: {e}"))?;
+        let info = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Some(ev) = c.conn.poll_event() {
+                    return match ev {
+                        ClientEvent::Connected(i) => Ok(i),
+                        other => Err(format!("no gather hello: {other:?}")),
+                    };
+                }
+                match c.read_more().await {
+                    Ok(0) => return Err("the server closed the connection after the preface".to_string()),
+                    Ok(_) => c.conn.handle_bytes(&mut c.buf).map_err(|e| format!("not a gather server: {e}"))?,
+                    Err(e) => return Err(format!("read hello: {e}")),
+                }
+                // The answer to an authentication challenge, if one came.
+                c.flush().await.map_err(|e| format!("send auth: {e}"))?;
+            }
+        })
+        .await
+        .map_err(|_| "no gather hello within 10 s".to_string())??;
+        if info.features & ServerInfo::FEATURE_RDMA == 0 {
+            return Err("the server does not offer the RDMA target".into());
+        }
+        c.info = info;
+        Ok(c)
+    }
+
+    /// The server's hello.
+    pub fn server_info(&self) -> ServerInfo {
+        self.info
+    }
+
+    async fn flush(&mut self) -> std::io::Result<()> {
+        while let Some(b) = self.conn.poll_transmit() {
+            self.stream.write_all(&b).await?;
+        }
+        Ok(())
+    }
+
+    async fn read_more(&mut self) -> std::io::Result<usize> {
+        if self.buf.capacity() - self.buf.len() < (16 << 10) {
+            self.buf.reserve(64 << 10);
+        }
+        self.stream.read_buf(&mut self.buf).await
+    }
+
+    /// Runs `req` (its target is replaced by an RDMA target on `rdma`'s session) into `dests`,
+    /// one per requested layer in order (each at least `req.layer_bytes()` long), reporting
+    /// progress to `sink`: `placed` + `complete` per unit as its write completes, `fail` for
+    /// layers the server reports missing or that are cut off by a failure. Returns once every
+    /// layer is resolved and no further write of this load can land.
+    ///
+    /// # Errors
+    /// [`RdmaGatherError::Refused`] before anything was written (fall back to TCP);
+    /// [`RdmaGatherError::Failed`] after (layers already failed; the session is broken).
+    pub async fn load(
+        &mut self,
+        rdma: &RdmaClient,
+        mut req: GatherRequest,
+        dests: &[LayerDest],
+        sink: Arc<dyn LayerSink>,
+    ) -> Result<(), RdmaGatherError> {
+        let refused = RdmaGatherError::Refused;
+        if let Some(why) = rdma.broken() {
+            return Err(refused(format!("RDMA session broken: {why}")));
+        }
+        let nl = (req.layers.end - req.layers.start) as usize;
+        if dests.len() != nl || dests.iter().zip(req.layers.clone()).any(|(d, l)| d.layer() != l) {
+            return Err(refused(format!("{} destinations for layers {:?}", dests.len(), req.layers)));
+        }
+        let plan = plan_units(&req);
+        let idx = unit_indices(&plan);
+        let mut tables: Vec<Vec<(u64, u64)>> = vec![Vec::new(); nl];
+        for (u, &i) in plan.iter().zip(&idx) {
+            let t = &mut tables[(u.layer - req.layers.start) as usize];
+            debug_assert_eq!(t.len(), i as usize);
+            t.push((u.offset, u.len));
+        }
+        let layers: Vec<(LayerDest, Vec<(u64, u64)>)> = dests.iter().cloned().zip(tables).collect();
+        let (handle, slot, targets) = rdma.expect_gather(&layers, sink.clone()).map_err(|e| refused(e.to_string()))?;
+        let handle = AbortOnDrop(Some(handle));
+        req.target = TransportTarget::Rdma(RdmaTarget {
+            session: rdma.session(),
+            slot: slot as u8,
+            regions: targets.iter().map(|t| RdmaRegion { addr: t.addr, rkey: t.rkey, len: t.len }).collect(),
+        });
+        if let Err(e) = self.conn.start_gather(&req) {
+            handle.forget();
+            return Err(refused(e.to_string()));
+        }
+        let mut accepted = false;
+        let mut cancelled = false;
+        let result: Result<(), String> = loop {
+            if let Err(e) = self.flush().await {
+                break Err(format!("gather stream: {e}"));
+            }
+            let mut end = None;
+            while let Some(ev) = self.conn.poll_event() {
+                match ev {
+                    ClientEvent::Accepted { .. } => accepted = true,
+                    ClientEvent::Miss { chunk, layers, reason, message } => {
+                        let c = chunk as usize;
+                        let errs: Vec<(u32, LayerError)> = layers
+                            .map(|l| {
+                                let e = match reason {
+                                    MissReason::NotFound => LayerError::Missing { chunk: c, key: req.chunks.key(c).unwrap_or_default() },
+                                    MissReason::GeometryMismatch => LayerError::GeometryMismatch { chunk: c, reason: message.clone() },
+                                    MissReason::ChecksumMismatch | MissReason::Storage => {
+                                        LayerError::Storage { chunk: c, message: message.clone() }
+                                    }
+                                };
+                                (l, e)
+                            })
+                            .collect();
+                        handle.fail_layers(&errs);
+                    }
+                    ClientEvent::End { units, .. } => {
+                        end = Some(Ok(units));
+                        break;
+                    }
+                    ClientEvent::Error { code, message } => {
+                        end = Some(Err(format!("server error {code:?}: {message}")));
+                        break;
+                    }
+                    other => {
+                        end = Some(Err(format!("unexpected {other:?} during an RDMA load")));
+                        break;
+                    }
+                }
+            }
+            match end {
+                Some(Ok(units)) => {
+                    handle.server_end(units);
+                    break Ok(());
+                }
+                Some(Err(why)) if !accepted => {
+                    // Refused before any write was posted: nothing can land; fall back.
+                    handle.forget();
+                    return Err(refused(why));
+                }
+                Some(Err(why)) => break Err(why),
+                None => {}
+            }
+            if !cancelled && sink.is_cancelled() {
+                cancelled = true;
+                self.conn.cancel(req.request_id);
+                continue;
+            }
+            match self.read_more().await {
+                Ok(0) => break Err("the server closed the gather stream mid-load".into()),
+                Ok(_) => {
+                    if let Err(e) = self.conn.handle_bytes(&mut self.buf) {
+                        break Err(ProtocolError::to_string(&e));
+                    }
+                }
+                Err(e) => break Err(format!("gather stream: {e}")),
+            }
+        };
+        if let Err(why) = &result {
+            // The stream is gone mid-load: writes may still be in flight. Breaking the session
+            // moves the QPs to the error state first, so none lands after this returns.
+            handle.abort(&format!("gather stream failed: {why}"));
+        }
+        // Wait (bounded by the session's load deadline, enforced by its poller) for every write.
+        while !handle.is_finished() {
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+        handle.finish();
+        let result = match (result, rdma.broken()) {
+            // Layers cut off by a broken session are already misses; say so to the caller.
+            (Ok(()), Some(why)) => Err(format!("RDMA session broke during the load: {why}")),
+            (r, _) => r,
+        };
+        if cancelled {
+            for l in req.layers.clone() {
+                sink.fail(l, LayerError::Cancelled);
+            }
+        }
+        result.map_err(RdmaGatherError::Failed)
+    }
+}
+
+/// Holds a gather load's handle; if the load future is dropped (a caller's deadline) before the
+/// load finished, the session is broken at once so that no write lands in memory the caller
+/// takes back.
+struct AbortOnDrop(Option<super::client::LoadHandle>);
+
+impl std::ops::Deref for AbortOnDrop {
+    type Target = super::client::LoadHandle;
+    fn deref(&self) -> &Self::Target {
+        self.0.as_ref().expect("present until consumed")
+    }
+}
+
+impl AbortOnDrop {
+    fn forget(mut self) {
+        if let Some(h) = self.0.take() {
+            h.forget();
+        }
+    }
+    fn finish(mut self) {
+        if let Some(h) = self.0.take() {
+            let _ = h.wait();
+        }
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(h) = self.0.take() {
+            if !h.is_finished() {
+                h.abort("the load was dropped before it finished");
+            }
+            let _ = h.wait();
+        }
+    }
+}
