@@ -803,6 +803,14 @@ impl LoadHandle {
         }
     }
 
+    /// `true` when every unit of every layer has arrived: no further write of this load can
+    /// land (each unit is written once), whatever the server still has to say.
+    pub fn all_units_in(&self) -> bool {
+        self.slot.is_none_or(|s| {
+            self.shared.lock().loads.get(&s).is_none_or(|l| l.layers.values().all(|lp| lp.got as usize == lp.seen.len()))
+        })
+    }
+
     /// `true` once the load has ended (every layer ready or a miss, and every write counted).
     pub fn is_finished(&self) -> bool {
         self.slot.is_none_or(|s| self.shared.lock().loads.get(&s).is_none_or(|l| l.finished))

@@ -275,10 +275,16 @@ impl AbortOnDrop {
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         if let Some(h) = self.0.take() {
-            if !h.is_finished() {
+            if h.is_finished() {
+                let _ = h.wait();
+            } else if h.all_units_in() {
+                // Every write of this load has landed (the caller stopped waiting for `End`
+                // once its layers were ready): nothing more can be written; free the slot.
+                h.forget();
+            } else {
                 h.abort("the load was dropped before it finished");
+                let _ = h.wait();
             }
-            let _ = h.wait();
         }
     }
 }
