@@ -7,8 +7,10 @@
 # 3. boots the soft-RoCE VM once (scripts/rxe-vm/run.sh: Debian's kernel under QEMU, rxe0 on
 #    loopback) and runs the RDMA test binaries (tests/rdma_*.rs and the unit tests under
 #    transport::rdma) inside it, where OBJECTCACHE_REQUIRE_RDMA=1 turns any SKIP into a failure.
-# Exits non-zero when anything fails. Guest memory: RXE_VM_MEM (default 1G).
+# Exits non-zero when anything fails. Guest memory: RXE_VM_MEM (default 2G here: every RDMA
+# gather session pins a 64 MiB staging arena, and the tests run several servers at once).
 set -euo pipefail
+export RXE_VM_MEM="${RXE_VM_MEM:-2G}"
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 

@@ -30,6 +30,8 @@ pub(crate) enum Probe {
     Unknown,
     /// No RDMA (no device here, the server does not offer it, or set-up failed).
     Off,
+    /// A load is setting the session up; others wait for it (one session per engine).
+    Connecting,
     /// A live session and idle gather connections for RDMA-target requests.
     On {
         client: Arc<RdmaClient>,
@@ -83,17 +85,21 @@ pub(crate) async fn try_rdma(
     if transport == Transport::Tcp {
         return Outcome::Fallback;
     }
-    let taken = {
-        let mut p = probe.lock().expect("lock");
-        match &mut *p {
-            Probe::Off => return Outcome::Fallback,
-            Probe::On { client, pool } if client.broken().is_none() => Some((client.clone(), pool.pop())),
-            Probe::On { .. } => {
-                *p = Probe::Unknown;
-                None
+    let taken = loop {
+        {
+            let mut p = probe.lock().expect("lock");
+            match &mut *p {
+                Probe::Off => return Outcome::Fallback,
+                Probe::On { client, pool } if client.broken().is_none() => break Some((client.clone(), pool.pop())),
+                Probe::Connecting => {}
+                Probe::On { .. } | Probe::Unknown => {
+                    *p = Probe::Connecting;
+                    break None;
+                }
             }
-            Probe::Unknown => None,
         }
+        // Another load is setting the session up (bounded by its connect timeouts).
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     };
     let (client, conn) = match taken {
         Some((c, Some(conn))) => (c, conn),
@@ -104,13 +110,15 @@ pub(crate) async fn try_rdma(
                 return Outcome::Fallback;
             }
         },
-        None => match connect(&target.addr, target.credentials.clone()).await {
+        None => match {
+            let guard = ConnectingGuard(probe);
+            let r = connect(&target.addr, target.credentials.clone()).await;
+            std::mem::forget(guard);
+            r
+        } {
             Ok((c, conn)) => {
                 tracing::info!(addr = %target.addr, session = format!("{:016x}", c.session()), "loads use RDMA");
-                let mut p = probe.lock().expect("lock");
-                if !matches!(*p, Probe::On { .. }) {
-                    *p = Probe::On { client: c.clone(), pool: Vec::new() };
-                }
+                *probe.lock().expect("lock") = Probe::On { client: c.clone(), pool: Vec::new() };
                 (c, conn)
             }
             Err(why) => {
@@ -187,6 +195,19 @@ pub(crate) async fn try_rdma(
                 *p = Probe::Unknown;
             }
             Outcome::Done
+        }
+    }
+}
+
+/// Resets [`Probe::Connecting`] to [`Probe::Unknown`] if the load setting the session up is
+/// dropped mid-way (its deadline), so other loads do not wait for it forever.
+struct ConnectingGuard<'a>(&'a Mutex<Probe>);
+
+impl Drop for ConnectingGuard<'_> {
+    fn drop(&mut self) {
+        let mut p = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(*p, Probe::Connecting) {
+            *p = Probe::Unknown;
         }
     }
 }

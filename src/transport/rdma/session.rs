@@ -177,8 +177,16 @@ impl SessionRegistry {
         });
         let sess = session.clone();
         let poller: JoinHandle<()> = std::thread::Builder::new().name("rdma-sess-poll".into()).spawn(move || sess.poll_loop())?;
-        control::send(&mut s, &Msg::Welcome { endpoints: session.qps.iter().map(|q| q.endpoint()).collect(), session: token })?;
+        // Registered before the client learns the token: its first gather request may follow
+        // the Welcome at once.
         self.sessions.lock().unwrap_or_else(|p| p.into_inner()).insert(token, (session.clone(), s.try_clone()?));
+        if let Err(e) = control::send(&mut s, &Msg::Welcome { endpoints: session.qps.iter().map(|q| q.endpoint()).collect(), session: token }) {
+            self.sessions.lock().unwrap_or_else(|p| p.into_inner()).remove(&token);
+            session.break_session("sending Welcome failed");
+            session.stop.store(true, Ordering::Release);
+            let _ = poller.join();
+            return Err(e);
+        }
         tracing::info!(token = format!("{token:016x}"), qps = session.qps.len(), slots, "rdma gather session open");
         let end = loop {
             match control::recv(&mut s) {
@@ -301,6 +309,13 @@ impl GatherSession {
             let why = format!("posting an RDMA write failed: {e}");
             self.break_session(&why);
             return Err(why);
+        }
+        // The poller may have stopped (session torn down) before this waiter was registered:
+        // then nobody would ever complete it. `stop` is set before the poller drains the
+        // waiters, so a waiter registered after the drain sees it here.
+        if self.stop.load(Ordering::Acquire) {
+            self.waiters.lock().unwrap_or_else(|p| p.into_inner()).remove(&(ix as u64));
+            return Err(self.broken().unwrap_or_else(|| "RDMA session closed".into()));
         }
         Ok(rx)
     }
