@@ -17,7 +17,9 @@ use crate::error::LayerError;
 use crate::layout::KeyBuilder;
 use crate::protocol::{ChunkKeys, GatherRequest};
 use crate::store::GatherTarget;
-use crate::transport::rdma::{ClientConfig, DeviceSelector, GatherConn, LayerDest, RdmaClient, RdmaGatherError};
+use crate::transport::rdma::{
+    ClientConfig, DeviceSelector, GatherConn, LayerDest, RdmaClient, RdmaGatherError,
+};
 use crate::transport::LayerSink;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -65,10 +67,18 @@ async fn connect(addr: &str, credentials: Option<(String, String)>) -> Result<(A
     let device = DeviceSelector::from_env().map_err(|e| e.to_string())?;
     let conn = GatherConn::connect(addr, credentials).await?;
     let a = addr.to_string();
-    let client = tokio::task::spawn_blocking(move || RdmaClient::connect_gather(a, ClientConfig { device, ..ClientConfig::default() }))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
+    let client = tokio::task::spawn_blocking(move || {
+        RdmaClient::connect_gather(
+            a,
+            ClientConfig {
+                device,
+                ..ClientConfig::default()
+            },
+        )
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())?;
     Ok((Arc::new(client), conn))
 }
 
@@ -90,7 +100,9 @@ pub(crate) async fn try_rdma(
             let mut p = probe.lock().expect("lock");
             match &mut *p {
                 Probe::Off => return Outcome::Fallback,
-                Probe::On { client, pool } if client.broken().is_none() => break Some((client.clone(), pool.pop())),
+                Probe::On { client, pool } if client.broken().is_none() => {
+                    break Some((client.clone(), pool.pop()))
+                }
                 Probe::Connecting => {}
                 Probe::On { .. } | Probe::Unknown => {
                     *p = Probe::Connecting;
@@ -118,7 +130,10 @@ pub(crate) async fn try_rdma(
         } {
             Ok((c, conn)) => {
                 tracing::info!(addr = %target.addr, session = format!("{:016x}", c.session()), "loads use RDMA");
-                *probe.lock().expect("lock") = Probe::On { client: c.clone(), pool: Vec::new() };
+                *probe.lock().expect("lock") = Probe::On {
+                    client: c.clone(),
+                    pool: Vec::new(),
+                };
                 (c, conn)
             }
             Err(why) => {
@@ -143,14 +158,20 @@ pub(crate) async fn try_rdma(
         vec![g.tokens_per_chunk; req.hashes.len()],
     );
     if !target.key_prefix.is_empty() {
-        greq.chunks = ChunkKeys::Hashed { prefix: format!("{}/{}", target.key_prefix, keys.prefix()), hashes: req.hashes.clone() };
+        greq.chunks = ChunkKeys::Hashed {
+            prefix: format!("{}/{}", target.key_prefix, keys.prefix()),
+            hashes: req.hashes.clone(),
+        };
     }
     // The server verifies every slice's CRC32C before writing it (the client cannot check
     // bytes the NIC placed without reading them back).
     greq.verify = true;
     let bufs = &sh.state.bufs;
     // Addresses as integers: the future must be `Send`.
-    let regions: Vec<(usize, usize)> = (0..bufs.layers()).map(|l| bufs.region(l)).map(|(p, n)| (p as usize, n)).collect();
+    let regions: Vec<(usize, usize)> = (0..bufs.layers())
+        .map(|l| bufs.region(l))
+        .map(|(p, n)| (p as usize, n))
+        .collect();
     let dests: Vec<LayerDest> = regions
         .iter()
         .enumerate()
@@ -162,7 +183,9 @@ pub(crate) async fn try_rdma(
         .map(|(l, &(p, n))| unsafe { LayerDest::raw(l as u32, p as *mut u8, n) })
         .collect();
     sh.requests.fetch_add(1, Ordering::Relaxed);
-    let r = conn.load(&client, greq, &dests, Arc::new(SinkRef(sh.clone()))).await;
+    let r = conn
+        .load(&client, greq, &dests, Arc::new(SinkRef(sh.clone())))
+        .await;
     if !bufs.is_borrowed() {
         for &(p, n) in &regions {
             client.evict_raw(p as *mut u8, n);
@@ -189,7 +212,10 @@ pub(crate) async fn try_rdma(
         }
         Err(e) => {
             tracing::warn!(error = %e, "gather over RDMA failed mid-load; the session will be set up again");
-            sh.state.fail_pending(LayerError::Storage { chunk: 0, message: e.to_string() });
+            sh.state.fail_pending(LayerError::Storage {
+                chunk: 0,
+                message: e.to_string(),
+            });
             let mut p = probe.lock().expect("lock");
             if matches!(&*p, Probe::On { client: c, .. } if Arc::ptr_eq(c, &client)) {
                 *p = Probe::Unknown;

@@ -429,7 +429,10 @@ impl GatherRequest {
             if self.layers.end > RDMA_MAX_LAYERS {
                 return Err(ProtocolError::invalid(
                     "rdma target",
-                    format!("layer {} is past the immediate's {RDMA_MAX_LAYERS} layers", self.layers.end - 1),
+                    format!(
+                        "layer {} is past the immediate's {RDMA_MAX_LAYERS} layers",
+                        self.layers.end - 1
+                    ),
                 ));
             }
             // plan_units makes at most one unit per chunk plus one per max_unit_bytes of a layer.

@@ -18,9 +18,13 @@
 //! does not announce [`crate::protocol::ServerInfo::FEATURE_RDMA`] and refuses RDMA targets.
 
 use super::Shared;
-use crate::protocol::{unit_indices, GatherRequest, RdmaRegion, TransportTarget, UnitPlan, MAX_UNIT_BYTES};
+use crate::protocol::{
+    unit_indices, GatherRequest, RdmaRegion, TransportTarget, UnitPlan, MAX_UNIT_BYTES,
+};
 use crate::transport::rdma::session::WriteResult;
-use crate::transport::rdma::{control, DeviceSelector, GatherSession, Imm, ServerConfig as RdmaServerConfig, SessionRegistry};
+use crate::transport::rdma::{
+    control, DeviceSelector, GatherSession, Imm, ServerConfig as RdmaServerConfig, SessionRegistry,
+};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
@@ -44,10 +48,16 @@ pub(crate) fn open() -> Option<Arc<SessionRegistry>> {
             return None;
         }
     };
-    let cfg = RdmaServerConfig { device, ..RdmaServerConfig::default() };
+    let cfg = RdmaServerConfig {
+        device,
+        ..RdmaServerConfig::default()
+    };
     match SessionRegistry::open(cfg, MAX_UNIT_BYTES as usize) {
         Ok(r) => {
-            tracing::info!(device = r.device(), "RDMA target offered on the gather port");
+            tracing::info!(
+                device = r.device(),
+                "RDMA target offered on the gather port"
+            );
             Some(r)
         }
         Err(e) => {
@@ -114,20 +124,36 @@ impl Delivery {
     /// # Errors
     /// A message when the target is not RDMA, the server has no RDMA device, or the session
     /// is unknown or broken (the request is then refused before any read).
-    pub(crate) fn start(sh: &Shared, req: &GatherRequest, plan: &[UnitPlan]) -> Result<Self, String> {
+    pub(crate) fn start(
+        sh: &Shared,
+        req: &GatherRequest,
+        plan: &[UnitPlan],
+    ) -> Result<Self, String> {
         let TransportTarget::Rdma(t) = &req.target else {
             return Err("not an RDMA target".into());
         };
-        let reg = sh.rdma.as_ref().ok_or("this server offers no RDMA target; use the inline TCP target")?;
-        let session = reg.get(t.session).ok_or_else(|| format!("no RDMA session {:016x} on this server", t.session))?;
+        let reg = sh
+            .rdma
+            .as_ref()
+            .ok_or("this server offers no RDMA target; use the inline TCP target")?;
+        let session = reg
+            .get(t.session)
+            .ok_or_else(|| format!("no RDMA session {:016x} on this server", t.session))?;
         if let Some(why) = session.broken() {
             return Err(format!("RDMA session {:016x} is broken: {why}", t.session));
         }
         if plan.iter().any(|u| u.len as usize > session.slot_bytes()) {
-            return Err(format!("a unit exceeds the staging slot of {} bytes", session.slot_bytes()));
+            return Err(format!(
+                "a unit exceeds the staging slot of {} bytes",
+                session.slot_bytes()
+            ));
         }
         let idx = unit_indices(plan);
-        let index = plan.iter().zip(idx).map(|(u, i)| ((u.layer, u.offset), i)).collect();
+        let index = plan
+            .iter()
+            .zip(idx)
+            .map(|(u, i)| ((u.layer, u.offset), i))
+            .collect();
         Ok(Delivery {
             session,
             slot: u32::from(t.slot),
@@ -163,13 +189,28 @@ impl Delivery {
     pub(crate) async fn unit(&mut self, u: &UnitPlan, parts: Vec<Bytes>) -> Result<(), String> {
         self.reap_ready();
         let layer = u.layer;
-        let region = self.regions.get((layer - self.layer0) as usize).copied().ok_or("unit of a layer outside the request")?;
-        let unit = *self.index.get(&(layer, u.offset)).ok_or("unit not in the plan")?;
-        let imm = Imm::new(self.slot, layer, unit).ok_or("immediate out of range")?.encode();
+        let region = self
+            .regions
+            .get((layer - self.layer0) as usize)
+            .copied()
+            .ok_or("unit of a layer outside the request")?;
+        let unit = *self
+            .index
+            .get(&(layer, u.offset))
+            .ok_or("unit not in the plan")?;
+        let imm = Imm::new(self.slot, layer, unit)
+            .ok_or("immediate out of range")?
+            .encode();
         if u.offset + u.len > region.len {
-            return Err(format!("unit at {}+{} is past the layer's region of {} bytes", u.offset, u.len, region.len));
+            return Err(format!(
+                "unit at {}+{} is past the layer's region of {} bytes",
+                u.offset, u.len, region.len
+            ));
         }
-        let rx = self.session.write(imm, &parts, region.addr + u.offset, region.rkey).await?;
+        let rx = self
+            .session
+            .write(imm, &parts, region.addr + u.offset, region.rkey)
+            .await?;
         let timeout = self.session.op_timeout();
         let session = self.session.clone();
         self.inflight.push(

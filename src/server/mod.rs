@@ -79,7 +79,9 @@ impl Shared {
             max_descriptor_bytes: self.cfg.max_descriptor_bytes,
             max_chunks: self.cfg.max_chunks,
             max_request_bytes: self.cfg.max_request_bytes,
-            features: ServerInfo::FEATURE_GATHER_TCP | ServerInfo::FEATURE_SAVE | self.rdma_feature(),
+            features: ServerInfo::FEATURE_GATHER_TCP
+                | ServerInfo::FEATURE_SAVE
+                | self.rdma_feature(),
         }
     }
 
