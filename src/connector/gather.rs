@@ -44,7 +44,8 @@ pub(crate) async fn try_gather(
         let mut p = probe.lock().expect("lock");
         match &mut *p {
             Probe::NotOffered => return Outcome::Fallback,
-            Probe::Offered(pool) => pool.pop(),
+            // Skip connections the server closed while they sat idle (e.g. it restarted).
+            Probe::Offered(pool) => std::iter::from_fn(|| pool.pop()).find(|c| !c.is_stale()),
             Probe::Unknown => None,
         }
     };

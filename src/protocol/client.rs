@@ -96,6 +96,10 @@ enum State {
 struct Current {
     layers: Range<u32>,
     layer_bytes: u64,
+    /// Per requested layer (index `layer - layers.start`): the offset its next unit must
+    /// start at (units of a layer come in offset order, back to back), or `u64::MAX` once a
+    /// miss named the layer (its later units skip the missing bytes).
+    next: Vec<u64>,
 }
 
 /// One gather connection, client side. [`ClientConnection::new`] queues the preface and
@@ -190,6 +194,7 @@ impl ClientConnection {
         self.current = Some(Current {
             layers: req.layers.clone(),
             layer_bytes: req.layer_bytes(),
+            next: vec![0; req.layers.len()],
         });
         self.state = State::Gathering;
         Ok(())
@@ -403,6 +408,26 @@ impl ClientConnection {
                         ),
                     ));
                 }
+                // The unit CRC covers the payload only: a damaged layer or offset field would
+                // put good bytes at the wrong place. Units of a layer come in offset order,
+                // back to back (docs/protocol.md), so anything else is refused.
+                let cur = self
+                    .current
+                    .as_mut()
+                    .expect("gathering has a current request");
+                let next = &mut cur.next[(header.layer - cur.layers.start) as usize];
+                if *next != u64::MAX {
+                    if header.offset != *next {
+                        return Err(ProtocolError::invalid(
+                            "unit",
+                            format!(
+                                "layer {} unit at offset {}, expected the next at {}",
+                                header.layer, header.offset, *next
+                            ),
+                        ));
+                    }
+                    *next += header.len as u64;
+                }
                 let computed = crc32c::crc32c(&data);
                 if computed == header.crc32c {
                     self.events.push_back(ClientEvent::Unit {
@@ -428,6 +453,16 @@ impl ClientConnection {
                     message,
                 },
             ) => {
+                if let Some(cur) = self.current.as_mut() {
+                    for l in layers.clone() {
+                        if let Some(n) = l
+                            .checked_sub(cur.layers.start)
+                            .and_then(|i| cur.next.get_mut(i as usize))
+                        {
+                            *n = u64::MAX;
+                        }
+                    }
+                }
                 self.events.push_back(ClientEvent::Miss {
                     chunk,
                     layers,

@@ -102,7 +102,8 @@ impl GatherClient {
     /// Connects and exchanges hellos.
     ///
     /// # Errors
-    /// [`GatherError::Io`] if the connection fails; [`GatherError::NotOffered`] if the server
+    /// [`GatherError::Io`] if the connection fails, is closed before the hello or no hello
+    /// comes within 10 s (transient faults); [`GatherError::NotOffered`] if the server
     /// answers with anything but a gather hello (e.g. HTTP from a stock S3 server).
     pub async fn connect(addr: impl ToSocketAddrs) -> Result<Self, GatherError> {
         Self::connect_with(addr, None).await
@@ -150,9 +151,12 @@ impl GatherClient {
                     };
                 }
                 if c.read_more().await? == 0 {
-                    return Err(GatherError::NotOffered(
-                        "the server closed the connection after the preface".into(),
-                    ));
+                    // Closed without a word: a transient fault (a server restarting, a
+                    // dropped connection), not proof that gather is not offered.
+                    return Err(GatherError::Io(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "the server closed the connection after the preface",
+                    )));
                 }
                 if let Err(e) = c.conn.handle_bytes(&mut c.buf) {
                     return Err(GatherError::NotOffered(format!(
@@ -164,9 +168,26 @@ impl GatherClient {
             }
         })
         .await
-        .map_err(|_| GatherError::NotOffered("no gather hello within 10 s".into()))??;
+        .map_err(|_| {
+            // Silence is transient too (a stalled server or network), not a stock S3 server.
+            GatherError::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no gather hello within 10 s",
+            ))
+        })??;
         c.info = hello;
         Ok(c)
+    }
+
+    /// Whether this idle connection is no longer usable: the server closed or reset it (it
+    /// restarted, or dropped an idle connection), or sent bytes nobody asked for. Checked
+    /// without waiting, so a pooled connection can be skipped before a load is put on it.
+    pub fn is_stale(&self) -> bool {
+        let mut b = [0u8; 1];
+        !matches!(
+            self.stream.try_read(&mut b),
+            Err(ref e) if e.kind() == std::io::ErrorKind::WouldBlock
+        )
     }
 
     /// The server's hello: version, features and limits.

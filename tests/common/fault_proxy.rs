@@ -113,6 +113,8 @@ pub enum RawFault {
     CloseAfter(u64),
     /// Flip every bit of the byte at this offset.
     FlipAt(u64),
+    /// XOR the byte at this offset with a mask (e.g. `1`: flip its lowest bit only).
+    XorAt(u64, u8),
     /// Stop forwarding after this many bytes, keeping both connections open.
     StallAfter(u64),
     /// Forward `bytes` at a time, one piece every `every`.
@@ -421,7 +423,10 @@ async fn http_conn(inn: Arc<Inner>, sock: TcpStream, conn: u64) -> std::io::Resu
         {
             cl.chunked().await?.0
         } else {
-            let n: usize = h.get("content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
+            let n: usize = h
+                .get("content-length")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
             cl.exact(n).await?
         };
         let seq = inn.seq.fetch_add(1, Ordering::SeqCst);
@@ -478,7 +483,12 @@ async fn http_conn(inn: Arc<Inner>, sock: TcpStream, conn: u64) -> std::io::Resu
                 return Err(std::io::ErrorKind::UnexpectedEof.into());
             };
             let rh = Head::parse(&rhb)?;
-            if !rh.first.split(' ').nth(1).is_some_and(|c| c.starts_with('1')) {
+            if !rh
+                .first
+                .split(' ')
+                .nth(1)
+                .is_some_and(|c| c.starts_with('1'))
+            {
                 break (rh, rhb);
             }
         };
@@ -574,16 +584,20 @@ async fn http_conn(inn: Arc<Inner>, sock: TcpStream, conn: u64) -> std::io::Resu
 
 // ---------------------------------------------------------------- raw mode
 
+/// Records bytes forwarded on raw connection `conn` (found by number: the log may have been
+/// cleared while the connection lives on, e.g. a pooled or stalled one).
+fn raw_sent(inn: &Inner, conn: u64, sent: u64) {
+    if let Some(e) = inn.raw_log.lock().unwrap().iter_mut().find(|e| e.0 == conn) {
+        e.2 = sent;
+    }
+}
+
 async fn raw_conn(inn: Arc<Inner>, client: TcpStream, conn: u64) -> std::io::Result<()> {
     let upstream = TcpStream::connect(inn.upstream).await?;
     let _ = upstream.set_nodelay(true);
     let rule = inn.raw_rule.lock().unwrap().clone();
     let fault = rule.map(|r| r(conn)).unwrap_or(RawFault::Pass);
-    let idx = {
-        let mut l = inn.raw_log.lock().unwrap();
-        l.push((conn, fault.clone(), 0));
-        l.len() - 1
-    };
+    inn.raw_log.lock().unwrap().push((conn, fault.clone(), 0));
     let (mut cr, mut cw) = client.into_split();
     let (mut ur, mut uw) = upstream.into_split();
     // Client to server: plain copy.
@@ -605,9 +619,13 @@ async fn raw_conn(inn: Arc<Inner>, client: TcpStream, conn: u64) -> std::io::Res
             let end = sent + n as u64;
             match &fault {
                 RawFault::Pass => cw.write_all(&piece).await?,
-                RawFault::FlipAt(o) => {
+                RawFault::FlipAt(o) | RawFault::XorAt(o, _) => {
+                    let mask = match &fault {
+                        RawFault::XorAt(_, m) => *m,
+                        _ => 0xff,
+                    };
                     if (sent..end).contains(o) {
-                        piece[(o - sent) as usize] ^= 0xff;
+                        piece[(o - sent) as usize] ^= mask;
                     }
                     cw.write_all(&piece).await?;
                 }
@@ -617,7 +635,7 @@ async fn raw_conn(inn: Arc<Inner>, client: TcpStream, conn: u64) -> std::io::Res
                         cw.write_all(&piece[..k]).await?;
                         cw.flush().await?;
                         sent += k as u64;
-                        inn.raw_log.lock().unwrap()[idx].2 = sent;
+                        raw_sent(&inn, conn, sent);
                         match fault {
                             RawFault::ResetAfter(_) => {
                                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -648,7 +666,7 @@ async fn raw_conn(inn: Arc<Inner>, client: TcpStream, conn: u64) -> std::io::Res
                 }
             }
             sent = end;
-            inn.raw_log.lock().unwrap()[idx].2 = sent;
+            raw_sent(&inn, conn, sent);
         }
     }
     .await;

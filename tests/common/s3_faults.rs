@@ -5,7 +5,9 @@
 
 use super::common::*;
 use super::fault_proxy::{Fault, FaultProxy, Request};
-use objectcache::connector::{ChunkStatus, Engine, EngineConfig, LayerBuffers, LayerStatus, LoadRequest};
+use objectcache::connector::{
+    ChunkStatus, Engine, EngineConfig, LayerBuffers, LayerStatus, LoadRequest,
+};
 use objectcache::store::{S3Config, S3Credentials, S3Store, Store};
 use objectcache::{ChunkHash, Dtype, KvGeometry};
 use std::collections::HashMap;
@@ -60,7 +62,8 @@ pub fn endpoint() -> Option<(SocketAddr, String)> {
     Some((addr, unique_ns("fault")))
 }
 
-/// An S3 store reaching `url` with short timeouts and `MAX_ATTEMPTS` attempts.
+/// An S3 store reaching `url` (the test endpoint's bucket and credentials) with short
+/// timeouts and `MAX_ATTEMPTS` attempts.
 pub fn s3(url: &str) -> Arc<dyn Store> {
     let var = |k: &str, d: &str| {
         std::env::var(k)
@@ -68,13 +71,32 @@ pub fn s3(url: &str) -> Arc<dyn Store> {
             .filter(|v| !v.is_empty())
             .unwrap_or_else(|| d.to_string())
     };
-    let mut c = S3Config::new(var("OBJECTCACHE_TEST_S3_BUCKET", "objectcache-test"));
+    s3_as(
+        url,
+        &var("OBJECTCACHE_TEST_S3_BUCKET", "objectcache-test"),
+        &var("OBJECTCACHE_TEST_S3_ACCESS_KEY", "cephtestak"),
+        &var(
+            "OBJECTCACHE_TEST_S3_SECRET_KEY",
+            "cephtestsecretkey0123456789",
+        ),
+    )
+}
+
+/// An S3 store reaching `url` with this bucket and access key, short timeouts and
+/// `MAX_ATTEMPTS` attempts.
+pub fn s3_as(url: &str, bucket: &str, access_key: &str, secret_key: &str) -> Arc<dyn Store> {
+    let mut c = S3Config::new(bucket);
     c.endpoint = Some(url.to_string());
-    c.region = Some(var("OBJECTCACHE_TEST_S3_REGION", "us-east-1"));
+    c.region = Some(
+        std::env::var("OBJECTCACHE_TEST_S3_REGION")
+            .ok()
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| "us-east-1".into()),
+    );
     c.addressing = Some(objectcache::store::Addressing::Path);
     c.credentials = S3Credentials::Static {
-        access_key: var("OBJECTCACHE_TEST_S3_ACCESS_KEY", "cephtestak"),
-        secret_key: var("OBJECTCACHE_TEST_S3_SECRET_KEY", "cephtestsecretkey0123456789"),
+        access_key: access_key.to_string(),
+        secret_key: secret_key.to_string(),
         session_token: None,
     };
     c.max_attempts = MAX_ATTEMPTS;
@@ -111,14 +133,25 @@ pub struct Fixture {
 }
 
 pub fn fixture(addr: SocketAddr, ns: &str, seed: u64, timeout: Duration) -> Fixture {
+    fixture_on(addr, ns, seed, timeout, &s3)
+}
+
+/// [`fixture`] with the S3 store made by `mk(url)` (another server's bucket and keys).
+pub fn fixture_on(
+    addr: SocketAddr,
+    ns: &str,
+    seed: u64,
+    timeout: Duration,
+    mk: &dyn Fn(&str) -> Arc<dyn Store>,
+) -> Fixture {
     let g = geometry();
     let hs = hashes(&g, CHUNKS * g.tokens_per_chunk as usize, seed as u32);
     let data = kv(&g, CHUNKS, seed);
-    let direct = engine_on(s3(&format!("http://{addr}")), ns, timeout);
+    let direct = engine_on(mk(&format!("http://{addr}")), ns, timeout);
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
     direct.save_blocking(&g, &hs, &refs).unwrap();
     let proxy = FaultProxy::http(addr, |_| Fault::Pass);
-    let engine = engine_on(s3(&proxy.url()), ns, timeout);
+    let engine = engine_on(mk(&proxy.url()), ns, timeout);
     Fixture {
         g,
 
@@ -135,35 +168,50 @@ pub struct Outcome {
     pub ready: usize,
     pub failed: usize,
     pub bad_chunks: Vec<usize>,
+    /// Storage requests of the load (1 for a gather load).
+    pub requests: u64,
 }
 
 /// Loads the whole prefix and checks: each wait returns, every ready layer is byte-exact.
 pub fn load_and_check(f: &Fixture, case: &str) -> Outcome {
-    let per_layer = CHUNKS * f.g.slice_bytes() as usize;
-    let h = f
-        .engine
+    load_checked(&f.engine, &f.g, &f.hashes, &f.data, case)
+}
+
+/// Loads `hashes` through `engine` and checks: each wait returns (a hang fails), every ready
+/// layer equals `data[layer]` byte for byte, every failed layer exposes no bytes.
+pub fn load_checked(
+    engine: &Engine,
+    g: &KvGeometry,
+    hashes: &[ChunkHash],
+    data: &[Vec<u8>],
+    case: &str,
+) -> Outcome {
+    let per_layer = hashes.len() * g.slice_bytes() as usize;
+    let h = engine
         .load(
             LoadRequest {
-                geometry: f.g.clone(),
-                hashes: f.hashes.clone(),
+                geometry: g.clone(),
+                hashes: hashes.to_vec(),
             },
-            LayerBuffers::allocate(f.g.layers as usize, per_layer),
+            LayerBuffers::allocate(g.layers as usize, per_layer),
         )
         .unwrap();
     let mut o = Outcome::default();
-    for l in 0..f.g.layers as usize {
+    for l in 0..g.layers as usize {
         // Liveness bound far above the load deadline: a hang fails here.
         match h.wait_layer_blocking(l, Some(Duration::from_secs(120))) {
             Ok(()) => {
-                assert_eq!(
-                    h.layer(l).unwrap(),
-                    &f.data[l][..],
+                assert!(
+                    h.layer(l).unwrap() == &data[l][..],
                     "{case}: layer {l} is ready but its bytes differ"
                 );
                 o.ready += 1;
             }
             Err(e) => {
-                assert!(h.layer(l).is_none(), "{case}: failed layer {l} exposes bytes");
+                assert!(
+                    h.layer(l).is_none(),
+                    "{case}: failed layer {l} exposes bytes"
+                );
                 assert!(
                     matches!(h.poll_layer(l), LayerStatus::Failed(_)),
                     "{case}: layer {l} wait ended with {e} but the layer is not failed (hang)"
@@ -179,6 +227,7 @@ pub fn load_and_check(f: &Fixture, case: &str) -> Outcome {
         .filter(|(_, s)| **s != ChunkStatus::Ok)
         .map(|(i, _)| i)
         .collect();
+    o.requests = h.stats().requests;
     o
 }
 
@@ -204,7 +253,21 @@ pub fn data_path_of(f: &Fixture, c: usize) -> String {
 /// Runs `fault` on every GET of chunk `victim`'s data object; checks the invariants and that
 /// the victim's layers are misses; returns the outcome.
 pub fn victim_case(addr: SocketAddr, ns: &str, case: &str, fault: Fault, timeout: Duration) {
-    let f = fixture(addr, ns, 7, timeout);
+    victim_case_on(addr, ns, case, fault, timeout, &s3, "s3")
+}
+
+/// [`victim_case`] with the S3 store made by `mk(url)`; `server` names the server in the
+/// printed `FAULT|` line.
+pub fn victim_case_on(
+    addr: SocketAddr,
+    ns: &str,
+    case: &str,
+    fault: Fault,
+    timeout: Duration,
+    mk: &dyn Fn(&str) -> Arc<dyn Store>,
+    server: &str,
+) {
+    let f = fixture_on(addr, ns, 7, timeout, mk);
     let victim = 2usize;
     let vkey = data_path_of(&f, victim);
     let fk = fault.clone();
@@ -218,10 +281,16 @@ pub fn victim_case(addr: SocketAddr, ns: &str, case: &str, fault: Fault, timeout
     });
     let o = load_and_check(&f, case);
     // Every layer needs the victim's slice: none may be ready.
-    assert_eq!(o.ready, 0, "{case}: a layer holding a faulty slice became ready: {o:?}");
+    assert_eq!(
+        o.ready, 0,
+        "{case}: a layer holding a faulty slice became ready: {o:?}"
+    );
     assert!(o.bad_chunks.contains(&victim), "{case}: {o:?}");
     let att = attempts(&f.proxy, |r| r.path().ends_with(&vkey));
-    assert!(!att.is_empty(), "{case}: the proxy saw no GET of the victim");
+    assert!(
+        !att.is_empty(),
+        "{case}: the proxy saw no GET of the victim"
+    );
     let worst = att.values().copied().max().unwrap();
     assert!(
         worst <= MAX_ATTEMPTS,
@@ -230,15 +299,16 @@ pub fn victim_case(addr: SocketAddr, ns: &str, case: &str, fault: Fault, timeout
     // Nothing was lost: the same engine loads everything once the fault is gone.
     f.proxy.set_rule(|_| Fault::Pass);
     let clean = load_and_check(&f, &format!("{case}/after"));
-    assert_eq!(clean.ready, f.g.layers as usize, "{case}: not recovered: {clean:?}");
+    assert_eq!(
+        clean.ready, f.g.layers as usize,
+        "{case}: not recovered: {clean:?}"
+    );
     let gets: u32 = att.values().sum();
-    report(
-        case,
-        1,
-        &format!(
+    println!(
+        "FAULT|{server}|{case}|1|{}",
+        format_args!(
             "{} of {} layers missed, {} ranged GETs of the victim, at most {worst} attempts each; clean reload byte-exact",
             o.failed, f.g.layers, gets
-        ),
+        )
     );
 }
-
