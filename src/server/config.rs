@@ -83,6 +83,10 @@ pub struct ServerConfig {
     pub log_format: String,
     /// Log filter (tracing `EnvFilter` syntax). Default `info`.
     pub log_filter: String,
+    /// Tenants: access keys confined to a namespace of every bucket (TOML `[[tenants]]`
+    /// tables; see [`super::tenant`]). With tenants, gather connections are refused (the
+    /// gather endpoint does not authenticate yet). Default none.
+    pub tenants: Vec<super::tenant::TenantConfig>,
 }
 
 impl Default for ServerConfig {
@@ -108,6 +112,7 @@ impl Default for ServerConfig {
             shutdown_grace_secs: 10,
             log_format: "text".into(),
             log_filter: "info".into(),
+            tenants: Vec::new(),
         }
     }
 }
@@ -127,7 +132,18 @@ impl ServerConfig {
     /// [`crate::Error::Config`] naming the setting.
     pub fn validate(&self) -> crate::Result<()> {
         let bad = |m: String| Err(crate::Error::Config(m));
-        if self.access_keys.is_empty() && !self.allow_anonymous {
+        super::tenant::Tenants::new(&self.tenants).map_err(crate::Error::Config)?;
+        if let Some(k) = self
+            .access_keys
+            .iter()
+            .find(|k| self.tenants.iter().any(|t| t.access_key == k.access_key))
+        {
+            return bad(format!(
+                "access key {:?} is both an operator key and a tenant's",
+                k.access_key
+            ));
+        }
+        if self.access_keys.is_empty() && self.tenants.is_empty() && !self.allow_anonymous {
             return bad("no access key is configured: set access_keys (--access-key ACCESS:SECRET) or allow_anonymous".into());
         }
         if self.max_request_bytes < crate::protocol::MAX_UNIT_BYTES as u64 {

@@ -21,6 +21,7 @@ mod gather_rdma;
 pub mod metrics;
 pub mod s3;
 pub mod sched;
+pub mod tenant;
 
 pub use config::{AccessKey, ServerConfig};
 
@@ -291,16 +292,18 @@ pub async fn start_with_store(
         #[cfg(feature = "rdma")]
         rdma: gather_rdma::open(),
     });
-    let mut builder = s3s::service::S3ServiceBuilder::new(S3Frontend::new(
-        store.clone(),
-        buckets,
-        shared.cfg.max_object_bytes,
-        metrics,
-    ));
-    if !shared.cfg.access_keys.is_empty() {
+    let tenants = tenant::Tenants::new(&shared.cfg.tenants).map_err(crate::Error::Config)?;
+    let mut builder = s3s::service::S3ServiceBuilder::new(
+        S3Frontend::new(store.clone(), buckets, shared.cfg.max_object_bytes, metrics)
+            .with_tenants(Arc::new(tenants)),
+    );
+    if !shared.cfg.access_keys.is_empty() || !shared.cfg.tenants.is_empty() {
         let mut auth = s3s::auth::SimpleAuth::new();
         for k in &shared.cfg.access_keys {
             auth.register(k.access_key.clone(), k.secret_key.clone().into());
+        }
+        for t in &shared.cfg.tenants {
+            auth.register(t.access_key.clone(), t.secret_key.clone().into());
         }
         builder.set_auth(auth);
     }
@@ -337,6 +340,9 @@ async fn accept_loop(listener: TcpListener, sh: Arc<Shared>, s3: s3s::service::S
                 _ = sh2.shutdown.cancelled() => None,
             };
             match kind {
+                // Gather does not authenticate yet: with tenants it would bypass their
+                // confinement, so it is refused (connectors fall back to ranged GETs).
+                Some(true) if !sh2.cfg.tenants.is_empty() => tenant::refuse_gather(stream).await,
                 Some(true) => gather::serve(stream, sh2).await,
                 #[cfg(feature = "rdma")]
                 Some(false) if sh2.rdma.is_some() && gather_rdma::sniff(&stream).await => {

@@ -104,6 +104,7 @@ pub struct S3Frontend {
     buckets: Arc<Buckets>,
     max_object_bytes: u64,
     metrics: Arc<super::metrics::Metrics>,
+    tenants: Arc<super::tenant::Tenants>,
 }
 
 impl S3Frontend {
@@ -119,7 +120,56 @@ impl S3Frontend {
             buckets,
             max_object_bytes,
             metrics,
+            tenants: Arc::default(),
         }
+    }
+
+    /// Confines requests signed with a tenant's access key to its namespace
+    /// ([`super::tenant`]).
+    pub fn with_tenants(mut self, tenants: Arc<super::tenant::Tenants>) -> Self {
+        self.tenants = tenants;
+        self
+    }
+
+    /// The namespace requests with `creds` are confined to (`""`: the whole bucket).
+    ///
+    /// # Errors
+    /// `AccessDenied` for an unsigned request on a server with tenants.
+    fn root(&self, creds: Option<&s3s::auth::Credentials>) -> S3Result<String> {
+        if creds.is_none() && !self.tenants.is_empty() {
+            return Err(s3_error!(
+                AccessDenied,
+                "a server with tenants needs signed requests"
+            ));
+        }
+        Ok(self
+            .tenants
+            .root(creds.map(|c| c.access_key.as_str()))
+            .to_string())
+    }
+
+    /// Store key of object `k` of bucket `b` for requests with `creds`.
+    fn scoped_key(
+        &self,
+        creds: Option<&s3s::auth::Credentials>,
+        b: &str,
+        k: &str,
+    ) -> S3Result<String> {
+        let root = self.root(creds)?;
+        if root.is_empty() {
+            return Self::key(b, k);
+        }
+        // The key is checked on its own first: `..` must not climb out of the namespace.
+        validate_key(k).map_err(map_err)?;
+        Self::key(b, &format!("{root}/{k}"))
+    }
+
+    /// Refuses bucket changes by tenants.
+    fn operator_only(&self, creds: Option<&s3s::auth::Credentials>, op: &str) -> S3Result<()> {
+        if !self.root(creds)?.is_empty() {
+            return Err(s3_error!(AccessDenied, "a tenant cannot {op}"));
+        }
+        Ok(())
     }
 
     async fn bucket(&self, b: &str) -> S3Result<()> {
@@ -187,6 +237,7 @@ impl S3 for S3Frontend {
         req: S3Request<CreateBucketInput>,
     ) -> S3Result<S3Response<CreateBucketOutput>> {
         self.count("create_bucket");
+        self.operator_only(req.credentials.as_ref(), "create a bucket")?;
         let b = req.input.bucket;
         if !self.buckets.create(&b).await.map_err(map_err)? {
             return Err(s3_error!(BucketAlreadyOwnedByYou, "bucket {b} exists"));
@@ -203,6 +254,7 @@ impl S3 for S3Frontend {
         req: S3Request<DeleteBucketInput>,
     ) -> S3Result<S3Response<DeleteBucketOutput>> {
         self.count("delete_bucket");
+        self.operator_only(req.credentials.as_ref(), "delete a bucket")?;
         let b = req.input.bucket;
         self.bucket(&b).await?;
         if !self
@@ -253,9 +305,9 @@ impl S3 for S3Frontend {
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
         self.count("put_object");
+        let key = self.scoped_key(req.credentials.as_ref(), &req.input.bucket, &req.input.key)?;
         let input = req.input;
         self.bucket(&input.bucket).await?;
-        let key = Self::key(&input.bucket, &input.key)?;
         let mode = match input.if_none_match {
             None => PutMode::Overwrite,
             Some(ETagCondition::Any) => PutMode::Create,
@@ -309,9 +361,9 @@ impl S3 for S3Frontend {
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
         self.count("get_object");
+        let key = self.scoped_key(req.credentials.as_ref(), &req.input.bucket, &req.input.key)?;
         let input = req.input;
         self.bucket(&input.bucket).await?;
-        let key = Self::key(&input.bucket, &input.key)?;
         let range = match input.range {
             None => None,
             Some(r) => {
@@ -356,9 +408,9 @@ impl S3 for S3Frontend {
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         self.count("head_object");
+        let key = self.scoped_key(req.credentials.as_ref(), &req.input.bucket, &req.input.key)?;
         let input = req.input;
         self.bucket(&input.bucket).await?;
-        let key = Self::key(&input.bucket, &input.key)?;
         let m = self.store.head(&key).await.map_err(map_err)?;
         Ok(S3Response::new(HeadObjectOutput {
             content_length: Some(m.size as i64),
@@ -374,9 +426,9 @@ impl S3 for S3Frontend {
         req: S3Request<DeleteObjectInput>,
     ) -> S3Result<S3Response<DeleteObjectOutput>> {
         self.count("delete_object");
+        let key = self.scoped_key(req.credentials.as_ref(), &req.input.bucket, &req.input.key)?;
         let input = req.input;
         self.bucket(&input.bucket).await?;
-        let key = Self::key(&input.bucket, &input.key)?;
         self.store.delete(&key).await.map_err(map_err)?;
         Ok(S3Response::new(DeleteObjectOutput::default()))
     }
@@ -386,6 +438,7 @@ impl S3 for S3Frontend {
         req: S3Request<ListObjectsV2Input>,
     ) -> S3Result<S3Response<ListObjectsV2Output>> {
         self.count("list_objects_v2");
+        let root = self.root(req.credentials.as_ref())?;
         let input = req.input;
         let b = input.bucket.clone();
         self.bucket(&b).await?;
@@ -396,7 +449,12 @@ impl S3 for S3Frontend {
             .clone()
             .or(input.start_after.clone())
             .unwrap_or_default();
-        let base = format!("{b}/");
+        // A tenant lists its namespace only, with keys relative to it.
+        let base = if root.is_empty() {
+            format!("{b}/")
+        } else {
+            format!("{b}/{root}/")
+        };
         let all = self
             .store
             .list(&format!("{base}{prefix}"), usize::MAX)

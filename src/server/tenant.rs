@@ -1,0 +1,179 @@
+//! Tenants: per-tenant S3 credentials, each confined to its own namespace of every bucket.
+//!
+//! A tenant's access key sees a bucket as rooted at `{namespace}/`: object `k` of bucket `b`
+//! is store key `b/{namespace}/k`, listings start there and show keys relative to it. A tenant
+//! therefore cannot name, read, list or probe another tenant's objects: any key it sends lands
+//! inside its own root (keys with `..`, empty or `.` segments, control bytes, a leading `/` or
+//! over 1,024 bytes are refused before the store is touched, [`crate::store::validate_key`]),
+//! and asking for another tenant's key asks for a key of its own, which is a plain miss.
+//! Tenants cannot create or delete buckets. Keys of `access_keys` (operators) see the whole
+//! bucket, tenants' namespaces included.
+//!
+//! The gather endpoint has no authentication of its own yet, so a server with tenants
+//! refuses gather connections (the connector then uses ranged GETs, which SigV4 covers).
+
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+/// Longest tenant namespace, bytes.
+pub const MAX_NAMESPACE_LEN: usize = 64;
+
+/// One tenant: its S3 credentials, its namespace and, optionally, its chunk-hash salt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// Access key id (unique among tenants and `access_keys`).
+    pub access_key: String,
+    /// Secret access key.
+    pub secret_key: String,
+    /// The tenant's root in every bucket: 1 to 64 bytes of `a-z`, `0-9`, `-`, `_`, `.`, not
+    /// starting with `.`, `_` or `-`; unique among tenants.
+    pub namespace: String,
+    /// The salt this tenant's connectors put into their chunk hashes (their `hash_salt`
+    /// setting), so equal prompts of two tenants never share a key, and one tenant cannot
+    /// learn from timing whether another cached a prompt. The server never sees tokens; it
+    /// records the salt so that one file holds a tenant's whole setup.
+    #[serde(default)]
+    pub salt: Option<String>,
+}
+
+/// Checks a tenant namespace.
+///
+/// # Errors
+/// A message naming the rule broken.
+pub fn validate_namespace(ns: &str) -> Result<(), String> {
+    if ns.is_empty() || ns.len() > MAX_NAMESPACE_LEN {
+        return Err(format!(
+            "tenant namespace {ns:?} must be 1 to {MAX_NAMESPACE_LEN} bytes"
+        ));
+    }
+    if !ns
+        .bytes()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"-_.".contains(&c))
+    {
+        return Err(format!(
+            "tenant namespace {ns:?} may hold only a-z, 0-9, '-', '_' and '.'"
+        ));
+    }
+    if ns.starts_with(['.', '_', '-']) {
+        return Err(format!(
+            "tenant namespace {ns:?} must not start with '.', '_' or '-'"
+        ));
+    }
+    Ok(())
+}
+
+/// The tenants of a server, by access key.
+#[derive(Debug, Clone, Default)]
+pub struct Tenants {
+    by_key: HashMap<String, TenantConfig>,
+}
+
+impl Tenants {
+    /// Indexes `list` by access key.
+    ///
+    /// # Errors
+    /// A message if a namespace is invalid, or an access key or namespace appears twice.
+    pub fn new(list: &[TenantConfig]) -> Result<Self, String> {
+        let mut by_key = HashMap::new();
+        let mut namespaces = std::collections::HashSet::new();
+        for t in list {
+            validate_namespace(&t.namespace)?;
+            if t.access_key.is_empty() || t.secret_key.is_empty() {
+                return Err(format!(
+                    "tenant {:?} needs an access key and a secret key",
+                    t.namespace
+                ));
+            }
+            if !namespaces.insert(t.namespace.clone()) {
+                return Err(format!("tenant namespace {:?} appears twice", t.namespace));
+            }
+            if by_key.insert(t.access_key.clone(), t.clone()).is_some() {
+                return Err(format!(
+                    "tenant access key {:?} appears twice",
+                    t.access_key
+                ));
+            }
+        }
+        Ok(Tenants { by_key })
+    }
+
+    /// `true` if no tenant is configured.
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+
+    /// The tenant of `access_key`, if it is a tenant's.
+    pub fn get(&self, access_key: &str) -> Option<&TenantConfig> {
+        self.by_key.get(access_key)
+    }
+
+    /// The namespace inside every bucket that requests signed with `access_key` are
+    /// confined to (keys go under `"{namespace}/"`), or `""` (the whole bucket) for a key that
+    /// is not a tenant's.
+    pub fn root(&self, access_key: Option<&str>) -> &str {
+        access_key
+            .and_then(|k| self.by_key.get(k))
+            .map_or("", |t| t.namespace.as_str())
+    }
+}
+
+/// Answers a gather connection with an `Unsupported` error frame and closes it: the
+/// client's hello probe reads it as "gather not offered" and uses ranged GETs.
+pub(crate) async fn refuse_gather(mut stream: tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let mut b = bytes::BytesMut::new();
+    crate::protocol::Frame::Error {
+        code: crate::protocol::ErrorCode::Unsupported,
+        message: "gather is not offered on a server with tenants (it does not authenticate); use the S3 API".into(),
+    }
+    .encode(&mut b);
+    let _ = stream.write_all(&b).await;
+    let _ = stream.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(ak: &str, ns: &str) -> TenantConfig {
+        TenantConfig {
+            access_key: ak.into(),
+            secret_key: "s".into(),
+            namespace: ns.into(),
+            salt: None,
+        }
+    }
+
+    #[test]
+    fn namespaces_are_checked() {
+        for bad in [
+            "",
+            "..",
+            ".a",
+            "_a",
+            "-a",
+            "a/b",
+            "A",
+            "a b",
+            "a\0",
+            &"x".repeat(65),
+        ] {
+            assert!(validate_namespace(bad).is_err(), "{bad:?}");
+        }
+        for good in ["a", "acme", "team-1.prod_x", &"x".repeat(64)] {
+            assert!(validate_namespace(good).is_ok(), "{good:?}");
+        }
+    }
+
+    #[test]
+    fn duplicates_are_refused_and_roots_found() {
+        assert!(Tenants::new(&[t("k", "a"), t("k", "b")]).is_err());
+        assert!(Tenants::new(&[t("k1", "a"), t("k2", "a")]).is_err());
+        let ts = Tenants::new(&[t("k1", "a"), t("k2", "b")]).unwrap();
+        assert_eq!(ts.root(Some("k1")), "a");
+        assert_eq!(ts.root(Some("k2")), "b");
+        assert_eq!(ts.root(Some("operator")), "");
+        assert_eq!(ts.root(None), "");
+    }
+}
