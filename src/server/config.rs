@@ -87,6 +87,11 @@ pub struct ServerConfig {
     /// tables; see [`super::tenant`]). With tenants, gather connections are refused (the
     /// gather endpoint does not authenticate yet). Default none.
     pub tenants: Vec<super::tenant::TenantConfig>,
+    /// PEM certificate chain: with `tls_key`, the listener speaks TLS (S3 API over
+    /// `https://`; see [`super::tls`]). Default none (plaintext).
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of `tls_cert`. Default none.
+    pub tls_key: Option<std::path::PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -113,6 +118,8 @@ impl Default for ServerConfig {
             log_format: "text".into(),
             log_filter: "info".into(),
             tenants: Vec::new(),
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }
@@ -133,6 +140,9 @@ impl ServerConfig {
     pub fn validate(&self) -> crate::Result<()> {
         let bad = |m: String| Err(crate::Error::Config(m));
         super::tenant::Tenants::new(&self.tenants).map_err(crate::Error::Config)?;
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return bad("tls_cert and tls_key go together: set both or neither".into());
+        }
         if let Some(k) = self
             .access_keys
             .iter()

@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod s3;
 pub mod sched;
 pub mod tenant;
+pub mod tls;
 
 pub use config::{AccessKey, ServerConfig};
 
@@ -186,7 +187,12 @@ impl ServerHandle {
     }
     /// `http://ADDR`, the S3 endpoint URL.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.shared.cfg.tls_cert.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.addr)
     }
     /// The store behind the server.
     pub fn store(&self) -> Arc<dyn Store> {
@@ -293,6 +299,10 @@ pub async fn start_with_store(
         rdma: gather_rdma::open(),
     });
     let tenants = tenant::Tenants::new(&shared.cfg.tenants).map_err(crate::Error::Config)?;
+    let tls = match (&shared.cfg.tls_cert, &shared.cfg.tls_key) {
+        (Some(c), Some(k)) => Some(tls::acceptor(c, k)?),
+        _ => None,
+    };
     let mut builder = s3s::service::S3ServiceBuilder::new(
         S3Frontend::new(store.clone(), buckets, shared.cfg.max_object_bytes, metrics)
             .with_tenants(Arc::new(tenants)),
@@ -310,11 +320,16 @@ pub async fn start_with_store(
     let s3 = builder.build();
     tracing::info!(%addr, store = store.name(), scheduler = %shared.cfg.scheduler, "objectcache server listening");
     let sh = shared.clone();
-    let join = tokio::spawn(async move { accept_loop(listener, sh, s3).await });
+    let join = tokio::spawn(async move { accept_loop(listener, sh, s3, tls).await });
     Ok(ServerHandle { addr, shared, join })
 }
 
-async fn accept_loop(listener: TcpListener, sh: Arc<Shared>, s3: s3s::service::S3Service) {
+async fn accept_loop(
+    listener: TcpListener,
+    sh: Arc<Shared>,
+    s3: s3s::service::S3Service,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
     let tracker = TaskTracker::new();
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     loop {
@@ -332,9 +347,29 @@ async fn accept_loop(listener: TcpListener, sh: Arc<Shared>, s3: s3s::service::S
         let sh2 = sh.clone();
         let s3 = s3.clone();
         let watcher = graceful.watcher();
+        let tls = tls.clone();
         // Sniffing happens in the connection's own task: an idle connection (a client's
         // pooled spare) never holds up the accept loop.
         tracker.spawn(async move {
+            if let Some(acc) = tls {
+                // TLS: the S3 API only (gather is not offered over TLS yet, see tls.rs).
+                let stream = tokio::select! {
+                    s = tls::accept(&acc, stream) => s,
+                    _ = sh2.shutdown.cancelled() => None,
+                };
+                if let Some(stream) = stream {
+                    let _ = stream.get_ref().0.set_nodelay(true);
+                    let sh3 = sh2.clone();
+                    let svc = service_fn(move |req| http_route(req, sh3.clone(), s3.clone()));
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .keep_alive(true)
+                        .serve_connection(TokioIo::new(stream), svc);
+                    if let Err(e) = watcher.watch(conn).await {
+                        tracing::debug!(%peer, error = %e, "https connection ended");
+                    }
+                }
+                return;
+            }
             let kind = tokio::select! {
                 k = sniff(&stream) => k,
                 _ = sh2.shutdown.cancelled() => None,

@@ -163,6 +163,10 @@ pub struct S3Config {
     /// `(name, ip)`, where `name` is a host name or `*.suffix` for every name below `suffix`.
     /// For virtual-hosted addressing against a test endpoint without wildcard DNS.
     pub resolve: Vec<(String, IpAddr)>,
+    /// PEM file of the certificate authorities to trust for an `https://` endpoint instead
+    /// of the system's (e.g. a self-signed server's CA). Store URL parameter `ca_file`.
+    /// Default none (system roots).
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl S3Config {
@@ -186,6 +190,7 @@ impl S3Config {
             operation_timeout: Duration::from_secs(120),
             max_idle_connections: 256,
             resolve: Vec::new(),
+            ca_file: None,
         }
     }
 
@@ -507,6 +512,27 @@ impl S3Store {
             .tls_provider(tls::Provider::Rustls(
                 tls::rustls_provider::CryptoMode::Ring,
             ));
+        let http = match &config.ca_file {
+            None => http,
+            Some(p) => {
+                let pem = std::fs::read(p).map_err(|e| {
+                    StoreError::other(
+                        "s3",
+                        format!("invalid S3 configuration: ca_file {}: {e}", p.display()),
+                    )
+                })?;
+                let ctx = tls::TlsContext::builder()
+                    .with_trust_store(tls::TrustStore::empty().with_pem_certificate(pem))
+                    .build()
+                    .map_err(|e| {
+                        StoreError::other(
+                            "s3",
+                            format!("invalid S3 configuration: ca_file {}: {e}", p.display()),
+                        )
+                    })?;
+                http.tls_context(ctx)
+            }
+        };
         let http = if config.resolve.is_empty() {
             http.build_https()
         } else {
@@ -875,6 +901,10 @@ impl Store for S3Store {
     /// any S3 server: the connector's probe tells them apart); `None` for AWS S3.
     fn gather_target(&self) -> Option<super::GatherTarget> {
         let u = url::Url::parse(&self.endpoint).ok()?;
+        // Gather is plaintext TCP: an `https://` endpoint is reached by ranged GETs only.
+        if u.scheme() != "http" {
+            return None;
+        }
         let addr = format!("{}:{}", u.host_str()?, u.port_or_known_default()?);
         Some(super::GatherTarget {
             addr,

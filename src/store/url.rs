@@ -9,7 +9,7 @@
 //!
 //! `s3://` query parameters, all optional: `endpoint` (e.g. `http://127.0.0.1:7480`; default
 //! AWS S3), `region` (default from `AWS_REGION`, the profile, else `us-east-1`), `addressing`
-//! (default `path` with an endpoint, `virtual` without), `profile` (AWS profile name),
+//! (default `path` with an endpoint, `virtual` without), `profile` (AWS profile name), `ca_file` (PEM CAs to trust for an `https://` endpoint),
 //! `max_attempts` (attempts per request, default 4). Credentials are never part of a URL: they
 //! come from the environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`) or a profile.
 #![forbid(unsafe_code)]
@@ -132,6 +132,7 @@ pub fn parse_s3_url(url: &str) -> Result<super::S3Config, StoreError> {
             "region" => c.region = Some(v.to_string()),
             "addressing" => c.addressing = Some(v.parse().map_err(|e| bad(url, e))?),
             "profile" => c.profile = Some(v.to_string()),
+            "ca_file" => c.ca_file = Some(v.to_string().into()),
             "max_attempts" => {
                 c.max_attempts = v
                     .parse()
@@ -142,7 +143,7 @@ pub fn parse_s3_url(url: &str) -> Result<super::S3Config, StoreError> {
             other => {
                 return Err(bad(
                     url,
-                    format!("unknown parameter {other:?}; known: endpoint, region, addressing, profile, max_attempts"),
+                    format!("unknown parameter {other:?}; known: endpoint, region, addressing, profile, max_attempts, ca_file"),
                 ))
             }
         }
