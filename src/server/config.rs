@@ -84,8 +84,8 @@ pub struct ServerConfig {
     /// Log filter (tracing `EnvFilter` syntax). Default `info`.
     pub log_filter: String,
     /// Tenants: access keys confined to a namespace of every bucket (TOML `[[tenants]]`
-    /// tables; see [`super::tenant`]). With tenants, gather connections are refused (the
-    /// gather endpoint does not authenticate yet). Default none.
+    /// tables; see [`super::tenant`]). With tenants, gather connections are refused (gather
+    /// loads are not confined to a namespace yet). Default none.
     pub tenants: Vec<super::tenant::TenantConfig>,
     /// PEM certificate chain: with `tls_key`, the listener speaks TLS (S3 API over
     /// `https://`; see [`super::tls`]). Default none (plaintext).

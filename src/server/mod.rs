@@ -375,8 +375,8 @@ async fn accept_loop(
                 _ = sh2.shutdown.cancelled() => None,
             };
             match kind {
-                // Gather does not authenticate yet: with tenants it would bypass their
-                // confinement, so it is refused (connectors fall back to ranged GETs).
+                // Gather loads are not confined to a tenant's namespace: with tenants it
+                // is refused (connectors fall back to ranged GETs).
                 Some(true) if !sh2.cfg.tenants.is_empty() => tenant::refuse_gather(stream).await,
                 Some(true) => gather::serve(stream, sh2).await,
                 #[cfg(feature = "rdma")]

@@ -9,7 +9,7 @@
 //! Tenants cannot create or delete buckets. Keys of `access_keys` (operators) see the whole
 //! bucket, tenants' namespaces included.
 //!
-//! The gather endpoint has no authentication of its own yet, so a server with tenants
+//! Gather loads are not confined to a tenant's namespace yet, so a server with tenants
 //! refuses gather connections (the connector then uses ranged GETs, which SigV4 covers).
 
 use serde::{Deserialize, Serialize};
@@ -29,10 +29,11 @@ pub struct TenantConfig {
     /// The tenant's root in every bucket: 1 to 64 bytes of `a-z`, `0-9`, `-`, `_`, `.`, not
     /// starting with `.`, `_` or `-`; unique among tenants.
     pub namespace: String,
-    /// The salt this tenant's connectors put into their chunk hashes (their `hash_salt`
-    /// setting), so equal prompts of two tenants never share a key, and one tenant cannot
-    /// learn from timing whether another cached a prompt. The server never sees tokens; it
-    /// records the salt so that one file holds a tenant's whole setup.
+    /// The cache salt this tenant's serving engine puts into its chunk hashes (vLLM's
+    /// `cache_salt`; [`crate::hash::HashParams::with_salt`]), so equal prompts of two tenants
+    /// never share a key, and one tenant cannot learn from timing whether another cached a
+    /// prompt. The server never sees tokens; it records the salt so that one file holds a
+    /// tenant's whole setup.
     #[serde(default)]
     pub salt: Option<String>,
 }
@@ -125,7 +126,7 @@ pub(crate) async fn refuse_gather(mut stream: tokio::net::TcpStream) {
     let mut b = bytes::BytesMut::new();
     crate::protocol::Frame::Error {
         code: crate::protocol::ErrorCode::Unsupported,
-        message: "gather is not offered on a server with tenants (it does not authenticate); use the S3 API".into(),
+        message: "gather is not offered on a server with tenants (loads are not confined to a namespace yet); use the S3 API".into(),
     }
     .encode(&mut b);
     let _ = stream.write_all(&b).await;
