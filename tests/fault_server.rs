@@ -189,7 +189,12 @@ struct Layout {
 }
 
 fn server_info(server: SocketAddr) -> objectcache::protocol::ServerInfo {
-    rt().block_on(async { GatherClient::connect(server).await.unwrap().server_info() })
+    rt().block_on(async {
+        GatherClient::connect_with(server, Some((ACCESS.to_string(), SECRET.to_string())))
+            .await
+            .unwrap()
+            .server_info()
+    })
 }
 
 fn mem_server() -> ServerHandle {
