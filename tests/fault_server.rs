@@ -121,15 +121,19 @@ impl Rig {
         engine(ours(&self.proxy.url()), &self.ns, self.timeout)
     }
 
-    /// Where the gather stream's frames start, as the server sends them: the hello, the
-    /// accepted frame, then each unit's 32-byte prefix (frame and unit header) in plan order.
+    /// Where the gather stream's frames start, as the server sends them: the authentication
+    /// challenge (protocol version 2, the server has access keys), the hello, the accepted
+    /// frame, then each unit's 32-byte prefix (frame and unit header) in plan order.
     fn stream_layout(&self, info: objectcache::protocol::ServerInfo) -> Layout {
         let len = |f: Frame| {
             let mut b = BytesMut::new();
             f.encode(&mut b);
             b.len() as u64
         };
-        let hello = len(Frame::HelloAck(info));
+        let challenge = len(Frame::AuthChallenge {
+            nonce: [0; objectcache::protocol::auth::NONCE_LEN],
+        });
+        let hello = challenge + len(Frame::HelloAck(info));
         let accepted = len(Frame::Accepted {
             request_id: 0,
             units: 0,
@@ -151,6 +155,7 @@ impl Rig {
             at += (FRAME_HEADER_LEN + UNIT_HEADER_LEN) as u64 + u.len;
         }
         Layout {
+            challenge,
             hello,
             units,
             total: at,
@@ -182,6 +187,9 @@ impl Rig {
 /// Positions in the server-to-client byte stream of one gather load.
 #[derive(Debug)]
 struct Layout {
+    /// End of the authentication challenge (the hello starts here).
+    challenge: u64,
+    /// End of the hello.
     hello: u64,
     /// (stream position of the unit frame, destination offset, payload length)
     units: Vec<(u64, u64, u64)>,
@@ -250,8 +258,9 @@ fn gather_truncated_stream_is_a_miss_or_fallback() {
     let lay = r.stream_layout(server_info(server.local_addr()));
     let u1 = lay.units[1];
     for (name, at) in [
-        ("before the hello", 0),
-        ("inside the hello", lay.hello / 2),
+        ("before the challenge", 0),
+        ("inside the challenge", lay.challenge / 2),
+        ("inside the hello", (lay.challenge + lay.hello) / 2),
         ("inside a unit header", u1.0 + 10),
         ("mid-payload", u1.0 + 40 + u1.2 / 2),
         ("one byte before the end", lay.total - 1),
@@ -277,8 +286,11 @@ fn gather_flipped_bytes_never_become_kv() {
     let off = FRAME_HEADER_LEN as u64 + 8;
     let (u0, u1) = (lay.units[0], lay.units[1]);
     for (name, at, gather_after) in [
+        // A garbled nonce makes the client's MAC wrong: the server refuses this connection;
+        // the next load authenticates afresh.
+        ("in the challenge's nonce", lay.challenge - 5, true),
         // A garbled hello may read as "not a gather server": the engine then uses ranged GETs.
-        ("in the hello", lay.hello / 2, false),
+        ("in the hello", (lay.challenge + lay.hello) / 2, false),
         ("in the accepted frame", lay.hello + 4, true),
         ("in a unit's frame type", u1.0, true),
         ("in a unit's layer", u1.0 + FRAME_HEADER_LEN as u64, true),
