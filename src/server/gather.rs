@@ -590,6 +590,12 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
                     tokio::select! {
                         _ = p.pace(f.plan.len) => {}
                         a = io.next_signal() => match a { Abort::Cancelled => break, a => return Err(a) },
+                        _ = &mut grace => {
+                            sh.metrics.error("shutdown_abort");
+                            io.conn.close_with(ErrorCode::ShuttingDown, "server shut down before the load finished");
+                            let _ = io.flush(sh).await;
+                            return Err(Abort::Shutdown);
+                        }
                     }
                 }
                 let layer = f.plan.layer;
