@@ -61,9 +61,13 @@ pub struct ServeArgs {
     /// Verify every stored slice CRC32C before sending, whatever the client asks.
     #[arg(long, env = "OBJECTCACHE_ALWAYS_VERIFY")]
     pub always_verify: bool,
-    /// Load scheduling policy: `fifo` or `priority` [default: fifo].
+    /// Load scheduling policy: `fifo`, `priority`, `equal`, `byte-prop` or `stall-aware`
+    /// (the last three share `--bandwidth-cap-bytes-per-s` among loads) [default: fifo].
     #[arg(long, env = "OBJECTCACHE_SCHEDULER")]
     pub scheduler: Option<String>,
+    /// Total gather send rate in bytes/s, shared under `--scheduler`; 0 = uncapped [default: 0].
+    #[arg(long, env = "OBJECTCACHE_BANDWIDTH_CAP_BYTES_PER_S")]
+    pub bandwidth_cap_bytes_per_s: Option<u64>,
     /// Disconnect a client that accepts no bytes for this many seconds [default: 30].
     #[arg(long, env = "OBJECTCACHE_CLIENT_TIMEOUT_SECS")]
     pub client_timeout_secs: Option<u64>,
@@ -111,6 +115,7 @@ impl ServeArgs {
             memory_budget_bytes,
             read_concurrency,
             scheduler,
+            bandwidth_cap_bytes_per_s,
             client_timeout_secs,
             shutdown_grace_secs,
             log_format

@@ -71,9 +71,17 @@ pub struct ServerConfig {
     /// Always verify stored slice CRC32Cs before sending, whatever the client asks. Default
     /// false (the client checks each unit's CRC, which covers storage corruption too).
     pub always_verify: bool,
-    /// Load scheduling policy: `fifo` (arrival order) or `priority` (descriptor priority,
-    /// then earliest first-layer deadline, then arrival). Default `fifo`.
+    /// Load scheduling policy. Admission order: `fifo` (arrival order) or `priority`
+    /// (descriptor priority, then earliest first-layer deadline, then arrival). Bandwidth
+    /// sharing among the admitted loads under `bandwidth_cap_bytes_per_s`: `equal` (equal
+    /// share), `byte-prop` (proportional to bytes left) or `stall-aware` (earliest layer
+    /// deadline first, no extra bandwidth for loads hidden behind compute; see
+    /// `docs/scheduling.md`), each admitting in arrival order; `fifo` and `priority` give the
+    /// whole cap to the earliest admitted load. Default `fifo`.
     pub scheduler: String,
+    /// Total send rate of all gather loads, bytes/s, shared under `scheduler`; 0 = uncapped
+    /// (units go out as fast as the socket takes them, no pacing). Default 0.
+    pub bandwidth_cap_bytes_per_s: u64,
     /// A client that accepts no bytes for this long is disconnected, seconds. Default 30.
     pub client_timeout_secs: u64,
     /// On shutdown, loads in flight get this long to finish before they are aborted, seconds.
@@ -113,6 +121,7 @@ impl Default for ServerConfig {
             read_concurrency: 32,
             always_verify: false,
             scheduler: "fifo".into(),
+            bandwidth_cap_bytes_per_s: 0,
             client_timeout_secs: 30,
             shutdown_grace_secs: 10,
             log_format: "text".into(),
@@ -185,9 +194,9 @@ impl ServerConfig {
                 self.max_chunks
             ));
         }
-        if !["fifo", "priority"].contains(&self.scheduler.as_str()) {
+        if super::sched::link_policy(&self.scheduler).is_none() {
             return bad(format!(
-                "scheduler {:?}: use fifo or priority",
+                "scheduler {:?}: use fifo, priority, equal, byte-prop or stall-aware",
                 self.scheduler
             ));
         }

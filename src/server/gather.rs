@@ -401,6 +401,18 @@ async fn check_header(
     Ok(())
 }
 
+/// Payload bytes per layer of `plan`, in delivery order (the link scheduler's layer sizes).
+fn layer_bytes_of(plan: &[UnitPlan]) -> Vec<u64> {
+    let mut v: Vec<(u32, u64)> = Vec::new();
+    for u in plan {
+        match v.last_mut() {
+            Some((l, b)) if *l == u.layer => *b += u.len,
+            _ => v.push((u.layer, u.len)),
+        }
+    }
+    v.into_iter().map(|(_, b)| b).collect()
+}
+
 async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result<(), Abort> {
     let t0 = Instant::now();
     sh.metrics.request("gather");
@@ -489,6 +501,12 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
 
     io.conn.accept(id, plan.len() as u64, total);
     io.flush(sh).await?;
+    // Under a bandwidth cap the link scheduler paces this load's units (link.rs); dropping
+    // `paced` is the load's departure.
+    let paced = match &sh.link {
+        Some(link) => link.register(layer_bytes_of(&plan), &req.hints).ok(),
+        None => None,
+    };
     // Reads run in their own task, ahead of the socket: while unit u is being written, units
     // u+1.. are read (bounded by `depth` units and the server's memory budget). The header
     // checks run alongside; nothing is sent before they are known.
@@ -568,6 +586,18 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
             },
             f = rx.recv() => {
                 let Some(f) = f else { break };
+                if let Some(p) = &paced {
+                    tokio::select! {
+                        _ = p.pace(f.plan.len) => {}
+                        a = io.next_signal() => match a { Abort::Cancelled => break, a => return Err(a) },
+                        _ = &mut grace => {
+                            sh.metrics.error("shutdown_abort");
+                            io.conn.close_with(ErrorCode::ShuttingDown, "server shut down before the load finished");
+                            let _ = io.flush(sh).await;
+                            return Err(Abort::Shutdown);
+                        }
+                    }
+                }
                 let layer = f.plan.layer;
                 // Runs of consecutive good pieces become units (a bad chunk splits a unit).
                 let mut run: Option<(u64, Vec<Bytes>, u32, u64)> = None;
@@ -628,6 +658,9 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
                     bytes += len;
                 }
                 io.flush(sh).await?;
+                if let Some(p) = &paced {
+                    p.sent(f.plan.len);
+                }
                 drop(f._hold);
                 if units > 0 && !ttfl_seen {
                     ttfl_seen = true;

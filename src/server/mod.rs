@@ -18,6 +18,7 @@ pub mod config;
 mod gather;
 #[cfg(feature = "rdma")]
 mod gather_rdma;
+mod link;
 pub mod metrics;
 pub mod s3;
 pub mod sched;
@@ -73,6 +74,9 @@ pub(crate) struct Shared {
     /// RDMA gather sessions (feature `rdma`, when a device exists).
     #[cfg(feature = "rdma")]
     pub(crate) rdma: Option<Arc<crate::transport::rdma::SessionRegistry>>,
+    /// The link scheduler pacing gather loads under `bandwidth_cap_bytes_per_s` (none when
+    /// uncapped).
+    pub(crate) link: Option<Arc<link::Link>>,
 }
 
 impl Shared {
@@ -280,7 +284,9 @@ pub async fn start_with_store(
     let addr = listener.local_addr()?;
     let queue = sched::by_name(&cfg.scheduler)
         .ok_or_else(|| crate::Error::Config(format!("scheduler {:?}", cfg.scheduler)))?;
+    let link = shared_link(&cfg)?;
     let shared = Arc::new(Shared {
+        link,
         memory: Arc::new(Semaphore::new(
             gather::permits_for(cfg.memory_budget_bytes) as usize
         )),
@@ -322,6 +328,19 @@ pub async fn start_with_store(
     let sh = shared.clone();
     let join = tokio::spawn(async move { accept_loop(listener, sh, s3, tls).await });
     Ok(ServerHandle { addr, shared, join })
+}
+
+/// The link scheduler of `cfg`: `None` when uncapped.
+fn shared_link(cfg: &ServerConfig) -> crate::Result<Option<Arc<link::Link>>> {
+    if cfg.bandwidth_cap_bytes_per_s == 0 {
+        return Ok(None);
+    }
+    let kind = sched::link_policy(&cfg.scheduler)
+        .ok_or_else(|| crate::Error::Config(format!("scheduler {:?}", cfg.scheduler)))?;
+    Ok(Some(link::Link::new(
+        kind,
+        cfg.bandwidth_cap_bytes_per_s as f64,
+    )?))
 }
 
 async fn accept_loop(

@@ -101,11 +101,30 @@ impl LoadScheduler for Priority {
     }
 }
 
-/// The policy named `name` (`fifo` or `priority`).
+/// The admission policy of the `scheduler` setting `name`: [`Priority`] for `priority`,
+/// [`Fifo`] for `fifo` and the bandwidth-sharing policies (`equal`, `byte-prop`,
+/// `stall-aware`); `None` for an unknown name.
 pub fn by_name(name: &str) -> Option<Box<dyn LoadScheduler>> {
     match name {
-        "fifo" => Some(Box::<Fifo>::default()),
         "priority" => Some(Box::<Priority>::default()),
+        _ if link_policy(name).is_some() => Some(Box::<Fifo>::default()),
+        _ => None,
+    }
+}
+
+/// The bandwidth-sharing policy of the `scheduler` setting `name` (used under a bandwidth
+/// cap): `fifo` and `priority` give the earliest load all it can take
+/// ([`crate::sched::Fifo`]); `equal`, `byte-prop` and `stall-aware` name
+/// [`crate::sched::EqualShare`], [`crate::sched::ByteProportional`] and
+/// [`crate::sched::StallAware`] (the long names `equal-share` and `byte-proportional` are
+/// accepted too). `None` for an unknown name.
+pub fn link_policy(name: &str) -> Option<crate::sched::PolicyKind> {
+    use crate::sched::PolicyKind as K;
+    match name {
+        "fifo" | "priority" => Some(K::Fifo),
+        "equal" | "equal-share" => Some(K::EqualShare),
+        "byte-prop" | "byte-proportional" => Some(K::ByteProportional),
+        "stall-aware" => Some(K::StallAware),
         _ => None,
     }
 }
@@ -134,5 +153,20 @@ mod tests {
         let po: Vec<_> = std::iter::from_fn(|| p.pop()).map(|t| t.id).collect();
         assert_eq!(fo, [1, 2, 3, 4]);
         assert_eq!(po, [2, 3, 4, 1]);
+    }
+    #[test]
+    fn scheduler_names() {
+        use crate::sched::PolicyKind as K;
+        for (n, adm, k) in [
+            ("fifo", "fifo", K::Fifo),
+            ("priority", "priority", K::Fifo),
+            ("equal", "fifo", K::EqualShare),
+            ("byte-prop", "fifo", K::ByteProportional),
+            ("stall-aware", "fifo", K::StallAware),
+        ] {
+            assert_eq!(by_name(n).unwrap().name(), adm);
+            assert_eq!(link_policy(n), Some(k));
+        }
+        assert!(by_name("lottery").is_none() && link_policy("lottery").is_none());
     }
 }
