@@ -32,6 +32,32 @@ pub(crate) enum Outcome {
 }
 
 /// Runs `req` over gather if the endpoint offers it.
+/// The gather descriptor of `req`: its chunks' keys under the store's bucket and key prefix,
+/// every chunk full (`tokens_per_chunk` tokens). Used by the TCP and RDMA gather paths alike.
+pub(crate) fn gather_request(
+    request_id: u64,
+    target: &GatherTarget,
+    keys: &KeyBuilder,
+    req: &LoadRequest,
+) -> GatherRequest {
+    let g = &req.geometry;
+    let mut greq = GatherRequest::for_prefix(
+        request_id,
+        &target.bucket,
+        keys,
+        g,
+        req.hashes.clone(),
+        vec![g.tokens_per_chunk; req.hashes.len()],
+    );
+    if !target.key_prefix.is_empty() {
+        greq.chunks = ChunkKeys::Hashed {
+            prefix: format!("{}/{}", target.key_prefix, keys.prefix()),
+            hashes: req.hashes.clone(),
+        };
+    }
+    greq
+}
+
 pub(crate) async fn try_gather(
     probe: &Mutex<Probe>,
     target: &GatherTarget,
@@ -70,21 +96,7 @@ pub(crate) async fn try_gather(
             }
         },
     };
-    let g = &req.geometry;
-    let mut greq = GatherRequest::for_prefix(
-        request_id,
-        &target.bucket,
-        keys,
-        g,
-        req.hashes.clone(),
-        vec![g.tokens_per_chunk; req.hashes.len()],
-    );
-    if !target.key_prefix.is_empty() {
-        greq.chunks = ChunkKeys::Hashed {
-            prefix: format!("{}/{}", target.key_prefix, keys.prefix()),
-            hashes: req.hashes.clone(),
-        };
-    }
+    let greq = gather_request(request_id, target, keys, req);
     sh.requests.fetch_add(1, Ordering::Relaxed);
     match client.load(&greq, &sh.state).await {
         Ok(report) => {

@@ -15,7 +15,6 @@ use super::gather::Outcome;
 use super::load::{LoadRequest, Shared};
 use crate::error::LayerError;
 use crate::layout::KeyBuilder;
-use crate::protocol::{ChunkKeys, GatherRequest};
 use crate::store::GatherTarget;
 use crate::transport::rdma::{
     ClientConfig, DeviceSelector, GatherConn, LayerDest, RdmaClient, RdmaGatherError,
@@ -148,21 +147,7 @@ pub(crate) async fn try_rdma(
         },
     };
     let mut conn = conn;
-    let g = &req.geometry;
-    let mut greq = GatherRequest::for_prefix(
-        request_id,
-        &target.bucket,
-        keys,
-        g,
-        req.hashes.clone(),
-        vec![g.tokens_per_chunk; req.hashes.len()],
-    );
-    if !target.key_prefix.is_empty() {
-        greq.chunks = ChunkKeys::Hashed {
-            prefix: format!("{}/{}", target.key_prefix, keys.prefix()),
-            hashes: req.hashes.clone(),
-        };
-    }
+    let mut greq = super::gather::gather_request(request_id, target, keys, req);
     // The server verifies every slice's CRC32C before writing it (the client cannot check
     // bytes the NIC placed without reading them back).
     greq.verify = true;
