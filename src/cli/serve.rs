@@ -194,8 +194,11 @@ pub fn run(args: ServeArgs) -> crate::Result<()> {
 fn init_logging(cfg: &crate::server::ServerConfig) -> crate::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log_filter)
         .map_err(|e| crate::Error::Config(format!("log filter {:?}: {e}", cfg.log_filter)))?;
+    use std::io::IsTerminal;
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colour codes only on a terminal, never in a log file.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let r = if cfg.log_format == "json" {
         b.json().try_init()
