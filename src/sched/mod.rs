@@ -18,6 +18,7 @@
 //! See `docs/scheduling.md` for the design and the sources of every figure.
 #![forbid(unsafe_code)]
 
+pub mod load;
 pub mod model;
 pub mod planner;
 pub mod policy;
@@ -29,4 +30,5 @@ pub use model::{
 };
 pub use planner::{fallback, plan, Fallback, Plan, PlanChoice, PlanInput, StallState};
 pub use policy::{ByteProportional, EqualShare, Fifo, Policy, PolicyKind, StallAware};
-pub use scheduler::{Allocation, LoadId, LoadSpec, LoadState, Scheduler, TokenBucket, Unit};
+pub use load::{LoadId, LoadSpec, LoadState};
+pub use scheduler::{Allocation, Scheduler, TokenBucket, Unit};

@@ -12,7 +12,7 @@
 //! - [`StallAware`]: ours, described on the type.
 #![forbid(unsafe_code)]
 
-use super::scheduler::LoadState;
+use super::load::LoadState;
 use crate::error::Error;
 
 /// A bandwidth-sharing policy.
