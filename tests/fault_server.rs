@@ -28,7 +28,7 @@ mod s3_faults;
 use bytes::BytesMut;
 use common::*;
 use fault_proxy::{Fault, FaultProxy, RawFault};
-use gather_util::{config, start, ACCESS, BUCKET, SECRET};
+use gather_util::{config, spawn_serve, start, ServeProcess, ACCESS, BUCKET, SECRET};
 use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadRequest};
 use objectcache::protocol::{plan_units, Frame, GatherRequest, FRAME_HEADER_LEN, UNIT_HEADER_LEN};
 use objectcache::server::ServerHandle;
@@ -36,9 +36,8 @@ use objectcache::store::{FsStore, FsyncPolicy, MemoryStore, Store};
 use objectcache::transport::tcp::GatherClient;
 use objectcache::{ChunkHash, Dtype, KvGeometry};
 use s3_faults::{load_checked, s3_as, victim_case_on, Outcome};
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -420,36 +419,8 @@ fn gather_slow_drip_completes_or_misses_by_deadline() {
 }
 
 /// `objectcache serve` as a child process on a file store; killed on drop.
-struct Proc(std::process::Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn_server(dir: &std::path::Path, listen: &str) -> (Proc, SocketAddr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_objectcache"))
-        .args(["serve", "--listen", listen, "--bucket", BUCKET])
-        .arg("--store")
-        .arg(dir)
-        .args(["--access-key", &format!("{ACCESS}:{SECRET}")])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn objectcache serve");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap_or_else(|_| panic!("readiness line {line:?}"));
-    (Proc(child), addr)
+fn spawn_server(dir: &std::path::Path, listen: &str) -> (ServeProcess, SocketAddr) {
+    spawn_serve(listen, dir.as_os_str(), &[], Stdio::null())
 }
 
 #[test]

@@ -6,53 +6,15 @@ mod gather_util;
 use gather_util::*;
 use objectcache::layout::KvGeometry;
 use objectcache::transport::tcp::GatherClient;
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
 
-struct Proc(std::process::Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `objectcache serve` on a free port; returns the process and its address.
-fn spawn_server(extra: &[&str]) -> (Proc, std::net::SocketAddr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_objectcache"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--store",
-            "memory:",
-            "--bucket",
-            BUCKET,
-        ])
-        .args([
-            "--access-key",
-            &format!("{ACCESS}:{SECRET}"),
-            "--shutdown-grace-secs",
-            "2",
-        ])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn objectcache serve");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap_or_else(|_| panic!("readiness line {line:?}"));
-    (Proc(child), addr)
+/// Starts `objectcache serve` on a free port over a memory store; returns the process and its
+/// address.
+fn spawn_server(extra: &[&str]) -> (ServeProcess, std::net::SocketAddr) {
+    let mut args = vec!["--shutdown-grace-secs", "2"];
+    args.extend_from_slice(extra);
+    spawn_serve("127.0.0.1:0", "memory:".as_ref(), &args, Stdio::inherit())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -285,3 +285,47 @@ pub fn metric(text: &str, name: &str) -> Option<f64> {
 pub fn creds() -> Option<(String, String)> {
     Some((ACCESS.into(), SECRET.into()))
 }
+
+/// `objectcache serve` running as a child process; killed and reaped when dropped.
+pub struct ServeProcess(pub std::process::Child);
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `objectcache serve --listen LISTEN --store STORE --bucket BUCKET --access-key
+/// ACCESS:SECRET EXTRA...`, waits for its readiness line on stdout and returns the process
+/// and the address it listens on. `stderr`: where the server's log goes.
+pub fn spawn_serve(
+    listen: &str,
+    store: &std::ffi::OsStr,
+    extra: &[&str],
+    stderr: std::process::Stdio,
+) -> (ServeProcess, std::net::SocketAddr) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_objectcache"))
+        .args(["serve", "--listen", listen, "--bucket", BUCKET])
+        .arg("--store")
+        .arg(store)
+        .args(["--access-key", &format!("{ACCESS}:{SECRET}")])
+        .args(extra)
+        .stdout(std::process::Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .expect("spawn objectcache serve");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| panic!("readiness line {line:?}"));
+    (ServeProcess(child), addr)
+}
