@@ -11,13 +11,11 @@ use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadRequest};
 use objectcache::layout::{
     decode_chunk, encode_chunk, ChunkHash, HashAlgo, KeyBuilder, KvGeometry,
 };
-use objectcache::protocol::{GatherRequest, SaveChunk, SaveRequest, WireGeometry};
+use objectcache::protocol::{SaveChunk, SaveRequest, WireGeometry};
 use objectcache::store::{Addressing, S3Config, S3Credentials, S3Store, Store, StoreExt};
 use objectcache::transport::tcp::GatherClient;
-use objectcache::transport::LayerSink;
 use serde::Serialize;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -30,6 +28,11 @@ pub struct TransferArgs {
     /// it a server is started in this process on loopback over a temporary directory.
     #[arg(long)]
     store: Option<String>,
+    /// Backend of the server started in this process (without `--store`): `memory:` keeps
+    /// objects in RAM (isolates the transfer path from file reads); default a temporary
+    /// directory (the server's default backend).
+    #[arg(long, conflicts_with = "store")]
+    server_backend: Option<String>,
     /// Access key for `--store` (default `$AWS_ACCESS_KEY_ID`).
     #[arg(long, env = "AWS_ACCESS_KEY_ID", default_value = "bench")]
     access_key: String,
@@ -107,40 +110,6 @@ fn object(g: &KvGeometry, c: usize) -> Bytes {
         })
         .collect();
     Bytes::from(encode_chunk(g, g.tokens_per_chunk, |l| &data[l as usize]).expect("encode"))
-}
-
-/// Destination buffers of the gather path (pre-touched), with per-layer completion times.
-struct DestSink {
-    layers: Vec<Mutex<Vec<u8>>>,
-    done: Vec<AtomicU64>,
-    layer_bytes: u64,
-    t0: Instant,
-    ready_ns: Vec<AtomicU64>,
-}
-
-impl LayerSink for DestSink {
-    fn write(&self, layer: u32, offset: u64, data: &[u8]) -> Result<(), objectcache::LayerError> {
-        let mut b = self.layers[layer as usize].lock().expect("lock");
-        let o = offset as usize;
-        b[o..o + data.len()].copy_from_slice(data);
-        Ok(())
-    }
-    fn placed(&self, _l: u32, _o: u64, _n: u64) -> Result<(), objectcache::LayerError> {
-        Err(objectcache::LayerError::Cancelled)
-    }
-    fn complete(&self, layer: u32, bytes: u64) {
-        let d = self.done[layer as usize].fetch_add(bytes, Ordering::Relaxed) + bytes;
-        if d == self.layer_bytes {
-            self.ready_ns[layer as usize]
-                .store(self.t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        }
-    }
-    fn fail(&self, layer: u32, err: objectcache::LayerError) {
-        eprintln!("layer {layer} failed: {err}");
-    }
-    fn is_cancelled(&self) -> bool {
-        false
-    }
 }
 
 fn touched(n: usize) -> Vec<u8> {
@@ -222,7 +191,10 @@ async fn target(args: &TransferArgs) -> Result<Target, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let cfg = objectcache::server::ServerConfig {
         listen: "127.0.0.1:0".parse().expect("addr"),
-        store: dir.path().display().to_string(),
+        store: args
+            .server_backend
+            .clone()
+            .unwrap_or_else(|| dir.path().display().to_string()),
         fsync: false,
         access_keys: vec![objectcache::server::AccessKey {
             access_key: args.access_key.clone(),
@@ -350,66 +322,50 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
         };
         for path in &args.paths {
             let r = match path.as_str() {
-                "gather-tcp" => {
-                    let (ttfl, ttll) = rt.block_on(async {
-                        let mut c = GatherClient::connect_with(t.addr, t.credentials())
-                            .await
-                            .map_err(|e| e.to_string())?;
-                        let sink = DestSink {
-                            layers: (0..g.layers)
-                                .map(|_| Mutex::new(touched(layer_bytes as usize)))
-                                .collect(),
-                            done: (0..g.layers).map(|_| AtomicU64::new(0)).collect(),
-                            layer_bytes,
-                            t0: Instant::now(),
-                            ready_ns: (0..g.layers).map(|_| AtomicU64::new(0)).collect(),
-                        };
-                        let req = GatherRequest::for_prefix(
-                            2,
-                            &t.bucket,
-                            &kb,
-                            &g,
-                            hs.clone(),
-                            vec![g.tokens_per_chunk; chunks],
-                        );
-                        let sink = DestSink {
-                            t0: Instant::now(),
-                            ..sink
-                        };
-                        let rep = c.load(&req, &sink).await.map_err(|e| e.to_string())?;
-                        if !rep.failed_layers.is_empty() {
-                            return Err(format!("gather: layers {:?} failed", rep.failed_layers));
-                        }
-                        let ns = |l: usize| sink.ready_ns[l].load(Ordering::Relaxed) as f64 / 1e9;
-                        let ttll = (0..g.layers as usize).map(ns).fold(0.0, f64::max);
-                        Ok::<_, String>((ns(0), ttll))
-                    })?;
-                    rec(path, 1, 1, ttfl, ttll)
-                }
-                "s3-layerwise" => {
+                // Both go through the connector's Engine, as an inference server would: with
+                // gather on it sends one request to our server; with gather off it issues
+                // layer-major ranged GETs (the stock-S3 path), even against our server.
+                "gather-tcp" | "s3-layerwise" => {
                     let mut cfg = EngineConfig::default();
                     cfg.set("namespace", NAMESPACE).map_err(|e| e.to_string())?;
-                    // This path measures stock-S3 ranged GETs even against our server.
-                    cfg.gather = false;
+                    cfg.gather = path == "gather-tcp";
                     let engine = Engine::with_store(store.clone(), cfg.clone())
                         .map_err(|e| e.to_string())?;
-                    let dest = LayerBuffers::from_vecs(
-                        (0..g.layers)
-                            .map(|_| touched(layer_bytes as usize))
-                            .collect(),
-                    );
-                    let h = engine
-                        .load(
-                            LoadRequest {
-                                geometry: g.clone(),
-                                hashes: hs.clone(),
-                            },
-                            dest,
-                        )
-                        .map_err(|e| e.to_string())?;
-                    h.wait_all_blocking().map_err(|e| e.to_string())?;
-                    let s = h.stats();
-                    let rt_count = s.requests.div_ceil(cfg.max_requests as u64);
+                    let load = || -> Result<objectcache::connector::LoadStats, String> {
+                        let dest = LayerBuffers::from_vecs(
+                            (0..g.layers)
+                                .map(|_| touched(layer_bytes as usize))
+                                .collect(),
+                        );
+                        let h = engine
+                            .load(
+                                LoadRequest {
+                                    geometry: g.clone(),
+                                    hashes: hs.clone(),
+                                },
+                                dest,
+                            )
+                            .map_err(|e| e.to_string())?;
+                        h.wait_all_blocking().map_err(|e| format!("{path}: {e}"))?;
+                        Ok(h.stats())
+                    };
+                    if cfg.gather {
+                        // Warm-up: the first load opens (and probes) the gather connection,
+                        // which later loads reuse from the engine's pool.
+                        load()?;
+                    }
+                    let s = load()?;
+                    if cfg.gather && s.requests != 1 {
+                        return Err(format!(
+                            "gather-tcp: the load fell back to {} ranged GETs (is gather offered at this endpoint? see the log)",
+                            s.requests
+                        ));
+                    }
+                    let rt_count = if cfg.gather {
+                        1
+                    } else {
+                        s.requests.div_ceil(cfg.max_requests as u64)
+                    };
                     rec(
                         path,
                         s.requests,

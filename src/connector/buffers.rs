@@ -298,6 +298,25 @@ impl LoadState {
         Ok(())
     }
 
+    /// Reserves `offset..offset+len` of layer `layer` and lends it for an in-place fill;
+    /// [`LoadState::finish_write`] (through `dest_filled`) once filled.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) fn dest_mut_impl(
+        &self,
+        layer: u32,
+        offset: u64,
+        len: u64,
+    ) -> Result<&mut [u8], LayerError> {
+        self.reserve(layer, offset, len)?;
+        let r = &self.bufs.regions[layer as usize];
+        // SAFETY: as in `write_impl`: `reserve` checked the range lies inside the region and
+        // recorded it as disjoint from every other accepted range of this layer, so the
+        // returned slice is the only access to these bytes; the layer cannot become ready
+        // (and be read) before `finish_write` counts them, which the borrower calls after
+        // its last write through the slice.
+        Ok(unsafe { std::slice::from_raw_parts_mut(r.ptr.add(offset as usize), len as usize) })
+    }
+
     pub(crate) fn placed_impl(&self, layer: u32, offset: u64, len: u64) -> Result<(), LayerError> {
         self.reserve(layer, offset, len)?;
         self.finish_write(layer as usize, len);
@@ -389,6 +408,12 @@ impl crate::transport::LayerSink for LoadState {
     }
     fn placed(&self, layer: u32, offset: u64, len: u64) -> Result<(), LayerError> {
         self.placed_impl(layer, offset, len)
+    }
+    fn dest_mut(&self, layer: u32, offset: u64, len: u64) -> Result<Option<&mut [u8]>, LayerError> {
+        self.dest_mut_impl(layer, offset, len).map(Some)
+    }
+    fn dest_filled(&self, layer: u32, len: u64) {
+        self.finish_write(layer as usize, len)
     }
     fn complete(&self, layer: u32, bytes: u64) {
         self.complete_impl(layer, bytes)

@@ -2,11 +2,12 @@
 
 use super::descriptor::{GatherRequest, SaveRequest};
 use super::frame::{
-    decode_frame, ErrorCode, Frame, MissReason, ServerInfo, FRAME_HEADER_LEN, SAVE_DATA_HEADER_LEN,
+    decode_frame, decode_unit_prefix, ErrorCode, Frame, MissReason, ServerInfo, UnitHeader,
+    FRAME_HEADER_LEN, SAVE_DATA_HEADER_LEN, UNIT_PREFIX_LEN,
 };
 use super::frame::{encode_frame_header, FrameType};
 use super::{ProtocolError, MAX_CONTROL_FRAME_BYTES, MAX_UNIT_BYTES, PREFACE, PROTOCOL_VERSION};
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use std::collections::VecDeque;
 use std::ops::Range;
 
@@ -33,6 +34,11 @@ pub enum ClientEvent {
         /// Payload.
         data: Bytes,
     },
+    /// Direct units only ([`ClientConnection::set_direct_units`]): a unit's header was
+    /// checked and consumed; its `len` payload bytes come next on the stream, for the driver
+    /// to read itself (straight into the destination, computing the CRC32C as they land),
+    /// then to hand to [`ClientConnection::unit_end`]. No other frame is decoded until then.
+    UnitBegin(UnitHeader),
     /// A unit whose CRC32C did not match: its layer is a miss.
     Corrupt {
         /// Layer.
@@ -113,6 +119,10 @@ pub struct ClientConnection {
     transmit: VecDeque<Bytes>,
     /// Access key id and secret, to answer an authentication challenge.
     credentials: Option<(String, String)>,
+    /// Units are announced by header ([`ClientEvent::UnitBegin`]), payload read by the driver.
+    direct_units: bool,
+    /// The direct unit whose payload the driver is reading.
+    unit_in_progress: Option<UnitHeader>,
 }
 
 impl Default for ClientConnection {
@@ -145,6 +155,35 @@ impl ClientConnection {
             events: VecDeque::new(),
             transmit: VecDeque::from([b.freeze()]),
             credentials,
+            direct_units: false,
+            unit_in_progress: None,
+        }
+    }
+
+    /// Chooses how units reach the driver. Off (the default): whole unit frames are buffered
+    /// and checked here, and come out as [`ClientEvent::Unit`] (or [`ClientEvent::Corrupt`]).
+    /// On: a unit's 32-byte prefix is decoded and checked here and comes out as
+    /// [`ClientEvent::UnitBegin`]; the driver then reads the payload itself, first what is
+    /// left in the buffer it passes to [`ClientConnection::handle_bytes`], then from its
+    /// socket, so the bytes land in the destination with one copy (the kernel's), and calls
+    /// [`ClientConnection::unit_end`] with the CRC32C it computed.
+    pub fn set_direct_units(&mut self, on: bool) {
+        self.direct_units = on;
+    }
+
+    /// Ends the direct unit announced by the last [`ClientEvent::UnitBegin`]: `computed` is
+    /// the CRC32C of its payload as received. Returns `true` if it matches the unit's CRC
+    /// (the bytes are good), `false` if not (the unit's layer is a miss).
+    ///
+    /// # Errors
+    /// [`ProtocolError::UnexpectedFrame`] if no direct unit is in progress.
+    pub fn unit_end(&mut self, computed: u32) -> Result<bool, ProtocolError> {
+        match self.unit_in_progress.take() {
+            Some(h) => Ok(h.crc32c == computed),
+            None => Err(ProtocolError::UnexpectedFrame {
+                frame: "Unit",
+                state: "no direct unit in progress",
+            }),
         }
     }
 
@@ -322,10 +361,72 @@ impl ClientConnection {
 
     fn handle_inner(&mut self, buf: &mut BytesMut) -> Result<(), ProtocolError> {
         while self.state != State::Closed {
+            if self.unit_in_progress.is_some() {
+                // The driver is reading a direct unit's payload from this buffer.
+                return Ok(());
+            }
+            if self.direct_units
+                && self.state == State::Gathering
+                && buf.first() == Some(&(FrameType::Unit as u8))
+            {
+                let Some(prefix) = buf.get(..UNIT_PREFIX_LEN) else {
+                    return Ok(());
+                };
+                let h = decode_unit_prefix(prefix.try_into().expect("prefix length"))?;
+                self.check_unit(&h)?;
+                buf.advance(UNIT_PREFIX_LEN);
+                self.unit_in_progress = Some(h);
+                self.events.push_back(ClientEvent::UnitBegin(h));
+                return Ok(());
+            }
             let Some(f) = decode_frame(buf, MAX_CONTROL_FRAME_BYTES, u32::MAX)? else {
                 return Ok(());
             };
             self.on_frame(f)?;
+        }
+        Ok(())
+    }
+
+    /// Checks a unit header against the gather in flight and advances its layer's expected
+    /// offset: a unit outside the requested layers or bytes, or out of order, is refused.
+    fn check_unit(&mut self, header: &UnitHeader) -> Result<(), ProtocolError> {
+        let cur = self
+            .current
+            .as_ref()
+            .expect("gathering has a current request");
+        let end = header.offset.checked_add(header.len as u64);
+        if !cur.layers.contains(&header.layer) || end.is_none_or(|e| e > cur.layer_bytes) {
+            return Err(ProtocolError::invalid(
+                "unit",
+                format!(
+                    "layer {} bytes {}..{} outside the request (layers {:?}, {} bytes per layer)",
+                    header.layer,
+                    header.offset,
+                    header.offset as u128 + header.len as u128,
+                    cur.layers,
+                    cur.layer_bytes
+                ),
+            ));
+        }
+        // The unit CRC covers the payload only: a damaged layer or offset field would
+        // put good bytes at the wrong place. Units of a layer come in offset order,
+        // back to back (docs/protocol.md), so anything else is refused.
+        let cur = self
+            .current
+            .as_mut()
+            .expect("gathering has a current request");
+        let next = &mut cur.next[(header.layer - cur.layers.start) as usize];
+        if *next != u64::MAX {
+            if header.offset != *next {
+                return Err(ProtocolError::invalid(
+                    "unit",
+                    format!(
+                        "layer {} unit at offset {}, expected the next at {}",
+                        header.layer, header.offset, *next
+                    ),
+                ));
+            }
+            *next += header.len as u64;
         }
         Ok(())
     }
@@ -389,45 +490,7 @@ impl ClientConnection {
                 });
             }
             (State::Gathering, Frame::Unit { header, data }) => {
-                let cur = self
-                    .current
-                    .as_ref()
-                    .expect("gathering has a current request");
-                if !cur.layers.contains(&header.layer)
-                    || header.offset + header.len as u64 > cur.layer_bytes
-                {
-                    return Err(ProtocolError::invalid(
-                        "unit",
-                        format!(
-                            "layer {} bytes {}..{} outside the request (layers {:?}, {} bytes per layer)",
-                            header.layer,
-                            header.offset,
-                            header.offset + header.len as u64,
-                            cur.layers,
-                            cur.layer_bytes
-                        ),
-                    ));
-                }
-                // The unit CRC covers the payload only: a damaged layer or offset field would
-                // put good bytes at the wrong place. Units of a layer come in offset order,
-                // back to back (docs/protocol.md), so anything else is refused.
-                let cur = self
-                    .current
-                    .as_mut()
-                    .expect("gathering has a current request");
-                let next = &mut cur.next[(header.layer - cur.layers.start) as usize];
-                if *next != u64::MAX {
-                    if header.offset != *next {
-                        return Err(ProtocolError::invalid(
-                            "unit",
-                            format!(
-                                "layer {} unit at offset {}, expected the next at {}",
-                                header.layer, header.offset, *next
-                            ),
-                        ));
-                    }
-                    *next += header.len as u64;
-                }
+                self.check_unit(&header)?;
                 let computed = crc32c::crc32c(&data);
                 if computed == header.crc32c {
                     self.events.push_back(ClientEvent::Unit {

@@ -502,6 +502,64 @@ fn truncate(s: &str, max: usize) -> &str {
     &s[..i]
 }
 
+/// Bytes of a unit frame before its payload: the frame header and the unit header.
+pub const UNIT_PREFIX_LEN: usize = FRAME_HEADER_LEN + UNIT_HEADER_LEN;
+
+/// Decodes the 32-byte prefix of a `Unit` frame (frame header, then unit header) without its
+/// payload, for a receiver that reads the payload itself, straight into its destination
+/// ([`crate::protocol::ClientConnection::set_direct_units`]). The checks are
+/// [`decode_frame`]'s for a unit frame.
+///
+/// # Errors
+/// [`ProtocolError`] if the prefix is not a unit frame's, has nonzero flags or reserved
+/// bytes, announces a body above 16 MiB plus the unit header, or its unit length disagrees
+/// with the frame length.
+pub fn decode_unit_prefix(prefix: &[u8; UNIT_PREFIX_LEN]) -> Result<UnitHeader, ProtocolError> {
+    let ty = FrameType::from_u8(prefix[0])?;
+    if ty != FrameType::Unit {
+        return Err(ProtocolError::invalid(
+            "unit",
+            format!("expected a unit frame, got {}", ty.name()),
+        ));
+    }
+    if prefix[1..4] != [0, 0, 0] {
+        return Err(ProtocolError::invalid(
+            "frame header",
+            "flags and reserved bytes must be zero",
+        ));
+    }
+    let body = u32::from_le_bytes(prefix[4..8].try_into().expect("4 bytes"));
+    let max = ty.max_body(0);
+    if body > max {
+        return Err(ProtocolError::TooLarge {
+            what: "frame body",
+            got: body as u64,
+            max: max as u64,
+        });
+    }
+    let mut r = Reader::new(&prefix[FRAME_HEADER_LEN..], ty.name());
+    let layer = r.u32()?;
+    let crc32c = r.u32()?;
+    let offset = r.u64()?;
+    let len = r.u32()?;
+    r.zero(4, "unit reserved")?;
+    if body.checked_sub(UNIT_HEADER_LEN as u32) != Some(len) {
+        return Err(ProtocolError::invalid(
+            "unit length",
+            format!(
+                "header says {len} bytes, frame carries {}",
+                body as i64 - UNIT_HEADER_LEN as i64
+            ),
+        ));
+    }
+    Ok(UnitHeader {
+        layer,
+        crc32c,
+        offset,
+        len,
+    })
+}
+
 /// Decodes one frame from the front of `buf` if it holds a whole one, removing it. Payloads
 /// are split off `buf` without copying. When only a header is present, reserves room for the
 /// rest of the frame so the next read fills it.

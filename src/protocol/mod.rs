@@ -27,8 +27,9 @@ pub use descriptor::{
     RDMA_MAX_LAYERS, RDMA_MAX_UNITS_PER_LAYER, RDMA_SLOTS,
 };
 pub use frame::{
-    decode_frame, encode_frame_header, ErrorCode, Frame, FrameHeader, FrameType, MissReason,
-    ServerInfo, UnitHeader, FRAME_HEADER_LEN, SAVE_DATA_HEADER_LEN, UNIT_HEADER_LEN,
+    decode_frame, decode_unit_prefix, encode_frame_header, ErrorCode, Frame, FrameHeader,
+    FrameType, MissReason, ServerInfo, UnitHeader, FRAME_HEADER_LEN, SAVE_DATA_HEADER_LEN,
+    UNIT_HEADER_LEN, UNIT_PREFIX_LEN,
 };
 pub use server::{ServerConnection, ServerEvent, ServerLimits};
 
@@ -260,6 +261,95 @@ mod tests {
             Some(ClientEvent::End { request_id: 7, .. })
         ));
         assert!(c.is_idle());
+    }
+
+    #[test]
+    fn direct_units_leave_payloads_to_the_driver() {
+        let mut c = ClientConnection::new();
+        let mut s = ServerConnection::new(ServerLimits::default());
+        let mut wire = BytesMut::new();
+        let pump = |from: &mut dyn FnMut() -> Option<Bytes>, b: &mut BytesMut| {
+            while let Some(x) = from() {
+                b.extend_from_slice(&x);
+            }
+        };
+        pump(&mut || c.poll_transmit(), &mut wire);
+        s.handle_bytes(&mut wire).unwrap();
+        pump(&mut || s.poll_transmit(), &mut wire);
+        c.handle_bytes(&mut wire).unwrap();
+        assert!(matches!(c.poll_event(), Some(ClientEvent::Connected(_))));
+        assert!(c.unit_end(0).is_err(), "no unit in progress");
+        let r = req(2, 10);
+        c.start_gather(&r).unwrap();
+        c.set_direct_units(true);
+        pump(&mut || c.poll_transmit(), &mut wire);
+        s.handle_bytes(&mut wire).unwrap();
+        assert!(matches!(s.poll_event(), Some(ServerEvent::Gather(_))));
+        let payload = Bytes::from((0..1000u32).map(|i| i as u8).collect::<Vec<u8>>());
+        let good = UnitHeader {
+            layer: 3,
+            crc32c: crc32c::crc32c(&payload),
+            offset: 0,
+            len: 1000,
+        };
+        s.accept(7, 2, 1004);
+        s.send_unit(good, [payload.clone()]);
+        s.send_unit(
+            UnitHeader {
+                layer: 4,
+                crc32c: 0,
+                offset: 0,
+                len: 4,
+            },
+            [Bytes::from_static(b"abcd")],
+        );
+        s.finish(7, 2, 1004);
+        let mut all = BytesMut::new();
+        pump(&mut || s.poll_transmit(), &mut all);
+        // The Accepted frame, then only 20 bytes of the unit's 32-byte prefix: nothing yet.
+        let accepted_len = all.len() - (32 + 1000) - (32 + 4) - 32;
+        let mut b = all.split_to(accepted_len + 20);
+        c.handle_bytes(&mut b).unwrap();
+        assert!(matches!(c.poll_event(), Some(ClientEvent::Accepted { .. })));
+        assert_eq!(c.poll_event(), None);
+        b.unsplit(all);
+        c.handle_bytes(&mut b).unwrap();
+        assert_eq!(c.poll_event(), Some(ClientEvent::UnitBegin(good)));
+        // The payload is the driver's: nothing is decoded until unit_end.
+        c.handle_bytes(&mut b).unwrap();
+        assert_eq!(c.poll_event(), None);
+        assert_eq!(&b[..1000], &payload[..]);
+        let got = b.split_to(1000);
+        assert_eq!(c.unit_end(crc32c::crc32c(&got)), Ok(true));
+        c.handle_bytes(&mut b).unwrap();
+        let Some(ClientEvent::UnitBegin(h)) = c.poll_event() else {
+            panic!("second unit")
+        };
+        assert_eq!((h.layer, h.len), (4, 4));
+        let got = b.split_to(4);
+        assert_eq!(c.unit_end(crc32c::crc32c(&got)), Ok(false), "corrupt unit");
+        c.handle_bytes(&mut b).unwrap();
+        assert!(matches!(
+            c.poll_event(),
+            Some(ClientEvent::End { request_id: 7, .. })
+        ));
+        assert!(c.is_idle());
+
+        // A unit outside the request is refused from its prefix alone.
+        c.start_gather(&r).unwrap();
+        let mut bad = BytesMut::new();
+        bad.extend_from_slice(
+            &UnitHeader {
+                layer: 99,
+                crc32c: 0,
+                offset: 0,
+                len: 8,
+            }
+            .encode_prefix(),
+        );
+        let e = c.handle_bytes(&mut bad).unwrap_err();
+        assert!(e.to_string().contains("layer 99"), "{e}");
+        assert!(c.is_closed());
     }
 
     #[test]

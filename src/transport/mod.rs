@@ -29,6 +29,27 @@ pub trait LayerSink: Send + Sync {
     /// # Errors
     /// As [`LayerSink::write`].
     fn placed(&self, layer: u32, offset: u64, len: u64) -> Result<(), LayerError>;
+    /// Lends the destination bytes `offset..offset+len` of layer `layer` for a transport to
+    /// fill in place (a socket read straight into the caller's buffer: one copy, the
+    /// kernel's). The range is reserved like a [`LayerSink::write`] (disjoint from every other
+    /// write, inside the buffer); the transport fills all of it, then calls
+    /// [`LayerSink::dest_filled`], then [`LayerSink::complete`] once its checksum matched.
+    /// `Ok(None)` when the destination cannot be lent (device memory, locked buffers): use
+    /// [`LayerSink::write`] then. The default lends nothing.
+    ///
+    /// # Errors
+    /// As [`LayerSink::write`].
+    #[allow(clippy::mut_from_ref)]
+    fn dest_mut(&self, layer: u32, offset: u64, len: u64) -> Result<Option<&mut [u8]>, LayerError> {
+        let _ = (layer, offset, len);
+        Ok(None)
+    }
+    /// Records that the `len` bytes lent by [`LayerSink::dest_mut`] for layer `layer` were
+    /// all written. Counted like [`LayerSink::write`]; the default does nothing (it lends
+    /// nothing).
+    fn dest_filled(&self, layer: u32, len: u64) {
+        let _ = (layer, len);
+    }
     /// Marks `bytes` bytes of layer `layer` as verified (checksum matched). A layer becomes
     /// ready when every byte of its destination was written or placed exactly once **and**
     /// verified; overlapping or out-of-bounds writes are refused, so a layer can never be

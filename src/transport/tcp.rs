@@ -14,9 +14,9 @@ use super::LayerSink;
 use crate::error::LayerError;
 use crate::protocol::{
     ClientConnection, ClientEvent, ErrorCode, GatherRequest, MissReason, ProtocolError,
-    SaveRequest, ServerInfo, FRAME_HEADER_LEN, MAX_UNIT_BYTES,
+    SaveRequest, ServerInfo, UnitHeader, FRAME_HEADER_LEN, MAX_UNIT_BYTES,
 };
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -89,6 +89,25 @@ pub struct SaveReport {
     pub already_present: u32,
 }
 
+/// Bytes of a unit payload read per socket read and checksummed right after, while they
+/// are still in the CPU cache (256 KiB: well inside a core's L2).
+const PIECE_BYTES: usize = 256 << 10;
+
+/// What became of one unit received by [`GatherClient::recv_unit`].
+enum UnitFate {
+    /// Written into the sink and verified.
+    Delivered,
+    /// Written, but its CRC32C did not match: the layer is a miss.
+    Corrupt {
+        /// CRC in the frame.
+        expected: u32,
+        /// CRC of the bytes received.
+        computed: u32,
+    },
+    /// The sink refused the bytes (they were read off the stream and dropped).
+    Refused(LayerError),
+}
+
 /// A gather connection to an ObjectCache server.
 #[derive(Debug)]
 pub struct GatherClient {
@@ -96,6 +115,11 @@ pub struct GatherClient {
     conn: ClientConnection,
     buf: BytesMut,
     info: ServerInfo,
+    /// While a load runs, read only small control reads into `buf`: unit payloads are read
+    /// by [`GatherClient::recv_unit`] straight into their destination.
+    direct: bool,
+    /// Bounce buffer for sinks that cannot lend their memory, and for dropped payloads.
+    scratch: Vec<u8>,
 }
 
 impl GatherClient {
@@ -126,6 +150,8 @@ impl GatherClient {
             stream,
             conn: ClientConnection::with_credentials(credentials),
             buf: BytesMut::with_capacity(1 << 20),
+            direct: false,
+            scratch: Vec::new(),
             info: ServerInfo {
                 version: 0,
                 features: 0,
@@ -203,6 +229,12 @@ impl GatherClient {
     }
 
     async fn read_more(&mut self) -> std::io::Result<usize> {
+        if self.direct {
+            // Frame headers and small control frames only: a unit's payload is read by
+            // `recv_unit` into its destination, so at most this much of it is copied twice.
+            self.buf.reserve(4096);
+            return (&mut self.stream).take(4096).read_buf(&mut self.buf).await;
+        }
         // Room for the whole frame being received (a unit is up to 16 MiB): one allocation
         // per frame at most, reused once the previous frame's bytes are dropped, instead of
         // growing (and copying) the buffer step by step.
@@ -215,6 +247,80 @@ impl GatherClient {
             self.buf.reserve(want.saturating_sub(self.buf.len()).max(64 << 10));
         }
         self.stream.read_buf(&mut self.buf).await
+    }
+
+    /// Receives the payload of the direct unit `h` announced by the protocol: first what is
+    /// left in `buf`, then from the socket in [`PIECE_BYTES`] reads, each checksummed at once.
+    /// The bytes go straight into the sink's memory when it lends it
+    /// ([`LayerSink::dest_mut`]: one copy, the kernel's), otherwise through a bounce buffer
+    /// and [`LayerSink::write`]; with `discard` (a cancelled load) they are dropped.
+    async fn recv_unit(
+        &mut self,
+        h: UnitHeader,
+        sink: &dyn LayerSink,
+        discard: bool,
+    ) -> Result<UnitFate, GatherError> {
+        let len = h.len as usize;
+        let (layer, offset) = (h.layer, h.offset);
+        let mut refused: Option<LayerError> = discard.then_some(LayerError::Cancelled);
+        let mut dest = match refused {
+            Some(_) => None,
+            None => match sink.dest_mut(layer, offset, len as u64) {
+                Ok(d) => d,
+                Err(e) => {
+                    refused = Some(e);
+                    None
+                }
+            },
+        };
+        let lent = dest.is_some();
+        if !lent && self.scratch.len() < PIECE_BYTES.min(len) {
+            self.scratch.resize(PIECE_BYTES.min(len), 0);
+        }
+        let mut crc = 0u32;
+        let mut pos = 0usize;
+        while pos < len {
+            let want = (len - pos).min(PIECE_BYTES);
+            let from_buf = want.min(self.buf.len());
+            let piece: &mut [u8] = match dest.as_deref_mut() {
+                Some(d) => &mut d[pos..pos + want],
+                None => &mut self.scratch[..want],
+            };
+            let n = if from_buf > 0 {
+                piece[..from_buf].copy_from_slice(&self.buf[..from_buf]);
+                self.buf.advance(from_buf);
+                from_buf
+            } else {
+                match self.stream.read(piece).await? {
+                    0 => {
+                        return Err(GatherError::Io(std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            "the server closed the connection mid-unit",
+                        )))
+                    }
+                    n => n,
+                }
+            };
+            crc = crc32c::crc32c_append(crc, &piece[..n]);
+            if !lent && refused.is_none() {
+                if let Err(e) = sink.write(layer, offset + pos as u64, &piece[..n]) {
+                    refused = Some(e);
+                }
+            }
+            pos += n;
+        }
+        if lent {
+            sink.dest_filled(layer, len as u64);
+        }
+        let good = self.conn.unit_end(crc)?;
+        Ok(match refused {
+            Some(e) => UnitFate::Refused(e),
+            None if good => UnitFate::Delivered,
+            None => UnitFate::Corrupt {
+                expected: h.crc32c,
+                computed: crc,
+            },
+        })
     }
 
     /// Loads one prefix: sends `req` (one request) and writes every unit into `sink` as it
@@ -233,6 +339,19 @@ impl GatherClient {
         sink: &dyn LayerSink,
     ) -> Result<LoadReport, GatherError> {
         self.conn.start_gather(req)?;
+        self.conn.set_direct_units(true);
+        self.direct = true;
+        let r = self.load_inner(req, sink).await;
+        self.direct = false;
+        self.conn.set_direct_units(false);
+        r
+    }
+
+    async fn load_inner(
+        &mut self,
+        req: &GatherRequest,
+        sink: &dyn LayerSink,
+    ) -> Result<LoadReport, GatherError> {
         let t0 = Instant::now();
         let slice_full = req.geometry.slice_len(req.geometry.tokens_per_chunk).max(1);
         let layer_bytes = req.layer_bytes();
@@ -263,6 +382,51 @@ impl GatherClient {
             while let Some(ev) = self.conn.poll_event() {
                 match ev {
                     ClientEvent::Accepted { .. } => {}
+                    ClientEvent::UnitBegin(h) => {
+                        let layer = h.layer;
+                        let fate = match self.recv_unit(h, sink, cancelled).await {
+                            Ok(f) => f,
+                            Err(e) => {
+                                done = Some(Err(e));
+                                break;
+                            }
+                        };
+                        match fate {
+                            UnitFate::Delivered => {
+                                sink.complete(layer, h.len as u64);
+                                *got.entry(layer).or_default() += h.len as u64;
+                                report.units += 1;
+                                report.bytes += h.len as u64;
+                                report.ttfl.get_or_insert_with(|| t0.elapsed());
+                            }
+                            UnitFate::Corrupt { expected, computed } => {
+                                if !failed.contains(&layer) {
+                                    sink.fail(
+                                        layer,
+                                        LayerError::ChecksumMismatch {
+                                            chunk: (h.offset / slice_full) as usize,
+                                            layer: layer as usize,
+                                            stored: expected,
+                                            computed,
+                                        },
+                                    );
+                                    failed.push(layer);
+                                }
+                            }
+                            UnitFate::Refused(LayerError::Cancelled) => {}
+                            UnitFate::Refused(_) if failed.contains(&layer) => {}
+                            UnitFate::Refused(e) => {
+                                sink.fail(layer, e);
+                                failed.push(layer);
+                            }
+                        }
+                        // Frames after the unit may already be buffered: decode them now,
+                        // not after the next socket read (which may never come).
+                        if let Err(e) = self.conn.handle_bytes(&mut self.buf) {
+                            done = Some(Err(GatherError::Protocol(e)));
+                            break;
+                        }
+                    }
                     ClientEvent::Unit {
                         layer,
                         offset,
