@@ -194,3 +194,81 @@ fn gather_missing_chunk_is_a_per_chunk_miss() {
     drop(e);
     rt().block_on(server.shutdown());
 }
+
+/// A corrupt slice in a file of a file-backed server (sent with sendfile, unverified by the
+/// server) is caught by the client's check of the slice's stored CRC32C: only that layer
+/// misses, naming the chunk; every other layer arrives byte-exact; no fallback.
+#[test]
+fn gather_corrupt_slice_in_a_file_is_a_miss_naming_its_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend: Arc<dyn Store> = Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap());
+    let server = rt().block_on(start(backend, config()));
+    let store = s3_on(&server.endpoint());
+    let g = KvGeometry::llama31_8b();
+    let e = Engine::with_store(
+        store,
+        EngineConfig {
+            namespace: unique_ns("gcorrupt"),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let chunks = 4;
+    let hs = hashes(&g, chunks * g.tokens_per_chunk as usize, 9);
+    let data = kv(&g, chunks, 9);
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    e.save_blocking(&g, &hs, &refs).unwrap();
+    let path = dir
+        .path()
+        .join(BUCKET)
+        .join(e.keys(&g).unwrap().data(&hs[2]));
+    let mut obj = std::fs::read(&path).unwrap();
+    obj[objectcache::layout::slice_range(5, g.slice_bytes()).start as usize + 10] ^= 0x40;
+    std::fs::write(&path, obj).unwrap();
+    let h = e
+        .load(
+            LoadRequest {
+                geometry: g.clone(),
+                hashes: hs,
+            },
+            LayerBuffers::allocate(g.layers as usize, data[0].len()),
+        )
+        .unwrap();
+    for l in 0..g.layers as usize {
+        match h.wait_layer_blocking(l, None) {
+            Ok(()) => {
+                assert_ne!(l, 5, "the corrupt layer must never be ready");
+                assert_eq!(h.layer(l).unwrap(), &data[l][..], "layer {l}");
+            }
+            Err(err) => {
+                assert_eq!(l, 5, "only layer 5 misses: {err:?}");
+                assert!(
+                    matches!(
+                        err,
+                        objectcache::LayerError::ChecksumMismatch { chunk: 2, layer: 5, .. }
+                    ),
+                    "{err:?}"
+                );
+                assert!(h.layer(l).is_none());
+            }
+        }
+    }
+    let t = std::time::Instant::now();
+    while h.chunk_status().contains(&ChunkStatus::Pending)
+        && t.elapsed() < std::time::Duration::from_secs(60)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(
+        h.chunk_status(),
+        vec![
+            ChunkStatus::Ok,
+            ChunkStatus::Ok,
+            ChunkStatus::Corrupt,
+            ChunkStatus::Ok
+        ]
+    );
+    assert_eq!(h.stats().requests, 1, "one gather request, no fallback");
+    drop(e);
+    rt().block_on(server.shutdown());
+}

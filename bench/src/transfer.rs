@@ -75,6 +75,31 @@ struct Record {
     ttll_s: f64,
     throughput_bytes_per_s: f64,
     raw_tcp_bytes_per_s: f64,
+    /// CPU seconds this process spent per GiB moved during the load (all threads: the client
+    /// and, without `--store`, the in-process server); `None` where not measurable. Unlike
+    /// the throughput, it barely moves when other work competes for the cores.
+    cpu_s_per_gib: Option<f64>,
+    /// The same for the raw loopback TCP stream (sender and receiver).
+    raw_tcp_cpu_s_per_gib: Option<f64>,
+}
+
+/// CPU time of this process so far, in seconds: the sum over its threads of
+/// `/proc/self/task/*/schedstat`'s run time (ns). `None` off Linux.
+fn process_cpu_s() -> Option<f64> {
+    let mut ns = 0u64;
+    for t in std::fs::read_dir("/proc/self/task").ok()? {
+        let p = t.ok()?.path().join("schedstat");
+        // A thread may exit between the listing and the read.
+        if let Ok(s) = std::fs::read_to_string(p) {
+            ns += s.split_whitespace().next()?.parse::<u64>().ok()?;
+        }
+    }
+    Some(ns as f64 / 1e9)
+}
+
+/// CPU seconds per GiB between two [`process_cpu_s`] readings.
+fn per_gib(before: Option<f64>, after: Option<f64>, bytes: u64) -> Option<f64> {
+    Some((after? - before?) / (bytes as f64 / (1u64 << 30) as f64))
 }
 
 fn splitmix(mut z: u64) -> u64 {
@@ -118,8 +143,9 @@ fn touched(n: usize) -> Vec<u8> {
     v
 }
 
-/// Raw loopback TCP: `bytes` through one connection in 16 MiB writes; bytes per second.
-async fn raw_tcp(bytes: u64) -> std::io::Result<f64> {
+/// Raw loopback TCP: `bytes` through one connection in 16 MiB writes into a reused 16 MiB
+/// read buffer; bytes per second.
+async fn raw_tcp(bytes: u64) -> std::io::Result<(f64, Option<f64>)> {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = l.local_addr()?;
     let reader = tokio::spawn(async move {
@@ -137,6 +163,7 @@ async fn raw_tcp(bytes: u64) -> std::io::Result<f64> {
     let mut s = tokio::net::TcpStream::connect(addr).await?;
     s.set_nodelay(true)?;
     let buf = vec![7u8; 16 << 20];
+    let cpu0 = process_cpu_s();
     let t0 = Instant::now();
     let mut sent = 0u64;
     while sent < bytes {
@@ -147,7 +174,7 @@ async fn raw_tcp(bytes: u64) -> std::io::Result<f64> {
     s.shutdown().await?;
     let got = reader.await.expect("reader task")?;
     let secs = t0.elapsed().as_secs_f64();
-    Ok(got as f64 / secs)
+    Ok((got as f64 / secs, per_gib(cpu0, process_cpu_s(), got)))
 }
 
 struct Target {
@@ -304,11 +331,24 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                 .await
                 .map_err(|e| e.to_string())
         })?;
-        let raw = rt
-            .block_on(raw_tcp(total.min(4 << 30)))
-            .map_err(|e| e.to_string())?;
+        // The best of three runs: the ceiling this machine's loopback reaches (a single run
+        // varies by tens of percent on a shared machine), so the fractions are conservative.
+        let (mut raw, mut raw_cpu) = (0f64, None);
+        for _ in 0..3 {
+            let (r, c) = rt
+                .block_on(raw_tcp(total.min(2 << 30)))
+                .map_err(|e| e.to_string())?;
+            if r > raw {
+                (raw, raw_cpu) = (r, c);
+            }
+        }
         eprintln!("  raw loopback TCP: {:.2} GB/s", raw / 1e9);
-        let rec = |path: &str, requests: u64, round_trips: u64, ttfl: f64, ttll: f64| Record {
+        let rec = |path: &str,
+                   requests: u64,
+                   round_trips: u64,
+                   ttfl: f64,
+                   ttll: f64,
+                   cpu: Option<f64>| Record {
             path: path.into(),
             model: args.model.clone(),
             context_tokens: tokens,
@@ -319,6 +359,8 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
             ttll_s: ttll,
             throughput_bytes_per_s: total as f64 / ttll,
             raw_tcp_bytes_per_s: raw,
+            cpu_s_per_gib: cpu,
+            raw_tcp_cpu_s_per_gib: raw_cpu,
         };
         for path in &args.paths {
             let r = match path.as_str() {
@@ -331,12 +373,13 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                     cfg.gather = path == "gather-tcp";
                     let engine = Engine::with_store(store.clone(), cfg.clone())
                         .map_err(|e| e.to_string())?;
-                    let load = || -> Result<objectcache::connector::LoadStats, String> {
+                    let load = || -> Result<(objectcache::connector::LoadStats, Option<f64>), String> {
                         let dest = LayerBuffers::from_vecs(
                             (0..g.layers)
                                 .map(|_| touched(layer_bytes as usize))
                                 .collect(),
                         );
+                        let cpu0 = process_cpu_s();
                         let h = engine
                             .load(
                                 LoadRequest {
@@ -347,14 +390,14 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                             )
                             .map_err(|e| e.to_string())?;
                         h.wait_all_blocking().map_err(|e| format!("{path}: {e}"))?;
-                        Ok(h.stats())
+                        Ok((h.stats(), per_gib(cpu0, process_cpu_s(), total)))
                     };
                     if cfg.gather {
                         // Warm-up: the first load opens (and probes) the gather connection,
                         // which later loads reuse from the engine's pool.
                         load()?;
                     }
-                    let s = load()?;
+                    let (s, cpu) = load()?;
                     if cfg.gather && s.requests != 1 {
                         return Err(format!(
                             "gather-tcp: the load fell back to {} ranged GETs (is gather offered at this endpoint? see the log)",
@@ -372,14 +415,16 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                         rt_count,
                         s.ttfl_s.unwrap_or(f64::NAN),
                         s.ttll_s.unwrap_or(f64::NAN),
+                        cpu,
                     )
                 }
                 "s3-chunkwise" => {
                     let conc = 16usize;
-                    let (ttll, n) = rt.block_on(async {
+                    let (ttll, n, cpu) = rt.block_on(async {
                         let mut dest: Vec<Vec<u8>> = (0..g.layers)
                             .map(|_| touched(layer_bytes as usize))
                             .collect();
+                        let cpu0 = process_cpu_s();
                         let t0 = Instant::now();
                         let keys: Vec<String> = hs.iter().map(|h| kb.data(h)).collect();
                         let mut got = 0u64;
@@ -402,10 +447,11 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                             }
                             i += conc;
                         }
-                        Ok::<_, String>((t0.elapsed().as_secs_f64(), got))
+                        let secs = t0.elapsed().as_secs_f64();
+                        Ok::<_, String>((secs, got, per_gib(cpu0, process_cpu_s(), total)))
                     })?;
                     // Layer 0 needs every chunk's object: first layer and last layer coincide.
-                    rec(path, n, n.div_ceil(conc as u64), ttll, ttll)
+                    rec(path, n, n.div_ceil(conc as u64), ttll, ttll, cpu)
                 }
                 other => {
                     return Err(format!(
@@ -428,6 +474,12 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                 r.throughput_bytes_per_s / r.raw_tcp_bytes_per_s,
                 r.raw_tcp_bytes_per_s / 1e9
             );
+            if let (Some(c), Some(rc)) = (r.cpu_s_per_gib, r.raw_tcp_cpu_s_per_gib) {
+                println!(
+                    "{:<13} CPU {c:.3} s/GiB, raw TCP {rc:.3} s/GiB: {:.2}x raw's CPU per byte",
+                    "", c / rc
+                );
+            }
             records.push(r);
         }
         // Free the prefix's objects before the next size.

@@ -58,6 +58,13 @@ pub(crate) fn gather_request(
     greq
 }
 
+/// Unit size of the connector's TCP gather loads: one full chunk's slice, within the
+/// protocol's `MIN_UNIT_BYTES..=MAX_UNIT_BYTES`.
+fn unit_bytes_for(g: &crate::layout::KvGeometry) -> u32 {
+    g.slice_bytes()
+        .clamp(crate::protocol::MIN_UNIT_BYTES as u64, crate::protocol::MAX_UNIT_BYTES as u64) as u32
+}
+
 pub(crate) async fn try_gather(
     probe: &Mutex<Probe>,
     target: &GatherTarget,
@@ -96,7 +103,13 @@ pub(crate) async fn try_gather(
             }
         },
     };
-    let greq = gather_request(request_id, target, keys, req);
+    let mut greq = gather_request(request_id, target, keys, req);
+    // One unit per slice, checked by this client against the slice's stored CRC32C (end to
+    // end: storage, server and network): the server reads no payload byte itself (from local
+    // files it sends them with sendfile), a bad unit names exactly one (chunk, layer), and the
+    // first layer's slices are sent as each is read.
+    greq.verify = false;
+    greq.max_unit_bytes = unit_bytes_for(&req.geometry);
     sh.requests.fetch_add(1, Ordering::Relaxed);
     match client.load(&greq, &sh.state).await {
         Ok(report) => {

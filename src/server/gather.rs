@@ -77,6 +77,52 @@ impl Io {
         Ok(())
     }
 
+    /// Sends a unit's payload parts after its prefix: buffers with plain writes, file ranges
+    /// with `sendfile(2)` (page-cache pages to the socket, no copy through user space). A
+    /// file shorter than its range (never, for immutable objects) or a client that accepts
+    /// nothing for `client_timeout` ends the connection: the client fails what is incomplete.
+    async fn send_parts(&mut self, sh: &Shared, parts: Vec<Part>) -> Result<(), Abort> {
+        let t = Duration::from_secs(sh.cfg.client_timeout_secs);
+        for p in parts {
+            match p {
+                Part::Mem(b) => match tokio::time::timeout(t, self.wr.write_all(&b)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return Err(Abort::Gone),
+                    Err(_) => {
+                        sh.metrics.error("client_timeout");
+                        return Err(Abort::Gone);
+                    }
+                },
+                Part::File(f) => {
+                    let sock: &TcpStream = self.wr.as_ref();
+                    let end = f.offset + f.len;
+                    let mut off = f.offset;
+                    while off < end {
+                        let send = sock.async_io(tokio::io::Interest::WRITABLE, || {
+                            let n = (end - off).min(1 << 30) as usize;
+                            rustix::fs::sendfile(sock, &*f.file, Some(&mut off), n)
+                                .map_err(std::io::Error::from)
+                        });
+                        match tokio::time::timeout(t, send).await {
+                            Ok(Ok(0)) => {
+                                tracing::error!(offset = off, end, "local file shorter than its slice");
+                                sh.metrics.error("storage");
+                                return Err(Abort::Gone);
+                            }
+                            Ok(Ok(_)) => {}
+                            Ok(Err(_)) => return Err(Abort::Gone),
+                            Err(_) => {
+                                sh.metrics.error("client_timeout");
+                                return Err(Abort::Gone);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Reads until the client cancels or goes away (cancel-safe).
     async fn next_signal(&mut self) -> Abort {
         loop {
@@ -211,8 +257,42 @@ impl Drop for MemoryHold {
     }
 }
 
-/// One piece of a unit, read: its payload as the backend's buffers (no copy) and its CRC32C.
-type PieceResult = Result<(Vec<Bytes>, u32), Miss>;
+/// A byte range of an object's open local file ([`crate::store::Store::open_local`]), sent
+/// to the socket with `sendfile(2)`: the kernel hands page-cache pages to the socket, with no
+/// copy through user space.
+struct FileRange {
+    file: Arc<std::fs::File>,
+    offset: u64,
+    len: u64,
+}
+
+/// Payload bytes of a unit: the backend's buffers (no copy), or a range of a local file.
+enum Part {
+    Mem(Bytes),
+    File(FileRange),
+}
+
+/// `parts` as buffers, if none is a file range.
+fn into_mem(parts: Vec<Part>) -> Result<Vec<Bytes>, Vec<Part>> {
+    if parts.iter().all(|p| matches!(p, Part::Mem(_))) {
+        Ok(parts
+            .into_iter()
+            .filter_map(|p| match p {
+                Part::Mem(b) => Some(b),
+                Part::File(_) => None,
+            })
+            .collect())
+    } else {
+        Err(parts)
+    }
+}
+
+/// One piece of a unit, read: its payload and its CRC32C.
+type PieceResult = Result<(Vec<Part>, u32), Miss>;
+
+/// Per chunk of a load, its object opened as a local file, once (`None`: the backend keeps no
+/// local files, or the open failed and the ranged read will say why).
+type LocalFiles = Arc<Vec<tokio::sync::OnceCell<Option<Arc<std::fs::File>>>>>;
 
 struct Fetched {
     plan: UnitPlan,
@@ -292,12 +372,60 @@ async fn fetch_piece(
             });
         }
     }
+    let mem = |v: Vec<Bytes>| v.into_iter().map(Part::Mem).collect();
     if whole {
-        Ok((data, stored))
+        Ok((mem(data), stored))
     } else {
         let piece = sub_parts(&data, p.range.clone());
         let c = crc_of(&piece);
-        Ok((piece, c))
+        Ok((mem(piece), c))
+    }
+}
+
+/// A whole slice of a local file, unverified: reads only its stored CRC32C trailer (the
+/// client checks the payload against it end to end) and asks the kernel to read the slice
+/// ahead, so the `sendfile` that sends it finds it in the page cache.
+async fn fetch_piece_local(
+    file: Arc<std::fs::File>,
+    key: &str,
+    layer: u32,
+    p: &crate::protocol::SlicePiece,
+) -> PieceResult {
+    use std::os::unix::fs::FileExt;
+    let start = slice_range(layer, p.slice_len).start;
+    let sl = p.slice_len;
+    let f = file.clone();
+    let trailer = tokio::task::spawn_blocking(move || {
+        // Advice only: a failure costs a slower send, not correctness.
+        let _ = rustix::fs::fadvise(
+            &*f,
+            start,
+            std::num::NonZeroU64::new(sl),
+            rustix::fs::Advice::WillNeed,
+        );
+        let mut t = [0u8; 4];
+        f.read_exact_at(&mut t, start + sl).map(|()| t)
+    })
+    .await;
+    match trailer {
+        Ok(Ok(t)) => Ok((
+            vec![Part::File(FileRange {
+                file,
+                offset: start,
+                len: sl,
+            })],
+            u32::from_le_bytes(t),
+        )),
+        Ok(Err(e)) => Err(Miss {
+            chunk: p.chunk,
+            reason: MissReason::Storage,
+            message: format!("{key}: layer {layer} slice CRC read: {e}"),
+        }),
+        Err(e) => Err(Miss {
+            chunk: p.chunk,
+            reason: MissReason::Storage,
+            message: format!("{key}: layer {layer}: blocking read failed: {e}"),
+        }),
     }
 }
 
@@ -307,6 +435,7 @@ async fn fetch_unit(
     reads: Arc<Semaphore>,
     plan: UnitPlan,
     verify: bool,
+    files: Option<LocalFiles>,
 ) -> Fetched {
     let permit = sh
         .memory
@@ -322,13 +451,26 @@ async fn fetch_unit(
     };
     let layer = plan.layer;
     let pieces = futures::future::join_all(plan.pieces.iter().map(|p| {
-        let (sh, keys, reads) = (sh.clone(), keys.clone(), reads.clone());
+        let (sh, keys, reads, files) = (sh.clone(), keys.clone(), reads.clone(), files.clone());
         async move {
             let _r = reads
                 .acquire()
                 .await
                 .expect("read semaphore is never closed");
-            fetch_piece(&sh, &keys[p.chunk as usize], layer, p, verify).await
+            let key = &keys[p.chunk as usize];
+            // Whole unverified slices of local files are sent from the file (sendfile).
+            if let Some(files) = files.filter(|_| p.range.start == 0 && p.range.end == p.slice_len) {
+                let cell = &files[p.chunk as usize];
+                let file = cell
+                    .get_or_init(|| async {
+                        sh.store.open_local(key).await.ok().flatten().map(|o| Arc::new(o.file))
+                    })
+                    .await;
+                if let Some(f) = file {
+                    return fetch_piece_local(f.clone(), key, layer, p).await;
+                }
+            }
+            fetch_piece(&sh, key, layer, p, verify).await
         }
     }))
     .await;
@@ -512,6 +654,10 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
     // checks run alongside; nothing is sent before they are known.
     let depth = ((sh.cfg.max_request_bytes / max_unit.max(1)) as usize).clamp(1, 64);
     let verify = req.verify || sh.cfg.always_verify;
+    // Unverified slices bound for the TCP stream are sent from local files when the backend
+    // keeps them (the client checks each unit's stored CRC32C end to end).
+    let files: Option<LocalFiles> = (!verify && matches!(req.target, TransportTarget::InlineTcp))
+        .then(|| Arc::new((0..keys.len()).map(|_| tokio::sync::OnceCell::new()).collect()));
     let reads = Arc::new(Semaphore::new(sh.cfg.read_concurrency));
     let mut remaining: HashMap<u32, usize> = HashMap::new();
     for u in &plan {
@@ -533,7 +679,8 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
             let split = plan.iter().take_while(|u| Some(u.layer) == first).count();
             let mut plan = plan;
             let rest = plan.split_off(split);
-            let fetch = |u| fetch_unit(sh.clone(), keys.clone(), reads.clone(), u, verify);
+            let fetch =
+                |u| fetch_unit(sh.clone(), keys.clone(), reads.clone(), u, verify, files.clone());
             let mut fetches = stream::iter(plan)
                 .map(fetch)
                 .buffered(depth)
@@ -600,8 +747,8 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
                 }
                 let layer = f.plan.layer;
                 // Runs of consecutive good pieces become units (a bad chunk splits a unit).
-                let mut run: Option<(u64, Vec<Bytes>, u32, u64)> = None;
-                let mut out: Vec<(u64, Vec<Bytes>, u32, u64)> = Vec::new();
+                let mut run: Option<(u64, Vec<Part>, u32, u64)> = None;
+                let mut out: Vec<(u64, Vec<Part>, u32, u64)> = Vec::new();
                 let mut at = f.plan.offset;
                 for (p, r) in f.plan.pieces.iter().zip(f.pieces) {
                     let len = p.range.end - p.range.start;
@@ -637,7 +784,9 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
                     let cut = std::mem::take(&mut out);
                     if whole && !rdma_failed.contains(&layer) {
                         let (_, parts, _, len) = cut.into_iter().next().expect("one unit");
-                        match d.unit(&f.plan, parts).await {
+                        // RDMA loads never get file ranges (`files` is for the TCP stream).
+                        let parts = into_mem(parts).map_err(|_| "file range on the RDMA path".to_string());
+                        match async { d.unit(&f.plan, parts?).await }.await {
                             Ok(()) => {
                                 units += 1;
                                 bytes += len;
@@ -653,7 +802,15 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
                 }
                 for (offset, parts, crc, len) in out {
                     let h = UnitHeader { layer, crc32c: crc, offset, len: len as u32 };
-                    io.conn.send_unit(h, parts);
+                    match into_mem(parts) {
+                        Ok(mem) => io.conn.send_unit(h, mem),
+                        Err(parts) => {
+                            // The unit's prefix, then its payload straight from the files.
+                            io.conn.send_unit(h, []);
+                            io.flush(sh).await?;
+                            io.send_parts(sh, parts).await?;
+                        }
+                    }
                     units += 1;
                     bytes += len;
                 }

@@ -23,6 +23,7 @@ pub const CASES: &[&str] = &[
     "list_pagination",
     "bad_keys",
     "large_object",
+    "local_file",
 ];
 
 fn pattern(n: usize, seed: u8) -> Bytes {
@@ -205,6 +206,32 @@ pub async fn large_object(s: &dyn Store, p: &str) {
     );
 }
 
+/// A backend that opens objects as local files ([`Store::open_local`]) opens exactly the
+/// object's bytes, and reports a missing key as not found; the others return `None`.
+pub async fn local_file(s: &dyn Store, p: &str) {
+    use std::io::Read;
+    let k = format!("{p}/local/obj");
+    let d = pattern(3 << 20, 5);
+    s.put(&k, d.clone()).await.unwrap();
+    match s.open_local(&k).await.unwrap() {
+        None => {
+            let missing = s.open_local(&format!("{p}/local/missing")).await;
+            assert!(matches!(missing, Ok(None)), "{missing:?}");
+        }
+        Some(mut o) => {
+            assert_eq!(o.meta.size, d.len() as u64);
+            let mut got = Vec::new();
+            o.file.read_to_end(&mut got).unwrap();
+            assert!(got == d[..], "local file differs from the object");
+            let e = s
+                .open_local(&format!("{p}/local/missing"))
+                .await
+                .unwrap_err();
+            assert!(matches!(e, StoreError::NotFound { .. }), "{e:?}");
+        }
+    }
+}
+
 /// Runs every case in order (for ad-hoc use; tests use the macro).
 pub async fn run_all(s: &dyn Store, p: &str) {
     put_get_round_trip(s, p).await;
@@ -219,6 +246,7 @@ pub async fn run_all(s: &dyn Store, p: &str) {
     list_pagination(s, p).await;
     bad_keys(s, p).await;
     large_object(s, p).await;
+    local_file(s, p).await;
 }
 
 /// Expands to one `#[tokio::test]` per conformance case.
@@ -231,7 +259,7 @@ macro_rules! conformance_tests {
     ($make:expr) => {
         $crate::conformance_tests!(@cases $make; put_get_round_trip, ranged_get, invalid_range, missing_key,
             overwrite, put_if_absent, head_meta, delete_idempotent, list_prefix, list_pagination, bad_keys,
-            large_object);
+            large_object, local_file);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(

@@ -111,6 +111,23 @@ impl Store for FsStore {
         "fs"
     }
 
+    async fn open_local(&self, key: &str) -> Result<Option<super::LocalObject>, StoreError> {
+        let path = self.path(key)?;
+        let key = key.to_string();
+        blocking(move || {
+            let file = std::fs::File::open(&path).map_err(|e| io_err(&key, e))?;
+            let m = file.metadata().map_err(|e| io_err(&key, e))?;
+            if !m.is_file() {
+                return Err(StoreError::NotFound { key });
+            }
+            Ok(Some(super::LocalObject {
+                meta: meta_of(&key, &m),
+                file,
+            }))
+        })
+        .await
+    }
+
     async fn get_opts(&self, key: &str, opts: GetOptions) -> Result<GetResult, StoreError> {
         let path = self.path(key)?;
         let key = key.to_string();
@@ -138,11 +155,19 @@ impl Store for FsStore {
                 }
                 let n = left.min(READ_CHUNK as u64) as usize;
                 let (f, buf) = blocking(move || {
-                    let mut buf = vec![0u8; n];
+                    // Read into uninitialised capacity: no zeroing pass before the read.
+                    let mut buf = Vec::with_capacity(n);
                     f.seek(SeekFrom::Start(pos)).map_err(|e| io_err(&key, e))?;
-                    f.read_exact(&mut buf).map_err(|e| {
-                        StoreError::other("fs", format!("short read of {key}: {e}"))
-                    })?;
+                    let got = (&mut f)
+                        .take(n as u64)
+                        .read_to_end(&mut buf)
+                        .map_err(|e| io_err(&key, e))?;
+                    if got != n {
+                        return Err(StoreError::other(
+                            "fs",
+                            format!("short read of {key}: {got} of {n} bytes at offset {pos}"),
+                        ));
+                    }
                     Ok((f, (buf, key)))
                 })
                 .await?;

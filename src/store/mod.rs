@@ -174,6 +174,17 @@ pub struct PutResult {
     pub etag: Option<String>,
 }
 
+/// An object opened as a local file ([`Store::open_local`]): a server can send its bytes to a
+/// socket with `sendfile(2)`, with no copy through user space. Objects are immutable once
+/// written (puts replace them by rename), so the open file keeps the bytes it had.
+#[derive(Debug)]
+pub struct LocalObject {
+    /// The open file (read-only).
+    pub file: std::fs::File,
+    /// The object's metadata; `size` is the file's length in bytes.
+    pub meta: ObjectMeta,
+}
+
 /// An object store. Every method is cancel-safe: dropping its future leaves either the old or
 /// the new object, never a partial one.
 #[async_trait]
@@ -186,6 +197,17 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// gather is not offered); local stores have none. Default: `None`.
     fn gather_target(&self) -> Option<GatherTarget> {
         None
+    }
+
+    /// Opens an object as a local file, for backends that keep objects in files (the `fs`
+    /// backend); `Ok(None)` for the others (the default), which are read with
+    /// [`Store::get_opts`].
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`], [`StoreError::InvalidKey`], or a backend failure.
+    async fn open_local(&self, key: &str) -> Result<Option<LocalObject>, StoreError> {
+        let _ = key;
+        Ok(None)
     }
 
     /// Reads an object or a byte range of it.

@@ -91,7 +91,7 @@ pub struct SaveReport {
 
 /// Bytes of a unit payload read per socket read and checksummed right after, while they
 /// are still in the CPU cache (256 KiB: well inside a core's L2).
-const PIECE_BYTES: usize = 256 << 10;
+const PIECE_BYTES: usize = 1 << 20;
 
 /// What became of one unit received by [`GatherClient::recv_unit`].
 enum UnitFate {
