@@ -49,6 +49,8 @@ pub(crate) fn gather_request(
         req.hashes.clone(),
         vec![g.tokens_per_chunk; req.hashes.len()],
     );
+    greq.priority = req.hints.priority;
+    greq.hints = req.hints.sched_hints();
     if !target.key_prefix.is_empty() {
         greq.chunks = ChunkKeys::Hashed {
             prefix: format!("{}/{}", target.key_prefix, keys.prefix()),

@@ -11,7 +11,7 @@
 //! let hashes = chunk_hashes(&tokens, &HashParams::new(g.tokens_per_chunk as usize))?;
 //! let hit = engine.lookup_blocking(&g, &hashes)?;          // leading chunks cached
 //! let per_layer = hit * g.slice_bytes() as usize;
-//! let h = engine.load(LoadRequest { geometry: g.clone(), hashes: hashes[..hit].to_vec() },
+//! let h = engine.load(LoadRequest::new(g.clone(), hashes[..hit].to_vec()),
 //!                     LayerBuffers::allocate(g.layers as usize, per_layer))?;
 //! for l in 0..g.layers as usize {
 //!     h.wait_layer_blocking(l, None)?;                      // layer l is verified KV
@@ -34,7 +34,7 @@ mod rdma;
 
 pub use buffers::{LayerBuffers, LayerStatus};
 pub use config::{default_cache_dir, EngineConfig, Transport, CONFIG_KEYS};
-pub use load::{ChunkStatus, LoadHandle, LoadRequest, LoadStats};
+pub use load::{ChunkStatus, LayerTiming, LoadHandle, LoadHints, LoadRequest, LoadStats};
 
 use crate::error::{Error, StoreError};
 use crate::layout::{encode_chunk, object_len, ChunkHash, KeyBuilder, KvGeometry};
@@ -112,6 +112,9 @@ pub struct Engine {
     /// Whether the store's endpoint offers gather, and idle gather connections.
     gather: Arc<Mutex<gather::Probe>>,
     next_request_id: AtomicU64,
+    /// The link scheduler shared by this engine's ranged-GET loads under
+    /// `bandwidth_cap_bytes_per_s` (none when uncapped).
+    link: Option<Arc<crate::link::Link>>,
     /// RDMA session with the store's server and idle gather connections for it.
     #[cfg(feature = "rdma")]
     rdma: Arc<Mutex<rdma::Probe>>,
@@ -155,9 +158,20 @@ impl Engine {
     /// Starts an engine over an already opened store (`cfg.store` is ignored).
     ///
     /// # Errors
-    /// [`Error::Io`] if the runtime cannot start; [`Error::Config`] for a bad namespace.
+    /// [`Error::Io`] if the runtime cannot start; [`Error::Config`] for a bad namespace or an
+    /// unknown `scheduler`.
     pub fn with_store(store: Arc<dyn Store>, cfg: EngineConfig) -> Result<Self, Error> {
         crate::layout::validate_namespace(&cfg.namespace)?;
+        let policy = crate::link::policy_by_name(&cfg.scheduler).ok_or_else(|| {
+            Error::Config(format!(
+                "scheduler: {:?} is not fifo, priority, equal, byte-prop or stall-aware",
+                cfg.scheduler
+            ))
+        })?;
+        let link = match cfg.bandwidth_cap_bytes_per_s {
+            0 => None,
+            cap => Some(crate::link::Link::new(policy, cap as f64)?),
+        };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(cfg.worker_threads.max(1))
             .thread_name("objectcache")
@@ -173,6 +187,7 @@ impl Engine {
             counters: Counters::default(),
             gather: Arc::new(Mutex::new(gather::Probe::default())),
             next_request_id: AtomicU64::new(1),
+            link,
             #[cfg(feature = "rdma")]
             rdma: Arc::new(Mutex::new(rdma::Probe::default())),
         })
@@ -478,15 +493,21 @@ impl Engine {
     /// order (layer 0 of every chunk first), at most `window_bytes` and `max_requests` in
     /// flight, each verified by its slice CRC32C before its layer can become ready.
     ///
+    /// `req.hints` (per-layer compute times or deadlines, priority) go to the gather server
+    /// with the request, and under `bandwidth_cap_bytes_per_s` to this engine's link, which
+    /// paces the ranged GETs of all its loads under `scheduler`.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty request, a wrong number of layer buffers or a
-    /// buffer too small (the message names the layer and the sizes).
+    /// buffer too small (the message names the layer and the sizes), or hints that do not fit
+    /// the geometry ([`LoadHints::validate`]).
     pub fn load(&self, req: LoadRequest, dest: LayerBuffers) -> Result<LoadHandle, Error> {
         let g = &req.geometry;
         let keys = self.keys(g)?;
         if req.hashes.is_empty() {
             return Err(Error::InvalidArgument("load: no chunks requested".into()));
         }
+        req.hints.validate(g.layers)?;
         if dest.layers() != g.layers as usize {
             return Err(Error::InvalidArgument(format!(
                 "load: {} destination buffers given, geometry {} has {} layers",
@@ -514,7 +535,7 @@ impl Engine {
         };
         let probe = self.gather.clone();
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
-        let (store, sh1) = (self.store.clone(), sh.clone());
+        let (store, sh1, link) = (self.store.clone(), sh.clone(), self.link.clone());
         let (window, max_req, coalesce) = (
             self.cfg.window_bytes,
             self.cfg.max_requests,
@@ -540,7 +561,7 @@ impl Engine {
                     return;
                 }
             }
-            load::run_store_load(store, keys, req, sh1, window, max_req, coalesce).await
+            load::run_store_load(store, keys, req, sh1, window, max_req, coalesce, link).await
         };
         let timeout = self.cfg.load_timeout;
         let sh2 = sh.clone();
