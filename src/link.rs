@@ -156,6 +156,14 @@ pub(crate) fn policy_by_name(name: &str) -> Option<PolicyKind> {
     }
 }
 
+impl Link {
+    /// Loads registered now (tests of the link's users).
+    #[cfg(test)]
+    pub(crate) fn loads(&self) -> usize {
+        self.st.lock().expect("link lock").sched.loads().len()
+    }
+}
+
 fn refresh_rates(st: &mut State, now: f64) {
     let alloc = st.sched.poll_allocation(now);
     st.rate = alloc.iter().map(|a| (a.id, a.rate)).collect();

@@ -731,3 +731,43 @@ impl Drop for LoadHandle {
         self.finish();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hints_are_checked_and_become_microseconds() {
+        let g = KvGeometry::smollm2_135m();
+        let n = g.layers as usize;
+        let r = LoadRequest::new(g.clone(), vec![]);
+        assert_eq!(r.hints, LoadHints::default());
+        assert_eq!(r.hints.priority, 128);
+        assert_eq!(r.hints.sched_hints(), SchedHints::None);
+        let r = r.with_layer_compute_s(vec![0.0015; n]).with_priority(7);
+        r.hints.validate(g.layers).unwrap();
+        assert_eq!(r.hints.priority, 7);
+        assert_eq!(r.hints.sched_hints(), SchedHints::LayerComputeUs(vec![1500; n]));
+        let d: Vec<f64> = (0..n).map(|l| l as f64 * 0.01).collect();
+        let r = r.with_layer_deadlines_s(d);
+        r.hints.validate(g.layers).unwrap();
+        let SchedHints::LayerDeadlinesUs(us) = r.hints.sched_hints() else {
+            panic!("deadlines expected")
+        };
+        assert_eq!((us[0], us[1], us[n - 1]), (0, 10_000, (n as u32 - 1) * 10_000));
+        for (timing, needle) in [
+            (LayerTiming::ComputeS(vec![0.001; n - 1]), "the geometry has 30 layers"),
+            (LayerTiming::ComputeS(vec![f64::NAN; n]), "layer 0"),
+            (LayerTiming::ComputeS(vec![-1.0; n]), "layer 0"),
+            (LayerTiming::DeadlinesS(vec![1e9; n]), "layer 0"),
+            (
+                LayerTiming::DeadlinesS((0..n).map(|l| if l == 3 { 0.0 } else { 1.0 }).collect()),
+                "decrease at layer 3",
+            ),
+        ] {
+            let h = LoadHints { timing, priority: 128 };
+            let e = h.validate(g.layers).unwrap_err().to_string();
+            assert!(e.contains("load hints") && e.contains(needle), "{e}");
+        }
+    }
+}

@@ -590,3 +590,68 @@ impl Engine {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Waits (up to 10 s, a liveness bound, not a speed goal) until `f` holds.
+    fn eventually(what: &str, f: impl Fn() -> bool) {
+        let t = Instant::now();
+        while !f() {
+            assert!(t.elapsed() < Duration::from_secs(10), "never: {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn ranged_get_loads_join_and_leave_the_engine_link() {
+        let g = KvGeometry::smollm2_135m();
+        let store: Arc<dyn Store> = Arc::new(crate::store::MemoryStore::new());
+        let cfg = EngineConfig::from_pairs([
+            ("gather", "off"),
+            ("scheduler", "equal"),
+            ("bandwidth_cap_bytes_per_s", "20000000"),
+        ])
+        .unwrap();
+        let e = Engine::with_store(store, cfg).unwrap();
+        let link = e.link.clone().expect("a capped engine has a link");
+        let slice = g.slice_bytes() as usize;
+        let hashes: Vec<ChunkHash> = (0..4u8).map(|i| ChunkHash::from_digest([i; 32])).collect();
+        let data: Vec<Vec<u8>> = (0..g.layers)
+            .map(|l| (0..4 * slice).map(|i| (i as u32 ^ l) as u8).collect())
+            .collect();
+        let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+        e.save_blocking(&g, &hashes, &refs).unwrap();
+        let load = |n: usize| {
+            e.load(
+                LoadRequest::new(g.clone(), hashes[..n].to_vec())
+                    .with_layer_compute_s(vec![0.001; g.layers as usize]),
+                LayerBuffers::allocate(g.layers as usize, n * slice),
+            )
+            .unwrap()
+        };
+        // 1 chunk (5.9 MB, 0.3 s at 20 MB/s): completes, verified, and leaves.
+        let h = load(1);
+        h.wait_all_blocking().unwrap();
+        for l in 0..g.layers as usize {
+            assert_eq!(h.layer(l).unwrap(), &data[l][..slice]);
+        }
+        eventually("the completed load leaves", || link.loads() == 0);
+        // 4 chunks each (47 MB, 2.4 s at the cap together): cancel one, drop the other.
+        let (a, b) = (load(4), load(4));
+        eventually("both loads join", || link.loads() == 2);
+        a.cancel();
+        eventually("the cancelled load leaves", || link.loads() == 1);
+        assert!(matches!(a.wait_layer_blocking(g.layers as usize - 1, None), Err(crate::LayerError::Cancelled)));
+        drop(b);
+        assert_eq!(link.loads(), 0, "a dropped load has left");
+        // Uncapped engines have no link.
+        let e2 = Engine::with_store(Arc::new(crate::store::MemoryStore::new()), EngineConfig::default()).unwrap();
+        assert!(e2.link.is_none());
+        let bad = EngineConfig { scheduler: "lottery".into(), ..EngineConfig::default() };
+        let err = Engine::with_store(Arc::new(crate::store::MemoryStore::new()), bad).unwrap_err();
+        assert!(err.to_string().contains("lottery"), "{err}");
+    }
+}
