@@ -53,7 +53,9 @@ async fn measure(
     // long-lived engine has them already, and the model leaves connection set-up out.
     let warm = LoadRequest::new(g.clone(), prefixes[0].hashes[..1].to_vec());
     let slice = g.slice_bytes() as usize;
-    let h = e.load(warm, LayerBuffers::allocate(g.layers as usize, slice)).unwrap();
+    let h = e
+        .load(warm, LayerBuffers::allocate(g.layers as usize, slice))
+        .unwrap();
     h.wait_all().await.unwrap();
     drop(h);
     let m = model();
@@ -75,7 +77,10 @@ async fn measure(
     for ((h, compute), p) in loads.iter().zip(prefixes) {
         h.wait_all().await.unwrap();
         for l in 0..g.layers as usize {
-            assert!(h.layer(l).unwrap() == &p.kv[l][..], "layer {l} bytes differ");
+            assert!(
+                h.layer(l).unwrap() == &p.kv[l][..],
+                "layer {l} bytes differ"
+            );
         }
         let ready: Vec<f64> = h.layer_ready_s().into_iter().map(|r| r.unwrap()).collect();
         // Compute could start when `load` was called (the request's arrival; the loads are

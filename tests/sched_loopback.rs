@@ -12,7 +12,6 @@ mod gather_util;
 mod sched_mix;
 
 use gather_util::*;
-use sched_mix::*;
 use objectcache::error::LayerError;
 use objectcache::layout::KvGeometry;
 use objectcache::protocol::SchedHints;
@@ -20,6 +19,7 @@ use objectcache::sched::{timeline, PolicyKind};
 use objectcache::store::{MemoryStore, Store};
 use objectcache::transport::tcp::GatherClient;
 use objectcache::transport::LayerSink;
+use sched_mix::*;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -129,6 +129,11 @@ async fn measured_added_ttft_matches_the_simulator_under_a_cap() {
         ("equal", PolicyKind::EqualShare),
     ] {
         let measured = measure(store.clone(), &g, scheduler).await;
-        compare("gather (server link)", scheduler, &measured, &predict(&g, kind));
+        compare(
+            "gather (server link)",
+            scheduler,
+            &measured,
+            &predict(&g, kind),
+        );
     }
 }

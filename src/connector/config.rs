@@ -274,7 +274,10 @@ mod tests {
     #[test]
     fn scheduler_and_cap_keys() {
         let d = EngineConfig::default();
-        assert_eq!((d.scheduler.as_str(), d.bandwidth_cap_bytes_per_s), ("stall-aware", 0));
+        assert_eq!(
+            (d.scheduler.as_str(), d.bandwidth_cap_bytes_per_s),
+            ("stall-aware", 0)
+        );
         let c = EngineConfig::from_pairs([
             ("scheduler", "equal"),
             ("bandwidth_cap_bytes_per_s", "40000000"),

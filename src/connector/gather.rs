@@ -174,7 +174,10 @@ mod tests {
             .with_priority(200);
         let r = gather_request(2, &target, &keys, &hinted);
         assert_eq!(r.priority, 200);
-        assert_eq!(r.hints, SchedHints::LayerComputeUs(vec![2000; g.layers as usize]));
+        assert_eq!(
+            r.hints,
+            SchedHints::LayerComputeUs(vec![2000; g.layers as usize])
+        );
         assert_eq!(r.layers, 0..g.layers);
     }
 }

@@ -5,8 +5,8 @@
 use super::buffers::{LayerBuffers, LayerStatus, LoadState};
 use crate::error::{LayerError, StoreError};
 use crate::layout::{
-    object_len, plan_layer_major, ChunkHash, RangeRead, ChunkHeader, KeyBuilder, KvGeometry, HEADER_LEN,
-    SLICE_CRC_LEN,
+    object_len, plan_layer_major, ChunkHash, ChunkHeader, KeyBuilder, KvGeometry, RangeRead,
+    HEADER_LEN, SLICE_CRC_LEN,
 };
 use crate::link::Link;
 use crate::protocol::SchedHints;
@@ -147,7 +147,11 @@ impl LoadHints {
     /// it. Values are clamped to `0..=u32::MAX` microseconds ([`LoadHints::validate`]
     /// rejects anything outside).
     pub fn sched_hints(&self) -> SchedHints {
-        let us = |v: &[f64]| v.iter().map(|s| (s * 1e6).round().clamp(0.0, u32::MAX as f64) as u32).collect();
+        let us = |v: &[f64]| {
+            v.iter()
+                .map(|s| (s * 1e6).round().clamp(0.0, u32::MAX as f64) as u32)
+                .collect()
+        };
         match &self.timing {
             LayerTiming::None => SchedHints::None,
             LayerTiming::ComputeS(v) => SchedHints::LayerComputeUs(us(v)),
@@ -747,16 +751,25 @@ mod tests {
         let r = r.with_layer_compute_s(vec![0.0015; n]).with_priority(7);
         r.hints.validate(g.layers).unwrap();
         assert_eq!(r.hints.priority, 7);
-        assert_eq!(r.hints.sched_hints(), SchedHints::LayerComputeUs(vec![1500; n]));
+        assert_eq!(
+            r.hints.sched_hints(),
+            SchedHints::LayerComputeUs(vec![1500; n])
+        );
         let d: Vec<f64> = (0..n).map(|l| l as f64 * 0.01).collect();
         let r = r.with_layer_deadlines_s(d);
         r.hints.validate(g.layers).unwrap();
         let SchedHints::LayerDeadlinesUs(us) = r.hints.sched_hints() else {
             panic!("deadlines expected")
         };
-        assert_eq!((us[0], us[1], us[n - 1]), (0, 10_000, (n as u32 - 1) * 10_000));
+        assert_eq!(
+            (us[0], us[1], us[n - 1]),
+            (0, 10_000, (n as u32 - 1) * 10_000)
+        );
         for (timing, needle) in [
-            (LayerTiming::ComputeS(vec![0.001; n - 1]), "the geometry has 30 layers"),
+            (
+                LayerTiming::ComputeS(vec![0.001; n - 1]),
+                "the geometry has 30 layers",
+            ),
             (LayerTiming::ComputeS(vec![f64::NAN; n]), "layer 0"),
             (LayerTiming::ComputeS(vec![-1.0; n]), "layer 0"),
             (LayerTiming::DeadlinesS(vec![1e9; n]), "layer 0"),
@@ -765,7 +778,10 @@ mod tests {
                 "decrease at layer 3",
             ),
         ] {
-            let h = LoadHints { timing, priority: 128 };
+            let h = LoadHints {
+                timing,
+                priority: 128,
+            };
             let e = h.validate(g.layers).unwrap_err().to_string();
             assert!(e.contains("load hints") && e.contains(needle), "{e}");
         }

@@ -644,13 +644,23 @@ mod tests {
         eventually("both loads join", || link.loads() == 2);
         a.cancel();
         eventually("the cancelled load leaves", || link.loads() == 1);
-        assert!(matches!(a.wait_layer_blocking(g.layers as usize - 1, None), Err(crate::LayerError::Cancelled)));
+        assert!(matches!(
+            a.wait_layer_blocking(g.layers as usize - 1, None),
+            Err(crate::LayerError::Cancelled)
+        ));
         drop(b);
         assert_eq!(link.loads(), 0, "a dropped load has left");
         // Uncapped engines have no link.
-        let e2 = Engine::with_store(Arc::new(crate::store::MemoryStore::new()), EngineConfig::default()).unwrap();
+        let e2 = Engine::with_store(
+            Arc::new(crate::store::MemoryStore::new()),
+            EngineConfig::default(),
+        )
+        .unwrap();
         assert!(e2.link.is_none());
-        let bad = EngineConfig { scheduler: "lottery".into(), ..EngineConfig::default() };
+        let bad = EngineConfig {
+            scheduler: "lottery".into(),
+            ..EngineConfig::default()
+        };
         let err = Engine::with_store(Arc::new(crate::store::MemoryStore::new()), bad).unwrap_err();
         assert!(err.to_string().contains("lottery"), "{err}");
     }

@@ -77,7 +77,6 @@ pub fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len() as f64
 }
 
-
 /// Prints the measured and predicted added TTFT of `path` under `scheduler` and checks that
 /// their means agree within 15% (the accuracy goal of issue 4).
 ///
