@@ -30,6 +30,7 @@ pub mod error;
 pub mod hash;
 pub mod layout;
 pub mod lifecycle;
+pub(crate) mod link;
 pub mod protocol;
 pub mod sched;
 pub mod server;

@@ -46,6 +46,7 @@ fn save_and_load(e: &Engine, g: &KvGeometry, chunks: usize, seed: u64) -> u64 {
             LoadRequest {
                 geometry: g.clone(),
                 hashes: hs,
+                hints: Default::default(),
             },
             LayerBuffers::allocate(g.layers as usize, data[0].len()),
         )
@@ -161,6 +162,7 @@ fn gather_missing_chunk_is_a_per_chunk_miss() {
             LoadRequest {
                 geometry: g.clone(),
                 hashes: hs.clone(),
+                hints: Default::default(),
             },
             LayerBuffers::allocate(g.layers as usize, data[0].len()),
         )

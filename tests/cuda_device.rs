@@ -96,6 +96,7 @@ fn load_lands_in_device_memory_byte_exact() {
             LoadRequest {
                 geometry: g.clone(),
                 hashes: hs,
+                hints: Default::default(),
             },
             bufs,
         )

@@ -52,7 +52,7 @@ fn lookup_stops_at_a_missing_middle_marker() {
                 if hit > 0 {
                     let h = fresh
                         .load(
-                            LoadRequest { geometry: g.clone(), hashes: hs[..hit].to_vec() },
+                            LoadRequest { geometry: g.clone(), hashes: hs[..hit].to_vec(), hints: Default::default() },
                             LayerBuffers::allocate(g.layers as usize, hit * g.slice_bytes() as usize),
                         )
                         .unwrap();

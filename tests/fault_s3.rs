@@ -213,6 +213,7 @@ fn proxy_killed_mid_load_is_a_miss() {
             LoadRequest {
                 geometry: f.g.clone(),
                 hashes: f.hashes.clone(),
+                hints: Default::default(),
             },
             LayerBuffers::allocate(f.g.layers as usize, per_layer),
         )
@@ -311,6 +312,7 @@ fn interrupted_save_leaves_no_visible_partial_prefix() {
                         LoadRequest {
                             geometry: g.clone(),
                             hashes: hs[..hit].to_vec(),
+                            hints: Default::default(),
                         },
                         LayerBuffers::allocate(g.layers as usize, hit * g.slice_bytes() as usize),
                     )

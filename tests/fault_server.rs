@@ -444,6 +444,7 @@ fn server_killed_mid_load_then_restarted() {
             LoadRequest {
                 geometry: r.g.clone(),
                 hashes: r.hashes.clone(),
+                hints: Default::default(),
             },
             LayerBuffers::allocate(r.g.layers as usize, per_layer),
         )

@@ -68,6 +68,7 @@ fn round_trip(e: &Engine, g: &KvGeometry, chunks: usize, seed: u64) {
             LoadRequest {
                 geometry: g.clone(),
                 hashes: hs.clone(),
+                hints: Default::default(),
             },
             LayerBuffers::allocate(g.layers as usize, data[0].len()),
         )
@@ -136,6 +137,7 @@ fn partial_hit_and_missing_middle_chunk() {
                 LoadRequest {
                     geometry: g.clone(),
                     hashes: hs[..5].to_vec(),
+                    hints: Default::default(),
                 },
                 LayerBuffers::allocate(6, refs[0].len()),
             )
@@ -173,6 +175,7 @@ fn flipped_byte_is_a_miss_not_data() {
                 LoadRequest {
                     geometry: g.clone(),
                     hashes: hs.clone(),
+                    hints: Default::default(),
                 },
                 LayerBuffers::allocate(6, refs[0].len()),
             )
@@ -235,6 +238,7 @@ fn c3_object_bigger_than_slot_or_truncated() {
                     LoadRequest {
                         geometry: g.clone(),
                         hashes: vec![hs[i].clone()],
+                        hints: Default::default(),
                     },
                     LayerBuffers::from_vecs(bufs),
                 )
@@ -302,6 +306,7 @@ fn concurrent_writers_first_wins() {
                 LoadRequest {
                     geometry: g.clone(),
                     hashes: hs.clone(),
+                    hints: Default::default(),
                 },
                 LayerBuffers::allocate(6, a[0].len()),
             )
@@ -426,6 +431,7 @@ fn c9_two_models_one_bucket() {
             LoadRequest {
                 geometry: b.clone(),
                 hashes: vec![hb[0].clone()],
+                hints: Default::default(),
             },
             LayerBuffers::allocate(b.layers as usize, b.slice_bytes() as usize),
         )
@@ -446,6 +452,7 @@ fn bad_input_is_named() {
             LoadRequest {
                 geometry: g.clone(),
                 hashes: hs.clone(),
+                hints: Default::default(),
             },
             LayerBuffers::allocate(5, 10),
         )
@@ -456,6 +463,7 @@ fn bad_input_is_named() {
             LoadRequest {
                 geometry: g.clone(),
                 hashes: hs.clone(),
+                hints: Default::default(),
             },
             LayerBuffers::allocate(6, 10),
         )
@@ -469,6 +477,7 @@ fn bad_input_is_named() {
             LoadRequest {
                 geometry: g.clone(),
                 hashes: vec![],
+                hints: Default::default(),
             },
             LayerBuffers::allocate(6, 10),
         )
@@ -481,6 +490,7 @@ fn bad_input_is_named() {
             LoadRequest {
                 geometry: zero,
                 hashes: hs.clone(),
+                hints: Default::default(),
             },
             LayerBuffers::allocate(0, 10),
         )
@@ -507,6 +517,7 @@ fn cancel_stops_and_fails_pending_layers() {
             LoadRequest {
                 geometry: g.clone(),
                 hashes: hs,
+                hints: Default::default(),
             },
             LayerBuffers::allocate(32, data[0].len()),
         )

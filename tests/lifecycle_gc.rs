@@ -59,7 +59,7 @@ fn check(e: &Engine, p: &Prefix) -> usize {
         let n = hit * g.slice_bytes() as usize;
         let h = e
             .load(
-                LoadRequest { geometry: g.clone(), hashes: p.hs[..hit].to_vec() },
+                LoadRequest { geometry: g.clone(), hashes: p.hs[..hit].to_vec(), hints: Default::default() },
                 LayerBuffers::allocate(g.layers as usize, n),
             )
             .unwrap();

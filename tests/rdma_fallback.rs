@@ -87,7 +87,7 @@ fn engine_falls_back_to_tcp_gather_without_rdma() {
     let data: Vec<Vec<u8>> = (0..g.layers).map(|l| (0..chunks * slice).map(|i| (i as u32 * 7 + l * 31) as u8).collect()).collect();
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
     e.save_blocking(&g, &hs, &refs).unwrap();
-    let h = e.load(LoadRequest { geometry: g.clone(), hashes: hs }, LayerBuffers::allocate(g.layers as usize, chunks * slice)).unwrap();
+    let h = e.load(LoadRequest { geometry: g.clone(), hashes: hs, hints: Default::default() }, LayerBuffers::allocate(g.layers as usize, chunks * slice)).unwrap();
     for l in 0..g.layers as usize {
         h.wait_layer_blocking(l, None).unwrap();
         assert_eq!(h.layer(l).unwrap(), &data[l][..], "layer {l}");

@@ -83,7 +83,7 @@ fn save_and_load(e: &Engine, g: &KvGeometry, chunks: usize, seed: u64) {
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
     e.save_blocking(g, &hs, &refs).unwrap();
     let h = e
-        .load(LoadRequest { geometry: g.clone(), hashes: hs }, LayerBuffers::allocate(g.layers as usize, data[0].len()))
+        .load(LoadRequest { geometry: g.clone(), hashes: hs, hints: Default::default() }, LayerBuffers::allocate(g.layers as usize, data[0].len()))
         .unwrap();
     for l in 0..g.layers as usize {
         h.wait_layer_blocking(l, None).unwrap_or_else(|err| panic!("seed {seed} layer {l}: {err}"));
@@ -260,7 +260,7 @@ fn engine_load_of_missing_chunks_is_a_miss_over_rdma() {
     let e = Engine::with_store(s3_on(&srv.endpoint()), EngineConfig { namespace: unique_ns("rdma-miss"), ..Default::default() }).unwrap();
     let hs = hashes(&g, 2 * g.tokens_per_chunk as usize, 77);
     let h = e
-        .load(LoadRequest { geometry: g.clone(), hashes: hs }, LayerBuffers::allocate(g.layers as usize, 2 * g.slice_bytes() as usize))
+        .load(LoadRequest { geometry: g.clone(), hashes: hs, hints: Default::default() }, LayerBuffers::allocate(g.layers as usize, 2 * g.slice_bytes() as usize))
         .unwrap();
     for l in 0..g.layers as usize {
         assert!(h.wait_layer_blocking(l, None).is_err(), "layer {l} of an absent prefix is a miss");

@@ -9,28 +9,20 @@
 //! milliseconds) are small against it.
 
 mod gather_util;
+mod sched_mix;
 
 use gather_util::*;
 use objectcache::error::LayerError;
 use objectcache::layout::KvGeometry;
 use objectcache::protocol::SchedHints;
-use objectcache::sched::{
-    timeline, AnalyticModel, ComputeModel, GpuKind, KernelClass, MeasuredModel, ModelShape,
-    PolicyKind,
-};
-use objectcache::sim::{simulate_instance, Instance, Request, SimConfig, SimPolicy};
+use objectcache::sched::{timeline, PolicyKind};
 use objectcache::store::{MemoryStore, Store};
 use objectcache::transport::tcp::GatherClient;
 use objectcache::transport::LayerSink;
+use sched_mix::*;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-
-/// Link cap shared by the loads, bytes/s.
-const CAP: f64 = 40e6;
-
-/// The mix: (prefix tokens, new tokens) per request, all arriving together.
-const MIX: [(u32, u64); 4] = [(512, 256), (1024, 128), (2048, 512), (3072, 256)];
 
 /// Records when each layer became complete (every byte verified), relative to `t0`.
 struct TimedSink {
@@ -59,31 +51,6 @@ impl LayerSink for TimedSink {
     fn is_cancelled(&self) -> bool {
         self.inner.is_cancelled()
     }
-}
-
-/// The compute model of the mix: SmolLM2-135M's 30 layers at 30 ms per layer for 256 new
-/// tokens after 1,024 cached ones, scaled to other points by the analytic model (so compute
-/// and transfer are of the same order under the cap, and the policies differ).
-fn model() -> ComputeModel {
-    let scale = AnalyticModel::new(
-        ModelShape::preset("smollm2-135m").unwrap(),
-        GpuKind::H100,
-        KernelClass::Tuned,
-        1,
-    )
-    .unwrap();
-    ComputeModel::Measured(MeasuredModel::new(vec![0.030; 30], 0.0, 256, 1024, scale).unwrap())
-}
-
-/// Hinted per-layer compute of a request (µs, as sent) and the same in seconds.
-fn compute_hint(m: &ComputeModel, prefix: u32, new: u64) -> (Vec<u32>, Vec<f64>) {
-    let us: Vec<u32> = m
-        .layer_times(new, prefix as u64)
-        .iter()
-        .map(|s| (s * 1e6).round() as u32)
-        .collect();
-    let s = us.iter().map(|&u| u as f64 * 1e-6).collect();
-    (us, s)
 }
 
 /// Runs the mix once under `policy` on a fresh server over `store`; returns the measured
@@ -142,42 +109,6 @@ async fn measure(store: Arc<dyn Store>, g: &KvGeometry, scheduler: &str) -> Vec<
     out
 }
 
-fn predict(g: &KvGeometry, kind: PolicyKind) -> Vec<f64> {
-    let inst = Instance {
-        requests: MIX
-            .iter()
-            .map(|&(prefix, new)| Request {
-                arrival_s: 0.0,
-                prefix_tokens: prefix as u64,
-                new_tokens: new,
-            })
-            .collect(),
-    };
-    let cfg = SimConfig {
-        model: model(),
-        kv_bytes_per_token_per_layer: g.bytes_per_token_per_layer(),
-        chunk_tokens: g.tokens_per_chunk as u64,
-        capacity: CAP,
-        max_rate_per_load: f64::INFINITY,
-    };
-    simulate_instance(
-        &inst,
-        &cfg,
-        SimPolicy {
-            kind,
-            planner: false,
-        },
-    )
-    .unwrap()
-    .iter()
-    .map(|o| o.added_ttft_s)
-    .collect()
-}
-
-fn mean(v: &[f64]) -> f64 {
-    v.iter().sum::<f64>() / v.len() as f64
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn measured_added_ttft_matches_the_simulator_under_a_cap() {
     let g = KvGeometry::smollm2_135m();
@@ -198,18 +129,11 @@ async fn measured_added_ttft_matches_the_simulator_under_a_cap() {
         ("equal", PolicyKind::EqualShare),
     ] {
         let measured = measure(store.clone(), &g, scheduler).await;
-        let predicted = predict(&g, kind);
-        let (mm, mp) = (mean(&measured), mean(&predicted));
-        println!(
-            "{scheduler} at {:.0} MB/s: mean added TTFT measured {mm:.3} s, simulator {mp:.3} s \
-             ({:+.1}%); per request measured {measured:.3?} predicted {predicted:.3?}",
-            CAP / 1e6,
-            (mm / mp - 1.0) * 100.0
-        );
-        assert!(mp > 0.0, "the mix must stall under the cap");
-        assert!(
-            (mm - mp).abs() <= 0.15 * mp,
-            "{scheduler}: measured mean added TTFT {mm:.3} s vs predicted {mp:.3} s"
+        compare(
+            "gather (server link)",
+            scheduler,
+            &measured,
+            &predict(&g, kind),
         );
     }
 }

@@ -318,6 +318,7 @@ fn tenants_connectors_are_apart_and_fall_back_from_gather() {
                 LoadRequest {
                     geometry: g.clone(),
                     hashes: hs.clone(),
+                    hints: Default::default(),
                 },
                 LayerBuffers::allocate(g.layers as usize, data[0].len()),
             )

@@ -117,6 +117,7 @@ fn s3_api_round_trip_over_tls_and_connector_load() {
             LoadRequest {
                 geometry: g.clone(),
                 hashes: hs,
+                hints: Default::default(),
             },
             LayerBuffers::allocate(g.layers as usize, data[0].len()),
         )

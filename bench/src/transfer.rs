@@ -385,6 +385,7 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                                 LoadRequest {
                                     geometry: g.clone(),
                                     hashes: hs.clone(),
+                                    hints: Default::default(),
                                 },
                                 dest,
                             )

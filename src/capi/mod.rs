@@ -1062,6 +1062,7 @@ pub unsafe extern "C" fn objectcache_load(
             LoadRequest {
                 geometry: g,
                 hashes: hs,
+                hints: Default::default(),
             },
             bufs,
         ) {

@@ -48,6 +48,19 @@ pub struct EngineConfig {
     /// by a build without feature `rdma`; still falls back to TCP gather, with a warning, when
     /// the server or host has no RDMA). See `docs/rdma.md`.
     pub transport: Transport,
+    /// `scheduler`: how this engine's loads share `bandwidth_cap_bytes_per_s` on the
+    /// ranged-GET path: `stall-aware` (default; earliest layer deadline first with
+    /// water-filling), `equal` (equal share), `byte-prop` (share proportional to bytes left),
+    /// `fifo` or `priority` (the earliest load takes all it can). The long names
+    /// `equal-share` and `byte-proportional` are accepted too. No effect while uncapped. See
+    /// `docs/scheduling.md`, section 7.
+    pub scheduler: String,
+    /// `bandwidth_cap_bytes_per_s`: the host NIC share this engine's ranged-GET loads may use
+    /// together, bytes/s, shared under `scheduler` by one link per engine; 0 (default) =
+    /// uncapped, reads go out as fast as `window_bytes`/`max_requests` allow. Under a cap each
+    /// read is one layer slice (`coalesce_bytes` is not used) and is issued when the load's
+    /// credit at its allocated rate covers it. Gather loads are paced by the server's own cap.
+    pub bandwidth_cap_bytes_per_s: u64,
 }
 
 /// The `transport` setting of [`EngineConfig`].
@@ -78,6 +91,8 @@ impl Default for EngineConfig {
             worker_threads: 2,
             gather: true,
             transport: Transport::Auto,
+            scheduler: "stall-aware".into(),
+            bandwidth_cap_bytes_per_s: 0,
         }
     }
 }
@@ -118,6 +133,8 @@ pub const CONFIG_KEYS: &[&str] = &[
     "worker_threads",
     "gather",
     "transport",
+    "scheduler",
+    "bandwidth_cap_bytes_per_s",
 ];
 
 impl EngineConfig {
@@ -192,6 +209,15 @@ impl EngineConfig {
                     }
                 }
             }
+            "scheduler" => {
+                if crate::link::policy_by_name(value).is_none() {
+                    return Err(Error::Config(format!(
+                        "scheduler: {value:?} is not fifo, priority, equal, byte-prop or stall-aware"
+                    )));
+                }
+                self.scheduler = value.to_string()
+            }
+            "bandwidth_cap_bytes_per_s" => self.bandwidth_cap_bytes_per_s = num(value)?,
             k => {
                 return Err(Error::Config(format!(
                     "unknown setting {k:?}; known settings: {}",
@@ -243,5 +269,29 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("max_requests"), "{e}");
+    }
+
+    #[test]
+    fn scheduler_and_cap_keys() {
+        let d = EngineConfig::default();
+        assert_eq!(
+            (d.scheduler.as_str(), d.bandwidth_cap_bytes_per_s),
+            ("stall-aware", 0)
+        );
+        let c = EngineConfig::from_pairs([
+            ("scheduler", "equal"),
+            ("bandwidth_cap_bytes_per_s", "40000000"),
+        ])
+        .unwrap();
+        assert_eq!(c.scheduler, "equal");
+        assert_eq!(c.bandwidth_cap_bytes_per_s, 40_000_000);
+        let e = EngineConfig::from_pairs([("scheduler", "lottery")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("scheduler") && e.contains("lottery"), "{e}");
+        let e = EngineConfig::from_pairs([("bandwidth_cap_bytes_per_s", "1.5e9")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bandwidth_cap_bytes_per_s"), "{e}");
     }
 }

@@ -49,6 +49,8 @@ pub(crate) fn gather_request(
         req.hashes.clone(),
         vec![g.tokens_per_chunk; req.hashes.len()],
     );
+    greq.priority = req.hints.priority;
+    greq.hints = req.hints.sched_hints();
     if !target.key_prefix.is_empty() {
         greq.chunks = ChunkKeys::Hashed {
             prefix: format!("{}/{}", target.key_prefix, keys.prefix()),
@@ -157,5 +159,38 @@ pub(crate) async fn try_gather(
             sh.state.fail_pending(err);
             Outcome::Done
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{HashAlgo, KvGeometry};
+    use crate::protocol::SchedHints;
+
+    #[test]
+    fn gather_requests_carry_the_load_hints() {
+        let g = KvGeometry::smollm2_135m();
+        let keys = KeyBuilder::new("ns", &g, HashAlgo::Sha256Cbor).unwrap();
+        let target = GatherTarget {
+            addr: "127.0.0.1:1".into(),
+            bucket: "b".into(),
+            key_prefix: String::new(),
+            credentials: None,
+        };
+        let hashes = vec![crate::ChunkHash::from_digest([7; 32])];
+        let plain = LoadRequest::new(g.clone(), hashes.clone());
+        let r = gather_request(1, &target, &keys, &plain);
+        assert_eq!((r.priority, r.hints), (128, SchedHints::None));
+        let hinted = plain
+            .with_layer_compute_s(vec![0.002; g.layers as usize])
+            .with_priority(200);
+        let r = gather_request(2, &target, &keys, &hinted);
+        assert_eq!(r.priority, 200);
+        assert_eq!(
+            r.hints,
+            SchedHints::LayerComputeUs(vec![2000; g.layers as usize])
+        );
+        assert_eq!(r.layers, 0..g.layers);
     }
 }

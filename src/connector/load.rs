@@ -5,9 +5,11 @@
 use super::buffers::{LayerBuffers, LayerStatus, LoadState};
 use crate::error::{LayerError, StoreError};
 use crate::layout::{
-    object_len, plan_layer_major, ChunkHash, ChunkHeader, KeyBuilder, KvGeometry, HEADER_LEN,
-    SLICE_CRC_LEN,
+    object_len, plan_layer_major, ChunkHash, ChunkHeader, KeyBuilder, KvGeometry, RangeRead,
+    HEADER_LEN, SLICE_CRC_LEN,
 };
+use crate::link::Link;
+use crate::protocol::SchedHints;
 use crate::store::{GetOptions, Store};
 use futures::StreamExt;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -15,12 +17,147 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// What to load.
+///
+/// `LoadRequest::new(geometry, hashes)` (or a literal with `hints: Default::default()`) asks
+/// for a load without scheduling inputs; [`LoadRequest::with_layer_compute_s`],
+/// [`LoadRequest::with_layer_deadlines_s`] and [`LoadRequest::with_priority`] add them.
 #[derive(Debug, Clone)]
 pub struct LoadRequest {
     /// Geometry (incl. TP rank) the objects must have been written with.
     pub geometry: KvGeometry,
     /// The chunk hashes of the prefix, in order; every chunk holds `tokens_per_chunk` tokens.
     pub hashes: Vec<ChunkHash>,
+    /// When the layers are needed and how urgent the load is: the inputs of the bandwidth
+    /// schedulers (the engine's own link on the ranged-GET path, the server's on the gather
+    /// path). Default: no timing, priority 128.
+    pub hints: LoadHints,
+}
+
+impl LoadRequest {
+    /// A request for `hashes` written with `geometry`, without scheduling hints.
+    pub fn new(geometry: KvGeometry, hashes: Vec<ChunkHash>) -> Self {
+        LoadRequest {
+            geometry,
+            hashes,
+            hints: LoadHints::default(),
+        }
+    }
+
+    /// Sets the per-layer compute time (seconds, one value per layer of the geometry;
+    /// compute starts when `load` is called). Checked by `Engine::load`.
+    pub fn with_layer_compute_s(mut self, compute_s: Vec<f64>) -> Self {
+        self.hints.timing = LayerTiming::ComputeS(compute_s);
+        self
+    }
+
+    /// Sets the per-layer deadlines (seconds after `load` is called, one value per layer of
+    /// the geometry, non-decreasing). Checked by `Engine::load`.
+    pub fn with_layer_deadlines_s(mut self, deadlines_s: Vec<f64>) -> Self {
+        self.hints.timing = LayerTiming::DeadlinesS(deadlines_s);
+        self
+    }
+
+    /// Sets the priority (higher first; default 128).
+    pub fn with_priority(mut self, priority: u8) -> Self {
+        self.hints.priority = priority;
+        self
+    }
+}
+
+/// When a load's layers are needed (the timeline of `docs/scheduling.md`, section 2: layer
+/// `l`'s KV is needed when layer `l`'s compute starts).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum LayerTiming {
+    /// Unknown: every layer is needed at once.
+    #[default]
+    None,
+    /// The engine's compute time of each layer in seconds (one per layer of the geometry),
+    /// compute of layer 0 starting when `load` is called.
+    ComputeS(Vec<f64>),
+    /// The time each layer is needed, in seconds after `load` is called (one per layer,
+    /// non-decreasing).
+    DeadlinesS(Vec<f64>),
+}
+
+/// Scheduling inputs of a load (see [`LoadRequest::hints`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadHints {
+    /// When the layers are needed.
+    pub timing: LayerTiming,
+    /// Priority, higher first (0..=255; default 128). Sent to a gather server, whose
+    /// `priority` scheduler admits loads in this order; the bandwidth policies of the links
+    /// use the timing only.
+    pub priority: u8,
+}
+
+impl Default for LoadHints {
+    fn default() -> Self {
+        LoadHints {
+            timing: LayerTiming::None,
+            priority: 128,
+        }
+    }
+}
+
+/// Largest time a hint can carry: the wire's `u32` microseconds (about 71.6 minutes).
+const MAX_HINT_S: f64 = u32::MAX as f64 * 1e-6;
+
+impl LoadHints {
+    /// Checks the timing against a geometry of `layers` layers.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidArgument`] naming the problem: a vector whose length is not
+    /// `layers`, a value that is negative, not finite or above `u32::MAX` microseconds, or
+    /// deadlines that decrease.
+    pub fn validate(&self, layers: u32) -> Result<(), crate::Error> {
+        let (what, v) = match &self.timing {
+            LayerTiming::None => return Ok(()),
+            LayerTiming::ComputeS(v) => ("layer compute times", v),
+            LayerTiming::DeadlinesS(v) => ("layer deadlines", v),
+        };
+        let bad = |m: String| Err(crate::Error::InvalidArgument(format!("load hints: {m}")));
+        if v.len() != layers as usize {
+            return bad(format!(
+                "{} {what} given, the geometry has {layers} layers",
+                v.len()
+            ));
+        }
+        if let Some((l, x)) = v
+            .iter()
+            .enumerate()
+            .find(|(_, x)| !x.is_finite() || **x < 0.0 || **x > MAX_HINT_S)
+        {
+            return bad(format!(
+                "{what}: layer {l} has {x} s (need a finite value in 0..={MAX_HINT_S:.0} s)"
+            ));
+        }
+        if matches!(self.timing, LayerTiming::DeadlinesS(_)) {
+            if let Some(l) = (1..v.len()).find(|&l| v[l] < v[l - 1]) {
+                return bad(format!(
+                    "layer deadlines decrease at layer {l} ({} s after {} s)",
+                    v[l],
+                    v[l - 1]
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The wire form (microseconds, rounded), as the link schedulers and gather servers take
+    /// it. Values are clamped to `0..=u32::MAX` microseconds ([`LoadHints::validate`]
+    /// rejects anything outside).
+    pub fn sched_hints(&self) -> SchedHints {
+        let us = |v: &[f64]| {
+            v.iter()
+                .map(|s| (s * 1e6).round().clamp(0.0, u32::MAX as f64) as u32)
+                .collect()
+        };
+        match &self.timing {
+            LayerTiming::None => SchedHints::None,
+            LayerTiming::ComputeS(v) => SchedHints::LayerComputeUs(us(v)),
+            LayerTiming::DeadlinesS(v) => SchedHints::LayerDeadlinesUs(us(v)),
+        }
+    }
 }
 
 /// State of one chunk of a load.
@@ -139,7 +276,22 @@ fn classify(c: usize, key: &str, e: &StoreError) -> (ChunkStatus, LayerError) {
     }
 }
 
+/// Bytes a ranged read moves: its range, with the header for a layer-0 read.
+fn read_len(r: &RangeRead) -> u64 {
+    if r.layers.start == 0 {
+        r.bytes.end
+    } else {
+        r.bytes.end - r.bytes.start
+    }
+}
+
 /// Runs the stock-S3 layer-ordered load to completion (or failure of every pending layer).
+///
+/// Under the engine's `link` (a bandwidth cap) the load registers its bytes per layer and
+/// hints, reads one layer slice per request in layer-major order, and issues each read once
+/// its credit covers the read's bytes; it leaves the link when every read is issued, or when
+/// the load is cancelled, times out or is dropped (the future, and its `LinkLoad`, dropped).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn run_store_load(
     store: Arc<dyn Store>,
     keys: KeyBuilder,
@@ -148,12 +300,24 @@ pub(crate) async fn run_store_load(
     window_bytes: u64,
     max_requests: usize,
     coalesce_bytes: u64,
+    link: Option<Arc<Link>>,
 ) {
     let g = &req.geometry;
     let slice = g.slice_bytes();
     let tokens = g.tokens_per_chunk;
     let full_len = object_len(g.layers, slice);
-    let plan = plan_layer_major(req.hashes.len(), g.layers, slice, coalesce_bytes);
+    // Paced reads are single layer slices so that layers land in the order the link plans.
+    let coalesce = if link.is_some() { 0 } else { coalesce_bytes };
+    let plan = plan_layer_major(req.hashes.len(), g.layers, slice, coalesce);
+    let paced = link.and_then(|link| {
+        let mut per_layer = vec![0u64; g.layers as usize];
+        for r in &plan {
+            per_layer[r.layers.start as usize] += read_len(r);
+        }
+        link.register(per_layer, &req.hints.sched_hints())
+            .map_err(|e| tracing::warn!(error = %e, "load not paced by the engine's link"))
+            .ok()
+    });
     // Window in KiB permits (a semaphore counts u32 permits).
     let window_kib = (window_bytes / 1024).clamp(1, u32::MAX as u64 / 2) as u32;
     let window = Arc::new(tokio::sync::Semaphore::new(window_kib as usize));
@@ -164,8 +328,18 @@ pub(crate) async fn run_store_load(
         }
         let c = read.chunk;
         if sh.chunk(c) != ChunkStatus::Pending && sh.chunk(c) != ChunkStatus::Ok {
-            // This chunk already failed: its layers are failed too; don't read more of it.
+            // This chunk already failed: its layers are failed too; don't read more of it
+            // (the link counts the bytes as done, so the load's later layers can complete).
+            if let Some(p) = &paced {
+                p.sent(read_len(&read));
+            }
             continue;
+        }
+        if let Some(p) = &paced {
+            // Issued when a fluid transfer at the allocated rate would have finished it.
+            let n = read_len(&read);
+            p.pace(n).await;
+            p.sent(n);
         }
         // Layer 0's read also fetches the header, so geometry is checked before any byte lands.
         let with_header = read.layers.start == 0;
@@ -211,6 +385,8 @@ pub(crate) async fn run_store_load(
         });
         sh.tasks.lock().expect("lock").push(task);
     }
+    // Every read is issued: the load leaves the link.
+    drop(paced);
     // Every read holds a slot until it ends: taking all slots waits for the last one.
     let _ = slots.acquire_many(max_requests.max(1) as u32).await;
     for c in 0..req.hashes.len() {
@@ -557,5 +733,57 @@ impl LoadHandle {
 impl Drop for LoadHandle {
     fn drop(&mut self) {
         self.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hints_are_checked_and_become_microseconds() {
+        let g = KvGeometry::smollm2_135m();
+        let n = g.layers as usize;
+        let r = LoadRequest::new(g.clone(), vec![]);
+        assert_eq!(r.hints, LoadHints::default());
+        assert_eq!(r.hints.priority, 128);
+        assert_eq!(r.hints.sched_hints(), SchedHints::None);
+        let r = r.with_layer_compute_s(vec![0.0015; n]).with_priority(7);
+        r.hints.validate(g.layers).unwrap();
+        assert_eq!(r.hints.priority, 7);
+        assert_eq!(
+            r.hints.sched_hints(),
+            SchedHints::LayerComputeUs(vec![1500; n])
+        );
+        let d: Vec<f64> = (0..n).map(|l| l as f64 * 0.01).collect();
+        let r = r.with_layer_deadlines_s(d);
+        r.hints.validate(g.layers).unwrap();
+        let SchedHints::LayerDeadlinesUs(us) = r.hints.sched_hints() else {
+            panic!("deadlines expected")
+        };
+        assert_eq!(
+            (us[0], us[1], us[n - 1]),
+            (0, 10_000, (n as u32 - 1) * 10_000)
+        );
+        for (timing, needle) in [
+            (
+                LayerTiming::ComputeS(vec![0.001; n - 1]),
+                "the geometry has 30 layers",
+            ),
+            (LayerTiming::ComputeS(vec![f64::NAN; n]), "layer 0"),
+            (LayerTiming::ComputeS(vec![-1.0; n]), "layer 0"),
+            (LayerTiming::DeadlinesS(vec![1e9; n]), "layer 0"),
+            (
+                LayerTiming::DeadlinesS((0..n).map(|l| if l == 3 { 0.0 } else { 1.0 }).collect()),
+                "decrease at layer 3",
+            ),
+        ] {
+            let h = LoadHints {
+                timing,
+                priority: 128,
+            };
+            let e = h.validate(g.layers).unwrap_err().to_string();
+            assert!(e.contains("load hints") && e.contains(needle), "{e}");
+        }
     }
 }

@@ -11,7 +11,7 @@
 //! let hashes = chunk_hashes(&tokens, &HashParams::new(g.tokens_per_chunk as usize))?;
 //! let hit = engine.lookup_blocking(&g, &hashes)?;          // leading chunks cached
 //! let per_layer = hit * g.slice_bytes() as usize;
-//! let h = engine.load(LoadRequest { geometry: g.clone(), hashes: hashes[..hit].to_vec() },
+//! let h = engine.load(LoadRequest::new(g.clone(), hashes[..hit].to_vec()),
 //!                     LayerBuffers::allocate(g.layers as usize, per_layer))?;
 //! for l in 0..g.layers as usize {
 //!     h.wait_layer_blocking(l, None)?;                      // layer l is verified KV
@@ -34,7 +34,7 @@ mod rdma;
 
 pub use buffers::{LayerBuffers, LayerStatus};
 pub use config::{default_cache_dir, EngineConfig, Transport, CONFIG_KEYS};
-pub use load::{ChunkStatus, LoadHandle, LoadRequest, LoadStats};
+pub use load::{ChunkStatus, LayerTiming, LoadHandle, LoadHints, LoadRequest, LoadStats};
 
 use crate::error::{Error, StoreError};
 use crate::layout::{encode_chunk, object_len, ChunkHash, KeyBuilder, KvGeometry};
@@ -112,6 +112,9 @@ pub struct Engine {
     /// Whether the store's endpoint offers gather, and idle gather connections.
     gather: Arc<Mutex<gather::Probe>>,
     next_request_id: AtomicU64,
+    /// The link scheduler shared by this engine's ranged-GET loads under
+    /// `bandwidth_cap_bytes_per_s` (none when uncapped).
+    link: Option<Arc<crate::link::Link>>,
     /// RDMA session with the store's server and idle gather connections for it.
     #[cfg(feature = "rdma")]
     rdma: Arc<Mutex<rdma::Probe>>,
@@ -155,9 +158,20 @@ impl Engine {
     /// Starts an engine over an already opened store (`cfg.store` is ignored).
     ///
     /// # Errors
-    /// [`Error::Io`] if the runtime cannot start; [`Error::Config`] for a bad namespace.
+    /// [`Error::Io`] if the runtime cannot start; [`Error::Config`] for a bad namespace or an
+    /// unknown `scheduler`.
     pub fn with_store(store: Arc<dyn Store>, cfg: EngineConfig) -> Result<Self, Error> {
         crate::layout::validate_namespace(&cfg.namespace)?;
+        let policy = crate::link::policy_by_name(&cfg.scheduler).ok_or_else(|| {
+            Error::Config(format!(
+                "scheduler: {:?} is not fifo, priority, equal, byte-prop or stall-aware",
+                cfg.scheduler
+            ))
+        })?;
+        let link = match cfg.bandwidth_cap_bytes_per_s {
+            0 => None,
+            cap => Some(crate::link::Link::new(policy, cap as f64)?),
+        };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(cfg.worker_threads.max(1))
             .thread_name("objectcache")
@@ -173,6 +187,7 @@ impl Engine {
             counters: Counters::default(),
             gather: Arc::new(Mutex::new(gather::Probe::default())),
             next_request_id: AtomicU64::new(1),
+            link,
             #[cfg(feature = "rdma")]
             rdma: Arc::new(Mutex::new(rdma::Probe::default())),
         })
@@ -478,15 +493,21 @@ impl Engine {
     /// order (layer 0 of every chunk first), at most `window_bytes` and `max_requests` in
     /// flight, each verified by its slice CRC32C before its layer can become ready.
     ///
+    /// `req.hints` (per-layer compute times or deadlines, priority) go to the gather server
+    /// with the request, and under `bandwidth_cap_bytes_per_s` to this engine's link, which
+    /// paces the ranged GETs of all its loads under `scheduler`.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty request, a wrong number of layer buffers or a
-    /// buffer too small (the message names the layer and the sizes).
+    /// buffer too small (the message names the layer and the sizes), or hints that do not fit
+    /// the geometry ([`LoadHints::validate`]).
     pub fn load(&self, req: LoadRequest, dest: LayerBuffers) -> Result<LoadHandle, Error> {
         let g = &req.geometry;
         let keys = self.keys(g)?;
         if req.hashes.is_empty() {
             return Err(Error::InvalidArgument("load: no chunks requested".into()));
         }
+        req.hints.validate(g.layers)?;
         if dest.layers() != g.layers as usize {
             return Err(Error::InvalidArgument(format!(
                 "load: {} destination buffers given, geometry {} has {} layers",
@@ -514,7 +535,7 @@ impl Engine {
         };
         let probe = self.gather.clone();
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
-        let (store, sh1) = (self.store.clone(), sh.clone());
+        let (store, sh1, link) = (self.store.clone(), sh.clone(), self.link.clone());
         let (window, max_req, coalesce) = (
             self.cfg.window_bytes,
             self.cfg.max_requests,
@@ -540,7 +561,7 @@ impl Engine {
                     return;
                 }
             }
-            load::run_store_load(store, keys, req, sh1, window, max_req, coalesce).await
+            load::run_store_load(store, keys, req, sh1, window, max_req, coalesce, link).await
         };
         let timeout = self.cfg.load_timeout;
         let sh2 = sh.clone();
@@ -567,5 +588,80 @@ impl Engine {
             sh,
             rt: self.handle.clone(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Waits (up to 10 s, a liveness bound, not a speed goal) until `f` holds.
+    fn eventually(what: &str, f: impl Fn() -> bool) {
+        let t = Instant::now();
+        while !f() {
+            assert!(t.elapsed() < Duration::from_secs(10), "never: {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn ranged_get_loads_join_and_leave_the_engine_link() {
+        let g = KvGeometry::smollm2_135m();
+        let store: Arc<dyn Store> = Arc::new(crate::store::MemoryStore::new());
+        let cfg = EngineConfig::from_pairs([
+            ("gather", "off"),
+            ("scheduler", "equal"),
+            ("bandwidth_cap_bytes_per_s", "20000000"),
+        ])
+        .unwrap();
+        let e = Engine::with_store(store, cfg).unwrap();
+        let link = e.link.clone().expect("a capped engine has a link");
+        let slice = g.slice_bytes() as usize;
+        let hashes: Vec<ChunkHash> = (0..4u8).map(|i| ChunkHash::from_digest([i; 32])).collect();
+        let data: Vec<Vec<u8>> = (0..g.layers)
+            .map(|l| (0..4 * slice).map(|i| (i as u32 ^ l) as u8).collect())
+            .collect();
+        let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+        e.save_blocking(&g, &hashes, &refs).unwrap();
+        let load = |n: usize| {
+            e.load(
+                LoadRequest::new(g.clone(), hashes[..n].to_vec())
+                    .with_layer_compute_s(vec![0.001; g.layers as usize]),
+                LayerBuffers::allocate(g.layers as usize, n * slice),
+            )
+            .unwrap()
+        };
+        // 1 chunk (5.9 MB, 0.3 s at 20 MB/s): completes, verified, and leaves.
+        let h = load(1);
+        h.wait_all_blocking().unwrap();
+        for l in 0..g.layers as usize {
+            assert_eq!(h.layer(l).unwrap(), &data[l][..slice]);
+        }
+        eventually("the completed load leaves", || link.loads() == 0);
+        // 4 chunks each (47 MB, 2.4 s at the cap together): cancel one, drop the other.
+        let (a, b) = (load(4), load(4));
+        eventually("both loads join", || link.loads() == 2);
+        a.cancel();
+        eventually("the cancelled load leaves", || link.loads() == 1);
+        assert!(matches!(
+            a.wait_layer_blocking(g.layers as usize - 1, None),
+            Err(crate::LayerError::Cancelled)
+        ));
+        drop(b);
+        assert_eq!(link.loads(), 0, "a dropped load has left");
+        // Uncapped engines have no link.
+        let e2 = Engine::with_store(
+            Arc::new(crate::store::MemoryStore::new()),
+            EngineConfig::default(),
+        )
+        .unwrap();
+        assert!(e2.link.is_none());
+        let bad = EngineConfig {
+            scheduler: "lottery".into(),
+            ..EngineConfig::default()
+        };
+        let err = Engine::with_store(Arc::new(crate::store::MemoryStore::new()), bad).unwrap_err();
+        assert!(err.to_string().contains("lottery"), "{err}");
     }
 }

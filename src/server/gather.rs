@@ -643,7 +643,7 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
 
     io.conn.accept(id, plan.len() as u64, total);
     io.flush(sh).await?;
-    // Under a bandwidth cap the link scheduler paces this load's units (link.rs); dropping
+    // Under a bandwidth cap the link scheduler paces this load's units (`crate::link`); dropping
     // `paced` is the load's departure.
     let paced = match &sh.link {
         Some(link) => link.register(layer_bytes_of(&plan), &req.hints).ok(),

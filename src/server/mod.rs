@@ -18,7 +18,6 @@ pub mod config;
 mod gather;
 #[cfg(feature = "rdma")]
 mod gather_rdma;
-mod link;
 pub mod metrics;
 pub mod s3;
 pub mod sched;
@@ -76,7 +75,7 @@ pub(crate) struct Shared {
     pub(crate) rdma: Option<Arc<crate::transport::rdma::SessionRegistry>>,
     /// The link scheduler pacing gather loads under `bandwidth_cap_bytes_per_s` (none when
     /// uncapped).
-    pub(crate) link: Option<Arc<link::Link>>,
+    pub(crate) link: Option<Arc<crate::link::Link>>,
 }
 
 impl Shared {
@@ -331,13 +330,13 @@ pub async fn start_with_store(
 }
 
 /// The link scheduler of `cfg`: `None` when uncapped.
-fn shared_link(cfg: &ServerConfig) -> crate::Result<Option<Arc<link::Link>>> {
+fn shared_link(cfg: &ServerConfig) -> crate::Result<Option<Arc<crate::link::Link>>> {
     if cfg.bandwidth_cap_bytes_per_s == 0 {
         return Ok(None);
     }
     let kind = sched::link_policy(&cfg.scheduler)
         .ok_or_else(|| crate::Error::Config(format!("scheduler {:?}", cfg.scheduler)))?;
-    Ok(Some(link::Link::new(
+    Ok(Some(crate::link::Link::new(
         kind,
         cfg.bandwidth_cap_bytes_per_s as f64,
     )?))

@@ -119,14 +119,7 @@ pub fn by_name(name: &str) -> Option<Box<dyn LoadScheduler>> {
 /// [`crate::sched::StallAware`] (the long names `equal-share` and `byte-proportional` are
 /// accepted too). `None` for an unknown name.
 pub fn link_policy(name: &str) -> Option<crate::sched::PolicyKind> {
-    use crate::sched::PolicyKind as K;
-    match name {
-        "fifo" | "priority" => Some(K::Fifo),
-        "equal" | "equal-share" => Some(K::EqualShare),
-        "byte-prop" | "byte-proportional" => Some(K::ByteProportional),
-        "stall-aware" => Some(K::StallAware),
-        _ => None,
-    }
+    crate::link::policy_by_name(name)
 }
 
 #[cfg(test)]

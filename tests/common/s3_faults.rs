@@ -192,6 +192,7 @@ pub fn load_checked(
             LoadRequest {
                 geometry: g.clone(),
                 hashes: hashes.to_vec(),
+                hints: Default::default(),
             },
             LayerBuffers::allocate(g.layers as usize, per_layer),
         )

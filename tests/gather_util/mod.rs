@@ -329,3 +329,20 @@ pub fn spawn_serve(
         .unwrap_or_else(|_| panic!("readiness line {line:?}"));
     (ServeProcess(child), addr)
 }
+
+/// An S3 store (path-style, the test keys) on the server at `endpoint` (its
+/// `ServerHandle::endpoint`), bucket [`BUCKET`].
+#[cfg(feature = "s3")]
+pub async fn s3_store_on(endpoint: &str) -> Arc<dyn Store> {
+    use objectcache::store::{Addressing, S3Config, S3Credentials, S3Store};
+    let mut cfg = S3Config::new(BUCKET);
+    cfg.endpoint = Some(endpoint.to_string());
+    cfg.region = Some("us-east-1".into());
+    cfg.addressing = Some(Addressing::Path);
+    cfg.credentials = S3Credentials::Static {
+        access_key: ACCESS.into(),
+        secret_key: SECRET.into(),
+        session_token: None,
+    };
+    Arc::new(S3Store::new(cfg).await.expect("S3 client"))
+}

@@ -281,6 +281,7 @@ pub fn engine_load(
             LoadRequest {
                 geometry: g.clone(),
                 hashes: hashes.to_vec(),
+                hints: Default::default(),
             },
             dest,
         )

@@ -113,6 +113,7 @@ impl KvCache {
             LoadRequest {
                 geometry: self.geometry.clone(),
                 hashes,
+                hints: Default::default(),
             },
             dest,
         )?)

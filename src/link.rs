@@ -1,7 +1,11 @@
-//! The server-wide link scheduler: one per server (one NIC), the tokio shell around the pure
-//! [`crate::sched::Scheduler`].
+//! The link scheduler: the tokio shell around the pure [`crate::sched::Scheduler`], shared by
+//! the two sides that move KV bytes over one NIC under a bandwidth cap:
+//! - the server (one per server, one NIC): it paces the gather units it writes to the socket
+//!   (`server/gather.rs`);
+//! - the client (one per [`crate::connector::Engine`], the host NIC share of its GPUs): it
+//!   paces the ranged GETs of the stock-S3 path (`connector/load.rs`).
 //!
-//! Every gather load that is sending registers with its per-layer bytes and its scheduling
+//! Every load that is sending registers with its per-layer bytes and its scheduling
 //! hints ([`Link::register`]) and leaves when it ends or is cancelled (dropping its
 //! [`LinkLoad`]). The policy assigns each load a rate (bytes/s) at every arrival, departure,
 //! layer completion and layer deadline ([`crate::sched::Scheduler::poll_timeout`]); the rates
@@ -9,8 +13,9 @@
 //! load accrues **credit** (bytes) at its current rate, and a unit of `n` bytes is released
 //! once the load holds `n` bytes of credit ([`LinkLoad::pace`]). A unit therefore leaves at
 //! the moment a fluid transfer at the allocated rates would have finished it, which is what
-//! the simulator (`crate::sim`) models. Credit left unused while a load waits for its backend
-//! reads is capped at one unit, so a load never bursts more than one unit above its rate.
+//! the simulator (`crate::sim`) models. Credit left unused while a load waits (for its backend
+//! reads, or for read slots) is capped at one unit, so a load never bursts more than one unit
+//! above its rate.
 //!
 //! The time source stays here: `now` is seconds since the link was created (a monotonic
 //! tokio clock), passed into the pure scheduler.
@@ -58,7 +63,8 @@ impl State {
     }
 }
 
-/// One server's link scheduler (module docs). Cheap to share behind an [`Arc`].
+/// One link scheduler (module docs): one server's NIC or one engine's NIC share. Cheap to
+/// share behind an [`Arc`].
 pub(crate) struct Link {
     epoch: Instant,
     st: Mutex<State>,
@@ -132,6 +138,29 @@ impl Link {
             link: self.clone(),
             id,
         })
+    }
+}
+
+/// The bandwidth-sharing policy of the `scheduler` setting `name` (server and engine alike):
+/// `fifo` and `priority` give the earliest load all it can take ([`crate::sched::Fifo`]);
+/// `equal`, `byte-prop` and `stall-aware` name [`crate::sched::EqualShare`],
+/// [`crate::sched::ByteProportional`] and [`crate::sched::StallAware`] (the long names
+/// `equal-share` and `byte-proportional` are accepted too). `None` for an unknown name.
+pub(crate) fn policy_by_name(name: &str) -> Option<PolicyKind> {
+    match name {
+        "fifo" | "priority" => Some(PolicyKind::Fifo),
+        "equal" | "equal-share" => Some(PolicyKind::EqualShare),
+        "byte-prop" | "byte-proportional" => Some(PolicyKind::ByteProportional),
+        "stall-aware" => Some(PolicyKind::StallAware),
+        _ => None,
+    }
+}
+
+impl Link {
+    /// Loads registered now (tests of the link's users).
+    #[cfg(test)]
+    pub(crate) fn loads(&self) -> usize {
+        self.st.lock().expect("link lock").sched.loads().len()
     }
 }
 
