@@ -229,10 +229,7 @@ fn gather_corrupt_slice_in_a_file_is_a_miss_naming_its_chunk() {
     std::fs::write(&path, obj).unwrap();
     let h = e
         .load(
-            LoadRequest {
-                geometry: g.clone(),
-                hashes: hs,
-            },
+            LoadRequest::new(g.clone(), hs),
             LayerBuffers::allocate(g.layers as usize, data[0].len()),
         )
         .unwrap();
