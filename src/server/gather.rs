@@ -292,7 +292,10 @@ type PieceResult = Result<(Vec<Part>, u32), Miss>;
 
 /// Per chunk of a load, its object opened as a local file, once (`None`: the backend keeps no
 /// local files, or the open failed and the ranged read will say why).
-type LocalFiles = Arc<Vec<tokio::sync::OnceCell<Option<Arc<std::fs::File>>>>>;
+type LocalFiles = Arc<(
+    std::ops::Range<u32>,
+    Vec<tokio::sync::OnceCell<Option<Arc<LocalChunk>>>>,
+)>;
 
 struct Fetched {
     plan: UnitPlan,
@@ -382,49 +385,71 @@ async fn fetch_piece(
     }
 }
 
-/// A whole slice of a local file, unverified: reads only its stored CRC32C trailer (the
-/// client checks the payload against it end to end) and asks the kernel to read the slice
-/// ahead, so the `sendfile` that sends it finds it in the page cache.
-async fn fetch_piece_local(
+/// A chunk object opened as a local file, with the stored CRC32C trailer of each layer's
+/// slice read once (per layer `layers.start + i`, or the read error).
+struct LocalChunk {
     file: Arc<std::fs::File>,
+    layer0: u32,
+    trailers: Vec<Result<u32, String>>,
+}
+
+/// Opens chunk `key` as a local file, if the backend keeps one, and reads the CRC trailers of
+/// `layers` (slices of `slice_len` bytes) in one blocking task; asks the kernel to read the
+/// object ahead, so the `sendfile`s that send its slices find them in the page cache.
+async fn open_local_chunk(
+    sh: &Shared,
     key: &str,
-    layer: u32,
-    p: &crate::protocol::SlicePiece,
-) -> PieceResult {
+    layers: std::ops::Range<u32>,
+    slice_len: u64,
+) -> Option<Arc<LocalChunk>> {
     use std::os::unix::fs::FileExt;
-    let start = slice_range(layer, p.slice_len).start;
-    let sl = p.slice_len;
+    let o = sh.store.open_local(key).await.ok().flatten()?;
+    let file = Arc::new(o.file);
     let f = file.clone();
-    let trailer = tokio::task::spawn_blocking(move || {
+    let layer0 = layers.start;
+    let trailers = tokio::task::spawn_blocking(move || {
         // Advice only: a failure costs a slower send, not correctness.
-        let _ = rustix::fs::fadvise(
-            &*f,
-            start,
-            std::num::NonZeroU64::new(sl),
-            rustix::fs::Advice::WillNeed,
-        );
-        let mut t = [0u8; 4];
-        f.read_exact_at(&mut t, start + sl).map(|()| t)
+        let _ = rustix::fs::fadvise(&*f, 0, None, rustix::fs::Advice::WillNeed);
+        layers
+            .map(|l| {
+                let mut t = [0u8; 4];
+                f.read_exact_at(&mut t, slice_range(l, slice_len).start + slice_len)
+                    .map(|()| u32::from_le_bytes(t))
+                    .map_err(|e| format!("layer {l} slice CRC read: {e}"))
+            })
+            .collect()
     })
-    .await;
+    .await
+    .ok()?;
+    Some(Arc::new(LocalChunk {
+        file,
+        layer0,
+        trailers,
+    }))
+}
+
+/// A whole slice of a local file, unverified: its bytes are named in the file (sent with
+/// `sendfile`), its CRC is the stored trailer (the client checks the payload against it, end
+/// to end).
+fn piece_local(c: &LocalChunk, key: &str, layer: u32, p: &crate::protocol::SlicePiece) -> PieceResult {
+    let trailer = layer
+        .checked_sub(c.layer0)
+        .and_then(|i| c.trailers.get(i as usize))
+        .cloned()
+        .unwrap_or_else(|| Err(format!("layer {layer} outside the request")));
     match trailer {
-        Ok(Ok(t)) => Ok((
+        Ok(crc) => Ok((
             vec![Part::File(FileRange {
-                file,
-                offset: start,
-                len: sl,
+                file: c.file.clone(),
+                offset: slice_range(layer, p.slice_len).start,
+                len: p.slice_len,
             })],
-            u32::from_le_bytes(t),
+            crc,
         )),
-        Ok(Err(e)) => Err(Miss {
+        Err(m) => Err(Miss {
             chunk: p.chunk,
             reason: MissReason::Storage,
-            message: format!("{key}: layer {layer} slice CRC read: {e}"),
-        }),
-        Err(e) => Err(Miss {
-            chunk: p.chunk,
-            reason: MissReason::Storage,
-            message: format!("{key}: layer {layer}: blocking read failed: {e}"),
+            message: format!("{key}: {m}"),
         }),
     }
 }
@@ -460,14 +485,12 @@ async fn fetch_unit(
             let key = &keys[p.chunk as usize];
             // Whole unverified slices of local files are sent from the file (sendfile).
             if let Some(files) = files.filter(|_| p.range.start == 0 && p.range.end == p.slice_len) {
-                let cell = &files[p.chunk as usize];
-                let file = cell
-                    .get_or_init(|| async {
-                        sh.store.open_local(key).await.ok().flatten().map(|o| Arc::new(o.file))
-                    })
+                let (layers, cells) = &*files;
+                let chunk = cells[p.chunk as usize]
+                    .get_or_init(|| open_local_chunk(&sh, key, layers.clone(), p.slice_len))
                     .await;
-                if let Some(f) = file {
-                    return fetch_piece_local(f.clone(), key, layer, p).await;
+                if let Some(c) = chunk {
+                    return piece_local(c, key, layer, p);
                 }
             }
             fetch_piece(&sh, key, layer, p, verify).await
@@ -657,7 +680,12 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
     // Unverified slices bound for the TCP stream are sent from local files when the backend
     // keeps them (the client checks each unit's stored CRC32C end to end).
     let files: Option<LocalFiles> = (!verify && matches!(req.target, TransportTarget::InlineTcp))
-        .then(|| Arc::new((0..keys.len()).map(|_| tokio::sync::OnceCell::new()).collect()));
+        .then(|| {
+            Arc::new((
+                req.layers.clone(),
+                (0..keys.len()).map(|_| tokio::sync::OnceCell::new()).collect(),
+            ))
+        });
     let reads = Arc::new(Semaphore::new(sh.cfg.read_concurrency));
     let mut remaining: HashMap<u32, usize> = HashMap::new();
     for u in &plan {
