@@ -16,6 +16,7 @@ pub mod modeled;
 pub mod modeled_link;
 pub mod modeled_nixl;
 pub mod modeled_plot;
+pub mod modeled_record;
 pub mod real;
 pub mod tokenizer;
 

@@ -2,7 +2,7 @@
 //! model, GPU and new-token count, log-scale TTFT), and a per-layer timeline of one point (KV
 //! landing in host memory and compute per layer, per method).
 
-use super::modeled::{Modeled, Record, METHODS};
+use super::modeled_record::{Modeled, Record, METHODS};
 use std::fmt::Write;
 
 /// Data of the per-layer timeline plot.
