@@ -512,20 +512,25 @@ impl<T> Drop for AbortOnDrop<T> {
     }
 }
 
-/// Reads and checks each chunk object's header; returns the misses (in chunk order).
+/// Reads and checks each chunk object's header, `read_concurrency` at a time, and sends each
+/// result to `out` in chunk order as soon as it and those before it are known.
 async fn check_headers(
     sh: Arc<Shared>,
     tokens: Vec<u32>,
     g: crate::protocol::WireGeometry,
     keys: Arc<Vec<String>>,
-) -> Vec<Miss> {
+    out: tokio::sync::mpsc::UnboundedSender<Result<(), Miss>>,
+) {
     let n = keys.len();
     let conc = sh.cfg.read_concurrency;
-    let checks = stream::iter(0..n)
+    let mut checks = stream::iter(0..n)
         .map(move |i| check_header(sh.clone(), keys.clone(), i, tokens[i], g))
         .buffered(conc);
-    let all: Vec<Result<(), Miss>> = checks.collect().await;
-    all.into_iter().filter_map(Result::err).collect()
+    while let Some(r) = checks.next().await {
+        if out.send(r).is_err() {
+            return;
+        }
+    }
 }
 
 async fn check_header(
@@ -691,11 +696,16 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
     for u in &plan {
         *remaining.entry(u.layer).or_default() += 1;
     }
-    let mut headers = AbortOnDrop(tokio::spawn(check_headers(
+    // Header checks stream their results in chunk order; a unit goes out once the headers of
+    // every chunk it carries are known (not all of them: the first layer's first slices leave
+    // while later headers are still being read).
+    let (htx, mut hrx) = tokio::sync::mpsc::unbounded_channel();
+    let _headers = AbortOnDrop(tokio::spawn(check_headers(
         sh.clone(),
         req.chunk_tokens.clone(),
         req.geometry,
         keys.clone(),
+        htx,
     )));
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Fetched>(depth);
     let _reader = AbortOnDrop(tokio::spawn({
@@ -720,23 +730,27 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
             }
         }
     }));
-    let misses = tokio::select! {
-        m = &mut headers.0 => m.unwrap_or_default(),
-        a = io.next_signal() => return match a { Abort::Cancelled => { io.conn.finish(id, 0, 0); io.flush(sh).await } a => Err(a) },
-    };
-    // Per-chunk misses: a bad chunk's slices are left out of every unit; the other chunks'
-    // slices are still delivered (the client keeps their bytes and names the bad chunk).
+    // Per-chunk misses: a bad chunk's Miss goes out before any unit that would carry its
+    // slices, which are left out of every unit; the other chunks' slices are still delivered
+    // (the client keeps their bytes and names the bad chunk).
+    let n_chunks = req.chunks.len();
     let mut bad: std::collections::HashSet<u32> = std::collections::HashSet::new();
-    for m in &misses {
-        sh.metrics.error("miss");
-        bad.insert(m.chunk);
-        io.conn
-            .send_miss(m.chunk, req.layers.clone(), m.reason, &m.message);
-    }
-    if bad.len() == req.chunks.len() {
-        io.conn.finish(id, 0, 0);
-        return io.flush(sh).await;
-    }
+    let mut known = 0usize;
+    let on_header = |io: &mut Io,
+                     bad: &mut std::collections::HashSet<u32>,
+                     known: &mut usize,
+                     r: Option<Result<(), Miss>>| match r {
+        Some(Ok(())) => *known += 1,
+        Some(Err(m)) => {
+            *known += 1;
+            sh.metrics.error("miss");
+            bad.insert(m.chunk);
+            io.conn
+                .send_miss(m.chunk, req.layers.clone(), m.reason, &m.message);
+        }
+        // The checker ended early (it never does before sending every result).
+        None => *known = n_chunks,
+    };
     let grace = async {
         sh.shutdown.cancelled().await;
         tokio::time::sleep(Duration::from_secs(sh.cfg.shutdown_grace_secs)).await;
@@ -744,9 +758,10 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
     tokio::pin!(grace);
     let (mut units, mut bytes) = (0u64, 0u64);
     let mut ttfl_seen = false;
+    let mut all_sent = false;
     #[cfg(feature = "rdma")]
     let mut rdma_failed: std::collections::HashSet<u32> = std::collections::HashSet::new();
-    loop {
+    'send: loop {
         tokio::select! {
             biased;
             _ = &mut grace => {
@@ -760,7 +775,27 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
                 a => return Err(a),
             },
             f = rx.recv() => {
-                let Some(f) = f else { break };
+                let Some(f) = f else {
+                    all_sent = true;
+                    break;
+                };
+                let need = f.plan.pieces.iter().map(|p| p.chunk as usize + 1).max().unwrap_or(0);
+                while known < need {
+                    tokio::select! {
+                        r = hrx.recv() => on_header(io, &mut bad, &mut known, r),
+                        a = io.next_signal() => match a { Abort::Cancelled => break 'send, a => return Err(a) },
+                        _ = &mut grace => {
+                            sh.metrics.error("shutdown_abort");
+                            io.conn.close_with(ErrorCode::ShuttingDown, "server shut down before the load finished");
+                            let _ = io.flush(sh).await;
+                            return Err(Abort::Shutdown);
+                        }
+                    }
+                }
+                if known == n_chunks && bad.len() == n_chunks && units == 0 {
+                    // Every chunk misses: nothing to send.
+                    break;
+                }
                 if let Some(p) = &paced {
                     tokio::select! {
                         _ = p.pace(f.plan.len) => {}
@@ -858,6 +893,11 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
                 }
             }
         }
+    }
+    // Every unit is out: the header results not needed yet still name their misses before End.
+    while all_sent && known < n_chunks {
+        let r = hrx.recv().await;
+        on_header(io, &mut bad, &mut known, r);
     }
     #[cfg(feature = "rdma")]
     if let Some(d) = rdma.take() {
