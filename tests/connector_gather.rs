@@ -61,6 +61,19 @@ fn save_and_load(e: &Engine, g: &KvGeometry, chunks: usize, seed: u64) -> u64 {
     st.requests
 }
 
+/// The load's per-chunk status once no chunk is pending (the chunks not named by a miss are
+/// marked whole when the stream ends, which may come after the last layer settles); gives up
+/// after 60 s and returns what it has.
+fn settled_chunk_status(h: &objectcache::connector::LoadHandle) -> Vec<ChunkStatus> {
+    let t = std::time::Instant::now();
+    while h.chunk_status().contains(&ChunkStatus::Pending)
+        && t.elapsed() < std::time::Duration::from_secs(60)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    h.chunk_status()
+}
+
 #[test]
 fn gather_where_offered_ranged_gets_where_off() {
     let dir = tempfile::tempdir().unwrap();
@@ -177,14 +190,8 @@ fn gather_missing_chunk_is_a_per_chunk_miss() {
     }
     // The layers fail as soon as the miss arrives; the other chunks are marked whole when
     // the stream ends.
-    let t = std::time::Instant::now();
-    while h.chunk_status().contains(&ChunkStatus::Pending)
-        && t.elapsed() < std::time::Duration::from_secs(60)
-    {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
     assert_eq!(
-        h.chunk_status(),
+        settled_chunk_status(&h),
         vec![
             ChunkStatus::Ok,
             ChunkStatus::Ok,
@@ -252,14 +259,8 @@ fn gather_corrupt_slice_in_a_file_is_a_miss_naming_its_chunk() {
             }
         }
     }
-    let t = std::time::Instant::now();
-    while h.chunk_status().contains(&ChunkStatus::Pending)
-        && t.elapsed() < std::time::Duration::from_secs(60)
-    {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
     assert_eq!(
-        h.chunk_status(),
+        settled_chunk_status(&h),
         vec![
             ChunkStatus::Ok,
             ChunkStatus::Ok,
