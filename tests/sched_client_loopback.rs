@@ -50,14 +50,22 @@ async fn measure(
     )
     .unwrap();
     // Warm-up (not measured): the engine's first ranged GETs open its connections; a
-    // long-lived engine has them already, and the model leaves connection set-up out.
-    let warm = LoadRequest::new(g.clone(), prefixes[0].hashes[..1].to_vec());
+    // long-lived engine has them already, and the model leaves connection set-up out. A
+    // burst as wide as the measured one, so the connection pool holds one connection per
+    // concurrent load before the measurement starts.
     let slice = g.slice_bytes() as usize;
-    let h = e
-        .load(warm, LayerBuffers::allocate(g.layers as usize, slice))
-        .unwrap();
-    h.wait_all().await.unwrap();
-    drop(h);
+    let warm: Vec<_> = prefixes
+        .iter()
+        .map(|p| {
+            let req = LoadRequest::new(g.clone(), p.hashes[..1].to_vec());
+            e.load(req, LayerBuffers::allocate(g.layers as usize, slice))
+                .unwrap()
+        })
+        .collect();
+    for h in &warm {
+        h.wait_all().await.unwrap();
+    }
+    drop(warm);
     let m = model();
     // Requests and destinations first (allocating 70 MB takes tens of milliseconds), so the
     // loads start within microseconds of each other, as the simulated burst does.
