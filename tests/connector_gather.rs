@@ -7,10 +7,10 @@ mod common;
 mod gather_util;
 
 use common::{hashes, kv, unique_ns};
-use gather_util::{config, start, ACCESS, BUCKET, SECRET};
+use gather_util::{config, start, BUCKET};
 use objectcache::connector::{ChunkStatus, Engine, EngineConfig, LayerBuffers, LoadRequest};
 use objectcache::store::{
-    Addressing, FsStore, FsyncPolicy, S3Config, S3Credentials, S3Store, Store,
+    FsStore, FsyncPolicy, S3Store, Store,
 };
 use objectcache::KvGeometry;
 use std::sync::{Arc, OnceLock};
@@ -22,16 +22,7 @@ fn rt() -> &'static tokio::runtime::Runtime {
 }
 
 fn s3_on(endpoint: &str) -> Arc<dyn Store> {
-    let mut cfg = S3Config::new(BUCKET);
-    cfg.endpoint = Some(endpoint.to_string());
-    cfg.region = Some("us-east-1".into());
-    cfg.addressing = Some(Addressing::Path);
-    cfg.credentials = S3Credentials::Static {
-        access_key: ACCESS.into(),
-        secret_key: SECRET.into(),
-        session_token: None,
-    };
-    Arc::new(rt().block_on(S3Store::new(cfg)).unwrap())
+    rt().block_on(gather_util::s3_store_on(endpoint))
 }
 
 /// Saves `chunks` chunks through `e`, loads them back, checks every byte; returns requests.
