@@ -26,11 +26,35 @@ fn s3_on(endpoint: &str) -> Arc<dyn Store> {
 }
 
 /// Saves `chunks` chunks through `e`, loads them back, checks every byte; returns requests.
-fn save_and_load(e: &Engine, g: &KvGeometry, chunks: usize, seed: u64) -> u64 {
+/// An engine with default settings (gather on) over `store`, in a fresh namespace.
+fn engine(store: Arc<dyn Store>, ns: &str) -> Engine {
+    Engine::with_store(
+        store,
+        EngineConfig {
+            namespace: unique_ns(ns),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Saves a `chunks`-chunk prefix of seeded KV through `e`; returns its hashes and each
+/// layer's bytes.
+fn save_prefix(
+    e: &Engine,
+    g: &KvGeometry,
+    chunks: usize,
+    seed: u64,
+) -> (Vec<objectcache::ChunkHash>, Vec<Vec<u8>>) {
     let hs = hashes(g, chunks * g.tokens_per_chunk as usize, seed as u32);
     let data = kv(g, chunks, seed);
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
     e.save_blocking(g, &hs, &refs).unwrap();
+    (hs, data)
+}
+
+fn save_and_load(e: &Engine, g: &KvGeometry, chunks: usize, seed: u64) -> u64 {
+    let (hs, data) = save_prefix(e, g, chunks, seed);
     assert_eq!(e.lookup_blocking(g, &hs).unwrap(), chunks);
     let h = e
         .load(
@@ -146,19 +170,8 @@ fn gather_missing_chunk_is_a_per_chunk_miss() {
     let server = rt().block_on(start(backend, config()));
     let store = s3_on(&server.endpoint());
     let g = KvGeometry::smollm2_135m();
-    let e = Engine::with_store(
-        store.clone(),
-        EngineConfig {
-            namespace: unique_ns("gmiss"),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let chunks = 4;
-    let hs = hashes(&g, chunks * g.tokens_per_chunk as usize, 7);
-    let data = kv(&g, chunks, 7);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    e.save_blocking(&g, &hs, &refs).unwrap();
+    let e = engine(store.clone(), "gmiss");
+    let (hs, data) = save_prefix(&e, &g, 4, 7);
     let keys = e.keys(&g).unwrap();
     rt().block_on(store.delete(&keys.data(&hs[2]))).unwrap();
     let h = e
@@ -205,19 +218,8 @@ fn gather_corrupt_slice_in_a_file_is_a_miss_naming_its_chunk() {
     let server = rt().block_on(start(backend, config()));
     let store = s3_on(&server.endpoint());
     let g = KvGeometry::llama31_8b();
-    let e = Engine::with_store(
-        store,
-        EngineConfig {
-            namespace: unique_ns("gcorrupt"),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let chunks = 4;
-    let hs = hashes(&g, chunks * g.tokens_per_chunk as usize, 9);
-    let data = kv(&g, chunks, 9);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    e.save_blocking(&g, &hs, &refs).unwrap();
+    let e = engine(store, "gcorrupt");
+    let (hs, data) = save_prefix(&e, &g, 4, 9);
     let path = dir
         .path()
         .join(BUCKET)
