@@ -77,6 +77,10 @@ mon allow pool size one = true
 mon allow pool delete = true
 mon warn on pool no redundancy = false
 mon max pg per osd = 1000
+# The monitor refuses to start when its data disk has under 5% free (mon data avail crit),
+# as on a nearly full CI disk; its data here is a few MiB and the OSD keeps data in memory.
+mon data avail crit = 0
+mon data avail warn = 0
 mon osd full ratio = .99
 mon osd nearfull ratio = .98
 mon osd backfillfull ratio = .985
