@@ -175,16 +175,22 @@ typedef struct objectcache_layer_dest {
 /** What to load, where to, and scheduling hints. */
 typedef struct objectcache_load_params {
     uint32_t struct_size;
-    /** Scheduling hint: larger is more urgent (0 = normal). Advisory in ABI version 1. */
+    /** Scheduling hint: larger is more urgent (0 = normal). A gather server whose scheduler
+     *  is `priority` admits loads in this order (values above 127 count as 127). */
     uint32_t priority;
     /** Caller's request id (e.g. vLLM's request id hashed to 64 bits); appears in error
      *  messages and the transfer's stats. */
     uint64_t request_id;
-    /** Scheduling hint: the caller wants layer 0 within this many ms (0 = none). Advisory
-     *  in ABI version 1; the hard deadline is the engine's load_timeout_ms. */
+    /** Scheduling hint: the caller needs layer 0 this many ms after the call (0 = none).
+     *  With compute_us_per_layer, layer l is needed at deadline_ms + l x compute time;
+     *  alone, every layer is needed by then. The bandwidth schedulers (the engine's on the
+     *  ranged-GET path, the server's on the gather path) use it; it never fails a load (the
+     *  hard deadline is the engine's load_timeout_ms). At most 4,294,967 ms (u32 us). */
     uint64_t deadline_ms;
     /** Scheduling hint: the caller's compute time per layer in microseconds, i.e. how long
-     *  each layer's transfer may take while still hidden (0 = unknown). Advisory in v1. */
+     *  each layer's transfer may take while still hidden (0 = unknown); used by the
+     *  bandwidth schedulers as above. At most 4,294,967,295 us; larger values are refused
+     *  with OBJECTCACHE_ERR_INVALID_ARGUMENT. */
     uint64_t compute_us_per_layer;
     /** Geometry the objects were saved with; borrowed for the call. */
     const objectcache_geometry *geometry;

@@ -20,7 +20,8 @@ mod types;
 pub use types::*;
 
 use crate::connector::{
-    ChunkStatus, Engine, EngineConfig, LayerBuffers, LayerStatus, LoadHandle, LoadRequest,
+    ChunkStatus, Engine, EngineConfig, LayerBuffers, LayerStatus, LayerTiming, LoadHandle,
+    LoadHints, LoadRequest,
 };
 use crate::error::{Error, LayerError, StoreError};
 use crate::hash::{chunk_hashes, HashParams};
@@ -1060,9 +1061,9 @@ pub unsafe extern "C" fn objectcache_load(
         e.live_transfers.fetch_add(1, Ordering::AcqRel);
         let handle = match e.engine.load(
             LoadRequest {
+                hints: load_hints(p.priority, p.deadline_ms, p.compute_us_per_layer, g.layers),
                 geometry: g,
                 hashes: hs,
-                hints: Default::default(),
             },
             bufs,
         ) {
@@ -1110,6 +1111,31 @@ pub unsafe extern "C" fn objectcache_load(
         unsafe { out_val(out, token(id), "out")? };
         Ok(OBJECTCACHE_OK)
     })
+}
+
+/// The scheduling hints of `objectcache_load_params` as the Rust API's [`LoadHints`]:
+///
+/// - `priority` (C: larger is more urgent, 0 = normal) becomes `128 + priority`, at most 255
+///   (Rust: 0..=255, default 128, higher first);
+/// - `compute_us_per_layer` > 0 gives every one of `layers` layers that compute time;
+///   with `deadline_ms` > 0 as well, layer `l` is needed at `deadline_ms / 1e3 + l x
+///   compute_us_per_layer / 1e6` seconds; `deadline_ms` alone means every layer is needed by
+///   then (the later layers' times are unknown, so the conservative reading).
+///
+/// Out-of-range values (above `u32::MAX` microseconds, the wire's limit) are refused by
+/// `Engine::load` with an error naming the hint.
+fn load_hints(priority: u32, deadline_ms: u64, compute_us_per_layer: u64, layers: u32) -> LoadHints {
+    let priority = u8::try_from(128u64 + u64::from(priority)).unwrap_or(u8::MAX);
+    let n = layers as usize;
+    let compute_s = compute_us_per_layer as f64 * 1e-6;
+    let deadline_s = deadline_ms as f64 * 1e-3;
+    let timing = match (deadline_ms, compute_us_per_layer) {
+        (0, 0) => LayerTiming::None,
+        (0, _) => LayerTiming::ComputeS(vec![compute_s; n]),
+        (_, 0) => LayerTiming::DeadlinesS(vec![deadline_s; n]),
+        (_, _) => LayerTiming::DeadlinesS((0..n).map(|l| deadline_s + l as f64 * compute_s).collect()),
+    };
+    LoadHints { timing, priority }
 }
 
 fn check_layer(t: &TransferObj, layer: u32) -> Result<usize, CErr> {
@@ -1387,6 +1413,27 @@ mod tests {
         unsafe { CStr::from_ptr(objectcache_last_error()) }
             .to_string_lossy()
             .into_owned()
+    }
+
+    #[test]
+    fn load_params_hints_map_to_load_hints() {
+        let h = load_hints(0, 0, 0, 4);
+        assert_eq!((h.timing, h.priority), (LayerTiming::None, 128));
+        assert_eq!(load_hints(1, 0, 0, 4).priority, 129);
+        assert_eq!(load_hints(u32::MAX, 0, 0, 4).priority, 255);
+        assert_eq!(
+            load_hints(0, 0, 2500, 3).timing,
+            LayerTiming::ComputeS(vec![0.0025; 3])
+        );
+        assert_eq!(
+            load_hints(0, 40, 0, 2).timing,
+            LayerTiming::DeadlinesS(vec![0.04; 2])
+        );
+        let LayerTiming::DeadlinesS(d) = load_hints(0, 40, 2000, 3).timing else {
+            panic!("deadline and compute give deadlines");
+        };
+        let want = [0.040, 0.042, 0.044];
+        assert!(d.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-12), "{d:?}");
     }
 
     #[test]

@@ -310,6 +310,19 @@ int main(int argc, char **argv) {
     lp.layers = dests;
     lp.n_layers = LAYERS;
     objectcache_transfer *t = NULL;
+    /* Scheduling hints reach the engine, which checks them: a compute time beyond the
+     * wire's u32 microseconds, or deadlines that overflow it, are refused by name. */
+    lp.compute_us_per_layer = 5000000000ull;
+    EXPECT_MSG(objectcache_load(e, &lp, &t), OBJECTCACHE_ERR_INVALID_ARGUMENT,
+               "layer compute times");
+    lp.compute_us_per_layer = 0;
+    lp.deadline_ms = 5000000ull;
+    EXPECT_MSG(objectcache_load(e, &lp, &t), OBJECTCACHE_ERR_INVALID_ARGUMENT,
+               "layer deadlines");
+    CHECK(t == NULL, "a refused load returned a transfer");
+    /* Valid hints: layer 0 needed within 50 ms, then every 2 ms. */
+    lp.deadline_ms = 50;
+    lp.compute_us_per_layer = 2000;
     EXPECT(objectcache_load(e, &lp, &t), OBJECTCACHE_OK);
     for (uint32_t l = 0; l < LAYERS; l++) {
         EXPECT(objectcache_transfer_wait_layer(t, l, OBJECTCACHE_WAIT_FOREVER), OBJECTCACHE_OK);
