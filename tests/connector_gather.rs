@@ -106,11 +106,29 @@ fn gather_where_offered_ranged_gets_where_off() {
         },
     )
     .unwrap();
+    // Striped over the default 2 connections: chunks 0-1 and 2-3, byte-exact.
     assert_eq!(
         save_and_load(&e, &g, 4, 1),
-        1,
-        "one gather request per load"
+        2,
+        "one gather request per stream"
     );
+    // One stream: one request per load; three streams split 4 chunks as 1 + 1 + 2.
+    for (streams, want) in [(1, 1), (3, 3)] {
+        let es = Engine::with_store(
+            store.clone(),
+            EngineConfig {
+                namespace: ns.clone(),
+                gather_streams: streams,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            save_and_load(&es, &g, 4, 3 + streams as u64),
+            want,
+            "{streams} streams"
+        );
+    }
     let off = EngineConfig {
         namespace: ns,
         gather: false,
@@ -203,7 +221,11 @@ fn gather_missing_chunk_is_a_per_chunk_miss() {
             ChunkStatus::Ok
         ]
     );
-    assert_eq!(h.stats().requests, 1, "one gather request, no fallback");
+    assert_eq!(
+        h.stats().requests,
+        2,
+        "one gather request per stream (2 streams by default; the bad chunk is in the second), no fallback"
+    );
     drop(e);
     rt().block_on(server.shutdown());
 }
@@ -261,7 +283,11 @@ fn gather_corrupt_slice_in_a_file_is_a_miss_naming_its_chunk() {
             ChunkStatus::Ok
         ]
     );
-    assert_eq!(h.stats().requests, 1, "one gather request, no fallback");
+    assert_eq!(
+        h.stats().requests,
+        2,
+        "one gather request per stream (2 streams by default; the bad chunk is in the second), no fallback"
+    );
     drop(e);
     rt().block_on(server.shutdown());
 }

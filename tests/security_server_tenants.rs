@@ -297,6 +297,9 @@ fn tenants_connectors_are_apart_and_fall_back_from_gather() {
         Engine::with_store(
             store_as(&ep, ak, sk),
             EngineConfig {
+                // One stream: a gather load is then exactly one request, so more than one
+                // means the ranged-GET fallback.
+                gather_streams: 1,
                 namespace: ns.clone(),
                 lookup_cache_ttl: std::time::Duration::ZERO,
                 ..EngineConfig::default()

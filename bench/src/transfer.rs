@@ -44,6 +44,10 @@ pub struct TransferArgs {
         hide_env_values = true
     )]
     secret_key: String,
+    /// TCP connections a gather load is striped over (the engine's `gather_streams`;
+    /// default: the engine's default).
+    #[arg(long)]
+    gather_streams: Option<usize>,
     /// Model geometry preset (`llama-3.1-8b`, `qwen2.5-7b`, `llama-3.1-70b-tp8`, ...).
     #[arg(long, default_value = "llama-3.1-8b")]
     model: String,
@@ -371,6 +375,10 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                     let mut cfg = EngineConfig::default();
                     cfg.set("namespace", NAMESPACE).map_err(|e| e.to_string())?;
                     cfg.gather = path == "gather-tcp";
+                    if let Some(n) = args.gather_streams {
+                        cfg.set("gather_streams", &n.to_string())
+                            .map_err(|e| e.to_string())?;
+                    }
                     let engine = Engine::with_store(store.clone(), cfg.clone())
                         .map_err(|e| e.to_string())?;
                     let load = || -> Result<(objectcache::connector::LoadStats, Option<f64>), String> {
@@ -399,7 +407,9 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                         load()?;
                     }
                     let (s, cpu) = load()?;
-                    if cfg.gather && s.requests != 1 {
+                    // One gather request per stream (fewer streams than chunks never).
+                    let streams = (cfg.gather_streams as u64).min(hs.len() as u64);
+                    if cfg.gather && s.requests != streams {
                         return Err(format!(
                             "gather-tcp: the load fell back to {} ranged GETs (is gather offered at this endpoint? see the log)",
                             s.requests

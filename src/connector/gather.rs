@@ -3,13 +3,15 @@
 //! offers gather ([`crate::store::Store::gather_target`] plus a hello probe); otherwise, or
 //! when the server cannot be reached, the load falls back to ranged GETs.
 
-use super::load::{LoadRequest, Shared};
+use super::load::{ChunkStatus, LoadRequest, Shared};
+use crate::error::LayerError;
 use crate::layout::KeyBuilder;
 use crate::protocol::{ChunkKeys, GatherRequest, MissReason};
 use crate::store::GatherTarget;
 use crate::transport::tcp::{GatherClient, GatherError};
+use crate::transport::LayerSink;
 use std::sync::atomic::Ordering;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// What the engine knows about its store's endpoint.
 #[derive(Debug, Default)]
@@ -31,7 +33,6 @@ pub(crate) enum Outcome {
     Fallback,
 }
 
-/// Runs `req` over gather if the endpoint offers it.
 /// The gather descriptor of `req`: its chunks' keys under the store's bucket and key prefix,
 /// every chunk full (`tokens_per_chunk` tokens). Used by the TCP and RDMA gather paths alike.
 pub(crate) fn gather_request(
@@ -67,99 +68,216 @@ fn unit_bytes_for(g: &crate::layout::KvGeometry) -> u32 {
         .clamp(crate::protocol::MIN_UNIT_BYTES as u64, crate::protocol::MAX_UNIT_BYTES as u64) as u32
 }
 
+/// Takes an idle pooled connection to the gather server, or opens one (the first open
+/// probes the endpoint). `Err(Outcome::Fallback)` when the endpoint does not offer gather or
+/// cannot be reached.
+async fn connection(probe: &Mutex<Probe>, target: &GatherTarget) -> Result<GatherClient, Outcome> {
+    let pooled = {
+        let mut p = probe.lock().expect("lock");
+        match &mut *p {
+            Probe::NotOffered => return Err(Outcome::Fallback),
+            // Skip connections the server closed while they sat idle (e.g. it restarted).
+            Probe::Offered(pool) => std::iter::from_fn(|| pool.pop()).find(|c| !c.is_stale()),
+            Probe::Unknown => None,
+        }
+    };
+    if let Some(c) = pooled {
+        return Ok(c);
+    }
+    match GatherClient::connect_with(target.addr.as_str(), target.credentials.clone()).await {
+        Ok(c) => {
+            let mut p = probe.lock().expect("lock");
+            if matches!(*p, Probe::Unknown) {
+                *p = Probe::Offered(Vec::new());
+            }
+            Ok(c)
+        }
+        Err(GatherError::NotOffered(why)) => {
+            tracing::info!(addr = %target.addr, %why, "gather not offered; using ranged GETs");
+            *probe.lock().expect("lock") = Probe::NotOffered;
+            Err(Outcome::Fallback)
+        }
+        Err(e) => {
+            tracing::warn!(addr = %target.addr, error = %e, "gather connection failed; using ranged GETs");
+            Err(Outcome::Fallback)
+        }
+    }
+}
+
+/// Where one stripe of a striped load lands: the stripe's request covers the load's chunks
+/// `base..`, so its byte offsets move by `shift` = `base x slice_bytes` within every layer
+/// and the chunk indices its errors name move by `base`. Layers become ready in the load's
+/// state once every stripe's bytes of them are written and verified.
+struct Stripe {
+    sh: Arc<Shared>,
+    base: usize,
+    shift: u64,
+}
+
+/// `e` with its chunk index (relative to a stripe starting at chunk `base`) made relative
+/// to the whole load.
+fn shift_chunk(e: LayerError, base: usize) -> LayerError {
+    match e {
+        LayerError::Missing { chunk, key } => LayerError::Missing { chunk: chunk + base, key },
+        LayerError::ChecksumMismatch { chunk, layer, stored, computed } => {
+            LayerError::ChecksumMismatch { chunk: chunk + base, layer, stored, computed }
+        }
+        LayerError::GeometryMismatch { chunk, reason } => {
+            LayerError::GeometryMismatch { chunk: chunk + base, reason }
+        }
+        LayerError::Storage { chunk, message } => LayerError::Storage { chunk: chunk + base, message },
+        other => other,
+    }
+}
+
+impl LayerSink for Stripe {
+    fn write(&self, layer: u32, offset: u64, data: &[u8]) -> Result<(), LayerError> {
+        self.sh.state.write(layer, offset + self.shift, data)
+    }
+    fn placed(&self, layer: u32, offset: u64, len: u64) -> Result<(), LayerError> {
+        self.sh.state.placed(layer, offset + self.shift, len)
+    }
+    fn dest_mut(&self, layer: u32, offset: u64, len: u64) -> Result<Option<&mut [u8]>, LayerError> {
+        self.sh.state.dest_mut(layer, offset + self.shift, len)
+    }
+    fn dest_filled(&self, layer: u32, len: u64) {
+        self.sh.state.dest_filled(layer, len)
+    }
+    fn complete(&self, layer: u32, bytes: u64) {
+        self.sh.state.complete(layer, bytes)
+    }
+    fn fail(&self, layer: u32, err: LayerError) {
+        self.sh.state.fail(layer, shift_chunk(err, self.base))
+    }
+    fn is_cancelled(&self) -> bool {
+        self.sh.state.is_cancelled()
+    }
+}
+
+/// Runs `req` over gather if the endpoint offers it, striped over up to `streams`
+/// connections (contiguous runs of chunks, one request and one task each; see
+/// `EngineConfig::gather_streams`).
+///
+/// `Outcome::Fallback` (nothing delivered) when gather is not offered, no connection could
+/// be opened, or the server refused every stripe before sending a byte (busy, limits).
+/// Otherwise `Outcome::Done`: layers are ready or failed; a stripe that failed or was refused
+/// fails the layers still pending (misses, never bytes), and the per-chunk status names
+/// the chunks each stripe's server reported.
 pub(crate) async fn try_gather(
     probe: &Mutex<Probe>,
     target: &GatherTarget,
     keys: &KeyBuilder,
     req: &LoadRequest,
     request_id: u64,
-    sh: &Shared,
+    sh: &Arc<Shared>,
+    streams: usize,
 ) -> Outcome {
-    let pooled = {
-        let mut p = probe.lock().expect("lock");
-        match &mut *p {
-            Probe::NotOffered => return Outcome::Fallback,
-            // Skip connections the server closed while they sat idle (e.g. it restarted).
-            Probe::Offered(pool) => std::iter::from_fn(|| pool.pop()).find(|c| !c.is_stale()),
-            Probe::Unknown => None,
-        }
+    let first = match connection(probe, target).await {
+        Ok(c) => c,
+        Err(o) => return o,
     };
-    let mut client = match pooled {
-        Some(c) => c,
-        None => match GatherClient::connect_with(target.addr.as_str(), target.credentials.clone()).await {
-            Ok(c) => {
-                let mut p = probe.lock().expect("lock");
-                if matches!(*p, Probe::Unknown) {
-                    *p = Probe::Offered(Vec::new());
-                }
-                c
-            }
-            Err(GatherError::NotOffered(why)) => {
-                tracing::info!(addr = %target.addr, %why, "gather not offered; using ranged GETs");
-                *probe.lock().expect("lock") = Probe::NotOffered;
-                return Outcome::Fallback;
-            }
-            Err(e) => {
-                tracing::warn!(addr = %target.addr, error = %e, "gather connection failed; using ranged GETs");
-                return Outcome::Fallback;
-            }
-        },
-    };
-    let mut greq = gather_request(request_id, target, keys, req);
-    // One unit per slice, checked by this client against the slice's stored CRC32C (end to
-    // end: storage, server and network): the server reads no payload byte itself (from local
-    // files it sends them with sendfile), a bad unit names exactly one (chunk, layer), and the
-    // first layer's slices are sent as each is read.
-    greq.verify = false;
-    greq.max_unit_bytes = unit_bytes_for(&req.geometry);
-    sh.requests.fetch_add(1, Ordering::Relaxed);
-    match client.load(&greq, &sh.state).await {
-        Ok(report) => {
-            // Per-chunk status from the layers' miss reasons (the server names the chunk).
-            for l in 0..sh.state.layers() {
-                if let super::buffers::LayerStatus::Failed(e) = sh.state.status(l) {
-                    if let Some((c, s)) = super::load::chunk_status_of(&e) {
-                        sh.set_chunk(c, s);
-                    }
-                }
-            }
-            // The server names each bad chunk once and delivers the others: like the
-            // ranged-GET path, every chunk not named is whole (its slices arrived verified).
-            use super::load::ChunkStatus;
-            for &(c, reason) in &report.missed_chunks {
-                sh.set_chunk(
-                    c as usize,
-                    match reason {
-                        MissReason::NotFound => ChunkStatus::Missing,
-                        MissReason::GeometryMismatch => ChunkStatus::WrongGeometry,
-                        MissReason::ChecksumMismatch => ChunkStatus::Corrupt,
-                        MissReason::Storage => ChunkStatus::Error,
-                    },
-                );
-            }
-            for c in 0..req.hashes.len() {
-                sh.set_chunk(c, ChunkStatus::Ok);
-            }
-            if let Probe::Offered(pool) = &mut *probe.lock().expect("lock") {
-                pool.push(client);
-            }
-            Outcome::Done
-        }
-        Err(GatherError::Remote { code, message }) => {
-            // Refused before any byte (busy, limits): the ranged-GET path can still serve it.
-            tracing::warn!(?code, %message, "gather request refused; using ranged GETs");
-            Outcome::Fallback
-        }
-        Err(e) => {
-            // Mid-stream failures already failed the incomplete layers (misses, never bytes).
-            let err = crate::error::LayerError::Storage {
-                chunk: 0,
-                message: format!("gather: {e}"),
-            };
-            sh.state.fail_pending(err);
-            Outcome::Done
+    let chunks = req.hashes.len();
+    let want = streams.clamp(1, chunks.max(1));
+    let mut clients = vec![first];
+    while clients.len() < want {
+        match connection(probe, target).await {
+            Ok(c) => clients.push(c),
+            // Fewer streams: the load still runs on the connections it has.
+            Err(_) => break,
         }
     }
+    let n = clients.len();
+    let slice = req.geometry.slice_bytes();
+    let mut stripes = Vec::with_capacity(n);
+    for (i, mut client) in clients.into_iter().enumerate() {
+        let (a, b) = (i * chunks / n, (i + 1) * chunks / n);
+        let part = LoadRequest {
+            geometry: req.geometry.clone(),
+            hashes: req.hashes[a..b].to_vec(),
+            hints: req.hints.clone(),
+        };
+        let mut greq = gather_request(request_id, target, keys, &part);
+        // One unit per slice, checked by this client against the slice's stored CRC32C (end
+        // to end: storage, server and network): the server reads no payload byte itself (from
+        // local files it sends them with sendfile), a bad unit names exactly one (chunk,
+        // layer), and the first layer's slices are sent as each is read.
+        greq.verify = false;
+        greq.max_unit_bytes = unit_bytes_for(&req.geometry);
+        sh.requests.fetch_add(1, Ordering::Relaxed);
+        let sink = Stripe {
+            sh: sh.clone(),
+            base: a,
+            shift: a as u64 * slice,
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        // Its own task, so the stripes' receiving (socket copy, CRC) runs on several threads.
+        // Registered with the load, whose end aborts and awaits it before the buffers go.
+        let task = tokio::spawn(async move {
+            let r = client.load(&greq, &sink).await;
+            let _ = tx.send((client, r));
+        });
+        sh.tasks.lock().expect("lock").push(task);
+        stripes.push((a..b, rx));
+    }
+    let (mut delivered, mut refused, mut broken) = (Vec::new(), None, None);
+    for (range, rx) in stripes {
+        match rx.await {
+            Ok((client, Ok(report))) => {
+                // The server names each bad chunk once and delivers the others.
+                for &(c, reason) in &report.missed_chunks {
+                    sh.set_chunk(
+                        range.start + c as usize,
+                        match reason {
+                            MissReason::NotFound => ChunkStatus::Missing,
+                            MissReason::GeometryMismatch => ChunkStatus::WrongGeometry,
+                            MissReason::ChecksumMismatch => ChunkStatus::Corrupt,
+                            MissReason::Storage => ChunkStatus::Error,
+                        },
+                    );
+                }
+                delivered.push(range);
+                if let Probe::Offered(pool) = &mut *probe.lock().expect("lock") {
+                    pool.push(client);
+                }
+            }
+            // Refused before any byte (busy, limits).
+            Ok((_, Err(GatherError::Remote { code, message }))) => {
+                refused = Some((range.start, format!("{code:?}: {message}")))
+            }
+            Ok((_, Err(e))) => broken = Some((range.start, e.to_string())),
+            // The task was aborted: the load was cancelled or dropped.
+            Err(_) => broken = Some((range.start, "gather stream stopped".to_string())),
+        }
+    }
+    if delivered.is_empty() && broken.is_none() {
+        if let Some((_, why)) = refused {
+            // Nothing was delivered: the ranged-GET path can still serve the whole load.
+            tracing::warn!(%why, "gather request refused; using ranged GETs");
+            return Outcome::Fallback;
+        }
+    }
+    // Per-chunk status from the layers' miss reasons (the server names the chunk).
+    for l in 0..sh.state.layers() {
+        if let super::buffers::LayerStatus::Failed(e) = sh.state.status(l) {
+            if let Some((c, s)) = super::load::chunk_status_of(&e) {
+                sh.set_chunk(c, s);
+            }
+        }
+    }
+    if let Some((chunk, why)) = broken.or(refused) {
+        // Mid-stream failures already failed the incomplete layers they knew of; a stripe
+        // that never ran leaves its layers incomplete: misses, never bytes.
+        sh.state.fail_pending(LayerError::Storage {
+            chunk,
+            message: format!("gather: {why}"),
+        });
+    }
+    // Every chunk of a stripe that finished and was not named is whole (its slices arrived
+    // verified), as on the ranged-GET path.
+    for c in delivered.into_iter().flatten() {
+        sh.set_chunk(c, ChunkStatus::Ok);
+    }
+    Outcome::Done
 }
 
 #[cfg(test)]

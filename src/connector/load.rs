@@ -194,7 +194,8 @@ impl ChunkStatus {
 /// Counters of one load.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LoadStats {
-    /// Storage requests issued (ranged GETs, or 1 for a gather load).
+    /// Storage requests issued: ranged GETs, or one gather request per stream of a gather
+    /// load (`EngineConfig::gather_streams`, at most one per chunk).
     pub requests: u64,
     /// Payload bytes received.
     pub bytes: u64,

@@ -536,6 +536,7 @@ impl Engine {
         let probe = self.gather.clone();
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
         let (store, sh1, link) = (self.store.clone(), sh.clone(), self.link.clone());
+        let streams = self.cfg.gather_streams;
         let (window, max_req, coalesce) = (
             self.cfg.window_bytes,
             self.cfg.max_requests,
@@ -556,7 +557,7 @@ impl Engine {
             }
             if let Some(t) = target {
                 if let gather::Outcome::Done =
-                    gather::try_gather(&probe, &t, &keys, &req, request_id, &sh1).await
+                    gather::try_gather(&probe, &t, &keys, &req, request_id, &sh1, streams).await
                 {
                     return;
                 }
