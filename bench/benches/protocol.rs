@@ -15,7 +15,7 @@ fn payload(n: usize) -> Bytes {
 
 fn frames(c: &mut Criterion) {
     let data = payload(UNIT);
-    let crc = crc32c::crc32c(&data);
+    let crc = objectcache::layout::crc::crc32c(&data);
     let h = UnitHeader {
         layer: 3,
         crc32c: crc,
@@ -49,14 +49,14 @@ fn checksums(c: &mut Criterion) {
     let mut g = c.benchmark_group("crc32c");
     g.throughput(Throughput::Bytes(UNIT as u64));
     g.bench_function("crc32c_16MiB", |b| {
-        b.iter(|| black_box(crc32c::crc32c(black_box(&data))))
+        b.iter(|| black_box(objectcache::layout::crc::crc32c(black_box(&data))))
     });
     g.finish();
 }
 
 fn gather(c: &mut Criterion) {
     let slices: Vec<Bytes> = (0..UNIT / SLICE).map(|_| payload(SLICE)).collect();
-    let crcs: Vec<u32> = slices.iter().map(|s| crc32c::crc32c(s)).collect();
+    let crcs: Vec<u32> = slices.iter().map(|s| objectcache::layout::crc::crc32c(s)).collect();
     let mut g = c.benchmark_group("gather_unit");
     g.throughput(Throughput::Bytes(UNIT as u64));
     // The server's path: slices stay where the backend read put them; the unit CRC is the
@@ -65,7 +65,7 @@ fn gather(c: &mut Criterion) {
         b.iter(|| {
             let mut crc = crcs[0];
             for (s, &c) in slices.iter().zip(&crcs).skip(1) {
-                crc = crc32c::crc32c_combine(crc, c, s.len());
+                crc = objectcache::layout::crc::crc32c_combine(crc, c, s.len() as u64);
             }
             black_box((
                 UnitHeader {
@@ -84,10 +84,10 @@ fn gather(c: &mut Criterion) {
         b.iter(|| {
             let mut crc = None;
             for s in &slices {
-                let c = crc32c::crc32c(s);
+                let c = objectcache::layout::crc::crc32c(s);
                 crc = Some(match crc {
                     None => c,
-                    Some(a) => crc32c::crc32c_combine(a, c, s.len()),
+                    Some(a) => objectcache::layout::crc::crc32c_combine(a, c, s.len() as u64),
                 });
             }
             black_box(crc)

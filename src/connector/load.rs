@@ -485,7 +485,7 @@ async fn fetch_range(
             }
             if in_slice < slice {
                 let n = (p.len() as u64).min(slice - in_slice) as usize;
-                crc = crc32c::crc32c_append(crc, &p[..n]);
+                crc = crate::layout::crc::crc32c_append(crc, &p[..n]);
                 sh.state
                     .write_impl(layer, dest_off + in_slice, &p[..n])
                     .map_err(|e| (ChunkStatus::Error, e))?;

@@ -136,7 +136,7 @@ impl ChunkHeader {
         b[36..38].copy_from_slice(&self.tp_rank.to_le_bytes());
         b[38..40].copy_from_slice(&self.tp_world.to_le_bytes());
         b[40..48].copy_from_slice(&self.slice_len.to_le_bytes());
-        let crc = crc32c::crc32c(&b[0..60]);
+        let crc = super::crc::crc32c(&b[0..60]);
         b[60..64].copy_from_slice(&crc.to_le_bytes());
         b
     }
@@ -163,7 +163,7 @@ impl ChunkHeader {
         if version != FORMAT_VERSION {
             return Err(FormatError::UnsupportedVersion(version));
         }
-        if crc32c::crc32c(&b[0..60]) != u32at(60) {
+        if super::crc::crc32c(&b[0..60]) != u32at(60) {
             return Err(FormatError::HeaderChecksum);
         }
         if u16at(10) as u64 != HEADER_LEN {
@@ -293,7 +293,7 @@ pub fn slices_range(layers: Range<u32>, slice_len: u64) -> Range<u64> {
 
 /// CRC32C (Castagnoli) of `data`, as stored after each slice.
 pub fn slice_crc(data: &[u8]) -> u32 {
-    crc32c::crc32c(data)
+    super::crc::crc32c(data)
 }
 
 /// Verifies a slice read with its trailer (`slice_len + 4` bytes) against its stored CRC.

@@ -4,6 +4,7 @@
 //! are* lives here, so the stores, the server and the transports agree by construction.
 #![forbid(unsafe_code)]
 
+pub mod crc;
 mod format;
 mod geometry;
 mod key;

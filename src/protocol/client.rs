@@ -491,7 +491,7 @@ impl ClientConnection {
             }
             (State::Gathering, Frame::Unit { header, data }) => {
                 self.check_unit(&header)?;
-                let computed = crc32c::crc32c(&data);
+                let computed = crate::layout::crc::crc32c(&data);
                 if computed == header.crc32c {
                     self.events.push_back(ClientEvent::Unit {
                         layer: header.layer,

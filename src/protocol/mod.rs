@@ -223,7 +223,7 @@ mod tests {
         s.send_unit(
             UnitHeader {
                 layer: 3,
-                crc32c: crc32c::crc32c(&payload),
+                crc32c: crate::layout::crc::crc32c(&payload),
                 offset: 0,
                 len: 1000,
             },
@@ -288,7 +288,7 @@ mod tests {
         let payload = Bytes::from((0..1000u32).map(|i| i as u8).collect::<Vec<u8>>());
         let good = UnitHeader {
             layer: 3,
-            crc32c: crc32c::crc32c(&payload),
+            crc32c: crate::layout::crc::crc32c(&payload),
             offset: 0,
             len: 1000,
         };
@@ -320,14 +320,14 @@ mod tests {
         assert_eq!(c.poll_event(), None);
         assert_eq!(&b[..1000], &payload[..]);
         let got = b.split_to(1000);
-        assert_eq!(c.unit_end(crc32c::crc32c(&got)), Ok(true));
+        assert_eq!(c.unit_end(crate::layout::crc::crc32c(&got)), Ok(true));
         c.handle_bytes(&mut b).unwrap();
         let Some(ClientEvent::UnitBegin(h)) = c.poll_event() else {
             panic!("second unit")
         };
         assert_eq!((h.layer, h.len), (4, 4));
         let got = b.split_to(4);
-        assert_eq!(c.unit_end(crc32c::crc32c(&got)), Ok(false), "corrupt unit");
+        assert_eq!(c.unit_end(crate::layout::crc::crc32c(&got)), Ok(false), "corrupt unit");
         c.handle_bytes(&mut b).unwrap();
         assert!(matches!(
             c.poll_event(),

@@ -320,7 +320,7 @@ fn sub_parts(parts: &[Bytes], range: std::ops::Range<u64>) -> Vec<Bytes> {
 }
 
 fn crc_of(parts: &[Bytes]) -> u32 {
-    parts.iter().fold(0, |c, p| crc32c::crc32c_append(c, p))
+    parts.iter().fold(0, |c, p| crate::layout::crc::crc32c_append(c, p))
 }
 
 /// Reads one slice piece: the slice and its CRC trailer in one ranged read, streamed as the
@@ -824,7 +824,7 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
                     match r {
                         Ok((parts, crc)) => {
                             let (_, ps, c, l) = run.get_or_insert_with(|| (off, Vec::new(), 0, 0));
-                            *c = if *l == 0 { crc } else { crc32c::crc32c_combine(*c, crc, len as usize) };
+                            *c = if *l == 0 { crc } else { crate::layout::crc::crc32c_combine(*c, crc, len as u64) };
                             *l += len;
                             ps.extend(parts);
                         }

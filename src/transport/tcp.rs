@@ -301,7 +301,7 @@ impl GatherClient {
                     n => n,
                 }
             };
-            crc = crc32c::crc32c_append(crc, &piece[..n]);
+            crc = crate::layout::crc::crc32c_append(crc, &piece[..n]);
             if !lent && refused.is_none() {
                 if let Err(e) = sink.write(layer, offset + pos as u64, &piece[..n]) {
                     refused = Some(e);
