@@ -77,6 +77,35 @@ impl Io {
         Ok(())
     }
 
+    /// Writes the queued frames (a unit's prefix, and any misses before it) with `MSG_MORE`,
+    /// so the kernel sends them in one segment with the `sendfile` payload that follows
+    /// rather than alone (the socket has `TCP_NODELAY`): one wake-up of the client per unit
+    /// fewer. A client that accepts nothing for `client_timeout` is gone.
+    async fn flush_more(&mut self, sh: &Shared) -> Result<(), Abort> {
+        let t = Duration::from_secs(sh.cfg.client_timeout_secs);
+        let mut q: Vec<u8> = Vec::new();
+        while let Some(b) = self.conn.poll_transmit() {
+            q.extend_from_slice(&b);
+        }
+        let sock: &TcpStream = self.wr.as_ref();
+        let mut off = 0;
+        while off < q.len() {
+            let send = sock.async_io(tokio::io::Interest::WRITABLE, || {
+                rustix::net::send(sock, &q[off..], rustix::net::SendFlags::MORE)
+                    .map_err(std::io::Error::from)
+            });
+            match tokio::time::timeout(t, send).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return Err(Abort::Gone),
+                Ok(Ok(n)) => off += n,
+                Err(_) => {
+                    sh.metrics.error("client_timeout");
+                    return Err(Abort::Gone);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Sends a unit's payload parts after its prefix: buffers with plain writes, file ranges
     /// with `sendfile(2)` (page-cache pages to the socket, no copy through user space). A
     /// file shorter than its range (never, for immutable objects) or a client that accepts
@@ -870,7 +899,7 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
                         Err(parts) => {
                             // The unit's prefix, then its payload straight from the files.
                             io.conn.send_unit(h, []);
-                            io.flush(sh).await?;
+                            io.flush_more(sh).await?;
                             io.send_parts(sh, parts).await?;
                         }
                     }
