@@ -112,6 +112,52 @@ struct Stripe {
     sh: Arc<Shared>,
     base: usize,
     shift: u64,
+    /// The stripes' progress, and this stripe's place in it.
+    step: Arc<Lockstep>,
+    index: usize,
+}
+
+/// Where each stripe of a striped load is: `at[s]` = the layer stripe `s` receives (every
+/// layer before it complete), `u32::MAX` once it ended. Independent TCP streams would drift
+/// apart (one racing through later layers on the cores the others need for layer 0, which
+/// gates the first layer ready); a stripe may begin layer `first + r` only when every stripe
+/// has reached `first + need(r)`: `need(0) = 0`, `need(1) = 1` (nobody starts the second
+/// layer before all finished the first: time to first layer), `need(r) = r - 1` after
+/// (at most one layer ahead of the slowest). The slowest stripe never waits, so the
+/// stripes cannot deadlock; an ended or aborted stripe counts as infinitely far.
+struct Lockstep {
+    first: u32,
+    at: Vec<std::sync::atomic::AtomicU32>,
+    moved: tokio::sync::Notify,
+}
+
+impl Lockstep {
+    fn new(stripes: usize, first: u32) -> Self {
+        Lockstep {
+            first,
+            at: (0..stripes).map(|_| std::sync::atomic::AtomicU32::new(first)).collect(),
+            moved: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn set(&self, s: usize, layer: u32) {
+        self.at[s].store(layer, Ordering::Release);
+        self.moved.notify_waiters();
+    }
+
+    /// Whether a stripe may begin `layer`.
+    fn may_begin(&self, layer: u32) -> bool {
+        let r = layer.saturating_sub(self.first);
+        let need = self.first + if r <= 1 { r } else { r - 1 };
+        self.at.iter().all(|a| a.load(Ordering::Acquire) >= need)
+    }
+}
+
+impl Drop for Stripe {
+    fn drop(&mut self) {
+        // Ended, failed or aborted: hold nobody back.
+        self.step.set(self.index, u32::MAX);
+    }
 }
 
 /// `e` with its chunk index (relative to a stripe starting at chunk `base`) made relative
@@ -152,6 +198,32 @@ impl LayerSink for Stripe {
     fn is_cancelled(&self) -> bool {
         self.sh.state.is_cancelled()
     }
+    fn begin_layer(&self, layer: u32) -> Option<futures::future::BoxFuture<'_, ()>> {
+        self.step.set(self.index, layer);
+        if self.step.may_begin(layer) {
+            return None;
+        }
+        Some(Box::pin(async move {
+            loop {
+                let moved = self.step.moved.notified();
+                tokio::pin!(moved);
+                moved.as_mut().enable();
+                if self.step.may_begin(layer) || self.sh.state.is_cancelled() {
+                    return;
+                }
+                moved.await;
+            }
+        }))
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Runs `req` over gather if the endpoint offers it, striped over up to `streams`
@@ -188,6 +260,10 @@ pub(crate) async fn try_gather(
     }
     let n = clients.len();
     let slice = req.geometry.slice_bytes();
+    let step = Arc::new(Lockstep::new(n, 0));
+    // The stripe tasks stop when this future is dropped (the load's deadline passed), as
+    // well as when the load is cancelled or its handle dropped (`Shared::tasks`).
+    let mut guards = Vec::with_capacity(n);
     let mut stripes = Vec::with_capacity(n);
     for (i, mut client) in clients.into_iter().enumerate() {
         let (a, b) = (i * chunks / n, (i + 1) * chunks / n);
@@ -208,6 +284,8 @@ pub(crate) async fn try_gather(
             sh: sh.clone(),
             base: a,
             shift: a as u64 * slice,
+            step: step.clone(),
+            index: i,
         };
         let (tx, rx) = tokio::sync::oneshot::channel();
         // Its own task, so the stripes' receiving (socket copy, CRC) runs on several threads.
@@ -216,6 +294,7 @@ pub(crate) async fn try_gather(
             let r = client.load(&greq, &sink).await;
             let _ = tx.send((client, r));
         });
+        guards.push(AbortOnDrop(task.abort_handle()));
         sh.tasks.lock().expect("lock").push(task);
         stripes.push((a..b, rx));
     }
@@ -285,6 +364,22 @@ mod tests {
     use super::*;
     use crate::layout::{HashAlgo, KvGeometry};
     use crate::protocol::SchedHints;
+
+    #[test]
+    fn stripes_move_in_lockstep() {
+        let s = Lockstep::new(2, 0);
+        assert!(s.may_begin(0));
+        // Stripe 0 finished layer 0; stripe 1 is still in it: nobody starts layer 1.
+        s.set(0, 1);
+        assert!(!s.may_begin(1));
+        s.set(1, 1);
+        assert!(s.may_begin(1) && s.may_begin(2), "one layer ahead of the slowest");
+        assert!(!s.may_begin(3), "two layers ahead");
+        // An ended stripe holds nobody back.
+        s.set(1, u32::MAX);
+        s.set(0, 31);
+        assert!(s.may_begin(31));
+    }
 
     #[test]
     fn gather_requests_carry_the_load_hints() {

@@ -50,6 +50,17 @@ pub trait LayerSink: Send + Sync {
     fn dest_filled(&self, layer: u32, len: u64) {
         let _ = (layer, len);
     }
+    /// Called by a transport before it receives the first unit of layer `layer` (units arrive
+    /// in layer order). A sink may return a future that holds the transport back until the
+    /// other transports filling the same load have caught up: the connector's striped loads
+    /// keep every stripe at most one layer ahead of the slowest, and let none start layer 1
+    /// before all have finished layer 0, so the stripes share the receiving cores on the
+    /// layers needed first. While it waits the transport reads nothing (TCP flow control
+    /// holds the server back). Default: `None`, go on at once.
+    fn begin_layer(&self, layer: u32) -> Option<futures::future::BoxFuture<'_, ()>> {
+        let _ = layer;
+        None
+    }
     /// Marks `bytes` bytes of layer `layer` as verified (checksum matched). A layer becomes
     /// ready when every byte of its destination was written or placed exactly once **and**
     /// verified; overlapping or out-of-bounds writes are refused, so a layer can never be

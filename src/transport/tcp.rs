@@ -366,6 +366,7 @@ impl GatherClient {
             elapsed: Duration::ZERO,
         };
         let mut cancelled = false;
+        let mut begun: Option<u32> = None;
         let fail_rest = |failed: &mut Vec<u32>, got: &HashMap<u32, u64>, err: LayerError| {
             for l in req.layers.clone() {
                 if !failed.contains(&l) && got.get(&l).copied().unwrap_or(0) < layer_bytes {
@@ -384,6 +385,12 @@ impl GatherClient {
                     ClientEvent::Accepted { .. } => {}
                     ClientEvent::UnitBegin(h) => {
                         let layer = h.layer;
+                        if begun != Some(layer) {
+                            begun = Some(layer);
+                            if let Some(turn) = sink.begin_layer(layer) {
+                                turn.await;
+                            }
+                        }
                         let fate = match self.recv_unit(h, sink, cancelled).await {
                             Ok(f) => f,
                             Err(e) => {
