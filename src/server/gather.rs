@@ -424,7 +424,8 @@ struct LocalChunk {
 
 /// Opens chunk `key` as a local file, if the backend keeps one, and reads the CRC trailers of
 /// `layers` (slices of `slice_len` bytes) in one blocking task; asks the kernel to read the
-/// object ahead, so the `sendfile`s that send its slices find them in the page cache.
+/// first layer's slice ahead ([`advise_slice`]; each later slice is advised when the slice
+/// before it is queued), so the `sendfile`s find their pages in the page cache.
 async fn open_local_chunk(
     sh: &Shared,
     key: &str,
@@ -437,8 +438,7 @@ async fn open_local_chunk(
     let f = file.clone();
     let layer0 = layers.start;
     let trailers = tokio::task::spawn_blocking(move || {
-        // Advice only: a failure costs a slower send, not correctness.
-        let _ = rustix::fs::fadvise(&*f, 0, None, rustix::fs::Advice::WillNeed);
+        advise_slice(&f, layer0, slice_len);
         layers
             .map(|l| {
                 let mut t = [0u8; 4];
@@ -457,6 +457,23 @@ async fn open_local_chunk(
     }))
 }
 
+/// Asks the kernel to start reading layer `layer`'s slice of a chunk file into the page
+/// cache (`POSIX_FADV_WILLNEED`; it does not wait for the read). Per slice, one layer ahead
+/// of the send, rather than the whole object at open: on cached objects advising a whole
+/// 8 MiB object walks 2,048 pages per chunk while the first layer is being sent, which
+/// measured 55-119 ms against 40-53 ms time to first layer at 32K tokens (8B geometry, two
+/// streams, this 2-core machine); on cold objects the next slice's read still overlaps the
+/// current one's send. Advice only: a failure costs a slower send, not correctness.
+fn advise_slice(f: &std::fs::File, layer: u32, slice_len: u64) {
+    let r = slice_range(layer, slice_len);
+    let _ = rustix::fs::fadvise(
+        f,
+        r.start,
+        std::num::NonZeroU64::new(slice_len + crate::layout::SLICE_CRC_LEN),
+        rustix::fs::Advice::WillNeed,
+    );
+}
+
 /// A whole slice of a local file, unverified: its bytes are named in the file (sent with
 /// `sendfile`), its CRC is the stored trailer (the client checks the payload against it, end
 /// to end).
@@ -466,6 +483,13 @@ fn piece_local(c: &LocalChunk, key: &str, layer: u32, p: &crate::protocol::Slice
         .and_then(|i| c.trailers.get(i as usize))
         .cloned()
         .unwrap_or_else(|| Err(format!("layer {layer} outside the request")));
+    // The next layer's slice of this chunk is sent a layer later: start reading it now.
+    if layer
+        .checked_sub(c.layer0)
+        .is_some_and(|i| (i as usize) + 1 < c.trailers.len())
+    {
+        advise_slice(&c.file, layer + 1, p.slice_len);
+    }
     match trailer {
         Ok(crc) => Ok((
             vec![Part::File(FileRange {
