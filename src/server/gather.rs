@@ -459,11 +459,12 @@ async fn open_local_chunk(
 
 /// Asks the kernel to start reading layer `layer`'s slice of a chunk file into the page
 /// cache (`POSIX_FADV_WILLNEED`; it does not wait for the read). Per slice, one layer ahead
-/// of the send, rather than the whole object at open: on cached objects advising a whole
-/// 8 MiB object walks 2,048 pages per chunk while the first layer is being sent, which
-/// measured 55-119 ms against 40-53 ms time to first layer at 32K tokens (8B geometry, two
-/// streams, this 2-core machine); on cold objects the next slice's read still overlaps the
-/// current one's send. Advice only: a failure costs a slower send, not correctness.
+/// of the send, rather than the whole object at open: advising a whole 8 MiB object walks
+/// 2,048 pages per chunk (for 128 chunks at 32K tokens) while the first layer is being sent,
+/// per slice spreads that work over the load; on cold objects the next slice's read still
+/// overlaps the current one's send. (On the 2-core build machine, with objects cached,
+/// whole-object, per-slice and no advice measured alike within its run-to-run noise.)
+/// Advice only: a failure costs a slower send, not correctness.
 fn advise_slice(f: &std::fs::File, layer: u32, slice_len: u64) {
     let r = slice_range(layer, slice_len);
     let _ = rustix::fs::fadvise(
