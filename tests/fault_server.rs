@@ -403,6 +403,69 @@ fn gather_striped_reset_is_a_miss() {
     rt().block_on(server.shutdown());
 }
 
+/// A gather stream that stalls after layer 0 (of 32, Llama-3.1-8B geometry, 2 chunks of 256
+/// tokens): once layer 1 is late, `LoadHandle::stall_advice` (the planner's deadline
+/// fallback on the load's measured progress) says to recompute from layer 1 the 512 loaded
+/// tokens, predicted to finish before waiting would; on the same prefix loaded without a
+/// fault it says to wait (nothing is missing).
+#[test]
+fn stalled_gather_load_advises_recompute() {
+    use objectcache::sched::{ComputeModel, Fallback, GpuKind, KernelClass};
+    let server = mem_server();
+    let g = KvGeometry::llama31_8b();
+    let ns = unique_ns("stall-advice");
+    let chunks = 2;
+    let tokens = chunks * g.tokens_per_chunk as usize;
+    let hs = hashes(&g, tokens, 21);
+    let data = kv(&g, chunks, 21);
+    let timeout = Duration::from_secs(20);
+    let direct = engine(ours(&format!("http://{}", server.local_addr())), &ns, timeout);
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    direct.save_blocking(&g, &hs, &refs).unwrap();
+    let model = ComputeModel::preset("llama-3.1-8b", GpuKind::H100, KernelClass::Tuned).unwrap();
+    let load = |e: &Engine| {
+        e.load(
+            LoadRequest::new(g.clone(), hs.clone()),
+            LayerBuffers::allocate(g.layers as usize, data[0].len()),
+        )
+        .unwrap()
+    };
+    // Without a fault: every layer lands, nothing to recompute.
+    let h = load(&direct);
+    h.wait_all_blocking().unwrap();
+    let advice = h.stall_advice(&model, tokens as u64, 16).unwrap();
+    assert!(matches!(advice, Fallback::Wait { .. }), "{advice:?}");
+    // One stream through a proxy that stalls after 3 MiB: layer 0 (2 MiB) and half of
+    // layer 1 arrive, then nothing.
+    let proxy = FaultProxy::raw(server.local_addr(), |_| RawFault::StallAfter(3 << 20));
+    let e = engine(ours(&proxy.url()), &ns, timeout);
+    let h = load(&e);
+    h.wait_layer_blocking(0, None).unwrap();
+    assert_eq!(h.layer(0).unwrap(), &data[0][..], "layer 0 byte-exact");
+    // Layer 1 is late: still pending after half a second (the event, with a bound).
+    assert!(
+        h.wait_layer_blocking(1, Some(Duration::from_millis(500))).is_err(),
+        "layer 1 arrived through a stalled stream"
+    );
+    let advice = h.stall_advice(&model, tokens as u64, 16).unwrap();
+    match advice {
+        Fallback::Recompute {
+            from_layer,
+            tokens: t,
+            finish_s,
+            wait_finish_s,
+        } => {
+            assert_eq!((from_layer, t), (1, tokens as u64), "{advice:?}");
+            assert!(finish_s < wait_finish_s, "{advice:?}");
+        }
+        other => panic!("a stalled load should be recomputed: {other:?}"),
+    }
+    println!("FAULT|server-gather|stream stalled after layer 0 of 32|1|stall_advice: {advice:?}");
+    h.cancel();
+    drop((h, e, direct, proxy));
+    rt().block_on(server.shutdown());
+}
+
 #[test]
 fn gather_stall_with_connection_open_ends_by_deadline() {
     let server = mem_server();

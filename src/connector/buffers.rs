@@ -197,6 +197,21 @@ impl LoadState {
         self.layers[l].lock().expect("lock").ready_at
     }
 
+    /// Bytes verified so far of layer `l`.
+    pub(crate) fn layer_verified(&self, l: usize) -> u64 {
+        self.layers[l].lock().expect("lock").verified
+    }
+
+    /// Bytes each layer must receive.
+    pub(crate) fn expected(&self) -> u64 {
+        self.expected
+    }
+
+    /// Time since the load started.
+    pub(crate) fn elapsed(&self) -> std::time::Duration {
+        self.started.elapsed()
+    }
+
     /// Bytes verified so far over all layers (counted before a layer can become ready).
     pub(crate) fn verified_bytes(&self) -> u64 {
         self.layers.iter().map(|p| p.lock().expect("lock").verified).sum()

@@ -670,6 +670,58 @@ impl LoadHandle {
         }
     }
 
+    /// The planner's deadline fallback for this load, now: keep waiting for the layers still
+    /// missing, or cancel the load and recompute from the first missing layer
+    /// ([`crate::sched::fallback`]; `docs/scheduling.md`, section 4). Call it when a layer
+    /// the engine needs is late (past its deadline): a [`Fallback::Recompute`] names the first
+    /// abandoned layer `d` and the prefix tokens to recompute (through layers `0..d` only to
+    /// rebuild their hidden states, whose KV is present, then fully).
+    ///
+    /// Inputs, all measured on this load: `d` = the first layer not ready; the bytes each
+    /// layer `d..` still lacks; the rate so far (verified bytes / seconds since `load`; a load
+    /// that moved nothing counts as 1 byte/s); when the engine finishes layers `0..d` given
+    /// their ready times and `model`'s per-layer times. `load_tokens` = the prefix tokens this
+    /// load carries (chunks x tokens per chunk), `new_tokens` = the tokens the prefill
+    /// computes after them. Times in the result are seconds since `load` (excluding the
+    /// fixed per-prefill time, equal for both choices).
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidArgument`] if `model` has another number of layers than the load.
+    pub fn stall_advice(
+        &self,
+        model: &crate::sched::ComputeModel,
+        load_tokens: u64,
+        new_tokens: u64,
+    ) -> Result<crate::sched::Fallback, crate::Error> {
+        let st = &self.sh.state;
+        let n = st.layers();
+        if model.layers() != n {
+            return Err(crate::Error::InvalidArgument(format!(
+                "stall advice: the compute model has {} layers, the load {n}",
+                model.layers()
+            )));
+        }
+        let ready: Vec<f64> = (0..n)
+            .map_while(|l| st.ready_at(l).map(|d| d.as_secs_f64()))
+            .collect();
+        let d = ready.len();
+        let compute: Vec<f64> = (0..d)
+            .map(|l| model.layer_time(l, new_tokens, load_tokens))
+            .collect();
+        let now = st.elapsed().as_secs_f64();
+        let s = crate::sched::StallState {
+            load_tokens,
+            compute_tokens: new_tokens,
+            layers_delivered: d,
+            missing_layer_bytes: (d..n)
+                .map(|l| st.expected().saturating_sub(st.layer_verified(l)))
+                .collect(),
+            frontier_s: crate::sched::timeline::finish_time(0.0, &ready, &compute),
+            rate: (st.verified_bytes() as f64 / now.max(1e-9)).max(1.0),
+        };
+        Ok(crate::sched::fallback(model, now, &s))
+    }
+
     /// Cancels outstanding reads; layers not yet ready fail with [`LayerError::Cancelled`].
     pub fn cancel(&self) {
         self.sh.state.cancel();
