@@ -37,11 +37,26 @@ struct Io {
     conn: ServerConnection,
 }
 
+/// A write to the client, bounded by `client_timeout`: an I/O error, or a client that
+/// accepts nothing for that long (counted as a `client_timeout` error), ends the connection.
+async fn within_client_timeout<T>(
+    sh: &Shared,
+    write: impl std::future::Future<Output = std::io::Result<T>>,
+) -> Result<T, Abort> {
+    match tokio::time::timeout(Duration::from_secs(sh.cfg.client_timeout_secs), write).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(_)) => Err(Abort::Gone),
+        Err(_) => {
+            sh.metrics.error("client_timeout");
+            Err(Abort::Gone)
+        }
+    }
+}
+
 impl Io {
     /// Writes everything queued with vectored writes (no copy: the queued `Bytes` are the
     /// backend's buffers); a client that accepts nothing for `client_timeout` is gone.
     async fn flush(&mut self, sh: &Shared) -> Result<(), Abort> {
-        let t = Duration::from_secs(sh.cfg.client_timeout_secs);
         let mut q: std::collections::VecDeque<Bytes> = std::collections::VecDeque::new();
         while let Some(b) = self.conn.poll_transmit() {
             if !b.is_empty() {
@@ -54,14 +69,10 @@ impl Io {
                 .take(MAX_IOV)
                 .map(|b| std::io::IoSlice::new(b))
                 .collect();
-            let mut n = match tokio::time::timeout(t, self.wr.write_vectored(&slices)).await {
-                Ok(Ok(0)) | Ok(Err(_)) => return Err(Abort::Gone),
-                Ok(Ok(n)) => n,
-                Err(_) => {
-                    sh.metrics.error("client_timeout");
-                    return Err(Abort::Gone);
-                }
-            };
+            let mut n = within_client_timeout(sh, self.wr.write_vectored(&slices)).await?;
+            if n == 0 {
+                return Err(Abort::Gone);
+            }
             drop(slices);
             while n > 0 {
                 let front = q.front_mut().expect("written bytes were queued");
@@ -82,7 +93,6 @@ impl Io {
     /// rather than alone (the socket has `TCP_NODELAY`): one wake-up of the client per unit
     /// fewer. A client that accepts nothing for `client_timeout` is gone.
     async fn flush_more(&mut self, sh: &Shared) -> Result<(), Abort> {
-        let t = Duration::from_secs(sh.cfg.client_timeout_secs);
         let mut q: Vec<u8> = Vec::new();
         while let Some(b) = self.conn.poll_transmit() {
             q.extend_from_slice(&b);
@@ -94,13 +104,9 @@ impl Io {
                 rustix::net::send(sock, &q[off..], rustix::net::SendFlags::MORE)
                     .map_err(std::io::Error::from)
             });
-            match tokio::time::timeout(t, send).await {
-                Ok(Ok(0)) | Ok(Err(_)) => return Err(Abort::Gone),
-                Ok(Ok(n)) => off += n,
-                Err(_) => {
-                    sh.metrics.error("client_timeout");
-                    return Err(Abort::Gone);
-                }
+            match within_client_timeout(sh, send).await? {
+                0 => return Err(Abort::Gone),
+                n => off += n,
             }
         }
         Ok(())
@@ -111,17 +117,9 @@ impl Io {
     /// file shorter than its range (never, for immutable objects) or a client that accepts
     /// nothing for `client_timeout` ends the connection: the client fails what is incomplete.
     async fn send_parts(&mut self, sh: &Shared, parts: Vec<Part>) -> Result<(), Abort> {
-        let t = Duration::from_secs(sh.cfg.client_timeout_secs);
         for p in parts {
             match p {
-                Part::Mem(b) => match tokio::time::timeout(t, self.wr.write_all(&b)).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(_)) => return Err(Abort::Gone),
-                    Err(_) => {
-                        sh.metrics.error("client_timeout");
-                        return Err(Abort::Gone);
-                    }
-                },
+                Part::Mem(b) => within_client_timeout(sh, self.wr.write_all(&b)).await?,
                 Part::File(f) => {
                     let sock: &TcpStream = self.wr.as_ref();
                     let end = f.offset + f.len;
@@ -132,18 +130,10 @@ impl Io {
                             rustix::fs::sendfile(sock, &*f.file, Some(&mut off), n)
                                 .map_err(std::io::Error::from)
                         });
-                        match tokio::time::timeout(t, send).await {
-                            Ok(Ok(0)) => {
-                                tracing::error!(offset = off, end, "local file shorter than its slice");
-                                sh.metrics.error("storage");
-                                return Err(Abort::Gone);
-                            }
-                            Ok(Ok(_)) => {}
-                            Ok(Err(_)) => return Err(Abort::Gone),
-                            Err(_) => {
-                                sh.metrics.error("client_timeout");
-                                return Err(Abort::Gone);
-                            }
+                        if within_client_timeout(sh, send).await? == 0 {
+                            tracing::error!(offset = off, end, "local file shorter than its slice");
+                            sh.metrics.error("storage");
+                            return Err(Abort::Gone);
                         }
                     }
                 }
