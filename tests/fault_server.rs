@@ -359,22 +359,32 @@ fn gather_reset_mid_stream_is_a_miss() {
     let server = mem_server();
     let r = rig(server.local_addr(), "reset", 3, Duration::from_secs(20));
     let lay = r.stream_layout(server_info(server.local_addr()));
-    for (name, at) in [
-        ("before the hello", 0),
-        ("after the first unit", lay.units[1].0),
-        ("mid-payload", lay.total / 2),
-        ("before the end frame", lay.total - 1),
-    ] {
+    reset_cases(
+        &r,
+        "gather connection reset",
+        &[
+            ("before the hello", 0),
+            ("after the first unit", lay.units[1].0),
+            ("mid-payload", lay.total / 2),
+            ("before the end frame", lay.total - 1),
+        ],
+    );
+    drop(r);
+    rt().block_on(server.shutdown());
+}
+
+/// Resets the engine's first new gather connection at each `(name, byte)` point in turn:
+/// misses, never bytes, then a clean reload over gather ([`raw_case`]).
+fn reset_cases(r: &Rig, what: &str, points: &[(&str, u64)]) {
+    for &(name, at) in points {
         raw_case(
-            &r,
-            &format!("gather connection reset {name} (byte {at})"),
+            r,
+            &format!("{what} {name} (byte {at})"),
             RawFault::ResetAfter(at),
             false,
             true,
         );
     }
-    drop(r);
-    rt().block_on(server.shutdown());
 }
 
 /// A load striped over two connections (chunks 0-8 and 9-17), the first reset partway
@@ -387,18 +397,14 @@ fn gather_striped_reset_is_a_miss() {
     let r = rig_with(server.local_addr(), "stripe-reset", 13, Duration::from_secs(20), 2);
     let lay = r.stream_layout(server_info(server.local_addr()));
     // One stripe's stream is about half the whole load's.
-    for (name, at) in [
-        ("after its first unit", lay.units[1].0),
-        ("mid-payload", lay.total / 4),
-    ] {
-        raw_case(
-            &r,
-            &format!("striped gather: first connection reset {name} (byte {at})"),
-            RawFault::ResetAfter(at),
-            false,
-            true,
-        );
-    }
+    reset_cases(
+        &r,
+        "striped gather: first connection reset",
+        &[
+            ("after its first unit", lay.units[1].0),
+            ("mid-payload", lay.total / 4),
+        ],
+    );
     drop(r);
     rt().block_on(server.shutdown());
 }
