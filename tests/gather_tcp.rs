@@ -140,8 +140,19 @@ async fn partial_last_chunk_and_layer_subrange() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_chunk_and_corrupt_slice_are_misses_never_data() {
+    misses_never_data(Arc::new(MemoryStore::new())).await;
+}
+
+/// The same on a directory backend: the server checks headers from its own open of each
+/// chunk file and sends unverified slices straight from the files (`sendfile`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_chunk_and_corrupt_slice_are_misses_never_data_on_files() {
+    let dir = tempfile::tempdir().unwrap();
+    misses_never_data(Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap())).await;
+}
+
+async fn misses_never_data(store: Arc<dyn Store>) {
     let g = KvGeometry::smollm2_135m();
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let server = start(store.clone(), config()).await;
     let mut c = GatherClient::connect_with(server.local_addr(), creds()).await.unwrap();
     let tokens = [256u32; 4];
@@ -221,6 +232,25 @@ async fn missing_chunk_and_corrupt_slice_are_misses_never_data() {
         sink.failed.lock().unwrap()[0].1,
         objectcache::LayerError::GeometryMismatch { chunk: 1, .. }
     ));
+    // A truncated object (its header intact, its size short of what the header says): a
+    // geometry miss of that chunk too, never its bytes.
+    let whole = object(&g, 5, 1, 256);
+    store
+        .put(
+            &format!("{BUCKET}/{}", kb.data(&hashes(5, 4)[1])),
+            whole.slice(..whole.len() / 2),
+        )
+        .await
+        .unwrap();
+    let sink = VerifySink::new(&g, 5, &tokens);
+    c.load(&request(&g, 5, &tokens), &sink).await.unwrap();
+    let failed = sink.failed.lock().unwrap();
+    assert_eq!(failed.len(), g.layers as usize);
+    assert!(failed
+        .iter()
+        .all(|(_, e)| matches!(e, objectcache::LayerError::GeometryMismatch { chunk: 1, .. })));
+    drop(failed);
+    assert_eq!(sink.mismatches.load(Ordering::Relaxed), 0);
     server.shutdown().await;
 }
 

@@ -61,6 +61,12 @@ pub struct TransferArgs {
         default_value = "gather-tcp,s3-layerwise,s3-chunkwise"
     )]
     paths: Vec<String>,
+    /// Measured loads per path and size (after one warm-up load on the engine paths); each
+    /// record reports the median TTFL, TTLL and CPU of these runs, and their range. On a
+    /// shared machine single loads vary by tens of percent, so a median of several is the
+    /// figure to compare.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    runs: u32,
     /// Write the records as a JSON array here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -75,8 +81,17 @@ struct Record {
     bytes: u64,
     requests: u64,
     round_trips: u64,
+    /// Time to first layer, seconds: the median over `runs` loads.
     ttfl_s: f64,
+    /// Time to last layer, seconds: the median over `runs` loads.
     ttll_s: f64,
+    /// Fastest and slowest TTFL of the runs, seconds.
+    ttfl_s_range: [f64; 2],
+    /// Fastest and slowest TTLL of the runs, seconds.
+    ttll_s_range: [f64; 2],
+    /// Measured loads behind the medians (`--runs`).
+    runs: u32,
+    /// `bytes / ttll_s` (the median load's throughput).
     throughput_bytes_per_s: f64,
     raw_tcp_bytes_per_s: f64,
     /// CPU seconds this process spent per GiB moved during the load (all threads: the client
@@ -307,14 +322,23 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                 Err(objectcache::transport::tcp::GatherError::NotOffered(why)) => {
                     eprintln!("no gather at this endpoint ({why}): populating with S3 PUTs");
                     for (i, h) in hs.iter().enumerate() {
-                        store.put(&kb.data(h), object(&g, i)).await.map_err(|e| e.to_string())?;
+                        store
+                            .put(&kb.data(h), object(&g, i))
+                            .await
+                            .map_err(|e| e.to_string())?;
                     }
                     let len = objectcache::layout::object_len(g.layers, g.slice_bytes());
                     let m = objectcache::layout::encode_marker(len);
                     for h in &hs {
-                        store.put(&kb.marker(h), Bytes::copy_from_slice(&m)).await.map_err(|e| e.to_string())?;
+                        store
+                            .put(&kb.marker(h), Bytes::copy_from_slice(&m))
+                            .await
+                            .map_err(|e| e.to_string())?;
                     }
-                    return Ok(objectcache::transport::tcp::SaveReport { written: hs.len() as u32, already_present: 0 });
+                    return Ok(objectcache::transport::tcp::SaveReport {
+                        written: hs.len() as u32,
+                        already_present: 0,
+                    });
                 }
                 Err(e) => return Err(e.to_string()),
             };
@@ -361,13 +385,16 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
             round_trips,
             ttfl_s: ttfl,
             ttll_s: ttll,
+            ttfl_s_range: [ttfl, ttfl],
+            ttll_s_range: [ttll, ttll],
+            runs: 1,
             throughput_bytes_per_s: total as f64 / ttll,
             raw_tcp_bytes_per_s: raw,
             cpu_s_per_gib: cpu,
             raw_tcp_cpu_s_per_gib: raw_cpu,
         };
         for path in &args.paths {
-            let r = match path.as_str() {
+            let samples: Vec<Record> = match path.as_str() {
                 // Both go through the connector's Engine, as an inference server would: with
                 // gather on it sends one request to our server; with gather off it issues
                 // layer-major ranged GETs (the stock-S3 path), even against our server.
@@ -381,88 +408,97 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                     }
                     let engine = Engine::with_store(store.clone(), cfg.clone())
                         .map_err(|e| e.to_string())?;
-                    let load = || -> Result<(objectcache::connector::LoadStats, Option<f64>), String> {
-                        let dest = LayerBuffers::from_vecs(
-                            (0..g.layers)
-                                .map(|_| touched(layer_bytes as usize))
-                                .collect(),
-                        );
-                        let cpu0 = process_cpu_s();
-                        let h = engine
-                            .load(
-                                LoadRequest {
-                                    geometry: g.clone(),
-                                    hashes: hs.clone(),
-                                    hints: Default::default(),
-                                },
-                                dest,
-                            )
-                            .map_err(|e| e.to_string())?;
-                        h.wait_all_blocking().map_err(|e| format!("{path}: {e}"))?;
-                        Ok((h.stats(), per_gib(cpu0, process_cpu_s(), total)))
-                    };
+                    let load =
+                        || -> Result<(objectcache::connector::LoadStats, Option<f64>), String> {
+                            let dest = LayerBuffers::from_vecs(
+                                (0..g.layers)
+                                    .map(|_| touched(layer_bytes as usize))
+                                    .collect(),
+                            );
+                            let cpu0 = process_cpu_s();
+                            let h = engine
+                                .load(
+                                    LoadRequest {
+                                        geometry: g.clone(),
+                                        hashes: hs.clone(),
+                                        hints: Default::default(),
+                                    },
+                                    dest,
+                                )
+                                .map_err(|e| e.to_string())?;
+                            h.wait_all_blocking().map_err(|e| format!("{path}: {e}"))?;
+                            Ok((h.stats(), per_gib(cpu0, process_cpu_s(), total)))
+                        };
                     if cfg.gather {
                         // Warm-up: the first load opens (and probes) the gather connection,
                         // which later loads reuse from the engine's pool.
                         load()?;
                     }
-                    let (s, cpu) = load()?;
-                    // One gather request per stream (fewer streams than chunks never).
-                    let streams = (cfg.gather_streams as u64).min(hs.len() as u64);
-                    if cfg.gather && s.requests != streams {
-                        return Err(format!(
-                            "gather-tcp: the load fell back to {} ranged GETs (is gather offered at this endpoint? see the log)",
-                            s.requests
+                    let mut samples = Vec::new();
+                    for _ in 0..args.runs {
+                        let (s, cpu) = load()?;
+                        // One gather request per stream (fewer streams than chunks never).
+                        let streams = (cfg.gather_streams as u64).min(hs.len() as u64);
+                        if cfg.gather && s.requests != streams {
+                            return Err(format!(
+                                "gather-tcp: the load fell back to {} ranged GETs (is gather offered at this endpoint? see the log)",
+                                s.requests
+                            ));
+                        }
+                        let rt_count = if cfg.gather {
+                            1
+                        } else {
+                            s.requests.div_ceil(cfg.max_requests as u64)
+                        };
+                        samples.push(rec(
+                            path,
+                            s.requests,
+                            rt_count,
+                            s.ttfl_s.unwrap_or(f64::NAN),
+                            s.ttll_s.unwrap_or(f64::NAN),
+                            cpu,
                         ));
                     }
-                    let rt_count = if cfg.gather {
-                        1
-                    } else {
-                        s.requests.div_ceil(cfg.max_requests as u64)
-                    };
-                    rec(
-                        path,
-                        s.requests,
-                        rt_count,
-                        s.ttfl_s.unwrap_or(f64::NAN),
-                        s.ttll_s.unwrap_or(f64::NAN),
-                        cpu,
-                    )
+                    samples
                 }
                 "s3-chunkwise" => {
                     let conc = 16usize;
-                    let (ttll, n, cpu) = rt.block_on(async {
-                        let mut dest: Vec<Vec<u8>> = (0..g.layers)
-                            .map(|_| touched(layer_bytes as usize))
-                            .collect();
-                        let cpu0 = process_cpu_s();
-                        let t0 = Instant::now();
-                        let keys: Vec<String> = hs.iter().map(|h| kb.data(h)).collect();
-                        let mut got = 0u64;
-                        let mut i = 0;
-                        while i < keys.len() {
-                            let batch: Vec<_> = keys[i..(i + conc).min(keys.len())]
-                                .iter()
-                                .map(|k| store.get_bytes(k))
+                    let mut samples = Vec::new();
+                    for _ in 0..args.runs {
+                        let (ttll, n, cpu) = rt.block_on(async {
+                            let mut dest: Vec<Vec<u8>> = (0..g.layers)
+                                .map(|_| touched(layer_bytes as usize))
                                 .collect();
-                            let objs = join_all(batch).await;
-                            for (j, o) in objs.into_iter().enumerate() {
-                                let o = o.map_err(|e| e.to_string())?;
-                                let (_, slices) = decode_chunk(&g, g.tokens_per_chunk, &o)
-                                    .map_err(|e| e.to_string())?;
-                                let off = (i + j) * g.slice_bytes() as usize;
-                                for (l, s) in slices.iter().enumerate() {
-                                    dest[l][off..off + s.len()].copy_from_slice(s);
+                            let cpu0 = process_cpu_s();
+                            let t0 = Instant::now();
+                            let keys: Vec<String> = hs.iter().map(|h| kb.data(h)).collect();
+                            let mut got = 0u64;
+                            let mut i = 0;
+                            while i < keys.len() {
+                                let batch: Vec<_> = keys[i..(i + conc).min(keys.len())]
+                                    .iter()
+                                    .map(|k| store.get_bytes(k))
+                                    .collect();
+                                let objs = join_all(batch).await;
+                                for (j, o) in objs.into_iter().enumerate() {
+                                    let o = o.map_err(|e| e.to_string())?;
+                                    let (_, slices) = decode_chunk(&g, g.tokens_per_chunk, &o)
+                                        .map_err(|e| e.to_string())?;
+                                    let off = (i + j) * g.slice_bytes() as usize;
+                                    for (l, s) in slices.iter().enumerate() {
+                                        dest[l][off..off + s.len()].copy_from_slice(s);
+                                    }
+                                    got += 1;
                                 }
-                                got += 1;
+                                i += conc;
                             }
-                            i += conc;
-                        }
-                        let secs = t0.elapsed().as_secs_f64();
-                        Ok::<_, String>((secs, got, per_gib(cpu0, process_cpu_s(), total)))
-                    })?;
-                    // Layer 0 needs every chunk's object: first layer and last layer coincide.
-                    rec(path, n, n.div_ceil(conc as u64), ttll, ttll, cpu)
+                            let secs = t0.elapsed().as_secs_f64();
+                            Ok::<_, String>((secs, got, per_gib(cpu0, process_cpu_s(), total)))
+                        })?;
+                        // Layer 0 needs every chunk's object: first layer and last layer coincide.
+                        samples.push(rec(path, n, n.div_ceil(conc as u64), ttll, ttll, cpu));
+                    }
+                    samples
                 }
                 other => {
                     return Err(format!(
@@ -470,6 +506,7 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                     ))
                 }
             };
+            let r = median_of(samples);
             let one_layer = layer_bytes as f64 / r.raw_tcp_bytes_per_s;
             println!(
                 "{:<13} {:>6} tokens  {:>6} MiB  requests {:>6}  round trips {:>5}  TTFL {:>8.2} ms ({:.2}x one layer at raw)  TTLL {:>8.2} ms  {:>6.2} GB/s = {:.2} of raw TCP {:.2} GB/s",
@@ -485,10 +522,22 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                 r.throughput_bytes_per_s / r.raw_tcp_bytes_per_s,
                 r.raw_tcp_bytes_per_s / 1e9
             );
+            if r.runs > 1 {
+                println!(
+                    "{:<13} median of {} loads: TTFL {:.2}-{:.2} ms, TTLL {:.2}-{:.2} ms",
+                    "",
+                    r.runs,
+                    r.ttfl_s_range[0] * 1e3,
+                    r.ttfl_s_range[1] * 1e3,
+                    r.ttll_s_range[0] * 1e3,
+                    r.ttll_s_range[1] * 1e3
+                );
+            }
             if let (Some(c), Some(rc)) = (r.cpu_s_per_gib, r.raw_tcp_cpu_s_per_gib) {
                 println!(
                     "{:<13} CPU {c:.3} s/GiB, raw TCP {rc:.3} s/GiB: {:.2}x raw's CPU per byte",
-                    "", c / rc
+                    "",
+                    c / rc
                 );
             }
             records.push(r);
@@ -506,6 +555,34 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
         std::fs::write(p, s).map_err(|e| format!("{}: {e}", p.display()))?;
     }
     Ok(())
+}
+
+/// Merges the runs of one path and size into one record: the median TTFL, TTLL and CPU per
+/// byte (each taken on its own; the upper median for an even count), their ranges, and the
+/// throughput of the median TTLL.
+fn median_of(mut runs: Vec<Record>) -> Record {
+    fn median(mut v: Vec<f64>) -> f64 {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    }
+    fn range(v: &[f64]) -> [f64; 2] {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        [lo, hi]
+    }
+    let ttfl: Vec<f64> = runs.iter().map(|r| r.ttfl_s).collect();
+    let ttll: Vec<f64> = runs.iter().map(|r| r.ttll_s).collect();
+    let cpu: Option<Vec<f64>> = runs.iter().map(|r| r.cpu_s_per_gib).collect();
+    let n = runs.len() as u32;
+    let mut r = runs.swap_remove(0);
+    r.ttfl_s = median(ttfl.clone());
+    r.ttll_s = median(ttll.clone());
+    r.ttfl_s_range = range(&ttfl);
+    r.ttll_s_range = range(&ttll);
+    r.runs = n;
+    r.throughput_bytes_per_s = r.bytes as f64 / r.ttll_s;
+    r.cpu_s_per_gib = cpu.map(median);
+    r
 }
 
 async fn join_all<F: std::future::Future>(fs: Vec<F>) -> Vec<F::Output> {

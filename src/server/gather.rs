@@ -404,18 +404,26 @@ async fn fetch_piece(
     }
 }
 
-/// A chunk object opened as a local file, with the stored CRC32C trailer of each layer's
-/// slice read once (per layer `layers.start + i`, or the read error).
+/// A chunk object opened as a local file: its size and header bytes (for the header check,
+/// so a chunk is opened once per load) and the stored CRC32C trailer of each requested
+/// layer's slice (per layer `layers.start + i`, or the read error), each read once.
 struct LocalChunk {
     file: Arc<std::fs::File>,
+    /// Object size in bytes, from the open file.
+    size: u64,
+    /// The first [`HEADER_LEN`] bytes, or why they could not be read.
+    header: Result<[u8; HEADER_LEN as usize], String>,
     layer0: u32,
     trailers: Vec<Result<u32, String>>,
 }
 
-/// Opens chunk `key` as a local file, if the backend keeps one, and reads the CRC trailers of
-/// `layers` (slices of `slice_len` bytes) in one blocking task; asks the kernel to read the
-/// first layer's slice ahead ([`advise_slice`]; each later slice is advised when the slice
-/// before it is queued), so the `sendfile`s find their pages in the page cache.
+/// Opens chunk `key` as a local file, if the backend keeps one, and reads its header and the
+/// CRC trailers of `layers` (slices of `slice_len` bytes) in one blocking task; asks the
+/// kernel to read the first layer's slice ahead ([`advise_slice`]; each later slice is
+/// advised when the slice before it is queued), so the `sendfile`s find their pages in the
+/// page cache. The header check ([`check_header`]) and the unit reads share this open
+/// through the load's [`LocalFiles`] cell, so each chunk costs one open and two trips to the
+/// blocking pool before its first slice can leave (time to first layer).
 async fn open_local_chunk(
     sh: &Shared,
     key: &str,
@@ -424,24 +432,32 @@ async fn open_local_chunk(
 ) -> Option<Arc<LocalChunk>> {
     use std::os::unix::fs::FileExt;
     let o = sh.store.open_local(key).await.ok().flatten()?;
-    let file = Arc::new(o.file);
+    let (file, size) = (Arc::new(o.file), o.meta.size);
     let f = file.clone();
     let layer0 = layers.start;
-    let trailers = tokio::task::spawn_blocking(move || {
+    let (header, trailers) = tokio::task::spawn_blocking(move || {
         advise_slice(&f, layer0, slice_len);
-        layers
+        let mut h = [0u8; HEADER_LEN as usize];
+        let header = f
+            .read_exact_at(&mut h, 0)
+            .map(|()| h)
+            .map_err(|e| format!("header read: {e}"));
+        let trailers = layers
             .map(|l| {
                 let mut t = [0u8; 4];
                 f.read_exact_at(&mut t, slice_range(l, slice_len).start + slice_len)
                     .map(|()| u32::from_le_bytes(t))
                     .map_err(|e| format!("layer {l} slice CRC read: {e}"))
             })
-            .collect()
+            .collect();
+        (header, trailers)
     })
     .await
     .ok()?;
     Some(Arc::new(LocalChunk {
         file,
+        size,
+        header,
         layer0,
         trailers,
     }))
@@ -563,12 +579,13 @@ async fn check_headers(
     tokens: Vec<u32>,
     g: crate::protocol::WireGeometry,
     keys: Arc<Vec<String>>,
+    files: Option<LocalFiles>,
     out: tokio::sync::mpsc::UnboundedSender<Result<(), Miss>>,
 ) {
     let n = keys.len();
     let conc = sh.cfg.read_concurrency;
     let mut checks = stream::iter(0..n)
-        .map(move |i| check_header(sh.clone(), keys.clone(), i, tokens[i], g))
+        .map(move |i| check_header(sh.clone(), keys.clone(), files.clone(), i, tokens[i], g))
         .buffered(conc);
     while let Some(r) = checks.next().await {
         if out.send(r).is_err() {
@@ -577,27 +594,55 @@ async fn check_headers(
     }
 }
 
+/// Checks chunk `i`'s header against the request: from the load's local open of the chunk
+/// when the backend keeps files (`files`), else with a ranged read of its first
+/// [`HEADER_LEN`] bytes.
 async fn check_header(
     sh: Arc<Shared>,
     keys: Arc<Vec<String>>,
+    files: Option<LocalFiles>,
     i: usize,
     tokens: u32,
     g: crate::protocol::WireGeometry,
 ) -> Result<(), Miss> {
     let c = i as u32;
     let key = &keys[i];
-    let r = sh
-        .store
-        .get_opts(
-            key,
-            GetOptions {
-                range: Some(0..HEADER_LEN),
-            },
-        )
-        .await
-        .map_err(|e| miss_of(c, e))?;
-    let size = r.meta.size;
-    let b = r.bytes().await.map_err(|e| miss_of(c, e))?;
+    let local = match &files {
+        Some(files) => {
+            let (layers, cells) = &**files;
+            cells[i]
+                .get_or_init(|| open_local_chunk(&sh, key, layers.clone(), g.slice_len(tokens)))
+                .await
+                .clone()
+        }
+        None => None,
+    };
+    let (size, b) = match local {
+        Some(lc) => match &lc.header {
+            Ok(h) => (lc.size, Bytes::copy_from_slice(h)),
+            Err(m) => {
+                return Err(Miss {
+                    chunk: c,
+                    reason: MissReason::Storage,
+                    message: format!("{key}: {m}"),
+                })
+            }
+        },
+        None => {
+            let r = sh
+                .store
+                .get_opts(
+                    key,
+                    GetOptions {
+                        range: Some(0..HEADER_LEN),
+                    },
+                )
+                .await
+                .map_err(|e| miss_of(c, e))?;
+            let size = r.meta.size;
+            (size, r.bytes().await.map_err(|e| miss_of(c, e))?)
+        }
+    };
     let geo = |message: String| Miss {
         chunk: c,
         reason: MissReason::GeometryMismatch,
@@ -749,6 +794,7 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
         req.chunk_tokens.clone(),
         req.geometry,
         keys.clone(),
+        files.clone(),
         htx,
     )));
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Fetched>(depth);
