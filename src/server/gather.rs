@@ -309,12 +309,62 @@ fn into_mem(parts: Vec<Part>) -> Result<Vec<Bytes>, Vec<Part>> {
 /// One piece of a unit, read: its payload and its CRC32C.
 type PieceResult = Result<(Vec<Part>, u32), Miss>;
 
-/// Per chunk of a load, its object opened as a local file, once (`None`: the backend keeps no
-/// local files, or the open failed and the ranged read will say why).
-type LocalFiles = Arc<(
-    std::ops::Range<u32>,
-    Vec<tokio::sync::OnceCell<Option<Arc<LocalChunk>>>>,
-)>;
+/// Per chunk of a load, its object opened as a local file by the load's opener
+/// ([`open_chunks`], chunk order); `opened` counts the chunks it has got to. A chunk's cell
+/// holds `None` when the backend keeps no local files or the open failed (the ranged read
+/// then says why).
+#[derive(Clone)]
+struct LocalFiles {
+    cells: Arc<Vec<std::sync::OnceLock<Option<Arc<LocalChunk>>>>>,
+    opened: tokio::sync::watch::Receiver<usize>,
+}
+
+impl LocalFiles {
+    /// Starts the opener of `keys` (chunk `i`'s slices `slice_lens[i]` bytes, `layers`
+    /// requested) on the blocking pool.
+    fn open(
+        store: Arc<dyn crate::store::Store>,
+        keys: Arc<Vec<String>>,
+        layers: std::ops::Range<u32>,
+        slice_lens: Vec<u64>,
+    ) -> Self {
+        let cells: Arc<Vec<_>> = Arc::new((0..keys.len()).map(|_| std::sync::OnceLock::new()).collect());
+        let (tx, opened) = tokio::sync::watch::channel(0usize);
+        let c = cells.clone();
+        tokio::task::spawn_blocking(move || open_chunks(&*store, &keys, layers, &slice_lens, &c, &tx));
+        Self { cells, opened }
+    }
+
+    /// Chunk `i` as a local file, once the opener has got to it; `None`: read it from the
+    /// store instead.
+    async fn get(&self, i: usize) -> Option<Arc<LocalChunk>> {
+        let mut rx = self.opened.clone();
+        rx.wait_for(|&n| n > i).await.ok()?;
+        self.cells.get(i)?.get()?.clone()
+    }
+}
+
+/// A load's opener: opens its chunk files one after another, in chunk order (the order the
+/// first layer's units leave in), on one blocking thread, and publishes each as it is done.
+/// One trip to the blocking pool per load rather than one or two per chunk: on a busy host
+/// each trip waits for a thread, and the first unit waits for chunk 0 (time to first layer).
+/// Stops early once nobody waits (the load ended).
+fn open_chunks(
+    store: &dyn crate::store::Store,
+    keys: &[String],
+    layers: std::ops::Range<u32>,
+    slice_lens: &[u64],
+    cells: &[std::sync::OnceLock<Option<Arc<LocalChunk>>>],
+    opened: &tokio::sync::watch::Sender<usize>,
+) {
+    for (i, key) in keys.iter().enumerate() {
+        if opened.is_closed() {
+            return;
+        }
+        let _ = cells[i].set(open_local_chunk(store, key, layers.clone(), slice_lens[i]));
+        opened.send_replace(i + 1);
+    }
+}
 
 struct Fetched {
     plan: UnitPlan,
@@ -418,44 +468,37 @@ struct LocalChunk {
 }
 
 /// Opens chunk `key` as a local file, if the backend keeps one, and reads its header and the
-/// CRC trailers of `layers` (slices of `slice_len` bytes) in one blocking task; asks the
-/// kernel to read the first layer's slice ahead ([`advise_slice`]; each later slice is
-/// advised when the slice before it is queued), so the `sendfile`s find their pages in the
-/// page cache. The header check ([`check_header`]) and the unit reads share this open
-/// through the load's [`LocalFiles`] cell, so each chunk costs one open and two trips to the
-/// blocking pool before its first slice can leave (time to first layer).
-async fn open_local_chunk(
-    sh: &Shared,
+/// CRC trailers of `layers` (slices of `slice_len` bytes), on the calling (blocking) thread;
+/// asks the kernel to read the first layer's slice ahead ([`advise_slice`]; each later slice
+/// is advised when the slice before it is queued), so the `sendfile`s find their pages in
+/// the page cache. The header check ([`check_header`]) and the unit reads share this one
+/// open through the load's [`LocalFiles`].
+fn open_local_chunk(
+    store: &dyn crate::store::Store,
     key: &str,
     layers: std::ops::Range<u32>,
     slice_len: u64,
 ) -> Option<Arc<LocalChunk>> {
     use std::os::unix::fs::FileExt;
-    let o = sh.store.open_local(key).await.ok().flatten()?;
-    let (file, size) = (Arc::new(o.file), o.meta.size);
-    let f = file.clone();
+    let o = store.open_local_blocking(key).ok().flatten()?;
+    let (f, size) = (o.file, o.meta.size);
     let layer0 = layers.start;
-    let (header, trailers) = tokio::task::spawn_blocking(move || {
-        advise_slice(&f, layer0, slice_len);
-        let mut h = [0u8; HEADER_LEN as usize];
-        let header = f
-            .read_exact_at(&mut h, 0)
-            .map(|()| h)
-            .map_err(|e| format!("header read: {e}"));
-        let trailers = layers
-            .map(|l| {
-                let mut t = [0u8; 4];
-                f.read_exact_at(&mut t, slice_range(l, slice_len).start + slice_len)
-                    .map(|()| u32::from_le_bytes(t))
-                    .map_err(|e| format!("layer {l} slice CRC read: {e}"))
-            })
-            .collect();
-        (header, trailers)
-    })
-    .await
-    .ok()?;
+    advise_slice(&f, layer0, slice_len);
+    let mut h = [0u8; HEADER_LEN as usize];
+    let header = f
+        .read_exact_at(&mut h, 0)
+        .map(|()| h)
+        .map_err(|e| format!("header read: {e}"));
+    let trailers = layers
+        .map(|l| {
+            let mut t = [0u8; 4];
+            f.read_exact_at(&mut t, slice_range(l, slice_len).start + slice_len)
+                .map(|()| u32::from_le_bytes(t))
+                .map_err(|e| format!("layer {l} slice CRC read: {e}"))
+        })
+        .collect();
     Some(Arc::new(LocalChunk {
-        file,
+        file: Arc::new(f),
         size,
         header,
         layer0,
@@ -545,12 +588,8 @@ async fn fetch_unit(
             let key = &keys[p.chunk as usize];
             // Whole unverified slices of local files are sent from the file (sendfile).
             if let Some(files) = files.filter(|_| p.range.start == 0 && p.range.end == p.slice_len) {
-                let (layers, cells) = &*files;
-                let chunk = cells[p.chunk as usize]
-                    .get_or_init(|| open_local_chunk(&sh, key, layers.clone(), p.slice_len))
-                    .await;
-                if let Some(c) = chunk {
-                    return piece_local(c, key, layer, p);
+                if let Some(c) = files.get(p.chunk as usize).await {
+                    return piece_local(&c, key, layer, p);
                 }
             }
             fetch_piece(&sh, key, layer, p, verify).await
@@ -608,13 +647,7 @@ async fn check_header(
     let c = i as u32;
     let key = &keys[i];
     let local = match &files {
-        Some(files) => {
-            let (layers, cells) = &**files;
-            cells[i]
-                .get_or_init(|| open_local_chunk(&sh, key, layers.clone(), g.slice_len(tokens)))
-                .await
-                .clone()
-        }
+        Some(files) => files.get(i).await,
         None => None,
     };
     let (size, b) = match local {
@@ -775,10 +808,12 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
     // keeps them (the client checks each unit's stored CRC32C end to end).
     let files: Option<LocalFiles> = (!verify && matches!(req.target, TransportTarget::InlineTcp))
         .then(|| {
-            Arc::new((
+            LocalFiles::open(
+                sh.store.clone(),
+                keys.clone(),
                 req.layers.clone(),
-                (0..keys.len()).map(|_| tokio::sync::OnceCell::new()).collect(),
-            ))
+                req.chunk_tokens.iter().map(|&t| req.geometry.slice_len(t)).collect(),
+            )
         });
     let reads = Arc::new(Semaphore::new(sh.cfg.read_concurrency));
     let mut remaining: HashMap<u32, usize> = HashMap::new();

@@ -206,28 +206,35 @@ pub async fn large_object(s: &dyn Store, p: &str) {
     );
 }
 
-/// A backend that opens objects as local files ([`Store::open_local`]) opens exactly the
-/// object's bytes, and reports a missing key as not found; the others return `None`.
+/// A backend that opens objects as local files ([`Store::open_local`], and
+/// [`Store::open_local_blocking`] alike) opens exactly the object's bytes, and reports a
+/// missing key as not found; the others return `None` from both.
 pub async fn local_file(s: &dyn Store, p: &str) {
     use std::io::Read;
     let k = format!("{p}/local/obj");
+    let missing = format!("{p}/local/missing");
     let d = pattern(3 << 20, 5);
     s.put(&k, d.clone()).await.unwrap();
-    match s.open_local(&k).await.unwrap() {
-        None => {
-            let missing = s.open_local(&format!("{p}/local/missing")).await;
-            assert!(matches!(missing, Ok(None)), "{missing:?}");
+    // (A file open on the test's thread: the blocking variant is for blocking threads.)
+    let opened = [s.open_local(&k).await.unwrap(), s.open_local_blocking(&k).unwrap()];
+    let local = opened[0].is_some();
+    for o in opened {
+        match o {
+            None => assert!(!local, "open_local and open_local_blocking disagree"),
+            Some(mut o) => {
+                assert!(local, "open_local and open_local_blocking disagree");
+                assert_eq!(o.meta.size, d.len() as u64);
+                let mut got = Vec::new();
+                o.file.read_to_end(&mut got).unwrap();
+                assert!(got == d[..], "local file differs from the object");
+            }
         }
-        Some(mut o) => {
-            assert_eq!(o.meta.size, d.len() as u64);
-            let mut got = Vec::new();
-            o.file.read_to_end(&mut got).unwrap();
-            assert!(got == d[..], "local file differs from the object");
-            let e = s
-                .open_local(&format!("{p}/local/missing"))
-                .await
-                .unwrap_err();
-            assert!(matches!(e, StoreError::NotFound { .. }), "{e:?}");
+    }
+    for r in [s.open_local(&missing).await, s.open_local_blocking(&missing)] {
+        if local {
+            assert!(matches!(r, Err(StoreError::NotFound { .. })), "{r:?}");
+        } else {
+            assert!(matches!(r, Ok(None)), "{r:?}");
         }
     }
 }

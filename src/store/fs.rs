@@ -97,6 +97,19 @@ fn meta_of(key: &str, m: &std::fs::Metadata) -> ObjectMeta {
     }
 }
 
+/// Opens the object file at `path` (for `key`) with its metadata; a directory is `NotFound`.
+fn open_file(path: &Path, key: &str) -> Result<Option<super::LocalObject>, StoreError> {
+    let file = std::fs::File::open(path).map_err(|e| io_err(key, e))?;
+    let m = file.metadata().map_err(|e| io_err(key, e))?;
+    if !m.is_file() {
+        return Err(StoreError::NotFound { key: key.into() });
+    }
+    Ok(Some(super::LocalObject {
+        meta: meta_of(key, &m),
+        file,
+    }))
+}
+
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, StoreError> {
@@ -114,18 +127,11 @@ impl Store for FsStore {
     async fn open_local(&self, key: &str) -> Result<Option<super::LocalObject>, StoreError> {
         let path = self.path(key)?;
         let key = key.to_string();
-        blocking(move || {
-            let file = std::fs::File::open(&path).map_err(|e| io_err(&key, e))?;
-            let m = file.metadata().map_err(|e| io_err(&key, e))?;
-            if !m.is_file() {
-                return Err(StoreError::NotFound { key });
-            }
-            Ok(Some(super::LocalObject {
-                meta: meta_of(&key, &m),
-                file,
-            }))
-        })
-        .await
+        blocking(move || open_file(&path, &key)).await
+    }
+
+    fn open_local_blocking(&self, key: &str) -> Result<Option<super::LocalObject>, StoreError> {
+        open_file(&self.path(key)?, key)
     }
 
     async fn get_opts(&self, key: &str, opts: GetOptions) -> Result<GetResult, StoreError> {

@@ -210,6 +210,18 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         Ok(None)
     }
 
+    /// [`Store::open_local`] on the calling thread, for callers already on a blocking thread
+    /// (the server's gather opens a load's chunk files one after another in one blocking
+    /// task, rather than one trip to the blocking pool per chunk). Same results as
+    /// [`Store::open_local`]; `Ok(None)` for backends without local files (the default).
+    ///
+    /// # Errors
+    /// As [`Store::open_local`].
+    fn open_local_blocking(&self, key: &str) -> Result<Option<LocalObject>, StoreError> {
+        let _ = key;
+        Ok(None)
+    }
+
     /// Reads an object or a byte range of it.
     ///
     /// # Errors
