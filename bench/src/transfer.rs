@@ -408,12 +408,18 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                     }
                     let engine = Engine::with_store(store.clone(), cfg.clone())
                         .map_err(|e| e.to_string())?;
+                    // The destination is allocated (and touched) once and reused by every load,
+                    // as an inference server reuses its KV buffers: no load pays for page
+                    // faults or for freeing the last load's buffers.
+                    let pool = std::cell::RefCell::new(Some(
+                        (0..g.layers)
+                            .map(|_| touched(layer_bytes as usize))
+                            .collect::<Vec<_>>(),
+                    ));
                     let load =
                         || -> Result<(objectcache::connector::LoadStats, Option<f64>), String> {
                             let dest = LayerBuffers::from_vecs(
-                                (0..g.layers)
-                                    .map(|_| touched(layer_bytes as usize))
-                                    .collect(),
+                                pool.borrow_mut().take().expect("returned by the last load"),
                             );
                             let cpu0 = process_cpu_s();
                             let h = engine
@@ -426,8 +432,11 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                                     dest,
                                 )
                                 .map_err(|e| e.to_string())?;
-                            h.wait_all_blocking().map_err(|e| format!("{path}: {e}"))?;
-                            Ok((h.stats(), per_gib(cpu0, process_cpu_s(), total)))
+                            let done = h.wait_all_blocking().map_err(|e| format!("{path}: {e}"));
+                            let r = (h.stats(), per_gib(cpu0, process_cpu_s(), total));
+                            *pool.borrow_mut() = h.into_buffers().into_vecs();
+                            done?;
+                            Ok(r)
                         };
                     if cfg.gather {
                         // Warm-up: the first load opens (and probes) the gather connection,
