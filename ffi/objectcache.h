@@ -217,6 +217,46 @@ typedef struct objectcache_save_report {
     uint64_t bytes;
 } objectcache_save_report;
 
+/** Input of objectcache_transfer_stall_advice: the compute model of the caller's prefill and
+ *  the request's token counts. */
+typedef struct objectcache_stall_params {
+    uint32_t struct_size;
+    /** Tensor-parallel degree of the prefill (0 counts as 1). */
+    uint32_t tp;
+    /** Compute-model preset: "llama-3.1-8b", "llama-3.1-70b", "qwen2.5-7b", "smollm2-135m". */
+    const char *model;
+    /** GPU kind: "a100", "h100", "h200", "gh200". */
+    const char *gpu;
+    /** Kernel class: "tuned" (engine-class kernels, FA3 on Hopper) or "fa2"; NULL = "tuned". */
+    const char *kernels;
+    /** Prefix tokens this load carries (chunks x tokens per chunk). */
+    uint64_t load_tokens;
+    /** Tokens the prefill computes after the prefix. */
+    uint64_t new_tokens;
+    /** Measured compute time per layer in microseconds for new_tokens after load_tokens
+     *  (0 = the analytic model alone); the analytic model scales it to other token counts. */
+    uint64_t compute_us_per_layer;
+} objectcache_stall_params;
+
+/** Output of objectcache_transfer_stall_advice. Times are seconds since objectcache_load,
+ *  without the fixed per-prefill time (equal for both choices). */
+typedef struct objectcache_stall_advice {
+    uint32_t struct_size;
+    /** 1: cancel the rest of the load and recompute; 0: keep waiting. */
+    uint32_t recompute;
+    /** First layer whose loaded KV is abandoned; the layer count when waiting. */
+    uint32_t from_layer;
+    uint32_t _reserved;
+    /** Prefix tokens 0..recompute_tokens to recompute (0 when waiting): through layers
+     *  0..from_layer only to rebuild their hidden states (their KV is present), fully from
+     *  from_layer on. */
+    uint64_t recompute_tokens;
+    /** Predicted end of the last layer's compute following this advice. */
+    double finish_s;
+    /** Predicted end if waiting for the load instead. */
+    double wait_finish_s;
+} objectcache_stall_advice;
+
 /** Counters of an engine since creation. */
 typedef struct objectcache_metrics {
     uint32_t struct_size;
@@ -385,6 +425,18 @@ objectcache_status objectcache_transfer_chunk_status(objectcache_transfer *trans
 /** Counters of the transfer; out is caller-owned with out->struct_size set. Thread-safe. */
 objectcache_status objectcache_transfer_stats_get(objectcache_transfer *transfer,
                                                   objectcache_transfer_stats *out);
+
+/** The planner's deadline fallback, now: call it when a layer the prefill needs is late.
+ *  From this load's own progress (the first layer not ready, the bytes each later layer
+ *  lacks, the rate so far, when the prefill finishes the ready layers under the compute
+ *  model of params), it advises keeping on waiting or cancelling the rest of the load
+ *  (objectcache_transfer_cancel) and recomputing from out->from_layer; see
+ *  docs/scheduling.md, section 4. out is caller-owned with out->struct_size set. An unknown
+ *  model, GPU or kernel class, or a model whose layer count differs from the load's, is
+ *  OBJECTCACHE_ERR_INVALID_ARGUMENT naming it. Thread-safe; does not change the load. */
+objectcache_status objectcache_transfer_stall_advice(objectcache_transfer *transfer,
+                                                     const objectcache_stall_params *params,
+                                                     objectcache_stall_advice *out);
 
 /** Cancels outstanding reads; layers not yet ready fail with OBJECTCACHE_ERR_CANCELLED and
  *  waiters wake. Ready layers stay ready. Returns at once. Thread-safe, idempotent. */

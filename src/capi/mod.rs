@@ -1329,6 +1329,104 @@ pub unsafe extern "C" fn objectcache_transfer_stats_get(
     })
 }
 
+/// The planner's deadline fallback for a transfer, now. See the header.
+///
+/// # Safety
+/// `params` and `out` as the header states.
+#[no_mangle]
+pub unsafe extern "C" fn objectcache_transfer_stall_advice(
+    transfer: *mut objectcache_transfer,
+    params: *const objectcache_stall_params,
+    out: *mut objectcache_stall_advice,
+) -> objectcache_status {
+    guard("objectcache_transfer_stall_advice", || {
+        let t = get_transfer(transfer)?;
+        // SAFETY: the header's contract on `params`.
+        let p = unsafe { in_struct(params, "params")? };
+        need_out(out, "out")?;
+        // SAFETY: the header's contract on the strings (borrowed for the call).
+        let (model, gpu) = unsafe { (cstr(p.model, "params->model")?, cstr(p.gpu, "params->gpu")?) };
+        let kernels = if p.kernels.is_null() {
+            "tuned"
+        } else {
+            // SAFETY: as above.
+            unsafe { cstr(p.kernels, "params->kernels")? }
+        };
+        let m = stall_model(model, gpu, kernels, p.tp.max(1), p.compute_us_per_layer, p.load_tokens, p.new_tokens)
+            .map_err(|e| invalid(e.to_string()))?;
+        let advice = t
+            .handle
+            .stall_advice(&m, p.load_tokens, p.new_tokens)
+            .map_err(|e| invalid(e.to_string()))?;
+        let v = match advice {
+            crate::sched::Fallback::Wait { finish_s } => objectcache_stall_advice {
+                struct_size: 0,
+                recompute: 0,
+                from_layer: t.handle.layers() as u32,
+                _reserved: 0,
+                recompute_tokens: 0,
+                finish_s,
+                wait_finish_s: finish_s,
+            },
+            crate::sched::Fallback::Recompute {
+                from_layer,
+                tokens,
+                finish_s,
+                wait_finish_s,
+            } => objectcache_stall_advice {
+                struct_size: 0,
+                recompute: 1,
+                from_layer: from_layer as u32,
+                _reserved: 0,
+                recompute_tokens: tokens,
+                finish_s,
+                wait_finish_s,
+            },
+        };
+        // SAFETY: the header's contract on `out`.
+        unsafe { out_struct(out, v, "out")? };
+        Ok(OBJECTCACHE_OK)
+    })
+}
+
+/// The compute model of `objectcache_stall_params`: the analytic model of `model` on `gpu`
+/// (`kernels`, TP `tp`), or, with `compute_us_per_layer` > 0, that measured time for every
+/// layer at (`new_tokens` new after `load_tokens` cached), scaled by the analytic model.
+fn stall_model(
+    model: &str,
+    gpu: &str,
+    kernels: &str,
+    tp: u32,
+    compute_us_per_layer: u64,
+    load_tokens: u64,
+    new_tokens: u64,
+) -> Result<crate::sched::ComputeModel, Error> {
+    use crate::sched::{AnalyticModel, ComputeModel, GpuKind, KernelClass, MeasuredModel, ModelShape};
+    let a = AnalyticModel::new(
+        ModelShape::preset(model)?,
+        GpuKind::parse(gpu)?,
+        KernelClass::parse(kernels)?,
+        tp,
+    )?;
+    if compute_us_per_layer == 0 {
+        return Ok(ComputeModel::Analytic(a));
+    }
+    if new_tokens == 0 {
+        return Err(Error::InvalidArgument(
+            "params->compute_us_per_layer is the time for params->new_tokens, which is 0".into(),
+        ));
+    }
+    let n = a.shape.layers as usize;
+    let fixed = a.fixed_s;
+    Ok(ComputeModel::Measured(MeasuredModel::new(
+        vec![compute_us_per_layer as f64 * 1e-6; n],
+        fixed,
+        new_tokens,
+        load_tokens,
+        a,
+    )?))
+}
+
 /// Cancels a transfer. See the header.
 ///
 /// # Safety

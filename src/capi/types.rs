@@ -239,6 +239,53 @@ pub struct objectcache_transfer_stats {
     pub ttll_s: f64,
 }
 
+/// Input of `objectcache_transfer_stall_advice`: the compute model of the caller's prefill
+/// and the request's token counts (see [`crate::connector::LoadHandle::stall_advice`]).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct objectcache_stall_params {
+    /// `sizeof(objectcache_stall_params)`.
+    pub struct_size: u32,
+    /// Tensor-parallel degree of the prefill (0 counts as 1).
+    pub tp: u32,
+    /// Compute-model preset (`llama-3.1-8b`, `llama-3.1-70b`, `qwen2.5-7b`, `smollm2-135m`),
+    /// NUL-terminated; borrowed for the call.
+    pub model: *const c_char,
+    /// GPU kind (`a100`, `h100`, `h200`, `gh200`), NUL-terminated; borrowed for the call.
+    pub gpu: *const c_char,
+    /// Kernel class (`tuned` or `fa2`); NULL means `tuned`.
+    pub kernels: *const c_char,
+    /// Prefix tokens this load carries (chunks x tokens per chunk).
+    pub load_tokens: u64,
+    /// Tokens the prefill computes after the prefix.
+    pub new_tokens: u64,
+    /// Measured compute time per layer in microseconds for `new_tokens` after `load_tokens`
+    /// (0: use the analytic model alone); the analytic model scales it to other token counts.
+    pub compute_us_per_layer: u64,
+}
+
+/// Output of `objectcache_transfer_stall_advice` (see [`crate::sched::Fallback`]).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct objectcache_stall_advice {
+    /// `sizeof(objectcache_stall_advice)`.
+    pub struct_size: u32,
+    /// 1: cancel the rest of the load and recompute; 0: keep waiting.
+    pub recompute: u32,
+    /// First layer whose loaded KV is abandoned (recompute); the layer count when waiting.
+    pub from_layer: u32,
+    /// Reserved (0).
+    pub _reserved: u32,
+    /// Prefix tokens `0..recompute_tokens` to recompute (0 when waiting): through layers
+    /// `0..from_layer` only to rebuild their hidden states, fully from `from_layer` on.
+    pub recompute_tokens: u64,
+    /// Predicted end of the last layer's compute following this advice, seconds since the
+    /// load call (the fixed per-prefill time excluded).
+    pub finish_s: f64,
+    /// Predicted end if waiting for the load, seconds since the load call.
+    pub wait_finish_s: f64,
+}
+
 /// A struct of the ABI that starts with `struct_size`.
 pub(crate) trait AbiStruct: Sized {
     /// Its C name.
@@ -274,7 +321,9 @@ abi_struct!(
     objectcache_load_params,
     objectcache_save_report,
     objectcache_metrics,
-    objectcache_transfer_stats
+    objectcache_transfer_stats,
+    objectcache_stall_params,
+    objectcache_stall_advice
 );
 
 /// Static name of a status code.

@@ -74,6 +74,121 @@ static void fill(unsigned char *buf, int layer, size_t n, uint64_t slice) {
             buf[c * slice + i] = pattern(layer, c, (size_t)i);
 }
 
+/* Deadline fallback through the C ABI (objectcache_transfer_stall_advice), on a load at the
+ * geometry of the smollm2-135m compute model (30 layers, 3 KV heads of 64, BF16): a load
+ * that completed advises waiting; a load whose chunk is not cached advises recomputing the
+ * whole prefix from layer 0. */
+#define SMOL_LAYERS 30
+static void stall_advice_checks(objectcache_engine *e, const uint8_t *hashes) {
+    objectcache_geometry g;
+    memset(&g, 0, sizeof g);
+    g.struct_size = sizeof g;
+    g.layers = SMOL_LAYERS;
+    g.kv_heads = 3;
+    g.head_dim = 64;
+    g.dtype = OBJECTCACHE_DTYPE_BF16;
+    g.tokens_per_chunk = TOKENS_PER_CHUNK;
+    g.tp_world = 1;
+    g.model = "test/c-abi-smol";
+    uint64_t slice = 0;
+    EXPECT(objectcache_slice_bytes(&g, &slice), OBJECTCACHE_OK);
+    unsigned char *src[SMOL_LAYERS];
+    for (int l = 0; l < SMOL_LAYERS; l++) {
+        src[l] = malloc(slice);
+        fill(src[l], l, 1, slice);
+    }
+    EXPECT(objectcache_save(e, &g, hashes, HASH_LEN, 1, (const void *const *)src, SMOL_LAYERS,
+                            slice, NULL),
+           OBJECTCACHE_OK);
+    unsigned char *dst = calloc(SMOL_LAYERS, slice);
+    objectcache_region *region = NULL;
+    EXPECT(objectcache_register_memory(e, dst, SMOL_LAYERS * slice, OBJECTCACHE_MEM_HOST, 0,
+                                       &region),
+           OBJECTCACHE_OK);
+    objectcache_layer_dest d[SMOL_LAYERS];
+    for (int l = 0; l < SMOL_LAYERS; l++) {
+        d[l].addr = dst + (size_t)l * slice;
+        d[l].len = slice;
+    }
+    objectcache_load_params lp;
+    memset(&lp, 0, sizeof lp);
+    lp.struct_size = sizeof lp;
+    lp.geometry = &g;
+    lp.hashes = hashes;
+    lp.hash_len = HASH_LEN;
+    lp.n_chunks = 1;
+    lp.layers = d;
+    lp.n_layers = SMOL_LAYERS;
+    objectcache_stall_params sp;
+    memset(&sp, 0, sizeof sp);
+    sp.struct_size = sizeof sp;
+    sp.model = "smollm2-135m";
+    sp.gpu = "h100";
+    sp.load_tokens = TOKENS_PER_CHUNK;
+    sp.new_tokens = 64;
+    objectcache_stall_advice adv;
+
+    /* Whole prefix loaded: keep it (wait), finishing when the prefill would. */
+    objectcache_transfer *t = NULL;
+    EXPECT(objectcache_load(e, &lp, &t), OBJECTCACHE_OK);
+    EXPECT(objectcache_transfer_wait_all(t, OBJECTCACHE_WAIT_FOREVER), OBJECTCACHE_OK);
+    for (int l = 0; l < SMOL_LAYERS; l++)
+        CHECK(memcmp(d[l].addr, src[l], slice) == 0, "smol layer %d bytes differ", l);
+    memset(&adv, 0xAB, sizeof adv);
+    adv.struct_size = sizeof adv;
+    EXPECT(objectcache_transfer_stall_advice(t, &sp, &adv), OBJECTCACHE_OK);
+    CHECK(adv.recompute == 0 && adv.from_layer == SMOL_LAYERS && adv.recompute_tokens == 0,
+          "complete load: recompute %u from %u tokens %llu", adv.recompute, adv.from_layer,
+          (unsigned long long)adv.recompute_tokens);
+    CHECK(adv.finish_s > 0 && adv.finish_s == adv.wait_finish_s, "finish %g wait %g",
+          adv.finish_s, adv.wait_finish_s);
+    /* The measured mode (the caller's per-layer time) is accepted too, and scales the time. */
+    sp.compute_us_per_layer = 20000; /* 20 ms per layer: 0.6 s of compute */
+    EXPECT(objectcache_transfer_stall_advice(t, &sp, &adv), OBJECTCACHE_OK);
+    CHECK(adv.recompute == 0 && adv.finish_s >= 0.6, "measured: finish %g", adv.finish_s);
+    sp.compute_us_per_layer = 0;
+    /* Bad inputs are refused by name; out is left alone. */
+    sp.model = "no-such-model";
+    EXPECT_MSG(objectcache_transfer_stall_advice(t, &sp, &adv), OBJECTCACHE_ERR_INVALID_ARGUMENT,
+               "unknown model");
+    sp.model = "llama-3.1-8b";
+    EXPECT_MSG(objectcache_transfer_stall_advice(t, &sp, &adv), OBJECTCACHE_ERR_INVALID_ARGUMENT,
+               "32 layers");
+    sp.model = "smollm2-135m";
+    sp.gpu = "tpu";
+    EXPECT_MSG(objectcache_transfer_stall_advice(t, &sp, &adv), OBJECTCACHE_ERR_INVALID_ARGUMENT,
+               "unknown GPU kind");
+    sp.gpu = NULL;
+    EXPECT_MSG(objectcache_transfer_stall_advice(t, &sp, &adv), OBJECTCACHE_ERR_INVALID_ARGUMENT,
+               "params->gpu");
+    sp.gpu = "h100";
+    objectcache_stall_params bad_sp = sp;
+    bad_sp.struct_size = sizeof sp - 8;
+    EXPECT(objectcache_transfer_stall_advice(t, &bad_sp, &adv), OBJECTCACHE_ERR_ABI_MISMATCH);
+    EXPECT(objectcache_transfer_stall_advice(t, &sp, NULL), OBJECTCACHE_ERR_INVALID_ARGUMENT);
+    EXPECT(objectcache_transfer_stall_advice(t, NULL, &adv), OBJECTCACHE_ERR_INVALID_ARGUMENT);
+    EXPECT(objectcache_transfer_release(t), OBJECTCACHE_OK);
+    EXPECT(objectcache_transfer_stall_advice(t, &sp, &adv), OBJECTCACHE_ERR_INVALID_HANDLE);
+
+    /* The chunk is not cached (another hash): nothing will arrive, so recompute the whole
+     * prefix from layer 0. */
+    lp.hashes = hashes + HASH_LEN;
+    EXPECT(objectcache_load(e, &lp, &t), OBJECTCACHE_OK);
+    EXPECT(objectcache_transfer_wait_all(t, OBJECTCACHE_WAIT_FOREVER),
+           OBJECTCACHE_ERR_LAYER_MISSING);
+    EXPECT(objectcache_transfer_stall_advice(t, &sp, &adv), OBJECTCACHE_OK);
+    CHECK(adv.recompute == 1 && adv.from_layer == 0 && adv.recompute_tokens == TOKENS_PER_CHUNK,
+          "missed load: recompute %u from %u tokens %llu", adv.recompute, adv.from_layer,
+          (unsigned long long)adv.recompute_tokens);
+    CHECK(adv.finish_s < adv.wait_finish_s, "recompute %g not before wait %g", adv.finish_s,
+          adv.wait_finish_s);
+    EXPECT(objectcache_transfer_release(t), OBJECTCACHE_OK);
+
+    EXPECT(objectcache_deregister_memory(e, region), OBJECTCACHE_OK);
+    free(dst);
+    for (int l = 0; l < SMOL_LAYERS; l++) free(src[l]);
+}
+
 struct waiter {
     objectcache_transfer *t;
     objectcache_status result[LAYERS];
@@ -332,6 +447,7 @@ int main(int argc, char **argv) {
         EXPECT(objectcache_transfer_poll_layer(t, l), OBJECTCACHE_OK);
     }
     EXPECT(objectcache_transfer_wait_all(t, 0), OBJECTCACHE_OK);
+    stall_advice_checks(e, hashes);
     uint8_t cs[8];
     size_t n = 0;
     EXPECT(objectcache_transfer_chunk_status(t, cs, sizeof cs, &n), OBJECTCACHE_OK);
@@ -518,8 +634,9 @@ int main(int argc, char **argv) {
     memset(&m, 0, sizeof m);
     m.struct_size = sizeof m;
     EXPECT(objectcache_metrics_get(e, &m), OBJECTCACHE_OK);
-    CHECK(m.saves == 3, "saves %llu", (unsigned long long)m.saves);
-    CHECK(m.loads == 4 + THREADS, "loads %llu", (unsigned long long)m.loads);
+    /* (stall_advice_checks saved once and loaded twice.) */
+    CHECK(m.saves == 3 + 1, "saves %llu", (unsigned long long)m.saves);
+    CHECK(m.loads == 4 + 2 + THREADS, "loads %llu", (unsigned long long)m.loads);
     CHECK(m.lookups == 4, "lookups %llu", (unsigned long long)m.lookups);
     CHECK(m.live_transfers == 0, "live %llu", (unsigned long long)m.live_transfers);
     CHECK(m.registered_regions == 2, "regions %llu", (unsigned long long)m.registered_regions);
