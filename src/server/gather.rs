@@ -455,24 +455,39 @@ async fn fetch_piece(
 }
 
 /// A chunk object opened as a local file: its size and header bytes (for the header check,
-/// so a chunk is opened once per load) and the stored CRC32C trailer of each requested
-/// layer's slice (per layer `layers.start + i`, or the read error), each read once.
+/// so a chunk is opened once per load), and the layers the load requested (`layers`).
 struct LocalChunk {
     file: Arc<std::fs::File>,
     /// Object size in bytes, from the open file.
     size: u64,
     /// The first [`HEADER_LEN`] bytes, or why they could not be read.
     header: Result<[u8; HEADER_LEN as usize], String>,
-    layer0: u32,
-    trailers: Vec<Result<u32, String>>,
+    layers: std::ops::Range<u32>,
 }
 
-/// Opens chunk `key` as a local file, if the backend keeps one, and reads its header and the
-/// CRC trailers of `layers` (slices of `slice_len` bytes), on the calling (blocking) thread;
-/// asks the kernel to read the first layer's slice ahead ([`advise_slice`]; each later slice
-/// is advised when the slice before it is queued), so the `sendfile`s find their pages in
-/// the page cache. The header check ([`check_header`]) and the unit reads share this one
-/// open through the load's [`LocalFiles`].
+impl LocalChunk {
+    /// The stored CRC32C trailer of layer `layer`'s slice (`slice_len` bytes), read now: one
+    /// 4-byte read from a page [`advise_slice`] asked the kernel for a layer earlier.
+    fn trailer(&self, layer: u32, slice_len: u64) -> Result<u32, String> {
+        use std::os::unix::fs::FileExt;
+        if !self.layers.contains(&layer) {
+            return Err(format!("layer {layer} outside the request"));
+        }
+        let mut t = [0u8; 4];
+        self.file
+            .read_exact_at(&mut t, slice_range(layer, slice_len).start + slice_len)
+            .map(|()| u32::from_le_bytes(t))
+            .map_err(|e| format!("layer {layer} slice CRC read: {e}"))
+    }
+}
+
+/// Opens chunk `key` as a local file, if the backend keeps one, and reads its header, on the
+/// calling (blocking) thread; asks the kernel to read the first requested layer's slice
+/// (with its CRC trailer) ahead ([`advise_slice`]; each later slice is advised when the slice
+/// before it is queued), so the `sendfile`s and trailer reads find their pages in the page
+/// cache. One open and one read per chunk: on objects not in the page cache each read is a
+/// device read, and the load's opener opens its chunks one after another. The header check
+/// ([`check_header`]) and the unit reads share this open through the load's [`LocalFiles`].
 fn open_local_chunk(
     store: &dyn crate::store::Store,
     key: &str,
@@ -482,27 +497,17 @@ fn open_local_chunk(
     use std::os::unix::fs::FileExt;
     let o = store.open_local_blocking(key).ok().flatten()?;
     let (f, size) = (o.file, o.meta.size);
-    let layer0 = layers.start;
-    advise_slice(&f, layer0, slice_len);
+    advise_slice(&f, layers.start, slice_len);
     let mut h = [0u8; HEADER_LEN as usize];
     let header = f
         .read_exact_at(&mut h, 0)
         .map(|()| h)
         .map_err(|e| format!("header read: {e}"));
-    let trailers = layers
-        .map(|l| {
-            let mut t = [0u8; 4];
-            f.read_exact_at(&mut t, slice_range(l, slice_len).start + slice_len)
-                .map(|()| u32::from_le_bytes(t))
-                .map_err(|e| format!("layer {l} slice CRC read: {e}"))
-        })
-        .collect();
     Some(Arc::new(LocalChunk {
         file: Arc::new(f),
         size,
         header,
-        layer0,
-        trailers,
+        layers,
     }))
 }
 
@@ -528,16 +533,9 @@ fn advise_slice(f: &std::fs::File, layer: u32, slice_len: u64) {
 /// `sendfile`), its CRC is the stored trailer (the client checks the payload against it, end
 /// to end).
 fn piece_local(c: &LocalChunk, key: &str, layer: u32, p: &crate::protocol::SlicePiece) -> PieceResult {
-    let trailer = layer
-        .checked_sub(c.layer0)
-        .and_then(|i| c.trailers.get(i as usize))
-        .cloned()
-        .unwrap_or_else(|| Err(format!("layer {layer} outside the request")));
+    let trailer = c.trailer(layer, p.slice_len);
     // The next layer's slice of this chunk is sent a layer later: start reading it now.
-    if layer
-        .checked_sub(c.layer0)
-        .is_some_and(|i| (i as usize) + 1 < c.trailers.len())
-    {
+    if c.layers.contains(&(layer + 1)) {
         advise_slice(&c.file, layer + 1, p.slice_len);
     }
     match trailer {
