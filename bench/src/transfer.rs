@@ -488,7 +488,7 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                                     .iter()
                                     .map(|k| store.get_bytes(k))
                                     .collect();
-                                let objs = join_all(batch).await;
+                                let objs = futures::future::join_all(batch).await;
                                 for (j, o) in objs.into_iter().enumerate() {
                                     let o = o.map_err(|e| e.to_string())?;
                                     let (_, slices) = decode_chunk(&g, g.tokens_per_chunk, &o)
@@ -592,31 +592,4 @@ fn median_of(mut runs: Vec<Record>) -> Record {
     r.throughput_bytes_per_s = r.bytes as f64 / r.ttll_s;
     r.cpu_s_per_gib = cpu.map(median);
     r
-}
-
-async fn join_all<F: std::future::Future>(fs: Vec<F>) -> Vec<F::Output> {
-    let mut out = Vec::with_capacity(fs.len());
-    let handles: Vec<_> = fs.into_iter().collect();
-    // Poll all concurrently.
-    let mut pinned: Vec<std::pin::Pin<Box<F>>> = handles.into_iter().map(Box::pin).collect();
-    let mut results: Vec<Option<F::Output>> = (0..pinned.len()).map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (i, f) in pinned.iter_mut().enumerate() {
-            if results[i].is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => results[i] = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.extend(results.into_iter().map(|r| r.expect("ready")));
-    out
 }
