@@ -48,20 +48,24 @@ static int passed, failed;
 #define TOKENS_PER_CHUNK 16
 #define HASH_LEN 32
 
-static objectcache_geometry geom(void) {
+/* A BF16 geometry of TOKENS_PER_CHUNK-token chunks at TP 1. */
+static objectcache_geometry geom_of(uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
+                                    const char *model) {
     objectcache_geometry g;
     memset(&g, 0, sizeof g);
     g.struct_size = sizeof g;
-    g.layers = LAYERS;
-    g.kv_heads = 2;
-    g.head_dim = 8;
+    g.layers = layers;
+    g.kv_heads = kv_heads;
+    g.head_dim = head_dim;
     g.dtype = OBJECTCACHE_DTYPE_BF16;
     g.tokens_per_chunk = TOKENS_PER_CHUNK;
     g.tp_rank = 0;
     g.tp_world = 1;
-    g.model = "test/c-abi-tiny";
+    g.model = model;
     return g;
 }
+
+static objectcache_geometry geom(void) { return geom_of(LAYERS, 2, 8, "test/c-abi-tiny"); }
 
 static unsigned char pattern(int layer, size_t chunk, size_t i) {
     return (unsigned char)(layer * 31 + chunk * 7 + i * 13 + 1);
@@ -78,18 +82,25 @@ static void fill(unsigned char *buf, int layer, size_t n, uint64_t slice) {
  * geometry of the smollm2-135m compute model (30 layers, 3 KV heads of 64, BF16): a load
  * that completed advises waiting; a load whose chunk is not cached advises recomputing the
  * whole prefix from layer 0. */
+/* Load parameters of n_chunks chunks (hashes) into n_layers destinations, no hints. */
+static objectcache_load_params load_params(const objectcache_geometry *g, const uint8_t *hashes,
+                                           size_t n_chunks, const objectcache_layer_dest *d,
+                                           size_t n_layers) {
+    objectcache_load_params lp;
+    memset(&lp, 0, sizeof lp);
+    lp.struct_size = sizeof lp;
+    lp.geometry = g;
+    lp.hashes = hashes;
+    lp.hash_len = HASH_LEN;
+    lp.n_chunks = n_chunks;
+    lp.layers = d;
+    lp.n_layers = n_layers;
+    return lp;
+}
+
 #define SMOL_LAYERS 30
 static void stall_advice_checks(objectcache_engine *e, const uint8_t *hashes) {
-    objectcache_geometry g;
-    memset(&g, 0, sizeof g);
-    g.struct_size = sizeof g;
-    g.layers = SMOL_LAYERS;
-    g.kv_heads = 3;
-    g.head_dim = 64;
-    g.dtype = OBJECTCACHE_DTYPE_BF16;
-    g.tokens_per_chunk = TOKENS_PER_CHUNK;
-    g.tp_world = 1;
-    g.model = "test/c-abi-smol";
+    objectcache_geometry g = geom_of(SMOL_LAYERS, 3, 64, "test/c-abi-smol");
     uint64_t slice = 0;
     EXPECT(objectcache_slice_bytes(&g, &slice), OBJECTCACHE_OK);
     unsigned char *src[SMOL_LAYERS];
@@ -110,15 +121,7 @@ static void stall_advice_checks(objectcache_engine *e, const uint8_t *hashes) {
         d[l].addr = dst + (size_t)l * slice;
         d[l].len = slice;
     }
-    objectcache_load_params lp;
-    memset(&lp, 0, sizeof lp);
-    lp.struct_size = sizeof lp;
-    lp.geometry = &g;
-    lp.hashes = hashes;
-    lp.hash_len = HASH_LEN;
-    lp.n_chunks = 1;
-    lp.layers = d;
-    lp.n_layers = SMOL_LAYERS;
+    objectcache_load_params lp = load_params(&g, hashes, 1, d, SMOL_LAYERS);
     objectcache_stall_params sp;
     memset(&sp, 0, sizeof sp);
     sp.struct_size = sizeof sp;
@@ -413,17 +416,9 @@ int main(int argc, char **argv) {
         dests[l].addr = dst + (size_t)l * 4 * slice;
         dests[l].len = 4 * slice;
     }
-    objectcache_load_params lp;
-    memset(&lp, 0, sizeof lp);
-    lp.struct_size = sizeof lp;
+    objectcache_load_params lp = load_params(&g, hashes, 3, dests, LAYERS);
     lp.request_id = 42;
     lp.priority = 1;
-    lp.geometry = &g;
-    lp.hashes = hashes;
-    lp.hash_len = HASH_LEN;
-    lp.n_chunks = 3;
-    lp.layers = dests;
-    lp.n_layers = LAYERS;
     objectcache_transfer *t = NULL;
     /* Scheduling hints reach the engine, which checks them: a compute time beyond the
      * wire's u32 microseconds, or deadlines that overflow it, are refused by name. */
