@@ -229,12 +229,13 @@ typedef struct objectcache_stall_params {
     const char *gpu;
     /** Kernel class: "tuned" (engine-class kernels, FA3 on Hopper) or "fa2"; NULL = "tuned". */
     const char *kernels;
-    /** Prefix tokens this load carries (chunks x tokens per chunk). */
+    /** Prefix tokens this load carries (chunks x tokens per chunk); at most 2^26. */
     uint64_t load_tokens;
-    /** Tokens the prefill computes after the prefix. */
+    /** Tokens the prefill computes after the prefix; at most 2^26. */
     uint64_t new_tokens;
     /** Measured compute time per layer in microseconds for new_tokens after load_tokens
-     *  (0 = the analytic model alone); the analytic model scales it to other token counts. */
+     *  (0 = the analytic model alone; at most 4,294,967,295); the analytic model scales it to
+     *  other token counts. */
     uint64_t compute_us_per_layer;
 } objectcache_stall_params;
 
@@ -253,7 +254,8 @@ typedef struct objectcache_stall_advice {
     uint64_t recompute_tokens;
     /** Predicted end of the last layer's compute following this advice. */
     double finish_s;
-    /** Predicted end if waiting for the load instead. */
+    /** Predicted end if waiting for the load instead: infinity when a remaining layer has
+     *  failed (a miss, or the load was cancelled), since it will never be ready. */
     double wait_finish_s;
 } objectcache_stall_advice;
 
@@ -431,8 +433,13 @@ objectcache_status objectcache_transfer_stats_get(objectcache_transfer *transfer
  *  lacks, the rate so far, when the prefill finishes the ready layers under the compute
  *  model of params), it advises keeping on waiting or cancelling the rest of the load
  *  (objectcache_transfer_cancel) and recomputing from out->from_layer; see
- *  docs/scheduling.md, section 4. out is caller-owned with out->struct_size set. An unknown
- *  model, GPU or kernel class, or a model whose layer count differs from the load's, is
+ *  docs/scheduling.md, section 4. Before any byte has arrived the rate counts as 1 byte/s,
+ *  so a call right after objectcache_load advises recomputing: call it once a layer is late.
+ *  A failed remaining layer always advises recomputing; a tie advises waiting. Model, GPU
+ *  and kernel names are matched ignoring case. load_tokens is taken as given (the library
+ *  does not know the tokens per chunk of the caller's model). out is caller-owned with
+ *  out->struct_size set. An unknown model, GPU or kernel class, a model whose layer count
+ *  differs from the load's, or a value above its stated limit is
  *  OBJECTCACHE_ERR_INVALID_ARGUMENT naming it. Thread-safe; does not change the load. */
 objectcache_status objectcache_transfer_stall_advice(objectcache_transfer *transfer,
                                                      const objectcache_stall_params *params,

@@ -1416,6 +1416,12 @@ fn stall_model(
             "params->compute_us_per_layer is the time for params->new_tokens, which is 0".into(),
         ));
     }
+    if compute_us_per_layer > u64::from(u32::MAX) {
+        return Err(Error::InvalidArgument(format!(
+            "params->compute_us_per_layer {compute_us_per_layer} is above {} us (as in objectcache_load_params)",
+            u32::MAX
+        )));
+    }
     let n = a.shape.layers as usize;
     let fixed = a.fixed_s;
     Ok(ComputeModel::Measured(MeasuredModel::new(

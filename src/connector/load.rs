@@ -102,6 +102,11 @@ impl Default for LoadHints {
 /// Largest time a hint can carry: the wire's `u32` microseconds (about 71.6 minutes).
 const MAX_HINT_S: f64 = u32::MAX as f64 * 1e-6;
 
+/// Largest token count [`LoadHandle::stall_advice`] accepts for the prefix or the new tokens:
+/// 2^26 = 67,108,864 tokens, far beyond any context window, so the compute model's sums stay
+/// exact and nonsense inputs are refused rather than answered.
+pub const MAX_ADVICE_TOKENS: u64 = 1 << 26;
+
 impl LoadHints {
     /// Checks the timing against a geometry of `layers` layers.
     ///
@@ -679,14 +684,19 @@ impl LoadHandle {
     ///
     /// Inputs, all measured on this load: `d` = the first layer not ready; the bytes each
     /// layer `d..` still lacks; the rate so far (verified bytes / seconds since `load`; a load
-    /// that moved nothing counts as 1 byte/s); when the engine finishes layers `0..d` given
-    /// their ready times and `model`'s per-layer times. `load_tokens` = the prefix tokens this
-    /// load carries (chunks x tokens per chunk), `new_tokens` = the tokens the prefill
-    /// computes after them. Times in the result are seconds since `load` (excluding the
-    /// fixed per-prefill time, equal for both choices).
+    /// that moved nothing yet counts as 1 byte/s, so a call before any byte arrived advises
+    /// recomputing: call it once a layer is late); when the engine finishes layers `0..d`
+    /// given their ready times and `model`'s per-layer times. A layer `d..` that failed (a
+    /// miss, or the load was cancelled) never arrives: waiting never finishes
+    /// (`wait_finish_s` infinite), so the advice is to recompute. `load_tokens` = the prefix
+    /// tokens this load carries (chunks x tokens per chunk), `new_tokens` = the tokens the
+    /// prefill computes after them, each at most [`MAX_ADVICE_TOKENS`]. Times in the result
+    /// are seconds since `load` (excluding the fixed per-prefill time, equal for both
+    /// choices); on a tie the advice is to wait.
     ///
     /// # Errors
-    /// [`crate::Error::InvalidArgument`] if `model` has another number of layers than the load.
+    /// [`crate::Error::InvalidArgument`] if `model` has another number of layers than the load,
+    /// or a token count is above [`MAX_ADVICE_TOKENS`].
     pub fn stall_advice(
         &self,
         model: &crate::sched::ComputeModel,
@@ -701,10 +711,17 @@ impl LoadHandle {
                 model.layers()
             )));
         }
+        if load_tokens > MAX_ADVICE_TOKENS || new_tokens > MAX_ADVICE_TOKENS {
+            return Err(crate::Error::InvalidArgument(format!(
+                "stall advice: load_tokens {load_tokens} and new_tokens {new_tokens} must each be at most {MAX_ADVICE_TOKENS}"
+            )));
+        }
         let ready: Vec<f64> = (0..n)
             .map_while(|l| st.ready_at(l).map(|d| d.as_secs_f64()))
             .collect();
         let d = ready.len();
+        // A failed layer never arrives: nothing more is expected (rate 0, waiting never ends).
+        let stuck = (d..n).any(|l| matches!(st.status(l), LayerStatus::Failed(_)));
         let compute: Vec<f64> = (0..d)
             .map(|l| model.layer_time(l, new_tokens, load_tokens))
             .collect();
@@ -713,11 +730,23 @@ impl LoadHandle {
             load_tokens,
             compute_tokens: new_tokens,
             layers_delivered: d,
+            // (A failed layer counts as missing at least a byte, even if every byte landed:
+            // it will never be ready.)
             missing_layer_bytes: (d..n)
-                .map(|l| st.expected().saturating_sub(st.layer_verified(l)))
+                .map(|l| {
+                    let m = st.expected().saturating_sub(st.layer_verified(l));
+                    match st.status(l) {
+                        LayerStatus::Failed(_) => m.max(1),
+                        _ => m,
+                    }
+                })
                 .collect(),
             frontier_s: crate::sched::timeline::finish_time(0.0, &ready, &compute),
-            rate: (st.verified_bytes() as f64 / now.max(1e-9)).max(1.0),
+            rate: if stuck {
+                0.0
+            } else {
+                (st.verified_bytes() as f64 / now.max(1e-9)).max(1.0)
+            },
         };
         Ok(crate::sched::fallback(model, now, &s))
     }

@@ -34,7 +34,9 @@ mod rdma;
 
 pub use buffers::{LayerBuffers, LayerStatus};
 pub use config::{default_cache_dir, EngineConfig, Transport, CONFIG_KEYS};
-pub use load::{ChunkStatus, LayerTiming, LoadHandle, LoadHints, LoadRequest, LoadStats};
+pub use load::{
+    ChunkStatus, LayerTiming, LoadHandle, LoadHints, LoadRequest, LoadStats, MAX_ADVICE_TOKENS,
+};
 
 use crate::error::{Error, StoreError};
 use crate::layout::{encode_chunk, object_len, ChunkHash, KeyBuilder, KvGeometry};

@@ -207,7 +207,9 @@ pub struct StallState {
     pub missing_layer_bytes: Vec<u64>,
     /// When the engine finishes computing layer `d − 1` (or can start layer 0), seconds.
     pub frontier_s: f64,
-    /// Rate expected for the rest of the load (bytes/s).
+    /// Rate expected for the rest of the load (bytes/s); 0 when nothing more will arrive (a
+    /// remaining layer failed): a missing layer is then never ready
+    /// ([`timeline::ready_at_rate`]) and waiting never finishes.
     pub rate: f64,
 }
 

@@ -8,6 +8,7 @@
  */
 #include "objectcache.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,8 +184,26 @@ static void stall_advice_checks(objectcache_engine *e, const uint8_t *hashes) {
     CHECK(adv.recompute == 1 && adv.from_layer == 0 && adv.recompute_tokens == TOKENS_PER_CHUNK,
           "missed load: recompute %u from %u tokens %llu", adv.recompute, adv.from_layer,
           (unsigned long long)adv.recompute_tokens);
-    CHECK(adv.finish_s < adv.wait_finish_s, "recompute %g not before wait %g", adv.finish_s,
-          adv.wait_finish_s);
+    /* Its layers failed, so waiting never ends: recompute, however large the prefix. */
+    CHECK(isinf(adv.wait_finish_s) && adv.finish_s >= 0, "missed load: finish %g wait %g",
+          adv.finish_s, adv.wait_finish_s);
+    sp.load_tokens = 1ull << 26;
+    EXPECT(objectcache_transfer_stall_advice(t, &sp, &adv), OBJECTCACHE_OK);
+    CHECK(adv.recompute == 1 && adv.recompute_tokens == (1ull << 26) && isinf(adv.wait_finish_s),
+          "missed load, 2^26 tokens: recompute %u wait %g", adv.recompute, adv.wait_finish_s);
+    /* Values past their limits are refused by name. */
+    sp.load_tokens = (1ull << 26) + 1;
+    EXPECT_MSG(objectcache_transfer_stall_advice(t, &sp, &adv), OBJECTCACHE_ERR_INVALID_ARGUMENT,
+               "at most");
+    sp.load_tokens = TOKENS_PER_CHUNK;
+    sp.new_tokens = UINT64_MAX;
+    EXPECT_MSG(objectcache_transfer_stall_advice(t, &sp, &adv), OBJECTCACHE_ERR_INVALID_ARGUMENT,
+               "at most");
+    sp.new_tokens = 64;
+    sp.compute_us_per_layer = 5000000000ull;
+    EXPECT_MSG(objectcache_transfer_stall_advice(t, &sp, &adv), OBJECTCACHE_ERR_INVALID_ARGUMENT,
+               "compute_us_per_layer");
+    sp.compute_us_per_layer = 0;
     EXPECT(objectcache_transfer_release(t), OBJECTCACHE_OK);
 
     EXPECT(objectcache_deregister_memory(e, region), OBJECTCACHE_OK);
