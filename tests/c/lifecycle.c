@@ -79,10 +79,6 @@ static void fill(unsigned char *buf, int layer, size_t n, uint64_t slice) {
             buf[c * slice + i] = pattern(layer, c, (size_t)i);
 }
 
-/* Deadline fallback through the C ABI (objectcache_transfer_stall_advice), on a load at the
- * geometry of the smollm2-135m compute model (30 layers, 3 KV heads of 64, BF16): a load
- * that completed advises waiting; a load whose chunk is not cached advises recomputing the
- * whole prefix from layer 0. */
 /* Load parameters of n_chunks chunks (hashes) into n_layers destinations, no hints. */
 static objectcache_load_params load_params(const objectcache_geometry *g, const uint8_t *hashes,
                                            size_t n_chunks, const objectcache_layer_dest *d,
@@ -99,6 +95,10 @@ static objectcache_load_params load_params(const objectcache_geometry *g, const 
     return lp;
 }
 
+/* Deadline fallback through the C ABI (objectcache_transfer_stall_advice), on a load at the
+ * geometry of the smollm2-135m compute model (30 layers, 3 KV heads of 64, BF16): a load
+ * that completed advises waiting; a load whose chunk is not cached advises recomputing the
+ * whole prefix from layer 0. */
 #define SMOL_LAYERS 30
 static void stall_advice_checks(objectcache_engine *e, const uint8_t *hashes) {
     objectcache_geometry g = geom_of(SMOL_LAYERS, 3, 64, "test/c-abi-smol");
