@@ -721,7 +721,10 @@ impl LoadHandle {
             .collect();
         let d = ready.len();
         // A failed layer never arrives: nothing more is expected (rate 0, waiting never ends).
-        let stuck = (d..n).any(|l| matches!(st.status(l), LayerStatus::Failed(_)));
+        let failed: Vec<bool> = (d..n)
+            .map(|l| matches!(st.status(l), LayerStatus::Failed(_)))
+            .collect();
+        let stuck = failed.contains(&true);
         let compute: Vec<f64> = (0..d)
             .map(|l| model.layer_time(l, new_tokens, load_tokens))
             .collect();
@@ -733,11 +736,13 @@ impl LoadHandle {
             // (A failed layer counts as missing at least a byte, even if every byte landed:
             // it will never be ready.)
             missing_layer_bytes: (d..n)
-                .map(|l| {
+                .zip(&failed)
+                .map(|(l, &f)| {
                     let m = st.expected().saturating_sub(st.layer_verified(l));
-                    match st.status(l) {
-                        LayerStatus::Failed(_) => m.max(1),
-                        _ => m,
+                    if f {
+                        m.max(1)
+                    } else {
+                        m
                     }
                 })
                 .collect(),
