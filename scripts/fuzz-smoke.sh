@@ -32,7 +32,7 @@ for t in "${targets[@]}"; do
   mkdir -p "corpus/$t" "artifacts/$t"
   log=$(mktemp)
   set +e
-  "$CARGO_TARGET_DIR/$host/release/$t" "corpus/$t" -max_total_time="$secs" \
+  "$CARGO_TARGET_DIR/$host/release/$t" "corpus/$t" -max_total_time="$secs" -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="artifacts/$t/" >"$log" 2>&1
   rc=$?
   set -e

@@ -8,7 +8,7 @@ use bytes::{BufMut, BytesMut};
 use gather_util::*;
 use objectcache::layout::{slice_range, KvGeometry};
 use objectcache::protocol::{
-    encode_frame_header, ErrorCode, Frame, FrameType, MAX_UNIT_BYTES, PREFACE,
+    encode_frame_header, ErrorCode, Frame, FrameType, GatherRequest, MAX_UNIT_BYTES, PREFACE,
 };
 use objectcache::store::{FsStore, FsyncPolicy, MemoryStore, Store, StoreExt};
 use objectcache::transport::tcp::{GatherClient, GatherError};
@@ -394,6 +394,68 @@ async fn malformed_and_oversized_descriptors_get_clear_errors_and_the_server_sta
             .contains("chunks per request is 9, above the limit of 8"),
         "{e}"
     );
+
+    // Hostile sizes (issue 16): each field is refused by name before anything is allocated
+    // or planned. 2^24 bytes per token, tokens per chunk and tokens once made the server
+    // allocate about 24 GB for its unit plan.
+    let hostile = |f: &dyn Fn(&mut GatherRequest)| {
+        let mut r = request(&g, 1, &[256]);
+        f(&mut r);
+        let mut b = BytesMut::new();
+        Frame::Gather(Box::new(r)).encode(&mut b);
+        b
+    };
+    let cases: Vec<(BytesMut, ErrorCode, &str)> = vec![
+        (
+            hostile(&|r| {
+                r.geometry.bytes_per_token_per_layer = 1 << 24;
+                r.geometry.tokens_per_chunk = 1 << 24;
+                r.chunk_tokens = vec![1 << 24];
+            }),
+            ErrorCode::Malformed,
+            "geometry.bytes_per_token_per_layer: 16777216 (allowed 1..=1048576)",
+        ),
+        (
+            hostile(&|r| {
+                r.geometry.tokens_per_chunk = 1 << 24;
+                r.chunk_tokens = vec![1 << 24];
+            }),
+            ErrorCode::Malformed,
+            "geometry.tokens_per_chunk: 16777216 (allowed 1..=65536)",
+        ),
+        (
+            // Within every per-field limit, but 4,096 layers of 64 GiB slices in 4 KiB units.
+            hostile(&|r| {
+                r.geometry.bytes_per_token_per_layer = 1 << 20;
+                r.geometry.tokens_per_chunk = 1 << 16;
+                r.geometry.layers = 4096;
+                r.layers = 0..4096;
+                r.chunk_tokens = vec![1 << 16];
+                r.max_unit_bytes = 4096;
+            }),
+            ErrorCode::Malformed,
+            "delivery units per request is 68719480832, above the limit of 2097152",
+        ),
+        (
+            // A plannable request whose objects could not be stored here (64 GiB each).
+            hostile(&|r| {
+                r.geometry.bytes_per_token_per_layer = 1 << 20;
+                r.geometry.tokens_per_chunk = 1 << 16;
+                r.geometry.layers = 1;
+                r.layers = 0..1;
+                r.chunk_tokens = vec![1 << 16];
+            }),
+            ErrorCode::MemoryLimit,
+            "above this server's max_object_bytes",
+        ),
+    ];
+    for (frame, want_code, want_msg) in cases {
+        let mut s = raw_conn(addr).await;
+        s.write_all(&frame).await.unwrap();
+        let (code, msg) = read_error(&mut s).await;
+        assert_eq!(code, want_code, "{msg}");
+        assert!(msg.contains(want_msg), "{msg}");
+    }
 
     // Unknown frame type, HTTP garbage on the gather port: errors, no crash.
     let mut s = raw_conn(addr).await;

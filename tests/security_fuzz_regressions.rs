@@ -41,7 +41,10 @@ fn object_header(data: &[u8]) {
 
 /// The body of the `gather_descriptor` fuzz target.
 fn gather_descriptor(data: &[u8]) {
-    let _ = objectcache::protocol::GatherRequest::decode(data, 4096);
+    if let Ok(req) = objectcache::protocol::GatherRequest::decode(data, 4096) {
+        let units = objectcache::protocol::plan_units(&req);
+        assert!(units.len() as u64 <= objectcache::protocol::MAX_UNITS_PER_REQUEST);
+    }
     let _ = objectcache::protocol::SaveRequest::decode(data, 4096);
 }
 

@@ -1,7 +1,10 @@
 //! Gather and save request descriptors, their codecs, and the pure delivery-unit planner.
 
 use super::wire::{put_str16, Reader};
-use super::{ProtocolError, MAX_CHUNKS_HARD, MAX_UNIT_BYTES, MIN_UNIT_BYTES};
+use super::{
+    ProtocolError, MAX_BYTES_PER_TOKEN_PER_LAYER, MAX_CHUNKS_HARD, MAX_SLICES_PER_REQUEST,
+    MAX_TOKENS_PER_CHUNK, MAX_UNITS_PER_REQUEST, MAX_UNIT_BYTES, MIN_UNIT_BYTES,
+};
 use crate::layout::{ChunkHash, ChunkHeader, KeyBuilder, KvGeometry};
 use bytes::BufMut;
 use std::ops::Range;
@@ -93,14 +96,23 @@ impl WireGeometry {
                 format!("{} (allowed 1..=4096)", self.layers),
             ));
         }
-        if self.bytes_per_token_per_layer == 0 {
+        if !(1..=MAX_BYTES_PER_TOKEN_PER_LAYER).contains(&self.bytes_per_token_per_layer) {
             return Err(ProtocolError::invalid(
                 "geometry.bytes_per_token_per_layer",
-                "0",
+                format!(
+                    "{} (allowed 1..={MAX_BYTES_PER_TOKEN_PER_LAYER})",
+                    self.bytes_per_token_per_layer
+                ),
             ));
         }
-        if self.tokens_per_chunk == 0 {
-            return Err(ProtocolError::invalid("geometry.tokens_per_chunk", "0"));
+        if !(1..=MAX_TOKENS_PER_CHUNK).contains(&self.tokens_per_chunk) {
+            return Err(ProtocolError::invalid(
+                "geometry.tokens_per_chunk",
+                format!(
+                    "{} (allowed 1..={MAX_TOKENS_PER_CHUNK})",
+                    self.tokens_per_chunk
+                ),
+            ));
         }
         if self.tp_world == 0 || self.tp_rank >= self.tp_world {
             return Err(ProtocolError::invalid(
@@ -322,7 +334,17 @@ impl GatherRequest {
             .sum()
     }
 
-    /// Checks every field against the protocol's hard limits and `max_chunks`.
+    /// An upper bound on the units [`plan_units`] makes per layer: one per `max_unit_bytes`
+    /// of the layer plus one per chunk (a unit boundary per slice at most).
+    pub fn max_units_per_layer(&self) -> u64 {
+        self.layer_bytes().div_ceil(self.max_unit_bytes.max(1) as u64)
+            + self.chunk_tokens.len() as u64
+    }
+
+    /// Checks every field against the protocol's hard limits and `max_chunks`, including the
+    /// planner's cost ([`crate::protocol::MAX_SLICES_PER_REQUEST`],
+    /// [`crate::protocol::MAX_UNITS_PER_REQUEST`]), so that a validated request plans in
+    /// bounded memory and time.
     ///
     /// # Errors
     /// [`ProtocolError::Invalid`] or [`ProtocolError::TooLarge`] naming the field.
@@ -407,6 +429,23 @@ impl GatherRequest {
             ));
         }
         let nl = (self.layers.end - self.layers.start) as usize;
+        // Planning cost, bounded before anything is planned or allocated.
+        let slices = nl as u64 * n as u64;
+        if slices > MAX_SLICES_PER_REQUEST {
+            return Err(ProtocolError::TooLarge {
+                what: "slices per request (layers x chunks)",
+                got: slices,
+                max: MAX_SLICES_PER_REQUEST,
+            });
+        }
+        let units = nl as u64 * self.max_units_per_layer();
+        if units > MAX_UNITS_PER_REQUEST {
+            return Err(ProtocolError::TooLarge {
+                what: "delivery units per request",
+                got: units,
+                max: MAX_UNITS_PER_REQUEST,
+            });
+        }
         match &self.hints {
             SchedHints::None => {}
             SchedHints::LayerDeadlinesUs(v) | SchedHints::LayerComputeUs(v) => {
@@ -435,9 +474,7 @@ impl GatherRequest {
                     ),
                 ));
             }
-            // plan_units makes at most one unit per chunk plus one per max_unit_bytes of a layer.
-            let per_layer = self.layer_bytes().div_ceil(self.max_unit_bytes as u64)
-                + self.chunk_tokens.len() as u64;
+            let per_layer = self.max_units_per_layer();
             if per_layer > RDMA_MAX_UNITS_PER_LAYER {
                 return Err(ProtocolError::invalid(
                     "rdma target",

@@ -48,6 +48,18 @@ pub const MAX_CONTROL_FRAME_BYTES: u32 = 16 << 20;
 /// Hard cap on chunks in one request (65,536 chunks = 16.7M tokens at 256 tokens per chunk);
 /// servers announce a lower limit in their hello.
 pub const MAX_CHUNKS_HARD: u32 = 1 << 16;
+/// Largest bytes per token per layer a request may name (1 MiB; Llama-3.1-70B at TP 1 in bf16
+/// is 4 KiB): with [`MAX_TOKENS_PER_CHUNK`] it bounds one slice at 64 GiB before any size is
+/// multiplied.
+pub const MAX_BYTES_PER_TOKEN_PER_LAYER: u32 = 1 << 20;
+/// Largest tokens per chunk a request may name (65,536; engines use 16 to 512).
+pub const MAX_TOKENS_PER_CHUNK: u32 = 1 << 16;
+/// Most slices (requested layers x chunks) one request may name: 1,048,576, e.g. 4,096
+/// chunks x 256 layers. Bounds the planner's memory and time before it runs.
+pub const MAX_SLICES_PER_REQUEST: u64 = 1 << 20;
+/// Most delivery units one request may plan (2,097,152): bounds [`plan_units`]'s output,
+/// checked arithmetically in [`GatherRequest::validate`] before anything is planned.
+pub const MAX_UNITS_PER_REQUEST: u64 = 1 << 21;
 
 /// Why bytes could not be decoded, or a request is not acceptable.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -188,6 +200,42 @@ mod tests {
                 .sum::<u64>(),
             r.layer_bytes()
         );
+    }
+
+    #[test]
+    fn hostile_sizes_are_refused_before_planning() {
+        // 2^24 bytes per token, tokens per chunk and tokens: once a 24 GB unit plan.
+        let mut r = req(1, 256);
+        r.geometry.bytes_per_token_per_layer = 1 << 24;
+        r.geometry.tokens_per_chunk = 1 << 24;
+        r.chunk_tokens = vec![1 << 24];
+        let mut b = BytesMut::new();
+        r.encode(&mut b);
+        assert!(matches!(
+            GatherRequest::decode(&b, 4096),
+            Err(ProtocolError::Invalid {
+                field: "geometry.bytes_per_token_per_layer",
+                ..
+            })
+        ));
+        // Every field in range, the product too large to plan.
+        let mut r = req(4096, 256);
+        r.geometry.layers = 4096;
+        r.layers = 0..4096;
+        assert!(matches!(
+            r.validate(4096),
+            Err(ProtocolError::TooLarge {
+                what: "slices per request (layers x chunks)",
+                got: 16_777_216,
+                ..
+            })
+        ));
+        // The bound holds for what does validate: the plan never exceeds it.
+        let mut r = req(8, 256);
+        r.max_unit_bytes = MIN_UNIT_BYTES;
+        r.validate(4096).unwrap();
+        let units = plan_units(&r).len() as u64;
+        assert!(units <= 32 * r.max_units_per_layer(), "{units}");
     }
 
     #[test]

@@ -721,6 +721,25 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
         );
         return io.flush(sh).await;
     }
+    // An object larger than any this server stores cannot exist: refuse before any I/O.
+    let largest = req
+        .chunk_tokens
+        .iter()
+        .map(|&t| crate::layout::object_len(req.geometry.layers, req.geometry.slice_len(t)))
+        .max()
+        .unwrap_or(0);
+    if largest > sh.cfg.max_object_bytes {
+        refuse(
+            io,
+            ErrorCode::MemoryLimit,
+            format!(
+                "the request's chunk objects would be {largest} bytes, above this server's \
+                 max_object_bytes {}",
+                sh.cfg.max_object_bytes
+            ),
+        );
+        return io.flush(sh).await;
+    }
     match sh.buckets.exists(&req.bucket).await {
         Ok(true) => {}
         Ok(false) => {
