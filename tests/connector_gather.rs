@@ -279,3 +279,74 @@ fn gather_corrupt_slice_in_a_file_is_a_miss_naming_its_chunk() {
     drop(e);
     rt().block_on(server.shutdown());
 }
+
+/// Issue 18 (stock S3 compatibility): an S3 server that stays silent on the gather preface
+/// until a full HTTP request line arrives (as moto's server mode and MinIO do) once cost every
+/// load a 10 s hello timeout. The engine now learns that gather is not offered from one plain
+/// HTTP request, once per engine, and never sends the preface there.
+#[test]
+fn a_server_silent_on_the_preface_costs_one_http_probe_per_engine() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (http, prefaces) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let addr = rt().block_on(async {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let (http, prefaces) = (http.clone(), prefaces.clone());
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = l.accept().await.unwrap();
+                let (http, prefaces) = (http.clone(), prefaces.clone());
+                tokio::spawn(async move {
+                    let mut b = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        if b.starts_with(b"OCGATHER") {
+                            // Silent, as a server waiting for a request line is.
+                            prefaces.fetch_add(1, Ordering::SeqCst);
+                            tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+                            return;
+                        }
+                        if b.windows(4).any(|w| w == b"\r\n\r\n") {
+                            if b.starts_with(b"GET /_objectcache/capabilities ") {
+                                http.fetch_add(1, Ordering::SeqCst);
+                            }
+                            let body = b"<Error><Code>NoSuchKey</Code></Error>";
+                            let head = format!(
+                                "HTTP/1.1 404 Not Found\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                                body.len()
+                            );
+                            let _ = s.write_all(head.as_bytes()).await;
+                            let _ = s.write_all(body).await;
+                            return;
+                        }
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => b.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    });
+    let store = s3_on(&format!("http://{addr}"));
+    let e = engine(store, "silent");
+    let mut g = KvGeometry::smollm2_135m();
+    g.tokens_per_chunk = 16;
+    let hs = hashes(&g, 32, 9);
+    let t = std::time::Instant::now();
+    for _ in 0..3 {
+        let h = e
+            .load(
+                LoadRequest::new(g.clone(), hs.clone()),
+                LayerBuffers::allocate(g.layers as usize, 2 * g.slice_bytes() as usize),
+            )
+            .unwrap();
+        // Nothing is stored there: every layer is a miss, never bytes.
+        assert!(h.wait_layer_blocking(0, None).is_err());
+    }
+    assert_eq!(prefaces.load(Ordering::SeqCst), 0, "no gather preface sent");
+    assert_eq!(http.load(Ordering::SeqCst), 1, "one capabilities request per engine");
+    println!("3 loads against a server silent on the preface: {:?}", t.elapsed());
+}

@@ -1,6 +1,7 @@
 //! The gather path of a load: one request to an ObjectCache server, which streams every
 //! layer's slices layer-major into the load's destination. Used when the store's endpoint
-//! offers gather ([`crate::store::Store::gather_target`] plus a hello probe); otherwise, or
+//! offers gather ([`crate::store::Store::gather_target`] plus one capabilities probe per
+//! engine, [`offered`]); otherwise, or
 //! when the server cannot be reached, the load falls back to ranged GETs.
 
 use super::load::{ChunkStatus, LoadRequest, Shared};
@@ -8,10 +9,13 @@ use crate::error::LayerError;
 use crate::layout::KeyBuilder;
 use crate::protocol::{ChunkKeys, GatherRequest, MissReason};
 use crate::store::GatherTarget;
+use crate::transport::discovery::{probe_capabilities, Capabilities};
 use crate::transport::tcp::{GatherClient, GatherError};
 use crate::transport::LayerSink;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
 
 /// What the engine knows about its store's endpoint.
 #[derive(Debug, Default)]
@@ -19,10 +23,83 @@ pub(crate) enum Probe {
     /// Not probed yet.
     #[default]
     Unknown,
+    /// A capabilities probe is running; the sender half is dropped when it ends.
+    Probing(watch::Receiver<()>),
     /// Gather is offered; idle connections kept for reuse.
     Offered(Vec<GatherClient>),
-    /// The endpoint does not speak gather (a stock S3 server): use ranged GETs.
+    /// The endpoint does not speak gather (a stock S3 server): use ranged GETs. Final.
     NotOffered,
+    /// The probe could not reach the endpoint at this time; the first load after
+    /// [`PROBE_RETRY`] probes again (in the background).
+    Unreachable(Instant),
+}
+
+/// Longest a load waits for a capabilities probe in flight before it goes on with ranged
+/// GETs. The probe starts with the engine and any reachable S3 server answers it in about a
+/// millisecond (it is one HTTP request), so loads normally find the answer waiting; only the
+/// loads that arrive while an endpoint is silent wait, and never longer than this.
+const PROBE_WAIT: Duration = Duration::from_millis(500);
+/// Longest the probe itself may take (it runs in the background).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How soon an unreachable endpoint is probed again.
+const PROBE_RETRY: Duration = Duration::from_secs(5);
+
+/// Starts the one capabilities probe of this engine's endpoint (a plain HTTP request every
+/// S3 server answers at once, [`crate::transport::discovery`]) unless one ran or runs, and
+/// returns a receiver that closes when it ends. Once gather is known to be offered, one
+/// connection is opened and pooled (the engine's pool is warm before its first load).
+pub(crate) fn start_probe(probe: &Arc<Mutex<Probe>>, target: &GatherTarget) -> Option<watch::Receiver<()>> {
+    let mut p = probe.lock().expect("lock");
+    match &*p {
+        Probe::Probing(rx) => return Some(rx.clone()),
+        Probe::Offered(_) | Probe::NotOffered => return None,
+        Probe::Unreachable(at) if at.elapsed() < PROBE_RETRY => return None,
+        Probe::Unknown | Probe::Unreachable(_) => {}
+    }
+    let (tx, rx) = watch::channel(());
+    *p = Probe::Probing(rx.clone());
+    drop(p);
+    let (probe, target) = (probe.clone(), target.clone());
+    tokio::spawn(async move {
+        let next = match probe_capabilities(&target.addr, PROBE_TIMEOUT).await {
+            Ok(Capabilities::Gather { .. }) => {
+                tracing::info!(addr = %target.addr, "the endpoint offers gather");
+                // Warm the pool with one connection; a failure here is only a cold pool.
+                let pool = match GatherClient::connect_with(target.addr.as_str(), target.credentials.clone()).await {
+                    Ok(c) => vec![c],
+                    Err(GatherError::NotOffered(why)) => {
+                        tracing::info!(addr = %target.addr, %why, "gather not offered; using ranged GETs");
+                        *probe.lock().expect("lock") = Probe::NotOffered;
+                        drop(tx);
+                        return;
+                    }
+                    Err(_) => Vec::new(),
+                };
+                Probe::Offered(pool)
+            }
+            Ok(Capabilities::NotOffered { status, why }) => {
+                tracing::info!(addr = %target.addr, status, %why, "gather not offered; using ranged GETs");
+                Probe::NotOffered
+            }
+            Err(e) => {
+                tracing::warn!(addr = %target.addr, error = %e, "gather probe failed; ranged GETs until it succeeds");
+                Probe::Unreachable(Instant::now())
+            }
+        };
+        *probe.lock().expect("lock") = next;
+        drop(tx);
+    });
+    Some(rx)
+}
+
+/// Whether loads should try gather at `target`: starts the engine's probe if none ran yet and
+/// waits for a probe in flight at most [`PROBE_WAIT`]. `false` (ranged GETs) while the answer
+/// is unknown, so a slow or silent endpoint never holds a load up for longer.
+pub(crate) async fn offered(probe: &Arc<Mutex<Probe>>, target: &GatherTarget) -> bool {
+    if let Some(mut rx) = start_probe(probe, target) {
+        let _ = tokio::time::timeout(PROBE_WAIT, rx.changed()).await;
+    }
+    matches!(*probe.lock().expect("lock"), Probe::Offered(_))
 }
 
 /// Result of trying gather for one load.
@@ -68,30 +145,23 @@ fn unit_bytes_for(g: &crate::layout::KvGeometry) -> u32 {
         .clamp(crate::protocol::MIN_UNIT_BYTES as u64, crate::protocol::MAX_UNIT_BYTES as u64) as u32
 }
 
-/// Takes an idle pooled connection to the gather server, or opens one (the first open
-/// probes the endpoint). `Err(Outcome::Fallback)` when the endpoint does not offer gather or
+/// Takes an idle pooled connection to the gather server, or opens one. Call after
+/// [`offered`]. `Err(Outcome::Fallback)` when the endpoint turns out not to offer gather or
 /// cannot be reached.
 async fn connection(probe: &Mutex<Probe>, target: &GatherTarget) -> Result<GatherClient, Outcome> {
     let pooled = {
         let mut p = probe.lock().expect("lock");
         match &mut *p {
-            Probe::NotOffered => return Err(Outcome::Fallback),
             // Skip connections the server closed while they sat idle (e.g. it restarted).
             Probe::Offered(pool) => std::iter::from_fn(|| pool.pop()).find(|c| !c.is_stale()),
-            Probe::Unknown => None,
+            _ => return Err(Outcome::Fallback),
         }
     };
     if let Some(c) = pooled {
         return Ok(c);
     }
     match GatherClient::connect_with(target.addr.as_str(), target.credentials.clone()).await {
-        Ok(c) => {
-            let mut p = probe.lock().expect("lock");
-            if matches!(*p, Probe::Unknown) {
-                *p = Probe::Offered(Vec::new());
-            }
-            Ok(c)
-        }
+        Ok(c) => Ok(c),
         Err(GatherError::NotOffered(why)) => {
             tracing::info!(addr = %target.addr, %why, "gather not offered; using ranged GETs");
             *probe.lock().expect("lock") = Probe::NotOffered;

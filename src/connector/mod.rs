@@ -154,7 +154,21 @@ impl Engine {
                 .join()
         })
         .map_err(|_| Error::Config(format!("opening store {url:?} panicked")))??;
+        e.start_gather_probe();
         Ok(e)
+    }
+
+    /// Starts learning, in the background, whether the store's endpoint offers gather (one
+    /// capabilities request per engine; see [`gather::offered`]), so that the first load
+    /// finds the answer and a warm connection.
+    fn start_gather_probe(&self) {
+        if !self.cfg.gather {
+            return;
+        }
+        if let Some(t) = self.store.gather_target() {
+            let _rt = self.handle.enter();
+            gather::start_probe(&self.gather, &t);
+        }
     }
 
     /// Starts an engine over an already opened store (`cfg.store` is ignored).
@@ -180,7 +194,7 @@ impl Engine {
             .enable_all()
             .build()?;
         let handle = rt.handle().clone();
-        Ok(Engine {
+        let e = Engine {
             store,
             cfg,
             rt: Some(rt),
@@ -192,7 +206,9 @@ impl Engine {
             link,
             #[cfg(feature = "rdma")]
             rdma: Arc::new(Mutex::new(rdma::Probe::default())),
-        })
+        };
+        e.start_gather_probe();
+        Ok(e)
     }
 
     /// The store this engine uses.
@@ -548,20 +564,21 @@ impl Engine {
         let (rprobe, transport) = (self.rdma.clone(), self.cfg.transport);
         // Gather (one request, server streams layer-major) where offered, else ranged GETs.
         let run = async move {
-            // Gather with an RDMA target where the server and this host offer it.
-            #[cfg(feature = "rdma")]
-            if let Some(t) = &target {
-                if let gather::Outcome::Done =
-                    rdma::try_rdma(&rprobe, transport, t, &keys, &req, request_id, &sh1).await
-                {
-                    return;
-                }
-            }
             if let Some(t) = target {
-                if let gather::Outcome::Done =
-                    gather::try_gather(&probe, &t, &keys, &req, request_id, &sh1, streams).await
-                {
-                    return;
+                if gather::offered(&probe, &t).await {
+                    // Gather with an RDMA target where the server and this host offer it.
+                    #[cfg(feature = "rdma")]
+                    if let gather::Outcome::Done =
+                        rdma::try_rdma(&rprobe, transport, &t, &keys, &req, request_id, &sh1).await
+                    {
+                        return;
+                    }
+                    if let gather::Outcome::Done =
+                        gather::try_gather(&probe, &t, &keys, &req, request_id, &sh1, streams)
+                            .await
+                    {
+                        return;
+                    }
                 }
             }
             load::run_store_load(store, keys, req, sh1, window, max_req, coalesce, link).await

@@ -3,6 +3,7 @@
 //! A transport delivers a load's bytes into a [`LayerSink`], which the connector implements
 //! over the caller's per-layer destination buffers.
 
+pub mod discovery;
 pub mod tcp;
 
 use crate::error::LayerError;
