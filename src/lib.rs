@@ -39,4 +39,4 @@ pub mod store;
 pub mod transport;
 
 pub use error::{Error, LayerError, Result, StoreError};
-pub use layout::{ChunkHash, Dtype, HashAlgo, KvGeometry};
+pub use layout::{ChunkHash, Dtype, HashAlgo, KvGeometry, KvLayout};

@@ -2,40 +2,110 @@
 //!
 //! This is the one place of the connector with `unsafe`: transports copy bytes into the
 //! caller's memory from many tasks while the caller reads layers that are already ready.
-//! Soundness rests on one invariant, enforced under a per-layer lock:
 //!
-//! *every accepted write covers a byte range of its layer that no other accepted write
-//! covers, and a layer is ready only once accepted writes cover all of it and every copy has
-//! finished.*
+//! Each layer's destination is a list of byte ranges (one for a contiguous buffer; one per
+//! engine block for paged KV) taken in order as one *logical* buffer: logical offset `o` of
+//! layer `l` is byte `o - start(i)` of the layer's range `i` that covers it. Soundness rests
+//! on one invariant, enforced under a per-layer lock:
+//!
+//! *every accepted write covers a logical byte range of its layer that no other accepted
+//! write covers, and a layer is ready only once accepted writes cover all of it and every
+//! copy has finished;*
+//!
+//! together with a property of the buffers, checked or promised when they are made: *no two
+//! ranges of a [`LayerBuffers`], of the same layer or of two layers, share a byte*, so the
+//! logical-to-memory mapping is one-to-one over the whole load.
 //!
 //! So no two copies touch the same byte, no copy runs into a ready layer (any new range would
 //! overlap the full coverage and be refused), and a reader of a ready layer sees only finished
 //! writes (the ready flag is published with release ordering and read with acquire).
 #![allow(unsafe_code)]
 
-use crate::error::LayerError;
+use crate::error::{Error, LayerError};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 
-/// One layer's destination memory.
+/// One range of destination memory.
+#[derive(Clone, Copy)]
 struct Region {
     ptr: *mut u8,
     len: usize,
 }
 
+/// One layer's destination: its ranges in order and where each starts in the layer's
+/// logical buffer.
+struct Layer {
+    parts: Vec<Region>,
+    /// `starts[i]` = logical offset of `parts[i]` (ascending; `starts[0] == 0`).
+    starts: Vec<u64>,
+    /// Sum of the parts' lengths.
+    len: u64,
+}
+
+impl Layer {
+    fn new(parts: Vec<Region>) -> Self {
+        let parts: Vec<Region> = parts.into_iter().filter(|r| r.len > 0).collect();
+        let mut starts = Vec::with_capacity(parts.len());
+        let mut at = 0u64;
+        for r in &parts {
+            starts.push(at);
+            at += r.len as u64;
+        }
+        Layer {
+            parts,
+            starts,
+            len: at,
+        }
+    }
+
+    /// The memory pieces of logical bytes `offset..offset+len`, in order; `None` if the range
+    /// runs past the layer. Pure address arithmetic: nothing is dereferenced.
+    fn pieces(&self, offset: u64, len: u64) -> Option<Vec<(*mut u8, usize)>> {
+        let end = offset.checked_add(len).filter(|&e| e <= self.len)?;
+        let mut out = Vec::new();
+        if len == 0 {
+            return Some(out);
+        }
+        let mut i = self.starts.partition_point(|&s| s <= offset) - 1;
+        let mut at = offset;
+        while at < end {
+            let (r, s) = (self.parts[i], self.starts[i]);
+            let from = (at - s) as usize;
+            let n = ((r.len - from) as u64).min(end - at) as usize;
+            out.push((r.ptr.wrapping_add(from), n));
+            at += n as u64;
+            i += 1;
+        }
+        Some(out)
+    }
+}
+
+/// What owned buffers hold.
+enum Owned {
+    /// One `Vec` per layer.
+    Layers(Vec<Vec<u8>>),
+    /// One pool that every layer's ranges lie in ([`LayerBuffers::paged`]).
+    Pool(Vec<u8>),
+}
+
 /// Per-layer destination buffers for a load: layer `l` receives `chunks x slice_len` bytes,
-/// chunk `c`'s slice (K then V, CRC excluded) at offset `c x slice_len`.
+/// chunk `c`'s slice (K then V, CRC excluded) at logical offset `c x slice_len`.
 ///
-/// Either owned (allocated here or moved in from `Vec`s) or borrowed from the caller through
-/// [`LayerBuffers::from_raw`] (the C ABI's registered memory).
+/// A layer's destination is one contiguous buffer or, for paged KV (an engine that keeps KV
+/// in fixed-size blocks spread through one large buffer), a list of ranges that are taken in
+/// order as one logical buffer: for example one range per engine block of the loaded
+/// chunks' tokens. Either owned (allocated here, moved in from `Vec`s, or one pool with
+/// ranges in it) or borrowed from the caller through [`LayerBuffers::from_raw`] /
+/// [`LayerBuffers::from_raw_ranges`] (the C ABI's registered memory).
 pub struct LayerBuffers {
-    regions: Vec<Region>,
-    owned: Option<Vec<Vec<u8>>>,
+    layers: Vec<Layer>,
+    owned: Option<Owned>,
 }
 
 // SAFETY: the raw pointers refer either to `owned` (moved with the struct) or to memory the
-// caller of `from_raw` promised stays valid and unaliased; access is coordinated by `LoadState`.
+// caller of `from_raw`/`from_raw_ranges` promised stays valid and unaliased; access is
+// coordinated by `LoadState`.
 unsafe impl Send for LayerBuffers {}
 // SAFETY: as above; shared access only reads ready layers or writes disjoint ranges.
 unsafe impl Sync for LayerBuffers {}
@@ -43,11 +113,37 @@ unsafe impl Sync for LayerBuffers {}
 impl std::fmt::Debug for LayerBuffers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LayerBuffers")
-            .field("layers", &self.regions.len())
-            .field("bytes_per_layer", &self.regions.first().map(|r| r.len))
+            .field("layers", &self.layers.len())
+            .field("bytes_per_layer", &self.layers.first().map(|r| r.len))
+            .field(
+                "ranges_per_layer",
+                &self.layers.first().map(|r| r.parts.len()),
+            )
             .field("owned", &self.owned.is_some())
             .finish()
     }
+}
+
+/// The first pair of byte ranges that share a byte, among `items` = `(start, len, tag)`;
+/// empty ranges share nothing. Sorts `items` by start.
+pub(crate) fn first_overlap<T: Copy>(items: &mut [(usize, usize, T)]) -> Option<(T, T)> {
+    items.sort_unstable_by_key(|x| (x.0, x.1));
+    let mut reach: Option<(usize, T)> = None; // furthest end so far, and whose
+    for &(start, len, tag) in items.iter() {
+        if len == 0 {
+            continue;
+        }
+        if let Some((end, t)) = reach {
+            if start < end {
+                return Some((t, tag));
+            }
+        }
+        let end = start.saturating_add(len);
+        if reach.is_none_or(|(e, _)| end > e) {
+            reach = Some((end, tag));
+        }
+    }
+    None
 }
 
 impl LayerBuffers {
@@ -58,17 +154,66 @@ impl LayerBuffers {
 
     /// Takes ownership of one `Vec` per layer.
     pub fn from_vecs(mut v: Vec<Vec<u8>>) -> Self {
-        let regions = v
+        let layers = v
             .iter_mut()
-            .map(|b| Region {
-                ptr: b.as_mut_ptr(),
-                len: b.len(),
+            .map(|b| {
+                Layer::new(vec![Region {
+                    ptr: b.as_mut_ptr(),
+                    len: b.len(),
+                }])
             })
             .collect();
         LayerBuffers {
-            regions,
-            owned: Some(v),
+            layers,
+            owned: Some(Owned::Layers(v)),
         }
+    }
+
+    /// Paged destinations in an owned pool: layer `l`'s logical buffer is the concatenation
+    /// of `pool[o..o+n]` for its `(o, n)` in `ranges[l]`, in order (empty ranges are
+    /// skipped). [`LayerBuffers::into_pool`] gives the pool back.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the range: one that runs past the pool, or two
+    /// (of any layers) that share a byte.
+    pub fn paged(mut pool: Vec<u8>, ranges: Vec<Vec<(usize, usize)>>) -> Result<Self, Error> {
+        let mut all = Vec::new();
+        for (l, rs) in ranges.iter().enumerate() {
+            for (i, &(o, n)) in rs.iter().enumerate() {
+                if o.checked_add(n).is_none_or(|e| e > pool.len()) {
+                    return Err(Error::InvalidArgument(format!(
+                        "paged buffers: layer {l} range {i} ({o}, {n} bytes) runs past the \
+                         pool of {} bytes",
+                        pool.len()
+                    )));
+                }
+                all.push((o, n, (l, i)));
+            }
+        }
+        if let Some(((l1, i1), (l2, i2))) = first_overlap(&mut all) {
+            return Err(Error::InvalidArgument(format!(
+                "paged buffers: layer {l1} range {i1} and layer {l2} range {i2} overlap"
+            )));
+        }
+        let base = pool.as_mut_ptr();
+        let layers = ranges
+            .iter()
+            .map(|rs| {
+                Layer::new(
+                    rs.iter()
+                        .map(|&(o, n)| Region {
+                            // In bounds: checked above.
+                            ptr: base.wrapping_add(o),
+                            len: n,
+                        })
+                        .collect(),
+                )
+            })
+            .collect();
+        Ok(LayerBuffers {
+            layers,
+            owned: Some(Owned::Pool(pool)),
+        })
     }
 
     /// Borrows caller memory: one `(pointer, length in bytes)` per layer.
@@ -79,9 +224,29 @@ impl LayerBuffers {
     /// uses these buffers has been released (which waits for every in-flight copy).
     pub unsafe fn from_raw(regions: &[(*mut u8, usize)]) -> Self {
         LayerBuffers {
-            regions: regions
+            layers: regions
                 .iter()
-                .map(|&(ptr, len)| Region { ptr, len })
+                .map(|&(ptr, len)| Layer::new(vec![Region { ptr, len }]))
+                .collect(),
+            owned: None,
+        }
+    }
+
+    /// Borrows paged caller memory: `layers[l]` lists layer `l`'s `(pointer, length in
+    /// bytes)` ranges in order, taken as one logical buffer (empty ranges are skipped).
+    ///
+    /// # Safety
+    /// Each range must be valid for writes of its length, no two ranges (of the same layer
+    /// or of two layers) may share a byte, and none may be read or written by anyone else
+    /// until the [`super::LoadHandle`] that uses these buffers has been released (which
+    /// waits for every in-flight copy).
+    pub unsafe fn from_raw_ranges(layers: &[Vec<(*mut u8, usize)>]) -> Self {
+        LayerBuffers {
+            layers: layers
+                .iter()
+                .map(|rs| {
+                    Layer::new(rs.iter().map(|&(ptr, len)| Region { ptr, len }).collect())
+                })
                 .collect(),
             owned: None,
         }
@@ -89,28 +254,42 @@ impl LayerBuffers {
 
     /// Number of layers.
     pub fn layers(&self) -> usize {
-        self.regions.len()
+        self.layers.len()
     }
 
-    /// Length in bytes of layer `l`'s buffer.
+    /// Length in bytes of layer `l`'s buffer (the sum of its ranges).
     pub fn layer_len(&self, l: usize) -> usize {
-        self.regions[l].len
+        self.layers[l].len as usize
     }
 
-    /// Base address and length of layer `l`'s buffer, for memory registration (RDMA, CUDA).
-    pub fn region(&self, l: usize) -> (*mut u8, usize) {
-        (self.regions[l].ptr, self.regions[l].len)
+    /// Layer `l`'s ranges, in order, as `(address, length)`: one for a contiguous buffer. For
+    /// memory registration (RDMA) and diagnostics; nothing may be written through them while
+    /// a load uses the buffers.
+    pub fn ranges(&self, l: usize) -> Vec<(*mut u8, usize)> {
+        self.layers[l].parts.iter().map(|r| (r.ptr, r.len)).collect()
     }
 
-    /// `true` for caller memory given through [`LayerBuffers::from_raw`] (it outlives the load,
-    /// so an RDMA registration of it may be cached); `false` for owned buffers.
+    /// `true` for caller memory given through [`LayerBuffers::from_raw`] or
+    /// [`LayerBuffers::from_raw_ranges`] (it outlives the load, so an RDMA registration of it
+    /// may be cached); `false` for owned buffers.
     pub fn is_borrowed(&self) -> bool {
         self.owned.is_none()
     }
 
-    /// Gives the owned buffers back (`None` for borrowed memory).
+    /// Gives the owned per-layer buffers back (`None` for borrowed memory or a pool).
     pub fn into_vecs(self) -> Option<Vec<Vec<u8>>> {
-        self.owned
+        match self.owned {
+            Some(Owned::Layers(v)) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// Gives the pool of [`LayerBuffers::paged`] back (`None` for other buffers).
+    pub fn into_pool(self) -> Option<Vec<u8>> {
+        match self.owned {
+            Some(Owned::Pool(p)) => Some(p),
+            _ => None,
+        }
     }
 }
 
@@ -217,16 +396,31 @@ impl LoadState {
         self.layers.iter().map(|p| p.lock().expect("lock").verified).sum()
     }
 
-    /// A ready layer's bytes.
+    /// A ready layer's bytes, if they lie in one range of memory.
     pub(crate) fn ready_bytes(&self, l: usize) -> Option<&[u8]> {
+        match self.ready_parts(l)?.as_slice() {
+            [] => Some(&[]),
+            [one] => Some(one),
+            _ => None,
+        }
+    }
+
+    /// A ready layer's bytes, one slice per range they lie in, in order.
+    pub(crate) fn ready_parts(&self, l: usize) -> Option<Vec<&[u8]>> {
         if !self.ready_flags[l].load(Ordering::Acquire) {
             return None;
         }
-        let r = &self.bufs.regions[l];
-        // SAFETY: the layer is ready (acquire pairs with the release in `finish_write`/`complete`),
-        // so every copy into its first `expected` bytes has finished and no further write can be
-        // accepted (see the module invariant); the region is valid for `len >= expected` bytes.
-        Some(unsafe { std::slice::from_raw_parts(r.ptr, self.expected as usize) })
+        let pieces = self.bufs.layers[l].pieces(0, self.expected)?;
+        Some(
+            pieces
+                .into_iter()
+                // SAFETY: the layer is ready (acquire pairs with the release in
+                // `finish_write`/`complete`), so every copy into its first `expected` logical
+                // bytes has finished and no further write can be accepted (see the module
+                // invariant); each piece lies inside one of the layer's ranges.
+                .map(|(p, n)| unsafe { std::slice::from_raw_parts(p as *const u8, n) })
+                .collect(),
+        )
     }
 
     /// Marks layer `l` ready if it is complete; returns whether it just became ready. The
@@ -301,35 +495,74 @@ impl LoadState {
         data: &[u8],
     ) -> Result<(), LayerError> {
         self.reserve(layer, offset, data.len() as u64)?;
-        let r = &self.bufs.regions[layer as usize];
-        // SAFETY: `reserve` checked `offset + len <= expected <= r.len` and recorded the range
-        // as disjoint from every other accepted range of this layer, so this copy is the only
-        // access to these bytes until the layer is ready, which needs this copy's
-        // `finish_write` first.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), r.ptr.add(offset as usize), data.len())
-        };
+        let pieces = self.pieces(layer, offset, data.len() as u64);
+        let mut at = 0;
+        for (p, n) in pieces {
+            // SAFETY: `reserve` checked `offset + len <= expected <= layer length` and recorded
+            // the logical range as disjoint from every other accepted range of this layer; its
+            // pieces lie in the layer's ranges, which share no byte with any other range of the
+            // load (module invariant), so this copy is the only access to these bytes until the
+            // layer is ready, which needs this copy's `finish_write` first.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(at), p, n) };
+            at += n;
+        }
         self.finish_write(layer as usize, data.len() as u64);
         Ok(())
     }
 
-    /// Reserves `offset..offset+len` of layer `layer` and lends it for an in-place fill;
-    /// [`LoadState::finish_write`] (through `dest_filled`) once filled.
+    /// The memory pieces of an already reserved logical range (inside `expected`).
+    fn pieces(&self, layer: u32, offset: u64, len: u64) -> Vec<(*mut u8, usize)> {
+        self.bufs.layers[layer as usize]
+            .pieces(offset, len)
+            .expect("a reserved range lies inside the layer's buffer")
+    }
+
+    /// Reserves `offset..offset+len` of layer `layer` and lends it for an in-place fill, as
+    /// one slice per destination range it spans; [`LoadState::finish_write`] (through
+    /// `dest_filled`) once filled.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) fn dest_parts_impl(
+        &self,
+        layer: u32,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<&mut [u8]>, LayerError> {
+        self.reserve(layer, offset, len)?;
+        Ok(self
+            .pieces(layer, offset, len)
+            .into_iter()
+            // SAFETY: as in `write_impl`: `reserve` checked the logical range lies inside the
+            // layer and recorded it as disjoint from every other accepted range of this layer,
+            // and the pieces are disjoint parts of ranges no other range of the load shares a
+            // byte with, so the returned slices are the only access to these bytes; the layer
+            // cannot become ready (and be read) before `finish_write` counts them, which the
+            // borrower calls after its last write through the slices.
+            .map(|(p, n)| unsafe { std::slice::from_raw_parts_mut(p, n) })
+            .collect())
+    }
+
+    /// As [`LoadState::dest_parts_impl`] when the range lies in one destination range;
+    /// `Ok(None)` (nothing reserved) when it spans several.
     #[allow(clippy::mut_from_ref)]
     pub(crate) fn dest_mut_impl(
         &self,
         layer: u32,
         offset: u64,
         len: u64,
-    ) -> Result<&mut [u8], LayerError> {
-        self.reserve(layer, offset, len)?;
-        let r = &self.bufs.regions[layer as usize];
-        // SAFETY: as in `write_impl`: `reserve` checked the range lies inside the region and
-        // recorded it as disjoint from every other accepted range of this layer, so the
-        // returned slice is the only access to these bytes; the layer cannot become ready
-        // (and be read) before `finish_write` counts them, which the borrower calls after
-        // its last write through the slice.
-        Ok(unsafe { std::slice::from_raw_parts_mut(r.ptr.add(offset as usize), len as usize) })
+    ) -> Result<Option<&mut [u8]>, LayerError> {
+        let one = self
+            .bufs
+            .layers
+            .get(layer as usize)
+            .and_then(|l| l.pieces(offset, len))
+            .is_some_and(|p| p.len() <= 1);
+        if !one {
+            // Spans ranges (the caller copies through `write`), or is out of bounds (refused
+            // there, by name).
+            return Ok(None);
+        }
+        let mut parts = self.dest_parts_impl(layer, offset, len)?;
+        Ok(Some(parts.pop().unwrap_or_default()))
     }
 
     pub(crate) fn placed_impl(&self, layer: u32, offset: u64, len: u64) -> Result<(), LayerError> {
@@ -425,7 +658,15 @@ impl crate::transport::LayerSink for LoadState {
         self.placed_impl(layer, offset, len)
     }
     fn dest_mut(&self, layer: u32, offset: u64, len: u64) -> Result<Option<&mut [u8]>, LayerError> {
-        self.dest_mut_impl(layer, offset, len).map(Some)
+        self.dest_mut_impl(layer, offset, len)
+    }
+    fn dest_parts(
+        &self,
+        layer: u32,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<Vec<&mut [u8]>>, LayerError> {
+        self.dest_parts_impl(layer, offset, len).map(Some)
     }
     fn dest_filled(&self, layer: u32, len: u64) {
         self.finish_write(layer as usize, len)
@@ -465,5 +706,65 @@ mod tests {
         s.fail(1, LayerError::Cancelled);
         assert!(matches!(s.status(1), LayerStatus::Failed(_)));
         assert!(s.ready_bytes(1).is_none());
+    }
+
+    #[test]
+    fn paged_layers_map_logical_offsets_onto_their_ranges() {
+        // Layer 0: pool[20..24] then pool[4..10]; layer 1: pool[12..18]. Gaps stay untouched.
+        let b = LayerBuffers::paged(vec![0xEE; 24], vec![vec![(20, 4), (4, 6)], vec![(12, 6)]])
+            .unwrap();
+        assert_eq!((b.layer_len(0), b.ranges(0).len()), (10, 2));
+        let s = LoadState::new(b, 10);
+        // Lent across the range boundary: one slice per range.
+        let parts = s.dest_parts(0, 2, 4).unwrap().unwrap();
+        assert_eq!(parts.iter().map(|p| p.len()).collect::<Vec<_>>(), vec![2, 2]);
+        for (p, v) in parts.into_iter().zip([[1u8, 2], [3, 4]]) {
+            p.copy_from_slice(&v);
+        }
+        s.dest_filled(0, 4);
+        // Across two ranges it is not lent as one slice (and nothing is reserved) ...
+        assert!(s.dest_mut(0, 0, 5).unwrap().is_none());
+        // ... inside one it is.
+        let d = s.dest_mut(0, 6, 2).unwrap().unwrap();
+        d.copy_from_slice(&[5, 6]);
+        s.dest_filled(0, 2);
+        assert!(s.write(0, 3, &[9]).is_err(), "overlap refused");
+        s.write(0, 0, &[7, 8]).unwrap();
+        s.write(0, 8, &[9, 10]).unwrap();
+        assert_eq!(s.status(0), LayerStatus::Pending, "not verified yet");
+        s.complete(0, 10);
+        assert_eq!(s.status(0), LayerStatus::Ready);
+        let got: Vec<&[u8]> = s.ready_parts(0).unwrap();
+        assert_eq!(got, vec![&[7u8, 8, 1, 2][..], &[3, 4, 5, 6, 9, 10][..]]);
+        assert!(s.ready_bytes(0).is_none(), "two ranges: no one-slice view");
+        // Layer 1: a part spanning nothing but its one range.
+        let parts = s.dest_parts(1, 0, 6).unwrap().unwrap();
+        assert_eq!(parts.len(), 1);
+        parts.into_iter().for_each(|p| p.fill(3));
+        s.dest_filled(1, 6);
+        assert!(s.write(1, 9, &[0, 0]).is_err(), "past expected refused");
+        let mut st = s;
+        st.complete(1, 6);
+        let pool = match std::mem::replace(&mut st.bufs, LayerBuffers::allocate(0, 0)).into_pool() {
+            Some(p) => p,
+            None => panic!("a pool"),
+        };
+        assert_eq!(
+            pool,
+            [
+                0xEE, 0xEE, 0xEE, 0xEE, 3, 4, 5, 6, 9, 10, 0xEE, 0xEE, //
+                3, 3, 3, 3, 3, 3, 0xEE, 0xEE, 7, 8, 1, 2
+            ]
+        );
+    }
+
+    #[test]
+    fn first_overlap_finds_any_shared_byte() {
+        let mut v = vec![(10usize, 5usize, 'a'), (0, 10, 'b'), (15, 1, 'c')];
+        assert_eq!(first_overlap(&mut v), None, "adjacent ranges share nothing");
+        let mut v = vec![(0usize, 100usize, 'a'), (30, 0, 'z'), (50, 5, 'b'), (200, 1, 'c')];
+        assert_eq!(first_overlap(&mut v), Some(('a', 'b')), "contained in a long range");
+        let mut v = vec![(0usize, 100usize, 'a'), (10, 2, 'b'), (99, 2, 'c')];
+        assert_eq!(first_overlap(&mut v), Some(('a', 'b')));
     }
 }

@@ -256,6 +256,14 @@ impl LayerSink for Stripe {
     fn dest_mut(&self, layer: u32, offset: u64, len: u64) -> Result<Option<&mut [u8]>, LayerError> {
         self.sh.state.dest_mut(layer, offset + self.shift, len)
     }
+    fn dest_parts(
+        &self,
+        layer: u32,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<Vec<&mut [u8]>>, LayerError> {
+        self.sh.state.dest_parts(layer, offset + self.shift, len)
+    }
     fn dest_filled(&self, layer: u32, len: u64) {
         self.sh.state.dest_filled(layer, len)
     }

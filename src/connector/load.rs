@@ -618,9 +618,18 @@ impl LoadHandle {
         Ok(())
     }
 
-    /// Layer `l`'s bytes (`chunks x slice_len`), only once it is ready.
+    /// Layer `l`'s bytes (`chunks x slice_len`), only once it is ready, and only when they lie
+    /// in one range of memory (always for contiguous buffers; see [`LoadHandle::layer_parts`]
+    /// for paged ones).
     pub fn layer(&self, l: usize) -> Option<&[u8]> {
         self.sh.state.ready_bytes(l)
+    }
+
+    /// Layer `l`'s bytes (`chunks x slice_len`) once it is ready, as one slice per destination
+    /// range they lie in, in order (one slice for a contiguous buffer; for paged buffers, one
+    /// per range, the last one cut at the layer's end).
+    pub fn layer_parts(&self, l: usize) -> Option<Vec<&[u8]>> {
+        self.sh.state.ready_parts(l)
     }
 
     /// Per-chunk status. Once every layer is ready, every chunk is [`ChunkStatus::Ok`] (each

@@ -33,13 +33,14 @@ mod load;
 mod rdma;
 
 pub use buffers::{LayerBuffers, LayerStatus};
+pub(crate) use buffers::first_overlap;
 pub use config::{default_cache_dir, EngineConfig, Transport, CONFIG_KEYS};
 pub use load::{
     ChunkStatus, LayerTiming, LoadHandle, LoadHints, LoadRequest, LoadStats, MAX_ADVICE_TOKENS,
 };
 
 use crate::error::{Error, StoreError};
-use crate::layout::{encode_chunk, object_len, ChunkHash, KeyBuilder, KvGeometry};
+use crate::layout::{object_len, ChunkHash, KeyBuilder, KvGeometry};
 use crate::store::{PutIfAbsent, Store, StoreExt};
 use bytes::Bytes;
 use futures::StreamExt;
@@ -257,6 +258,27 @@ impl Engine {
         hashes: &[ChunkHash],
         layers: &[&[u8]],
     ) -> Result<SaveReport, Error> {
+        let paged: Vec<Vec<&[u8]>> = layers.iter().map(|b| vec![*b]).collect();
+        self.save_paged(g, hashes, &paged).await
+    }
+
+    /// Saves a prefix's KV from paged memory: `layers[l]` lists layer `l`'s source ranges in
+    /// order, and their concatenation holds chunk `c`'s slice at `c x slice_bytes` (for an
+    /// engine that keeps KV in blocks: one range per engine block of the chunks' tokens, in
+    /// token order; with a [`crate::layout::KvLayout`] in the geometry the blocks are stored
+    /// as they are). The ranges are only read, and may lie anywhere. As [`Engine::save`]
+    /// otherwise.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `layers.len() != geometry.layers` or a layer's ranges do
+    /// not add up to `hashes.len() x slice_bytes` bytes (naming the layer); as
+    /// [`Engine::save`] otherwise.
+    pub async fn save_paged(
+        &self,
+        g: &KvGeometry,
+        hashes: &[ChunkHash],
+        layers: &[Vec<&[u8]>],
+    ) -> Result<SaveReport, Error> {
         let keys = self.keys(g)?;
         let slice = g.slice_bytes() as usize;
         if layers.len() != g.layers as usize {
@@ -267,11 +289,12 @@ impl Engine {
                 g.layers
             )));
         }
-        for (l, b) in layers.iter().enumerate() {
-            if b.len() != hashes.len() * slice {
+        for (l, parts) in layers.iter().enumerate() {
+            let n: usize = parts.iter().map(|p| p.len()).sum();
+            if n != hashes.len() * slice {
                 return Err(Error::InvalidArgument(format!(
-                    "save: layer {l} buffer has {} bytes, expected {} chunks x {slice} bytes = {}",
-                    b.len(),
+                    "save: layer {l} {} {n} bytes, expected {} chunks x {slice} bytes = {}",
+                    if parts.len() == 1 { "buffer has" } else { "ranges add up to" },
                     hashes.len(),
                     hashes.len() * slice
                 )));
@@ -280,8 +303,8 @@ impl Engine {
         // Phase 1: data objects, create-only.
         let mut objects = Vec::with_capacity(hashes.len());
         for (c, h) in hashes.iter().enumerate() {
-            let obj = encode_chunk(g, g.tokens_per_chunk, |l| {
-                &layers[l as usize][c * slice..(c + 1) * slice]
+            let obj = crate::layout::encode_chunk_parts(g, g.tokens_per_chunk, |l| {
+                sub_parts(&layers[l as usize], c * slice, slice)
             })?;
             objects.push((keys.data(h), Bytes::from(obj)));
         }
@@ -361,6 +384,26 @@ impl Engine {
             s.spawn(|| {
                 let h = self.handle.clone();
                 h.block_on(self.save(g, hashes, layers))
+            })
+            .join()
+            .expect("save panicked")
+        })
+    }
+
+    /// Blocking form of [`Engine::save_paged`].
+    ///
+    /// # Errors
+    /// As [`Engine::save_paged`].
+    pub fn save_paged_blocking(
+        &self,
+        g: &KvGeometry,
+        hashes: &[ChunkHash],
+        layers: &[Vec<&[u8]>],
+    ) -> Result<SaveReport, Error> {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let h = self.handle.clone();
+                h.block_on(self.save_paged(g, hashes, layers))
             })
             .join()
             .expect("save panicked")
@@ -507,7 +550,10 @@ impl Engine {
     /// Starts a layer-ordered load of `req.hashes` into `dest` and returns at once.
     ///
     /// `dest` must have `geometry.layers` buffers of at least `hashes.len() x slice_bytes`
-    /// bytes; only that many bytes of each are written, never more. Reads are issued in layer
+    /// bytes; only that many bytes of each are written, never more. A layer's buffer may be
+    /// a list of ranges (paged KV, [`LayerBuffers::paged`], [`LayerBuffers::from_raw_ranges`]):
+    /// the bytes land straight in the ranges on every path, chunk `c`'s slice at logical
+    /// offset `c x slice_bytes` of their concatenation. Reads are issued in layer
     /// order (layer 0 of every chunk first), at most `window_bytes` and `max_requests` in
     /// flight, each verified by its slice CRC32C before its layer can become ready.
     ///
@@ -611,10 +657,41 @@ impl Engine {
     }
 }
 
+/// The pieces of `parts` (taken in order as one buffer) that hold bytes `start..start+len`;
+/// the caller has checked that the parts hold at least `start + len` bytes.
+fn sub_parts<'a>(parts: &[&'a [u8]], start: usize, len: usize) -> Vec<&'a [u8]> {
+    let mut out = Vec::new();
+    let (mut at, end) = (0usize, start + len);
+    for p in parts {
+        let (a, b) = (at, at + p.len());
+        at = b;
+        if b <= start || p.is_empty() {
+            continue;
+        }
+        if a >= end {
+            break;
+        }
+        out.push(&p[start.max(a) - a..end.min(b) - a]);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn sub_parts_cut_a_range_out_of_scattered_parts() {
+        let (a, b, c) = ([1u8, 2, 3], [4u8], [5u8, 6, 7, 8]);
+        let parts: Vec<&[u8]> = vec![&a, &[], &b, &c];
+        let flat = |v: Vec<&[u8]>| v.concat();
+        assert_eq!(flat(sub_parts(&parts, 0, 8)), vec![1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(flat(sub_parts(&parts, 2, 3)), vec![3, 4, 5]);
+        assert_eq!(sub_parts(&parts, 3, 1), vec![&[4u8][..]]);
+        assert_eq!(flat(sub_parts(&parts, 5, 3)), vec![6, 7, 8]);
+        assert!(sub_parts(&parts, 4, 0).is_empty());
+    }
 
     /// Waits (up to 10 s, a liveness bound, not a speed goal) until `f` holds.
     fn eventually(what: &str, f: impl Fn() -> bool) {

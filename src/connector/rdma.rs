@@ -153,10 +153,19 @@ pub(crate) async fn try_rdma(
     greq.verify = true;
     let bufs = &sh.state.bufs;
     // Addresses as integers: the future must be `Send`.
-    let regions: Vec<(usize, usize)> = (0..bufs.layers())
-        .map(|l| bufs.region(l))
-        .map(|(p, n)| (p as usize, n))
-        .collect();
+    let mut regions: Vec<(usize, usize)> = Vec::with_capacity(bufs.layers());
+    for l in 0..bufs.layers() {
+        match bufs.ranges(l).as_slice() {
+            [(p, n)] => regions.push((*p as usize, *n)),
+            _ => {
+                // Paged destinations take the TCP path (nothing was sent yet).
+                if let Probe::On { pool, .. } = &mut *probe.lock().expect("lock") {
+                    pool.push(conn);
+                }
+                return Outcome::Fallback;
+            }
+        }
+    }
     let dests: Vec<LayerDest> = regions
         .iter()
         .enumerate()

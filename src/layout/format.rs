@@ -324,7 +324,8 @@ pub fn verify_slice(layer: usize, with_crc: &[u8], slice_len: u64) -> Result<(),
 /// Encodes a whole chunk object from per-layer K+V bytes.
 ///
 /// `layer_data(l)` must return exactly `tokens x bytes_per_token_per_layer` bytes for layer `l`
-/// (K of all tokens, then V of all tokens).
+/// (K of all tokens, then V of all tokens; or the engine's blocks when the geometry names a
+/// [`crate::layout::KvLayout`]).
 ///
 /// # Errors
 /// [`FormatError::WrongSize`] naming the layer whose data has the wrong length, or
@@ -333,6 +334,19 @@ pub fn encode_chunk<'a>(
     g: &KvGeometry,
     tokens: u32,
     mut layer_data: impl FnMut(u32) -> &'a [u8],
+) -> Result<Vec<u8>, FormatError> {
+    encode_chunk_parts(g, tokens, |l| vec![layer_data(l)])
+}
+
+/// As [`encode_chunk`], with each layer's slice given as parts whose concatenation is the
+/// slice (paged KV: one part per engine block, or per piece of one).
+///
+/// # Errors
+/// As [`encode_chunk`]; the parts' total length is what must match.
+pub fn encode_chunk_parts<'a>(
+    g: &KvGeometry,
+    tokens: u32,
+    mut layer_parts: impl FnMut(u32) -> Vec<&'a [u8]>,
 ) -> Result<Vec<u8>, FormatError> {
     if tokens == 0 || tokens > g.tokens_per_chunk {
         return Err(FormatError::InvalidField(format!(
@@ -344,18 +358,20 @@ pub fn encode_chunk<'a>(
     let mut out = Vec::with_capacity(h.object_len() as usize);
     out.extend_from_slice(&h.encode());
     for l in 0..g.layers {
-        let d = layer_data(l);
-        if d.len() as u64 != h.slice_len {
+        let parts = layer_parts(l);
+        let n: usize = parts.iter().map(|p| p.len()).sum();
+        if n as u64 != h.slice_len {
             return Err(FormatError::WrongSize(format!(
-                "layer {l} has {} bytes, expected {} ({} tokens x {} bytes/token/layer)",
-                d.len(),
-                h.slice_len,
-                tokens,
-                h.bytes_per_token_per_layer
+                "layer {l} has {n} bytes, expected {} ({} tokens x {} bytes/token/layer)",
+                h.slice_len, tokens, h.bytes_per_token_per_layer
             )));
         }
-        out.extend_from_slice(d);
-        out.extend_from_slice(&slice_crc(d).to_le_bytes());
+        let mut crc = 0u32;
+        for p in parts {
+            out.extend_from_slice(p);
+            crc = super::crc::crc32c_append(crc, p);
+        }
+        out.extend_from_slice(&crc.to_le_bytes());
     }
     Ok(out)
 }

@@ -90,6 +90,56 @@ impl FromStr for Dtype {
 /// Default tokens per chunk (the engine's block size as seen by ObjectCache).
 pub const DEFAULT_TOKENS_PER_CHUNK: u32 = 256;
 
+/// Longest [`KvLayout::name`] in bytes.
+pub const MAX_LAYOUT_NAME: usize = 64;
+
+/// An inference engine's own memory layout of KV blocks, named in the key.
+///
+/// With a layout, a chunk object's layer slice holds that layer's engine blocks for the
+/// chunk's tokens (`tokens_per_chunk / block_size` blocks, in token order), each stored byte
+/// for byte as the engine keeps it in memory: no conversion on save or load. The layout is
+/// part of the [geometry fingerprint](KvGeometry::fingerprint), so an engine whose layout
+/// differs (another family, another block size), even at the same byte size, gets misses and
+/// never bytes of another meaning. Without a layout ([`KvGeometry::layout`] `None`) a slice
+/// is ObjectCache's canonical layout: K then V, each `[tokens, kv_heads / tp_world, head_dim]`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct KvLayout {
+    /// The engine and its layout family, e.g. `vllm/cpu_attn` (vLLM's CPU attention backend:
+    /// per layer `[num_blocks, kv_heads, block_size, 2 x head_dim]`). 1 to
+    /// [`MAX_LAYOUT_NAME`] bytes of `[A-Za-z0-9._:/+-]`. Include a version when the engine may
+    /// change the meaning of its blocks under the same name.
+    pub name: String,
+    /// Tokens per engine block; divides `tokens_per_chunk` (a chunk is a whole number of
+    /// engine blocks).
+    pub block_size: u32,
+}
+
+impl KvLayout {
+    /// Checks the name's characters and length and that `block_size` is nonzero.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming what is wrong.
+    pub fn validate(&self) -> Result<(), Error> {
+        let n = &self.name;
+        if n.is_empty() || n.len() > MAX_LAYOUT_NAME {
+            return Err(Error::InvalidArgument(format!(
+                "geometry: layout name {n:?} must be 1 to {MAX_LAYOUT_NAME} bytes"
+            )));
+        }
+        if !n.bytes().all(|c| c.is_ascii_alphanumeric() || b"._:/+-".contains(&c)) {
+            return Err(Error::InvalidArgument(format!(
+                "geometry: layout name {n:?} may hold only letters, digits and . _ : / + -"
+            )));
+        }
+        if self.block_size == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "geometry: layout {n:?} has block_size 0"
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// The shape of one model's KV cache as one TP rank stores it.
 ///
 /// A chunk of `tokens_per_chunk` tokens holds, for every layer, K and V tensors of shape
@@ -116,6 +166,10 @@ pub struct KvGeometry {
     pub tp_rank: u32,
     /// Tensor-parallel world size (1 without TP).
     pub tp_world: u32,
+    /// The engine's own block layout, if the slices hold the engine's bytes as they are
+    /// (`None`: ObjectCache's canonical K-then-V layout). Part of the fingerprint.
+    #[serde(default)]
+    pub layout: Option<KvLayout>,
 }
 
 impl KvGeometry {
@@ -139,13 +193,15 @@ impl KvGeometry {
             tokens_per_chunk: DEFAULT_TOKENS_PER_CHUNK,
             tp_rank: 0,
             tp_world: 1,
+            layout: None,
         };
         g.validate()?;
         Ok(g)
     }
 
     /// Checks every field: nonzero sizes, `tp_rank < tp_world`, `kv_heads % tp_world == 0`,
-    /// at most 1,024 layers and a chunk-layer slice of at most 1 GiB.
+    /// at most 1,024 layers, a chunk-layer slice of at most 1 GiB, and a layout (if any) with
+    /// a valid name and a block size dividing `tokens_per_chunk`.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] naming the first field that is wrong.
@@ -190,6 +246,16 @@ impl KvGeometry {
                 self.slice_bytes()
             ));
         }
+        if let Some(l) = &self.layout {
+            l.validate()?;
+            if self.tokens_per_chunk % l.block_size != 0 {
+                return bad(format!(
+                    "geometry: layout {:?} has {}-token blocks, which do not divide \
+                     tokens_per_chunk {} (a chunk is a whole number of engine blocks)",
+                    l.name, l.block_size, self.tokens_per_chunk
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -231,6 +297,24 @@ impl KvGeometry {
         Ok(g)
     }
 
+    /// Returns a copy whose slices hold the engine's own layout `name` with `block_size`-token
+    /// blocks (see [`KvLayout`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a bad name, or a block size that does not divide
+    /// `tokens_per_chunk`.
+    pub fn with_layout(&self, name: &str, block_size: u32) -> Result<Self, Error> {
+        let g = KvGeometry {
+            layout: Some(KvLayout {
+                name: name.to_string(),
+                block_size,
+            }),
+            ..self.clone()
+        };
+        g.validate()?;
+        Ok(g)
+    }
+
     /// Returns a copy with another dtype.
     pub fn with_dtype(&self, dtype: Dtype) -> Self {
         KvGeometry {
@@ -253,12 +337,16 @@ impl KvGeometry {
     }
 
     /// 64-bit model fingerprint: the first 8 bytes (big-endian) of SHA-256 over
-    /// `"objectcache-geometry-v1|model|layers|kv_heads|head_dim|dtype|tokens_per_chunk|tp_world"`.
+    /// `"objectcache-geometry-v1|model|layers|kv_heads|head_dim|dtype|tokens_per_chunk|tp_world"`,
+    /// followed, when a [`KvLayout`] is named, by `"|layout={name}|block={block_size}"`.
     ///
     /// It excludes `tp_rank` (the rank is a separate key component) and includes everything
-    /// else that changes the bytes, so objects of two models or layouts never collide.
+    /// else that changes the bytes or their meaning, so objects of two models or layouts
+    /// never collide. A geometry without a layout has the fingerprint it always had. The
+    /// string is unambiguous: a layout name holds no `|`, and the last field tells whether a
+    /// layout follows (`block=N`, never a bare number).
     pub fn fingerprint(&self) -> u64 {
-        let s = format!(
+        let mut s = format!(
             "objectcache-geometry-v1|{}|{}|{}|{}|{}|{}|{}",
             self.model,
             self.layers,
@@ -268,6 +356,9 @@ impl KvGeometry {
             self.tokens_per_chunk,
             self.tp_world
         );
+        if let Some(l) = &self.layout {
+            s.push_str(&format!("|layout={}|block={}", l.name, l.block_size));
+        }
         let d = Sha256::digest(s.as_bytes());
         u64::from_be_bytes(d[..8].try_into().expect("8 bytes"))
     }
@@ -307,6 +398,7 @@ impl KvGeometry {
             tokens_per_chunk: DEFAULT_TOKENS_PER_CHUNK,
             tp_rank: 0,
             tp_world: 1,
+            layout: None,
         }
     }
 
@@ -327,6 +419,7 @@ impl KvGeometry {
             tokens_per_chunk: DEFAULT_TOKENS_PER_CHUNK,
             tp_rank: rank,
             tp_world,
+            layout: None,
         };
         g.validate()?;
         Ok(g)
@@ -345,6 +438,7 @@ impl KvGeometry {
             tokens_per_chunk: DEFAULT_TOKENS_PER_CHUNK,
             tp_rank: 0,
             tp_world: 1,
+            layout: None,
         }
     }
 
@@ -362,6 +456,7 @@ impl KvGeometry {
             tokens_per_chunk: DEFAULT_TOKENS_PER_CHUNK,
             tp_rank: 0,
             tp_world: 1,
+            layout: None,
         }
     }
 }
@@ -404,6 +499,52 @@ mod tests {
         );
         let r0 = KvGeometry::llama31_70b(8, 0).unwrap();
         assert_eq!(r0.fingerprint(), r0.with_rank(7).unwrap().fingerprint());
+    }
+
+    #[test]
+    fn geometries_without_a_layout_keep_their_fingerprints() {
+        // Pinned values, computed before layouts existed: adding the layout must not move the
+        // keys of anything already stored.
+        assert_eq!(KvGeometry::llama31_8b().fingerprint(), 0xda38789902d7d96c);
+        assert_eq!(KvGeometry::smollm2_135m().fingerprint(), 0x5c3890271771a5c2);
+    }
+
+    #[test]
+    fn layouts_of_equal_byte_size_have_distinct_fingerprints() {
+        let g = KvGeometry::smollm2_135m();
+        let cpu = g.with_layout("vllm/cpu_attn", 128).unwrap();
+        let cpu16 = g.with_layout("vllm/cpu_attn", 16).unwrap();
+        let flash = g.with_layout("vllm/flash_attn", 128).unwrap();
+        // Every one holds the same bytes per slice; the meaning differs.
+        for x in [&cpu, &cpu16, &flash] {
+            assert_eq!(x.slice_bytes(), g.slice_bytes());
+        }
+        let fps = [g.fingerprint(), cpu.fingerprint(), cpu16.fingerprint(), flash.fingerprint()];
+        for i in 0..fps.len() {
+            for j in i + 1..fps.len() {
+                assert_ne!(fps[i], fps[j], "geometries {i} and {j} share a fingerprint");
+            }
+        }
+        // The rank stays out of the fingerprint with a layout too.
+        let r = KvGeometry::llama31_70b(8, 0).unwrap().with_layout("vllm/cpu_attn", 16).unwrap();
+        assert_eq!(r.fingerprint(), r.with_rank(5).unwrap().fingerprint());
+    }
+
+    #[test]
+    fn bad_layouts_are_named() {
+        let g = KvGeometry::smollm2_135m();
+        for (name, bs, needle) in [
+            ("", 16, "1 to 64 bytes"),
+            ("a|b", 16, "may hold only"),
+            ("vllm cpu", 16, "may hold only"),
+            ("vllm", 0, "block_size 0"),
+            ("vllm", 96, "do not divide tokens_per_chunk 256"),
+        ] {
+            let e = g.with_layout(name, bs).unwrap_err().to_string();
+            assert!(e.contains(needle), "{name:?}/{bs}: {e}");
+        }
+        assert!(g.with_layout(&"x".repeat(65), 16).is_err());
+        assert!(g.with_layout("vLLM-0.32/cpu_attn:LBHNC+v1.x", 256).is_ok());
     }
 
     #[test]

@@ -15,7 +15,8 @@ pub mod rdma;
 /// buffers; called by transports (gather over TCP or RDMA) and by the stock-S3 path.
 ///
 /// Layer `l`'s destination is `chunks x slice_len` bytes: chunk `c`'s K+V slice (CRC
-/// excluded) at offset `c x slice_len`. Methods may be called from any thread; calls for
+/// excluded) at offset `c x slice_len`. Offsets are logical: the memory behind them may be
+/// one buffer or a list of ranges (paged KV), which the sink maps. Methods may be called from any thread; calls for
 /// different byte ranges may run concurrently; a range is written at most once per load.
 pub trait LayerSink: Send + Sync {
     /// Copies `data` into layer `layer`'s destination at byte `offset`.
@@ -45,8 +46,26 @@ pub trait LayerSink: Send + Sync {
         let _ = (layer, offset, len);
         Ok(None)
     }
-    /// Records that the `len` bytes lent by [`LayerSink::dest_mut`] for layer `layer` were
-    /// all written. Counted like [`LayerSink::write`]; the default does nothing (it lends
+    /// As [`LayerSink::dest_mut`], for destinations that are not one contiguous range (paged
+    /// KV: a layer's destination is a list of ranges, one per engine block): lends the
+    /// destination bytes `offset..offset+len` as one slice per range they span, in order.
+    /// The transport fills all of them, then calls [`LayerSink::dest_filled`] with `len`.
+    /// `Ok(None)` when the destination cannot be lent. The default lends what
+    /// [`LayerSink::dest_mut`] lends, as one slice.
+    ///
+    /// # Errors
+    /// As [`LayerSink::write`].
+    #[allow(clippy::mut_from_ref)]
+    fn dest_parts(
+        &self,
+        layer: u32,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<Vec<&mut [u8]>>, LayerError> {
+        Ok(self.dest_mut(layer, offset, len)?.map(|d| vec![d]))
+    }
+    /// Records that the `len` bytes lent by [`LayerSink::dest_mut`] or
+    /// [`LayerSink::dest_parts`] for layer `layer` were all written. Counted like [`LayerSink::write`]; the default does nothing (it lends
     /// nothing).
     fn dest_filled(&self, layer: u32, len: u64) {
         let _ = (layer, len);

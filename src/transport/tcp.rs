@@ -252,7 +252,8 @@ impl GatherClient {
     /// Receives the payload of the direct unit `h` announced by the protocol: first what is
     /// left in `buf`, then from the socket in [`PIECE_BYTES`] reads, each checksummed at once.
     /// The bytes go straight into the sink's memory when it lends it
-    /// ([`LayerSink::dest_mut`]: one copy, the kernel's), otherwise through a bounce buffer
+    /// ([`LayerSink::dest_parts`]: one slice per destination range the unit spans, e.g. per
+    /// engine block of paged KV; one copy, the kernel's), otherwise through a bounce buffer
     /// and [`LayerSink::write`]; with `discard` (a cancelled load) they are dropped.
     async fn recv_unit(
         &mut self,
@@ -265,7 +266,7 @@ impl GatherClient {
         let mut refused: Option<LayerError> = discard.then_some(LayerError::Cancelled);
         let mut dest = match refused {
             Some(_) => None,
-            None => match sink.dest_mut(layer, offset, len as u64) {
+            None => match sink.dest_parts(layer, offset, len as u64) {
                 Ok(d) => d,
                 Err(e) => {
                     refused = Some(e);
@@ -279,13 +280,30 @@ impl GatherClient {
         }
         let mut crc = 0u32;
         let mut pos = 0usize;
+        // Where `pos` is in the lent parts: part index and offset in it.
+        let (mut part, mut in_part) = (0usize, 0usize);
         while pos < len {
-            let want = (len - pos).min(PIECE_BYTES);
-            let from_buf = want.min(self.buf.len());
             let piece: &mut [u8] = match dest.as_deref_mut() {
-                Some(d) => &mut d[pos..pos + want],
-                None => &mut self.scratch[..want],
+                Some(parts) => {
+                    while parts.get(part).is_some_and(|p| in_part == p.len()) {
+                        part += 1;
+                        in_part = 0;
+                    }
+                    let Some(p) = parts.get_mut(part) else {
+                        return Err(GatherError::Protocol(ProtocolError::invalid(
+                            "unit",
+                            format!("the sink lent fewer than the unit's {len} bytes"),
+                        )));
+                    };
+                    let want = (p.len() - in_part).min(len - pos).min(PIECE_BYTES);
+                    &mut p[in_part..in_part + want]
+                }
+                None => {
+                    let want = (len - pos).min(PIECE_BYTES);
+                    &mut self.scratch[..want]
+                }
             };
+            let from_buf = piece.len().min(self.buf.len());
             let n = if from_buf > 0 {
                 piece[..from_buf].copy_from_slice(&self.buf[..from_buf]);
                 self.buf.advance(from_buf);
@@ -308,6 +326,7 @@ impl GatherClient {
                 }
             }
             pos += n;
+            in_part += n;
         }
         if lent {
             sink.dest_filled(layer, len as u64);
