@@ -11,7 +11,8 @@
  *    meaning of a constant changes. objectcache_engine_create() takes the version the caller
  *    was compiled with and refuses another one. Every struct passed across the boundary
  *    starts with `uint32_t struct_size` that the caller sets to sizeof(the struct); the
- *    library refuses any other size with OBJECTCACHE_ERR_ABI_MISMATCH.
+ *    library refuses any other size with OBJECTCACHE_ERR_ABI_MISMATCH (except the earlier
+ *    size of objectcache_geometry, which grew at its end within version 1: see there).
  *  - Handles (objectcache_engine, objectcache_region, objectcache_transfer) are opaque
  *    tokens, never dereferenced by the caller. A handle that was destroyed or released is
  *    detected and refused with OBJECTCACHE_ERR_INVALID_HANDLE (tokens are never reused),
@@ -126,9 +127,16 @@ typedef struct objectcache_transfer objectcache_transfer;
 /* ---- Structs (each starts with struct_size = sizeof(the struct), set by the caller) --- */
 
 /** Shape of one model's KV cache as one TP rank stores it. A chunk of tokens_per_chunk
- *  tokens holds, per layer, K then V of shape [tokens, kv_heads / tp_world, head_dim];
- *  one chunk's one-layer slice is 2 x tokens_per_chunk x (kv_heads / tp_world) x head_dim
- *  x dtype bytes (objectcache_slice_bytes). */
+ *  tokens holds, per layer, K then V of shape [tokens, kv_heads / tp_world, head_dim] (or,
+ *  with a layout, the engine's blocks of those tokens as the engine holds them); one
+ *  chunk's one-layer slice is 2 x tokens_per_chunk x (kv_heads / tp_world) x head_dim
+ *  x dtype bytes (objectcache_slice_bytes).
+ *
+ *  The last three fields (layout, block_size, _reserved) were added within ABI version 1:
+ *  a caller built before them passes the smaller struct_size (offsetof(objectcache_geometry,
+ *  layout), 40 on LP64), which the library still accepts, reading no further and taking no
+ *  layout. Zero-initialise the struct and set struct_size = sizeof, and a NULL layout keeps
+ *  the keys geometries always had. */
 typedef struct objectcache_geometry {
     uint32_t struct_size;
     /** Transformer layers (1..1024). */
@@ -148,6 +156,20 @@ typedef struct objectcache_geometry {
     /** Model identifier, NUL-terminated UTF-8; borrowed for the call. Enters the keys, so
      *  two models of equal shape never share entries. */
     const char *model;
+    /** The engine's own KV layout, NUL-terminated (1..64 bytes of [A-Za-z0-9._:/+-], e.g.
+     *  "vllm/cpu_attn"), or NULL for ObjectCache's canonical K-then-V layout; borrowed for the
+     *  call. With a layout, a chunk's layer slice holds that layer's engine blocks for the
+     *  chunk's tokens, in token order, stored byte for byte as the engine holds them. The
+     *  layout and block_size enter the keys (with dtype, kv_heads, head_dim and the TP
+     *  size/rank already there): an engine whose layout differs, even at the same byte size,
+     *  gets misses, never bytes of another meaning. Name a version in it when the engine may
+     *  change its layout under the same name. */
+    const char *layout;
+    /** Tokens per engine block of the layout; must divide tokens_per_chunk. 0 when layout
+     *  is NULL. */
+    uint32_t block_size;
+    /** Reserved, 0. */
+    uint32_t _reserved;
 } objectcache_geometry;
 
 /** Parameters of vLLM-compatible sha256_cbor prefix hashing. */
@@ -171,6 +193,14 @@ typedef struct objectcache_layer_dest {
     /** Bytes available at addr; at least n_chunks x slice_bytes. */
     uint64_t len;
 } objectcache_layer_dest;
+
+/** One byte range of caller memory, addr .. addr + len: a paged load's destination
+ *  (inside registered memory) or a paged save's source. */
+typedef struct objectcache_range {
+    void *addr;
+    /** Bytes, at least 1. */
+    uint64_t len;
+} objectcache_range;
 
 /** What to load, where to, and scheduling hints. */
 typedef struct objectcache_load_params {
@@ -204,6 +234,37 @@ typedef struct objectcache_load_params {
     const objectcache_layer_dest *layers;
     size_t n_layers;
 } objectcache_load_params;
+
+/** A paged load (objectcache_load_paged): as objectcache_load_params, except that each
+ *  layer's destination is a list of ranges, e.g. one per engine block of the chunks' tokens
+ *  in an engine that keeps KV in fixed-size blocks spread through one large buffer. */
+typedef struct objectcache_paged_load_params {
+    uint32_t struct_size;
+    /** As objectcache_load_params.priority. */
+    uint32_t priority;
+    /** As objectcache_load_params.request_id. */
+    uint64_t request_id;
+    /** As objectcache_load_params.deadline_ms. */
+    uint64_t deadline_ms;
+    /** As objectcache_load_params.compute_us_per_layer. */
+    uint64_t compute_us_per_layer;
+    /** Geometry the objects were saved with; borrowed for the call. */
+    const objectcache_geometry *geometry;
+    /** n_chunks chunk hashes, each hash_len bytes (1..64; 32 for sha256_cbor), packed;
+     *  borrowed for the call. */
+    const uint8_t *hashes;
+    size_t hash_len;
+    size_t n_chunks;
+    /** n_layers x ranges_per_layer destination ranges, layer-major: layer l's ranges are
+     *  ranges[l x ranges_per_layer .. (l + 1) x ranges_per_layer - 1], taken in order as one
+     *  buffer in which chunk c's slice is bytes c x slice_bytes .. (c + 1) x slice_bytes.
+     *  Each layer's ranges add up to exactly n_chunks x slice_bytes. The array is borrowed
+     *  for the call; the memory it names is written until the transfer is released. */
+    const objectcache_range *ranges;
+    size_t ranges_per_layer;
+    /** = geometry->layers. */
+    size_t n_layers;
+} objectcache_paged_load_params;
 
 /** Outcome of a save. */
 typedef struct objectcache_save_report {
@@ -391,6 +452,21 @@ objectcache_status objectcache_save(objectcache_engine *engine,
                                     uint64_t bytes_per_layer,
                                     objectcache_save_report *report);
 
+/** As objectcache_save, from paged memory: ranges holds n_layers (= geometry->layers) x
+ *  ranges_per_layer source ranges, layer-major; layer l's ranges, taken in order as one
+ *  buffer, hold chunk c's slice at c x slice_bytes and add up to exactly n_chunks x
+ *  slice_bytes (for a paged engine: one range per engine block of the chunks' tokens, in
+ *  token order). The ranges are only read, borrowed for the call, need no registration and
+ *  may lie anywhere (even overlap). A range with a NULL addr or a len of 0, or a layer whose
+ *  total differs, is OBJECTCACHE_ERR_INVALID_ARGUMENT naming it. Blocks until published;
+ *  chunks already stored are not rewritten (report->already_present). Thread-safe. */
+objectcache_status objectcache_save_paged(objectcache_engine *engine,
+                                          const objectcache_geometry *geometry,
+                                          const uint8_t *hashes, size_t hash_len,
+                                          size_t n_chunks, const objectcache_range *ranges,
+                                          size_t ranges_per_layer, size_t n_layers,
+                                          objectcache_save_report *report);
+
 /* ---- Load (transfers) ---------------------------------------------------------------- */
 
 /** Posts a layer-ordered load and returns at once; *out receives the transfer, which the
@@ -401,6 +477,20 @@ objectcache_status objectcache_save(objectcache_engine *engine,
 objectcache_status objectcache_load(objectcache_engine *engine,
                                     const objectcache_load_params *params,
                                     objectcache_transfer **out);
+
+/** As objectcache_load, into paged destinations (objectcache_paged_load_params): the bytes
+ *  of each layer land straight in its ranges on every path (ranged GETs, gather over TCP or
+ *  RDMA; device ranges through their staging twin), with no copy in between. Every range
+ *  must be non-empty and lie inside one region registered with this engine (register the
+ *  engine's whole KV buffer once), and no two ranges of the load (of one layer or of two)
+ *  may share a byte; a range outside registered memory, two that overlap (both named), or a
+ *  layer whose ranges do not add up to n_chunks x slice_bytes is
+ *  OBJECTCACHE_ERR_INVALID_ARGUMENT. The transfer is used as any other: a layer is
+ *  OBJECTCACHE_OK only once all of its ranges hold verified KV; a miss code means none of
+ *  that layer's ranges may be used. Thread-safe. */
+objectcache_status objectcache_load_paged(objectcache_engine *engine,
+                                          const objectcache_paged_load_params *params,
+                                          objectcache_transfer **out);
 
 /** Non-blocking: OBJECTCACHE_OK if layer is ready (its bytes are verified KV),
  *  OBJECTCACHE_PENDING if not yet, else the layer's miss code (20..25). Thread-safe. */

@@ -19,8 +19,10 @@ int main(int argc, char **argv) {
     objectcache_status s = objectcache_engine_create(OBJECTCACHE_ABI_VERSION, keys, vals, 2, &e);
     if (s) return fail("create", s);
 
-    /* A small model: 2 layers, 4 KV heads of dim 16, bf16, 32 tokens per chunk. */
-    objectcache_geometry g = {sizeof g, 2, 4, 16, OBJECTCACHE_DTYPE_BF16, 32, 0, 1, "example/m"};
+    /* A small model: 2 layers, 4 KV heads of dim 16, bf16, 32 tokens per chunk, TP rank 0
+     * of 1; no engine layout (NULL, block size 0): ObjectCache's canonical K-then-V slices. */
+    objectcache_geometry g = {sizeof g, 2, 4, 16, OBJECTCACHE_DTYPE_BF16, 32, 0, 1, "example/m",
+                              NULL, 0, 0};
     objectcache_hash_params hp = {sizeof hp, 32, "0", NULL};
     uint32_t tokens[64];
     for (int i = 0; i < 64; i++) tokens[i] = 100 + i;

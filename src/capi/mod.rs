@@ -371,31 +371,98 @@ fn get_transfer(p: *mut objectcache_transfer) -> Result<Arc<TransferObj>, CErr> 
 
 // ---- Conversions --------------------------------------------------------------------------
 
+/// A caller's geometry. Its `struct_size` is `sizeof(objectcache_geometry)`, or
+/// [`GEOMETRY_SIZE_NO_LAYOUT`] for a caller built before the layout fields existed (then only
+/// that many bytes are read, and there is no layout).
+///
 /// # Safety
-/// `g` as for [`in_struct`]; `g.model` NULL or a NUL-terminated string.
+/// `g` is NULL or points to at least 4 readable bytes, and to a whole struct of the size they
+/// hold if that is one of the two accepted sizes; `g.model` (and `g.layout`) NULL or a
+/// NUL-terminated string.
 unsafe fn geometry(g: *const objectcache_geometry) -> Result<KvGeometry, CErr> {
+    if g.is_null() {
+        return Err(invalid("geometry is NULL"));
+    }
+    if !g.is_aligned() {
+        return Err(invalid("geometry is not aligned"));
+    }
+    // SAFETY: non-NULL and aligned; every version of the struct starts with a u32.
+    let size = unsafe { std::ptr::read(g as *const u32) } as usize;
+    let full = std::mem::size_of::<objectcache_geometry>();
+    let (v1, layout) = if size == full {
+        // SAFETY: checked non-NULL, aligned and of the full size.
+        let g = unsafe { &*g };
+        let v1 = objectcache_geometry_no_layout {
+            struct_size: g.struct_size,
+            layers: g.layers,
+            kv_heads: g.kv_heads,
+            head_dim: g.head_dim,
+            dtype: g.dtype,
+            tokens_per_chunk: g.tokens_per_chunk,
+            tp_rank: g.tp_rank,
+            tp_world: g.tp_world,
+            model: g.model,
+        };
+        if g._reserved != 0 {
+            return Err(invalid(format!(
+                "geometry->_reserved is {}, must be 0",
+                g._reserved
+            )));
+        }
+        let layout = if g.layout.is_null() {
+            if g.block_size != 0 {
+                return Err(invalid(format!(
+                    "geometry->block_size is {} but geometry->layout is NULL (a block size \
+                     belongs to a named layout)",
+                    g.block_size
+                )));
+            }
+            None
+        } else {
+            // SAFETY: non-NULL, NUL-terminated by contract.
+            let name = unsafe { cstr(g.layout, "geometry->layout")? };
+            Some(crate::layout::KvLayout {
+                name: name.to_string(),
+                block_size: g.block_size,
+            })
+        };
+        (v1, layout)
+    } else if size == GEOMETRY_SIZE_NO_LAYOUT {
+        // SAFETY: non-NULL, aligned (the prefix struct's alignment is at most the full
+        // struct's), and the caller's struct_size says it holds this many bytes.
+        (unsafe { std::ptr::read(g as *const objectcache_geometry_no_layout) }, None)
+    } else {
+        return Err(err(
+            OBJECTCACHE_ERR_ABI_MISMATCH,
+            format!(
+                "geometry->struct_size is {size}, this library (ABI version {}) expects \
+                 sizeof(objectcache_geometry) = {full} (or {GEOMETRY_SIZE_NO_LAYOUT}, the size \
+                 before the layout fields); rebuild against the installed objectcache.h",
+                OBJECTCACHE_ABI_VERSION
+            ),
+        ));
+    };
     // SAFETY: forwarded contract.
-    let g = unsafe { in_struct(g, "geometry")? };
-    // SAFETY: forwarded contract.
-    let model = unsafe { cstr(g.model, "geometry->model")? };
-    let dtype = u8::try_from(g.dtype)
+    let model = unsafe { cstr(v1.model, "geometry->model")? };
+    let dtype = u8::try_from(v1.dtype)
         .ok()
         .and_then(Dtype::from_code)
         .ok_or_else(|| {
             invalid(format!(
                 "geometry->dtype {} is not an OBJECTCACHE_DTYPE_* value (1..4)",
-                g.dtype
+                v1.dtype
             ))
         })?;
     let kv = KvGeometry {
         model: model.to_string(),
-        layers: g.layers,
-        kv_heads: g.kv_heads,
-        head_dim: g.head_dim,
+        layers: v1.layers,
+        kv_heads: v1.kv_heads,
+        head_dim: v1.head_dim,
         dtype,
-        tokens_per_chunk: g.tokens_per_chunk,
-        tp_rank: g.tp_rank,
-        tp_world: g.tp_world,
+        tokens_per_chunk: v1.tokens_per_chunk,
+        tp_rank: v1.tp_rank,
+        tp_world: v1.tp_world,
+        layout,
     };
     kv.validate()?;
     Ok(kv)
@@ -933,6 +1000,67 @@ pub unsafe extern "C" fn objectcache_save(
     })
 }
 
+/// Saves a prefix's KV from paged memory (blocking). See the header.
+///
+/// # Safety
+/// Pointers as the header states.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn objectcache_save_paged(
+    engine: *mut objectcache_engine,
+    geometry: *const objectcache_geometry,
+    hashes: *const u8,
+    hash_len: usize,
+    n_chunks: usize,
+    ranges: *const objectcache_range,
+    ranges_per_layer: usize,
+    n_layers: usize,
+    report: *mut objectcache_save_report,
+) -> objectcache_status {
+    guard("objectcache_save_paged", || {
+        let e = get_engine(engine)?;
+        if !report.is_null() {
+            // SAFETY: the header's contract on `report` (checked before the work).
+            unsafe { checked_struct(report as *const objectcache_save_report, "report")? };
+        }
+        // SAFETY: the header's contract on `geometry`.
+        let g = unsafe { self::geometry(geometry)? };
+        if n_chunks == 0 {
+            return Err(invalid("n_chunks is 0"));
+        }
+        // SAFETY: the header's contract on `hashes`.
+        let hs = unsafe { self::hashes(hashes, hash_len, n_chunks)? };
+        let need = n_chunks as u64 * g.slice_bytes();
+        // SAFETY: the header's contract: n_layers x ranges_per_layer ranges.
+        let rs = unsafe { paged_ranges(ranges, ranges_per_layer, n_layers, g.layers, need, true) }
+            .map_err(invalid)?;
+        let mut bufs: Vec<Vec<&[u8]>> = Vec::with_capacity(rs.len());
+        for layer in &rs {
+            bufs.push(
+                layer
+                    .iter()
+                    // SAFETY: the header's contract: each range is readable for its length and
+                    // borrowed for the call (checked non-NULL, non-empty, not overflowing).
+                    .map(|&(p, n)| unsafe { std::slice::from_raw_parts(p as *const u8, n) })
+                    .collect(),
+            );
+        }
+        let r = e.engine.save_paged_blocking(&g, &hs, &bufs)?;
+        if !report.is_null() {
+            let v = objectcache_save_report {
+                struct_size: 0,
+                _reserved: 0,
+                written: r.written as u64,
+                already_present: r.already_present as u64,
+                bytes: r.bytes,
+            };
+            // SAFETY: checked above; the caller owns it writable.
+            unsafe { out_struct(report, v, "report")? };
+        }
+        Ok(OBJECTCACHE_OK)
+    })
+}
+
 // ---- Load ---------------------------------------------------------------------------------
 
 /// Posts a layer-ordered load. See the header.
@@ -952,15 +1080,8 @@ pub unsafe extern "C" fn objectcache_load(
         let p = unsafe { in_struct(params, "params")? };
         let rid = p.request_id;
         let ctx = |m: String| invalid(format!("request {rid}: {m}"));
-        // SAFETY: the header's contract on `params->geometry`.
-        let g = unsafe { self::geometry(p.geometry) }
-            .map_err(|x| err(x.code, format!("request {rid}: params->{}", x.msg)))?;
-        if p.n_chunks == 0 {
-            return Err(ctx("params->n_chunks is 0".into()));
-        }
-        // SAFETY: the header's contract on `params->hashes`.
-        let hs = unsafe { self::hashes(p.hashes, p.hash_len, p.n_chunks) }
-            .map_err(|x| err(x.code, format!("request {rid}: params->{}", x.msg)))?;
+        // SAFETY: the header's contract on the geometry and hashes.
+        let (g, hs) = unsafe { load_what(rid, p.geometry, p.hashes, p.hash_len, p.n_chunks)? };
         if p.n_layers != g.layers as usize {
             return Err(ctx(format!(
                 "params->n_layers is {}, geometry has {} layers",
@@ -970,14 +1091,9 @@ pub unsafe extern "C" fn objectcache_load(
         // SAFETY: the header's contract: n_layers destinations.
         let dests = unsafe { slice(p.layers, p.n_layers, "params->layers")? };
         let need = p.n_chunks as u64 * g.slice_bytes();
-        let regions = lock(&e.regions).clone();
-        let mut raw: Vec<(*mut u8, usize)> = Vec::with_capacity(dests.len());
-        let mut used: Vec<Arc<RegionObj>> = Vec::new();
-        // Per layer: the host-to-device copies of a device destination (staging -> device).
-        #[cfg(feature = "cuda")]
-        let mut copies: Vec<Vec<crate::cuda::LayerCopy>> = Vec::with_capacity(dests.len());
-        #[cfg(feature = "cuda")]
-        let mut load_device: Option<crate::cuda::Device> = None;
+        // Only the first `need` bytes are ever written.
+        let len = usize::try_from(need).map_err(|_| ctx("load too large".into()))?;
+        let mut ranges = Vec::with_capacity(dests.len());
         for (l, d) in dests.iter().enumerate() {
             if d.addr.is_null() {
                 return Err(ctx(format!("params->layers[{l}].addr is NULL")));
@@ -990,31 +1106,192 @@ pub unsafe extern "C" fn objectcache_load(
                     g.slice_bytes()
                 )));
             }
-            // Only the first `need` bytes are ever written.
-            let len = usize::try_from(need).map_err(|_| ctx("load too large".into()))?;
-            let a = d.addr.addr();
+            ranges.push(vec![(d.addr.cast::<u8>(), len)]);
+        }
+        let hints = load_hints(p.priority, p.deadline_ms, p.compute_us_per_layer, g.layers);
+        let id = post_load(e, rid, g, hs, hints, ranges, &|l, _| format!("params->layers[{l}]"))?;
+        // SAFETY: checked by need_out above.
+        unsafe { out_val(out, token(id), "out")? };
+        Ok(OBJECTCACHE_OK)
+    })
+}
+
+/// Posts a layer-ordered load into paged destinations. See the header.
+///
+/// # Safety
+/// Pointers as the header states; destinations lie in registered memory (checked).
+#[no_mangle]
+pub unsafe extern "C" fn objectcache_load_paged(
+    engine: *mut objectcache_engine,
+    params: *const objectcache_paged_load_params,
+    out: *mut *mut objectcache_transfer,
+) -> objectcache_status {
+    guard("objectcache_load_paged", || {
+        let e = get_engine(engine)?;
+        need_out(out, "out")?;
+        // SAFETY: the header's contract on `params`.
+        let p = unsafe { in_struct(params, "params")? };
+        let rid = p.request_id;
+        let ctx = |m: String| invalid(format!("request {rid}: {m}"));
+        // SAFETY: the header's contract on the geometry and hashes.
+        let (g, hs) = unsafe { load_what(rid, p.geometry, p.hashes, p.hash_len, p.n_chunks)? };
+        let need = p.n_chunks as u64 * g.slice_bytes();
+        // SAFETY: the header's contract: n_layers x ranges_per_layer ranges.
+        let ranges = unsafe {
+            paged_ranges(p.ranges, p.ranges_per_layer, p.n_layers, g.layers, need, false)
+        }
+        .map_err(|m| ctx(m))?;
+        let hints = load_hints(p.priority, p.deadline_ms, p.compute_us_per_layer, g.layers);
+        let rpl = p.ranges_per_layer;
+        let id = post_load(e, rid, g, hs, hints, ranges, &|l, i| {
+            format!("params->ranges[{}] (layer {l} range {i})", l * rpl + i)
+        })?;
+        // SAFETY: checked by need_out above.
+        unsafe { out_val(out, token(id), "out")? };
+        Ok(OBJECTCACHE_OK)
+    })
+}
+
+/// The geometry and chunk hashes of a load, errors prefixed with the request id.
+///
+/// # Safety
+/// As [`geometry`] and [`hashes`].
+unsafe fn load_what(
+    rid: u64,
+    geometry: *const objectcache_geometry,
+    hashes: *const u8,
+    hash_len: usize,
+    n_chunks: usize,
+) -> Result<(KvGeometry, Vec<ChunkHash>), CErr> {
+    // SAFETY: forwarded contract.
+    let g = unsafe { self::geometry(geometry) }
+        .map_err(|x| err(x.code, format!("request {rid}: params->{}", x.msg)))?;
+    if n_chunks == 0 {
+        return Err(invalid(format!("request {rid}: params->n_chunks is 0")));
+    }
+    // SAFETY: forwarded contract.
+    let hs = unsafe { self::hashes(hashes, hash_len, n_chunks) }
+        .map_err(|x| err(x.code, format!("request {rid}: params->{}", x.msg)))?;
+    Ok((g, hs))
+}
+
+/// Reads `n_layers x per_layer` ranges (layer-major) and checks them: `n_layers` is the
+/// geometry's `layers`, every range is non-empty (and non-NULL), and each layer's ranges add
+/// up to exactly `need` bytes. Returns `(pointer, length)` per range, per layer. `source`
+/// names the ranges in messages as a save's sources rather than a load's destinations.
+///
+/// # Safety
+/// `p` is valid for `n_layers x per_layer` ranges when that is nonzero.
+unsafe fn paged_ranges(
+    p: *const objectcache_range,
+    per_layer: usize,
+    n_layers: usize,
+    layers: u32,
+    need: u64,
+    source: bool,
+) -> Result<Vec<Vec<(*mut u8, usize)>>, String> {
+    if n_layers != layers as usize {
+        return Err(format!(
+            "n_layers is {n_layers}, geometry has {layers} layers"
+        ));
+    }
+    if per_layer == 0 {
+        return Err("ranges_per_layer is 0".into());
+    }
+    let n = per_layer
+        .checked_mul(n_layers)
+        .ok_or_else(|| format!("{n_layers} layers x {per_layer} ranges overflow"))?;
+    // SAFETY: forwarded contract.
+    let all = unsafe { slice(p, n, "ranges") }.map_err(|e| e.msg)?;
+    let what = if source { "source" } else { "destination" };
+    let mut out = Vec::with_capacity(n_layers);
+    for (l, rs) in all.chunks_exact(per_layer).enumerate() {
+        let mut layer = Vec::with_capacity(per_layer);
+        let mut total: u64 = 0;
+        for (i, r) in rs.iter().enumerate() {
+            let at = format!("ranges[{}] (layer {l} range {i})", l * per_layer + i);
+            if r.addr.is_null() {
+                return Err(format!("{at}: addr is NULL"));
+            }
+            if r.len == 0 {
+                return Err(format!("{at}: len is 0"));
+            }
+            let len = usize::try_from(r.len)
+                .ok()
+                .filter(|&n| n <= isize::MAX as usize && r.addr.addr().checked_add(n).is_some())
+                .ok_or_else(|| format!("{at}: {:p} + {} bytes overflows", r.addr, r.len))?;
+            total = total.saturating_add(r.len);
+            layer.push((r.addr.cast::<u8>(), len));
+        }
+        if total != need {
+            return Err(format!(
+                "the {what} ranges of layer {l} add up to {total} bytes; the load's chunks \
+                 need exactly {need} per layer (n_chunks x slice bytes)"
+            ));
+        }
+        out.push(layer);
+    }
+    Ok(out)
+}
+
+/// Starts a load into `ranges` (per layer, `(pointer, length)` ranges taken in order as the
+/// layer's logical buffer; `label(l, i)` names range `i` of layer `l` in messages) and
+/// registers its transfer. Every range must lie inside one memory region registered with
+/// `e`, and no two ranges may share a byte. Device ranges (`cuda` builds) land in their
+/// region's staging twin and are copied to the device layer by layer.
+#[allow(clippy::too_many_arguments)]
+fn post_load(
+    e: Arc<EngineObj>,
+    rid: u64,
+    g: KvGeometry,
+    hs: Vec<ChunkHash>,
+    hints: LoadHints,
+    ranges: Vec<Vec<(*mut u8, usize)>>,
+    label: &dyn Fn(usize, usize) -> String,
+) -> Result<usize, CErr> {
+    let ctx = |m: String| invalid(format!("request {rid}: {m}"));
+    let regions = lock(&e.regions).clone();
+    // Where the bytes land (host memory: the range itself; device memory: its staging twin).
+    let mut raw: Vec<Vec<(*mut u8, usize)>> = Vec::with_capacity(ranges.len());
+    let mut used: Vec<Arc<RegionObj>> = Vec::new();
+    // (address, length, (layer, index)) of every range as named, and as landed.
+    let mut named = Vec::new();
+    let mut landed = Vec::new();
+    // Per layer: the host-to-device copies of device ranges (staging -> device).
+    #[cfg(feature = "cuda")]
+    let mut copies: Vec<Vec<crate::cuda::LayerCopy>> = Vec::with_capacity(ranges.len());
+    #[cfg(feature = "cuda")]
+    let mut load_device: Option<crate::cuda::Device> = None;
+    for (l, rs) in ranges.iter().enumerate() {
+        let mut layer_raw = Vec::with_capacity(rs.len());
+        #[cfg(feature = "cuda")]
+        let mut layer_copies = Vec::new();
+        for (i, &(p, len)) in rs.iter().enumerate() {
+            let a = p.addr();
             let end = a
                 .checked_add(len)
-                .ok_or_else(|| ctx(format!("params->layers[{l}] overflows")))?;
+                .ok_or_else(|| ctx(format!("{} overflows", label(l, i))))?;
             let Some(r) = regions
                 .iter()
                 .find(|r| a >= r.addr && end <= r.addr + r.len)
             else {
                 return Err(ctx(format!(
-                    "params->layers[{l}] ({a:#x}, {len} bytes) is not inside memory registered \
-                     with this engine"
+                    "{} ({a:#x}, {len} bytes) is not inside memory registered with this engine",
+                    label(l, i)
                 )));
             };
             if !used.iter().any(|u| u.id == r.id) {
                 used.push(r.clone());
             }
+            named.push((a, len, (l, i)));
             #[cfg(feature = "cuda")]
             if let Some((dev, staging)) = &r.device {
                 match &load_device {
                     Some(ld) if ld.ordinal() != dev.ordinal() => {
                         return Err(ctx(format!(
-                            "params->layers[{l}] is on device {}, other layers on device {}: \
-                             one load writes to one device",
+                            "{} is on device {}, other destinations on device {}: one load \
+                             writes to one device",
+                            label(l, i),
                             dev.ordinal(),
                             ld.ordinal()
                         )))
@@ -1024,93 +1301,83 @@ pub unsafe extern "C" fn objectcache_load(
                 }
                 // The load lands in the staging bytes at the same offset as the device range.
                 let src = staging.as_mut_ptr()?.wrapping_add(a - r.addr);
-                copies.push(vec![crate::cuda::LayerCopy {
+                layer_copies.push(crate::cuda::LayerCopy {
                     dst: a as u64,
                     src: src.addr(),
                     len,
-                }]);
-                raw.push((src, len));
+                });
+                landed.push((src.addr(), len, (l, i)));
+                layer_raw.push((src, len));
                 continue;
             }
-            #[cfg(feature = "cuda")]
-            copies.push(Vec::new());
-            raw.push((d.addr.cast(), len));
+            landed.push((a, len, (l, i)));
+            layer_raw.push((p, len));
         }
-        let mut sorted: Vec<(usize, usize, usize)> = raw
-            .iter()
-            .enumerate()
-            .map(|(l, &(p, n))| (p.addr(), n, l))
-            .collect();
-        sorted.sort_unstable();
-        for w in sorted.windows(2) {
-            if w[0].0 + w[0].1 > w[1].0 {
-                return Err(ctx(format!(
-                    "params->layers[{}] and params->layers[{}] overlap",
-                    w[0].2, w[1].2
-                )));
+        #[cfg(feature = "cuda")]
+        copies.push(layer_copies);
+        raw.push(layer_raw);
+    }
+    for set in [&mut named, &mut landed] {
+        if let Some(((l1, i1), (l2, i2))) = crate::connector::first_overlap(set) {
+            return Err(ctx(format!("{} and {} overlap", label(l1, i1), label(l2, i2))));
+        }
+    }
+    // SAFETY: every range lies in memory the caller registered (and so promised valid and
+    // writable until deregistered, which is refused while this transfer holds it) or in the
+    // staging twin of a registered device range (owned by that region); no two ranges share
+    // a byte (checked above, as named and as landed); and the caller promises not to touch
+    // them until the transfer is released (release waits for every in-flight copy).
+    let bufs = unsafe { LayerBuffers::from_raw_ranges(&raw) };
+    for r in &used {
+        r.users.fetch_add(1, Ordering::AcqRel);
+    }
+    e.live_transfers.fetch_add(1, Ordering::AcqRel);
+    let handle = match e.engine.load(
+        LoadRequest {
+            hints,
+            geometry: g,
+            hashes: hs,
+        },
+        bufs,
+    ) {
+        Ok(h) => h,
+        Err(x) => {
+            for r in &used {
+                r.users.fetch_sub(1, Ordering::AcqRel);
             }
+            e.live_transfers.fetch_sub(1, Ordering::AcqRel);
+            return Err(err(error_code(&x), format!("request {rid}: {x}")));
         }
-        // SAFETY: every region lies in memory the caller registered (and so promised valid
-        // and writable until deregistered, which is refused while this transfer holds it),
-        // the regions do not overlap, and the caller promises not to touch them until the
-        // transfer is released (release waits for every in-flight copy).
-        let bufs = unsafe { LayerBuffers::from_raw(&raw) };
-        for r in &used {
-            r.users.fetch_add(1, Ordering::AcqRel);
-        }
-        e.live_transfers.fetch_add(1, Ordering::AcqRel);
-        let handle = match e.engine.load(
-            LoadRequest {
-                hints: load_hints(p.priority, p.deadline_ms, p.compute_us_per_layer, g.layers),
-                geometry: g,
-                hashes: hs,
-            },
-            bufs,
-        ) {
-            Ok(h) => h,
+    };
+    let handle = Arc::new(handle);
+    #[cfg(feature = "cuda")]
+    let device = match load_device {
+        None => None,
+        // SAFETY: every copy's source is the staging twin of a registered device range
+        // (pinned, owned by a region this transfer holds busy until released, and written
+        // only by this load); every destination is that device range, checked at
+        // registration; release drops the DeviceLoad (waiting for its copies) before
+        // letting the regions go.
+        Some(dev) => match unsafe { crate::cuda::DeviceLoad::start(&dev, handle.clone(), copies) } {
+            Ok(d) => Some(d),
             Err(x) => {
+                handle.cancel();
                 for r in &used {
                     r.users.fetch_sub(1, Ordering::AcqRel);
                 }
                 e.live_transfers.fetch_sub(1, Ordering::AcqRel);
                 return Err(err(error_code(&x), format!("request {rid}: {x}")));
             }
-        };
-        let handle = Arc::new(handle);
+        },
+    };
+    Ok(insert(Obj::Transfer(Arc::new(TransferObj {
+        engine: e,
+        handle,
         #[cfg(feature = "cuda")]
-        let device = match load_device {
-            None => None,
-            // SAFETY: every copy's source is the staging twin of a registered device range
-            // (pinned, owned by a region this transfer holds busy until released, and written
-            // only by this load); every destination is that device range, checked at
-            // registration; release drops the DeviceLoad (waiting for its copies) before
-            // letting the regions go.
-            Some(dev) => {
-                match unsafe { crate::cuda::DeviceLoad::start(&dev, handle.clone(), copies) } {
-                    Ok(d) => Some(d),
-                    Err(x) => {
-                        handle.cancel();
-                        for r in &used {
-                            r.users.fetch_sub(1, Ordering::AcqRel);
-                        }
-                        e.live_transfers.fetch_sub(1, Ordering::AcqRel);
-                        return Err(err(error_code(&x), format!("request {rid}: {x}")));
-                    }
-                }
-            }
-        };
-        let id = insert(Obj::Transfer(Arc::new(TransferObj {
-            engine: e,
-            handle,
-            #[cfg(feature = "cuda")]
-            device,
-            regions: used,
-            request_id: rid,
-        })));
-        // SAFETY: checked by need_out above.
-        unsafe { out_val(out, token(id), "out")? };
-        Ok(OBJECTCACHE_OK)
-    })
+        device,
+        regions: used,
+        request_id: rid,
+    }))))
 }
 
 /// The scheduling hints of `objectcache_load_params` as the Rust API's [`LoadHints`]:

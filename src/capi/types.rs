@@ -123,7 +123,41 @@ pub struct objectcache_geometry {
     pub tp_world: u32,
     /// Model identifier (NUL-terminated).
     pub model: *const c_char,
+    /// The engine's KV layout name (NUL-terminated), or NULL for ObjectCache's canonical
+    /// layout. Added in ABI version 1: a caller whose `struct_size` is
+    /// [`GEOMETRY_SIZE_NO_LAYOUT`] has neither this nor the next two fields.
+    pub layout: *const c_char,
+    /// Tokens per engine block of `layout` (0 without a layout).
+    pub block_size: u32,
+    /// Reserved (0).
+    pub _reserved: u32,
 }
+
+/// `sizeof(objectcache_geometry)` before the layout fields were added to it (40 bytes on
+/// LP64): still accepted as `struct_size`, meaning "no layout".
+pub const GEOMETRY_SIZE_NO_LAYOUT: usize = std::mem::offset_of!(objectcache_geometry, layout);
+
+/// The fields of `objectcache_geometry` as first released (before `layout`), for reading a
+/// caller's struct whose `struct_size` is [`GEOMETRY_SIZE_NO_LAYOUT`] without reading past it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct objectcache_geometry_no_layout {
+    pub struct_size: u32,
+    pub layers: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    pub dtype: u32,
+    pub tokens_per_chunk: u32,
+    pub tp_rank: u32,
+    pub tp_world: u32,
+    pub model: *const c_char,
+}
+
+const _: () = assert!(
+    std::mem::size_of::<objectcache_geometry_no_layout>() == GEOMETRY_SIZE_NO_LAYOUT
+        && std::mem::align_of::<objectcache_geometry_no_layout>()
+            <= std::mem::align_of::<objectcache_geometry>()
+);
 
 /// Hashing parameters (see [`crate::hash::HashParams`]).
 #[repr(C)]
@@ -147,6 +181,47 @@ pub struct objectcache_layer_dest {
     pub addr: *mut c_void,
     /// Bytes available.
     pub len: u64,
+}
+
+/// One byte range of caller memory (`objectcache_range`): a paged destination or source.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct objectcache_range {
+    /// First byte.
+    pub addr: *mut c_void,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// Parameters of a paged load (`objectcache_load_paged`): as [`objectcache_load_params`],
+/// with each layer's destination a list of ranges.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct objectcache_paged_load_params {
+    /// `sizeof(objectcache_paged_load_params)`.
+    pub struct_size: u32,
+    /// Scheduling hint (advisory).
+    pub priority: u32,
+    /// Caller's request id.
+    pub request_id: u64,
+    /// Scheduling hint: wanted layer-0 time in ms (advisory).
+    pub deadline_ms: u64,
+    /// Scheduling hint: compute time per layer in µs (advisory).
+    pub compute_us_per_layer: u64,
+    /// Geometry.
+    pub geometry: *const objectcache_geometry,
+    /// Packed chunk hashes.
+    pub hashes: *const u8,
+    /// Bytes per hash.
+    pub hash_len: usize,
+    /// Number of chunks.
+    pub n_chunks: usize,
+    /// `n_layers x ranges_per_layer` destination ranges, layer-major.
+    pub ranges: *const objectcache_range,
+    /// Ranges of each layer.
+    pub ranges_per_layer: usize,
+    /// Number of layers (= geometry layers).
+    pub n_layers: usize,
 }
 
 /// Load parameters.
@@ -310,6 +385,9 @@ macro_rules! abi_struct {
             if name == b"objectcache_layer_dest" {
                 return std::mem::size_of::<objectcache_layer_dest>();
             }
+            if name == b"objectcache_range" {
+                return std::mem::size_of::<objectcache_range>();
+            }
             0
         }
     };
@@ -319,6 +397,7 @@ abi_struct!(
     objectcache_geometry,
     objectcache_hash_params,
     objectcache_load_params,
+    objectcache_paged_load_params,
     objectcache_save_report,
     objectcache_metrics,
     objectcache_transfer_stats,
