@@ -112,5 +112,43 @@ fn protocol_regressions_and_hostile_frames() {
         gather_descriptor(&f);
         n += 2;
     }
+    // Hostile load-group blocks (descriptor flag bit 2): a valid striped descriptor with
+    // each byte of its block, and of its flags, set to 0x00 and 0xff, and cut anywhere.
+    let g = geometry();
+    let kb = objectcache::layout::KeyBuilder::new("fuzz", &g, objectcache::layout::HashAlgo::Sha256Cbor).unwrap();
+    let mut req = objectcache::protocol::GatherRequest::for_prefix(
+        1,
+        "kv-test",
+        &kb,
+        &g,
+        vec![objectcache::ChunkHash::from_digest([3; 32]); 2],
+        vec![g.tokens_per_chunk; 2],
+    );
+    req.group = Some(objectcache::protocol::LoadGroup {
+        load_id: u64::MAX,
+        stripe: 1,
+        stripes: 2,
+        load_layer_bytes: 2 * req.layer_bytes(),
+    });
+    let mut body = bytes::BytesMut::new();
+    req.encode(&mut body);
+    assert_eq!(objectcache::protocol::GatherRequest::decode(&body, 4096).unwrap(), req);
+    let block = body.len() - 20;
+    for at in (10..12).chain(block..body.len()) {
+        for v in [0x00u8, 0xff] {
+            let mut b = body.to_vec();
+            b[at] = v;
+            gather_descriptor(&b);
+            let mut f = vec![0x02, 0, 0, 0];
+            f.extend_from_slice(&(b.len() as u32).to_le_bytes());
+            f.extend_from_slice(&b);
+            frame_decoder(&f);
+            n += 2;
+        }
+    }
+    for cut in block..body.len() {
+        gather_descriptor(&body[..cut]);
+        n += 1;
+    }
     println!("SECURITY|protocol fuzz regressions + hostile frames replayed|{n}|no panic");
 }

@@ -7,7 +7,7 @@
 use super::load::{ChunkStatus, LoadRequest, Shared};
 use crate::error::LayerError;
 use crate::layout::KeyBuilder;
-use crate::protocol::{ChunkKeys, GatherRequest, MissReason};
+use crate::protocol::{ChunkKeys, GatherRequest, LoadGroup, MissReason, ServerInfo};
 use crate::store::GatherTarget;
 use crate::transport::discovery::{probe_capabilities, Capabilities};
 use crate::transport::tcp::{GatherClient, GatherError};
@@ -100,6 +100,20 @@ pub(crate) async fn offered(probe: &Arc<Mutex<Probe>>, target: &GatherTarget) ->
         let _ = tokio::time::timeout(PROBE_WAIT, rx.changed()).await;
     }
     matches!(*probe.lock().expect("lock"), Probe::Offered(_))
+}
+
+/// A load id for the stripes of one load: unique within this process (a counter) and, with
+/// a random base drawn once per process, across the clients of one server.
+fn next_load_id() -> u64 {
+    static BASE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let base = *BASE.get_or_init(|| {
+        let mut b = [0u8; 8];
+        // Without OS randomness the ids are still unique within this process.
+        let _ = getrandom::fill(&mut b);
+        u64::from_le_bytes(b)
+    });
+    base.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// Result of trying gather for one load.
@@ -339,6 +353,14 @@ pub(crate) async fn try_gather(
     let n = clients.len();
     let slice = req.geometry.slice_bytes();
     let step = Arc::new(Lockstep::new(n, 0));
+    // A server that schedules loads (not connections) is told which requests are stripes of
+    // this load, so it admits and paces them as one and sends them in the load's layer-major
+    // order (`docs/protocol.md`, "Striped loads"). Without it each stripe is a load of its own.
+    let group = (n > 1
+        && clients
+            .iter()
+            .all(|c| c.server_info().features & ServerInfo::FEATURE_LOAD_GROUPS != 0))
+    .then(|| (next_load_id(), chunks as u64 * slice));
     // The stripe tasks stop when this future is dropped (the load's deadline passed), as
     // well as when the load is cancelled or its handle dropped (`Shared::tasks`).
     let mut guards = Vec::with_capacity(n);
@@ -357,6 +379,12 @@ pub(crate) async fn try_gather(
         // layer), and the first layer's slices are sent as each is read.
         greq.verify = false;
         greq.max_unit_bytes = unit_bytes_for(&req.geometry);
+        greq.group = group.map(|(load_id, load_layer_bytes)| LoadGroup {
+            load_id,
+            stripe: i as u16,
+            stripes: n as u16,
+            load_layer_bytes,
+        });
         sh.requests.fetch_add(1, Ordering::Relaxed);
         let sink = Stripe {
             sh: sh.clone(),

@@ -228,6 +228,12 @@ impl ClientConnection {
                 "the server does not offer RDMA",
             ));
         }
+        if req.group.is_some() && info.features & ServerInfo::FEATURE_LOAD_GROUPS == 0 {
+            return Err(ProtocolError::invalid(
+                "load group",
+                "the server does not schedule striped loads as one (no load-group feature)",
+            ));
+        }
         let b = self.encode_control(&Frame::Gather(Box::new(req.clone())), info)?;
         self.transmit.push_back(b);
         self.current = Some(Current {

@@ -294,10 +294,37 @@ pub struct GatherRequest {
     pub hints: SchedHints,
     /// Transport target.
     pub target: TransportTarget,
+    /// The load this request is one stripe of, when the client stripes a load over several
+    /// connections (descriptor flag bit 2; only sent to a server announcing
+    /// [`crate::protocol::ServerInfo::FEATURE_LOAD_GROUPS`]). `None`: the request is a load
+    /// of its own.
+    pub group: Option<LoadGroup>,
 }
+
+/// Names the load a request is one stripe of (`docs/protocol.md`, "Striped loads"): every
+/// stripe of one load carries the same load id, stripe count and whole-load layer size, so
+/// the server admits the load once, registers it once with its link scheduler, and sends
+/// the stripes' units in the whole load's layer-major order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadGroup {
+    /// Client-chosen id shared by the stripes of one load (unique per client and load; the
+    /// connector draws a random base per engine and adds its request counter).
+    pub load_id: u64,
+    /// This request's stripe, `0..stripes`.
+    pub stripe: u16,
+    /// Stripes of the load, `1..=`[`MAX_STRIPES`].
+    pub stripes: u16,
+    /// Payload bytes of each requested layer of the whole load (every stripe's part of the
+    /// layer together), at least this request's own [`GatherRequest::layer_bytes`].
+    pub load_layer_bytes: u64,
+}
+
+/// Most stripes one load may be split into.
+pub const MAX_STRIPES: u16 = 64;
 
 const FLAG_VERIFY: u16 = 1;
 const FLAG_HASHED: u16 = 2;
+const FLAG_GROUP: u16 = 4;
 
 impl GatherRequest {
     /// A layer-major request for all layers of `g`, keys from `kb` and `hashes`, 16 MiB units,
@@ -323,6 +350,7 @@ impl GatherRequest {
             priority: 128,
             hints: SchedHints::None,
             target: TransportTarget::InlineTcp,
+            group: None,
         }
     }
 
@@ -457,6 +485,31 @@ impl GatherRequest {
                 }
             }
         }
+        if let Some(gr) = &self.group {
+            if gr.stripes == 0 || gr.stripes > MAX_STRIPES || gr.stripe >= gr.stripes {
+                return Err(ProtocolError::invalid(
+                    "load group",
+                    format!(
+                        "stripe {} of {} (allowed: stripe < stripes, 1..={MAX_STRIPES} stripes)",
+                        gr.stripe, gr.stripes
+                    ),
+                ));
+            }
+            let own = self.layer_bytes();
+            // No stripe of the load is larger than the largest request the server accepts.
+            let most = gr.stripes as u64
+                * MAX_CHUNKS_HARD as u64
+                * self.geometry.slice_len(self.geometry.tokens_per_chunk);
+            if gr.load_layer_bytes < own || gr.load_layer_bytes > most {
+                return Err(ProtocolError::invalid(
+                    "load group",
+                    format!(
+                        "the load's layer is {} bytes; this stripe's is {own} and {} stripes hold at most {most}",
+                        gr.load_layer_bytes, gr.stripes
+                    ),
+                ));
+            }
+        }
         if let TransportTarget::Rdma(t) = &self.target {
             let r = &t.regions;
             if t.slot >= RDMA_SLOTS {
@@ -512,6 +565,9 @@ impl GatherRequest {
         if matches!(self.chunks, ChunkKeys::Hashed { .. }) {
             flags |= FLAG_HASHED;
         }
+        if self.group.is_some() {
+            flags |= FLAG_GROUP;
+        }
         out.put_u16_le(flags);
         out.put_u32_le(self.max_unit_bytes);
         self.geometry.encode(out);
@@ -563,6 +619,12 @@ impl GatherRequest {
                 out.put_u8(t.slot);
             }
         }
+        if let Some(gr) = &self.group {
+            out.put_u64_le(gr.load_id);
+            out.put_u16_le(gr.stripe);
+            out.put_u16_le(gr.stripes);
+            out.put_u64_le(gr.load_layer_bytes);
+        }
     }
 
     /// Decodes a descriptor body and validates it against `max_chunks`.
@@ -584,7 +646,7 @@ impl GatherRequest {
             }
         };
         let flags = r.u16()?;
-        if flags & !(FLAG_VERIFY | FLAG_HASHED) != 0 {
+        if flags & !(FLAG_VERIFY | FLAG_HASHED | FLAG_GROUP) != 0 {
             return Err(ProtocolError::invalid(
                 "flags",
                 format!("unknown flag bits 0x{flags:04x}"),
@@ -659,6 +721,16 @@ impl GatherRequest {
                 ))
             }
         };
+        let group = if flags & FLAG_GROUP != 0 {
+            Some(LoadGroup {
+                load_id: r.u64()?,
+                stripe: r.u16()?,
+                stripes: r.u16()?,
+                load_layer_bytes: r.u64()?,
+            })
+        } else {
+            None
+        };
         r.finish()?;
         let req = GatherRequest {
             request_id,
@@ -673,6 +745,7 @@ impl GatherRequest {
             priority,
             hints,
             target,
+            group,
         };
         req.validate(max_chunks)?;
         Ok(req)

@@ -229,7 +229,8 @@ impl ErrorCode {
 pub struct ServerInfo {
     /// Version chosen.
     pub version: u16,
-    /// Feature bits: 1 = gather over TCP, 2 = batched save, 4 = RDMA target.
+    /// Feature bits: 1 = gather over TCP, 2 = batched save, 4 = RDMA target, 8 =
+    /// authenticated, 16 = load groups.
     pub features: u32,
     /// Largest descriptor body accepted, bytes.
     pub max_descriptor_bytes: u32,
@@ -248,6 +249,10 @@ impl ServerInfo {
     pub const FEATURE_RDMA: u32 = 4;
     /// Feature bit (version 2): this connection was authenticated with an access key.
     pub const FEATURE_AUTH: u32 = 8;
+    /// Feature bit (version 2): the server schedules striped loads as one load: it accepts
+    /// the descriptor's load-group block (flag bit 2, [`crate::protocol::LoadGroup`]).
+    /// Clients send the block only to servers announcing this bit.
+    pub const FEATURE_LOAD_GROUPS: u32 = 16;
 }
 
 /// The 24-byte header of a `Unit` frame body.

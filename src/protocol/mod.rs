@@ -22,9 +22,9 @@ mod wire;
 
 pub use client::{ClientConnection, ClientEvent};
 pub use descriptor::{
-    plan_units, unit_indices, ChunkKeys, DeliveryOrder, GatherRequest, RdmaRegion, RdmaTarget,
-    SaveChunk, SaveRequest, SchedHints, SlicePiece, TransportTarget, UnitPlan, WireGeometry,
-    RDMA_MAX_LAYERS, RDMA_MAX_UNITS_PER_LAYER, RDMA_SLOTS,
+    plan_units, unit_indices, ChunkKeys, DeliveryOrder, GatherRequest, LoadGroup, RdmaRegion,
+    RdmaTarget, SaveChunk, SaveRequest, SchedHints, SlicePiece, TransportTarget, UnitPlan,
+    WireGeometry, MAX_STRIPES, RDMA_MAX_LAYERS, RDMA_MAX_UNITS_PER_LAYER, RDMA_SLOTS,
 };
 pub use frame::{
     decode_frame, decode_unit_prefix, encode_frame_header, ErrorCode, Frame, FrameHeader,
@@ -176,6 +176,110 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn load_group_block_round_trips_and_is_checked() {
+        let mut r = req(4, 256);
+        let own = r.layer_bytes();
+        r.group = Some(LoadGroup {
+            load_id: 0x0123_4567_89ab_cdef,
+            stripe: 1,
+            stripes: 2,
+            load_layer_bytes: 2 * own,
+        });
+        let mut b = BytesMut::new();
+        r.encode(&mut b);
+        let mut plain = BytesMut::new();
+        GatherRequest { group: None, ..r.clone() }.encode(&mut plain);
+        // Flag bit 2 and 20 bytes at the end: load id, stripe, stripes, load layer bytes.
+        assert_eq!(b.len(), plain.len() + 20);
+        assert_eq!(u16::from_le_bytes([b[10], b[11]]) & 4, 4);
+        assert_eq!(&b[b.len() - 20..b.len() - 12], &0x0123_4567_89ab_cdefu64.to_le_bytes());
+        assert_eq!(&b[b.len() - 12..b.len() - 8], &[1, 0, 2, 0]);
+        assert_eq!(&b[b.len() - 8..], &(2 * own).to_le_bytes());
+        assert_eq!(GatherRequest::decode(&b, 4096).unwrap(), r);
+        for n in 0..b.len() {
+            assert!(GatherRequest::decode(&b[..n], 4096).is_err(), "prefix {n}");
+        }
+        // The flag without the block, or the block without the flag: refused.
+        let mut flag_only = plain.clone();
+        flag_only[10] |= 4;
+        assert!(GatherRequest::decode(&flag_only, 4096).is_err());
+        let mut block_only = b.clone();
+        block_only[10] &= !4;
+        assert!(GatherRequest::decode(&block_only, 4096).is_err());
+        for (stripe, stripes, bytes, field) in [
+            (2u16, 2u16, 2 * own, "stripe 2 of 2"),
+            (0, 0, own, "stripe 0 of 0"),
+            (0, MAX_STRIPES + 1, own, "of 65"),
+            (0, 2, own - 1, "this stripe's is"),
+            (0, 2, u64::MAX, "this stripe's is"),
+        ] {
+            let mut bad = r.clone();
+            bad.group = Some(LoadGroup { load_id: 1, stripe, stripes, load_layer_bytes: bytes });
+            let e = bad.validate(4096).unwrap_err().to_string();
+            assert!(e.contains("load group") && e.contains(field), "{e}");
+            let mut w = BytesMut::new();
+            bad.encode(&mut w);
+            assert!(GatherRequest::decode(&w, 4096).is_err());
+        }
+    }
+
+    #[test]
+    fn load_groups_need_the_feature_bit_on_both_sides() {
+        let mut r = req(2, 256);
+        r.group = Some(LoadGroup {
+            load_id: 5,
+            stripe: 0,
+            stripes: 2,
+            load_layer_bytes: 2 * r.layer_bytes(),
+        });
+        let connected = |features: u32| {
+            let mut c = ClientConnection::new();
+            let mut s = ServerConnection::new(ServerLimits {
+                features,
+                ..Default::default()
+            });
+            let mut b = BytesMut::new();
+            while let Some(x) = c.poll_transmit() {
+                b.extend_from_slice(&x);
+            }
+            s.handle_bytes(&mut b).unwrap();
+            while let Some(x) = s.poll_transmit() {
+                b.extend_from_slice(&x);
+            }
+            c.handle_bytes(&mut b).unwrap();
+            let Some(ClientEvent::Connected(info)) = c.poll_event() else {
+                panic!("no hello")
+            };
+            (c, s, info)
+        };
+        // Announced (the default): the block goes through.
+        let (mut c, mut s, info) = connected(ServerLimits::default().features);
+        assert_ne!(info.features & ServerInfo::FEATURE_LOAD_GROUPS, 0);
+        c.start_gather(&r).unwrap();
+        let mut b = BytesMut::new();
+        while let Some(x) = c.poll_transmit() {
+            b.extend_from_slice(&x);
+        }
+        s.handle_bytes(&mut b).unwrap();
+        let Some(ServerEvent::Gather(g)) = s.poll_event() else {
+            panic!("no gather")
+        };
+        assert_eq!(g.group, r.group);
+        // Not announced (an older server): the client does not send it...
+        let old = ServerInfo::FEATURE_GATHER_TCP | ServerInfo::FEATURE_SAVE;
+        let (mut c, mut s, info) = connected(old);
+        assert_eq!(info.features & ServerInfo::FEATURE_LOAD_GROUPS, 0);
+        let e = c.start_gather(&r).unwrap_err().to_string();
+        assert!(e.contains("load group"), "{e}");
+        // ...and a server that did not announce it refuses one sent anyway.
+        let mut b = BytesMut::new();
+        Frame::Gather(Box::new(r.clone())).encode(&mut b);
+        let e = s.handle_bytes(&mut b).unwrap_err().to_string();
+        assert!(e.contains("load group"), "{e}");
+        assert!(s.is_closed());
     }
 
     #[test]

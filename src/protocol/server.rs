@@ -26,7 +26,9 @@ impl Default for ServerLimits {
             max_descriptor_bytes: 1 << 20,
             max_chunks: 4096,
             max_request_bytes: 256 << 20,
-            features: ServerInfo::FEATURE_GATHER_TCP | ServerInfo::FEATURE_SAVE,
+            features: ServerInfo::FEATURE_GATHER_TCP
+                | ServerInfo::FEATURE_SAVE
+                | ServerInfo::FEATURE_LOAD_GROUPS,
         }
     }
 }
@@ -285,6 +287,12 @@ impl ServerConnection {
                     .push_back(ServerEvent::Authenticate { access_key, mac });
             }
             (State::Idle, Frame::Gather(g)) => {
+                if g.group.is_some() && self.limits.features & ServerInfo::FEATURE_LOAD_GROUPS == 0 {
+                    return Err(ProtocolError::invalid(
+                        "flags",
+                        "bit 2 (load group) needs the load-group feature, which this server does not announce",
+                    ));
+                }
                 self.state = State::Gathering;
                 self.events.push_back(ServerEvent::Gather(g));
             }

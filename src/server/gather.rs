@@ -795,13 +795,17 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
         crate::protocol::SchedHints::LayerComputeUs(v) => v.first().map(|&d| d as u64),
         crate::protocol::SchedHints::None => None,
     };
+    // The load this request belongs to (its stripes share admission and pacing; see group.rs).
+    let member = super::group::Member::join(&sh.loads, &req);
+    let nl = req.layers.len() as u64;
+    let load_total = req.group.map_or(total, |g| g.load_layer_bytes.saturating_mul(nl));
     let slot = tokio::select! {
-        s = super::admit(sh, req.priority, first_deadline_us, total) => s,
+        s = member.admit(sh, req.priority, first_deadline_us, load_total) => s,
         a = io.next_signal() => return match a { Abort::Cancelled => { io.conn.finish(id, 0, 0); io.flush(sh).await } a => Err(a) },
         _ = sh.shutdown.cancelled() => { io.conn.close_with(ErrorCode::ShuttingDown, "server is shutting down"); let _ = io.flush(sh).await; return Err(Abort::Shutdown) }
     };
-    let _slot = match slot {
-        Ok(s) => s,
+    match slot {
+        Ok(()) => {}
         Err(msg) => {
             refuse(io, ErrorCode::Busy, msg);
             return io.flush(sh).await;
@@ -810,12 +814,18 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
 
     io.conn.accept(id, plan.len() as u64, total);
     io.flush(sh).await?;
-    // Under a bandwidth cap the link scheduler paces this load's units (`crate::link`); dropping
-    // `paced` is the load's departure.
-    let paced = match &sh.link {
-        Some(link) => link.register(layer_bytes_of(&plan), &req.hints).ok(),
-        None => None,
-    };
+    // Under a bandwidth cap the link scheduler paces the load's units (`crate::link`), once
+    // per load whatever its stripes; the load's departure is when its last stripe ends.
+    if let Some(link) = &sh.link {
+        member.start_pacing(
+            link,
+            || match req.group {
+                Some(g) => vec![g.load_layer_bytes; req.layers.len()],
+                None => layer_bytes_of(&plan),
+            },
+            &req.hints,
+        );
+    }
     // Reads run in their own task, ahead of the socket: while unit u is being written, units
     // u+1.. are read (bounded by `depth` units and the server's memory budget). The header
     // checks run alongside; nothing is sent before they are known.
@@ -938,9 +948,9 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
                     // Every chunk misses: nothing to send.
                     break;
                 }
-                if let Some(p) = &paced {
+                if member.is_paced() {
                     tokio::select! {
-                        _ = p.pace(f.plan.len) => {}
+                        _ = member.pace(f.plan.layer, f.plan.len) => {}
                         a = io.next_signal() => match a { Abort::Cancelled => break, a => return Err(a) },
                         _ = &mut grace => {
                             sh.metrics.error("shutdown_abort");
@@ -995,6 +1005,7 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
                             Ok(()) => {
                                 units += 1;
                                 bytes += len;
+                                sh.metrics.bytes("gather_out", len);
                             }
                             Err(msg) => {
                                 sh.metrics.error("rdma");
@@ -1018,11 +1029,10 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
                     }
                     units += 1;
                     bytes += len;
+                    sh.metrics.bytes("gather_out", len);
                 }
                 io.flush(sh).await?;
-                if let Some(p) = &paced {
-                    p.sent(f.plan.len);
-                }
+                member.sent(f.plan.len);
                 drop(f._hold);
                 if units > 0 && !ttfl_seen {
                     ttfl_seen = true;
@@ -1053,7 +1063,6 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
         }
         units = ok;
     }
-    sh.metrics.bytes("gather_out", bytes);
     io.conn.finish(id, units, bytes);
     tracing::debug!(
         request = id,

@@ -129,6 +129,17 @@ impl Metrics {
             })
             .inc_by(n);
     }
+    /// Payload bytes counted in `direction` since start (as exported in
+    /// `objectcache_server_bytes_total`). `gather_out` grows as each unit is written to the
+    /// client's socket (or each RDMA write completes), so its rate over time is the server's
+    /// gather send rate.
+    pub fn bytes_total(&self, direction: &str) -> u64 {
+        self.bytes
+            .get_or_create(&DirLabel {
+                direction: direction.into(),
+            })
+            .get()
+    }
     /// Counts one error of `kind`.
     pub fn error(&self, kind: &str) {
         self.errors

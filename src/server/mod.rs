@@ -16,6 +16,7 @@
 
 pub mod config;
 mod gather;
+mod group;
 #[cfg(feature = "rdma")]
 mod gather_rdma;
 pub mod metrics;
@@ -70,6 +71,8 @@ pub(crate) struct Shared {
     pub(crate) shutdown: CancellationToken,
     admission: Mutex<Admission>,
     next_id: AtomicU64,
+    /// Striped loads being served (their stripes share admission and pacing).
+    pub(crate) loads: group::Loads,
     /// RDMA gather sessions (feature `rdma`, when a device exists).
     #[cfg(feature = "rdma")]
     pub(crate) rdma: Option<Arc<crate::transport::rdma::SessionRegistry>>,
@@ -86,6 +89,7 @@ impl Shared {
             max_request_bytes: self.cfg.max_request_bytes,
             features: ServerInfo::FEATURE_GATHER_TCP
                 | ServerInfo::FEATURE_SAVE
+                | ServerInfo::FEATURE_LOAD_GROUPS
                 | self.rdma_feature(),
         }
     }
@@ -295,6 +299,7 @@ pub async fn start_with_store(
             waiting: HashMap::new(),
         }),
         next_id: AtomicU64::new(1),
+        loads: group::Loads::default(),
         shutdown: CancellationToken::new(),
         buckets: buckets.clone(),
         metrics: metrics.clone(),
@@ -492,6 +497,8 @@ async fn http_route(
                         "transports": if l.features & ServerInfo::FEATURE_RDMA != 0 { vec!["tcp", "rdma"] } else { vec!["tcp"] },
                         "same_port": true,
                         "batched_save": true,
+                        // Striped loads are admitted and paced as one (descriptor flag bit 2).
+                        "load_groups": true,
                         "max_descriptor_bytes": l.max_descriptor_bytes,
                         "max_chunks": l.max_chunks,
                         "max_request_bytes": l.max_request_bytes,
