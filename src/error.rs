@@ -75,6 +75,16 @@ pub enum StoreError {
         /// What timed out.
         message: String,
     },
+    /// The endpoint does not behave as ObjectCache needs (e.g. it ignores `If-None-Match: *`
+    /// on PUT, so first-writer-wins publication cannot be guaranteed); the message names the
+    /// behaviour seen. Final for the endpoint: retrying does not help.
+    #[error("{backend} is not usable for this operation: {message}")]
+    Incompatible {
+        /// Backend name.
+        backend: &'static str,
+        /// What the endpoint did, and what was expected.
+        message: String,
+    },
     /// Any other backend failure (I/O error, HTTP 5xx after retries, transport error).
     #[error("{backend}: {message}")]
     Other {

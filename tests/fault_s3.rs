@@ -269,7 +269,8 @@ fn interrupted_save_leaves_no_visible_partial_prefix() {
             let p2 = puts.clone();
             let fk = fault.clone();
             let proxy = FaultProxy::http(addr, move |r| {
-                if r.method != "PUT" {
+                // The store's one conditional-PUT check (case C17) is not a PUT of the save.
+                if r.method != "PUT" || r.path().contains("/_objectcache/") {
                     return Fault::Pass;
                 }
                 let mut n = p2.lock().unwrap();
@@ -338,5 +339,152 @@ fn interrupted_save_leaves_no_visible_partial_prefix() {
         "save interrupted at each PUT (500 every try; reset; response lost after the write)",
         cases,
         "lookup = published prefix only; every hit byte-exact; no marker without data",
+    );
+}
+
+/// Case C17: an S3 endpoint whose conditional PUT is broken, in two ways (it ignores
+/// `If-None-Match: *`: the proxy turns the real server's 412 into 200; or it answers every
+/// create-only PUT with 412). The
+/// store checks once (a create-only PUT of a new key must succeed, a second must get 412)
+/// and refuses every save with an error naming the problem, so two writers of one chunk can
+/// never leave a torn or mixed entry; loads of what is stored still work.
+#[test]
+fn c17_broken_conditional_put_is_detected_and_saves_are_refused() {
+    let Some((addr, ns)) = endpoint() else { return };
+    let g = geometry();
+    let hs = hashes(&g, CHUNKS * g.tokens_per_chunk as usize, 17);
+    let data = kv(&g, CHUNKS, 17);
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    // Saved directly (the real server honours If-None-Match): loads through the broken
+    // endpoints below still work.
+    engine_on(s3(&format!("http://{addr}")), &ns, Duration::from_secs(20))
+        .save_blocking(&g, &hs, &refs)
+        .unwrap();
+    let ignores = |r: &fault_proxy::Request| {
+        if r.method == "PUT" && r.header("if-none-match").is_some() {
+            Fault::ReplaceStatus(412, 200)
+        } else {
+            Fault::Pass
+        }
+    };
+    let refuses = |r: &fault_proxy::Request| {
+        if r.method == "PUT" && r.header("if-none-match").is_some() {
+            Fault::Status(412, "PreconditionFailed")
+        } else {
+            Fault::Pass
+        }
+    };
+    let cases: [(&str, Box<dyn Fn(&fault_proxy::Request) -> Fault + Send + Sync>, &str); 2] = [
+        ("ignores If-None-Match", Box::new(ignores), "ignores If-None-Match"),
+        ("refuses every create-only PUT", Box::new(refuses), "refused a create-only PUT"),
+    ];
+    for (name, rule, want) in cases {
+        let proxy = FaultProxy::http(addr, rule);
+        let e = engine_on(s3(&proxy.url()), &ns, Duration::from_secs(20));
+        let other = hashes(&g, CHUNKS * g.tokens_per_chunk as usize, 1700);
+        let err = e.save_blocking(&g, &other, &refs).unwrap_err().to_string();
+        assert!(err.contains(want) && err.contains("If-None-Match"), "{name}: {err}");
+        // Checked once per store: the second save is refused without a new probe.
+        let probes = |p: &FaultProxy| {
+            p.requests()
+                .iter()
+                .filter(|r| r.path().contains("_objectcache/conditional-put-check"))
+                .filter(|r| r.method == "PUT")
+                .count()
+        };
+        let before = probes(&proxy);
+        assert!(e.save_blocking(&g, &other, &refs).is_err());
+        assert_eq!(probes(&proxy), before, "{name}: the verdict is cached");
+        // Nothing of the refused saves became visible.
+        assert_eq!(e.lookup_blocking(&g, &other).unwrap(), 0, "{name}");
+        // What is stored still loads, byte-exact.
+        assert_eq!(e.lookup_blocking(&g, &hs).unwrap(), CHUNKS, "{name}");
+        let h = e
+            .load(
+                LoadRequest::new(g.clone(), hs.clone()),
+                LayerBuffers::allocate(g.layers as usize, CHUNKS * g.slice_bytes() as usize),
+            )
+            .unwrap();
+        h.wait_all_blocking().unwrap();
+        for l in 0..g.layers as usize {
+            assert_eq!(h.layer(l).unwrap(), &data[l][..], "{name}: layer {l}");
+        }
+    }
+    report(
+        "C17 conditional PUT ignored / always 412",
+        2,
+        "detected once per store; saves refused naming If-None-Match; loads byte-exact",
+    );
+}
+
+/// Case C18: third-party S3 servers and the SDK's checksum defaults. One endpoint refuses
+/// any request carrying `x-amz-checksum-*` or `x-amz-sdk-checksum-algorithm` with 501;
+/// another never returns checksum headers. An 8 MiB chunk saves and loads on both (the
+/// store sends and demands checksums only where S3 requires them), and each layer's own
+/// CRC32C is still verified: a flipped body byte is a miss.
+#[test]
+fn c18_checksum_headers_refused_or_never_returned() {
+    let Some((addr, ns)) = endpoint() else { return };
+    // 8 MiB chunk: 8 layers of 1 MiB (256 tokens x 4 KiB per token per layer).
+    let mut g = objectcache::KvGeometry::new("test/c18", 8, 8, 128, objectcache::Dtype::Bf16).unwrap();
+    g.tokens_per_chunk = 256;
+    assert_eq!(g.slice_bytes() * g.layers as u64, 8 << 20);
+    let refuses = |r: &fault_proxy::Request| {
+        if r.has_header_prefix("x-amz-checksum-") || r.has_header_prefix("x-amz-sdk-checksum-algorithm") {
+            Fault::Status(501, "NotImplemented")
+        } else {
+            Fault::Pass
+        }
+    };
+    let never_returns = |_: &fault_proxy::Request| Fault::Strip {
+        request: &[],
+        response: &["x-amz-checksum-"],
+    };
+    let cases: [(&str, Box<dyn Fn(&fault_proxy::Request) -> Fault + Send + Sync>); 2] = [
+        ("refuses checksum headers (501)", Box::new(refuses)),
+        ("never returns checksum headers", Box::new(never_returns)),
+    ];
+    for (i, (name, rule)) in cases.into_iter().enumerate() {
+        let proxy = FaultProxy::http(addr, rule);
+        let e = engine_on(s3(&proxy.url()), &format!("{ns}-{i}"), Duration::from_secs(30));
+        let hs = hashes(&g, g.tokens_per_chunk as usize, 18 + i as u32);
+        let data = kv(&g, 1, 18 + i as u64);
+        let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+        e.save_blocking(&g, &hs, &refs).unwrap_or_else(|err| panic!("{name}: {err}"));
+        let load = |e: &Engine| {
+            let h = e
+                .load(
+                    LoadRequest::new(g.clone(), hs.clone()),
+                    LayerBuffers::allocate(g.layers as usize, g.slice_bytes() as usize),
+                )
+                .unwrap();
+            let _ = h.wait_all_blocking();
+            h
+        };
+        let h = load(&e);
+        for l in 0..g.layers as usize {
+            assert_eq!(h.layer(l).unwrap(), &data[l][..], "{name}: layer {l}");
+        }
+        assert!(
+            !proxy.requests().iter().any(|r| r.status == 501),
+            "{name}: no request carried checksum headers"
+        );
+        // Our own CRC32C still guards every layer: flip one byte of every GET body.
+        proxy.set_rule(|r| if r.method == "GET" { Fault::Flip(0.5) } else { Fault::Pass });
+        let h = load(&e);
+        assert!(
+            (0..g.layers as usize).any(|l| !matches!(h.poll_layer(l), LayerStatus::Ready)),
+            "{name}: a flipped byte must be a miss"
+        );
+        for l in 0..g.layers as usize {
+            if matches!(h.poll_layer(l), LayerStatus::Ready) {
+                assert_eq!(h.layer(l).unwrap(), &data[l][..], "{name}: layer {l}");
+            }
+        }
+    }
+    report(
+        "C18 checksum headers refused (501) / never returned",
+        2,
+        "8 MiB chunk saved and loaded byte-exact on both; a flipped byte is still a miss",
     );
 }

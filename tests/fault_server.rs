@@ -113,6 +113,8 @@ fn rig_with(server: SocketAddr, test: &str, seed: u64, timeout: Duration, stream
     direct.save_blocking(&g, &hs, &refs).unwrap();
     let proxy = FaultProxy::raw(server, |_| RawFault::Pass);
     let engine = engine_with(ours(&proxy.url()), &ns, timeout, streams);
+    // Its capabilities request and warm connection are made before any fault is armed.
+    wait_until_warm(&engine);
     Rig {
         g,
         hashes: hs,
@@ -222,6 +224,21 @@ fn server_info(server: SocketAddr) -> objectcache::protocol::ServerInfo {
     })
 }
 
+/// Waits until `e` knows whether gather is offered and has finished warming its pool (a
+/// liveness bound of 60 s, not a speed goal), so that the next load runs on the connection
+/// the engine warmed, if that one came up.
+fn wait_until_warm(e: &Engine) {
+    use objectcache::connector::GatherStatus;
+    let t = std::time::Instant::now();
+    while matches!(
+        e.gather_status(),
+        GatherStatus::Unknown | GatherStatus::Probing | GatherStatus::Offered { warming: true, .. }
+    ) {
+        assert!(t.elapsed() < Duration::from_secs(60), "{:?}", e.gather_status());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 fn mem_server() -> ServerHandle {
     rt().block_on(start(Arc::new(MemoryStore::new()), config()))
 }
@@ -235,13 +252,15 @@ fn summary(o: &Outcome, layers: u32) -> String {
     )
 }
 
-/// Runs one raw fault on the first connection of a load by a fresh engine (its gather
-/// connection; later connections, such as a fallback's, pass), checks the invariants, then
+/// Runs one raw fault on the gather connection of a fresh engine (the one it warms its pool
+/// with, which carries its first load; later connections, such as a fallback's, pass),
+/// checks the invariants, then
 /// that the same engine recovers, and prints the line.
 fn raw_case(r: &Rig, case: &str, fault: RawFault, expect_all_ready: bool, gather_after: bool) {
-    let e = r.fresh_engine();
     r.proxy.clear_log();
-    let first = r.proxy.connections();
+    // A fresh engine's first connection is its capabilities request (plain HTTP); its second
+    // is the gather connection it warms its pool with, which then carries the load.
+    let first = r.proxy.connections() + 1;
     let f = fault.clone();
     r.proxy.set_raw_rule(move |c| {
         if c == first {
@@ -250,6 +269,8 @@ fn raw_case(r: &Rig, case: &str, fault: RawFault, expect_all_ready: bool, gather
             RawFault::Pass
         }
     });
+    let e = r.fresh_engine();
+    wait_until_warm(&e);
     let o = r.load_on(&e, case);
     let conns = r.proxy.raw_connections();
     assert!(
@@ -546,11 +567,11 @@ fn server_killed_mid_load_then_restarted() {
     r.recovers("kill: before", true);
     // A second engine, whose fresh gather connection drips (64 KiB per 5 ms, about 3 s for
     // 36 MiB), so that the kill lands mid-load.
-    let e2 = r.fresh_engine();
     r.proxy.set_raw_rule(|_| RawFault::Drip {
         bytes: 64 << 10,
         every: Duration::from_millis(5),
     });
+    let e2 = r.fresh_engine();
     let per_layer = CHUNKS * r.g.slice_bytes() as usize;
     let h = e2
         .load(

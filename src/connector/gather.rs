@@ -25,8 +25,14 @@ pub(crate) enum Probe {
     Unknown,
     /// A capabilities probe is running; the sender half is dropped when it ends.
     Probing(watch::Receiver<()>),
-    /// Gather is offered; idle connections kept for reuse.
-    Offered(Vec<GatherClient>),
+    /// Gather is offered; idle connections kept for reuse; `warming` while the engine opens
+    /// the first one in the background.
+    Offered {
+        /// Idle connections.
+        pool: Vec<GatherClient>,
+        /// The pool is being warmed.
+        warming: bool,
+    },
     /// The endpoint does not speak gather (a stock S3 server): use ranged GETs. Final.
     NotOffered,
     /// The probe could not reach the endpoint at this time; the first load after
@@ -52,7 +58,7 @@ pub(crate) fn start_probe(probe: &Arc<Mutex<Probe>>, target: &GatherTarget) -> O
     let mut p = probe.lock().expect("lock");
     match &*p {
         Probe::Probing(rx) => return Some(rx.clone()),
-        Probe::Offered(_) | Probe::NotOffered => return None,
+        Probe::Offered { .. } | Probe::NotOffered => return None,
         Probe::Unreachable(at) if at.elapsed() < PROBE_RETRY => return None,
         Probe::Unknown | Probe::Unreachable(_) => {}
     }
@@ -61,21 +67,13 @@ pub(crate) fn start_probe(probe: &Arc<Mutex<Probe>>, target: &GatherTarget) -> O
     drop(p);
     let (probe, target) = (probe.clone(), target.clone());
     tokio::spawn(async move {
-        let next = match probe_capabilities(&target.addr, PROBE_TIMEOUT).await {
+        let offered = match probe_capabilities(&target.addr, PROBE_TIMEOUT).await {
             Ok(Capabilities::Gather { .. }) => {
                 tracing::info!(addr = %target.addr, "the endpoint offers gather");
-                // Warm the pool with one connection; a failure here is only a cold pool.
-                let pool = match GatherClient::connect_with(target.addr.as_str(), target.credentials.clone()).await {
-                    Ok(c) => vec![c],
-                    Err(GatherError::NotOffered(why)) => {
-                        tracing::info!(addr = %target.addr, %why, "gather not offered; using ranged GETs");
-                        *probe.lock().expect("lock") = Probe::NotOffered;
-                        drop(tx);
-                        return;
-                    }
-                    Err(_) => Vec::new(),
-                };
-                Probe::Offered(pool)
+                Probe::Offered {
+                    pool: Vec::new(),
+                    warming: true,
+                }
             }
             Ok(Capabilities::NotOffered { status, why }) => {
                 tracing::info!(addr = %target.addr, status, %why, "gather not offered; using ranged GETs");
@@ -86,10 +84,70 @@ pub(crate) fn start_probe(probe: &Arc<Mutex<Probe>>, target: &GatherTarget) -> O
                 Probe::Unreachable(Instant::now())
             }
         };
-        *probe.lock().expect("lock") = next;
+        let warm = matches!(offered, Probe::Offered { .. });
+        *probe.lock().expect("lock") = offered;
+        // The verdict is out: loads no longer wait for this task.
         drop(tx);
+        if warm {
+            // Warm the pool with one connection; a failure here only leaves it cold.
+            let c = GatherClient::connect_with(target.addr.as_str(), target.credentials.clone()).await;
+            let mut p = probe.lock().expect("lock");
+            match (c, &mut *p) {
+                (Ok(c), Probe::Offered { pool, warming }) => {
+                    pool.push(c);
+                    *warming = false;
+                }
+                (Err(GatherError::NotOffered(why)), _) => {
+                    tracing::info!(addr = %target.addr, %why, "gather not offered; using ranged GETs");
+                    *p = Probe::NotOffered;
+                }
+                (Err(e), Probe::Offered { warming, .. }) => {
+                    tracing::debug!(addr = %target.addr, error = %e, "warming the gather pool failed");
+                    *warming = false;
+                }
+                _ => {}
+            }
+        }
     });
     Some(rx)
+}
+
+/// What the engine knows of its endpoint's gather offer, for [`super::Engine::gather_status`].
+pub(crate) fn status(probe: &Mutex<Probe>) -> GatherStatus {
+    match &*probe.lock().expect("lock") {
+        Probe::Unknown => GatherStatus::Unknown,
+        Probe::Probing(_) => GatherStatus::Probing,
+        Probe::Offered { pool, warming } => GatherStatus::Offered {
+            idle_connections: pool.len(),
+            warming: *warming,
+        },
+        Probe::NotOffered => GatherStatus::NotOffered,
+        Probe::Unreachable(_) => GatherStatus::Unreachable,
+    }
+}
+
+/// Whether an engine's loads use gather ([`super::Engine::gather_status`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GatherStatus {
+    /// Gather is switched off, or the store has no endpoint that could offer it (a local
+    /// store, AWS S3, an `https://` endpoint).
+    Off,
+    /// Not asked yet.
+    Unknown,
+    /// The one capabilities request is in flight.
+    Probing,
+    /// The endpoint is an ObjectCache server: loads use gather.
+    Offered {
+        /// Idle gather connections kept for the next loads.
+        idle_connections: usize,
+        /// The engine is opening its first connection in the background.
+        warming: bool,
+    },
+    /// A stock S3 server: loads use ranged GETs (final for this engine).
+    NotOffered,
+    /// The endpoint could not be reached when asked; loads use ranged GETs and a later load
+    /// asks again.
+    Unreachable,
 }
 
 /// Whether loads should try gather at `target`: starts the engine's probe if none ran yet and
@@ -99,7 +157,7 @@ pub(crate) async fn offered(probe: &Arc<Mutex<Probe>>, target: &GatherTarget) ->
     if let Some(mut rx) = start_probe(probe, target) {
         let _ = tokio::time::timeout(PROBE_WAIT, rx.changed()).await;
     }
-    matches!(*probe.lock().expect("lock"), Probe::Offered(_))
+    matches!(*probe.lock().expect("lock"), Probe::Offered { .. })
 }
 
 /// A load id for the stripes of one load: unique within this process (a counter) and, with
@@ -167,7 +225,7 @@ async fn connection(probe: &Mutex<Probe>, target: &GatherTarget) -> Result<Gathe
         let mut p = probe.lock().expect("lock");
         match &mut *p {
             // Skip connections the server closed while they sat idle (e.g. it restarted).
-            Probe::Offered(pool) => std::iter::from_fn(|| pool.pop()).find(|c| !c.is_stale()),
+            Probe::Offered { pool, .. } => std::iter::from_fn(|| pool.pop()).find(|c| !c.is_stale()),
             _ => return Err(Outcome::Fallback),
         }
     };
@@ -421,7 +479,7 @@ pub(crate) async fn try_gather(
                     );
                 }
                 delivered.push(range);
-                if let Probe::Offered(pool) = &mut *probe.lock().expect("lock") {
+                if let Probe::Offered { pool, .. } = &mut *probe.lock().expect("lock") {
                     pool.push(client);
                 }
             }

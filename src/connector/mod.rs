@@ -32,6 +32,7 @@ mod load;
 #[cfg(feature = "rdma")]
 mod rdma;
 
+pub use gather::GatherStatus;
 pub use buffers::{LayerBuffers, LayerStatus};
 pub(crate) use buffers::first_overlap;
 pub use config::{default_cache_dir, EngineConfig, Transport, CONFIG_KEYS};
@@ -157,6 +158,16 @@ impl Engine {
         .map_err(|_| Error::Config(format!("opening store {url:?} panicked")))??;
         e.start_gather_probe();
         Ok(e)
+    }
+
+    /// Whether this engine's loads use gather, as far as it knows now: the answer of its one
+    /// capabilities request to the store's endpoint (started with the engine), and the idle
+    /// connections it keeps. For diagnostics and tests.
+    pub fn gather_status(&self) -> GatherStatus {
+        if !self.cfg.gather || self.store.gather_target().is_none() {
+            return GatherStatus::Off;
+        }
+        gather::status(&self.gather)
     }
 
     /// Starts learning, in the background, whether the store's endpoint offers gather (one

@@ -222,6 +222,10 @@ pub fn map_err(e: StoreError) -> S3Error {
                 "{operation} is not implemented by {backend}"
             )
         }
+        // Gateway mode over an upstream that cannot do what is asked (e.g. conditional PUT).
+        StoreError::Incompatible { message, .. } => {
+            s3_error!(NotImplemented, "the upstream store: {message}")
+        }
         other => S3Error::with_message(S3ErrorCode::InternalError, other.to_string()),
     }
 }

@@ -225,6 +225,8 @@ pub struct S3Store {
     /// Access key pair a gather connection authenticates with (static credentials, or the
     /// `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` environment of the default chain).
     gather_credentials: Option<(String, String)>,
+    /// The verdict of the one conditional-PUT check (case C17), once it was reached.
+    conditional_put: tokio::sync::OnceCell<Result<(), String>>,
 }
 
 impl fmt::Debug for S3Store {
@@ -624,6 +626,7 @@ impl S3Store {
         };
         Ok(S3Store {
             gather_credentials,
+            conditional_put: tokio::sync::OnceCell::new(),
             client: aws_sdk_s3::Client::from_conf(b.build()),
             bucket: config.bucket,
             prefix: config.prefix,
@@ -700,6 +703,69 @@ impl S3Store {
             addressing: self.addressing,
         };
         map_error(&cx, op, key, err)
+    }
+
+    /// Checks once per store that the endpoint honours `If-None-Match: *` on PUT, which
+    /// first-writer-wins publication relies on (case C17): a create-only PUT of a new key
+    /// must succeed and a second one must be refused with 412. The probe object lives under
+    /// `_objectcache/conditional-put-check/` and is deleted afterwards. Three requests, once.
+    ///
+    /// # Errors
+    /// [`StoreError::Incompatible`] naming the behaviour seen (cached: every later
+    /// create-only PUT gets it too); a transient failure of a probe request (not cached: the
+    /// next create-only PUT checks again).
+    async fn check_conditional_put(&self) -> Result<(), StoreError> {
+        let verdict = self
+            .conditional_put
+            .get_or_try_init(|| async {
+                let nanos = SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or(0);
+                let key = format!(
+                    "_objectcache/conditional-put-check/{}-{nanos}",
+                    std::process::id()
+                );
+                let put = || async {
+                    self.client
+                        .put_object()
+                        .bucket(&self.bucket)
+                        .key(self.full_key(&key))
+                        .if_none_match("*")
+                        .body(Bytes::from_static(b"c").into())
+                        .send()
+                        .await
+                        .map_err(|e| self.map_err(Op::PutCreate, &key, e))
+                };
+                let first = put().await;
+                let verdict = match first {
+                    Err(StoreError::AlreadyExists { .. }) | Err(StoreError::Precondition { .. }) => {
+                        Err(format!(
+                            "it refused a create-only PUT (If-None-Match: *) of a new key with                              412 Precondition Failed; conditional PUTs are broken at {}, so                              ObjectCache cannot publish entries there safely",
+                            self.endpoint
+                        ))
+                    }
+                    Err(e) => return Err(e),
+                    Ok(_) => match put().await {
+                        Ok(_) => Err(format!(
+                            "it accepted a second create-only PUT (If-None-Match: *) of an                              existing key: {} ignores If-None-Match, so two writers of one chunk                              could not be told apart (first-writer-wins publication needs it)",
+                            self.endpoint
+                        )),
+                        Err(StoreError::AlreadyExists { .. }) => Ok(()),
+                        Err(e) => {
+                            let _ = self.delete(&key).await;
+                            return Err(e);
+                        }
+                    },
+                };
+                let _ = self.delete(&key).await;
+                Ok::<_, StoreError>(verdict)
+            })
+            .await?;
+        verdict.clone().map_err(|message| StoreError::Incompatible {
+            backend: "s3",
+            message,
+        })
     }
 
     fn full_key(&self, key: &str) -> String {
@@ -1005,6 +1071,9 @@ impl Store for S3Store {
         opts: PutOptions,
     ) -> Result<PutResult, StoreError> {
         validate_key(key)?;
+        if opts.mode == PutMode::Create {
+            self.check_conditional_put().await?;
+        }
         let full = self.full_key(key);
         let mut req = self
             .client

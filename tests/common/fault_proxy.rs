@@ -51,6 +51,20 @@ pub enum Fault {
         /// Pause between pieces.
         every: Duration,
     },
+    /// Forward, and where the upstream answers with status `.0`, answer with status `.1`
+    /// and an empty body instead (a server that ignores `If-None-Match: *` answers a
+    /// create-only PUT of an existing key 200, not 412).
+    ReplaceStatus(u16, u16),
+    /// Forward without the request headers whose lower-case names start with any of these
+    /// prefixes (only unsigned headers: SigV4 signs most), and answer without the response
+    /// headers matching `response` the same way (a server that never returns them, e.g.
+    /// `x-amz-checksum-`).
+    Strip {
+        /// Request header name prefixes, lower case.
+        request: &'static [&'static str],
+        /// Response header name prefixes, lower case.
+        response: &'static [&'static str],
+    },
 }
 
 impl Fault {
@@ -72,6 +86,8 @@ impl Fault {
             Fault::ResetMidBody(a) => format!("reset@{a}"),
             Fault::Stall(a) => format!("stall@{a}"),
             Fault::Drip { bytes, every } => format!("drip {bytes}B/{every:?}"),
+            Fault::Strip { request, response } => format!("strip {request:?} {response:?}"),
+            Fault::ReplaceStatus(a, b) => format!("status {a}->{b}"),
         }
     }
 }
@@ -89,6 +105,8 @@ pub struct Request {
     pub target: String,
     /// The `Range` header, if any.
     pub range: Option<String>,
+    /// Every request header: lower-case name, value.
+    pub headers: Vec<(String, String)>,
     /// The fault applied (`pass`, `503 SlowDown`, `truncate@0.5`, ...).
     pub fault: String,
     /// Response status forwarded or synthesised (0 if none was sent).
@@ -99,6 +117,17 @@ impl Request {
     /// The path without the query string.
     pub fn path(&self) -> &str {
         self.target.split('?').next().unwrap_or("")
+    }
+    /// The value of header `name` (lower case), if sent.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+    /// Whether any header's lower-case name starts with `prefix`.
+    pub fn has_header_prefix(&self, prefix: &str) -> bool {
+        self.headers.iter().any(|(n, _)| n.starts_with(prefix))
     }
 }
 
@@ -380,9 +409,17 @@ impl Head {
             .map(|(_, v)| v.as_str())
     }
     fn without(&self, drop: &[&str]) -> Vec<u8> {
+        self.without_prefixes(drop, &[])
+    }
+    /// The head without the headers named in `drop` or starting with a lower-case prefix
+    /// in `prefixes`.
+    fn without_prefixes(&self, drop: &[&str], prefixes: &[&str]) -> Vec<u8> {
         let mut out = format!("{}\r\n", self.first);
         for (k, v) in &self.headers {
-            if !drop.iter().any(|d| k.eq_ignore_ascii_case(d)) {
+            let lk = k.to_ascii_lowercase();
+            if !drop.iter().any(|d| k.eq_ignore_ascii_case(d))
+                && !prefixes.iter().any(|p| lk.starts_with(p))
+            {
                 out.push_str(&format!("{k}: {v}\r\n"));
             }
         }
@@ -436,6 +473,11 @@ async fn http_conn(inn: Arc<Inner>, sock: TcpStream, conn: u64) -> std::io::Resu
             method: method.clone(),
             target: target.clone(),
             range: h.get("range").map(str::to_string),
+            headers: h
+                .headers
+                .iter()
+                .map(|(k, v)| (k.to_ascii_lowercase(), v.clone()))
+                .collect(),
             fault: String::new(),
             status: 0,
         };
@@ -473,7 +515,11 @@ async fn http_conn(inn: Arc<Inner>, sock: TcpStream, conn: u64) -> std::io::Resu
             up = Some(Conn::new(s));
         }
         let u = up.as_mut().unwrap();
-        let mut req = h.without(&["expect"]);
+        let (strip_req, strip_resp): (&[&str], &[&str]) = match &fault {
+            Fault::Strip { request, response } => (request, response),
+            _ => (&[], &[]),
+        };
+        let mut req = h.without_prefixes(&["expect"], strip_req);
         req.extend_from_slice(b"\r\n");
         req.extend_from_slice(&body_raw);
         u.s.write_all(&req).await?;
@@ -524,17 +570,32 @@ async fn http_conn(inn: Arc<Inner>, sock: TcpStream, conn: u64) -> std::io::Resu
         inn.log.lock().unwrap().push(rec);
         // Re-frame the response with a Content-Length (bodies are buffered).
         let mut head = if no_body {
-            rh.without(&[])
+            rh.without_prefixes(&[], strip_resp)
         } else {
-            let mut x = rh.without(&["transfer-encoding", "content-length"]);
+            let mut x = rh.without_prefixes(&["transfer-encoding", "content-length"], strip_resp);
             x.extend_from_slice(format!("Content-Length: {}\r\n", body.len()).as_bytes());
             x
         };
         let _ = rhb;
         head.extend_from_slice(b"\r\n");
+        let (head, body) = match fault {
+            Fault::ReplaceStatus(from, to) if status == from => (
+                format!(
+                    "HTTP/1.1 {to} Replaced\r\nContent-Length: 0\r\nx-amz-request-id: fault-{}\r\n\r\n",
+                    inn.seq.load(Ordering::SeqCst)
+                )
+                .into_bytes(),
+                Vec::new(),
+            ),
+            _ => (head, body),
+        };
         let n = body.len();
         match fault {
-            Fault::Pass | Fault::Status(..) | Fault::ResetNow => {
+            Fault::Pass
+            | Fault::Status(..)
+            | Fault::ResetNow
+            | Fault::Strip { .. }
+            | Fault::ReplaceStatus(..) => {
                 cl.s.write_all(&head).await?;
                 cl.s.write_all(&body).await?;
             }
