@@ -127,9 +127,24 @@ async fn a_stalled_body_times_out_instead_of_hanging() {
 
 #[tokio::test]
 async fn client_errors_are_not_retried_and_map_to_their_meaning() {
-    let srv = ScriptedServer::start(|_, req| {
+    // The store's one conditional-PUT check (case C17) meets a server that honours it.
+    let checks = std::sync::atomic::AtomicUsize::new(0);
+    let srv = ScriptedServer::start(move |_, req| {
         let path = req.line.split(' ').nth(1).unwrap_or("").to_string();
-        if path.starts_with("/bucket/missing") {
+        if path.starts_with("/bucket/_objectcache/conditional-put-check/") {
+            let ok = |status| Reply::Full {
+                status,
+                headers: vec![],
+                body: vec![],
+            };
+            if req.line.starts_with("DELETE") {
+                ok(204)
+            } else if checks.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                ok(200)
+            } else {
+                Reply::s3_error(412, "PreconditionFailed", "At least one of the pre-conditions you specified did not hold")
+            }
+        } else if path.starts_with("/bucket/missing") {
             if req.line.starts_with("HEAD") {
                 Reply::Full {
                     status: 404,
@@ -181,5 +196,11 @@ async fn client_errors_are_not_retried_and_map_to_their_meaning() {
         store.get_bytes("secret/a").await,
         Err(StoreError::PermissionDenied { .. })
     ));
-    assert_eq!(srv.requests(), 5, "one request each, no retries on 4xx");
+    let ours = srv
+        .seen()
+        .iter()
+        .filter(|r| !r.line.contains("/_objectcache/"))
+        .count();
+    assert_eq!(ours, 5, "one request each, no retries on 4xx");
+    assert_eq!(srv.requests(), 5 + 3, "and the conditional-PUT check: PUT, PUT, DELETE");
 }
