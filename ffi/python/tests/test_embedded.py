@@ -1,0 +1,255 @@
+"""The `objectcache` package against the embedded (directory) store: every call is the C
+ABI's, the bytes are compared byte for byte, errors carry the C ABI's names and messages."""
+
+import json
+import pathlib
+import threading
+
+import pytest
+
+import objectcache as oc
+from kvutil import data_objects, flip_byte, geometry, kv, split_layers, tokens
+
+VECTORS = pathlib.Path(__file__).resolve().parents[3] / "tests/data/vllm_sha256_cbor_vectors.json"
+
+
+@pytest.fixture
+def eng(tmp_path):
+    e = oc.Engine(store=str(tmp_path / "store"), namespace="pytest")
+    yield e
+    e.close()
+
+
+def saved_prefix(eng, g, n_chunks, seed):
+    hashes = oc.chunk_hashes(tokens(n_chunks * g.tokens_per_chunk, seed), g.tokens_per_chunk)
+    layers = kv(g, n_chunks, seed)
+    rep = eng.save(g, hashes, layers)
+    assert rep.written == n_chunks and rep.already_present == 0
+    return hashes, layers
+
+
+def test_library_and_package_versions():
+    assert oc.abi_version() == oc.ABI_VERSION == 1
+    assert oc.version() == oc.__version__
+    assert oc.library_path().endswith("libobjectcache.so")
+    assert oc.status_name(21) == "OBJECTCACHE_ERR_LAYER_CHECKSUM"
+
+
+def test_chunk_hashes_match_the_vllm_reference_vectors():
+    cases = json.loads(VECTORS.read_text())["cases"]
+    checked = 0
+    for c in cases:
+        extra = c.get("extra_keys_first_block")
+        if extra is not None and not (len(extra) == 1 and isinstance(extra[0], str)):
+            continue  # the C ABI's hash params carry a salt only
+        got = oc.chunk_hashes(c["token_ids"], c["block_size"], seed=c["python_hash_seed"],
+                              salt=extra[0] if extra else None)
+        assert [h.hex() for h in got] == c["block_hashes"]
+        checked += 1
+    assert checked >= 3
+
+
+def test_unknown_setting_is_a_config_error_naming_it(tmp_path):
+    with pytest.raises(oc.ConfigError) as e:
+        oc.Engine(store=str(tmp_path), windw_bytes=1)
+    assert e.value.name == "OBJECTCACHE_ERR_CONFIG"
+    assert e.value.code == 8
+    assert "windw_bytes" in e.value.message and "window_bytes" in e.value.message
+    with pytest.raises(oc.ConfigError, match="gather_streams"):
+        oc.Engine(store=str(tmp_path), gather_streams=17)
+    # Python values are passed as the library's strings.
+    oc.Engine(store=str(tmp_path), gather=False, load_timeout_ms=500).close()
+
+
+def test_bad_geometry_is_refused_by_the_library():
+    with pytest.raises(oc.InvalidArgumentError) as e:
+        geometry(layers=0).slice_bytes
+    assert e.value.name == "OBJECTCACHE_ERR_INVALID_ARGUMENT"
+    assert "layers" in e.value.message
+    with pytest.raises(ValueError, match="dtype"):
+        oc.Geometry("m", 1, 1, 1, dtype="int4")
+    assert geometry().slice_bytes == 2 * 32 * 4 * 16 * 2
+
+
+def test_save_lookup_load_round_trip_byte_for_byte(eng):
+    g = geometry()
+    hashes, layers = saved_prefix(eng, g, 3, seed=1)
+    assert eng.lookup(g, hashes) == 3
+    toks = tokens(3 * 32 + 5, 1)  # same first 3 chunks, a partial tail
+    assert eng.lookup_tokens(g, toks) == 3
+    assert eng.lookup(g, hashes[:2] + [b"\x01" * 32]) == 2
+    # Saving again writes nothing new.
+    assert eng.save(g, hashes, layers).already_present == 3
+
+    dst = bytearray(g.layers * 3 * g.slice_bytes)
+    with eng.register(dst) as region:
+        assert region.length == len(dst)
+        with eng.load(g, hashes, split_layers(dst, g, 3), request_id=77) as t:
+            for l in range(g.layers):
+                assert t.wait_layer(l, timeout_s=30)
+                per = 3 * g.slice_bytes
+                assert bytes(dst[l * per:(l + 1) * per]) == layers[l], f"layer {l}"
+            assert t.wait_all(timeout_s=30)
+            assert t.chunk_status() == [oc.ChunkStatus.OK] * 3
+            st = t.stats()
+            assert st.request_id == 77 and st.layers_ready == g.layers
+            assert st.bytes == g.layers * 3 * g.slice_bytes
+            assert 0 <= st.ttfl_s <= st.ttll_s
+            # The compute model's layer count must be the load's (SmolLM2 has 30).
+            with pytest.raises(oc.InvalidArgumentError, match="layer"):
+                t.stall_advice("smollm2-135m", "h100", load_tokens=96, new_tokens=16)
+    m = eng.metrics()
+    assert m.loads == 1 and m.saves >= 1 and m.registered_regions == 0
+    assert m.live_transfers == 0
+
+
+def test_a_complete_load_advises_waiting(eng):
+    g = geometry(layers=30)
+    hashes, _ = saved_prefix(eng, g, 1, seed=9)
+    dst = bytearray(g.layers * g.slice_bytes)
+    with eng.register(dst):
+        with eng.load(g, hashes, split_layers(dst, g, 1)) as t:
+            assert t.wait_all(timeout_s=30)
+            adv = t.stall_advice("smollm2-135m", "h100", load_tokens=32, new_tokens=16)
+            assert adv.recompute is False and adv.from_layer == 30
+            assert adv.as_dict()["recompute_tokens"] == 0
+
+
+def test_missing_chunk_is_a_miss_for_its_layers_never_bytes(eng):
+    g = geometry()
+    hashes, layers = saved_prefix(eng, g, 2, seed=2)
+    absent = oc.chunk_hashes(tokens(32, 99), 32)
+    dst = bytearray(g.layers * 3 * g.slice_bytes)
+    with eng.register(dst):
+        with eng.load(g, hashes + absent, split_layers(dst, g, 3)) as t:
+            with pytest.raises(oc.LayerMissError) as e:
+                t.wait_layer(0, timeout_s=30)
+            assert isinstance(e.value, oc.LayerMissingError)
+            assert e.value.name == "OBJECTCACHE_ERR_LAYER_MISSING"
+            # The chunk at fault is named. (Chunks whose slices could not land in the layers
+            # that failed are not OK either: a failed layer takes no more writes.)
+            assert t.chunk_status()[2] == oc.ChunkStatus.MISSING
+            for l in range(g.layers):
+                with pytest.raises(oc.LayerMissingError):
+                    t.wait_layer(l, timeout_s=30)
+
+
+def test_corrupt_object_is_a_checksum_miss(eng, tmp_path):
+    g = geometry()
+    hashes, _ = saved_prefix(eng, g, 2, seed=3)
+    objs = data_objects(tmp_path / "store")
+    assert len(objs) == 2
+    # Layer 1 of one chunk: one byte inside its slice (64-byte header, then slices + CRCs).
+    target = [p for p in objs if p.endswith(hashes[1].hex())][0]
+    flip_byte(target, 64 + (g.slice_bytes + 4) + 100)
+    dst = bytearray(g.layers * 2 * g.slice_bytes)
+    with eng.register(dst):
+        with eng.load(g, hashes, split_layers(dst, g, 2)) as t:
+            with pytest.raises(oc.LayerChecksumError) as e:
+                t.wait_layer(1, timeout_s=30)
+            assert e.value.code == 21 and "chunk 1" in e.value.message
+            # A corrupt object is distrusted whole: every layer it is part of is a miss
+            # (layers completed before the corruption was found may stay ready).
+            assert t.chunk_status()[1] == oc.ChunkStatus.CORRUPT
+            with pytest.raises(oc.LayerChecksumError):
+                t.wait_layer(2, timeout_s=30)
+
+
+def test_destinations_must_be_registered_and_disjoint(eng):
+    g = geometry()
+    hashes, _ = saved_prefix(eng, g, 1, seed=4)
+    dst = bytearray(g.layers * g.slice_bytes)
+    with pytest.raises(oc.InvalidArgumentError, match="regist"):
+        eng.load(g, hashes, split_layers(dst, g, 1))
+    with eng.register(dst):
+        same = [memoryview(dst)[: g.slice_bytes]] * g.layers
+        with pytest.raises(oc.InvalidArgumentError, match="overlap"):
+            eng.load(g, hashes, same)
+        with pytest.raises(ValueError, match="read-only"):
+            eng.load(g, hashes, [bytes(g.slice_bytes)] * g.layers)
+
+
+def test_handles_close_and_release_once_and_busy_is_reported(eng):
+    g = geometry()
+    hashes, _ = saved_prefix(eng, g, 1, seed=5)
+    dst = bytearray(g.layers * g.slice_bytes)
+    region = eng.register(dst)
+    t = eng.load(g, hashes, split_layers(dst, g, 1))
+    with pytest.raises(oc.BusyError) as e:
+        eng.close()
+    assert e.value.name == "OBJECTCACHE_ERR_BUSY"
+    with pytest.raises(oc.BusyError):
+        region.close()
+    t.release()
+    t.release()  # a second release does nothing
+    with pytest.raises(oc.InvalidHandleError):
+        t.wait_layer(0)
+    region.close()
+    region.close()
+
+
+def test_cancel_wakes_a_waiter_with_a_cancelled_miss(tmp_path):
+    # A load from an S3 endpoint nobody answers stays pending until cancelled.
+    eng = oc.Engine(store="s3://bkt/p?endpoint=http://127.0.0.1:9&max_attempts=1",
+                    load_timeout_ms=60000, namespace="pytest")
+    g = geometry()
+    dst = bytearray(g.layers * g.slice_bytes)
+    with eng.register(dst):
+        t = eng.load(g, oc.chunk_hashes(tokens(32, 6), 32), split_layers(dst, g, 1))
+        got = []
+        th = threading.Thread(target=lambda: got.append(_wait_outcome(t, g.layers - 1)))
+        th.start()
+        t.cancel()
+        th.join(30)
+        assert got and got[0] in ("OBJECTCACHE_ERR_CANCELLED", "OBJECTCACHE_ERR_LAYER_STORAGE")
+        t.release()
+    eng.close()
+
+
+def _wait_outcome(t, layer):
+    try:
+        t.wait_layer(layer, timeout_s=30)
+        return "ready"
+    except oc.LayerMissError as e:
+        return e.name
+
+
+def test_four_threads_load_at_once_on_one_engine(eng):
+    g = geometry()
+    hashes, layers = saved_prefix(eng, g, 4, seed=7)
+    bufs = [bytearray(g.layers * 4 * g.slice_bytes) for _ in range(4)]
+    regions = [eng.register(b) for b in bufs]
+    errors = []
+
+    def run(i):
+        try:
+            with eng.load(g, hashes, split_layers(bufs[i], g, 4), request_id=i) as t:
+                assert t.wait_all(timeout_s=60)
+            per = 4 * g.slice_bytes
+            for l in range(g.layers):
+                assert bytes(bufs[i][l * per:(l + 1) * per]) == layers[l]
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    for r in regions:
+        r.close()
+
+
+def test_address_pairs_and_tensors_are_memory_too(eng):
+    g = geometry()
+    hashes, layers = saved_prefix(eng, g, 2, seed=8)
+    torch = pytest.importorskip("torch")
+    dst = torch.zeros(g.layers, 2 * g.slice_bytes, dtype=torch.uint8)
+    with eng.register(dst):
+        per = 2 * g.slice_bytes
+        base = dst.data_ptr()
+        with eng.load(g, hashes, [(base + l * per, per) for l in range(g.layers)]) as t:
+            assert t.wait_all(timeout_s=30)
+        for l in range(g.layers):
+            assert bytes(dst[l].numpy().tobytes()) == layers[l]

@@ -1,0 +1,103 @@
+//! Shared by the Python tests (`python_package`, `vllm_connector`): the vLLM venv of
+//! `scripts/vllm-setup.sh` (its Python has pytest), the `objectcache` package installed from
+//! `ffi/python` with pip into a temporary directory (bundling this build's cdylib), and pytest
+//! runs of `ffi/python/tests`.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `$OBJECTCACHE_VLLM_DIR`, else `target/vllm` under the repository root.
+pub fn vllm_dir() -> PathBuf {
+    std::env::var_os("OBJECTCACHE_VLLM_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target").join("vllm"))
+}
+
+/// The venv's Python and the model folder, or `None` (after printing SKIP) when the venv is
+/// absent. Panics when `OBJECTCACHE_REQUIRE_ALL` is set and it is absent.
+pub fn venv(test: &str) -> Option<(PathBuf, PathBuf)> {
+    let d = vllm_dir();
+    let py = d.join("venv").join("bin").join("python");
+    let model = d.join("models").join("smollm2-135m-hf");
+    if py.is_file() && model.join("config.json").is_file() {
+        return Some((py, model));
+    }
+    let why = format!(
+        "no vLLM venv and model under {} (run scripts/vllm-setup.sh {})",
+        d.display(),
+        d.display()
+    );
+    if std::env::var_os("OBJECTCACHE_REQUIRE_ALL").is_some() {
+        panic!("{test}: {why}, but OBJECTCACHE_REQUIRE_ALL is set");
+    }
+    println!("SKIP {test}: {why}");
+    None
+}
+
+/// This build's `libobjectcache.so` (the test binary lives in `deps/`, next to the cdylib
+/// built for this run), or the one in `$OBJECTCACHE_CDYLIB_DIR`.
+pub fn cdylib() -> PathBuf {
+    let name = "libobjectcache.so";
+    if let Some(d) = std::env::var_os("OBJECTCACHE_CDYLIB_DIR") {
+        return PathBuf::from(d).join(name);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    let deps = exe.parent().expect("deps dir").to_path_buf();
+    let profile = deps.parent().expect("profile dir").to_path_buf();
+    for d in [&deps, &profile] {
+        if d.join(name).exists() {
+            return d.join(name);
+        }
+    }
+    panic!("{name} not found next to {}", exe.display());
+}
+
+/// Installs the package with `pip install --target DIR ./ffi/python` (the build backend copies
+/// this build's cdylib instead of running cargo, which the running `cargo test` holds locked),
+/// and returns DIR (for `PYTHONPATH`).
+pub fn install_package(py: &Path, tmp: &Path) -> PathBuf {
+    let site = tmp.join("site");
+    let out = Command::new(py)
+        .args(["-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation"])
+        .arg("--target")
+        .arg(&site)
+        .arg(root().join("ffi").join("python"))
+        .env("OBJECTCACHE_CDYLIB", cdylib())
+        .output()
+        .expect("run pip");
+    assert!(
+        out.status.success(),
+        "pip install ./ffi/python failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        site.join("objectcache").join("libobjectcache.so").is_file(),
+        "the installed package has no bundled libobjectcache.so"
+    );
+    site
+}
+
+/// Runs pytest on `files` (under ffi/python/tests) with the package at `site` and extra
+/// environment; prints its output and panics if it fails.
+pub fn pytest(py: &Path, site: &Path, files: &[&str], env: &[(&str, String)]) {
+    let tests = root().join("ffi").join("python").join("tests");
+    let mut cmd = Command::new(py);
+    cmd.args(["-m", "pytest", "-v", "-s", "-rs", "-p", "no:cacheprovider"])
+        .args(files.iter().map(|f| tests.join(f)))
+        .current_dir(&tests)
+        .env("PYTHONPATH", site)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("OBJECTCACHE_BIN", env!("CARGO_BIN_EXE_objectcache"));
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let status = cmd.status().expect("run pytest");
+    assert!(status.success(), "pytest {files:?} failed: {status}");
+}
