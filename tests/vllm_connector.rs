@@ -1,0 +1,58 @@
+//! `objectcache.vllm.ObjectCacheConnector` inside a real vLLM (0.32, CPU) with a real model
+//! (SmolLM2-135M): cross-replica hits on the embedded file store, our server (gather) and Ceph
+//! RGW (ranged GETs), cache salts, 8 concurrent requests through the OpenAI-compatible server,
+//! and every stored object corrupted. The cases are `ffi/python/tests/test_vllm.py` (pytest,
+//! run by the vLLM venv's Python); this test installs the package from `ffi/python` with pip
+//! and creates the RGW bucket.
+//!
+//! Needs the venv and model of `scripts/vllm-setup.sh` (`$OBJECTCACHE_VLLM_DIR`, default
+//! `target/vllm`) and, for the RGW case, the test S3 endpoint (`OBJECTCACHE_TEST_S3_*`).
+//! Without them it prints SKIP, or fails when `OBJECTCACHE_REQUIRE_ALL` is set.
+
+mod py_support;
+
+use objectcache::store::{S3Config, S3Store};
+
+#[test]
+fn vllm_connector_in_a_real_vllm() {
+    let Some((py, model)) = py_support::venv("vllm_connector_in_a_real_vllm") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let site = py_support::install_package(&py, tmp.path());
+    let c = S3Config::from_test_env();
+    let mut env = vec![("OBJECTCACHE_VLLM_MODEL", model.display().to_string())];
+    if let objectcache::store::S3Credentials::Static {
+        access_key,
+        secret_key,
+        ..
+    } = &c.credentials
+    {
+        // One set of credentials for RGW and for the server the suite starts.
+        for (k, v) in [
+            ("OBJECTCACHE_TEST_S3_ACCESS_KEY", access_key),
+            ("AWS_ACCESS_KEY_ID", access_key),
+            ("OBJECTCACHE_TEST_S3_SECRET_KEY", secret_key),
+            ("AWS_SECRET_ACCESS_KEY", secret_key),
+        ] {
+            env.push((k, v.clone()));
+        }
+    }
+    env.push(("AWS_REGION", c.region.clone().unwrap_or_else(|| "us-east-1".into())));
+    env.push(("AWS_EC2_METADATA_DISABLED", "true".into()));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    match rt.block_on(S3Store::from_test_env("vllm")) {
+        Ok(Some((_, prefix))) => env.push((
+            "OBJECTCACHE_VLLM_RGW_URL",
+            format!(
+                "s3://{}/{prefix}?endpoint={}&region={}&addressing=path",
+                c.bucket,
+                c.endpoint.clone().unwrap_or_default(),
+                c.region.clone().unwrap_or_else(|| "us-east-1".into()),
+            ),
+        )),
+        Ok(None) => println!("no S3 endpoint at {:?}: the RGW case is skipped", c.endpoint),
+        Err(e) => panic!("the test S3 endpoint refused the bucket: {e}"),
+    }
+    py_support::pytest(&py, &site, &["test_vllm.py"], &env);
+}
