@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 mod transfer;
 mod ttft;
+mod vllm;
 
 /// ObjectCache benchmarks.
 #[derive(Debug, Parser)]
@@ -23,6 +24,9 @@ enum Command {
     Ttft(ttft::TtftArgs),
     /// Transfer-path benchmark (stock S3, gather over TCP/RDMA).
     Transfer(transfer::TransferArgs),
+    /// TTFT in a real vLLM through its OpenAI-compatible server, per method (recompute, vLLM's
+    /// prefix cache, ObjectCacheConnector on each store, vLLM's own connectors), cross-replica.
+    Vllm(vllm::VllmArgs),
 }
 
 fn main() {
@@ -30,6 +34,7 @@ fn main() {
     let r = match cli.command {
         Command::Ttft(a) => ttft::run(a),
         Command::Transfer(a) => transfer::run(a),
+        Command::Vllm(a) => vllm::run(a),
     };
     if let Err(e) = r {
         eprintln!("objectcache-bench: {e:#}");

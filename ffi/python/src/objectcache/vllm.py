@@ -186,7 +186,7 @@ def _settings(vllm_config, kv_cache_config):
         block_size=block_size,
         blocks_per_chunk=tpc // block_size,
         model_id=str(own["model_id"] or mc.model),
-        layout=str(own["layout"] or _default_layout(vllm_config)),
+        layout=str(own["layout"] or _default_layout(vllm_config, kv_cache_config)),
         load_mode=load_mode,
         save=save,
         load=load,
@@ -201,20 +201,22 @@ def _settings(vllm_config, kv_cache_config):
     )
 
 
-def _default_layout(vllm_config):
+def _default_layout(vllm_config, kv_cache_config):
     """``vllm<major.minor>/<device>/<KV cache layout>``, e.g. ``vllm0.32/cpu/LBHNC``: the
     vLLM version is part of it, since an engine may change the meaning of its blocks between
-    versions."""
+    versions. The KV cache layout is the one vLLM resolved for this model (the same in the
+    scheduler and the workers)."""
     import vllm
     from vllm.platforms import current_platform
 
     ver = ".".join(str(vllm.__version__).split(".")[:2])
-    try:
-        from vllm.v1.attention.backends.utils import get_kv_cache_layout
-
-        kv_layout = str(get_kv_cache_layout())
-    except Exception:  # not every build exposes it
-        kv_layout = "default"
+    kv_layout = (getattr(kv_cache_config, "kv_cache_layout", None)
+                 or getattr(vllm_config.cache_config, "kv_cache_layout", None))
+    if not kv_layout:
+        raise ValueError(
+            "ObjectCacheConnector: vLLM has not resolved its KV cache layout; set "
+            "\"layout\" in kv_connector_extra_config"
+        )
     return f"vllm{ver}/{current_platform.device_type}/{kv_layout}"
 
 
