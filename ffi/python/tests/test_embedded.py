@@ -253,3 +253,77 @@ def test_address_pairs_and_tensors_are_memory_too(eng):
             assert t.wait_all(timeout_s=30)
         for l in range(g.layers):
             assert bytes(dst[l].numpy().tobytes()) == layers[l]
+
+
+# ---- Paged KV and engine layouts (objectcache_load_paged / objectcache_save_paged) ---------
+
+needs_paged = pytest.mark.skipif(not oc._ffi.PAGED, reason="library without paged loads")
+
+
+def block_pool(g, n_blocks, blocks_per_chunk):
+    """A pool of engine blocks per layer, as an engine keeps KV: one buffer, layer-major,
+    blocks of slice_bytes / blocks_per_chunk bytes."""
+    per_block = g.slice_bytes // blocks_per_chunk
+    return bytearray(g.layers * n_blocks * per_block), per_block
+
+
+def block_ranges(pool, g, n_blocks, per_block, block_ids):
+    """Per layer, the (address, length) ranges of these blocks of the pool, in order."""
+    import ctypes
+    base = ctypes.addressof((ctypes.c_char * len(pool)).from_buffer(pool))
+    return [[(base + (l * n_blocks + b) * per_block, per_block) for b in block_ids]
+            for l in range(g.layers)]
+
+
+@needs_paged
+def test_paged_save_and_load_between_scattered_blocks(eng):
+    # 2 blocks of 16 tokens per 32-token chunk; 3 chunks; an engine pool of 20 blocks.
+    g = geometry(layout="pytest/paged", block_size=16)
+    hashes = oc.chunk_hashes(tokens(96, 21), 32)
+    src, per_block = block_pool(g, 20, 2)
+    import random
+    random.Random(5).shuffle(ids := list(range(20)))
+    src[:] = random.Random(6).randbytes(len(src))
+    save_ids = ids[:6]
+    rep = eng.save(g, hashes, block_ranges(src, g, 20, per_block, save_ids))
+    assert rep.written == 3
+    assert eng.lookup(g, hashes) == 3
+    dst, _ = block_pool(g, 20, 2)
+    load_ids = ids[10:16]
+    with eng.register(dst):
+        with eng.load(g, hashes, block_ranges(dst, g, 20, per_block, load_ids)) as t:
+            assert t.wait_all(timeout_s=30)
+    for l in range(g.layers):
+        for s_id, d_id in zip(save_ids, load_ids):
+            a = (l * 20 + s_id) * per_block
+            b = (l * 20 + d_id) * per_block
+            assert dst[b:b + per_block] == src[a:a + per_block], (l, s_id, d_id)
+    # Blocks outside the load are untouched.
+    untouched = [b for b in range(20) if b not in load_ids]
+    assert all(not any(dst[(l * 20 + b) * per_block:(l * 20 + b + 1) * per_block])
+               for l in range(g.layers) for b in untouched)
+
+
+@needs_paged
+def test_another_layout_is_a_miss_never_bytes(eng):
+    g = geometry(layout="pytest/layout-a", block_size=16)
+    hashes, layers = saved_prefix(eng, g, 2, seed=22)
+    assert eng.lookup(g, hashes) == 2
+    other = geometry(layout="pytest/layout-b", block_size=16)
+    assert eng.lookup(other, hashes) == 0
+    assert eng.lookup(geometry(layout="pytest/layout-a", block_size=32), hashes) == 0
+    assert eng.lookup(geometry(), hashes) == 0  # no layout: ObjectCache's canonical one
+
+
+@needs_paged
+def test_overlapping_paged_destinations_are_refused(eng):
+    g = geometry(layout="pytest/paged", block_size=16)
+    hashes, _ = saved_prefix(eng, g, 1, seed=23)
+    dst, per_block = block_pool(g, 4, 2)
+    with eng.register(dst):
+        rs = block_ranges(dst, g, 4, per_block, [0, 0])
+        with pytest.raises(oc.InvalidArgumentError, match="overlap"):
+            eng.load(g, hashes, rs)
+        short = block_ranges(dst, g, 4, per_block, [0])
+        with pytest.raises(oc.InvalidArgumentError):
+            eng.load(g, hashes, short)
