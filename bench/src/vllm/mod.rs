@@ -114,6 +114,12 @@ pub struct Record {
     pub ttft_s: Option<f64>,
     /// Every run's TTFT, seconds.
     pub ttft_runs_s: Vec<f64>,
+    /// Median TTFT of the paired misses: after each timed request, the same process computes
+    /// a prompt of the same length whose first token differs (no cache has it), seconds.
+    pub ttft_miss_s: Option<f64>,
+    /// Median over runs of TTFT / the paired miss's TTFT (same process, back to back): the
+    /// ratio to a full recompute that the machine's load drift does not move.
+    pub paired_ratio: Option<f64>,
     /// Prompt tokens the connector supplied (median over runs; vLLM's
     /// `usage.prompt_tokens_details.cached_tokens` in a replica without a prefix cache).
     pub external_hit_tokens: Option<u64>,
@@ -126,9 +132,12 @@ pub struct Record {
     pub output_identical: Option<bool>,
     /// Timed runs.
     pub runs: usize,
-    /// TTFT over `recompute`'s at the same prefix.
+    /// TTFT over a full recompute: the paired ratio where there is one, else TTFT over
+    /// `recompute`'s at the same prefix (another process).
     pub vs_recompute: Option<f64>,
-    /// TTFT over `apc`'s at the same prefix.
+    /// TTFT over `recompute`'s at the same prefix, measured in another process.
+    pub vs_recompute_process: Option<f64>,
+    /// TTFT over `apc`'s, both as paired ratios (this method's over `apc`'s).
     pub vs_apc: Option<f64>,
     /// Why the method did not run, or what limits it.
     pub note: Option<String>,
@@ -298,7 +307,10 @@ fn empty(method: &str, p: u32, new: u32, why: &str) -> Record {
         bytes_loaded: None,
         output_identical: None,
         runs: 0,
+        ttft_miss_s: None,
+        paired_ratio: None,
         vs_recompute: None,
+        vs_recompute_process: None,
         vs_apc: None,
         note: Some(why.into()),
     }
@@ -519,6 +531,16 @@ impl Prompts {
     fn b(&self, p: u32, r: usize) -> Vec<u32> {
         [self.docs[&p].as_slice(), &self.questions[r]].concat()
     }
+
+    /// Request B with its first token replaced by one unique to (run, method): the same
+    /// length, and a prefix no cache holds (vLLM's, ObjectCache's, the peers').
+    fn miss(&self, p: u32, r: usize, method: &str) -> Vec<u32> {
+        let mut t = self.b(p, r);
+        let m = METHODS.iter().position(|x| *x == method).unwrap_or(0) as u32;
+        let first = 1000 + 97 * m + r as u32;
+        t[0] = if t[0] == first { first + 50 } else { first };
+        t
+    }
 }
 
 /// A paragraph of the synthetic ship's log of prefix `p` (seeded by `p`).
@@ -735,9 +757,10 @@ impl Bench<'_> {
     /// Times request B of every prefix and run on `v`; one record per prefix.
     fn time_b(&mut self, v: &Vllm, method: &str, note: Option<String>) -> Result<()> {
         let runs = self.a.runs;
-        let pb = self.bar(self.a.prefixes.len() * runs, &format!("{method}: request B"));
+        let pb = self.bar(self.a.prefixes.len() * runs, &format!("{method}: request B (and a miss)"));
         for &p in &self.a.prefixes.clone() {
             let (mut ttfts, mut ext, mut local, mut bytes) = (vec![], vec![], vec![], vec![]);
+            let (mut misses, mut ratios) = (vec![], vec![]);
             let mut identical = Some(true);
             for r in 0..runs {
                 let before = self.rt.block_on(http::metrics(v.port))?;
@@ -763,6 +786,18 @@ impl Bench<'_> {
                 }
                 if method == "recompute" {
                     self.reference.insert((p, r), c.text.clone());
+                } else {
+                    // The paired full computation in the same process, right after: a prompt
+                    // of the same length whose first token differs (a miss for every cache).
+                    let m = self
+                        .rt
+                        .block_on(http::complete(v.port, &self.model(), &self.prompts.miss(p, r, method), self.a.max_tokens))
+                        .with_context(|| format!("paired miss ({p} tokens) to vLLM ({})", v.label))?;
+                    if m.cached_tokens.unwrap_or(0) != 0 {
+                        bail!("vLLM ({}): the paired miss hit {:?} cached tokens", v.label, m.cached_tokens);
+                    }
+                    misses.push(m.ttft_s);
+                    ratios.push(c.ttft_s / m.ttft_s);
                 }
                 identical = match (identical, self.reference.get(&(p, r))) {
                     (Some(i), Some(want)) => Some(i && *want == c.text),
@@ -776,12 +811,15 @@ impl Bench<'_> {
                 new_tokens: self.a.new_tokens,
                 ttft_s: Some(median_f(&ttfts)),
                 ttft_runs_s: ttfts,
+                ttft_miss_s: (!misses.is_empty()).then(|| median_f(&misses)),
+                paired_ratio: (!ratios.is_empty()).then(|| median_f(&ratios)),
                 external_hit_tokens: Some(median_u(&ext)),
                 local_hit_tokens: (!local.is_empty()).then(|| median_u(&local)),
                 bytes_loaded: (!bytes.is_empty()).then(|| median_u(&bytes)),
                 output_identical: identical,
                 runs,
                 vs_recompute: None,
+                vs_recompute_process: None,
                 vs_apc: None,
                 note: note.clone(),
             });
@@ -849,7 +887,7 @@ impl Bench<'_> {
                 "kv_connector_module_path": "objectcache.vllm",
                 "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                 "kv_connector_extra_config": {"store": url, "namespace": NAMESPACE,
-                                              "load_mode": mode},
+                                              "load_mode": mode, "save": false},
             });
             let v = self.start(&m, false, Some(&cfg))?;
             self.time_b(&v, &m, None)?;
@@ -950,17 +988,25 @@ fn median_u(v: &[u64]) -> u64 {
 
 /// Fills the ratios and orders the records by method, then prefix.
 fn finish(records: &mut [Record]) {
-    let by = |m: &str, p: u32, rs: &[Record]| {
+    let find = |m: &str, p: u32, rs: &[Record]| {
         rs.iter()
             .find(|r| r.method == m && r.prefix_tokens == p)
-            .and_then(|r| r.ttft_s)
+            .cloned()
     };
     let copy = records.to_vec();
     for r in records.iter_mut() {
-        if let Some(t) = r.ttft_s {
-            r.vs_recompute = by("recompute", r.prefix_tokens, &copy).map(|x| t / x);
-            r.vs_apc = by("apc", r.prefix_tokens, &copy).map(|x| t / x);
-        }
+        let Some(t) = r.ttft_s else { continue };
+        let rec = find("recompute", r.prefix_tokens, &copy).and_then(|x| x.ttft_s);
+        r.vs_recompute_process = rec.map(|x| t / x);
+        r.vs_recompute = if r.method == "recompute" {
+            Some(1.0)
+        } else {
+            r.paired_ratio.or(r.vs_recompute_process)
+        };
+        r.vs_apc = match (r.vs_recompute, find("apc", r.prefix_tokens, &copy).and_then(|x| x.paired_ratio)) {
+            (Some(a), Some(b)) => Some(a / b),
+            _ => None,
+        };
     }
     records.sort_by_key(|r| {
         (
@@ -972,18 +1018,20 @@ fn finish(records: &mut [Record]) {
 
 fn print_table(records: &[Record], runs: usize) {
     println!();
-    println!("TTFT in vLLM at the client, median of {runs} (cross-replica for connectors)");
+    println!("TTFT in vLLM at the client, median of {runs} (cross-replica for connectors);");
+    println!("x recomp: over the paired full computation in the same process (recompute: 1)");
     println!(
-        "{:<20} {:>7} {:>10} {:>8} {:>7} {:>9} {:>12} {:>9}",
-        "method", "prefix", "TTFT ms", "x recomp", "x apc", "ext hits", "bytes loaded", "identical"
+        "{:<22} {:>6} {:>9} {:>9} {:>8} {:>6} {:>8} {:>11} {:>9}",
+        "method", "prefix", "TTFT ms", "miss ms", "x recomp", "x apc", "ext hits", "bytes", "identical"
     );
     for r in records {
         let f = |x: Option<f64>, d: usize| x.map_or("-".to_string(), |v| format!("{v:.d$}"));
         println!(
-            "{:<20} {:>7} {:>10} {:>8} {:>7} {:>9} {:>12} {:>9}",
+            "{:<22} {:>6} {:>9} {:>9} {:>8} {:>6} {:>8} {:>11} {:>9}",
             r.method,
             r.prefix_tokens,
             f(r.ttft_s.map(|t| t * 1000.0), 1),
+            f(r.ttft_miss_s.map(|t| t * 1000.0), 1),
             f(r.vs_recompute, 2),
             f(r.vs_apc, 2),
             r.external_hit_tokens.map_or("-".into(), |v| v.to_string()),

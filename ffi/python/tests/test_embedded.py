@@ -257,9 +257,6 @@ def test_address_pairs_and_tensors_are_memory_too(eng):
 
 # ---- Paged KV and engine layouts (objectcache_load_paged / objectcache_save_paged) ---------
 
-needs_paged = pytest.mark.skipif(not oc._ffi.PAGED, reason="library without paged loads")
-
-
 def block_pool(g, n_blocks, blocks_per_chunk):
     """A pool of engine blocks per layer, as an engine keeps KV: one buffer, layer-major,
     blocks of slice_bytes / blocks_per_chunk bytes."""
@@ -275,7 +272,6 @@ def block_ranges(pool, g, n_blocks, per_block, block_ids):
             for l in range(g.layers)]
 
 
-@needs_paged
 def test_paged_save_and_load_between_scattered_blocks(eng):
     # 2 blocks of 16 tokens per 32-token chunk; 3 chunks; an engine pool of 20 blocks.
     g = geometry(layout="pytest/paged", block_size=16)
@@ -304,7 +300,6 @@ def test_paged_save_and_load_between_scattered_blocks(eng):
                for l in range(g.layers) for b in untouched)
 
 
-@needs_paged
 def test_another_layout_is_a_miss_never_bytes(eng):
     g = geometry(layout="pytest/layout-a", block_size=16)
     hashes, layers = saved_prefix(eng, g, 2, seed=22)
@@ -315,7 +310,6 @@ def test_another_layout_is_a_miss_never_bytes(eng):
     assert eng.lookup(geometry(), hashes) == 0  # no layout: ObjectCache's canonical one
 
 
-@needs_paged
 def test_overlapping_paged_destinations_are_refused(eng):
     g = geometry(layout="pytest/paged", block_size=16)
     hashes, _ = saved_prefix(eng, g, 1, seed=23)

@@ -282,14 +282,6 @@ def _paged_ranges(layers, writable):
     return arr, per, [k for _, _, k in spans if k is not None]
 
 
-def _need_paged(what):
-    if not _ffi.PAGED:
-        raise UnsupportedError(
-            5, "OBJECTCACHE_ERR_UNSUPPORTED",
-            f"{_ffi.library_path()} has no paged {what}; rebuild it from this package's sources",
-        )
-
-
 def _packed_hashes(hashes):
     """``(ctypes array, hash_len, n)`` of a sequence of equal-length ``bytes`` hashes."""
     hashes = [bytes(h) for h in hashes]
@@ -382,14 +374,8 @@ class Geometry:
         """The C struct; it borrows ``self``'s strings (keep ``self`` alive)."""
         self._model_b = self.model.encode()
         self._layout_b = None if self.layout is None else self.layout.encode()
-        if self._layout_b is not None and not _ffi.PAGED:
-            raise UnsupportedError(
-                5, "OBJECTCACHE_ERR_UNSUPPORTED",
-                f"{_ffi.library_path()} has no engine layouts (geometry layout "
-                f"{self.layout!r}); rebuild it from this package's sources",
-            )
         g = _ffi.Geometry(
-            _ffi.GEOMETRY_SIZE,
+            ctypes.sizeof(_ffi.Geometry),
             self.layers,
             self.kv_heads,
             self.head_dim,
@@ -659,7 +645,6 @@ class Engine:
         arr, hl, n = _packed_hashes(hashes)
         g = geometry._c()
         if _is_paged(layers):
-            _need_paged("saves")
             ranges, per, _keep = _paged_ranges(layers, writable=False)
             rep = _ffi.SaveReport()
             rep.struct_size = ctypes.sizeof(rep)
@@ -721,7 +706,6 @@ class Engine:
         arr, hl, n = _packed_hashes(hashes)
         g = geometry._c()
         if _is_paged(layers):
-            _need_paged("loads")
             ranges, per, keep = _paged_ranges(layers, writable=True)
             p = _ffi.PagedLoadParams(
                 ctypes.sizeof(_ffi.PagedLoadParams),

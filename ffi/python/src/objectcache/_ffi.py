@@ -286,10 +286,6 @@ _PROTOTYPES = {
     ),
     "objectcache_transfer_cancel": (status, [c_void_p]),
     "objectcache_transfer_release": (status, [c_void_p]),
-}
-
-# Paged loads and saves (engine layouts).
-_PAGED_PROTOTYPES = {
     "objectcache_load_paged": (status, [c_void_p, _P(PagedLoadParams), _P(c_void_p)]),
     "objectcache_save_paged": (
         status,
@@ -306,10 +302,6 @@ _PAGED_PROTOTYPES = {
         ],
     ),
 }
-
-
-# sizeof(objectcache_geometry) before the layout fields (accepted by every library).
-_GEOMETRY_SIZE_NO_LAYOUT = Geometry.layout.offset
 
 
 def library_path():
@@ -339,11 +331,6 @@ def _load():
             ) from e
         fn.restype = restype
         fn.argtypes = argtypes
-    for name, (restype, argtypes) in _PAGED_PROTOTYPES.items():
-        fn = getattr(lib, name, None)
-        if fn is not None:
-            fn.restype = restype
-            fn.argtypes = argtypes
     got = lib.objectcache_abi_version()
     if got != ABI_VERSION:
         raise ImportError(
@@ -351,10 +338,6 @@ def _load():
         )
     for cname, cls in STRUCTS.items():
         want = lib.objectcache_struct_size(cname.encode())
-        if cname == "objectcache_geometry" and want == _GEOMETRY_SIZE_NO_LAYOUT:
-            continue  # a library from before engine layouts: the first 40 bytes are the same
-        if want == 0 and cname in ("objectcache_range", "objectcache_paged_load_params"):
-            continue  # a library without paged loads
         if want != ctypes.sizeof(cls):
             raise ImportError(
                 f"objectcache: sizeof({cname}) is {want} in {path} but "
@@ -364,9 +347,3 @@ def _load():
 
 
 lib = _load()
-
-#: The ``struct_size`` this library takes for ``objectcache_geometry``: the full size, or the
-#: size before the layout fields for a library that has none.
-GEOMETRY_SIZE = lib.objectcache_struct_size(b"objectcache_geometry")
-#: Whether the library has engine layouts and paged loads and saves.
-PAGED = GEOMETRY_SIZE == ctypes.sizeof(Geometry) and hasattr(lib, "objectcache_load_paged")

@@ -52,7 +52,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 
 import objectcache as oc
-import objectcache._ffi  # noqa: F401  (oc._ffi.lib)
 
 # Under vLLM's logger hierarchy, so the messages appear in vLLM's log format and level.
 logger = logging.getLogger("vllm.objectcache")
@@ -231,9 +230,8 @@ def _geometry(s, tp_rank):
         tp_rank=tp_rank,
         tp_world=s.tp_world,
     )
-    if oc._ffi.PAGED:
-        g.layout = s.layout
-        g.block_size = s.block_size
+    g.layout = s.layout
+    g.block_size = s.block_size
     return g
 
 
@@ -555,6 +553,9 @@ class _SchedulerSide:
                 st.hit = 0
         st.first = first
         tokens = st.hit * tpc
+        logger.debug("ObjectCache: %s: lookup of %d chunks: %d hit after %.1f ms",
+                     request.request_id, len(hashes) - first, st.hit,
+                     1000 * (time.monotonic() - st.lookup_started))
         for h in hashes[first:first + st.hit]:
             self._remember(h)
         if tokens == 0:
@@ -654,7 +655,7 @@ class _SchedulerSide:
 
 
 class _Load:
-    __slots__ = ("spec", "transfer", "posted", "failed", "settled")
+    __slots__ = ("spec", "transfer", "posted", "failed", "settled", "waited")
 
     def __init__(self, spec, transfer, posted):
         self.spec = spec
@@ -662,6 +663,7 @@ class _Load:
         self.posted = posted
         self.failed = False
         self.settled = False
+        self.waited = 0.0  # seconds the forward pass spent in wait_for_layer_load
 
 
 class _WorkerSide:
@@ -759,8 +761,8 @@ class _WorkerSide:
                 continue
             t0 = time.monotonic()
             try:
-                tr = _load(self.c._engine, self.g, spec.hashes, self._ranges(spec.block_ids),
-                           _request_id(spec.req_id))
+                tr = self.c._engine.load(self.g, spec.hashes, self._ranges(spec.block_ids),
+                                         request_id=_request_id(spec.req_id))
             except oc.ObjectCacheError as e:
                 logger.warning("ObjectCache: load for %s not posted: %s", spec.req_id, e)
                 self.failed_blocks.update(spec.block_ids)
@@ -768,6 +770,8 @@ class _WorkerSide:
                     self.async_loads[spec.req_id] = None
                 continue
             self.c._stat("loads", 1)
+            logger.debug("ObjectCache: %s: load of %d chunks posted in %.2f ms", spec.req_id,
+                         len(spec.hashes), 1000 * (time.monotonic() - t0))
             ld = _Load(spec, tr, t0)
             if spec.is_async:
                 self.async_loads[spec.req_id] = ld
@@ -781,8 +785,10 @@ class _WorkerSide:
         if li is None:
             return
         for ld in self.sync_loads:
+            t0 = time.monotonic()
             try:
                 ld.transfer.wait_layer(li)
+                ld.waited += time.monotonic() - t0
             except oc.LayerMissError as e:
                 if not ld.failed:
                     logger.warning("ObjectCache: load for %s: layer %d failed (%s); its "
@@ -810,6 +816,11 @@ class _WorkerSide:
                 self.failed_blocks.update(ld.spec.block_ids[c * k:(c + 1) * k])
             self.c._stat("failed_blocks", len(bad) * k)
         self.c._stat("loaded_bytes", st.bytes)
+        logger.debug("ObjectCache: %s: load settled %.1f ms after posting: %d bytes, %d "
+                     "requests, layer 0 at %.1f ms, last at %.1f ms; the forward pass "
+                     "waited %.1f ms", ld.spec.req_id,
+                     1000 * (time.monotonic() - ld.posted), st.bytes, st.requests,
+                     1000 * st.ttfl_s, 1000 * st.ttll_s, 1000 * ld.waited)
         if st.ttll_s >= 0:
             self.c._stat("load_s", st.ttll_s)
         tr.release()
@@ -839,7 +850,7 @@ class _WorkerSide:
     def _save(self, spec, ranges):
         t0 = time.monotonic()
         try:
-            rep = _save(self.c._engine, self.g, spec.hashes, ranges)
+            rep = self.c._engine.save(self.g, spec.hashes, ranges)
         except oc.ObjectCacheError as e:
             logger.warning("ObjectCache: save of %d chunks for %s failed: %s",
                            len(spec.hashes), spec.req_id, e)
@@ -890,90 +901,6 @@ class _WorkerSide:
     def take_failed_blocks(self):
         out, self.failed_blocks = self.failed_blocks, set()
         return out
-
-
-class _ChunkTransfers:
-    """Until the library has paged loads (objectcache_load_paged): one transfer per chunk,
-    each layer's destination that chunk's one contiguous block range. Same interface as
-    :class:`objectcache.Transfer` for what the worker uses."""
-
-    def __init__(self, transfers, layers):
-        self.ts = transfers
-        self.layers = layers
-
-    def wait_layer(self, layer, timeout_s=None):
-        ok = True
-        err = None
-        for t in self.ts:
-            try:
-                ok = t.wait_layer(layer, timeout_s) and ok
-            except oc.LayerMissError as e:
-                err = err or e
-        if err is not None:
-            raise err
-        return ok
-
-    def poll_layer(self, layer):
-        ok = True
-        err = None
-        for t in self.ts:
-            try:
-                ok = t.poll_layer(layer) and ok
-            except oc.LayerMissError as e:
-                err = err or e
-        if err is not None:
-            raise err
-        return ok
-
-    def chunk_status(self):
-        return [s for t in self.ts for s in t.chunk_status()]
-
-    def stats(self):
-        st = [t.stats() for t in self.ts]
-        out = st[0]
-        out.layers_ready = min(s.layers_ready for s in st)
-        out.bytes = sum(s.bytes for s in st)
-        out.requests = sum(s.requests for s in st)
-        out.ttll_s = -1.0 if any(s.ttll_s < 0 for s in st) else max(s.ttll_s for s in st)
-        return out
-
-    def release(self):
-        for t in self.ts:
-            t.release()
-
-
-_PAGED = oc._ffi.PAGED
-
-
-def _load(engine, g, hashes, ranges, request_id):
-    if _PAGED:
-        return engine.load(g, hashes, ranges, request_id=request_id)
-    n = len(hashes)
-    if any(len(r) != n for r in ranges):
-        raise oc.UnsupportedError(
-            5, "OBJECTCACHE_ERR_UNSUPPORTED",
-            "this libobjectcache has no paged loads: one contiguous range per chunk needed")
-    ts = []
-    try:
-        for c in range(n):
-            ts.append(engine.load(g, [hashes[c]], [r[c] for r in ranges],
-                                  request_id=request_id))
-    except Exception:
-        for t in ts:
-            t.release()
-        raise
-    return _ChunkTransfers(ts, g.layers)
-
-
-def _save(engine, g, hashes, ranges):
-    if _PAGED:
-        return engine.save(g, hashes, ranges)
-    reps = [engine.save(g, [h], [r[c] for r in ranges]) for c, h in enumerate(hashes)]
-    out = reps[0]
-    out.written = sum(r.written for r in reps)
-    out.bytes = sum(r.bytes for r in reps)
-    out.already_present = sum(r.already_present for r in reps)
-    return out
 
 
 def _request_id(req_id):
