@@ -321,3 +321,18 @@ def test_overlapping_paged_destinations_are_refused(eng):
         short = block_ranges(dst, g, 4, per_block, [0])
         with pytest.raises(oc.InvalidArgumentError):
             eng.load(g, hashes, short)
+
+
+def test_tenant_salts_separate_entries_c15(eng, tmp_path):
+    # C15 through the Python package: the same 4,096-token prompt under two cache salts.
+    g = geometry(tokens_per_chunk=256)
+    toks = tokens(4096, 31)
+    ha = oc.chunk_hashes(toks, 256, salt="tenant-a")
+    hb = oc.chunk_hashes(toks, 256, salt="tenant-b")
+    assert len(ha) == len(hb) == 16 and not set(ha) & set(hb)
+    eng.save(g, ha, kv(g, 16, 31))
+    assert eng.lookup_tokens(g, toks, salt="tenant-b") == 0
+    assert eng.lookup(g, hb) == 0
+    assert eng.lookup_tokens(g, toks, salt="tenant-a") == 16  # the positive control
+    stored = {pathlib.Path(p).name for p in data_objects(tmp_path / "store")}
+    assert stored == {h.hex() for h in ha}
