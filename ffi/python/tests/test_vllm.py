@@ -146,6 +146,7 @@ class _Proc:
             except Exception:
                 self.proc.kill()
                 self.proc.wait()
+        self.t.join(timeout=60)  # the reader ends at the child's end of output
         self.log.close()
 
 
@@ -255,6 +256,7 @@ class ApiServer(_Proc):
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self.t.join(timeout=60)
         self.log.close()
 
 
