@@ -30,6 +30,8 @@
 #   RGW_AK, RGW_SK  S3 keys of the Ceph user, also accepted by the gateways
 #                   (default cephtestak / cephtestsecretkey0123456789)
 #   MEMSTORE_BYTES  capacity of each in-memory OSD (default 2 GiB; used only as filled)
+#   BED_GW_CAP      each gateway's gather send rate, bytes/s (default 100000000: a 100 MB/s
+#                   share, so that a 100 MB load lasts about a second and can be cut)
 #   START_TIMEOUT   seconds to wait for each daemon (default 90)
 #
 # bed.env (in BED_DIR) records what tests need: the namespaces, addresses and the binary.
@@ -43,6 +45,7 @@ BIN=${OBJECTCACHE_BIN:-$repo/target/release/objectcache}
 AK=${RGW_AK:-cephtestak}
 SK=${RGW_SK:-cephtestsecretkey0123456789}
 BYTES=${MEMSTORE_BYTES:-2147483648}
+GW_CAP=${BED_GW_CAP:-100000000}
 WAIT=${START_TIMEOUT:-90}
 NET=10.99.0
 BUCKET=objectcache-bed
@@ -92,9 +95,22 @@ net_up() {
         on "$h" ip addr add "${ADDR[$h]}/24" dev eth0
         on "$h" ip link set eth0 up
     done
+    mkdir -p "$(dirname "$(hosts_file)")"
+    {
+        echo "127.0.0.1 localhost"
+        for h in "${HOSTS[@]}"; do echo "${ADDR[$h]} $h.bed"; done
+        echo "${ADDR[gw1]} gateways.bed"
+        echo "${ADDR[gw2]} gateways.bed"
+        echo "${ADDR[gw3]} gateways.bed"
+    } > "$(hosts_file)"
 }
 
+# Processes started with `ip netns exec NAME-client` see /etc/netns/NAME-client/hosts as
+# /etc/hosts: the name `gateways.bed` resolves there to the three gateways.
+hosts_file() { echo "/etc/netns/$(ns client)/hosts"; }
+
 net_down() {
+    rm -rf "/etc/netns/$(ns client)"
     local h
     for h in "${HOSTS[@]}" sw; do
         ip netns del "$(ns "$h")" 2>/dev/null || true
@@ -195,9 +211,8 @@ start_rgw() {
 }
 
 # --- gateways ------------------------------------------------------------------------------
-gw_store() { # gw_store N: gateway N's upstream, RGW 1 or 2 alternately
-    local r=$(( ($1 - 1) % 2 + 1 ))
-    echo "s3://$BUCKET/gw?endpoint=http://${ADDR[rgw$r]}:$RGW_PORT"
+gw_store() { # gw_store N: gateway N's upstream: both RGWs (either can serve any object)
+    echo "s3://$BUCKET/gw?endpoint=http://${ADDR[rgw1]}:$RGW_PORT,http://${ADDR[rgw2]}:$RGW_PORT"
 }
 
 start_gw() {
@@ -208,6 +223,7 @@ start_gw() {
     AWS_ACCESS_KEY_ID=$AK AWS_SECRET_ACCESS_KEY=$SK AWS_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true \
         ip netns exec "$(ns "gw$i")" "$BIN" serve --listen "$addr:$GW_PORT" --store "$(gw_store "$i")" \
         --access-key "$AK:$SK" --bucket kvcache --shutdown-grace-secs 2 \
+        --scheduler equal --bandwidth-cap-bytes-per-s "$GW_CAP" \
         >>"$D/log/gw$i.log" 2>&1 &
     echo $! > "$D/run/gw$i.pid"
     wait_for "gateway $i on $addr:$GW_PORT" on client curl -sf -o /dev/null -m 1 "http://$addr:$GW_PORT/_objectcache/health"
@@ -285,6 +301,8 @@ BED_SCRIPT=$here/bed.sh
 OBJECTCACHE_BIN=$BIN
 CLIENT_NS=$(ns client)
 CLIENT_ADDR=${ADDR[client]}
+GATEWAYS_DNS=http://gateways.bed:$GW_PORT
+GATEWAY_CAP=$GW_CAP
 GATEWAYS=http://${ADDR[gw1]}:$GW_PORT,http://${ADDR[gw2]}:$GW_PORT,http://${ADDR[gw3]}:$GW_PORT
 RGWS=http://${ADDR[rgw1]}:$RGW_PORT,http://${ADDR[rgw2]}:$RGW_PORT
 GATEWAY_BUCKET=kvcache

@@ -75,6 +75,50 @@ pub struct SimOptions {
     /// Write an SVG plot of mean added TTFT per policy and concurrency here.
     #[arg(long)]
     pub svg: Option<PathBuf>,
+    /// Simulate a cluster instead of one link: GPUs loading through gateways in front of a
+    /// storage cluster (`--gpus`, `--gateways`, `--placements`, `--policies`, storage and
+    /// workload flags below); `--workload trace` replays `--trace` on every GPU, anything
+    /// else is the synthetic workload. See `docs/deployment.md`, "Sizing".
+    #[arg(long)]
+    pub cluster: bool,
+    /// Cluster: GPU counts, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "512")]
+    pub gpus: Vec<usize>,
+    /// Cluster: gateway counts, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "8,16,32")]
+    pub gateways: Vec<usize>,
+    /// Cluster: placement policies (two-choice, hash, least-loaded), comma-separated
+    /// [default: all three].
+    #[arg(long, value_delimiter = ',')]
+    pub placements: Vec<String>,
+    /// Cluster: seconds of arrivals.
+    #[arg(long, default_value_t = 3600.0)]
+    pub duration: f64,
+    /// Cluster, synthetic workload: requests per second per GPU (Poisson). At the default
+    /// prefix mix (Llama-3.1-8B: 5.4 GB per prefix on average) 0.1 is 0.54 GB/s per GPU.
+    #[arg(long, default_value_t = 0.1)]
+    pub rate_per_gpu: f64,
+    /// Cluster, synthetic workload: shared documents (cached prefixes).
+    #[arg(long, default_value_t = 10_000)]
+    pub documents: usize,
+    /// Cluster, synthetic workload: Zipf exponent of document popularity (0: uniform).
+    #[arg(long, default_value_t = 1.0)]
+    pub zipf: f64,
+    /// Cluster: each gateway's NIC, Gb/s.
+    #[arg(long, default_value_t = 100.0)]
+    pub gateway_gbps: f64,
+    /// Cluster: a GPU host's link for one load, Gb/s.
+    #[arg(long, default_value_t = 100.0)]
+    pub gpu_gbps: f64,
+    /// Cluster: storage nodes.
+    #[arg(long, default_value_t = 32)]
+    pub storage_nodes: usize,
+    /// Cluster: bandwidth of each storage node, Gb/s.
+    #[arg(long, default_value_t = 100.0)]
+    pub storage_node_gbps: f64,
+    /// Cluster: the clients' health-check interval in ms (how stale their load figures are).
+    #[arg(long, default_value_t = 1000)]
+    pub health_interval_ms: u64,
 }
 
 fn bad(m: String) -> Error {
@@ -89,6 +133,9 @@ fn bad(m: String) -> Error {
 /// be written.
 pub fn run(args: SimArgs) -> crate::Result<()> {
     let args = *args.opts;
+    if args.cluster {
+        return run_cluster(&args);
+    }
     let records = records(&args)?;
     print!("{}", table(&records));
     if let Some(p) = &args.json {
@@ -350,6 +397,235 @@ fn plot(records: &[Record], path: &std::path::Path) -> crate::Result<()> {
                 .legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
                 });
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 11))
+            .draw()
+            .map_err(|e| err(&e))?;
+    }
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
+
+/// Runs `objectcache sim --cluster`: one simulation per (GPUs, gateways, placement, policy),
+/// a table, optional JSON records and SVG plot.
+fn run_cluster(args: &SimOptions) -> crate::Result<()> {
+    let t0 = std::time::Instant::now();
+    let records = cluster_records(args, |r, wall| {
+        eprintln!(
+            "simulated {} GPUs x {} gateways, {} + {}: {} requests in {:.1} s",
+            r.gpus, r.gateways, r.placement, r.policy, r.requests, wall
+        )
+    })?;
+    print!("{}", cluster_table(&records));
+    eprintln!("{} simulations in {:.1} s", records.len(), t0.elapsed().as_secs_f64());
+    if let Some(p) = &args.json {
+        let s = serde_json::to_string_pretty(&records)
+            .map_err(|e| bad(format!("JSON encoding failed: {e}")))?;
+        std::fs::write(p, s + "\n")?;
+        eprintln!("wrote {}", p.display());
+    }
+    if let Some(p) = &args.svg {
+        cluster_plot(&records, p)?;
+        eprintln!("wrote {}", p.display());
+    }
+    Ok(())
+}
+
+/// Builds and runs the cluster simulations `args` asks for (in order: GPUs, gateways,
+/// placement, policy); `progress` is told of each with its wall time in seconds.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a bad flag value (unknown model, GPU, placement or
+/// policy, a count of 0, a bandwidth that is not positive, a missing or malformed trace).
+pub fn cluster_records(
+    args: &SimOptions,
+    mut progress: impl FnMut(&sim::cluster::ClusterRecord, f64),
+) -> crate::Result<Vec<sim::cluster::ClusterRecord>> {
+    use crate::sched::{Placement, PolicyKind};
+    use sim::cluster::{self, ClusterConfig};
+    let gpu = GpuKind::parse(&args.gpu)?;
+    let kernels = KernelClass::parse(&args.kernels)?;
+    if args.tp == 0 {
+        return Err(bad("--tp must be at least 1".into()));
+    }
+    let shape = ModelShape::preset(&args.model)?;
+    let model = ComputeModel::Analytic(AnalyticModel::new(shape.clone(), gpu, kernels, args.tp)?);
+    let kv_bytes = shape.kv_bytes_per_token_per_layer / args.tp as u64;
+    if args.gpus.is_empty() || args.gpus.contains(&0) || args.gateways.is_empty() || args.gateways.contains(&0) {
+        return Err(bad("--gpus and --gateways need counts of at least 1".into()));
+    }
+    let placements: Vec<Placement> = if args.placements.is_empty() {
+        Placement::ALL.to_vec()
+    } else {
+        args.placements.iter().map(|p| Placement::parse(p)).collect::<Result<_, _>>()?
+    };
+    let policies: Vec<PolicyKind> = if args.policies.is_empty() {
+        vec![PolicyKind::EqualShare, PolicyKind::StallAware]
+    } else {
+        args.policies
+            .iter()
+            .map(|p| {
+                let sp = SimPolicy::parse(p)?;
+                if sp.planner {
+                    return Err(bad(format!("--cluster simulates the link policies without the planner, not {p:?}")));
+                }
+                Ok(sp.kind)
+            })
+            .collect::<Result<_, _>>()?
+    };
+    let gbps = |what: &str, v: f64| -> crate::Result<f64> {
+        if v.is_finite() && v > 0.0 {
+            Ok(v * 1e9 / 8.0)
+        } else {
+            Err(bad(format!("--{what} {v} must be > 0")))
+        }
+    };
+    let base = ClusterConfig {
+        model,
+        kv_bytes_per_token_per_layer: kv_bytes,
+        gateways: 1,
+        gateway_bytes_per_s: gbps("gateway-gbps", args.gateway_gbps)?,
+        gpu_bytes_per_s: gbps("gpu-gbps", args.gpu_gbps)?,
+        storage_nodes: args.storage_nodes,
+        storage_node_bytes_per_s: gbps("storage-node-gbps", args.storage_node_gbps)?,
+        placement: Placement::default(),
+        policy: PolicyKind::EqualShare,
+        health_interval_s: args.health_interval_ms.max(1) as f64 / 1000.0,
+    };
+    let trace = match args.workload.as_str() {
+        "trace" => {
+            let path = args
+                .trace
+                .as_ref()
+                .ok_or_else(|| bad("--workload trace needs --trace PATH".into()))?;
+            Some(
+                std::fs::read_to_string(path)
+                    .map_err(|e| bad(format!("cannot read trace {}: {e}", path.display())))?,
+            )
+        }
+        _ => None,
+    };
+    let mut out = Vec::new();
+    for &gpus in &args.gpus {
+        let w = match &trace {
+            Some(text) => cluster::trace(text, gpus, args.duration, args.time_scale, args.seed)?,
+            None => cluster::synthetic(gpus, args.rate_per_gpu, args.duration, args.documents, args.zipf, args.seed)?,
+        };
+        for &gateways in &args.gateways {
+            for &placement in &placements {
+                for &policy in &policies {
+                    let cfg = ClusterConfig {
+                        gateways,
+                        placement,
+                        policy,
+                        ..base.clone()
+                    };
+                    let t = std::time::Instant::now();
+                    let r = cluster::simulate(&w, &cfg, gpu.name())?;
+                    progress(&r, t.elapsed().as_secs_f64());
+                    out.push(r);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The readable table of `objectcache sim --cluster`.
+pub fn cluster_table(records: &[sim::cluster::ClusterRecord]) -> String {
+    let mut s = format!(
+        "{:>5} {:>4} {:<13} {:<18} {:>8} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>9}\n",
+        "gpus", "gws", "placement", "policy", "loads", "meanAdd", "p99Add", "p99Alone", "maxAdd", "gwUtil", "gwMax", "stUtil", "GB/GPU"
+    );
+    for r in records {
+        s += &format!(
+            "{:>5} {:>4} {:<13} {:<18} {:>8} {:>9.4} {:>9.4} {:>9.4} {:>9.3} {:>6.1}% {:>6.1}% {:>6.1}% {:>9.1}\n",
+            r.gpus,
+            r.gateways,
+            r.placement,
+            r.policy,
+            r.loads,
+            r.mean_added_ttft_s,
+            r.p99_added_ttft_s,
+            r.p99_alone_added_ttft_s,
+            r.max_added_ttft_s,
+            r.gateway_utilisation * 100.0,
+            r.max_gateway_utilisation * 100.0,
+            r.storage_utilisation * 100.0,
+            r.bytes_per_gpu / 1e9
+        );
+    }
+    s
+}
+
+/// SVG: one panel per GPU count, p99 added TTFT against the number of gateways, one line per
+/// placement and policy.
+fn cluster_plot(records: &[sim::cluster::ClusterRecord], path: &std::path::Path) -> crate::Result<()> {
+    use plotters::prelude::*;
+    let err = |e: &dyn std::fmt::Display| bad(format!("cannot draw {}: {e}", path.display()));
+    let mut gpus: Vec<usize> = records.iter().map(|r| r.gpus).collect();
+    gpus.sort_unstable();
+    gpus.dedup();
+    let mut gws: Vec<usize> = records.iter().map(|r| r.gateways).collect();
+    gws.sort_unstable();
+    gws.dedup();
+    let mut lines: Vec<(String, String)> = Vec::new();
+    for r in records {
+        let k = (r.placement.clone(), r.policy.clone());
+        if !lines.contains(&k) {
+            lines.push(k);
+        }
+    }
+    let floor = 1e-4;
+    let ymax = records.iter().map(|r| r.p99_added_ttft_s).fold(floor, f64::max) * 2.0;
+    let root = SVGBackend::new(path, (460 * gpus.len().max(1) as u32, 440)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let panels = root.split_evenly((1, gpus.len().max(1)));
+    for (panel, &n) in panels.iter().zip(&gpus) {
+        let xmax = (gws.len().max(2) - 1) as f64;
+        let mut chart = ChartBuilder::on(panel)
+            .caption(format!("{n} GPUs: p99 added TTFT"), ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(56)
+            .build_cartesian_2d(0f64..xmax, (floor..ymax).log_scale())
+            .map_err(|e| err(&e))?;
+        let labels = gws.clone();
+        chart
+            .configure_mesh()
+            .x_desc("gateways")
+            .y_desc("p99 added TTFT (s)")
+            .x_labels(gws.len().max(2))
+            .x_label_formatter(&|x| {
+                let i = x.round() as usize;
+                if (x - x.round()).abs() < 1e-6 && i < labels.len() {
+                    labels[i].to_string()
+                } else {
+                    String::new()
+                }
+            })
+            .draw()
+            .map_err(|e| err(&e))?;
+        for (li, (pl, po)) in lines.iter().enumerate() {
+            let color = Palette99::pick(li).to_rgba();
+            let pts: Vec<(f64, f64)> = records
+                .iter()
+                .filter(|r| r.gpus == n && &r.placement == pl && &r.policy == po)
+                .filter_map(|r| {
+                    gws.iter()
+                        .position(|&g| g == r.gateways)
+                        .map(|i| (i as f64, r.p99_added_ttft_s.max(floor)))
+                })
+                .collect();
+            chart
+                .draw_series(LineSeries::new(pts, color.stroke_width(2)))
+                .map_err(|e| err(&e))?
+                .label(format!("{pl} + {po}"))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
         }
         chart
             .configure_series_labels()

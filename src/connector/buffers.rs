@@ -478,6 +478,31 @@ impl LoadState {
         Ok(())
     }
 
+    /// Gives back the reservation of `offset..offset+len` of layer `layer`, a range accepted
+    /// by `reserve` whose bytes were never verified (a gather stream broke in the middle of
+    /// it), so that another transport can write it again; with `filled`, its bytes had been
+    /// counted as written and are uncounted. Returns whether such a range was reserved.
+    ///
+    /// The caller must know that the writer of the range has ended: its transport's call
+    /// returned, so no slice lent for the range is still in use (the connector's failover
+    /// calls this only after the stripe's `GatherClient::load` future has completed, which
+    /// ends every borrow of the sink that lent the slices). A ready layer is never touched:
+    /// every byte of a ready layer is verified.
+    pub(crate) fn release(&self, layer: u32, offset: u64, len: u64, filled: bool) -> bool {
+        let Some(lock) = self.layers.get(layer as usize) else {
+            return false;
+        };
+        let mut p = lock.lock().expect("lock");
+        if p.ready || len == 0 || p.ranges.get(&offset) != Some(&(offset + len)) {
+            return false;
+        }
+        p.ranges.remove(&offset);
+        if filled {
+            p.written = p.written.saturating_sub(len);
+        }
+        true
+    }
+
     fn finish_write(&self, l: usize, len: u64) {
         let mut p = self.layers[l].lock().expect("lock");
         p.written += len;

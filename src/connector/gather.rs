@@ -8,10 +8,11 @@ use super::load::{ChunkStatus, LoadRequest, Shared};
 use crate::error::LayerError;
 use crate::layout::KeyBuilder;
 use crate::protocol::{ChunkKeys, GatherRequest, LoadGroup, MissReason, ServerInfo};
-use crate::store::GatherTarget;
+use crate::store::{EndpointEvent, GatherTarget, Store};
 use crate::transport::discovery::{probe_capabilities, Capabilities};
 use crate::transport::tcp::{GatherClient, GatherError};
 use crate::transport::LayerSink;
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -217,16 +218,27 @@ fn unit_bytes_for(g: &crate::layout::KvGeometry) -> u32 {
         .clamp(crate::protocol::MIN_UNIT_BYTES as u64, crate::protocol::MAX_UNIT_BYTES as u64) as u32
 }
 
+/// Why [`connection`] gave no connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NoConnection {
+    /// The endpoint does not offer gather (or is not known to): use ranged GETs.
+    NotOffered,
+    /// It offers gather but could not be reached now (refused, reset, silent).
+    Unreachable,
+}
+
 /// Takes an idle pooled connection to the gather server, or opens one. Call after
-/// [`offered`]. `Err(Outcome::Fallback)` when the endpoint turns out not to offer gather or
-/// cannot be reached.
-async fn connection(probe: &Mutex<Probe>, target: &GatherTarget) -> Result<GatherClient, Outcome> {
+/// [`offered`].
+async fn connection(
+    probe: &Mutex<Probe>,
+    target: &GatherTarget,
+) -> Result<GatherClient, NoConnection> {
     let pooled = {
         let mut p = probe.lock().expect("lock");
         match &mut *p {
             // Skip connections the server closed while they sat idle (e.g. it restarted).
             Probe::Offered { pool, .. } => std::iter::from_fn(|| pool.pop()).find(|c| !c.is_stale()),
-            _ => return Err(Outcome::Fallback),
+            _ => return Err(NoConnection::NotOffered),
         }
     };
     if let Some(c) = pooled {
@@ -237,12 +249,62 @@ async fn connection(probe: &Mutex<Probe>, target: &GatherTarget) -> Result<Gathe
         Err(GatherError::NotOffered(why)) => {
             tracing::info!(addr = %target.addr, %why, "gather not offered; using ranged GETs");
             *probe.lock().expect("lock") = Probe::NotOffered;
-            Err(Outcome::Fallback)
+            Err(NoConnection::NotOffered)
         }
         Err(e) => {
-            tracing::warn!(addr = %target.addr, error = %e, "gather connection failed; using ranged GETs");
-            Err(Outcome::Fallback)
+            tracing::warn!(addr = %target.addr, error = %e, "gather connection failed");
+            Err(NoConnection::Unreachable)
         }
+    }
+}
+
+/// The engine's gather probes, one per endpoint (`GatherTarget::addr`): a store over several
+/// gateways has one per gateway.
+#[derive(Debug, Default)]
+pub(crate) struct Probes(Mutex<HashMap<String, Arc<Mutex<Probe>>>>);
+
+impl Probes {
+    /// The probe of the endpoint at `addr` (created unknown on first use).
+    pub(crate) fn get(&self, addr: &str) -> Arc<Mutex<Probe>> {
+        self.0
+            .lock()
+            .expect("lock")
+            .entry(addr.to_string())
+            .or_default()
+            .clone()
+    }
+}
+
+/// What a load's stripes share for failing over: where to find other gateways.
+struct Failover {
+    probes: Arc<Probes>,
+    store: Arc<dyn Store>,
+    /// The load's route key (placement).
+    route: u64,
+}
+
+impl Failover {
+    /// The first gateway of the load's route, not in `tried`, that offers gather and gives
+    /// a connection; a gateway that cannot be reached is reported to the store (which marks
+    /// it down until a health check finds it up again).
+    async fn pick(&self, tried: &[String]) -> Option<(GatherTarget, GatherClient)> {
+        for t in self.store.gather_route(self.route) {
+            if tried.contains(&t.addr) {
+                continue;
+            }
+            let probe = self.probes.get(&t.addr);
+            if !offered(&probe, &t).await {
+                continue;
+            }
+            match connection(&probe, &t).await {
+                Ok(c) => return Some((t, c)),
+                Err(NoConnection::Unreachable) => {
+                    self.store.endpoint_event(&t.addr, EndpointEvent::Unreachable)
+                }
+                Err(NoConnection::NotOffered) => {}
+            }
+        }
+        None
     }
 }
 
@@ -250,6 +312,11 @@ async fn connection(probe: &Mutex<Probe>, target: &GatherTarget) -> Result<Gathe
 /// `base..`, so its byte offsets move by `shift` = `base x slice_bytes` within every layer
 /// and the chunk indices its errors name move by `base`. Layers become ready in the load's
 /// state once every stripe's bytes of them are written and verified.
+///
+/// A stripe also keeps what it delivered, so that when its gateway fails in the middle of
+/// the load the rest can come from another one ([`Stripe::rewind`], [`Stripe::resume_from`]):
+/// a unit that was being received is given back to the load state, and units already
+/// delivered that the next gateway sends again are dropped, not written twice.
 struct Stripe {
     sh: Arc<Shared>,
     base: usize,
@@ -257,6 +324,141 @@ struct Stripe {
     /// The stripes' progress, and this stripe's place in it.
     step: Arc<Lockstep>,
     index: usize,
+    /// Failover bookkeeping (a stripe's units arrive one after another, on one task).
+    track: Mutex<Track>,
+}
+
+/// What a stripe delivered, and the unit it is receiving.
+#[derive(Default)]
+struct Track {
+    /// Per layer: byte ranges of the load (offsets in the whole layer) this stripe wrote and
+    /// verified; disjoint (the load state refuses overlaps).
+    done: Vec<Vec<(u64, u64)>>,
+    /// The unit being received.
+    cur: Option<Cur>,
+    /// Layers the transport reported broken (the connection failed before they were
+    /// complete), with the error to fail them with if no other gateway can serve them.
+    held: Vec<(u32, LayerError)>,
+}
+
+/// A unit being received: the byte ranges of the load state it reserved.
+struct Cur {
+    layer: u32,
+    /// Lent in place: `(offset, len)`, and whether it was filled (counted as written).
+    lent: Option<(u64, u64, bool)>,
+    /// Written piece by piece (`write`): the ranges written, skipping bytes already
+    /// delivered by an earlier gateway.
+    pieces: Vec<(u64, u64)>,
+}
+
+impl Track {
+    fn done(&mut self, layer: u32) -> &mut Vec<(u64, u64)> {
+        let l = layer as usize;
+        if self.done.len() <= l {
+            self.done.resize_with(l + 1, Vec::new);
+        }
+        &mut self.done[l]
+    }
+
+    /// Whether any byte of `a..b` of `layer` was delivered already.
+    fn overlaps(&self, layer: u32, a: u64, b: u64) -> bool {
+        self.done
+            .get(layer as usize)
+            .is_some_and(|d| d.iter().any(|&(o, n)| o < b && a < o + n))
+    }
+
+    /// Bytes of `a..b` of `layer` delivered already.
+    fn covered(&self, layer: u32, a: u64, b: u64) -> u64 {
+        self.done.get(layer as usize).map_or(0, |d| {
+            d.iter()
+                .map(|&(o, n)| (o + n).min(b).saturating_sub(o.max(a)))
+                .sum()
+        })
+    }
+
+    /// The parts of `a..b` of `layer` not delivered yet, in order.
+    fn gaps(&self, layer: u32, a: u64, b: u64) -> Vec<(u64, u64)> {
+        let mut have: Vec<(u64, u64)> = self
+            .done
+            .get(layer as usize)
+            .map(|d| d.iter().copied().filter(|&(o, n)| o < b && a < o + n).collect())
+            .unwrap_or_default();
+        have.sort_unstable();
+        let mut out = Vec::new();
+        let mut at = a;
+        for (o, n) in have {
+            if o > at {
+                out.push((at, o - at));
+            }
+            at = at.max(o + n);
+        }
+        if at < b {
+            out.push((at, b - at));
+        }
+        out
+    }
+}
+
+impl Stripe {
+    fn new(sh: Arc<Shared>, base: usize, shift: u64, step: Arc<Lockstep>, index: usize) -> Self {
+        Stripe {
+            sh,
+            base,
+            shift,
+            step,
+            index,
+            track: Mutex::new(Track::default()),
+        }
+    }
+
+    /// Gives the unit that was being received back to the load state (its bytes were not
+    /// verified) and forgets the layers reported broken, before the rest of the stripe is
+    /// asked of another gateway. Takes `&mut self`: the transport that borrowed the stripe
+    /// (and any slice it lent) has returned.
+    fn rewind(&mut self) {
+        let t = self.track.get_mut().expect("lock");
+        t.held.clear();
+        if let Some(c) = t.cur.take() {
+            if let Some((o, n, filled)) = c.lent {
+                self.sh.state.release(c.layer, o, n, filled);
+            }
+            for (o, n) in c.pieces {
+                self.sh.state.release(c.layer, o, n, true);
+            }
+        }
+    }
+
+    /// The first layer of `layers` that this stripe (bytes `lo..hi` of every layer) has not
+    /// delivered in full and that is not a miss already; `None` when there is none.
+    fn resume_from(&self, layers: std::ops::Range<u32>, lo: u64, hi: u64) -> Option<u32> {
+        let t = self.track.lock().expect("lock");
+        layers.into_iter().find(|&l| {
+            t.covered(l, lo, hi) < hi - lo
+                && !matches!(
+                    self.sh.state.status(l as usize),
+                    super::buffers::LayerStatus::Failed(_)
+                )
+        })
+    }
+
+    /// Fails the layers the transport reported broken (no other gateway could serve them).
+    fn fail_held(&mut self) {
+        let held = std::mem::take(&mut self.track.get_mut().expect("lock").held);
+        for (l, e) in held {
+            self.sh.state.fail(l, e);
+        }
+    }
+
+    /// The unit starting at `abs` of `layer` overlaps bytes delivered already (a gateway
+    /// after a failover resends part of a layer): receive it piece by piece, keeping only
+    /// the new bytes.
+    fn begin_filtered(&self, t: &mut Track, layer: u32) {
+        t.cur = Some(Cur {
+            layer,
+            lent: None,
+            pieces: Vec::new(),
+        });
+    }
 }
 
 /// Where each stripe of a striped load is: `at[s]` = the layer stripe `s` receives (every
@@ -320,13 +522,40 @@ fn shift_chunk(e: LayerError, base: usize) -> LayerError {
 
 impl LayerSink for Stripe {
     fn write(&self, layer: u32, offset: u64, data: &[u8]) -> Result<(), LayerError> {
-        self.sh.state.write(layer, offset + self.shift, data)
+        let abs = offset + self.shift;
+        let mut t = self.track.lock().expect("lock");
+        if t.cur.as_ref().is_none_or(|c| c.layer != layer || c.lent.is_some()) {
+            self.begin_filtered(&mut t, layer);
+        }
+        let end = abs + data.len() as u64;
+        for (o, n) in t.gaps(layer, abs, end) {
+            let from = (o - abs) as usize;
+            self.sh
+                .state
+                .write(layer, o, &data[from..from + n as usize])?;
+            t.cur.as_mut().expect("a unit").pieces.push((o, n));
+        }
+        Ok(())
     }
     fn placed(&self, layer: u32, offset: u64, len: u64) -> Result<(), LayerError> {
         self.sh.state.placed(layer, offset + self.shift, len)
     }
     fn dest_mut(&self, layer: u32, offset: u64, len: u64) -> Result<Option<&mut [u8]>, LayerError> {
-        self.sh.state.dest_mut(layer, offset + self.shift, len)
+        let abs = offset + self.shift;
+        let mut t = self.track.lock().expect("lock");
+        if t.overlaps(layer, abs, abs + len) {
+            self.begin_filtered(&mut t, layer);
+            return Ok(None);
+        }
+        let d = self.sh.state.dest_mut(layer, abs, len)?;
+        if d.is_some() {
+            t.cur = Some(Cur {
+                layer,
+                lent: Some((abs, len, false)),
+                pieces: Vec::new(),
+            });
+        }
+        Ok(d)
     }
     fn dest_parts(
         &self,
@@ -334,16 +563,68 @@ impl LayerSink for Stripe {
         offset: u64,
         len: u64,
     ) -> Result<Option<Vec<&mut [u8]>>, LayerError> {
-        self.sh.state.dest_parts(layer, offset + self.shift, len)
+        let abs = offset + self.shift;
+        let mut t = self.track.lock().expect("lock");
+        if t.overlaps(layer, abs, abs + len) {
+            self.begin_filtered(&mut t, layer);
+            return Ok(None);
+        }
+        let d = self.sh.state.dest_parts(layer, abs, len)?;
+        if d.is_some() {
+            t.cur = Some(Cur {
+                layer,
+                lent: Some((abs, len, false)),
+                pieces: Vec::new(),
+            });
+        }
+        Ok(d)
     }
     fn dest_filled(&self, layer: u32, len: u64) {
+        if let Some(Cur { lent: Some((_, _, filled)), .. }) =
+            self.track.lock().expect("lock").cur.as_mut()
+        {
+            *filled = true;
+        }
         self.sh.state.dest_filled(layer, len)
     }
     fn complete(&self, layer: u32, bytes: u64) {
-        self.sh.state.complete(layer, bytes)
+        let mut t = self.track.lock().expect("lock");
+        match t.cur.take() {
+            Some(Cur { lent: Some((o, n, _)), .. }) => {
+                t.done(layer).push((o, n));
+                drop(t);
+                self.sh.state.complete(layer, bytes);
+            }
+            Some(c) => {
+                let new: u64 = c.pieces.iter().map(|p| p.1).sum();
+                t.done(layer).extend(c.pieces);
+                drop(t);
+                if new > 0 {
+                    self.sh.state.complete(layer, new);
+                }
+            }
+            None => {
+                drop(t);
+                self.sh.state.complete(layer, bytes)
+            }
+        }
     }
     fn fail(&self, layer: u32, err: LayerError) {
+        {
+            let mut t = self.track.lock().expect("lock");
+            if t.cur.as_ref().is_some_and(|c| c.layer == layer) {
+                // The unit's bytes stay reserved: the layer is a miss, never ready.
+                t.cur = None;
+            }
+        }
         self.sh.state.fail(layer, shift_chunk(err, self.base))
+    }
+    fn broken(&self, layer: u32, err: LayerError) {
+        self.track
+            .lock()
+            .expect("lock")
+            .held
+            .push((layer, shift_chunk(err, self.base)));
     }
     fn is_cancelled(&self) -> bool {
         self.sh.state.is_cancelled()
@@ -376,38 +657,157 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Runs `req` over gather if the endpoint offers it, striped over up to `streams`
-/// connections (contiguous runs of chunks, one request and one task each; see
-/// `EngineConfig::gather_streams`).
+/// How a stripe ended ([`run_stripe`]).
+struct StripeEnd {
+    /// The stripe's sink, with what it still holds back.
+    sink: Stripe,
+    /// The last gateway's answer.
+    result: Result<crate::transport::tcp::LoadReport, GatherError>,
+    /// The connection, to pool with its gateway's probe, when it ended cleanly.
+    client: Option<(String, GatherClient)>,
+}
+
+/// Runs one stripe (`part` = the load's chunks `a..b`) on `client` to `target`, and when
+/// that gateway fails before the stripe is complete (the connection breaks, the server stops
+/// or refuses the request), asks the next gateway of the load's route for the layers not
+/// delivered yet, until one serves them or none is left. Byte-exact: a unit cut short is
+/// given back ([`Stripe::rewind`]) and units already delivered are not written again.
+#[allow(clippy::too_many_arguments)]
+async fn run_stripe(
+    fo: Arc<Failover>,
+    mut target: GatherTarget,
+    mut client: GatherClient,
+    mut sink: Stripe,
+    keys: KeyBuilder,
+    part: LoadRequest,
+    request_id: u64,
+    group: Option<LoadGroup>,
+    bytes: std::ops::Range<u64>,
+) -> StripeEnd {
+    let layers = part.geometry.layers;
+    let mut from = 0u32;
+    let mut tried = vec![target.addr.clone()];
+    loop {
+        let mut greq = gather_request(request_id, &target, &keys, &part);
+        greq.layers = from..layers;
+        // One unit per slice, checked by this client against the slice's stored CRC32C (end
+        // to end: storage, server and network): the server reads no payload byte itself (from
+        // local files it sends them with sendfile), a bad unit names exactly one (chunk,
+        // layer), and the first layer's slices are sent as each is read.
+        greq.verify = false;
+        greq.max_unit_bytes = unit_bytes_for(&part.geometry);
+        // The first gateway schedules the stripes as one load; a stripe that failed over is
+        // a load of its own on its new gateway (which never sees the others).
+        if tried.len() == 1 {
+            greq.group = group;
+        }
+        sink.sh.requests.fetch_add(1, Ordering::Relaxed);
+        let r = client.load(&greq, &sink).await;
+        let e = match r {
+            Ok(report) => {
+                return StripeEnd {
+                    sink,
+                    result: Ok(report),
+                    client: Some((target.addr, client)),
+                }
+            }
+            Err(GatherError::Cancelled) => {
+                return StripeEnd {
+                    sink,
+                    result: Err(GatherError::Cancelled),
+                    client: Some((target.addr, client)),
+                }
+            }
+            Err(e) => e,
+        };
+        if matches!(e, GatherError::Io(_)) {
+            fo.store.endpoint_event(&target.addr, EndpointEvent::Unreachable);
+        }
+        if sink.sh.state.is_cancelled() {
+            return StripeEnd { sink, result: Err(e), client: None };
+        }
+        // Where the rest starts: the first layer this stripe has not delivered in full.
+        let held = std::mem::take(&mut sink.track.get_mut().expect("lock").held);
+        let Some(next) = sink.resume_from(from..layers, bytes.start, bytes.end) else {
+            // Everything arrived before the gateway failed.
+            return StripeEnd { sink, result: Ok(empty_report()), client: None };
+        };
+        let Some((t, c)) = fo.pick(&tried).await else {
+            sink.track.get_mut().expect("lock").held = held;
+            return StripeEnd { sink, result: Err(e), client: None };
+        };
+        tracing::warn!(from = %target.addr, to = %t.addr, layer = next, error = %e,
+            "gather stripe failed over to another gateway");
+        sink.rewind();
+        sink.sh.failovers.fetch_add(1, Ordering::Relaxed);
+        from = next;
+        tried.push(t.addr.clone());
+        (target, client) = (t, c);
+    }
+}
+
+/// The report of a stripe whose every layer had arrived when its gateway failed.
+fn empty_report() -> crate::transport::tcp::LoadReport {
+    crate::transport::tcp::LoadReport {
+        units: 0,
+        bytes: 0,
+        failed_layers: Vec::new(),
+        missed_chunks: Vec::new(),
+        ttfl: None,
+        elapsed: Duration::ZERO,
+    }
+}
+
+/// Runs `req` over gather on the gateways of `route` (the store's gather targets in
+/// placement order, [`Store::gather_route`]): on the first that offers gather and accepts a
+/// connection, striped over up to `streams` connections (contiguous runs of chunks, one
+/// request and one task each; see `EngineConfig::gather_streams`). A stripe whose gateway
+/// fails mid-load continues on the next gateway of the route ([`run_stripe`]).
 ///
-/// `Outcome::Fallback` (nothing delivered) when gather is not offered, no connection could
-/// be opened, or the server refused every stripe before sending a byte (busy, limits).
-/// Otherwise `Outcome::Done`: layers are ready or failed; a stripe that failed or was refused
-/// fails the layers still pending (misses, never bytes), and the per-chunk status names
-/// the chunks each stripe's server reported.
+/// `Outcome::Fallback` (nothing delivered) when no gateway offers gather, no connection
+/// could be opened, or every stripe was refused before any byte arrived (busy, limits).
+/// Otherwise `Outcome::Done`: layers are ready or failed; a stripe that no gateway could
+/// finish fails the layers still pending (misses, never bytes), and the per-chunk status
+/// names the chunks each stripe's server reported.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn try_gather(
-    probe: &Mutex<Probe>,
-    target: &GatherTarget,
+    probes: &Arc<Probes>,
+    store: &Arc<dyn Store>,
+    route: u64,
     keys: &KeyBuilder,
     req: &LoadRequest,
     request_id: u64,
     sh: &Arc<Shared>,
     streams: usize,
 ) -> Outcome {
-    let first = match connection(probe, target).await {
-        Ok(c) => c,
-        Err(o) => return o,
+    let fo = Arc::new(Failover {
+        probes: probes.clone(),
+        store: store.clone(),
+        route,
+    });
+    let Some((target, first)) = fo.pick(&[]).await else {
+        return Outcome::Fallback;
     };
+    let probe = probes.get(&target.addr);
     let chunks = req.hashes.len();
     let want = streams.clamp(1, chunks.max(1));
     let mut clients = vec![first];
     while clients.len() < want {
-        match connection(probe, target).await {
+        match connection(&probe, &target).await {
             Ok(c) => clients.push(c),
             // Fewer streams: the load still runs on the connections it has.
             Err(_) => break,
         }
     }
+    // Counted against the gateway for load-aware placement while the load runs.
+    store.endpoint_event(&target.addr, EndpointEvent::LoadStarted);
+    struct Ended<'a>(&'a Arc<dyn Store>, &'a str);
+    impl Drop for Ended<'_> {
+        fn drop(&mut self) {
+            self.0.endpoint_event(self.1, EndpointEvent::LoadEnded);
+        }
+    }
+    let _ended = Ended(store, &target.addr);
     let n = clients.len();
     let slice = req.geometry.slice_bytes();
     let step = Arc::new(Lockstep::new(n, 0));
@@ -423,71 +823,75 @@ pub(crate) async fn try_gather(
     // well as when the load is cancelled or its handle dropped (`Shared::tasks`).
     let mut guards = Vec::with_capacity(n);
     let mut stripes = Vec::with_capacity(n);
-    for (i, mut client) in clients.into_iter().enumerate() {
+    for (i, client) in clients.into_iter().enumerate() {
         let (a, b) = (i * chunks / n, (i + 1) * chunks / n);
         let part = LoadRequest {
             geometry: req.geometry.clone(),
             hashes: req.hashes[a..b].to_vec(),
             hints: req.hints.clone(),
         };
-        let mut greq = gather_request(request_id, target, keys, &part);
-        // One unit per slice, checked by this client against the slice's stored CRC32C (end
-        // to end: storage, server and network): the server reads no payload byte itself (from
-        // local files it sends them with sendfile), a bad unit names exactly one (chunk,
-        // layer), and the first layer's slices are sent as each is read.
-        greq.verify = false;
-        greq.max_unit_bytes = unit_bytes_for(&req.geometry);
-        greq.group = group.map(|(load_id, load_layer_bytes)| LoadGroup {
+        let sink = Stripe::new(sh.clone(), a, a as u64 * slice, step.clone(), i);
+        let group = group.map(|(load_id, load_layer_bytes)| LoadGroup {
             load_id,
             stripe: i as u16,
             stripes: n as u16,
             load_layer_bytes,
         });
-        sh.requests.fetch_add(1, Ordering::Relaxed);
-        let sink = Stripe {
-            sh: sh.clone(),
-            base: a,
-            shift: a as u64 * slice,
-            step: step.clone(),
-            index: i,
-        };
         let (tx, rx) = tokio::sync::oneshot::channel();
         // Its own task, so the stripes' receiving (socket copy, CRC) runs on several threads.
         // Registered with the load, whose end aborts and awaits it before the buffers go.
+        let stripe = run_stripe(
+            fo.clone(),
+            target.clone(),
+            client,
+            sink,
+            keys.clone(),
+            part,
+            request_id,
+            group,
+            a as u64 * slice..b as u64 * slice,
+        );
         let task = tokio::spawn(async move {
-            let r = client.load(&greq, &sink).await;
-            let _ = tx.send((client, r));
+            let _ = tx.send(stripe.await);
         });
         guards.push(AbortOnDrop(task.abort_handle()));
         sh.tasks.lock().expect("lock").push(task);
         stripes.push((a..b, rx));
     }
     let (mut delivered, mut refused, mut broken) = (Vec::new(), None, None);
+    let mut ended = Vec::new();
     for (range, rx) in stripes {
         match rx.await {
-            Ok((client, Ok(report))) => {
-                // The server names each bad chunk once and delivers the others.
-                for &(c, reason) in &report.missed_chunks {
-                    sh.set_chunk(
-                        range.start + c as usize,
-                        match reason {
-                            MissReason::NotFound => ChunkStatus::Missing,
-                            MissReason::GeometryMismatch => ChunkStatus::WrongGeometry,
-                            MissReason::ChecksumMismatch => ChunkStatus::Corrupt,
-                            MissReason::Storage => ChunkStatus::Error,
-                        },
-                    );
+            Ok(StripeEnd { sink, result, client }) => {
+                match result {
+                    Ok(report) => {
+                        // The server names each bad chunk once and delivers the others.
+                        for &(c, reason) in &report.missed_chunks {
+                            sh.set_chunk(
+                                range.start + c as usize,
+                                match reason {
+                                    MissReason::NotFound => ChunkStatus::Missing,
+                                    MissReason::GeometryMismatch => ChunkStatus::WrongGeometry,
+                                    MissReason::ChecksumMismatch => ChunkStatus::Corrupt,
+                                    MissReason::Storage => ChunkStatus::Error,
+                                },
+                            );
+                        }
+                        delivered.push(range);
+                    }
+                    // Refused before any byte (busy, limits) by every gateway tried.
+                    Err(GatherError::Remote { code, message }) => {
+                        refused = Some((range.start, format!("{code:?}: {message}")))
+                    }
+                    Err(e) => broken = Some((range.start, e.to_string())),
                 }
-                delivered.push(range);
-                if let Probe::Offered { pool, .. } = &mut *probe.lock().expect("lock") {
-                    pool.push(client);
+                if let Some((addr, client)) = client {
+                    if let Probe::Offered { pool, .. } = &mut *probes.get(&addr).lock().expect("lock") {
+                        pool.push(client);
+                    }
                 }
+                ended.push(sink);
             }
-            // Refused before any byte (busy, limits).
-            Ok((_, Err(GatherError::Remote { code, message }))) => {
-                refused = Some((range.start, format!("{code:?}: {message}")))
-            }
-            Ok((_, Err(e))) => broken = Some((range.start, e.to_string())),
             // The task was aborted: the load was cancelled or dropped.
             Err(_) => broken = Some((range.start, "gather stream stopped".to_string())),
         }
@@ -498,6 +902,10 @@ pub(crate) async fn try_gather(
             tracing::warn!(%why, "gather request refused; using ranged GETs");
             return Outcome::Fallback;
         }
+    }
+    // Layers no gateway could finish are misses.
+    for mut sink in ended {
+        sink.fail_held();
     }
     // Per-chunk status from the layers' miss reasons (the server names the chunk).
     for l in 0..sh.state.layers() {

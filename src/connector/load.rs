@@ -208,12 +208,17 @@ pub struct LoadStats {
     pub ttfl_s: Option<f64>,
     /// Seconds from `load` to the last layer ready, if every layer became ready.
     pub ttll_s: Option<f64>,
+    /// Times a gather stream continued on another gateway after its gateway failed in the
+    /// middle of the load (a store over several gateways; see `docs/deployment.md`).
+    pub failovers: u64,
 }
 
 pub(crate) struct Shared {
     pub(crate) state: LoadState,
     pub(crate) chunk_status: Vec<AtomicU8>,
     pub(crate) requests: AtomicU64,
+    /// Gather streams that failed over to another gateway.
+    pub(crate) failovers: AtomicU64,
     pub(crate) tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
@@ -223,6 +228,7 @@ impl Shared {
             state: LoadState::new(bufs, expected),
             chunk_status: (0..chunks).map(|_| AtomicU8::new(0)).collect(),
             requests: AtomicU64::new(0),
+            failovers: AtomicU64::new(0),
             tasks: Mutex::new(Vec::new()),
         }
     }
@@ -681,6 +687,7 @@ impl LoadHandle {
             } else {
                 None
             },
+            failovers: self.sh.failovers.load(Ordering::Relaxed),
         }
     }
 

@@ -113,8 +113,8 @@ pub struct Engine {
     /// marker key -> (published?, time of the answer)
     lookup_cache: Mutex<HashMap<String, (bool, Instant)>>,
     counters: Counters,
-    /// Whether the store's endpoint offers gather, and idle gather connections.
-    gather: Arc<Mutex<gather::Probe>>,
+    /// Whether each of the store's endpoints offers gather, and idle gather connections.
+    gather: Arc<gather::Probes>,
     next_request_id: AtomicU64,
     /// The link scheduler shared by this engine's ranged-GET loads under
     /// `bandwidth_cap_bytes_per_s` (none when uncapped).
@@ -163,11 +163,17 @@ impl Engine {
     /// Whether this engine's loads use gather, as far as it knows now: the answer of its one
     /// capabilities request to the store's endpoint (started with the engine), and the idle
     /// connections it keeps. For diagnostics and tests.
+    ///
+    /// Over several gateways (a store URL with several endpoints), the status of one: the
+    /// first in placement order for route key 0.
     pub fn gather_status(&self) -> GatherStatus {
-        if !self.cfg.gather || self.store.gather_target().is_none() {
+        if !self.cfg.gather {
             return GatherStatus::Off;
         }
-        gather::status(&self.gather)
+        match self.store.gather_route(0).first() {
+            None => GatherStatus::Off,
+            Some(t) => gather::status(&self.gather.get(&t.addr)),
+        }
     }
 
     /// Starts learning, in the background, whether the store's endpoint offers gather (one
@@ -177,9 +183,9 @@ impl Engine {
         if !self.cfg.gather {
             return;
         }
-        if let Some(t) = self.store.gather_target() {
-            let _rt = self.handle.enter();
-            gather::start_probe(&self.gather, &t);
+        let _rt = self.handle.enter();
+        for t in self.store.gather_route(0) {
+            gather::start_probe(&self.gather.get(&t.addr), &t);
         }
     }
 
@@ -213,7 +219,7 @@ impl Engine {
             handle,
             lookup_cache: Mutex::new(HashMap::new()),
             counters: Counters::default(),
-            gather: Arc::new(Mutex::new(gather::Probe::default())),
+            gather: Arc::new(gather::Probes::default()),
             next_request_id: AtomicU64::new(1),
             link,
             #[cfg(feature = "rdma")]
@@ -603,12 +609,14 @@ impl Engine {
             }
         }
         let sh = Arc::new(load::Shared::new(dest, need, req.hashes.len()));
-        let target = if self.cfg.gather {
-            self.store.gather_target()
+        // The gateways to try, in placement order for this prefix (one for a single endpoint).
+        let route = crate::sched::placement::route_key(req.hashes[0].as_bytes());
+        let targets = if self.cfg.gather {
+            self.store.gather_route(route)
         } else {
-            None
+            Vec::new()
         };
-        let probe = self.gather.clone();
+        let probes = self.gather.clone();
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
         let (store, sh1, link) = (self.store.clone(), sh.clone(), self.link.clone());
         let streams = self.cfg.gather_streams;
@@ -621,21 +629,24 @@ impl Engine {
         let (rprobe, transport) = (self.rdma.clone(), self.cfg.transport);
         // Gather (one request, server streams layer-major) where offered, else ranged GETs.
         let run = async move {
-            if let Some(t) = target {
-                if gather::offered(&probe, &t).await {
-                    // Gather with an RDMA target where the server and this host offer it.
-                    #[cfg(feature = "rdma")]
-                    if let gather::Outcome::Done =
-                        rdma::try_rdma(&rprobe, transport, &t, &keys, &req, request_id, &sh1).await
+            if !targets.is_empty() {
+                // Gather with an RDMA target where the first gateway and this host offer it.
+                #[cfg(feature = "rdma")]
+                if gather::offered(&probes.get(&targets[0].addr), &targets[0]).await {
+                    if let gather::Outcome::Done = rdma::try_rdma(
+                        &rprobe, transport, &targets[0], &keys, &req, request_id, &sh1,
+                    )
+                    .await
                     {
                         return;
                     }
-                    if let gather::Outcome::Done =
-                        gather::try_gather(&probe, &t, &keys, &req, request_id, &sh1, streams)
-                            .await
-                    {
-                        return;
-                    }
+                }
+                if let gather::Outcome::Done = gather::try_gather(
+                    &probes, &store, route, &keys, &req, request_id, &sh1, streams,
+                )
+                .await
+                {
+                    return;
                 }
             }
             load::run_store_load(store, keys, req, sh1, window, max_req, coalesce, link).await

@@ -12,7 +12,9 @@
 //!   [`Policy`];
 //! - [`scheduler`]: the event-driven [`Scheduler`] (arrival / progress / layer computed /
 //!   departure / timeout in; allocation, next unit, timeout out) with a shared [`TokenBucket`];
-//! - [`planner`]: load-vs-recompute per request and the deadline fallback.
+//! - [`planner`]: load-vs-recompute per request and the deadline fallback;
+//! - [`placement`]: which of several gateways serves a load (rendezvous hashing, least
+//!   loaded, two choices).
 //!
 //! Everything here is pure: no I/O, no clock reads (callers pass `now` in seconds), no unsafe.
 //! See `docs/scheduling.md` for the design and the sources of every figure.
@@ -20,6 +22,7 @@
 
 pub mod load;
 pub mod model;
+pub mod placement;
 pub mod planner;
 pub mod policy;
 pub mod scheduler;
@@ -28,6 +31,7 @@ pub mod timeline;
 pub use model::{
     AnalyticModel, ComputeModel, Efficiency, GpuKind, KernelClass, MeasuredModel, ModelShape,
 };
+pub use placement::Placement;
 pub use planner::{fallback, plan, Fallback, Plan, PlanChoice, PlanInput, StallState};
 pub use policy::{ByteProportional, EqualShare, Fifo, Policy, PolicyKind, StallAware};
 pub use load::{LoadId, LoadSpec, LoadState};

@@ -267,6 +267,28 @@ impl Scheduler {
         Ok(())
     }
 
+    /// The link's capacity changes to `capacity` bytes/s from `now` on (a link whose share of
+    /// a resource behind it varies, e.g. a gateway's share of the storage cluster); the token
+    /// bucket refills at the new rate.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] unless `capacity` is finite and > 0.
+    pub fn set_capacity(&mut self, now: f64, capacity: f64) -> Result<(), Error> {
+        if !(capacity.is_finite() && capacity > 0.0) {
+            return Err(Error::InvalidArgument(format!(
+                "scheduler: capacity {capacity} bytes/s must be finite and > 0"
+            )));
+        }
+        if capacity != self.capacity {
+            self.accrue(now);
+            self.bucket.refill(now);
+            self.bucket.rate = capacity;
+            self.capacity = capacity;
+            self.dirty = true;
+        }
+        Ok(())
+    }
+
     /// Load `id` finished or was cancelled at `now`.
     ///
     /// # Errors

@@ -4,6 +4,8 @@
 //! - [`engine`]: the event loop (virtual clock, fluid link, layerwise compute per request)
 //!   driving the real [`crate::sched::Scheduler`] and planner;
 //! - [`bound`]: an exact offline lower bound for small bursts;
+//! - [`cluster`]: many GPUs, tens of gateways and a storage cluster (`objectcache sim
+//!   --cluster`);
 //! - [`records`](Record): one summary record per (workload, policy, cap), as printed and written
 //!   by `objectcache sim`.
 //!
@@ -11,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bound;
+pub mod cluster;
 pub mod engine;
 pub mod workload;
 

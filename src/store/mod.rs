@@ -11,11 +11,15 @@ pub mod conformance;
 mod fs;
 mod memory;
 #[cfg(feature = "s3")]
+mod gateways;
+#[cfg(feature = "s3")]
 mod s3;
 mod url;
 
 pub use fs::{FsStore, FsyncPolicy};
 pub use memory::MemoryStore;
+#[cfg(feature = "s3")]
+pub use gateways::{EndpointStatus, GatewayOptions, GatewayStore};
 #[cfg(feature = "s3")]
 pub use s3::{Addressing, S3Config, S3Credentials, S3Store};
 pub use url::open_store;
@@ -71,6 +75,17 @@ pub struct GatherTarget {
     /// `(access_key_id, secret_key)` the gather connection authenticates with (the store's
     /// S3 credentials); `None` for a server without authentication.
     pub credentials: Option<(String, String)>,
+}
+
+/// What the connector tells a store about one of its endpoints ([`Store::endpoint_event`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndpointEvent {
+    /// A gather connection to it could not be opened, or broke in the middle of a load.
+    Unreachable,
+    /// A gather load started on it.
+    LoadStarted,
+    /// A gather load on it ended.
+    LoadEnded,
 }
 
 /// Metadata of a stored object.
@@ -197,6 +212,22 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// gather is not offered); local stores have none. Default: `None`.
     fn gather_target(&self) -> Option<GatherTarget> {
         None
+    }
+
+    /// The gather targets for a load whose prefix has route key `route`
+    /// ([`crate::sched::placement::route_key`] of its first chunk hash), in the order to try
+    /// them: a store over several gateways orders them by its placement policy, up ones
+    /// first. Default: [`Store::gather_target`] alone.
+    fn gather_route(&self, route: u64) -> Vec<GatherTarget> {
+        let _ = route;
+        self.gather_target().into_iter().collect()
+    }
+
+    /// What the connector observed about the endpoint at `addr` (a [`GatherTarget::addr`]):
+    /// a store over several gateways marks it down, or counts its loads, for placement.
+    /// Default: ignored.
+    fn endpoint_event(&self, addr: &str, event: EndpointEvent) {
+        let _ = (addr, event);
     }
 
     /// Opens an object as a local file, for backends that keep objects in files (the `fs`

@@ -12,6 +12,11 @@
 //! (default `path` with an endpoint, `virtual` without), `profile` (AWS profile name), `ca_file` (PEM CAs to trust for an `https://` endpoint),
 //! `max_attempts` (attempts per request, default 4). Credentials are never part of a URL: they
 //! come from the environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`) or a profile.
+//!
+//! Several endpoints serving the same bucket (ObjectCache gateways, the RGWs of one Ceph
+//! cluster) make a `GatewayStore`: `endpoint=URL1,URL2,...`, or `resolve=all` to take every
+//! address the endpoint's host name resolves to; `placement` (`two-choice`, `hash`,
+//! `least-loaded`) and `health_interval_ms` (default 1000) set how it spreads and checks them.
 #![forbid(unsafe_code)]
 
 use super::{FsStore, FsyncPolicy, MemoryStore, Store};
@@ -92,7 +97,36 @@ async fn open_s3(url: &str) -> Result<Arc<dyn Store>, StoreError> {
 
 #[cfg(feature = "s3")]
 async fn open_s3(url: &str) -> Result<Arc<dyn Store>, StoreError> {
-    Ok(Arc::new(super::S3Store::new(parse_s3_url(url)?).await?))
+    let p = parse_s3(url)?;
+    if p.endpoints.len() <= 1 && !p.resolve_all && p.gateway_opts.is_none() {
+        return Ok(Arc::new(super::S3Store::new(p.config).await?));
+    }
+    let opts = p.gateway_opts.unwrap_or_default();
+    let store = if p.resolve_all {
+        if p.endpoints.len() != 1 {
+            return Err(bad(url, "resolve=all takes exactly one endpoint"));
+        }
+        let e = p.endpoints[0].clone();
+        super::GatewayStore::resolve_all(p.config, e, opts).await
+    } else if p.endpoints.is_empty() {
+        return Err(bad(url, "placement and health_interval_ms need endpoint=URL1,URL2,..."));
+    } else {
+        super::GatewayStore::new(p.config, p.endpoints, opts).await
+    };
+    Ok(Arc::new(store.map_err(|e| bad(url, e))?))
+}
+
+/// An `s3://` URL taken apart.
+#[cfg(feature = "s3")]
+struct S3Url {
+    /// Settings; `endpoint` is the first endpoint.
+    config: super::S3Config,
+    /// Every endpoint given (`endpoint=A,B,...`), in order.
+    endpoints: Vec<String>,
+    /// `resolve=all`.
+    resolve_all: bool,
+    /// `placement` / `health_interval_ms`, when given.
+    gateway_opts: Option<super::GatewayOptions>,
 }
 
 /// Parses an `s3://` URL into an [`S3Config`](super::S3Config) (credentials from the default
@@ -103,6 +137,18 @@ async fn open_s3(url: &str) -> Result<Arc<dyn Store>, StoreError> {
 /// bad value.
 #[cfg(feature = "s3")]
 pub fn parse_s3_url(url: &str) -> Result<super::S3Config, StoreError> {
+    let p = parse_s3(url)?;
+    if p.endpoints.len() > 1 || p.resolve_all || p.gateway_opts.is_some() {
+        return Err(bad(
+            url,
+            "names several endpoints (a gateway set): open it with open_store",
+        ));
+    }
+    Ok(p.config)
+}
+
+#[cfg(feature = "s3")]
+fn parse_s3(url: &str) -> Result<S3Url, StoreError> {
     let u = url::Url::parse(url).map_err(|e| bad(url, e))?;
     if u.scheme() != "s3" {
         return Err(bad(url, "expected s3://BUCKET[/PREFIX]"));
@@ -123,12 +169,38 @@ pub fn parse_s3_url(url: &str) -> Result<super::S3Config, StoreError> {
     let mut c = super::S3Config::new(bucket);
     c.prefix = u.path().trim_matches('/').to_string();
     let mut seen = std::collections::HashSet::new();
+    let mut endpoints = Vec::new();
+    let mut resolve_all = false;
+    let mut gateway_opts: Option<super::GatewayOptions> = None;
     for (k, v) in u.query_pairs() {
         if !seen.insert(k.to_string()) {
             return Err(bad(url, format!("parameter {k:?} given twice")));
         }
         match &*k {
-            "endpoint" => c.endpoint = Some(v.to_string()),
+            "endpoint" => {
+                endpoints = v.split(',').map(|e| e.trim().to_string()).collect();
+                if endpoints.iter().any(|e| e.is_empty()) {
+                    return Err(bad(url, "an empty endpoint in the endpoint list"));
+                }
+                c.endpoint = endpoints.first().cloned();
+            }
+            "resolve" => {
+                if v != "all" {
+                    return Err(bad(url, format!("resolve must be \"all\", not {v:?}")));
+                }
+                resolve_all = true;
+            }
+            "placement" => {
+                gateway_opts.get_or_insert_with(Default::default).placement =
+                    crate::sched::Placement::parse(&v).map_err(|e| bad(url, e))?;
+            }
+            "health_interval_ms" => {
+                let ms: u64 = v.parse().ok().filter(|n| *n >= 1).ok_or_else(|| {
+                    bad(url, format!("health_interval_ms must be a whole number of at least 1, not {v:?}"))
+                })?;
+                gateway_opts.get_or_insert_with(Default::default).health_interval =
+                    std::time::Duration::from_millis(ms);
+            }
             "region" => c.region = Some(v.to_string()),
             "addressing" => c.addressing = Some(v.parse().map_err(|e| bad(url, e))?),
             "profile" => c.profile = Some(v.to_string()),
@@ -143,12 +215,20 @@ pub fn parse_s3_url(url: &str) -> Result<super::S3Config, StoreError> {
             other => {
                 return Err(bad(
                     url,
-                    format!("unknown parameter {other:?}; known: endpoint, region, addressing, profile, max_attempts, ca_file"),
+                    format!("unknown parameter {other:?}; known: endpoint, region, addressing, profile, max_attempts, ca_file, resolve, placement, health_interval_ms"),
                 ))
             }
         }
     }
-    Ok(c)
+    if resolve_all && endpoints.is_empty() {
+        return Err(bad(url, "resolve=all needs an endpoint"));
+    }
+    Ok(S3Url {
+        config: c,
+        endpoints,
+        resolve_all,
+        gateway_opts,
+    })
 }
 
 #[cfg(test)]
@@ -221,9 +301,41 @@ mod tests {
             ("s3://ak:sk@b", "credentials"),
             ("s3://b:9000", "endpoint"),
             ("s3://b?max_attempts=0", "max_attempts"),
+            ("s3://bucket?endpoint=http://a:1,,http://b:2", "empty endpoint"),
+            ("s3://bucket?endpoint=http://a:1&resolve=some", "resolve must be"),
+            ("s3://bucket?endpoint=http://a:1,http://b:2&placement=random", "two-choice"),
+            ("s3://bucket?endpoint=http://a:1,http://b:2&health_interval_ms=0", "health_interval_ms"),
+            ("s3://bucket?endpoint=http://a:1,http://b:2", "open_store"),
         ] {
             let e = parse_s3_url(u).unwrap_err().to_string();
             assert!(e.contains(want), "{u}: {e}");
         }
+        let p = parse_s3(
+            "s3://bucket/p?endpoint=http://a:1,%20http://b:2&placement=hash&health_interval_ms=250",
+        )
+        .unwrap();
+        assert_eq!(p.endpoints, ["http://a:1", "http://b:2"]);
+        let o = p.gateway_opts.unwrap();
+        assert_eq!(o.placement, crate::sched::Placement::Hash);
+        assert_eq!(o.health_interval, std::time::Duration::from_millis(250));
+    }
+
+    #[cfg(feature = "s3")]
+    #[tokio::test]
+    async fn several_endpoints_open_a_gateway_store() {
+        let s = open_store("s3://bucket?endpoint=http://127.0.0.1:1,http://127.0.0.1:2")
+            .await
+            .unwrap();
+        assert_eq!(s.name(), "gateways");
+        let r = s.gather_route(7);
+        assert_eq!(r.len(), 2);
+        assert_ne!(r[0].addr, r[1].addr);
+        let s = open_store("s3://bucket?endpoint=http://localhost:1&resolve=all")
+            .await
+            .unwrap();
+        assert_eq!(s.name(), "gateways");
+        assert!(s.gather_route(7).iter().all(|t| t.addr.ends_with(":1")));
+        let e = open_store("s3://bucket?placement=hash").await.unwrap_err().to_string();
+        assert!(e.contains("endpoint=URL1,URL2"), "{e}");
     }
 }

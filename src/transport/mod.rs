@@ -88,6 +88,14 @@ pub trait LayerSink: Send + Sync {
     fn complete(&self, layer: u32, bytes: u64);
     /// Marks layer `layer` failed: it will never be reported ready (a miss).
     fn fail(&self, layer: u32, err: LayerError);
+    /// Called instead of [`LayerSink::fail`] for each layer a transport had not finished
+    /// when its connection to the server broke or the server stopped the request (an I/O
+    /// error, an error frame, a protocol violation; not a cancelled load, not a per-chunk
+    /// miss). A sink that can have the rest fetched elsewhere (the connector's failover to
+    /// another gateway) keeps the layer pending; the default fails it.
+    fn broken(&self, layer: u32, err: LayerError) {
+        self.fail(layer, err)
+    }
     /// `true` once the load is cancelled: transports stop sending and return.
     fn is_cancelled(&self) -> bool;
 }

@@ -344,13 +344,15 @@ impl GatherClient {
 
     /// Loads one prefix: sends `req` (one request) and writes every unit into `sink` as it
     /// arrives, marking bytes complete per layer. Layers that miss (object missing, geometry
-    /// mismatch, corrupt slice, connection loss) are reported with [`LayerSink::fail`] and
-    /// never completed. If `sink` is cancelled, the server is told to stop and the call
-    /// returns [`GatherError::Cancelled`] once it has (the connection stays usable).
+    /// mismatch, corrupt slice) are reported with [`LayerSink::fail`] and never completed;
+    /// when the connection breaks or the server stops the request, the layers not finished
+    /// are reported with [`LayerSink::broken`]. If `sink` is cancelled, the server is told to
+    /// stop and the call returns [`GatherError::Cancelled`] once it has (the connection stays
+    /// usable).
     ///
     /// # Errors
     /// [`GatherError::Remote`] if the server refused the request (too many chunks, busy, ...);
-    /// [`GatherError::Io`] if the connection broke (incomplete layers failed first);
+    /// [`GatherError::Io`] if the connection broke (incomplete layers reported first);
     /// [`GatherError::Protocol`] for an invalid request or a server protocol violation.
     pub async fn load(
         &mut self,
@@ -386,14 +388,21 @@ impl GatherClient {
         };
         let mut cancelled = false;
         let mut begun: Option<u32> = None;
-        let fail_rest = |failed: &mut Vec<u32>, got: &HashMap<u32, u64>, err: LayerError| {
-            for l in req.layers.clone() {
-                if !failed.contains(&l) && got.get(&l).copied().unwrap_or(0) < layer_bytes {
-                    sink.fail(l, err.clone());
-                    failed.push(l);
+        // `broken`: the server or the connection stopped the load (the sink may fetch the
+        // rest elsewhere) rather than a layer being a miss.
+        let fail_rest =
+            |failed: &mut Vec<u32>, got: &HashMap<u32, u64>, err: LayerError, broken: bool| {
+                for l in req.layers.clone() {
+                    if !failed.contains(&l) && got.get(&l).copied().unwrap_or(0) < layer_bytes {
+                        if broken {
+                            sink.broken(l, err.clone());
+                        } else {
+                            sink.fail(l, err.clone());
+                        }
+                        failed.push(l);
+                    }
                 }
-            }
-        };
+            };
         let result = loop {
             if let Err(e) = self.flush().await {
                 break Err(GatherError::Io(e));
@@ -578,7 +587,7 @@ impl GatherClient {
         report.elapsed = t0.elapsed();
         match result {
             Ok(()) if cancelled => {
-                fail_rest(&mut failed, &got, LayerError::Cancelled);
+                fail_rest(&mut failed, &got, LayerError::Cancelled, false);
                 Err(GatherError::Cancelled)
             }
             Ok(()) => {
@@ -589,6 +598,7 @@ impl GatherClient {
                         chunk: 0,
                         message: "the server ended the load with this layer incomplete".into(),
                     },
+                    false,
                 );
                 failed.sort_unstable();
                 report.failed_layers = failed;
@@ -596,6 +606,7 @@ impl GatherClient {
                 Ok(report)
             }
             Err(e) => {
+                let cancelled = cancelled || matches!(e, GatherError::Cancelled);
                 fail_rest(
                     &mut failed,
                     &got,
@@ -607,6 +618,7 @@ impl GatherClient {
                             message: e.to_string(),
                         }
                     },
+                    !cancelled,
                 );
                 Err(e)
             }
