@@ -84,6 +84,10 @@ pub struct SimOptions {
     /// Cluster: GPU counts, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "512")]
     pub gpus: Vec<usize>,
+    /// Cluster, trace workload: GPUs that share one copy of the trace's documents (0: all
+    /// GPUs share one); each group of this many GPUs gets its own copy, as a tenant of its own.
+    #[arg(long, default_value_t = 8)]
+    pub trace_share: usize,
     /// Cluster: gateway counts, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "8,16,32")]
     pub gateways: Vec<usize>,
@@ -512,7 +516,9 @@ pub fn cluster_records(
     let mut out = Vec::new();
     for &gpus in &args.gpus {
         let w = match &trace {
-            Some(text) => cluster::trace(text, gpus, args.duration, args.time_scale, args.seed)?,
+            Some(text) => {
+                cluster::trace(text, gpus, args.trace_share, args.duration, args.time_scale, args.seed)?
+            }
             None => cluster::synthetic(gpus, args.rate_per_gpu, args.duration, args.documents, args.zipf, args.seed)?,
         };
         for &gateways in &args.gateways {

@@ -143,9 +143,12 @@ pub fn synthetic(
 /// Trace workload: every GPU replays a Mooncake-style trace (JSON lines: `timestamp` ms,
 /// `input_length`, `output_length`, `hash_ids` of 512-token blocks) from its own random
 /// starting point, over and over, for `duration_s` seconds, its timestamps multiplied by
-/// `time_scale`. A request's cached prefix is the run of its leading blocks that any earlier
-/// request (on any GPU) had (the store keeps everything), capped so that one token is new;
-/// its route key is its first block's id, so popularity is the trace's own.
+/// `time_scale`. GPUs form groups of `share` (0: one group of all GPUs); each group has its
+/// own copy of the trace's documents (block ids), so a small trace stands for as many
+/// tenants as there are groups. A request's cached prefix is the run of its leading blocks
+/// that an earlier request of its group had (the store keeps everything), capped so that one
+/// token is new; its route key is its first block (in its group), so popularity within a
+/// group is the trace's own.
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] for a malformed or empty trace (naming the line), no GPU, or a
@@ -153,6 +156,7 @@ pub fn synthetic(
 pub fn trace(
     text: &str,
     gpus: usize,
+    share: usize,
     duration_s: f64,
     time_scale: f64,
     seed: u64,
@@ -205,26 +209,34 @@ pub fn trace(
         }
     }
     raw.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-    let mut seen: HashSet<u64> = HashSet::new();
+    let group = |gpu: u32| if share == 0 { 0 } else { gpu as u64 / share as u64 };
+    let mut seen: HashSet<(u64, u64)> = HashSet::new();
     let requests = raw
         .into_iter()
         .map(|(t, gpu, i)| {
             let r = &recs[i];
-            let hit = r.hash_ids.iter().take_while(|h| seen.contains(*h)).count() as u64;
-            seen.extend(r.hash_ids.iter().copied());
+            let gr = group(gpu);
+            let hit = r.hash_ids.iter().take_while(|h| seen.contains(&(gr, **h))).count() as u64;
+            seen.extend(r.hash_ids.iter().map(|&h| (gr, h)));
             let prefix = (hit * MOONCAKE_BLOCK_TOKENS).min(r.input_length - 1);
+            let first = r.hash_ids.first().copied().unwrap_or(i as u64);
             ClusterRequest {
                 arrival_s: t,
                 gpu,
-                prefix: r.hash_ids.first().copied().unwrap_or(i as u64),
+                prefix: placement::route_key(&[first.to_le_bytes(), gr.to_le_bytes()].concat()),
                 prefix_tokens: prefix,
                 new_tokens: r.input_length - prefix,
             }
         })
         .collect();
+    let groups = if share == 0 { 1 } else { gpus.div_ceil(share) };
     Ok(ClusterWorkload {
         name: "trace".into(),
-        popularity: format!("trace: {} requests per pass, first block as route key", recs.len()),
+        popularity: format!(
+            "trace: {} requests per pass, {groups} copies of its documents (one per {} GPUs)",
+            recs.len(),
+            if share == 0 { gpus } else { share.min(gpus) }
+        ),
         gpus,
         duration_s,
         requests,
@@ -699,7 +711,7 @@ mod tests {
     #[test]
     fn trace_replays_on_every_gpu() {
         let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/traces/mooncake_small.jsonl")).unwrap();
-        let w = trace(&text, 8, 120.0, 1.0, 1).unwrap();
+        let w = trace(&text, 8, 0, 120.0, 1.0, 1).unwrap();
         assert!(w.requests.len() > 8 * 48, "{}", w.requests.len());
         assert!(w.requests.iter().all(|r| r.gpu < 8 && r.arrival_s < 120.0));
         // After the first pass nearly everything is cached.
