@@ -116,3 +116,47 @@ fn connector_round_trip_on_moto() {
         assert!(h.stats().requests > 1, "ranged GETs, not gather");
     }
 }
+
+/// Wrapper stores keep the wrapped store's data paths (issue 14: `TrackedStore` once dropped
+/// `open_local` and `gather_target`, so a wrapped `fs` store lost sendfile and a wrapped S3
+/// store lost gather). Over the file store (local files) and over S3 (a gather target).
+mod wrappers {
+    use objectcache::lifecycle::{AccessLog, LeaseTable, TrackedStore};
+    use objectcache::store::conformance::wrapper_forwards;
+    use objectcache::store::{FsStore, FsyncPolicy, Store};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn tracked(inner: Arc<dyn Store>) -> TrackedStore {
+        TrackedStore::new(inner, Arc::new(AccessLog::new()), LeaseTable::new(), Duration::from_secs(30))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tracked_store_over_fs_keeps_local_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner: Arc<dyn Store> = Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap());
+        let w = tracked(inner.clone());
+        wrapper_forwards(inner.as_ref(), &w, "wrap").await;
+        assert!(inner.open_local("wrap/wrapped/obj").await.unwrap().is_some(), "fs has local files");
+    }
+
+    #[cfg(feature = "s3")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tracked_store_over_s3_keeps_its_gather_target() {
+        let Some((s3, prefix)) = objectcache::store::S3Store::from_test_env("wrappers")
+            .await
+            .expect("S3 test endpoint answers but refuses us")
+        else {
+            assert!(
+                std::env::var_os("OBJECTCACHE_REQUIRE_ALL").is_none(),
+                "S3 test endpoint unavailable but OBJECTCACHE_REQUIRE_ALL is set"
+            );
+            eprintln!("SKIP tracked_store_over_s3_keeps_its_gather_target: no S3 endpoint");
+            return;
+        };
+        let inner: Arc<dyn Store> = Arc::new(s3);
+        assert!(inner.gather_target().is_some(), "an http:// endpoint names a gather target");
+        let w = tracked(inner.clone());
+        wrapper_forwards(inner.as_ref(), &w, &prefix).await;
+    }
+}

@@ -49,7 +49,7 @@
 
 use crate::error::StoreError;
 use crate::store::{
-    GetOptions, GetResult, ObjectMeta, PutOptions, PutResult, Store, StoreExt,
+    EndpointEvent, GatherTarget, GetOptions, GetResult, LocalObject, ObjectMeta, PutOptions, PutResult, Store, StoreExt,
 };
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -356,6 +356,31 @@ impl TrackedStore {
 impl Store for TrackedStore {
     fn name(&self) -> &'static str {
         self.inner.name()
+    }
+    // The data paths of the wrapped store pass through: without these, a wrapped `fs` store
+    // loses sendfile and a wrapped S3 store loses gather (the trait's defaults say "none").
+    fn gather_target(&self) -> Option<GatherTarget> {
+        self.inner.gather_target()
+    }
+    fn gather_route(&self, route: u64) -> Vec<GatherTarget> {
+        self.inner.gather_route(route)
+    }
+    fn endpoint_event(&self, addr: &str, event: EndpointEvent) {
+        self.inner.endpoint_event(addr, event)
+    }
+    async fn open_local(&self, key: &str) -> Result<Option<LocalObject>, StoreError> {
+        let r = self.inner.open_local(key).await;
+        if matches!(r, Ok(Some(_))) {
+            self.note(key);
+        }
+        r
+    }
+    fn open_local_blocking(&self, key: &str) -> Result<Option<LocalObject>, StoreError> {
+        let r = self.inner.open_local_blocking(key);
+        if matches!(r, Ok(Some(_))) {
+            self.note(key);
+        }
+        r
     }
     async fn get_opts(&self, key: &str, opts: GetOptions) -> Result<GetResult, StoreError> {
         self.note(key);
