@@ -896,19 +896,31 @@ impl Bench<'_> {
         Ok(())
     }
 
-    /// A peer connector: saver and timed replica with the same configuration. A replica that
-    /// does not start becomes a record saying why.
+    /// A peer connector: saver and timed replica with the same configuration. A peer that
+    /// does not start, or fails a request (vLLM's ExampleConnector fails prefixes longer than
+    /// one prefill step on the CPU), becomes a record saying why for every prefix it has no
+    /// figure for; the run goes on with the other methods.
     fn peer(&mut self, method: &str, cfg: serde_json::Value, note: Option<String>) -> Result<()> {
-        let saver = match self.start(&format!("{method}-saver"), false, Some(&cfg)) {
-            Ok(v) => v,
-            Err(e) => {
-                let why = format!("does not run on this CPU vLLM: {}", one_line(&e));
-                for &p in &self.a.prefixes.clone() {
+        let before = self.records.len();
+        if let Err(e) = self.peer_run(method, cfg, note) {
+            let why = format!("fails on this CPU vLLM: {}", one_line(&e));
+            eprintln!("objectcache-bench: {method}: {why}");
+            let done: Vec<u32> = self.records[before..]
+                .iter()
+                .filter(|r| r.method == method)
+                .map(|r| r.prefix_tokens)
+                .collect();
+            for &p in &self.a.prefixes.clone() {
+                if !done.contains(&p) {
                     self.records.push(empty(method, p, self.a.new_tokens, &why));
                 }
-                return Ok(());
             }
-        };
+        }
+        Ok(())
+    }
+
+    fn peer_run(&mut self, method: &str, cfg: serde_json::Value, note: Option<String>) -> Result<()> {
+        let saver = self.start(&format!("{method}-saver"), false, Some(&cfg))?;
         self.serve_a(&saver)?;
         saver.stop()?;
         let v = self.start(method, false, Some(&cfg))?;
