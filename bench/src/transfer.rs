@@ -67,6 +67,14 @@ pub struct TransferArgs {
     /// figure to compare.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     runs: u32,
+    /// One-way delays to sweep, milliseconds (comma-separated, e.g. `0,5,20,50`): each path
+    /// then loads through a loopback proxy that holds every byte this long in each direction
+    /// (`objectcache::transport::delay::DelayProxy`; a new connection's first request waits
+    /// one more round trip, its handshake). Without it loads go straight to the server. Each
+    /// engine loads once before the measured runs (its connections are open, as in a serving
+    /// process). CPU figures under a proxy include the proxy's copies.
+    #[arg(long, value_delimiter = ',')]
+    delay_ms: Vec<u64>,
     /// Write the records as a JSON array here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -79,8 +87,16 @@ struct Record {
     model: String,
     context_tokens: u64,
     bytes: u64,
+    /// One-way delay added by the proxy, milliseconds (`None`: no proxy).
+    delay_ms: Option<u64>,
     requests: u64,
+    /// Request waves at the least: gather 1; ranged GETs `requests / peak in flight` rounded
+    /// up; chunkwise `requests / 16`.
     round_trips: u64,
+    /// Most requests in flight at once (the connector's ranged-GET path; else 0).
+    peak_requests_in_flight: u64,
+    /// Most bytes asked for and not yet received at once (ranged-GET path; else 0).
+    peak_bytes_in_flight: u64,
     /// Time to first layer, seconds: the median over `runs` loads.
     ttfl_s: f64,
     /// Time to last layer, seconds: the median over `runs` loads.
@@ -263,9 +279,16 @@ async fn target(args: &TransferArgs) -> Result<Target, String> {
     })
 }
 
-async fn s3_store(t: &Target, args: &TransferArgs) -> Result<Arc<dyn Store>, String> {
+async fn s3_store(
+    t: &Target,
+    args: &TransferArgs,
+    via: Option<std::net::SocketAddr>,
+) -> Result<Arc<dyn Store>, String> {
     let mut cfg = S3Config::new(t.bucket.clone());
-    cfg.endpoint = Some(t.endpoint.clone());
+    cfg.endpoint = Some(match via {
+        Some(a) => format!("http://{a}"),
+        None => t.endpoint.clone(),
+    });
     cfg.region = Some("us-east-1".into());
     cfg.addressing = Some(Addressing::Path);
     cfg.credentials = S3Credentials::Static {
@@ -293,7 +316,12 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let g = KvGeometry::preset(&args.model).map_err(|e| e.to_string())?;
     let t = rt.block_on(target(&args))?;
-    let store = rt.block_on(s3_store(&t, &args))?;
+    let store = rt.block_on(s3_store(&t, &args, None))?;
+    let delays: Vec<Option<u64>> = if args.delay_ms.is_empty() {
+        vec![None]
+    } else {
+        args.delay_ms.iter().map(|d| Some(*d)).collect()
+    };
     let kb = KeyBuilder::new(NAMESPACE, &g, HashAlgo::Sha256Cbor).map_err(|e| e.to_string())?;
     let mut records = Vec::new();
     for &ctx in &args.context {
@@ -371,52 +399,72 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
             }
         }
         eprintln!("  raw loopback TCP: {:.2} GB/s", raw / 1e9);
-        let rec = |path: &str,
-                   requests: u64,
-                   round_trips: u64,
-                   ttfl: f64,
-                   ttll: f64,
-                   cpu: Option<f64>| Record {
-            path: path.into(),
-            model: args.model.clone(),
-            context_tokens: tokens,
-            bytes: total,
-            requests,
-            round_trips,
-            ttfl_s: ttfl,
-            ttll_s: ttll,
-            ttfl_s_range: [ttfl, ttfl],
-            ttll_s_range: [ttll, ttll],
-            runs: 1,
-            throughput_bytes_per_s: total as f64 / ttll,
-            raw_tcp_bytes_per_s: raw,
-            cpu_s_per_gib: cpu,
-            raw_tcp_cpu_s_per_gib: raw_cpu,
-        };
-        for path in &args.paths {
-            let samples: Vec<Record> = match path.as_str() {
-                // Both go through the connector's Engine, as an inference server would: with
-                // gather on it sends one request to our server; with gather off it issues
-                // layer-major ranged GETs (the stock-S3 path), even against our server.
-                "gather-tcp" | "s3-layerwise" => {
-                    let mut cfg = EngineConfig::default();
-                    cfg.set("namespace", NAMESPACE).map_err(|e| e.to_string())?;
-                    cfg.gather = path == "gather-tcp";
-                    if let Some(n) = args.gather_streams {
-                        cfg.set("gather_streams", &n.to_string())
-                            .map_err(|e| e.to_string())?;
-                    }
-                    let engine = Engine::with_store(store.clone(), cfg.clone())
+        for &delay in &delays {
+            // Through a delaying proxy: a store (and, for gather, a target) at the proxy.
+            let (proxy, store) = match delay {
+                None => (None, store.clone()),
+                Some(d) => {
+                    let p = rt
+                        .block_on(objectcache::transport::delay::DelayProxy::start(
+                            t.addr,
+                            std::time::Duration::from_millis(d),
+                        ))
                         .map_err(|e| e.to_string())?;
-                    // The destination is allocated (and touched) once and reused by every load,
-                    // as an inference server reuses its KV buffers: no load pays for page
-                    // faults or for freeing the last load's buffers.
-                    let pool = std::cell::RefCell::new(Some(
-                        (0..g.layers)
-                            .map(|_| touched(layer_bytes as usize))
-                            .collect::<Vec<_>>(),
-                    ));
-                    let load =
+                    let s = rt.block_on(s3_store(&t, &args, Some(p.local_addr())))?;
+                    eprintln!("  one-way delay {d} ms (proxy {})", p.local_addr());
+                    (Some(p), s)
+                }
+            };
+            let rec = |path: &str,
+                       requests: u64,
+                       round_trips: u64,
+                       peaks: (u64, u64),
+                       ttfl: f64,
+                       ttll: f64,
+                       cpu: Option<f64>| Record {
+                path: path.into(),
+                model: args.model.clone(),
+                context_tokens: tokens,
+                bytes: total,
+                delay_ms: delay,
+                requests,
+                round_trips,
+                peak_requests_in_flight: peaks.0,
+                peak_bytes_in_flight: peaks.1,
+                ttfl_s: ttfl,
+                ttll_s: ttll,
+                ttfl_s_range: [ttfl, ttfl],
+                ttll_s_range: [ttll, ttll],
+                runs: 1,
+                throughput_bytes_per_s: total as f64 / ttll,
+                raw_tcp_bytes_per_s: raw,
+                cpu_s_per_gib: cpu,
+                raw_tcp_cpu_s_per_gib: raw_cpu,
+            };
+            for path in &args.paths {
+                let samples: Vec<Record> = match path.as_str() {
+                    // Both go through the connector's Engine, as an inference server would: with
+                    // gather on it sends one request to our server; with gather off it issues
+                    // layer-major ranged GETs (the stock-S3 path), even against our server.
+                    "gather-tcp" | "s3-layerwise" => {
+                        let mut cfg = EngineConfig::default();
+                        cfg.set("namespace", NAMESPACE).map_err(|e| e.to_string())?;
+                        cfg.gather = path == "gather-tcp";
+                        if let Some(n) = args.gather_streams {
+                            cfg.set("gather_streams", &n.to_string())
+                                .map_err(|e| e.to_string())?;
+                        }
+                        let engine = Engine::with_store(store.clone(), cfg.clone())
+                            .map_err(|e| e.to_string())?;
+                        // The destination is allocated (and touched) once and reused by every load,
+                        // as an inference server reuses its KV buffers: no load pays for page
+                        // faults or for freeing the last load's buffers.
+                        let pool = std::cell::RefCell::new(Some(
+                            (0..g.layers)
+                                .map(|_| touched(layer_bytes as usize))
+                                .collect::<Vec<_>>(),
+                        ));
+                        let load =
                         || -> Result<(objectcache::connector::LoadStats, Option<f64>), String> {
                             let dest = LayerBuffers::from_vecs(
                                 pool.borrow_mut().take().expect("returned by the last load"),
@@ -438,90 +486,99 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                             done?;
                             Ok(r)
                         };
-                    if cfg.gather {
-                        // Warm-up: the first load opens (and probes) the gather connection,
-                        // which later loads reuse from the engine's pool.
+                        // Warm-up: the first load finds the gather verdict and connections already
+                        // open (the engine opens them at start), or opens more; later loads reuse
+                        // them from the engine's pools.
                         load()?;
-                    }
-                    let mut samples = Vec::new();
-                    for _ in 0..args.runs {
-                        let (s, cpu) = load()?;
-                        // One gather request per stream (fewer streams than chunks never).
-                        let streams = (cfg.gather_streams as u64).min(hs.len() as u64);
-                        if cfg.gather && s.requests != streams {
-                            return Err(format!(
+                        let mut samples = Vec::new();
+                        for _ in 0..args.runs {
+                            let (s, cpu) = load()?;
+                            // One gather request per stream (fewer streams than chunks never).
+                            let streams = (cfg.gather_streams as u64).min(hs.len() as u64);
+                            if cfg.gather && s.requests != streams {
+                                return Err(format!(
                                 "gather-tcp: the load fell back to {} ranged GETs (is gather offered at this endpoint? see the log)",
                                 s.requests
                             ));
-                        }
-                        let rt_count = if cfg.gather {
-                            1
-                        } else {
-                            s.requests.div_ceil(cfg.max_requests as u64)
-                        };
-                        samples.push(rec(
-                            path,
-                            s.requests,
-                            rt_count,
-                            s.ttfl_s.unwrap_or(f64::NAN),
-                            s.ttll_s.unwrap_or(f64::NAN),
-                            cpu,
-                        ));
-                    }
-                    samples
-                }
-                "s3-chunkwise" => {
-                    let conc = 16usize;
-                    let mut samples = Vec::new();
-                    for _ in 0..args.runs {
-                        let (ttll, n, cpu) = rt.block_on(async {
-                            let mut dest: Vec<Vec<u8>> = (0..g.layers)
-                                .map(|_| touched(layer_bytes as usize))
-                                .collect();
-                            let cpu0 = process_cpu_s();
-                            let t0 = Instant::now();
-                            let keys: Vec<String> = hs.iter().map(|h| kb.data(h)).collect();
-                            let mut got = 0u64;
-                            let mut i = 0;
-                            while i < keys.len() {
-                                let batch: Vec<_> = keys[i..(i + conc).min(keys.len())]
-                                    .iter()
-                                    .map(|k| store.get_bytes(k))
-                                    .collect();
-                                let objs = futures::future::join_all(batch).await;
-                                for (j, o) in objs.into_iter().enumerate() {
-                                    let o = o.map_err(|e| e.to_string())?;
-                                    let (_, slices) = decode_chunk(&g, g.tokens_per_chunk, &o)
-                                        .map_err(|e| e.to_string())?;
-                                    let off = (i + j) * g.slice_bytes() as usize;
-                                    for (l, s) in slices.iter().enumerate() {
-                                        dest[l][off..off + s.len()].copy_from_slice(s);
-                                    }
-                                    got += 1;
-                                }
-                                i += conc;
                             }
-                            let secs = t0.elapsed().as_secs_f64();
-                            Ok::<_, String>((secs, got, per_gib(cpu0, process_cpu_s(), total)))
-                        })?;
-                        // Layer 0 needs every chunk's object: first layer and last layer coincide.
-                        samples.push(rec(path, n, n.div_ceil(conc as u64), ttll, ttll, cpu));
+                            let rt_count = if cfg.gather {
+                                1
+                            } else {
+                                s.requests.div_ceil(s.peak_requests_in_flight.max(1))
+                            };
+                            samples.push(rec(
+                                path,
+                                s.requests,
+                                rt_count,
+                                (s.peak_requests_in_flight, s.peak_bytes_in_flight),
+                                s.ttfl_s.unwrap_or(f64::NAN),
+                                s.ttll_s.unwrap_or(f64::NAN),
+                                cpu,
+                            ));
+                        }
+                        samples
                     }
-                    samples
-                }
-                other => {
-                    return Err(format!(
-                        "unknown path {other:?}: use gather-tcp, s3-layerwise, s3-chunkwise"
-                    ))
-                }
-            };
-            let r = median_of(samples);
-            let one_layer = layer_bytes as f64 / r.raw_tcp_bytes_per_s;
-            println!(
-                "{:<13} {:>6} tokens  {:>6} MiB  requests {:>6}  round trips {:>5}  TTFL {:>8.2} ms ({:.2}x one layer at raw)  TTLL {:>8.2} ms  {:>6.2} GB/s = {:.2} of raw TCP {:.2} GB/s",
+                    "s3-chunkwise" => {
+                        let conc = 16usize;
+                        let mut samples = Vec::new();
+                        for _ in 0..args.runs {
+                            let (ttll, n, cpu) = rt.block_on(async {
+                                let mut dest: Vec<Vec<u8>> = (0..g.layers)
+                                    .map(|_| touched(layer_bytes as usize))
+                                    .collect();
+                                let cpu0 = process_cpu_s();
+                                let t0 = Instant::now();
+                                let keys: Vec<String> = hs.iter().map(|h| kb.data(h)).collect();
+                                let mut got = 0u64;
+                                let mut i = 0;
+                                while i < keys.len() {
+                                    let batch: Vec<_> = keys[i..(i + conc).min(keys.len())]
+                                        .iter()
+                                        .map(|k| store.get_bytes(k))
+                                        .collect();
+                                    let objs = futures::future::join_all(batch).await;
+                                    for (j, o) in objs.into_iter().enumerate() {
+                                        let o = o.map_err(|e| e.to_string())?;
+                                        let (_, slices) = decode_chunk(&g, g.tokens_per_chunk, &o)
+                                            .map_err(|e| e.to_string())?;
+                                        let off = (i + j) * g.slice_bytes() as usize;
+                                        for (l, s) in slices.iter().enumerate() {
+                                            dest[l][off..off + s.len()].copy_from_slice(s);
+                                        }
+                                        got += 1;
+                                    }
+                                    i += conc;
+                                }
+                                let secs = t0.elapsed().as_secs_f64();
+                                Ok::<_, String>((secs, got, per_gib(cpu0, process_cpu_s(), total)))
+                            })?;
+                            // Layer 0 needs every chunk's object: first layer and last layer coincide.
+                            samples.push(rec(
+                                path,
+                                n,
+                                n.div_ceil(conc as u64),
+                                (0, 0),
+                                ttll,
+                                ttll,
+                                cpu,
+                            ));
+                        }
+                        samples
+                    }
+                    other => {
+                        return Err(format!(
+                            "unknown path {other:?}: use gather-tcp, s3-layerwise, s3-chunkwise"
+                        ))
+                    }
+                };
+                let r = median_of(samples);
+                let one_layer = layer_bytes as f64 / r.raw_tcp_bytes_per_s;
+                println!(
+                "{:<13} {:>6} tokens  {:>6} MiB  delay {:>4}  requests {:>6}  round trips {:>5}  TTFL {:>8.2} ms ({:.2}x one layer at raw)  TTLL {:>8.2} ms  {:>6.2} GB/s = {:.2} of raw TCP {:.2} GB/s",
                 r.path,
                 r.context_tokens,
                 r.bytes >> 20,
+                r.delay_ms.map_or("-".to_string(), |d| format!("{d}ms")),
                 r.requests,
                 r.round_trips,
                 r.ttfl_s * 1e3,
@@ -531,25 +588,51 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                 r.throughput_bytes_per_s / r.raw_tcp_bytes_per_s,
                 r.raw_tcp_bytes_per_s / 1e9
             );
-            if r.runs > 1 {
-                println!(
-                    "{:<13} median of {} loads: TTFL {:.2}-{:.2} ms, TTLL {:.2}-{:.2} ms",
-                    "",
-                    r.runs,
-                    r.ttfl_s_range[0] * 1e3,
-                    r.ttfl_s_range[1] * 1e3,
-                    r.ttll_s_range[0] * 1e3,
-                    r.ttll_s_range[1] * 1e3
-                );
+                if r.runs > 1 {
+                    println!(
+                        "{:<13} median of {} loads: TTFL {:.2}-{:.2} ms, TTLL {:.2}-{:.2} ms",
+                        "",
+                        r.runs,
+                        r.ttfl_s_range[0] * 1e3,
+                        r.ttfl_s_range[1] * 1e3,
+                        r.ttll_s_range[0] * 1e3,
+                        r.ttll_s_range[1] * 1e3
+                    );
+                }
+                if let (Some(c), Some(rc)) = (r.cpu_s_per_gib, r.raw_tcp_cpu_s_per_gib) {
+                    println!(
+                        "{:<13} CPU {c:.3} s/GiB, raw TCP {rc:.3} s/GiB: {:.2}x raw's CPU per byte",
+                        "",
+                        c / rc
+                    );
+                }
+                if r.peak_requests_in_flight > 0 {
+                    println!(
+                        "{:<13} in flight at most: {} requests, {:.1} MiB",
+                        "",
+                        r.peak_requests_in_flight,
+                        r.peak_bytes_in_flight as f64 / (1u64 << 20) as f64
+                    );
+                }
+                // Growth over the same path's load without delay, in round trips (2 x one way).
+                if let Some(d) = r.delay_ms.filter(|d| *d > 0) {
+                    if let Some(z) = records.iter().find(|z: &&Record| {
+                        z.path == r.path
+                            && z.context_tokens == r.context_tokens
+                            && z.delay_ms == Some(0)
+                    }) {
+                        let rtt = 2.0 * d as f64 / 1e3;
+                        println!(
+                        "{:<13} {d} ms one way: TTLL grew {:.2} round trips over 0 ms, TTFL {:.2} round trips",
+                        "",
+                        (r.ttll_s - z.ttll_s) / rtt,
+                        r.ttfl_s / rtt
+                    );
+                    }
+                }
+                records.push(r);
             }
-            if let (Some(c), Some(rc)) = (r.cpu_s_per_gib, r.raw_tcp_cpu_s_per_gib) {
-                println!(
-                    "{:<13} CPU {c:.3} s/GiB, raw TCP {rc:.3} s/GiB: {:.2}x raw's CPU per byte",
-                    "",
-                    c / rc
-                );
-            }
-            records.push(r);
+            drop(proxy);
         }
         // Free the prefix's objects before the next size.
         rt.block_on(async {

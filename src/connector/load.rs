@@ -211,6 +211,13 @@ pub struct LoadStats {
     /// Times a gather stream continued on another gateway after its gateway failed in the
     /// middle of the load (a store over several gateways; see `docs/deployment.md`).
     pub failovers: u64,
+    /// Most storage requests this load had in flight at once (ranged-GET path; 0 on the
+    /// gather path).
+    pub peak_requests_in_flight: u64,
+    /// Most bytes this load's requests had asked for and not yet received at once
+    /// (ranged-GET path; 0 on the gather path). At most `window_bytes`, except that one read
+    /// larger than the window goes alone.
+    pub peak_bytes_in_flight: u64,
 }
 
 pub(crate) struct Shared {
@@ -220,6 +227,9 @@ pub(crate) struct Shared {
     /// Gather streams that failed over to another gateway.
     pub(crate) failovers: AtomicU64,
     pub(crate) tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Peaks of the ranged-GET path's requests and bytes in flight.
+    pub(crate) peak_requests: AtomicU64,
+    pub(crate) peak_bytes: AtomicU64,
 }
 
 impl Shared {
@@ -230,6 +240,8 @@ impl Shared {
             requests: AtomicU64::new(0),
             failovers: AtomicU64::new(0),
             tasks: Mutex::new(Vec::new()),
+            peak_requests: AtomicU64::new(0),
+            peak_bytes: AtomicU64::new(0),
         }
     }
 
@@ -297,6 +309,128 @@ fn read_len(r: &RangeRead) -> u64 {
     }
 }
 
+/// Requests and bytes in flight of one ranged-GET load, and what it has measured of the
+/// path: the shortest time to response headers (the round trip, plus the server's time) and
+/// the bytes received since the first one arrived (the delivery rate).
+///
+/// A read may go out when the bytes in flight stay within `window_bytes` (one read larger
+/// than the window goes alone) and, except for first-layer reads, the requests in flight
+/// stay below the request cap: `max(max_requests, ceil(target / mean read))`, where the
+/// target is twice the measured bandwidth-delay product (rate x shortest round trip; the
+/// rate is the bytes received since the first one over at least one round trip), bounded
+/// by `window_bytes`. On a short round trip the cap is `max_requests`; on a long one
+/// it grows with each round trip's deliveries until the bytes in flight cover the product
+/// (or fill the window). First-layer reads (one per chunk) all go out at once within the
+/// window: layer 0 is needed first, so its reads gain nothing from waiting, and a long
+/// round trip is paid once for all of them.
+struct Flight {
+    st: Mutex<FlightState>,
+    changed: tokio::sync::Notify,
+    window: u64,
+    max_requests: usize,
+    mean_read: f64,
+    start: std::time::Instant,
+}
+
+#[derive(Default)]
+struct FlightState {
+    requests: usize,
+    bytes: u64,
+    /// Shortest time from sending a request to its response headers, seconds.
+    min_rtt_s: Option<f64>,
+    /// When the first body byte arrived, seconds since `start`.
+    first_byte_s: Option<f64>,
+    received: u64,
+}
+
+impl Flight {
+    fn cap(&self, st: &FlightState) -> usize {
+        let now = self.start.elapsed().as_secs_f64();
+        let bdp = match (st.min_rtt_s, st.first_byte_s) {
+            // The rate over at least one round trip: a burst that was in flight together
+            // does not read as a fast link (so the target at most doubles per round trip).
+            (Some(rtt), Some(t0)) => st.received as f64 / (now - t0).max(rtt).max(1e-6) * rtt,
+            _ => 0.0,
+        };
+        let target = (2.0 * bdp).min(self.window as f64);
+        self.max_requests
+            .max((target / self.mean_read.max(1.0)).ceil() as usize)
+    }
+
+    /// Waits until a read of `n` bytes may go out, and counts it in flight.
+    async fn admit(self: &Arc<Self>, n: u64, first_layer: bool, sh: &Shared) -> FlightPermit {
+        loop {
+            let notified = self.changed.notified();
+            {
+                let mut st = self.st.lock().expect("lock");
+                let fits = st.bytes == 0 || st.bytes + n <= self.window;
+                if fits && (first_layer || st.requests < self.cap(&st)) {
+                    st.requests += 1;
+                    st.bytes += n;
+                    sh.peak_requests
+                        .fetch_max(st.requests as u64, Ordering::Relaxed);
+                    sh.peak_bytes.fetch_max(st.bytes, Ordering::Relaxed);
+                    return FlightPermit {
+                        flight: self.clone(),
+                        left: n,
+                    };
+                }
+            }
+            notified.await;
+        }
+    }
+
+    fn headers(&self, rtt_s: f64) {
+        let mut st = self.st.lock().expect("lock");
+        st.min_rtt_s = Some(st.min_rtt_s.map_or(rtt_s, |m| m.min(rtt_s)));
+    }
+
+    /// Waits until no read is in flight.
+    async fn drained(&self) {
+        loop {
+            let notified = self.changed.notified();
+            if self.st.lock().expect("lock").requests == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// One read in flight; received bytes leave the window as they arrive, the rest when it
+/// ends (or is dropped: failed, cancelled, aborted).
+struct FlightPermit {
+    flight: Arc<Flight>,
+    left: u64,
+}
+
+impl FlightPermit {
+    fn received(&mut self, n: u64) {
+        let n = n.min(self.left);
+        self.left -= n;
+        let f = &self.flight;
+        let mut st = f.st.lock().expect("lock");
+        if st.first_byte_s.is_none() {
+            st.first_byte_s = Some(f.start.elapsed().as_secs_f64());
+        }
+        st.received += n;
+        st.bytes -= n;
+        drop(st);
+        f.changed.notify_one();
+    }
+}
+
+impl Drop for FlightPermit {
+    fn drop(&mut self) {
+        let f = &self.flight;
+        let mut st = f.st.lock().expect("lock");
+        st.requests -= 1;
+        st.bytes -= self.left;
+        drop(st);
+        f.changed.notify_one();
+    }
+}
+
 /// Runs the stock-S3 layer-ordered load to completion (or failure of every pending layer).
 ///
 /// Under the engine's `link` (a bandwidth cap) the load registers its bytes per layer and
@@ -330,10 +464,19 @@ pub(crate) async fn run_store_load(
             .map_err(|e| tracing::warn!(error = %e, "load not paced by the engine's link"))
             .ok()
     });
-    // Window in KiB permits (a semaphore counts u32 permits).
-    let window_kib = (window_bytes / 1024).clamp(1, u32::MAX as u64 / 2) as u32;
-    let window = Arc::new(tokio::sync::Semaphore::new(window_kib as usize));
-    let slots = Arc::new(tokio::sync::Semaphore::new(max_requests.max(1)));
+    let mean_read = if plan.is_empty() {
+        1.0
+    } else {
+        plan.iter().map(read_len).sum::<u64>() as f64 / plan.len() as f64
+    };
+    let flight = Arc::new(Flight {
+        st: Mutex::new(FlightState::default()),
+        changed: tokio::sync::Notify::new(),
+        window: window_bytes.max(1),
+        max_requests: max_requests.max(1),
+        mean_read,
+        start: std::time::Instant::now(),
+    });
     for read in plan {
         if sh.state.is_cancelled() {
             break;
@@ -360,19 +503,15 @@ pub(crate) async fn run_store_load(
         } else {
             read.bytes.clone()
         };
-        let kib = (((range.end - range.start) / 1024) as u32 + 1).min(window_kib);
-        let Ok(wp) = window.clone().acquire_many_owned(kib).await else {
-            break;
-        };
-        let Ok(sp) = slots.clone().acquire_owned().await else {
-            break;
-        };
+        let permit = flight
+            .admit(range.end - range.start, with_header, &sh)
+            .await;
         let store = store.clone();
         let key = keys.data(&req.hashes[c]);
         let sh2 = sh.clone();
         let g = g.clone();
         let task = tokio::spawn(async move {
-            let _permits = (wp, sp);
+            let mut permit = permit;
             sh2.requests.fetch_add(1, Ordering::Relaxed);
             let r = fetch_range(
                 &*store,
@@ -385,6 +524,7 @@ pub(crate) async fn run_store_load(
                 tokens,
                 full_len,
                 &sh2,
+                &mut permit,
             )
             .await;
             if let Err((status, err)) = r {
@@ -399,8 +539,8 @@ pub(crate) async fn run_store_load(
     }
     // Every read is issued: the load leaves the link.
     drop(paced);
-    // Every read holds a slot until it ends: taking all slots waits for the last one.
-    let _ = slots.acquire_many(max_requests.max(1) as u32).await;
+    // Every read holds its permit until it ends.
+    flight.drained().await;
     for c in 0..req.hashes.len() {
         sh.set_chunk(c, ChunkStatus::Ok);
     }
@@ -418,8 +558,10 @@ async fn fetch_range(
     tokens: u32,
     full_len: u64,
     sh: &Shared,
+    permit: &mut FlightPermit,
 ) -> Result<(), (ChunkStatus, LayerError)> {
     let slice = g.slice_bytes();
+    let sent = std::time::Instant::now();
     let res = store
         .get_opts(
             key,
@@ -429,6 +571,7 @@ async fn fetch_range(
         )
         .await
         .map_err(|e| classify(chunk, key, &e))?;
+    permit.flight.headers(sent.elapsed().as_secs_f64());
     if res.meta.size != full_len {
         return Err((
             ChunkStatus::WrongGeometry,
@@ -457,6 +600,7 @@ async fn fetch_range(
         }
         let piece = piece.map_err(|e| classify(chunk, key, &e))?;
         received += piece.len() as u64;
+        permit.received(piece.len() as u64);
         let mut p: &[u8] = &piece;
         while !p.is_empty() {
             if with_header && header.len() < HEADER_LEN as usize {
@@ -688,6 +832,8 @@ impl LoadHandle {
                 None
             },
             failovers: self.sh.failovers.load(Ordering::Relaxed),
+            peak_requests_in_flight: self.sh.peak_requests.load(Ordering::Relaxed),
+            peak_bytes_in_flight: self.sh.peak_bytes.load(Ordering::Relaxed),
         }
     }
 

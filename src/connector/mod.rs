@@ -157,7 +157,20 @@ impl Engine {
         })
         .map_err(|_| Error::Config(format!("opening store {url:?} panicked")))??;
         e.start_gather_probe();
+        e.start_store_warm();
         Ok(e)
+    }
+
+    /// Opens `max_requests` pooled connections to the store's endpoint in the background
+    /// ([`Store::warm`]; nothing for local stores), so that the first ranged-GET load does
+    /// not pay a connection set-up round trip per request.
+    fn start_store_warm(&self) {
+        let store = self.store.clone();
+        let n = self.cfg.max_requests;
+        self.handle.spawn(async move {
+            let answered = store.warm(n).await;
+            tracing::debug!(store = store.name(), answered, "connection pool warmed");
+        });
     }
 
     /// Whether this engine's loads use gather, as far as it knows now: the answer of its one
@@ -226,6 +239,7 @@ impl Engine {
             rdma: Arc::new(Mutex::new(rdma::Probe::default())),
         };
         e.start_gather_probe();
+        e.start_store_warm();
         Ok(e)
     }
 

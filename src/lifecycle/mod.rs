@@ -412,6 +412,9 @@ impl Store for TrackedStore {
     async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<ObjectMeta>, StoreError> {
         self.inner.list(prefix, limit).await
     }
+    async fn warm(&self, connections: usize) -> usize {
+        self.inner.warm(connections).await
+    }
 }
 
 /// Settings of [`collect`].

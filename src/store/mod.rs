@@ -230,6 +230,17 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         let _ = (addr, event);
     }
 
+    /// Opens up to `connections` pooled connections to the store's endpoint ahead of use,
+    /// so that the first load does not pay a connection set-up (TCP, TLS) per request: the
+    /// S3 backend sends that many concurrent `HeadBucket` requests, whose answers (any
+    /// status, errors included) leave their connections idle in its pool. Never fails;
+    /// returns the number of requests answered. Local stores have no connections (the
+    /// default returns 0).
+    async fn warm(&self, connections: usize) -> usize {
+        let _ = connections;
+        0
+    }
+
     /// Opens an object as a local file, for backends that keep objects in files (the `fs`
     /// backend); `Ok(None)` for the others (the default), which are read with
     /// [`Store::get_opts`].

@@ -980,6 +980,27 @@ impl Store for S3Store {
         })
     }
 
+    /// `connections` concurrent `HeadBucket` requests (at most 1,024): each answer, whatever
+    /// its status, leaves a connection idle in the pool (up to
+    /// [`S3Config::max_idle_connections`]). Transport failures are logged at debug level
+    /// and not counted.
+    async fn warm(&self, connections: usize) -> usize {
+        let n = connections.min(1024);
+        let answered = futures::future::join_all((0..n).map(|_| async {
+            match self.client.head_bucket().bucket(&self.bucket).send().await {
+                Ok(_) => true,
+                // An HTTP answer (403, 404, 301, ...) still pooled its connection.
+                Err(SdkError::ServiceError(_)) => true,
+                Err(e) => {
+                    tracing::debug!(endpoint = %self.endpoint, error = %DisplayErrorContext(&e), "warming the S3 connection pool");
+                    false
+                }
+            }
+        }))
+        .await;
+        answered.into_iter().filter(|a| *a).count()
+    }
+
     async fn get_opts(&self, key: &str, opts: GetOptions) -> Result<GetResult, StoreError> {
         validate_key(key)?;
         let full = self.full_key(key);

@@ -1,8 +1,10 @@
-//! Transports: thin drivers that move gather-protocol bytes (TCP; RDMA with feature `rdma`).
+//! Transports: thin drivers that move gather-protocol bytes (TCP; RDMA with feature `rdma`), and
+//! [`delay::DelayProxy`], a loopback proxy adding one-way delay for tests and benchmarks.
 //!
 //! A transport delivers a load's bytes into a [`LayerSink`], which the connector implements
 //! over the caller's per-layer destination buffers.
 
+pub mod delay;
 pub mod discovery;
 pub mod tcp;
 
