@@ -18,8 +18,14 @@ pub struct EngineConfig {
     /// `hash_algo`: `sha256cbor` (default, vLLM-compatible) or `ext` (caller's own hashes).
     pub hash_algo: HashAlgo,
     /// `window_bytes`: look-ahead window of a load, bytes in flight at most. Default 256 MiB.
+    /// On a long round trip a ranged-GET load keeps about twice the measured
+    /// bandwidth-delay product in flight, up to this bound.
     pub window_bytes: u64,
-    /// `max_requests`: concurrent storage requests of one load at most. Default 32.
+    /// `max_requests`: concurrent storage requests of one load on a short round trip (the
+    /// cap grows past it, within `window_bytes`, when the measured bandwidth-delay product
+    /// needs more; a load's first-layer reads, one per chunk, go out together within the
+    /// window). Also the connections the engine opens to an S3 endpoint when it starts.
+    /// Default 32.
     pub max_requests: usize,
     /// `coalesce_bytes`: a ranged GET after layer 0 spans following layers of the same chunk
     /// up to this size (0 = one slice per request). Default 4 MiB (the paper's amortising
