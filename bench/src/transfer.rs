@@ -51,6 +51,13 @@ pub struct TransferArgs {
     /// Model geometry preset (`llama-3.1-8b`, `qwen2.5-7b`, `llama-3.1-70b-tp8`, ...).
     #[arg(long, default_value = "llama-3.1-8b")]
     model: String,
+    /// Tokens per chunk instead of the preset's (e.g. 16 or 64, vLLM's GPU block sizes).
+    #[arg(long)]
+    tokens_per_chunk: Option<u32>,
+    /// Chunks per segment object of the `s3-segment` path (a save's new chunks in one
+    /// object, layer-major across them); default every chunk of the prefix (one save).
+    #[arg(long)]
+    segment_chunks: Option<usize>,
     /// Prefix lengths in tokens (comma-separated); rounded down to whole chunks.
     #[arg(long, value_delimiter = ',', default_value = "4096,32768")]
     context: Vec<u32>,
@@ -314,7 +321,10 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    let g = KvGeometry::preset(&args.model).map_err(|e| e.to_string())?;
+    let mut g = KvGeometry::preset(&args.model).map_err(|e| e.to_string())?;
+    if let Some(t) = args.tokens_per_chunk {
+        g = g.with_tokens_per_chunk(t).map_err(|e| e.to_string())?;
+    }
     let t = rt.block_on(target(&args))?;
     let store = rt.block_on(s3_store(&t, &args, None))?;
     let delays: Vec<Option<u64>> = if args.delay_ms.is_empty() {
@@ -518,6 +528,213 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                         }
                         samples
                     }
+                    // Layout experiment (issue 18, part 1): segment objects. Each segment holds
+                    // `segment_chunks` chunks layer-major across them (per layer, each chunk's
+                    // slice then its CRC32C), so one layer of a segment is one byte range: one
+                    // ranged GET per (segment, layer), issued in layer order within the
+                    // engine's default window (256 MiB), each slice verified as it lands.
+                    "s3-segment" => {
+                        let per = args.segment_chunks.unwrap_or(chunks).clamp(1, chunks);
+                        let segs: Vec<std::ops::Range<usize>> = (0..chunks)
+                            .step_by(per)
+                            .map(|a| a..(a + per).min(chunks))
+                            .collect();
+                        let sl = g.slice_bytes() as usize;
+                        let unit = sl + 4;
+                        let seg_key = |i: usize| {
+                            format!("{}/segment-{ctx}-{i}", kb.prefix().trim_end_matches('/'))
+                        };
+                        // Populate: one PUT per segment.
+                        rt.block_on(async {
+                            for (i, r) in segs.iter().enumerate() {
+                                let mut o = Vec::with_capacity(r.len() * unit * g.layers as usize);
+                                let objs: Vec<Bytes> = r.clone().map(|c| object(&g, c)).collect();
+                                let decoded: Vec<Vec<&[u8]>> = objs
+                                    .iter()
+                                    .map(|o| decode_chunk(&g, g.tokens_per_chunk, o).map(|d| d.1))
+                                    .collect::<Result<_, _>>()
+                                    .map_err(|e| e.to_string())?;
+                                for l in 0..g.layers {
+                                    for slices in &decoded {
+                                        let sbytes = slices[l as usize];
+                                        o.extend_from_slice(sbytes);
+                                        o.extend_from_slice(
+                                            &objectcache::layout::crc::crc32c(sbytes).to_le_bytes(),
+                                        );
+                                    }
+                                }
+                                store
+                                    .put(&seg_key(i), Bytes::from(o))
+                                    .await
+                                    .map_err(|e| e.to_string())?;
+                            }
+                            Ok::<_, String>(())
+                        })?;
+                        let window = EngineConfig::default().window_bytes;
+                        let mut samples = Vec::new();
+                        let mut dest: Vec<Vec<u8>> =
+                            (0..g.layers).map(|_| touched(layer_bytes as usize)).collect();
+                        for _ in 0..args.runs + 1 {
+                            let (ttfl, ttll, n, peak, cpu) = rt.block_on(async {
+                                let cpu0 = process_cpu_s();
+                                let t0 = Instant::now();
+                                let sem = Arc::new(tokio::sync::Semaphore::new(
+                                    (window >> 10) as usize,
+                                ));
+                                let mut tasks = Vec::new();
+                                let dests: Vec<Arc<std::sync::Mutex<Vec<u8>>>> = std::mem::take(&mut dest)
+                                    .into_iter()
+                                    .map(|d| Arc::new(std::sync::Mutex::new(d)))
+                                    .collect();
+                                let mut layer_done = vec![0usize; g.layers as usize];
+                                let mut ttfl = None;
+                                let mut n = 0u64;
+                                let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
+                                let inflight = Arc::new(std::sync::atomic::AtomicU64::new(0));
+                                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<
+                                    Result<u32, String>,
+                                >();
+                                for l in 0..g.layers {
+                                    for (i, r) in segs.iter().enumerate() {
+                                        let len = (r.len() * unit) as u64;
+                                        let start = l as u64 * len;
+                                        let kib = ((len >> 10) as u32).max(1);
+                                        let permit = sem
+                                            .clone()
+                                            .acquire_many_owned(kib.min((window >> 10) as u32))
+                                            .await
+                                            .map_err(|e| e.to_string())?;
+                                        n += 1;
+                                        let (store, key, tx) = (store.clone(), seg_key(i), tx.clone());
+                                        let d = dests[l as usize].clone();
+                                        let first = r.start;
+                                        let (inflight, peak) = (inflight.clone(), peak.clone());
+                                        tasks.push(tokio::spawn(async move {
+                                            let _p = permit;
+                                            let k = inflight.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                                            peak.fetch_max(k, std::sync::atomic::Ordering::Relaxed);
+                                            let r = async {
+                                                let mut body = store
+                                                    .get_opts(
+                                                        &key,
+                                                        objectcache::store::GetOptions {
+                                                            range: Some(start..start + len),
+                                                        },
+                                                    )
+                                                    .await
+                                                    .map_err(|e| e.to_string())?
+                                                    .body;
+                                                let mut pos = 0usize; // within this range
+                                                let mut crc = 0u32;
+                                                let mut trailer = [0u8; 4];
+                                                use futures::StreamExt;
+                                                while let Some(p) = body.next().await {
+                                                    let p = p.map_err(|e| e.to_string())?;
+                                                    let mut p: &[u8] = &p;
+                                                    while !p.is_empty() {
+                                                        let u = pos / unit;
+                                                        let at = pos % unit;
+                                                        if at < sl {
+                                                            let k = p.len().min(sl - at);
+                                                            crc = objectcache::layout::crc::crc32c_append(crc, &p[..k]);
+                                                            let off = (first + u) * sl + at;
+                                                            d.lock().unwrap()[off..off + k]
+                                                                .copy_from_slice(&p[..k]);
+                                                            pos += k;
+                                                            p = &p[k..];
+                                                        } else {
+                                                            let k = p.len().min(unit - at);
+                                                            trailer[at - sl..at - sl + k]
+                                                                .copy_from_slice(&p[..k]);
+                                                            pos += k;
+                                                            p = &p[k..];
+                                                            if pos % unit == 0 {
+                                                                if u32::from_le_bytes(trailer) != crc {
+                                                                    return Err(format!("segment slice {u} of layer {l}: CRC mismatch"));
+                                                                }
+                                                                crc = 0;
+                                                            }
+                                                        }
+                                                    }
+                                                }
+                                                if pos as u64 != len {
+                                                    return Err(format!("short body: {pos} of {len}"));
+                                                }
+                                                Ok(l)
+                                            }
+                                            .await;
+                                            inflight.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                                            let _ = tx.send(r);
+                                        }));
+                                    }
+                                    // Collect finished reads without blocking issue order.
+                                    while let Ok(r) = rx.try_recv() {
+                                        let l = r?;
+                                        layer_done[l as usize] += 1;
+                                        if l == 0 && layer_done[0] == segs.len() {
+                                            ttfl = Some(t0.elapsed().as_secs_f64());
+                                        }
+                                    }
+                                }
+                                drop(tx);
+                                while let Some(r) = rx.recv().await {
+                                    let l = r?;
+                                    layer_done[l as usize] += 1;
+                                    if l == 0 && layer_done[0] == segs.len() {
+                                        ttfl = Some(t0.elapsed().as_secs_f64());
+                                    }
+                                }
+                                for t in tasks {
+                                    t.await.map_err(|e| e.to_string())?;
+                                }
+                                let ttll = t0.elapsed().as_secs_f64();
+                                dest = dests
+                                    .into_iter()
+                                    .map(|a| {
+                                        Arc::try_unwrap(a)
+                                            .expect("every read ended")
+                                            .into_inner()
+                                            .expect("lock")
+                                    })
+                                    .collect();
+                                Ok::<_, String>((
+                                    ttfl.unwrap_or(ttll),
+                                    ttll,
+                                    n,
+                                    peak.load(std::sync::atomic::Ordering::Relaxed),
+                                    per_gib(cpu0, process_cpu_s(), total),
+                                ))
+                            })?;
+                            samples.push(rec(
+                                path,
+                                n,
+                                n.div_ceil(peak.max(1)),
+                                (peak, 0),
+                                ttfl,
+                                ttll,
+                                cpu,
+                            ));
+                        }
+                        // The first load warmed the connections; as the engine paths.
+                        samples.remove(0);
+                        // Check the bytes of the last load against the objects.
+                        for c in [0, chunks - 1] {
+                            let obj = object(&g, c);
+                            let (_, slices) = decode_chunk(&g, g.tokens_per_chunk, &obj)
+                                .map_err(|e| e.to_string())?;
+                            for (l, sb) in slices.iter().enumerate() {
+                                if &dest[l][c * sl..(c + 1) * sl] != *sb {
+                                    return Err(format!("s3-segment: chunk {c} layer {l} differs"));
+                                }
+                            }
+                        }
+                        rt.block_on(async {
+                            for i in 0..segs.len() {
+                                let _ = store.delete(&seg_key(i)).await;
+                            }
+                        });
+                        samples
+                    }
                     "s3-chunkwise" => {
                         let conc = 16usize;
                         let mut samples = Vec::new();
@@ -567,7 +784,7 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                     }
                     other => {
                         return Err(format!(
-                            "unknown path {other:?}: use gather-tcp, s3-layerwise, s3-chunkwise"
+                            "unknown path {other:?}: use gather-tcp, s3-layerwise, s3-chunkwise, s3-segment"
                         ))
                     }
                 };

@@ -163,11 +163,26 @@ impl Engine {
 
     /// Opens `max_requests` pooled connections to the store's endpoint in the background
     /// ([`Store::warm`]; nothing for local stores), so that the first ranged-GET load does
-    /// not pay a connection set-up round trip per request.
+    /// not pay a connection set-up round trip per request. Where the endpoint may offer
+    /// gather, only once its capabilities answer says it does not (gather loads need no S3
+    /// connections, and the gather pool is warmed by the probe).
     fn start_store_warm(&self) {
         let store = self.store.clone();
         let n = self.cfg.max_requests;
+        let gather = match self.cfg.gather {
+            true => self.store.gather_target().map(|t| (self.gather.clone(), t)),
+            false => None,
+        };
         self.handle.spawn(async move {
+            if let Some((probe, t)) = gather {
+                // The probe started with the engine; its sender closes with the verdict.
+                if let Some(mut rx) = gather::start_probe(&probe, &t) {
+                    let _ = rx.changed().await;
+                }
+                if gather::status(&probe) != GatherStatus::NotOffered {
+                    return;
+                }
+            }
             let answered = store.warm(n).await;
             tracing::debug!(store = store.name(), answered, "connection pool warmed");
         });
