@@ -170,7 +170,10 @@ impl Engine {
         let store = self.store.clone();
         let n = self.cfg.max_requests;
         let gather = match self.cfg.gather {
-            true => self.store.gather_target().map(|t| (self.gather.clone(), t)),
+            true => self
+                .store
+                .gather_target()
+                .map(|t| (self.gather.get(&t.addr), t)),
             false => None,
         };
         self.handle.spawn(async move {
