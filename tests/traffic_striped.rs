@@ -121,6 +121,8 @@ impl Fixture {
 struct Sampler {
     stop: Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<Vec<(Instant, u64)>>>,
+    /// The counter when sampling began.
+    b0: u64,
 }
 
 impl Sampler {
@@ -128,8 +130,9 @@ impl Sampler {
         let m = server.metrics();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let s2 = stop.clone();
+        let b0 = m.bytes_total("gather_out");
         let thread = std::thread::spawn(move || {
-            let mut v = vec![(Instant::now(), m.bytes_total("gather_out"))];
+            let mut v = vec![(Instant::now(), b0)];
             while !s2.load(std::sync::atomic::Ordering::Relaxed) {
                 std::thread::sleep(std::time::Duration::from_millis(2));
                 v.push((Instant::now(), m.bytes_total("gather_out")));
@@ -139,6 +142,7 @@ impl Sampler {
         Sampler {
             stop,
             thread: Some(thread),
+            b0,
         }
     }
 
@@ -168,8 +172,17 @@ fn concurrent(f: &Fixture, policy: &str, n: usize, chunks: usize) -> f64 {
         f.check(h, p, chunks, &format!("{policy}: load {i} of {n}"));
     }
     let wall = t0.elapsed().as_secs_f64();
-    let (sent, rate) = sampler.rate();
     let want = (n * chunks) as u64 * f.g.slice_bytes() * f.g.layers as u64;
+    // The server counts a unit once its write returns, which can be after the client has
+    // verified it: wait (bounded) for the counter to take in the last units before sampling
+    // stops, so that the count below is the server's whole send.
+    let counted = Instant::now();
+    while f.server.metrics().bytes_total("gather_out") < sampler.b0 + want
+        && counted.elapsed() < std::time::Duration::from_secs(10)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let (sent, rate) = sampler.rate();
     assert_eq!(sent, want, "{policy}: the server sent every payload byte once");
     println!(
         "STRIPED|{policy}|{n} loads x {chunks} chunks|{:.1} MB, {wall:.3} s from the first load call to the last layer verified|server send rate {:.1} MB/s = {:.3} of the cap",
