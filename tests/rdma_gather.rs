@@ -272,3 +272,71 @@ fn engine_load_of_missing_chunks_is_a_miss_over_rdma() {
     drop(e);
     rt().block_on(srv.shutdown());
 }
+
+/// Paged destinations over RDMA: per layer one range per engine block, scattered through one
+/// pool. Saves from blocks `src`, loads into blocks `dst` (each `block_size`-token block a
+/// separate range, none adjacent), and checks every block byte for byte and that nothing
+/// else in the pool was written. Returns the server's RDMA writes for the load.
+fn paged_round_trip(srv: &ServerHandle, e: &Engine, block_size: u32, chunks: usize, seed: u64) -> u64 {
+    let g = geometry().with_layout("test/rdma-blocks", block_size).unwrap();
+    let layers = g.layers as usize;
+    let block = block_size as usize * g.bytes_per_token_per_layer() as usize;
+    let n = chunks * (g.tokens_per_chunk / block_size) as usize;
+    let blocks = 2 * n + 1; // per layer in the pool
+    let at = |l: usize, b: usize| (l * blocks + b) * block;
+    // Request blocks: every other block, in reverse order (never adjacent, never in order).
+    let ids: Vec<usize> = (0..n).map(|i| 2 * (n - 1 - i) + 1).collect();
+    let ranges: Vec<Vec<(usize, usize)>> = (0..layers).map(|l| ids.iter().map(|&b| (at(l, b), block)).collect()).collect();
+    let hs = hashes(&g, chunks * g.tokens_per_chunk as usize, seed as u32);
+    let data = kv(&g, chunks, seed);
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    e.save_blocking(&g, &hs, &refs).unwrap();
+    let before = srv.rdma_writes().unwrap();
+    let bufs = LayerBuffers::paged(vec![0xA5; layers * blocks * block], ranges.clone()).unwrap();
+    let h = e.load(LoadRequest::new(g.clone(), hs), bufs).unwrap();
+    for l in 0..layers {
+        h.wait_layer_blocking(l, None).unwrap_or_else(|err| panic!("block size {block_size}: layer {l}: {err}"));
+        assert_eq!(h.layer_parts(l).unwrap().concat(), data[l], "block size {block_size}: layer {l}");
+    }
+    assert!(h.chunk_status().iter().all(|s| *s == ChunkStatus::Ok));
+    let pool = h.into_buffers().into_pool().unwrap();
+    for l in 0..layers {
+        for b in 0..blocks {
+            let blk = &pool[at(l, b)..at(l, b) + block];
+            match ids.iter().position(|&x| x == b) {
+                Some(i) => assert_eq!(blk, &data[l][i * block..(i + 1) * block], "layer {l} block {b}"),
+                None => assert!(blk.iter().all(|&x| x == 0xA5), "block {b} of layer {l} was written"),
+            }
+        }
+    }
+    srv.rdma_writes().unwrap() - before
+}
+
+#[test]
+fn paged_engine_load_over_rdma_writes_into_scattered_blocks() {
+    if !rdma_present("paged_engine_load_over_rdma_writes_into_scattered_blocks") {
+        return;
+    }
+    let srv = server();
+    let e = Engine::with_store(s3_on(&srv.endpoint()), EngineConfig { namespace: unique_ns("rdma-paged"), transport: Transport::Rdma, ..Default::default() }).unwrap();
+    // 16-token blocks: 3 per 48-token chunk. A scattered load asks for one unit per slice, so
+    // each unit is 3 pieces (3 RDMA writes, the last with the immediate): one completed write
+    // per unit, 5 per layer.
+    let g = geometry();
+    let w = paged_round_trip(&srv, &e, 16, 5, 21);
+    let w = if w < 5 * g.layers as u64 { writes_at_least(&srv, 5 * g.layers as u64) } else { w };
+    assert_eq!(w, 5 * g.layers as u64, "every unit went over RDMA");
+    // Again: the session and the pool's registration are reused.
+    let before = srv.rdma_writes().unwrap();
+    paged_round_trip(&srv, &e, 48, 2, 22);
+    assert_eq!(writes_at_least(&srv, before + 2 * g.layers as u64), before + 2 * g.layers as u64);
+    // 1-token blocks: 48 pieces per unit, more than a session writes per unit (its send
+    // queues): the server refuses the RDMA target before reading, and the load runs over
+    // TCP gather instead, landing the same bytes.
+    let before = srv.rdma_writes().unwrap();
+    let w = paged_round_trip(&srv, &e, 1, 2, 23);
+    assert_eq!(w, 0, "refused over RDMA");
+    assert_eq!(srv.rdma_writes().unwrap(), before);
+    drop(e);
+    rt().block_on(srv.shutdown());
+}

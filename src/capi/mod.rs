@@ -837,6 +837,10 @@ pub unsafe extern "C" fn objectcache_deregister_memory(
         }
         regions.remove(pos);
         registry().remove(&r.id);
+        drop(regions);
+        // No registration of the memory (RDMA) may outlive the caller's promise.
+        let (p, n) = landing_area(&r)?;
+        e.engine.forget_memory(p, n);
         Ok(OBJECTCACHE_OK)
     })
 }
@@ -1322,12 +1326,20 @@ fn post_load(
             return Err(ctx(format!("{} and {} overlap", label(l1, i1), label(l2, i2))));
         }
     }
+    // The memory areas the ranges land in: each used host region, or a device region's
+    // staging twin. (Addresses only: RDMA registers them; nothing dereferences these.)
+    let mut memory: Vec<(*mut u8, usize)> = Vec::with_capacity(used.len());
+    for r in &used {
+        memory.push(landing_area(r)?);
+    }
     // SAFETY: every range lies in memory the caller registered (and so promised valid and
     // writable until deregistered, which is refused while this transfer holds it) or in the
     // staging twin of a registered device range (owned by that region); no two ranges share
     // a byte (checked above, as named and as landed); and the caller promises not to touch
-    // them until the transfer is released (release waits for every in-flight copy).
-    let bufs = unsafe { LayerBuffers::from_raw_ranges(&raw) };
+    // them until the transfer is released (release waits for every in-flight copy). Each
+    // range lies in one of `memory` (found above), which stays mapped until the region is
+    // deregistered, and deregistering calls `Engine::forget_memory` for it first.
+    let bufs = unsafe { LayerBuffers::from_raw_ranges(&raw, &memory) };
     for r in &used {
         r.users.fetch_add(1, Ordering::AcqRel);
     }
@@ -1378,6 +1390,17 @@ fn post_load(
         regions: used,
         request_id: rid,
     }))))
+}
+
+/// Where loads into region `r` land: the region itself (host memory) or its pinned staging
+/// twin (device memory, `cuda` builds), as `(address, length)`. The address is only passed
+/// to memory registration (RDMA), never dereferenced through this pointer.
+fn landing_area(r: &RegionObj) -> Result<(*mut u8, usize), CErr> {
+    #[cfg(feature = "cuda")]
+    if let Some((_, staging)) = &r.device {
+        return Ok((staging.as_mut_ptr()?, staging.len()));
+    }
+    Ok((std::ptr::without_provenance_mut(r.addr), r.len))
 }
 
 /// The scheduling hints of `objectcache_load_params` as the Rust API's [`LoadHints`]:

@@ -101,6 +101,12 @@ enum Owned {
 pub struct LayerBuffers {
     layers: Vec<Layer>,
     owned: Option<Owned>,
+    /// The memory areas that hold every range (what an RDMA load registers): each owned
+    /// buffer, the pool, each borrowed region, or the areas given to `from_raw_ranges`.
+    memory: Vec<Region>,
+    /// Whether `memory` outlives the load (caller memory named by `from_raw_ranges`), so an
+    /// RDMA registration of it may be kept for later loads until `Engine::forget_memory`.
+    memory_long_lived: bool,
 }
 
 // SAFETY: the raw pointers refer either to `owned` (moved with the struct) or to memory the
@@ -154,18 +160,18 @@ impl LayerBuffers {
 
     /// Takes ownership of one `Vec` per layer.
     pub fn from_vecs(mut v: Vec<Vec<u8>>) -> Self {
-        let layers = v
+        let memory: Vec<Region> = v
             .iter_mut()
-            .map(|b| {
-                Layer::new(vec![Region {
-                    ptr: b.as_mut_ptr(),
-                    len: b.len(),
-                }])
+            .map(|b| Region {
+                ptr: b.as_mut_ptr(),
+                len: b.len(),
             })
             .collect();
         LayerBuffers {
-            layers,
+            layers: memory.iter().map(|&r| Layer::new(vec![r])).collect(),
             owned: Some(Owned::Layers(v)),
+            memory,
+            memory_long_lived: false,
         }
     }
 
@@ -210,9 +216,15 @@ impl LayerBuffers {
                 )
             })
             .collect();
+        let memory = vec![Region {
+            ptr: base,
+            len: pool.len(),
+        }];
         Ok(LayerBuffers {
             layers,
             owned: Some(Owned::Pool(pool)),
+            memory,
+            memory_long_lived: false,
         })
     }
 
@@ -223,24 +235,33 @@ impl LayerBuffers {
     /// and must not be read or written by anyone else until the [`super::LoadHandle`] that
     /// uses these buffers has been released (which waits for every in-flight copy).
     pub unsafe fn from_raw(regions: &[(*mut u8, usize)]) -> Self {
+        let memory: Vec<Region> = regions.iter().map(|&(ptr, len)| Region { ptr, len }).collect();
         LayerBuffers {
-            layers: regions
-                .iter()
-                .map(|&(ptr, len)| Layer::new(vec![Region { ptr, len }]))
-                .collect(),
+            layers: memory.iter().map(|&r| Layer::new(vec![r])).collect(),
             owned: None,
+            memory,
+            memory_long_lived: false,
         }
     }
 
     /// Borrows paged caller memory: `layers[l]` lists layer `l`'s `(pointer, length in
     /// bytes)` ranges in order, taken as one logical buffer (empty ranges are skipped).
+    /// `memory` names the caller's long-lived memory areas that hold every range (for
+    /// example the engine's whole KV buffer, registered once): an RDMA load registers each
+    /// area once and keeps the registration for later loads, until
+    /// [`super::Engine::forget_memory`].
     ///
     /// # Safety
     /// Each range must be valid for writes of its length, no two ranges (of the same layer
     /// or of two layers) may share a byte, and none may be read or written by anyone else
     /// until the [`super::LoadHandle`] that uses these buffers has been released (which
-    /// waits for every in-flight copy).
-    pub unsafe fn from_raw_ranges(layers: &[Vec<(*mut u8, usize)>]) -> Self {
+    /// waits for every in-flight copy). Each range lies inside one `memory` area, and every
+    /// area stays mapped (not freed or remapped) until [`super::Engine::forget_memory`] was
+    /// called for it, or the engine dropped.
+    pub unsafe fn from_raw_ranges(
+        layers: &[Vec<(*mut u8, usize)>],
+        memory: &[(*mut u8, usize)],
+    ) -> Self {
         LayerBuffers {
             layers: layers
                 .iter()
@@ -249,7 +270,22 @@ impl LayerBuffers {
                 })
                 .collect(),
             owned: None,
+            memory: memory.iter().map(|&(ptr, len)| Region { ptr, len }).collect(),
+            memory_long_lived: true,
         }
+    }
+
+    /// The memory areas that hold every range, as `(address, length)`: each owned buffer or
+    /// the pool, each borrowed region, or the areas given to
+    /// [`LayerBuffers::from_raw_ranges`]. What an RDMA load registers.
+    pub fn memory(&self) -> Vec<(*mut u8, usize)> {
+        self.memory.iter().map(|r| (r.ptr, r.len)).collect()
+    }
+
+    /// Whether [`LayerBuffers::memory`] outlives the load (given to
+    /// [`LayerBuffers::from_raw_ranges`]), so its RDMA registration may be kept.
+    pub fn memory_is_long_lived(&self) -> bool {
+        self.memory_long_lived
     }
 
     /// Number of layers.
@@ -270,8 +306,7 @@ impl LayerBuffers {
     }
 
     /// `true` for caller memory given through [`LayerBuffers::from_raw`] or
-    /// [`LayerBuffers::from_raw_ranges`] (it outlives the load, so an RDMA registration of it
-    /// may be cached); `false` for owned buffers.
+    /// [`LayerBuffers::from_raw_ranges`]; `false` for owned buffers.
     pub fn is_borrowed(&self) -> bool {
         self.owned.is_none()
     }

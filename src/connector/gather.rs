@@ -213,7 +213,7 @@ pub(crate) fn gather_request(
 
 /// Unit size of the connector's TCP gather loads: one full chunk's slice, within the
 /// protocol's `MIN_UNIT_BYTES..=MAX_UNIT_BYTES`.
-fn unit_bytes_for(g: &crate::layout::KvGeometry) -> u32 {
+pub(crate) fn unit_bytes_for(g: &crate::layout::KvGeometry) -> u32 {
     g.slice_bytes()
         .clamp(crate::protocol::MIN_UNIT_BYTES as u64, crate::protocol::MAX_UNIT_BYTES as u64) as u32
 }

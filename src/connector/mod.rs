@@ -596,6 +596,19 @@ impl Engine {
         })
     }
 
+    /// Forgets whatever this engine keeps about caller memory `ptr..ptr+len`: the RDMA
+    /// registration of a memory area given to [`LayerBuffers::from_raw_ranges`] (kept for
+    /// later loads until now). Call it before that memory is freed or remapped (the C ABI
+    /// calls it when a region is deregistered). A load still writing into the memory keeps
+    /// its registration until it ends. No-op for memory the engine never saw, and in builds
+    /// without RDMA.
+    pub fn forget_memory(&self, ptr: *mut u8, len: usize) {
+        #[cfg(feature = "rdma")]
+        rdma::forget(&self.rdma, ptr, len);
+        #[cfg(not(feature = "rdma"))]
+        let _ = (ptr, len);
+    }
+
     /// Starts a layer-ordered load of `req.hashes` into `dest` and returns at once.
     ///
     /// `dest` must have `geometry.layers` buffers of at least `hashes.len() x slice_bytes`

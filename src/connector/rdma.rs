@@ -1,7 +1,8 @@
 //! The RDMA choice of a load (feature `rdma`): when the store's endpoint is an ObjectCache
 //! server that announces the RDMA target and this host has an RDMA device, the load is one
-//! gather request whose target is the load's own destination buffers (registered once per
-//! buffer in the session's registration cache); the server writes every unit into them.
+//! gather request whose target is the load's own destination buffers (their memory areas
+//! registered once each in the session's registration cache; a paged destination is a list
+//! of segments of those areas); the server writes every unit into them.
 //! Otherwise, or when the server refuses before writing, the load falls back to TCP gather
 //! (and from there to ranged GETs).
 //!
@@ -81,6 +82,14 @@ async fn connect(addr: &str, credentials: Option<(String, String)>) -> Result<(A
     Ok((Arc::new(client), conn))
 }
 
+/// Forgets the session's cached registration of memory `ptr..ptr+len` (see
+/// `Engine::forget_memory`).
+pub(crate) fn forget(probe: &Mutex<Probe>, ptr: *mut u8, len: usize) {
+    if let Probe::On { client, .. } = &*probe.lock().expect("lock") {
+        client.evict_raw(ptr, len);
+    }
+}
+
 /// Runs `req` as a gather request with an RDMA target if the server and host offer RDMA.
 pub(crate) async fn try_rdma(
     probe: &Mutex<Probe>,
@@ -151,37 +160,36 @@ pub(crate) async fn try_rdma(
     // The server verifies every slice's CRC32C before writing it (the client cannot check
     // bytes the NIC placed without reading them back).
     greq.verify = true;
+    // A scattered (paged) destination: one slice per unit, so a unit spans only the engine
+    // blocks of one chunk (one RDMA write per block it touches); 16 MiB units would span
+    // more blocks than a session writes per unit.
+    if (0..sh.state.bufs.layers()).any(|l| sh.state.bufs.ranges(l).len() > 1) {
+        greq.max_unit_bytes = super::gather::unit_bytes_for(&req.geometry);
+    }
     let bufs = &sh.state.bufs;
     // Addresses as integers: the future must be `Send`.
-    let mut regions: Vec<(usize, usize)> = Vec::with_capacity(bufs.layers());
-    for l in 0..bufs.layers() {
-        match bufs.ranges(l).as_slice() {
-            [(p, n)] => regions.push((*p as usize, *n)),
-            _ => {
-                // Paged destinations take the TCP path (nothing was sent yet).
-                if let Probe::On { pool, .. } = &mut *probe.lock().expect("lock") {
-                    pool.push(conn);
-                }
-                return Outcome::Fallback;
-            }
-        }
-    }
-    let dests: Vec<LayerDest> = regions
-        .iter()
-        .enumerate()
-        // SAFETY: the regions belong to this load's `LayerBuffers`, which live in `sh` for as
-        // long as the load runs and are not read by anyone until their layer is ready; a
-        // registration of owned buffers is evicted below, when the load ends, so it never
-        // outlives the memory; borrowed buffers are the caller's long-lived registered memory
-        // (the C ABI's contract), so their registration is kept for later loads.
-        .map(|(l, &(p, n))| unsafe { LayerDest::raw(l as u32, p as *mut u8, n) })
+    let memory: Vec<(usize, usize)> = bufs.memory().into_iter().map(|(p, n)| (p as usize, n)).collect();
+    let dests: Vec<LayerDest> = (0..bufs.layers())
+        .map(|l| {
+            let ranges = bufs.ranges(l);
+            let mem: Vec<(*mut u8, usize)> = memory.iter().map(|&(p, n)| (p as *mut u8, n)).collect();
+            // SAFETY: the ranges and memory areas belong to this load's `LayerBuffers`, which
+            // live in `sh` for as long as the load runs and whose ranges are not read by anyone
+            // until their layer is ready. An area's registration outlives the load only when
+            // the buffers say the area is long-lived (the caller's memory given to
+            // `from_raw_ranges`, the C ABI's registered regions: `Engine::forget_memory`
+            // evicts it before that memory is freed); every other area is evicted below, when
+            // the load ends, so no registration outlives its memory.
+            unsafe { LayerDest::raw_ranges(l as u32, &ranges, &mem) }
+        })
         .collect();
+    let long_lived = bufs.memory_is_long_lived();
     sh.requests.fetch_add(1, Ordering::Relaxed);
     let r = conn
         .load(&client, greq, &dests, Arc::new(SinkRef(sh.clone())))
         .await;
-    if !bufs.is_borrowed() {
-        for &(p, n) in &regions {
+    if !long_lived {
+        for &(p, n) in &memory {
             client.evict_raw(p as *mut u8, n);
         }
     }

@@ -220,13 +220,19 @@ impl ClientConnection {
     pub fn start_gather(&mut self, req: &GatherRequest) -> Result<(), ProtocolError> {
         let info = self.ready("Gather")?;
         req.validate(info.max_chunks)?;
-        if matches!(req.target, super::TransportTarget::Rdma(_))
-            && info.features & ServerInfo::FEATURE_RDMA == 0
-        {
-            return Err(ProtocolError::invalid(
-                "transport target",
-                "the server does not offer RDMA",
-            ));
+        if let super::TransportTarget::Rdma(t) = &req.target {
+            if info.features & ServerInfo::FEATURE_RDMA == 0 {
+                return Err(ProtocolError::invalid(
+                    "transport target",
+                    "the server does not offer RDMA",
+                ));
+            }
+            if !t.is_contiguous() && info.features & ServerInfo::FEATURE_RDMA_SCATTER == 0 {
+                return Err(ProtocolError::invalid(
+                    "transport target",
+                    "the server does not accept RDMA targets with several segments per layer",
+                ));
+            }
         }
         if req.group.is_some() && info.features & ServerInfo::FEATURE_LOAD_GROUPS == 0 {
             return Err(ProtocolError::invalid(

@@ -218,33 +218,103 @@ pub enum SchedHints {
     LayerComputeUs(Vec<u32>),
 }
 
-/// One layer's RDMA destination (reserved for the RDMA transport).
+/// One segment of a layer's RDMA destination: remote memory the server writes into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RdmaRegion {
-    /// Remote virtual address of the layer's destination.
+    /// Remote virtual address.
     pub addr: u64,
-    /// Remote key of the memory region.
+    /// Remote key of the memory region it lies in.
     pub rkey: u32,
     /// Length in bytes.
     pub len: u64,
 }
 
 /// An RDMA destination: the RDMA session whose queue pairs carry the writes, the load slot
-/// that tells concurrent loads on that session apart, and one region per requested layer.
+/// that tells concurrent loads on that session apart, and each requested layer's
+/// destination as a list of segments.
 ///
 /// The session is set up once per client and server (QP numbers, GIDs and PSNs exchanged on
 /// the server's gather port behind the `OCRDMA01` preface, see `docs/rdma.md`); the server
 /// names it with a 64-bit token the client echoes here. Each unit is written with
 /// `RDMA_WRITE_WITH_IMM` whose 32-bit immediate is `slot:6 | layer:10 | unit:16`, `unit`
 /// being the unit's index within its layer in [`plan_units`] order.
+///
+/// A layer's segments, taken in order, are one logical buffer (unit offsets are offsets in
+/// it): one segment for a contiguous destination; several for paged KV (an engine's blocks
+/// scattered through its registered KV buffer). A unit that spans segments is written as one
+/// `RDMA_WRITE` per segment piece but the last, then `RDMA_WRITE_WITH_IMM` of the last piece,
+/// all on one RC queue pair from one staging slot, so the immediate's completion at the
+/// client comes after every piece has landed (RC executes a QP's requests in order)
+/// ([`RdmaTarget::pieces`]). With one segment per layer the target is encoded as kind 2
+/// (every RDMA server reads it); otherwise as kind 3, which only a server announcing
+/// [`super::ServerInfo::FEATURE_RDMA_SCATTER`] accepts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RdmaTarget {
     /// Session token from the RDMA set-up exchange.
     pub session: u64,
     /// Load slot on that session, `0..64`.
     pub slot: u8,
-    /// Destination of each requested layer, in layer order (`layers.start` first).
-    pub regions: Vec<RdmaRegion>,
+    /// Destination of each requested layer, in layer order (`layers.start` first): its
+    /// segments, in order.
+    pub layers: Vec<Vec<RdmaRegion>>,
+}
+
+/// Most segments an RDMA target may name over all its layers (a descriptor is at most
+/// 1 MiB anyway: 20 bytes per segment).
+pub const RDMA_MAX_SEGMENTS: u32 = 1 << 16;
+
+impl RdmaTarget {
+    /// A target with one segment per layer (a contiguous destination per layer).
+    pub fn contiguous(session: u64, slot: u8, regions: Vec<RdmaRegion>) -> Self {
+        RdmaTarget {
+            session,
+            slot,
+            layers: regions.into_iter().map(|r| vec![r]).collect(),
+        }
+    }
+
+    /// Whether every layer is one segment (wire kind 2).
+    pub fn is_contiguous(&self) -> bool {
+        self.layers.iter().all(|l| l.len() == 1)
+    }
+
+    /// The remote pieces that hold logical bytes `offset..offset+len` of the `i`-th requested
+    /// layer, in order; `None` if they run past its segments. Both ends use this to cut a
+    /// unit: the server writes one piece per `RDMA_WRITE`, the client expects the immediate
+    /// with the last piece's length.
+    pub fn pieces(&self, i: usize, offset: u64, len: u64) -> Option<Vec<RdmaRegion>> {
+        rdma_pieces(self.layers.get(i)?, offset, len)
+    }
+}
+
+/// The pieces of `segments` (taken in order as one buffer) that hold bytes
+/// `offset..offset+len`; `None` if they run past the segments' end. Empty for `len == 0`.
+pub fn rdma_pieces(segments: &[RdmaRegion], offset: u64, len: u64) -> Option<Vec<RdmaRegion>> {
+    let end = offset.checked_add(len)?;
+    let mut out = Vec::new();
+    let mut at = 0u64; // logical start of the current segment
+    for s in segments {
+        let s_end = at.checked_add(s.len)?;
+        if out.is_empty() && offset >= s_end {
+            at = s_end;
+            continue;
+        }
+        if at >= end {
+            break;
+        }
+        let from = offset.max(at);
+        let to = end.min(s_end);
+        if to > from {
+            out.push(RdmaRegion {
+                addr: s.addr.checked_add(from - at)?,
+                rkey: s.rkey,
+                len: to - from,
+            });
+        }
+        at = s_end;
+    }
+    let got: u64 = out.iter().map(|p| p.len).sum();
+    (got == len).then_some(out)
 }
 
 /// Largest RDMA load slot plus one (the immediate's 6-bit slot field).
@@ -260,8 +330,9 @@ pub enum TransportTarget {
     /// Units follow inline on the same TCP stream.
     #[default]
     InlineTcp,
-    /// RDMA WRITEs into per-layer regions (one per layer of the range); the TCP stream then
-    /// carries only control frames (accept, misses, end). A server without RDMA refuses it.
+    /// RDMA WRITEs into per-layer destinations (one or more segments per layer of the
+    /// range); the TCP stream then carries only control frames (accept, misses, end). A
+    /// server without RDMA refuses it.
     Rdma(RdmaTarget),
 }
 
@@ -511,7 +582,6 @@ impl GatherRequest {
             }
         }
         if let TransportTarget::Rdma(t) = &self.target {
-            let r = &t.regions;
             if t.slot >= RDMA_SLOTS {
                 return Err(ProtocolError::invalid(
                     "rdma target",
@@ -534,18 +604,38 @@ impl GatherRequest {
                     format!("up to {per_layer} units per layer, the immediate names {RDMA_MAX_UNITS_PER_LAYER}"),
                 ));
             }
-            if r.len() != nl {
+            if t.layers.len() != nl {
                 return Err(ProtocolError::invalid(
                     "rdma target",
-                    format!("{} regions for {nl} layers", r.len()),
+                    format!("{} destinations for {nl} layers", t.layers.len()),
                 ));
             }
+            let total: usize = t.layers.iter().map(|l| l.len()).sum();
+            if total > RDMA_MAX_SEGMENTS as usize {
+                return Err(ProtocolError::TooLarge {
+                    what: "rdma segments",
+                    got: total as u64,
+                    max: RDMA_MAX_SEGMENTS as u64,
+                });
+            }
             let need = self.layer_bytes();
-            if let Some((i, reg)) = r.iter().enumerate().find(|(_, reg)| reg.len < need) {
-                return Err(ProtocolError::invalid(
-                    "rdma target",
-                    format!("region {i} has {} bytes, layer needs {need}", reg.len),
-                ));
+            for (i, segs) in t.layers.iter().enumerate() {
+                if segs.is_empty() || segs.iter().any(|s| s.len == 0) {
+                    return Err(ProtocolError::invalid(
+                        "rdma target",
+                        format!("layer {i} has no segments or an empty one"),
+                    ));
+                }
+                let have = segs
+                    .iter()
+                    .try_fold(0u64, |a, s| a.checked_add(s.len))
+                    .unwrap_or(u64::MAX);
+                if have < need {
+                    return Err(ProtocolError::invalid(
+                        "rdma target",
+                        format!("region {i} has {have} bytes, layer needs {need}"),
+                    ));
+                }
             }
         }
         Ok(())
@@ -608,12 +698,26 @@ impl GatherRequest {
                 out.put_u32_le(0);
             }
             TransportTarget::Rdma(t) => {
-                out.put_u8(2);
-                out.put_u32_le(t.regions.len() as u32);
-                for r in &t.regions {
+                fn put(out: &mut impl BufMut, r: &RdmaRegion) {
                     out.put_u64_le(r.addr);
                     out.put_u32_le(r.rkey);
                     out.put_u64_le(r.len);
+                }
+                if t.is_contiguous() {
+                    out.put_u8(2);
+                    out.put_u32_le(t.layers.len() as u32);
+                    for l in &t.layers {
+                        put(out, &l[0]);
+                    }
+                } else {
+                    out.put_u8(3);
+                    out.put_u32_le(t.layers.len() as u32);
+                    for l in &t.layers {
+                        out.put_u32_le(l.len() as u32);
+                        for r in l {
+                            put(out, r);
+                        }
+                    }
                 }
                 out.put_u64_le(t.session);
                 out.put_u8(t.slot);
@@ -695,29 +799,55 @@ impl GatherRequest {
             }
         };
         let tkind = r.u8()?;
-        let nr = r.count("rdma regions", 4096, 20)?;
+        let region = |r: &mut Reader<'_>| -> Result<RdmaRegion, ProtocolError> {
+            Ok(RdmaRegion {
+                addr: r.u64()?,
+                rkey: r.u32()?,
+                len: r.u64()?,
+            })
+        };
         let target = match tkind {
-            1 if nr == 0 => TransportTarget::InlineTcp,
+            1 => match r.count("rdma regions", 4096, 20)? {
+                0 => TransportTarget::InlineTcp,
+                nr => {
+                    return Err(ProtocolError::invalid(
+                        "transport target",
+                        format!("kind 1 with {nr} regions"),
+                    ))
+                }
+            },
             2 => {
+                let nr = r.count("rdma regions", 4096, 20)?;
                 let regions = (0..nr)
-                    .map(|_| {
-                        Ok(RdmaRegion {
-                            addr: r.u64()?,
-                            rkey: r.u32()?,
-                            len: r.u64()?,
-                        })
-                    })
+                    .map(|_| region(&mut r))
                     .collect::<Result<_, ProtocolError>>()?;
+                let session = r.u64()?;
+                TransportTarget::Rdma(RdmaTarget::contiguous(session, r.u8()?, regions))
+            }
+            3 => {
+                let nl = r.count("rdma layers", RDMA_MAX_LAYERS, 4)?;
+                let mut left = RDMA_MAX_SEGMENTS;
+                let mut layers = Vec::with_capacity(nl);
+                for _ in 0..nl {
+                    let n = r.count("rdma segments", left, 20)?;
+                    left -= n as u32;
+                    layers.push(
+                        (0..n)
+                            .map(|_| region(&mut r))
+                            .collect::<Result<Vec<_>, ProtocolError>>()?,
+                    );
+                }
+                let session = r.u64()?;
                 TransportTarget::Rdma(RdmaTarget {
-                    regions,
-                    session: r.u64()?,
+                    session,
                     slot: r.u8()?,
+                    layers,
                 })
             }
             k => {
                 return Err(ProtocolError::invalid(
                     "transport target",
-                    format!("kind {k} with {nr} regions"),
+                    format!("unknown kind {k}"),
                 ))
             }
         };

@@ -253,6 +253,9 @@ impl ServerInfo {
     /// the descriptor's load-group block (flag bit 2, [`crate::protocol::LoadGroup`]).
     /// Clients send the block only to servers announcing this bit.
     pub const FEATURE_LOAD_GROUPS: u32 = 16;
+    /// Feature bit (version 2): RDMA targets whose layers are lists of segments (wire kind
+    /// 3, paged destinations) are accepted; see [`super::RdmaTarget`].
+    pub const FEATURE_RDMA_SCATTER: u32 = 32;
 }
 
 /// The 24-byte header of a `Unit` frame body.

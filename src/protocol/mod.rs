@@ -22,8 +22,8 @@ mod wire;
 
 pub use client::{ClientConnection, ClientEvent};
 pub use descriptor::{
-    plan_units, unit_indices, ChunkKeys, DeliveryOrder, GatherRequest, LoadGroup, RdmaRegion,
-    RdmaTarget, SaveChunk, SaveRequest, SchedHints, SlicePiece, TransportTarget, UnitPlan,
+    plan_units, rdma_pieces, unit_indices, ChunkKeys, DeliveryOrder, GatherRequest, LoadGroup, RdmaRegion,
+    RdmaTarget, RDMA_MAX_SEGMENTS, SaveChunk, SaveRequest, SchedHints, SlicePiece, TransportTarget, UnitPlan,
     WireGeometry, MAX_STRIPES, RDMA_MAX_LAYERS, RDMA_MAX_UNITS_PER_LAYER, RDMA_SLOTS,
 };
 pub use frame::{

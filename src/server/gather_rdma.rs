@@ -8,8 +8,10 @@
 //! - Delivery: the gather driver ([`super::gather`]) plans, reads and verifies units exactly as
 //!   for TCP, in the same (scheduler's) order; for an RDMA target it hands each unit to
 //!   [`Delivery::unit`] instead of writing it to the stream. The unit is staged in the session's
-//!   registered arena and written to `region.addr + unit.offset` of its layer with the
-//!   immediate `slot | layer | unit index`. Before `End`, [`Delivery::finish`] waits for every
+//!   registered arena and written to its place in the layer's destination (the segment pieces
+//!   of [`RdmaTarget::pieces`]: one `RDMA_WRITE` per piece but the last, then
+//!   `RDMA_WRITE_WITH_IMM` of the last, on one queue pair) with the immediate
+//!   `slot | layer | unit index`. Before `End`, [`Delivery::finish`] waits for every
 //!   write's completion: a failed write (QP error, remote gone, timeout) becomes a `Miss` of its
 //!   layer, and `End` reports only the writes that completed, which the client counts.
 //!
@@ -19,7 +21,7 @@
 
 use super::Shared;
 use crate::protocol::{
-    unit_indices, GatherRequest, RdmaRegion, TransportTarget, UnitPlan, MAX_UNIT_BYTES,
+    unit_indices, GatherRequest, RdmaTarget, TransportTarget, UnitPlan, MAX_UNIT_BYTES,
 };
 use crate::transport::rdma::session::WriteResult;
 use crate::transport::rdma::{
@@ -109,7 +111,7 @@ pub(crate) async fn serve_control(stream: TcpStream, reg: Arc<SessionRegistry>) 
 pub(crate) struct Delivery {
     session: Arc<GatherSession>,
     slot: u32,
-    regions: Vec<RdmaRegion>,
+    target: RdmaTarget,
     layer0: u32,
     /// `(layer, offset)` -> unit index within the layer (the immediate's `unit`).
     index: HashMap<(u32, u64), u32>,
@@ -148,6 +150,25 @@ impl Delivery {
                 session.slot_bytes()
             ));
         }
+        // A unit that spans several destination segments takes one write per piece; refuse
+        // (before any read) a target that would need more than the session's send queues
+        // hold, or whose segments do not cover a unit.
+        let most = session.max_pieces();
+        for u in plan {
+            let pieces = t
+                .pieces((u.layer - req.layers.start) as usize, u.offset, u.len)
+                .ok_or_else(|| {
+                    format!("unit at {}+{} of layer {} is past its destination", u.offset, u.len, u.layer)
+                })?;
+            if pieces.len() > most {
+                return Err(format!(
+                    "a unit of layer {} spans {} destination segments; this session writes at most \
+                     {most} per unit",
+                    u.layer,
+                    pieces.len()
+                ));
+            }
+        }
         let idx = unit_indices(plan);
         let index = plan
             .iter()
@@ -157,7 +178,7 @@ impl Delivery {
         Ok(Delivery {
             session,
             slot: u32::from(t.slot),
-            regions: t.regions.clone(),
+            target: t.clone(),
             layer0: req.layers.start,
             index,
             inflight: FuturesUnordered::new(),
@@ -189,11 +210,9 @@ impl Delivery {
     pub(crate) async fn unit(&mut self, u: &UnitPlan, parts: Vec<Bytes>) -> Result<(), String> {
         self.reap_ready();
         let layer = u.layer;
-        let region = self
-            .regions
-            .get((layer - self.layer0) as usize)
-            .copied()
-            .ok_or("unit of a layer outside the request")?;
+        let i = layer
+            .checked_sub(self.layer0)
+            .ok_or("unit of a layer outside the request")? as usize;
         let unit = *self
             .index
             .get(&(layer, u.offset))
@@ -201,16 +220,15 @@ impl Delivery {
         let imm = Imm::new(self.slot, layer, unit)
             .ok_or("immediate out of range")?
             .encode();
-        if u.offset + u.len > region.len {
-            return Err(format!(
-                "unit at {}+{} is past the layer's region of {} bytes",
-                u.offset, u.len, region.len
-            ));
-        }
-        let rx = self
-            .session
-            .write(imm, &parts, region.addr + u.offset, region.rkey)
-            .await?;
+        // One piece for a contiguous destination; one per segment the unit spans otherwise.
+        let pieces = self.target.pieces(i, u.offset, u.len).ok_or_else(|| {
+            format!(
+                "unit at {}+{} is past layer {layer}'s destination",
+                u.offset, u.len
+            )
+        })?;
+        let remote: Vec<(u64, u32, u64)> = pieces.iter().map(|p| (p.addr, p.rkey, p.len)).collect();
+        let rx = self.session.write_pieces(imm, &parts, &remote).await?;
         let timeout = self.session.op_timeout();
         let session = self.session.clone();
         self.inflight.push(

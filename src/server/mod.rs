@@ -94,11 +94,12 @@ impl Shared {
         }
     }
 
-    /// [`ServerInfo::FEATURE_RDMA`] when RDMA gather sessions are offered, else 0.
+    /// [`ServerInfo::FEATURE_RDMA`] and [`ServerInfo::FEATURE_RDMA_SCATTER`] when RDMA
+    /// gather sessions are offered, else 0.
     fn rdma_feature(&self) -> u32 {
         #[cfg(feature = "rdma")]
         if self.rdma.is_some() {
-            return ServerInfo::FEATURE_RDMA;
+            return ServerInfo::FEATURE_RDMA | ServerInfo::FEATURE_RDMA_SCATTER;
         }
         0
     }

@@ -10,6 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::LayerError;
+use crate::protocol::{rdma_pieces, RdmaRegion};
 use crate::transport::LayerSink;
 
 use super::context::{Context, DeviceSelector};
@@ -62,6 +63,9 @@ pub struct LayerDest {
 enum DestMem {
     Host { buf: Arc<HostBuffer>, offset: usize },
     Raw { ptr: usize, len: usize },
+    /// Caller memory scattered over `ranges` (in order, one logical buffer), each inside one
+    /// of the `memory` areas, which are what gets registered.
+    Ranges { ranges: Vec<(usize, usize)>, memory: Vec<(usize, usize)> },
 }
 
 impl LayerDest {
@@ -79,6 +83,26 @@ impl LayerDest {
     /// reference to it while a load into it runs.
     pub unsafe fn raw(layer: u32, ptr: *mut u8, len: usize) -> Self {
         LayerDest { layer, mem: DestMem::Raw { ptr: ptr as usize, len } }
+    }
+    /// Layer `layer` lands in caller memory scattered over `ranges` `(ptr, len)`, taken in
+    /// order as one buffer (paged KV: one range per engine block); every range lies inside
+    /// one of the `memory` areas, each registered once through the client's cache (for
+    /// example the engine's whole KV buffer), so a load names its ranges as segments of a few
+    /// registrations. Adjacent ranges are sent as one segment. Only gather loads
+    /// ([`RdmaClient::expect_gather`]) take scattered destinations.
+    ///
+    /// # Safety
+    /// As [`LayerDest::raw`], for every `memory` area: it stays mapped while cached (evict it
+    /// with [`RdmaClient::evict_raw`] before freeing it), and nothing holds a Rust reference
+    /// to the ranges while a load into them runs.
+    pub unsafe fn raw_ranges(layer: u32, ranges: &[(*mut u8, usize)], memory: &[(*mut u8, usize)]) -> Self {
+        LayerDest {
+            layer,
+            mem: DestMem::Ranges {
+                ranges: ranges.iter().map(|&(p, n)| (p as usize, n)).collect(),
+                memory: memory.iter().map(|&(p, n)| (p as usize, n)).collect(),
+            },
+        }
     }
     /// The layer index.
     pub fn layer(&self) -> u32 {
@@ -105,6 +129,9 @@ enum LayerState {
 struct LayerProg {
     /// `(offset, len)` of each unit in the layer's destination, by unit index.
     units: Vec<(u64, u64)>,
+    /// Bytes the immediate's write of each unit carries: the unit's last destination piece
+    /// (the whole unit for a contiguous destination).
+    imm_len: Vec<u64>,
     seen: Vec<bool>,
     got: u32,
     state: LayerState,
@@ -314,8 +341,11 @@ impl Shared {
             return Err(format!("unexpected or repeated unit {unit} of layer {layer}"));
         }
         let (off, len) = lp.units[unit];
-        if u64::from(wc.byte_len) != len {
-            return Err(format!("unit {unit} of layer {layer} carried {} bytes, want {len}", wc.byte_len));
+        if u64::from(wc.byte_len) != lp.imm_len[unit] {
+            return Err(format!(
+                "unit {unit} of layer {layer} carried {} bytes in its last write, want {}",
+                wc.byte_len, lp.imm_len[unit]
+            ));
         }
         lp.seen[unit] = true;
         lp.got += 1;
@@ -493,7 +523,16 @@ impl RdmaClient {
             }
         }
         let plan: Vec<(LayerDest, Vec<(u64, u64)>)> = dests.iter().map(|d| (d.clone(), table.clone())).collect();
-        let (slot, targets) = self.register_load(&plan, sink)?;
+        if plan.iter().any(|(d, _)| matches!(d.mem, DestMem::Ranges { .. })) {
+            return Err(RdmaError::InvalidArgument("scattered destinations go through gather loads (expect_gather)".into()));
+        }
+        let (slot, segments) = self.register_load(&plan, sink)?;
+        let targets: Vec<LayerTarget> = spec
+            .layers
+            .iter()
+            .zip(segments)
+            .map(|(&layer, s)| LayerTarget { layer, addr: s[0].addr, rkey: s[0].rkey, len: s[0].len })
+            .collect();
         let sent = {
             let mut w = self.shared.writer.lock().unwrap_or_else(|p| p.into_inner());
             control::send(&mut *w, &Msg::Load { slot, spec, targets })
@@ -506,19 +545,84 @@ impl RdmaClient {
 
     /// Registers a gather load on this session: layer `d.layer()` of each `(d, units)` lands
     /// in `d`, unit `i` (the `unit` of the immediate) at `units[i] = (offset, len)` of it.
-    /// Returns the handle, the load slot and one `(addr, rkey, len)` target per layer (in the
-    /// given order) for the gather descriptor's RDMA target. Completions are counted per
+    /// Returns the handle, the load slot and each layer's destination segments (in the given
+    /// order) for the gather descriptor's RDMA target: one segment for a contiguous
+    /// destination, the coalesced ranges of a scattered one. Completions are counted per
     /// layer as they arrive; end the load with [`LoadHandle::server_end`] when the server's
     /// `End` frame says how many writes it made, or [`LoadHandle::forget`] when it refused.
     ///
     /// # Errors
-    /// As [`RdmaClient::load`].
-    pub fn expect_gather(&self, layers: &[(LayerDest, Vec<(u64, u64)>)], sink: Arc<dyn LayerSink>) -> Result<(LoadHandle, u32, Vec<LayerTarget>)> {
-        let (slot, targets) = self.register_load(layers, sink)?;
-        Ok((LoadHandle { shared: self.shared.clone(), slot: Some(slot) }, slot, targets))
+    /// As [`RdmaClient::load`]; [`RdmaError::InvalidArgument`] when a range of a scattered
+    /// destination lies in none of its memory areas.
+    pub fn expect_gather(&self, layers: &[(LayerDest, Vec<(u64, u64)>)], sink: Arc<dyn LayerSink>) -> Result<(LoadHandle, u32, Vec<Vec<RdmaRegion>>)> {
+        let (slot, segments) = self.register_load(layers, sink)?;
+        Ok((LoadHandle { shared: self.shared.clone(), slot: Some(slot) }, slot, segments))
     }
 
-    fn register_load(&self, plan: &[(LayerDest, Vec<(u64, u64)>)], sink: Arc<dyn LayerSink>) -> Result<(u32, Vec<LayerTarget>)> {
+    /// The remote segments of `d` covering its first `len` bytes (registering its memory
+    /// through the cache), and the registrations they use.
+    fn segments(&self, d: &LayerDest, len: u64) -> Result<(Vec<RdmaRegion>, Vec<Arc<MemoryRegion>>)> {
+        let l = d.layer;
+        let (offset, cap) = match &d.mem {
+            DestMem::Host { buf, offset } => (*offset, buf.len() as u64),
+            DestMem::Raw { len, .. } => (0, *len as u64),
+            DestMem::Ranges { ranges, .. } => (0, ranges.iter().map(|r| r.1 as u64).sum()),
+        };
+        if (offset as u64).checked_add(len).is_none_or(|e| e > cap) {
+            return Err(RdmaError::InvalidArgument(format!(
+                "layer {l}: {len} bytes at offset {offset} do not fit a destination of {cap} bytes"
+            )));
+        }
+        Ok(match &d.mem {
+            DestMem::Host { buf, .. } => {
+                let mr = self.shared.cache.get_or_register(buf)?;
+                (vec![RdmaRegion { addr: mr.addr() + offset as u64, rkey: mr.rkey(), len }], vec![mr])
+            }
+            DestMem::Raw { ptr, len: n } => {
+                // SAFETY: the contract of `LayerDest::raw`, which the caller accepted.
+                let mr = unsafe { self.shared.cache.get_or_register_raw(*ptr as *mut u8, *n)? };
+                (vec![RdmaRegion { addr: mr.addr(), rkey: mr.rkey(), len }], vec![mr])
+            }
+            DestMem::Ranges { ranges, memory } => {
+                let mut mrs: Vec<(usize, Arc<MemoryRegion>)> = Vec::new();
+                let mut segs: Vec<RdmaRegion> = Vec::new();
+                let mut left = len;
+                for (i, &(p, n)) in ranges.iter().enumerate() {
+                    if left == 0 {
+                        break;
+                    }
+                    if n == 0 {
+                        continue;
+                    }
+                    let Some(m) = memory.iter().position(|&(a, al)| p >= a && p.checked_add(n).is_some_and(|e| e <= a + al)) else {
+                        return Err(RdmaError::InvalidArgument(format!("layer {l}: range {i} ({p:#x}, {n} bytes) lies in none of the destination's memory areas")));
+                    };
+                    let mr = match mrs.iter().find(|(k, _)| *k == m) {
+                        Some((_, mr)) => mr.clone(),
+                        None => {
+                            let (a, al) = memory[m];
+                            // SAFETY: the contract of `LayerDest::raw_ranges`, which the caller
+                            // accepted, for this memory area.
+                            let mr = unsafe { self.shared.cache.get_or_register_raw(a as *mut u8, al)? };
+                            mrs.push((m, mr.clone()));
+                            mr
+                        }
+                    };
+                    let take = (n as u64).min(left);
+                    let addr = mr.addr() + (p - memory[m].0) as u64;
+                    match segs.last_mut() {
+                        // Adjacent in memory and in the same registration: one segment.
+                        Some(s) if s.rkey == mr.rkey() && s.addr + s.len == addr => s.len += take,
+                        _ => segs.push(RdmaRegion { addr, rkey: mr.rkey(), len: take }),
+                    }
+                    left -= take;
+                }
+                (segs, mrs.into_iter().map(|(_, mr)| mr).collect())
+            }
+        })
+    }
+
+    fn register_load(&self, plan: &[(LayerDest, Vec<(u64, u64)>)], sink: Arc<dyn LayerSink>) -> Result<(u32, Vec<Vec<RdmaRegion>>)> {
         let mut targets = Vec::with_capacity(plan.len());
         let mut mrs = Vec::new();
         let mut layers = HashMap::new();
@@ -533,25 +637,21 @@ impl RdmaClient {
                 )));
             }
             let len = table.iter().map(|&(o, n)| o + n).max().unwrap_or(0);
-            let (offset, cap) = match &d.mem {
-                DestMem::Host { buf, offset } => (*offset, buf.len()),
-                DestMem::Raw { len, .. } => (0, *len),
-            };
-            if (offset as u64).checked_add(len).is_none_or(|e| e > cap as u64) {
-                return Err(RdmaError::InvalidArgument(format!(
-                    "layer {l}: {len} bytes at offset {offset} do not fit a destination of {cap} bytes"
-                )));
-            }
-            if layers.insert(l, LayerProg { units: table.clone(), seen: vec![false; table.len()], got: 0, state: LayerState::Pending }).is_some() {
+            let (segs, used) = self.segments(d, len)?;
+            // The server writes a unit's last piece with the immediate: expect that length.
+            let imm_len = table
+                .iter()
+                .map(|&(o, n)| {
+                    rdma_pieces(&segs, o, n).and_then(|p| p.last().map(|x| x.len)).ok_or_else(|| {
+                        RdmaError::InvalidArgument(format!("layer {l}: unit at {o}+{n} is past the destination"))
+                    })
+                })
+                .collect::<Result<Vec<u64>>>()?;
+            if layers.insert(l, LayerProg { units: table.clone(), imm_len, seen: vec![false; table.len()], got: 0, state: LayerState::Pending }).is_some() {
                 return Err(RdmaError::InvalidArgument(format!("layer {l} is named twice")));
             }
-            let mr = match &d.mem {
-                DestMem::Host { buf, .. } => self.shared.cache.get_or_register(buf)?,
-                // SAFETY: the contract of `LayerDest::raw`, which the caller accepted.
-                DestMem::Raw { ptr, len } => unsafe { self.shared.cache.get_or_register_raw(*ptr as *mut u8, *len)? },
-            };
-            targets.push(LayerTarget { layer: l, addr: mr.addr() + offset as u64, rkey: mr.rkey(), len });
-            mrs.push(mr);
+            targets.push(segs);
+            mrs.extend(used);
         }
         let slot = {
             let mut st = self.shared.lock();

@@ -5,7 +5,8 @@
 //!
 //! A load: plan the units exactly as the server will ([`plan_units`], layer-major, units of at
 //! most `max_unit_bytes` that never span layers), register each layer's destination (through
-//! the session's registration cache), announce the load to the session
+//! the session's registration cache; a paged destination becomes a list of segments of its
+//! registered memory areas, see [`RdmaTarget`]), announce the load to the session
 //! ([`RdmaClient::expect_gather`]), send the descriptor, then turn `Miss` frames into layer
 //! misses and wait, after `End`, for as many write completions as the server reports. A broken
 //! stream breaks the RDMA session too, so no late write can land after the call returns.
@@ -19,7 +20,7 @@ use tokio::net::{TcpStream, ToSocketAddrs};
 
 use crate::error::LayerError;
 use crate::protocol::{
-    plan_units, unit_indices, ClientConnection, ClientEvent, GatherRequest, MissReason, ProtocolError, RdmaRegion, RdmaTarget,
+    plan_units, unit_indices, ClientConnection, ClientEvent, GatherRequest, MissReason, ProtocolError, RdmaTarget,
     ServerInfo, TransportTarget,
 };
 use crate::transport::LayerSink;
@@ -144,13 +145,12 @@ impl GatherConn {
             t.push((u.offset, u.len));
         }
         let layers: Vec<(LayerDest, Vec<(u64, u64)>)> = dests.iter().cloned().zip(tables).collect();
-        let (handle, slot, targets) = rdma.expect_gather(&layers, sink.clone()).map_err(|e| refused(e.to_string()))?;
+        let (handle, slot, segments) = rdma.expect_gather(&layers, sink.clone()).map_err(|e| refused(e.to_string()))?;
         let handle = AbortOnDrop(Some(handle));
-        req.target = TransportTarget::Rdma(RdmaTarget {
-            session: rdma.session(),
-            slot: slot as u8,
-            regions: targets.iter().map(|t| RdmaRegion { addr: t.addr, rkey: t.rkey, len: t.len }).collect(),
-        });
+        // One segment per layer for contiguous destinations; a scattered (paged) one needs a
+        // server that accepts several (start_gather refuses it otherwise, and the caller falls
+        // back to TCP).
+        req.target = TransportTarget::Rdma(RdmaTarget { session: rdma.session(), slot: slot as u8, layers: segments });
         if let Err(e) = self.conn.start_gather(&req) {
             handle.forget();
             return Err(refused(e.to_string()));

@@ -165,6 +165,9 @@ impl SessionRegistry {
             arena,
             arena_buf,
             slot_bytes: self.slot_bytes,
+            // Every in-flight unit holds one slot: with at most this many writes per unit, one
+            // queue pair's send queue holds all of them even if every unit went to it.
+            max_pieces: (self.cfg.caps.max_send_wr as usize / slots).max(1),
             free: Mutex::new((0..slots).rev().collect()),
             permits: Semaphore::new(slots),
             next_qp: AtomicUsize::new(0),
@@ -213,6 +216,7 @@ pub struct GatherSession {
     arena: MemoryRegion,
     arena_buf: Arc<HostBuffer>,
     slot_bytes: usize,
+    max_pieces: usize,
     free: Mutex<Vec<usize>>,
     permits: Semaphore,
     next_qp: AtomicUsize,
@@ -262,6 +266,13 @@ impl GatherSession {
         self.permits.close();
     }
 
+    /// Most destination pieces one unit may be written to ([`GatherSession::write_pieces`]):
+    /// every in-flight unit holds one staging slot and at most this many send-queue entries,
+    /// so the send queue never overflows (`max_send_wr / slots`).
+    pub fn max_pieces(&self) -> usize {
+        self.max_pieces
+    }
+
     /// Stages `parts` (one unit, concatenated) in a free arena slot and posts one
     /// `RDMA_WRITE_WITH_IMM` of it to `remote_addr` (rkey `rkey`) with immediate `imm`. Waits
     /// (at most the session's op timeout) for a free slot. The returned receiver yields the
@@ -272,8 +283,31 @@ impl GatherSession {
     /// or posting failed (which breaks the session).
     pub async fn write(&self, imm: u32, parts: &[Bytes], remote_addr: u64, rkey: u32) -> std::result::Result<oneshot::Receiver<WriteResult>, String> {
         let len: usize = parts.iter().map(|b| b.len()).sum();
+        self.write_pieces(imm, parts, &[(remote_addr, rkey, len as u64)]).await
+    }
+
+    /// As [`GatherSession::write`], to a destination in `remote` pieces `(address, rkey,
+    /// length)` whose lengths add up to the unit's: the staged unit is posted as one
+    /// unsignaled `RDMA_WRITE` per piece but the last, then a signaled `RDMA_WRITE_WITH_IMM`
+    /// of the last piece, all on one RC queue pair, which executes them in order, so the
+    /// client's completion of the immediate comes after every piece has landed. At most
+    /// [`GatherSession::max_pieces`] pieces.
+    ///
+    /// # Errors
+    /// As [`GatherSession::write`]; also a message when the pieces do not add up to the
+    /// unit or are too many.
+    pub async fn write_pieces(&self, imm: u32, parts: &[Bytes], remote: &[(u64, u32, u64)]) -> std::result::Result<oneshot::Receiver<WriteResult>, String> {
+        let len: usize = parts.iter().map(|b| b.len()).sum();
         if len == 0 || len > self.slot_bytes {
             return Err(format!("unit of {len} bytes does not fit a staging slot of {} bytes", self.slot_bytes));
+        }
+        let pieces_len: u64 = remote.iter().map(|p| p.2).sum();
+        if remote.is_empty() || remote.len() > self.max_pieces || pieces_len != len as u64 || remote.iter().any(|p| p.2 == 0) {
+            return Err(format!(
+                "a unit of {len} bytes cannot be written as {} pieces of {pieces_len} bytes (at most {} non-empty pieces)",
+                remote.len(),
+                self.max_pieces
+            ));
         }
         if let Some(why) = self.broken() {
             return Err(why);
@@ -303,12 +337,23 @@ impl GatherSession {
         let (tx, rx) = oneshot::channel();
         self.waiters.lock().unwrap_or_else(|p| p.into_inner()).insert(ix as u64, tx);
         let qp = &self.qps[self.next_qp.fetch_add(1, Ordering::Relaxed) % self.qps.len()];
-        if let Err(e) = qp.post_write(ix as u64, &self.arena, off, len, remote_addr, rkey, Some(imm), true) {
-            self.waiters.lock().unwrap_or_else(|p| p.into_inner()).remove(&(ix as u64));
-            self.release(ix);
-            let why = format!("posting an RDMA write failed: {e}");
-            self.break_session(&why);
-            return Err(why);
+        let mut local = off;
+        for (k, &(remote_addr, rkey, n)) in remote.iter().enumerate() {
+            let last = k + 1 == remote.len();
+            let r = qp.post_write(ix as u64, &self.arena, local, n as usize, remote_addr, rkey, last.then_some(imm), last);
+            if let Err(e) = r {
+                let why = format!("posting an RDMA write failed: {e}");
+                // Pieces already posted may still complete (unsignaled) or flush: breaking the
+                // session moves the QPs to the error state first; the slot goes back only when
+                // nothing posted can read it any more.
+                self.break_session(&why);
+                if k == 0 {
+                    self.waiters.lock().unwrap_or_else(|p| p.into_inner()).remove(&(ix as u64));
+                    self.release(ix);
+                }
+                return Err(why);
+            }
+            local += n as usize;
         }
         // The poller may have stopped (session torn down) before this waiter was registered:
         // then nobody would ever complete it. `stop` is set before the poller drains the
