@@ -930,11 +930,19 @@ impl LoadHandle {
     /// them (ready layers hold verified bytes; others hold unspecified bytes).
     pub fn into_buffers(self) -> LayerBuffers {
         self.finish();
-        let sh = self.sh.clone();
+        let mut sh = self.sh.clone();
         drop(self);
-        match Arc::try_unwrap(sh) {
-            Ok(s) => s.state.bufs,
-            Err(_) => unreachable!("every task holding the load state has finished"),
+        // Every task of the load has ended; what may still hold the state for a moment is an
+        // RDMA completion thread finishing its last report (it called `complete` on the
+        // layer, and drops its reference right after), never anything that writes.
+        loop {
+            match Arc::try_unwrap(sh) {
+                Ok(s) => return s.state.bufs,
+                Err(again) => {
+                    sh = again;
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            }
         }
     }
 

@@ -289,32 +289,63 @@ impl RdmaTarget {
 
 /// The pieces of `segments` (taken in order as one buffer) that hold bytes
 /// `offset..offset+len`; `None` if they run past the segments' end. Empty for `len == 0`.
+/// Linear in the segments; [`RdmaSegments`] cuts many units in logarithmic time each.
 pub fn rdma_pieces(segments: &[RdmaRegion], offset: u64, len: u64) -> Option<Vec<RdmaRegion>> {
-    let end = offset.checked_add(len)?;
-    let mut out = Vec::new();
-    let mut at = 0u64; // logical start of the current segment
-    for s in segments {
-        let s_end = at.checked_add(s.len)?;
-        if out.is_empty() && offset >= s_end {
-            at = s_end;
-            continue;
+    RdmaSegments::new(segments.to_vec())?.pieces(offset, len)
+}
+
+/// One layer's RDMA segments with their logical start offsets, for cutting units into
+/// pieces by binary search (a server cuts every unit of a request: units x log(segments)).
+#[derive(Debug, Clone)]
+pub struct RdmaSegments {
+    segs: Vec<RdmaRegion>,
+    /// `starts[i]` = logical offset of `segs[i]`; one more entry: the total length.
+    starts: Vec<u64>,
+}
+
+impl RdmaSegments {
+    /// Indexes `segs`; `None` if their lengths overflow `u64`.
+    pub fn new(segs: Vec<RdmaRegion>) -> Option<Self> {
+        let mut starts = Vec::with_capacity(segs.len() + 1);
+        let mut at = 0u64;
+        starts.push(0);
+        for s in &segs {
+            at = at.checked_add(s.len)?;
+            starts.push(at);
         }
-        if at >= end {
-            break;
-        }
-        let from = offset.max(at);
-        let to = end.min(s_end);
-        if to > from {
-            out.push(RdmaRegion {
-                addr: s.addr.checked_add(from - at)?,
-                rkey: s.rkey,
-                len: to - from,
-            });
-        }
-        at = s_end;
+        Some(RdmaSegments { segs, starts })
     }
-    let got: u64 = out.iter().map(|p| p.len).sum();
-    (got == len).then_some(out)
+
+    /// As [`rdma_pieces`].
+    pub fn pieces(&self, offset: u64, len: u64) -> Option<Vec<RdmaRegion>> {
+        let end = offset.checked_add(len)?;
+        if end > *self.starts.last().expect("starts has a total") {
+            return None;
+        }
+        let mut out = Vec::new();
+        if len == 0 {
+            return Some(out);
+        }
+        // The segment holding `offset`: the last whose start is at or before it (skipping
+        // empty segments, which start where the next one does).
+        let mut i = self.starts.partition_point(|&s| s <= offset) - 1;
+        let mut at = offset;
+        while at < end {
+            let s = self.segs.get(i)?;
+            let (a, b) = (self.starts[i], self.starts[i + 1]);
+            let to = end.min(b);
+            if to > at {
+                out.push(RdmaRegion {
+                    addr: s.addr.checked_add(at - a)?,
+                    rkey: s.rkey,
+                    len: to - at,
+                });
+                at = to;
+            }
+            i += 1;
+        }
+        Some(out)
+    }
 }
 
 /// Largest RDMA load slot plus one (the immediate's 6-bit slot field).

@@ -23,7 +23,7 @@ mod wire;
 pub use client::{ClientConnection, ClientEvent};
 pub use descriptor::{
     plan_units, rdma_pieces, unit_indices, ChunkKeys, DeliveryOrder, GatherRequest, LoadGroup, RdmaRegion,
-    RdmaTarget, RDMA_MAX_SEGMENTS, SaveChunk, SaveRequest, SchedHints, SlicePiece, TransportTarget, UnitPlan,
+    RdmaSegments, RdmaTarget, RDMA_MAX_SEGMENTS, SaveChunk, SaveRequest, SchedHints, SlicePiece, TransportTarget, UnitPlan,
     WireGeometry, MAX_STRIPES, RDMA_MAX_LAYERS, RDMA_MAX_UNITS_PER_LAYER, RDMA_SLOTS,
 };
 pub use frame::{
@@ -280,6 +280,65 @@ mod tests {
         let e = s.handle_bytes(&mut b).unwrap_err().to_string();
         assert!(e.contains("load group"), "{e}");
         assert!(s.is_closed());
+    }
+
+    #[test]
+    fn rdma_targets_round_trip_as_kind_2_or_3() {
+        let seg = |addr: u64, len: u64| RdmaRegion { addr, rkey: 9, len };
+        let mut r = req(2, 256); // 2 MiB per layer, 32 layers
+        let lb = r.layer_bytes();
+        // One segment per layer: kind 2, byte for byte what servers before scatter read.
+        let one = RdmaTarget::contiguous(5, 3, (0..32).map(|l| seg(l << 24, lb)).collect());
+        r.target = TransportTarget::Rdma(one.clone());
+        let mut b = BytesMut::new();
+        r.encode(&mut b);
+        let tail = 1 + 4 + 32 * 20 + 8 + 1;
+        assert_eq!(b[b.len() - tail], 2, "contiguous: kind 2");
+        assert_eq!(GatherRequest::decode(&b, 4096).unwrap(), r);
+        // Layer 7 in three segments: kind 3.
+        let mut t = one;
+        t.layers[7] = vec![seg(100, lb / 2), seg(5000 << 20, 1), seg(9000 << 20, lb / 2)];
+        r.target = TransportTarget::Rdma(t.clone());
+        let mut b = BytesMut::new();
+        r.encode(&mut b);
+        let d = GatherRequest::decode(&b, 4096).unwrap();
+        assert_eq!(d, r);
+        for n in 0..b.len() {
+            assert!(GatherRequest::decode(&b[..n], 4096).is_err(), "prefix {n}");
+        }
+        // Cutting units: a unit across segments gives one piece per segment it touches.
+        assert_eq!(t.pieces(7, 0, 10), Some(vec![seg(100, 10)]));
+        assert_eq!(
+            t.pieces(7, lb / 2 - 4, 6),
+            Some(vec![seg(100 + lb / 2 - 4, 4), seg(5000 << 20, 1), seg(9000 << 20, 1)])
+        );
+        assert_eq!(t.pieces(7, lb / 2 + 1, lb / 2), Some(vec![seg(9000 << 20, lb / 2)]));
+        assert_eq!(t.pieces(7, lb / 2 + 2, lb / 2), None, "past the end");
+        assert_eq!(t.pieces(40, 0, 1), None, "no such layer");
+        // Empty segments hold nothing (and the indexed cut agrees with the linear one).
+        let segs = vec![seg(0, 4), seg(100, 0), seg(200, 4)];
+        assert_eq!(rdma_pieces(&segs, 2, 4), Some(vec![seg(2, 2), seg(200, 2)]));
+        assert_eq!(rdma_pieces(&segs, 4, 4), Some(vec![seg(200, 4)]));
+        let idx = RdmaSegments::new(segs).unwrap();
+        assert_eq!(idx.pieces(2, 4), Some(vec![seg(2, 2), seg(200, 2)]));
+        assert_eq!(idx.pieces(0, 9), None);
+        assert_eq!(idx.pieces(8, 0), Some(vec![]));
+        // Too few bytes, an empty segment, or the wrong number of layers are refused.
+        for (bad, needle) in [
+            (vec![seg(1, lb - 1)], "needs"),
+            (vec![seg(1, lb), seg(2, 0)], "empty"),
+            (vec![], "empty"),
+        ] {
+            let mut t2 = t.clone();
+            t2.layers[3] = bad;
+            r.target = TransportTarget::Rdma(t2);
+            let e = r.validate(4096).unwrap_err().to_string();
+            assert!(e.contains(needle), "{e}");
+        }
+        let mut t2 = t;
+        t2.layers.pop();
+        r.target = TransportTarget::Rdma(t2);
+        assert!(r.validate(4096).unwrap_err().to_string().contains("31 destinations for 32 layers"));
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //!   for TCP, in the same (scheduler's) order; for an RDMA target it hands each unit to
 //!   [`Delivery::unit`] instead of writing it to the stream. The unit is staged in the session's
 //!   registered arena and written to its place in the layer's destination (the segment pieces
-//!   of [`RdmaTarget::pieces`]: one `RDMA_WRITE` per piece but the last, then
+//!   of [`RdmaSegments::pieces`]: one `RDMA_WRITE` per piece but the last, then
 //!   `RDMA_WRITE_WITH_IMM` of the last, on one queue pair) with the immediate
 //!   `slot | layer | unit index`. Before `End`, [`Delivery::finish`] waits for every
 //!   write's completion: a failed write (QP error, remote gone, timeout) becomes a `Miss` of its
@@ -21,7 +21,7 @@
 
 use super::Shared;
 use crate::protocol::{
-    unit_indices, GatherRequest, RdmaTarget, TransportTarget, UnitPlan, MAX_UNIT_BYTES,
+    unit_indices, GatherRequest, RdmaSegments, TransportTarget, UnitPlan, MAX_UNIT_BYTES,
 };
 use crate::transport::rdma::session::WriteResult;
 use crate::transport::rdma::{
@@ -111,7 +111,8 @@ pub(crate) async fn serve_control(stream: TcpStream, reg: Arc<SessionRegistry>) 
 pub(crate) struct Delivery {
     session: Arc<GatherSession>,
     slot: u32,
-    target: RdmaTarget,
+    /// Each requested layer's destination segments, indexed for cutting units.
+    layers: Vec<RdmaSegments>,
     layer0: u32,
     /// `(layer, offset)` -> unit index within the layer (the immediate's `unit`).
     index: HashMap<(u32, u64), u32>,
@@ -154,9 +155,16 @@ impl Delivery {
         // (before any read) a target that would need more than the session's send queues
         // hold, or whose segments do not cover a unit.
         let most = session.max_pieces();
+        let layers = t
+            .layers
+            .iter()
+            .map(|l| RdmaSegments::new(l.clone()))
+            .collect::<Option<Vec<_>>>()
+            .ok_or("RDMA segment lengths overflow")?;
         for u in plan {
-            let pieces = t
-                .pieces((u.layer - req.layers.start) as usize, u.offset, u.len)
+            let pieces = layers
+                .get(u.layer.wrapping_sub(req.layers.start) as usize)
+                .and_then(|l| l.pieces(u.offset, u.len))
                 .ok_or_else(|| {
                     format!("unit at {}+{} of layer {} is past its destination", u.offset, u.len, u.layer)
                 })?;
@@ -178,7 +186,7 @@ impl Delivery {
         Ok(Delivery {
             session,
             slot: u32::from(t.slot),
-            target: t.clone(),
+            layers,
             layer0: req.layers.start,
             index,
             inflight: FuturesUnordered::new(),
@@ -221,7 +229,7 @@ impl Delivery {
             .ok_or("immediate out of range")?
             .encode();
         // One piece for a contiguous destination; one per segment the unit spans otherwise.
-        let pieces = self.target.pieces(i, u.offset, u.len).ok_or_else(|| {
+        let pieces = self.layers.get(i).and_then(|l| l.pieces(u.offset, u.len)).ok_or_else(|| {
             format!(
                 "unit at {}+{} is past layer {layer}'s destination",
                 u.offset, u.len

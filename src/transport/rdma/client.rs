@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::LayerError;
-use crate::protocol::{rdma_pieces, RdmaRegion};
+use crate::protocol::{RdmaRegion, RdmaSegments};
 use crate::transport::LayerSink;
 
 use super::context::{Context, DeviceSelector};
@@ -639,10 +639,12 @@ impl RdmaClient {
             let len = table.iter().map(|&(o, n)| o + n).max().unwrap_or(0);
             let (segs, used) = self.segments(d, len)?;
             // The server writes a unit's last piece with the immediate: expect that length.
+            let index = RdmaSegments::new(segs.clone())
+                .ok_or_else(|| RdmaError::InvalidArgument(format!("layer {l}: segment lengths overflow")))?;
             let imm_len = table
                 .iter()
                 .map(|&(o, n)| {
-                    rdma_pieces(&segs, o, n).and_then(|p| p.last().map(|x| x.len)).ok_or_else(|| {
+                    index.pieces(o, n).and_then(|p| p.last().map(|x| x.len)).ok_or_else(|| {
                         RdmaError::InvalidArgument(format!("layer {l}: unit at {o}+{n} is past the destination"))
                     })
                 })
