@@ -256,14 +256,6 @@ fn gather_loads(endpoint: &str) -> u64 {
         .unwrap_or(0.0) as u64
 }
 
-/// Waits (at most 30 s: a liveness bound, not a speed goal) until `f` holds.
-fn eventually(what: &str, f: impl Fn() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < Duration::from_secs(30), "never: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// The gateway (1-based, as bed.sh numbers them) that a load of `hs` goes to first.
 fn first_gateway(bed: &Bed, set: &GatewayStore, hs: &[ChunkHash]) -> usize {
@@ -343,7 +335,7 @@ fn a_load_fails_over_when_its_gateway_is_killed_mid_load() {
     assert!(!set.endpoints()[victim - 1].up);
     check(&start_load(&e, &g, &hs, per_layer), &data, "with the gateway down");
     bed.control(&["gw-start", &victim.to_string()]);
-    eventually("the gateway is seen up again", || set.endpoints()[victim - 1].up);
+    common::eventually("the gateway is seen up again", Duration::from_secs(30), || set.endpoints()[victim - 1].up);
     let h = start_load(&e, &g, &hs, per_layer);
     check(&h, &data, "after the gateway came back");
     assert_eq!(h.stats().failovers, 0);
@@ -382,7 +374,7 @@ fn a_gateway_restart_drains_its_loads_and_serves_again() {
     drop(h);
     check(&start_load(&e, &g, &hs, per_layer), &data, "while gateway 2 is stopped");
     bed.control(&["gw-start", "2"]);
-    eventually("gateway 2 is seen up again", || set.endpoints()[1].up);
+    common::eventually("gateway 2 is seen up again", Duration::from_secs(30), || set.endpoints()[1].up);
     check(&start_load(&e, &g, &hs, per_layer), &data, "after the restart");
     assert!(gather_loads(&bed.gateways()[1]) >= 1, "the restarted gateway serves its prefix");
 }
@@ -419,13 +411,13 @@ fn losing_an_osd_while_loads_run_loses_nothing() {
                 i += 1;
             }
         });
-        eventually("loads run", || done.load(SeqCst) >= 4);
+        common::eventually("loads run", Duration::from_secs(30), || done.load(SeqCst) >= 4);
         bed.control(&["osd-stop", "2"]);
         let at_loss = done.load(SeqCst);
         // Loads go on with one OSD down, and a new prefix is saved and read back.
         let (hs, data) = save(&e, &g, 4, 900);
         check(&start_load(&e, &g, &hs, data[0].len()), &data, "saved with an OSD down");
-        eventually("loads complete with the OSD down", || done.load(SeqCst) >= at_loss + 8);
+        common::eventually("loads complete with the OSD down", Duration::from_secs(30), || done.load(SeqCst) >= at_loss + 8);
         bed.control(&["osd-start", "2"]);
         stop.store(true, SeqCst);
         loads.join().expect("no load failed");
@@ -493,7 +485,7 @@ fn a_gateway_killed_mid_save_leaves_no_torn_prefix() {
     let saved = std::thread::scope(|s| {
         let t = s.spawn(|| e.save_blocking(&g, &hs, &refs));
         // Gateway 1 dies once it has taken part of the save.
-        eventually("gateway 1 takes part in the save", || set.endpoints()[0].requests >= 3);
+        common::eventually("gateway 1 takes part in the save", Duration::from_secs(30), || set.endpoints()[0].requests >= 3);
         bed.kill_gateway(1);
         t.join().unwrap()
     });

@@ -40,14 +40,6 @@ fn s3_at(rt: &tokio::runtime::Runtime, addr: std::net::SocketAddr) -> Arc<dyn St
     Arc::new(rt.block_on(S3Store::new(s3)).unwrap())
 }
 
-/// Waits (bounded) until `f` holds, checking on every proxy event's time scale.
-fn wait_until(what: &str, f: impl Fn() -> bool) {
-    let t0 = std::time::Instant::now();
-    while !f() {
-        assert!(t0.elapsed() < Duration::from_secs(30), "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
 
 #[test]
 fn ranged_get_loads_through_delays_keep_bytes_warm_the_pool_and_widen_the_window() {
@@ -102,7 +94,7 @@ fn ranged_get_loads_through_delays_keep_bytes_warm_the_pool_and_widen_the_window
         let e = Engine::with_store(s3_at(&rt, proxy.local_addr()), engine_cfg(max_requests))
             .unwrap();
         // The engine opens `max_requests` connections when it starts, before any load.
-        wait_until("the engine's pool warm-up", || {
+        common::eventually("the engine's pool warm-up", Duration::from_secs(30), || {
             proxy.connections() >= max_requests as u64
         });
         assert_eq!(proxy.connections(), max_requests as u64, "{delay_ms} ms");

@@ -18,7 +18,7 @@ use objectcache::store::{
 use objectcache::KvGeometry;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const BUCKET: &str = "kv-gateways";
 const ACCESS: &str = "gw-access";
@@ -97,14 +97,6 @@ fn client_store(rt: &tokio::runtime::Runtime, gws: &[&Gateway], placement: Place
     Arc::new(rt.block_on(GatewayStore::new(base, endpoints, opts)).unwrap())
 }
 
-/// Waits (at most 20 s: a liveness bound, not a speed goal) until `f` holds.
-fn eventually(what: &str, f: impl Fn() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < Duration::from_secs(20), "never: {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
 
 #[test]
 fn s3_requests_fail_over_and_a_gateway_that_comes_back_is_used_again() {
@@ -138,7 +130,7 @@ fn s3_requests_fail_over_and_a_gateway_that_comes_back_is_used_again() {
     });
 
     let a2 = Gateway::start(backing.clone(), a.addr, 0);
-    eventually("the gateway is seen up again", || store.endpoints()[0].up);
+    common::eventually("the gateway is seen up again", Duration::from_secs(20), || store.endpoints()[0].up);
     let used = store.endpoints()[0].requests;
     put_get(80, 120);
     let after = store.endpoints();
@@ -211,7 +203,7 @@ fn a_gather_load_fails_over_mid_load_byte_exact_and_the_gateway_is_used_again() 
     // It comes back on its address: its prefixes are served by it again.
     let addr = gws[victim].addr;
     gws[victim] = Gateway::start(backing.clone(), addr, cap);
-    eventually("the gateway is seen up again", || store.endpoints()[victim].up);
+    common::eventually("the gateway is seen up again", Duration::from_secs(20), || store.endpoints()[victim].up);
     let h = load();
     h.wait_all_blocking().unwrap();
     for l in 0..g.layers as usize {

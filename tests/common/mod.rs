@@ -58,3 +58,13 @@ pub fn unique_ns(test: &str) -> String {
         .as_nanos();
     format!("t-{test}-{}-{t}", std::process::id())
 }
+
+/// Waits until `f` holds, checking every 5 ms; panics naming `what` after `limit` (a liveness
+/// bound, not a speed goal).
+pub fn eventually(what: &str, limit: std::time::Duration, f: impl Fn() -> bool) {
+    let t0 = std::time::Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < limit, "never: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
