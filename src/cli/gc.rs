@@ -68,14 +68,15 @@ pub fn run(args: GcArgs) -> crate::Result<()> {
                 println!("{verb} {k} ({r:?})");
             }
             println!(
-                "scanned {} objects; {verb} {} (unreferenced {}, orphan markers {}, expired {}, evicted {}); \
-                 kept: {} young unreferenced, {} pinned; bytes {} -> {}",
+                "scanned {} objects; {verb} {} (unreferenced {}, orphan markers {}, expired {}, evicted {}, \
+                 incomplete writes {}); kept: {} young unreferenced or incomplete, {} pinned; bytes {} -> {}",
                 rep.scanned,
                 rep.deleted.len(),
                 rep.count(Reason::Unreferenced),
                 rep.count(Reason::OrphanMarker),
                 rep.count(Reason::Expired),
                 rep.count(Reason::Evicted),
+                rep.count(Reason::PartialWrite),
                 rep.kept_young,
                 rep.kept_pinned,
                 rep.bytes_before,

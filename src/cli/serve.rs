@@ -68,9 +68,27 @@ pub struct ServeArgs {
     /// Total gather send rate in bytes/s, shared under `--scheduler`; 0 = uncapped [default: 0].
     #[arg(long, env = "OBJECTCACHE_BANDWIDTH_CAP_BYTES_PER_S")]
     pub bandwidth_cap_bytes_per_s: Option<u64>,
-    /// Disconnect a client that accepts no bytes for this many seconds [default: 30].
+    /// Disconnect a client that keeps the server waiting this many seconds without moving
+    /// bytes (or fewer than --min-client-bytes-per-s); idle HTTP connections close after it
+    /// [default: 30].
     #[arg(long, env = "OBJECTCACHE_CLIENT_TIMEOUT_SECS")]
     pub client_timeout_secs: Option<u64>,
+    /// Least rate in bytes/s a client the server waits on must move [default: 16384].
+    #[arg(long, env = "OBJECTCACHE_MIN_CLIENT_BYTES_PER_S")]
+    pub min_client_bytes_per_s: Option<u64>,
+    /// Seconds a new connection has to send its first request or gather hello and
+    /// authentication [default: 10].
+    #[arg(long, env = "OBJECTCACHE_HANDSHAKE_TIMEOUT_SECS")]
+    pub handshake_timeout_secs: Option<u64>,
+    /// Close a gather connection idle between requests for this many seconds [default: 120].
+    #[arg(long, env = "OBJECTCACHE_IDLE_TIMEOUT_SECS")]
+    pub idle_timeout_secs: Option<u64>,
+    /// Open connections at most [default: 4096, below the open-file limit].
+    #[arg(long, env = "OBJECTCACHE_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Open connections at most from one client address [default: 512].
+    #[arg(long, env = "OBJECTCACHE_MAX_CONNECTIONS_PER_IP")]
+    pub max_connections_per_ip: Option<usize>,
     /// Seconds loads in flight get to finish on shutdown before they are aborted [default: 10].
     #[arg(long, env = "OBJECTCACHE_SHUTDOWN_GRACE_SECS")]
     pub shutdown_grace_secs: Option<u64>,
@@ -80,7 +98,8 @@ pub struct ServeArgs {
     /// Log filter in tracing `EnvFilter` syntax, e.g. `info,objectcache=debug` [default: info].
     #[arg(long, env = "OBJECTCACHE_LOG")]
     pub log: Option<String>,
-    /// Print the effective configuration as TOML and exit.
+    /// Print the effective configuration as TOML and exit (secret keys shown as
+    /// `<redacted>`).
     #[arg(long)]
     pub print_config: bool,
 }
@@ -117,6 +136,11 @@ impl ServeArgs {
             scheduler,
             bandwidth_cap_bytes_per_s,
             client_timeout_secs,
+            min_client_bytes_per_s,
+            handshake_timeout_secs,
+            idle_timeout_secs,
+            max_connections,
+            max_connections_per_ip,
             shutdown_grace_secs,
             log_format
         );
@@ -170,7 +194,8 @@ pub fn run(args: ServeArgs) -> crate::Result<()> {
     if args.print_config {
         print!(
             "{}",
-            toml::to_string_pretty(&cfg).map_err(|e| crate::Error::Config(e.to_string()))?
+            toml::to_string_pretty(&cfg.redacted())
+                .map_err(|e| crate::Error::Config(e.to_string()))?
         );
         return Ok(());
     }

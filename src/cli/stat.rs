@@ -56,6 +56,13 @@ pub fn run(args: StatArgs) -> crate::Result<()> {
         if total.other_objects > 0 {
             println!("{} other objects (not touched by gc)", total.other_objects);
         }
+        if total.partial_writes > 0 {
+            println!(
+                "{} incomplete writes holding {} bytes (temporary files; gc reclaims those \
+                 whose writer is gone or that are older than its grace period)",
+                total.partial_writes, total.partial_bytes
+            );
+        }
         Ok(())
     })
 }

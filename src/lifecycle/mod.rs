@@ -9,6 +9,9 @@
 //! reader that passed lookup earlier, which leases protect).
 //!
 //! ## Rules of [`collect`] (in this order)
+//! 0. **Incomplete writes** ([`Store::list_partial`]: temporary files a killed writer left)
+//!    are deleted when their writer is known to be gone, or once older than `grace` (a write
+//!    in progress keeps its file's modification time fresh).
 //! 1. **Unreferenced data** (a data object with no marker: a save interrupted between its two
 //!    phases, or a crashed writer) is deleted once older than `grace`, the longest a save may
 //!    take between writing a data object and its marker.
@@ -49,7 +52,8 @@
 
 use crate::error::StoreError;
 use crate::store::{
-    EndpointEvent, GatherTarget, GetOptions, GetResult, LocalObject, ObjectMeta, PutOptions, PutResult, Store, StoreExt,
+    ByteStream, EndpointEvent, GatherTarget, GetOptions, GetResult, LocalObject, ObjectMeta,
+    PartialWrite, PutOptions, PutResult, Store, StoreExt,
 };
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -137,6 +141,8 @@ pub struct Inventory {
     pub entries: BTreeMap<String, Entry>,
     /// Objects that are neither data objects nor markers.
     pub other: Vec<ObjectMeta>,
+    /// Incomplete writes the store holds besides its objects ([`Store::list_partial`]).
+    pub partial: Vec<PartialWrite>,
 }
 
 /// Counters of an inventory (what `objectcache stat` prints).
@@ -150,7 +156,11 @@ pub struct Stats {
     pub orphan_markers: u64,
     /// Other objects.
     pub other_objects: u64,
-    /// Bytes of every object.
+    /// Incomplete writes (temporary files of interrupted or ongoing writes).
+    pub partial_writes: u64,
+    /// Bytes of incomplete writes.
+    pub partial_bytes: u64,
+    /// Bytes of every object and incomplete write.
     pub bytes: u64,
     /// Bytes of published entries.
     pub published_bytes: u64,
@@ -162,7 +172,10 @@ impl Inventory {
     /// # Errors
     /// The store's listing error.
     pub async fn scan(store: &dyn Store, prefix: &str, limit: usize) -> Result<Self, StoreError> {
-        let mut inv = Inventory::default();
+        let mut inv = Inventory {
+            partial: store.list_partial(prefix).await?,
+            ..Inventory::default()
+        };
         for m in store.list(prefix, limit).await? {
             let (kind, id) = classify_key(&m.key);
             match kind {
@@ -201,6 +214,9 @@ impl Inventory {
         }
         s.other_objects = self.other.len() as u64;
         s.bytes += self.other.iter().map(|m| m.size).sum::<u64>();
+        s.partial_writes = self.partial.len() as u64;
+        s.partial_bytes = self.partial.iter().map(|p| p.size).sum();
+        s.bytes += s.partial_bytes;
         s
     }
 
@@ -406,6 +422,19 @@ impl Store for TrackedStore {
         }
         r
     }
+    async fn put_stream(
+        &self,
+        key: &str,
+        body: ByteStream,
+        len: Option<u64>,
+        opts: PutOptions,
+    ) -> Result<PutResult, StoreError> {
+        let r = self.inner.put_stream(key, body, len, opts).await;
+        if r.is_ok() {
+            self.access.record(key, SystemTime::now());
+        }
+        r
+    }
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.inner.delete(key).await
     }
@@ -414,6 +443,12 @@ impl Store for TrackedStore {
     }
     async fn warm(&self, connections: usize) -> usize {
         self.inner.warm(connections).await
+    }
+    async fn list_partial(&self, prefix: &str) -> Result<Vec<PartialWrite>, StoreError> {
+        self.inner.list_partial(prefix).await
+    }
+    async fn delete_partial(&self, partial: &PartialWrite) -> Result<(), StoreError> {
+        self.inner.delete_partial(partial).await
     }
 }
 
@@ -461,6 +496,9 @@ pub enum Reason {
     Expired,
     /// Evicted to get under the capacity limit.
     Evicted,
+    /// An incomplete write (a temporary file) whose writer is gone or that is older than
+    /// the grace period.
+    PartialWrite,
 }
 
 /// Outcome of [`collect`].
@@ -478,7 +516,7 @@ pub struct GcReport {
     pub kept_leased: u64,
     /// Entries exempt from TTL and capacity because pinned.
     pub kept_pinned: u64,
-    /// Unreferenced data kept because younger than the grace period.
+    /// Unreferenced data and incomplete writes kept because younger than the grace period.
     pub kept_young: u64,
     /// Deletes that failed (key, error); collection goes on past them.
     pub errors: Vec<(String, String)>,
@@ -526,9 +564,25 @@ pub async fn collect(
         ..GcReport::default()
     };
     let mut held = rep.bytes_before;
+
     let leased = |id: &str| leases.is_some_and(|l| l.is_leased(id));
     let pinned = |id: &str| policy.pinned.iter().any(|p| id.starts_with(p.as_str()));
     let age = |t: Option<SystemTime>| t.and_then(|t| now.duration_since(t).ok()).unwrap_or_default();
+    for p in &inv.partial {
+        let reclaim = p.orphaned || age(p.last_modified) >= policy.grace;
+        if !reclaim {
+            rep.kept_young += 1;
+            continue;
+        }
+        if !policy.dry_run {
+            if let Err(e) = store.delete_partial(p).await {
+                rep.errors.push((p.id.clone(), e.to_string()));
+                continue;
+            }
+        }
+        held -= p.size;
+        rep.deleted.push((p.id.clone(), Reason::PartialWrite));
+    }
     let mut plan: Vec<(String, u64, Reason, String)> = Vec::new(); // key, bytes, reason, id
     let mut live: Vec<&Entry> = Vec::new();
     for e in inv.entries.values() {

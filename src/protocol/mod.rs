@@ -31,7 +31,7 @@ pub use frame::{
     FrameType, MissReason, ServerInfo, UnitHeader, FRAME_HEADER_LEN, SAVE_DATA_HEADER_LEN,
     UNIT_HEADER_LEN, UNIT_PREFIX_LEN,
 };
-pub use server::{ServerConnection, ServerEvent, ServerLimits};
+pub use server::{ServerConnection, ServerEvent, ServerLimits, MAX_HANDSHAKE_BODY_BYTES};
 
 /// The 8 bytes a client sends first on a gather connection. They cannot begin an HTTP/1
 /// request, so one listening port can serve both S3 (HTTP) and gather.
@@ -561,6 +561,67 @@ mod tests {
         let e = c.handle_bytes(&mut bad).unwrap_err();
         assert!(e.to_string().contains("layer 99"), "{e}");
         assert!(c.is_closed());
+    }
+
+    #[test]
+    fn frame_headers_are_screened_before_any_body_is_buffered() {
+        let hello = |b: &mut BytesMut| {
+            b.extend_from_slice(&PREFACE);
+            Frame::Hello {
+                version_min: PROTOCOL_VERSION,
+                version_max: PROTOCOL_VERSION,
+            }
+            .encode(b);
+        };
+        // Before authentication: a 16 MiB save-data header is refused from its 8 bytes,
+        // and nothing is reserved for its body.
+        let mut s = ServerConnection::with_auth(ServerLimits::default(), [7; 32]);
+        let mut b = BytesMut::with_capacity(64);
+        hello(&mut b);
+        s.handle_bytes(&mut b).unwrap();
+        assert!(!s.is_established());
+        encode_frame_header(FrameType::SaveData, 16 << 20, &mut b);
+        assert_eq!(s.partial_frame_len(&b), Some(8 + (16 << 20)));
+        let e = s.handle_bytes(&mut b).unwrap_err();
+        assert_eq!(
+            e,
+            ProtocolError::UnexpectedFrame {
+                frame: "SaveData",
+                state: "awaiting authentication"
+            }
+        );
+        assert!(b.capacity() < 4096, "{} bytes reserved", b.capacity());
+        // An Auth frame longer than any access key allows: refused from its header.
+        let mut s = ServerConnection::with_auth(ServerLimits::default(), [7; 32]);
+        let mut b = BytesMut::with_capacity(64);
+        hello(&mut b);
+        encode_frame_header(FrameType::Auth, 64 << 10, &mut b);
+        let e = s.handle_bytes(&mut b).unwrap_err();
+        assert!(
+            matches!(e, ProtocolError::TooLarge { what: "frame body before authentication", got: 65536, max } if max == MAX_HANDSHAKE_BODY_BYTES as u64),
+            "{e}"
+        );
+        assert!(b.capacity() < 4096, "{} bytes reserved", b.capacity());
+        // Established: a frame the state does not take is refused from its header too.
+        let mut s = ServerConnection::new(ServerLimits::default());
+        let mut b = BytesMut::with_capacity(64);
+        hello(&mut b);
+        s.handle_bytes(&mut b).unwrap();
+        assert!(s.is_established() && s.is_idle());
+        encode_frame_header(FrameType::SaveData, 16 << 20, &mut b);
+        let e = s.handle_bytes(&mut b).unwrap_err();
+        assert!(matches!(e, ProtocolError::UnexpectedFrame { frame: "SaveData", state: "idle" }), "{e}");
+        assert!(b.capacity() < 4096, "{} bytes reserved", b.capacity());
+        // A descriptor the state takes: its full length is known from the header.
+        let mut s = ServerConnection::new(ServerLimits::default());
+        let mut b = BytesMut::new();
+        hello(&mut b);
+        s.handle_bytes(&mut b).unwrap();
+        encode_frame_header(FrameType::Gather, 5000, &mut b);
+        b.extend_from_slice(&[0u8; 100]);
+        assert_eq!(s.partial_frame_len(&b), Some(5008));
+        s.handle_bytes(&mut b).unwrap();
+        assert_eq!(s.partial_frame_len(&b), Some(5008), "still partial");
     }
 
     #[test]

@@ -1,11 +1,21 @@
 //! The server side of a gather connection, sans-IO.
 
 use super::descriptor::{GatherRequest, SaveRequest};
-use super::frame::{decode_frame, ErrorCode, Frame, MissReason, ServerInfo, UnitHeader};
+use super::frame::{
+    decode_frame, ErrorCode, Frame, FrameType, MissReason, ServerInfo, UnitHeader,
+    FRAME_HEADER_LEN,
+};
 use super::{ProtocolError, MAX_CONTROL_FRAME_BYTES, PREFACE, PROTOCOL_VERSION};
 use bytes::{Bytes, BytesMut};
 use std::collections::VecDeque;
 use std::ops::Range;
+
+/// Largest frame body a client may send before it is authenticated, bytes: an `Auth` frame
+/// (a 2-byte length, an access key id of at most [`super::auth::MAX_ACCESS_KEY_LEN`] bytes,
+/// the MAC). A `Hello` is 4 bytes. A larger header before authentication closes the
+/// connection at once, before any of its body is read or buffered.
+pub const MAX_HANDSHAKE_BODY_BYTES: u32 =
+    (2 + super::auth::MAX_ACCESS_KEY_LEN + super::auth::MAC_LEN) as u32;
 
 /// Limits a server announces in its hello and enforces on every request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -238,6 +248,7 @@ impl ServerConnection {
                     self.state = State::Hello;
                 }
                 _ => {
+                    self.screen(buf)?;
                     let Some(f) = decode_frame(
                         buf,
                         self.limits.max_descriptor_bytes,
@@ -250,6 +261,75 @@ impl ServerConnection {
                 }
             }
         }
+    }
+
+    /// Whether a client frame of type `ty` may arrive in the current state.
+    fn admits(&self, ty: FrameType) -> bool {
+        use FrameType as T;
+        match self.state {
+            State::Hello => ty == T::Hello,
+            State::Auth => ty == T::Auth,
+            State::Idle => matches!(ty, T::Gather | T::SaveBegin | T::Cancel),
+            State::Gathering | State::Publishing => ty == T::Cancel,
+            State::Saving => matches!(ty, T::SaveData | T::SaveEnd | T::Cancel),
+            State::Preface | State::Closed => false,
+        }
+    }
+
+    /// Checks the header of the frame at the front of `buf` (once its 8 bytes are there)
+    /// against the state, before any of its body is buffered: a frame type the state does
+    /// not accept, or a body above [`MAX_HANDSHAKE_BODY_BYTES`] before authentication, fails
+    /// the connection at once (so an unauthenticated client cannot make the server hold more
+    /// than a few hundred bytes, nor an authenticated one a 16 MiB frame it will refuse).
+    fn screen(&self, buf: &[u8]) -> Result<(), ProtocolError> {
+        if buf.len() < FRAME_HEADER_LEN {
+            return Ok(());
+        }
+        let ty = FrameType::from_u8(buf[0])?;
+        if !self.admits(ty) {
+            return Err(ProtocolError::UnexpectedFrame {
+                frame: ty.name(),
+                state: self.state.name(),
+            });
+        }
+        if matches!(self.state, State::Hello | State::Auth) {
+            let len = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes"));
+            if len > MAX_HANDSHAKE_BODY_BYTES {
+                return Err(ProtocolError::TooLarge {
+                    what: "frame body before authentication",
+                    got: len as u64,
+                    max: MAX_HANDSHAKE_BODY_BYTES as u64,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes (header and body) of the frame whose header is at the front of `buf`, when only
+    /// part of it has arrived; `None` when `buf` holds no frame header, or a whole frame.
+    /// Drivers use it to account a large frame (a descriptor, save data) against their
+    /// memory budget before reading its body.
+    pub fn partial_frame_len(&self, buf: &[u8]) -> Option<usize> {
+        if matches!(self.state, State::Preface | State::Closed) || buf.len() < FRAME_HEADER_LEN {
+            return None;
+        }
+        let len = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes")) as usize;
+        let total = FRAME_HEADER_LEN + len;
+        (buf.len() < total).then_some(total)
+    }
+
+    /// `true` once the client's hello (and, with access keys, its authentication) was
+    /// accepted: requests may follow.
+    pub fn is_established(&self) -> bool {
+        !matches!(
+            self.state,
+            State::Preface | State::Hello | State::Auth | State::Closed
+        )
+    }
+
+    /// `true` while the connection waits for the client's next request.
+    pub fn is_idle(&self) -> bool {
+        self.state == State::Idle
     }
 
     fn on_frame(&mut self, f: Frame) -> Result<(), ProtocolError> {

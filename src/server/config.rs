@@ -4,14 +4,26 @@
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 
-/// One S3 access key pair accepted by SigV4 authentication.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// What [`ServerConfig::redacted`] shows in place of a secret.
+pub const REDACTED: &str = "<redacted>";
+
+/// One S3 access key pair accepted by SigV4 authentication (`Debug` shows no secret).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AccessKey {
     /// Access key id.
     pub access_key: String,
     /// Secret access key.
     pub secret_key: String,
+}
+
+impl std::fmt::Debug for AccessKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AccessKey")
+            .field("access_key", &self.access_key)
+            .field("secret_key", &REDACTED)
+            .finish()
+    }
 }
 
 impl AccessKey {
@@ -82,8 +94,26 @@ pub struct ServerConfig {
     /// Total send rate of all gather loads, bytes/s, shared under `scheduler`; 0 = uncapped
     /// (units go out as fast as the socket takes them, no pacing). Default 0.
     pub bandwidth_cap_bytes_per_s: u64,
-    /// A client that accepts no bytes for this long is disconnected, seconds. Default 30.
+    /// A client the server waits on (a response it does not read, a body or save data it does
+    /// not send, request headers it has not finished) must move some bytes, and at least
+    /// `min_client_bytes_per_s`, in every this many seconds of waiting, or it is
+    /// disconnected; idle HTTP keep-alive connections are closed after it. Default 30.
     pub client_timeout_secs: u64,
+    /// The least rate, bytes/s, at which a client the server waits on must move bytes,
+    /// judged over each `client_timeout_secs` of waiting (a dripping client is dropped).
+    /// Default 16,384.
+    pub min_client_bytes_per_s: u64,
+    /// A new connection must tell its protocol (the gather preface, an HTTP request) and, for
+    /// gather, complete its hello and authentication within this many seconds. Default 10.
+    pub handshake_timeout_secs: u64,
+    /// A gather connection with no request for this many seconds is closed (connectors keep
+    /// idle connections for reuse and reconnect when one was closed). Default 120.
+    pub idle_timeout_secs: u64,
+    /// Open connections at most (S3 and gather together); more are closed on accept. Capped
+    /// below the process's open-file limit. Default 4,096.
+    pub max_connections: usize,
+    /// Open connections at most from one client address. Default 512.
+    pub max_connections_per_ip: usize,
     /// On shutdown, loads in flight get this long to finish before they are aborted, seconds.
     /// Default 10.
     pub shutdown_grace_secs: u64,
@@ -123,6 +153,11 @@ impl Default for ServerConfig {
             scheduler: "fifo".into(),
             bandwidth_cap_bytes_per_s: 0,
             client_timeout_secs: 30,
+            min_client_bytes_per_s: 16 << 10,
+            handshake_timeout_secs: 10,
+            idle_timeout_secs: 120,
+            max_connections: 4096,
+            max_connections_per_ip: 512,
             shutdown_grace_secs: 10,
             log_format: "text".into(),
             log_filter: "info".into(),
@@ -140,6 +175,23 @@ impl ServerConfig {
     /// [`crate::Error::Config`] with the parser's message (line and column).
     pub fn from_toml(s: &str) -> crate::Result<Self> {
         toml::from_str(s).map_err(|e| crate::Error::Config(format!("config file: {e}")))
+    }
+
+    /// These settings with every secret (access keys' and tenants' secret keys, tenants'
+    /// salts) replaced by
+    /// [`REDACTED`], for printing (`objectcache serve --print-config`) and logs.
+    pub fn redacted(&self) -> Self {
+        let mut c = self.clone();
+        for k in &mut c.access_keys {
+            k.secret_key = REDACTED.into();
+        }
+        for t in &mut c.tenants {
+            t.secret_key = REDACTED.into();
+            if t.salt.is_some() {
+                t.salt = Some(REDACTED.into());
+            }
+        }
+        c
     }
 
     /// Checks the settings against each other.
@@ -177,6 +229,18 @@ impl ServerConfig {
                 self.memory_budget_bytes, self.max_request_bytes
             ));
         }
+        if self.client_timeout_secs == 0
+            || self.handshake_timeout_secs == 0
+            || self.idle_timeout_secs == 0
+        {
+            return bad(
+                "client_timeout_secs, handshake_timeout_secs and idle_timeout_secs must be at least 1"
+                    .into(),
+            );
+        }
+        if self.max_connections == 0 || self.max_connections_per_ip == 0 {
+            return bad("max_connections and max_connections_per_ip must be at least 1".into());
+        }
         if self.max_concurrent_loads == 0 || self.read_concurrency == 0 {
             return bad("max_concurrent_loads and read_concurrency must be at least 1".into());
         }
@@ -207,5 +271,35 @@ impl ServerConfig {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_never_print() {
+        let mut c = ServerConfig::default();
+        c.access_keys.push(AccessKey::parse("AKOPERATOR:opsecret-123456").unwrap());
+        c.tenants.push(crate::server::tenant::TenantConfig {
+            access_key: "AKTENANT".into(),
+            secret_key: "tenantsecret-654321".into(),
+            namespace: "team-a".into(),
+            salt: Some("saltsecret-999".into()),
+        });
+        let shown = [
+            toml::to_string_pretty(&c.redacted()).unwrap(),
+            format!("{c:?}"),
+            format!("{:?}", c.redacted()),
+        ];
+        for s in &shown {
+            for secret in ["opsecret-123456", "tenantsecret-654321", "saltsecret-999"] {
+                assert!(!s.contains(secret), "{secret} shown in {s}");
+            }
+            assert!(s.contains("AKOPERATOR") && s.contains("AKTENANT") && s.contains(REDACTED), "{s}");
+        }
+        // The redacted form is for printing only; the settings keep their secrets.
+        assert_eq!(c.access_keys[0].secret_key, "opsecret-123456");
     }
 }

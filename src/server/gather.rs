@@ -3,7 +3,7 @@
 
 use super::{Abort, Shared};
 use crate::error::StoreError;
-use crate::layout::{slice_range, verify_slice, ChunkHeader, HEADER_LEN};
+use crate::layout::{slice_range, ChunkHeader, HEADER_LEN};
 use crate::protocol::{
     plan_units, ErrorCode, GatherRequest, MissReason, SaveRequest, ServerConnection, ServerEvent,
     TransportTarget, UnitHeader, UnitPlan,
@@ -17,6 +17,8 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
+use super::budget::Hold;
+use super::conn::RateFloor;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
@@ -35,15 +37,54 @@ struct Io {
     wr: OwnedWriteHalf,
     buf: BytesMut,
     conn: ServerConnection,
+    /// Memory budget held for the large frame being received (see [`Io::read_more`]).
+    frame_hold: Option<(usize, Hold)>,
+    /// Holds of large save-data frames received and not yet handed to their save, in order.
+    save_holds: std::collections::VecDeque<Hold>,
+    /// The progress the client owes while the server waits to write to it.
+    write_floor: RateFloor,
 }
 
-/// A write to the client, bounded by `client_timeout`: an I/O error, or a client that
-/// accepts nothing for that long (counted as a `client_timeout` error), ends the connection.
-async fn within_client_timeout<T>(
+/// Bytes of a gather connection's read buffer: before authentication it never holds more
+/// (handshake frames are a few hundred bytes, [`crate::protocol::MAX_HANDSHAKE_BODY_BYTES`]);
+/// a larger frame afterwards (a descriptor, save data) is read into memory held under the
+/// budget.
+const CONN_BUF_BYTES: usize = 8 << 10;
+/// Bytes of a large frame read per budget step: memory is held for what arrived plus one
+/// step, never for a size the frame header merely declares.
+const FRAME_STEP_BYTES: usize = 1 << 20;
+
+/// How long a read of the client may wait.
+enum ReadWait<'a> {
+    /// Until this instant (the handshake deadline).
+    Until(Instant),
+    /// This long with no request (an idle connection).
+    Idle(Duration),
+    /// Under the client's progress floor (data the server is waiting for).
+    Floor(&'a mut RateFloor),
+}
+
+/// Bytes a write to the client moved (for its progress floor).
+trait Moved {
+    fn moved(&self) -> u64;
+}
+impl Moved for usize {
+    fn moved(&self) -> u64 {
+        *self as u64
+    }
+}
+
+/// A write to the client under its progress floor ([`RateFloor`]: some bytes, and at least
+/// `min_client_bytes_per_s`, over each `client_timeout_secs` the server waits on it): an
+/// I/O error, or a client that takes too little (counted as a `client_timeout` error), ends
+/// the connection.
+async fn within_client_timeout<T: Moved>(
     sh: &Shared,
+    floor: &mut RateFloor,
     write: impl std::future::Future<Output = std::io::Result<T>>,
 ) -> Result<T, Abort> {
-    match tokio::time::timeout(Duration::from_secs(sh.cfg.client_timeout_secs), write).await {
+    let moved = |r: &std::io::Result<T>| r.as_ref().map_or(0, Moved::moved);
+    match floor.guard(write, moved).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(_)) => Err(Abort::Gone),
         Err(_) => {
@@ -69,7 +110,9 @@ impl Io {
                 .take(MAX_IOV)
                 .map(|b| std::io::IoSlice::new(b))
                 .collect();
-            let mut n = within_client_timeout(sh, self.wr.write_vectored(&slices)).await?;
+            let mut n =
+                within_client_timeout(sh, &mut self.write_floor, self.wr.write_vectored(&slices))
+                    .await?;
             if n == 0 {
                 return Err(Abort::Gone);
             }
@@ -104,7 +147,7 @@ impl Io {
                 rustix::net::send(sock, &q[off..], rustix::net::SendFlags::MORE)
                     .map_err(std::io::Error::from)
             });
-            match within_client_timeout(sh, send).await? {
+            match within_client_timeout(sh, &mut self.write_floor, send).await? {
                 0 => return Err(Abort::Gone),
                 n => off += n,
             }
@@ -119,7 +162,15 @@ impl Io {
     async fn send_parts(&mut self, sh: &Shared, parts: Vec<Part>) -> Result<(), Abort> {
         for p in parts {
             match p {
-                Part::Mem(b) => within_client_timeout(sh, self.wr.write_all(&b)).await?,
+                Part::Mem(b) => {
+                    let mut at = 0;
+                    while at < b.len() {
+                        match within_client_timeout(sh, &mut self.write_floor, self.wr.write(&b[at..])).await? {
+                            0 => return Err(Abort::Gone),
+                            n => at += n,
+                        }
+                    }
+                }
                 Part::File(f) => {
                     let sock: &TcpStream = self.wr.as_ref();
                     let end = f.offset + f.len;
@@ -130,7 +181,7 @@ impl Io {
                             rustix::fs::sendfile(sock, &*f.file, Some(&mut off), n)
                                 .map_err(std::io::Error::from)
                         });
-                        if within_client_timeout(sh, send).await? == 0 {
+                        if within_client_timeout(sh, &mut self.write_floor, send).await? == 0 {
                             tracing::error!(offset = off, end, "local file shorter than its slice");
                             sh.metrics.error("storage");
                             return Err(Abort::Gone);
@@ -140,6 +191,91 @@ impl Io {
             }
         }
         Ok(())
+    }
+
+    /// Reads what the client sends next into the connection buffer and hands it to the
+    /// state machine. A frame larger than [`CONN_BUF_BYTES`] is read [`FRAME_STEP_BYTES`] at
+    /// a time, each step's memory taken from the budget before it is read (waiting up to the
+    /// client timeout, then `Busy`); once decoded, a save-data frame's hold goes with its
+    /// payload, any other's is given back, and the buffer shrinks back to its fixed size.
+    ///
+    /// # Errors
+    /// [`Abort::Gone`] when the client closed, failed, sent a bad frame, or broke `wait`.
+    async fn read_more(&mut self, sh: &Shared, wait: ReadWait<'_>) -> Result<(), Abort> {
+        let mut limit = CONN_BUF_BYTES.saturating_sub(self.buf.len()).max(1);
+        if let Some(total) = self.conn.partial_frame_len(&self.buf) {
+            if total > CONN_BUF_BYTES {
+                let want = total.min(self.buf.len() + FRAME_STEP_BYTES);
+                let held = self.frame_hold.as_ref().map_or(0, |(_, h)| h.bytes() as usize);
+                if want > held {
+                    let wait = Duration::from_secs(sh.cfg.client_timeout_secs);
+                    let Some(more) = sh.budget.acquire_within((want - held) as u64, wait).await else {
+                        sh.metrics.error("memory_budget");
+                        self.conn.close_with(
+                            ErrorCode::Busy,
+                            "the server's memory budget is in use by other requests; retry",
+                        );
+                        let _ = self.flush(sh).await;
+                        return Err(Abort::Gone);
+                    };
+                    match &mut self.frame_hold {
+                        Some((_, h)) => h.merge(more),
+                        None => self.frame_hold = Some((total, more)),
+                    }
+                }
+                limit = want - self.buf.len();
+            }
+        }
+        let mut room = bytes::BufMut::limit(&mut self.buf, limit);
+        let read = self.rd.read_buf(&mut room);
+        let r = match wait {
+            ReadWait::Until(t) => match tokio::time::timeout_at(t, read).await {
+                Ok(r) => r,
+                Err(_) => {
+                    sh.metrics.error("handshake");
+                    return Err(Abort::Gone);
+                }
+            },
+            ReadWait::Idle(d) => match tokio::time::timeout(d, read).await {
+                Ok(r) => r,
+                Err(_) => return Err(Abort::Gone),
+            },
+            ReadWait::Floor(f) => match f.guard(read, |r| *r.as_ref().unwrap_or(&0) as u64).await {
+                Ok(r) => r,
+                Err(_) => {
+                    sh.metrics.error("client_too_slow");
+                    return Err(Abort::Gone);
+                }
+            },
+        };
+        match r {
+            Ok(0) | Err(_) => return Err(Abort::Gone),
+            Ok(_) => {}
+        }
+        let whole = self
+            .frame_hold
+            .as_ref()
+            .is_some_and(|(total, _)| self.buf.len() >= *total);
+        let ty = self.buf.first().copied();
+        let _ = self.conn.handle_bytes(&mut self.buf);
+        if whole {
+            let (_, h) = self.frame_hold.take().expect("held");
+            if ty == Some(crate::protocol::FrameType::SaveData as u8) {
+                self.save_holds.push_back(h);
+            }
+            // The frame's bytes now belong to its payload alone: a fresh small buffer.
+            let rest = self.buf.split();
+            self.buf = BytesMut::with_capacity(CONN_BUF_BYTES.max(rest.len()));
+            self.buf.extend_from_slice(&rest);
+        }
+        Ok(())
+    }
+
+    /// The budget hold of a save-data frame with `len` payload bytes, if it was received as a
+    /// large frame (see [`Io::read_more`]).
+    fn save_hold(&mut self, len: usize) -> Option<Hold> {
+        let frame = crate::protocol::FRAME_HEADER_LEN + crate::protocol::SAVE_DATA_HEADER_LEN + len;
+        (frame > CONN_BUF_BYTES).then(|| self.save_holds.pop_front()).flatten()
     }
 
     /// Reads until the client cancels or goes away (cancel-safe).
@@ -181,16 +317,30 @@ fn new_connection(sh: &Shared) -> ServerConnection {
 }
 
 /// Serves one gather connection until the client closes it, fails, or the server stops.
-pub(crate) async fn serve(stream: TcpStream, sh: Arc<Shared>) {
+/// `head`: the bytes the preface sniffer already read. The hello and authentication must be
+/// done by `handshake_deadline`; an established connection with no request for
+/// `idle_timeout_secs` is closed.
+pub(crate) async fn serve(
+    stream: TcpStream,
+    sh: Arc<Shared>,
+    head: &[u8],
+    handshake_deadline: Instant,
+) {
     let _ = stream.set_nodelay(true);
     let peer = stream.peer_addr().ok();
     let (rd, wr) = stream.into_split();
+    let mut buf = BytesMut::with_capacity(CONN_BUF_BYTES);
+    buf.extend_from_slice(head);
     let mut io = Io {
         rd,
         wr,
-        buf: BytesMut::with_capacity(64 << 10),
+        buf,
         conn: new_connection(&sh),
+        frame_hold: None,
+        save_holds: std::collections::VecDeque::new(),
+        write_floor: super::client_floor(&sh.cfg),
     };
+    let _ = io.conn.handle_bytes(&mut io.buf);
     tracing::debug!(?peer, "gather connection");
     loop {
         while let Some(ev) = io.conn.poll_event() {
@@ -234,10 +384,15 @@ pub(crate) async fn serve(stream: TcpStream, sh: Arc<Shared>) {
             let _ = io.wr.shutdown().await;
             return;
         }
+        let wait = if io.conn.is_established() {
+            ReadWait::Idle(Duration::from_secs(sh.cfg.idle_timeout_secs))
+        } else {
+            ReadWait::Until(handshake_deadline)
+        };
         tokio::select! {
-            r = io.rd.read_buf(&mut io.buf) => match r {
-                Ok(0) | Err(_) => return,
-                Ok(_) => { let _ = io.conn.handle_bytes(&mut io.buf); }
+            r = io.read_more(&sh, wait) => if r.is_err() {
+                tracing::debug!(?peer, "gather connection closed (client gone, idle or past its handshake deadline)");
+                return;
             },
             _ = sh.shutdown.cancelled() => return,
         }
@@ -1074,6 +1229,12 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
     io.flush(sh).await
 }
 
+/// Serves a batched save. No memory is reserved for the sizes the request declares: each
+/// object's save-data frames are held under the memory budget as they arrive
+/// ([`Io::read_more`]; small frames are copied out of the connection buffer and held the
+/// same way), the whole object is checked (header, every slice CRC32C), then streamed to
+/// the store ([`crate::store::Store::put_stream`]) and its memory given back. The client
+/// must keep sending while the server waits for it ([`RateFloor`]).
 async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(), Abort> {
     sh.metrics.request("save");
     let id = req.request_id;
@@ -1099,6 +1260,22 @@ async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(),
             return Err(Abort::Gone);
         }
     }
+    let base = format!("{}/{}", req.bucket, req.prefix);
+    // Every key the save writes is checked before any byte is taken.
+    let key_of = |kind: &str, c: &crate::protocol::SaveChunk| format!("{base}{kind}/{}", c.hash.to_hex());
+    if let Some(Err(e)) = req.chunks.iter().map(|c| crate::store::validate_key(&key_of("kv", c))).find(Result::is_err) {
+        let reason = match e {
+            StoreError::InvalidKey { reason, .. } => reason,
+            _ => "invalid",
+        };
+        fail(
+            io,
+            ErrorCode::Malformed,
+            format!("key prefix {:?} makes invalid object keys: {reason}", req.prefix),
+        );
+        let _ = io.flush(sh).await;
+        return Err(Abort::Gone);
+    }
     let largest = (0..req.chunks.len())
         .map(|i| req.object_len(i))
         .max()
@@ -1115,15 +1292,12 @@ async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(),
         let _ = io.flush(sh).await;
         return Err(Abort::Gone);
     }
-    let _mem = sh
-        .memory
-        .clone()
-        .acquire_many_owned(permits_for(largest))
-        .await
-        .expect("never closed");
-    let base = format!("{}/{}", req.bucket, req.prefix);
+    let wait = Duration::from_secs(sh.cfg.client_timeout_secs);
+    let mut floor = super::client_floor(&sh.cfg);
     let (mut cur, mut written, mut present) = (0usize, 0u32, 0u32);
-    let mut obj = BytesMut::new();
+    // The object being received: its frames, each holding its memory.
+    let mut parts: Vec<Bytes> = Vec::new();
+    let mut got = 0u64;
     let mut lens: Vec<u64> = Vec::with_capacity(req.chunks.len());
     loop {
         while let Some(ev) = io.conn.poll_event() {
@@ -1133,20 +1307,15 @@ async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(),
                     offset,
                     data,
                 } => {
-                    if cur >= req.chunks.len()
-                        || chunk as usize != cur
-                        || offset != obj.len() as u64
-                    {
+                    let hold = io.save_hold(data.len());
+                    if cur >= req.chunks.len() || chunk as usize != cur || offset != got {
                         fail(io, ErrorCode::BadObject, format!(
-                            "save data for chunk {chunk} at offset {offset}; expected chunk {cur} at offset {}", obj.len()));
+                            "save data for chunk {chunk} at offset {offset}; expected chunk {cur} at offset {got}"));
                         let _ = io.flush(sh).await;
                         return Err(Abort::Gone);
                     }
                     let want = req.object_len(cur);
-                    if obj.is_empty() {
-                        obj.reserve(want as usize);
-                    }
-                    if obj.len() as u64 + data.len() as u64 > want {
+                    if got + data.len() as u64 > want {
                         fail(
                             io,
                             ErrorCode::BadObject,
@@ -1155,20 +1324,39 @@ async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(),
                         let _ = io.flush(sh).await;
                         return Err(Abort::Gone);
                     }
-                    obj.extend_from_slice(&data);
+                    let data = match hold {
+                        Some(h) => h.attach(data),
+                        // A small frame: copied out of the connection buffer, held likewise.
+                        None => match sh.budget.acquire_within(data.len() as u64, wait).await {
+                            Some(h) => h.attach(Bytes::copy_from_slice(&data)),
+                            None => {
+                                sh.metrics.error("memory_budget");
+                                fail(io, ErrorCode::Busy, "the server's memory budget is in use by other requests; retry".into());
+                                let _ = io.flush(sh).await;
+                                return Err(Abort::Gone);
+                            }
+                        },
+                    };
+                    got += data.len() as u64;
                     sh.metrics.bytes("save_in", data.len() as u64);
-                    if obj.len() as u64 == want {
-                        let o = std::mem::take(&mut obj).freeze();
-                        if let Err(m) = check_object(&req, cur, &o) {
+                    parts.push(data);
+                    if got == want {
+                        let obj = std::mem::take(&mut parts);
+                        got = 0;
+                        if let Err(m) = check_object(&req, cur, &obj) {
                             fail(io, ErrorCode::BadObject, m);
                             let _ = io.flush(sh).await;
                             return Err(Abort::Gone);
                         }
-                        lens.push(o.len() as u64);
-                        let key = format!("{base}kv/{}", req.chunks[cur].hash.to_hex());
-                        match sh.store.put_if_absent(&key, o).await {
-                            Ok(crate::store::PutIfAbsent::Written) => written += 1,
-                            Ok(crate::store::PutIfAbsent::AlreadyPresent) => present += 1,
+                        lens.push(want);
+                        let key = key_of("kv", &req.chunks[cur]);
+                        let body = stream::iter(obj.into_iter().map(Ok)).boxed();
+                        let create = crate::store::PutOptions {
+                            mode: crate::store::PutMode::Create,
+                        };
+                        match sh.store.put_stream(&key, body, Some(want), create).await {
+                            Ok(_) => written += 1,
+                            Err(StoreError::AlreadyExists { .. }) => present += 1,
                             Err(e) => {
                                 fail(io, ErrorCode::Storage, format!("{key}: {e}"));
                                 let _ = io.flush(sh).await;
@@ -1179,7 +1367,7 @@ async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(),
                     }
                 }
                 ServerEvent::SaveEnd => {
-                    if cur != req.chunks.len() || !obj.is_empty() {
+                    if cur != req.chunks.len() || got != 0 {
                         fail(
                             io,
                             ErrorCode::BadObject,
@@ -1190,7 +1378,7 @@ async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(),
                     }
                     // Every data object is durable: publish, in prefix order.
                     for (c, &len) in req.chunks.iter().zip(&lens) {
-                        let marker = format!("{base}pub/{}", c.hash.to_hex());
+                        let marker = key_of("pub", c);
                         if let Err(e) = sh.store.put(&marker, marker_body(len)).await {
                             fail(io, ErrorCode::Storage, format!("{marker}: {e}"));
                             let _ = io.flush(sh).await;
@@ -1217,10 +1405,7 @@ async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(),
             return Err(Abort::Gone);
         }
         tokio::select! {
-            r = io.rd.read_buf(&mut io.buf) => match r {
-                Ok(0) | Err(_) => return Err(Abort::Gone),
-                Ok(_) => { let _ = io.conn.handle_bytes(&mut io.buf); }
-            },
+            r = io.read_more(sh, ReadWait::Floor(&mut floor)) => r?,
             _ = sh.shutdown.cancelled() => {
                 io.conn.close_with(ErrorCode::ShuttingDown, "server is shutting down; nothing published");
                 let _ = io.flush(sh).await;
@@ -1230,20 +1415,30 @@ async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(),
     }
 }
 
-/// Checks a saved object: header against the request, every slice's CRC.
-fn check_object(req: &SaveRequest, i: usize, o: &[u8]) -> Result<(), String> {
-    let h = ChunkHeader::decode(o).map_err(|e| format!("chunk {i}: {e}"))?;
+/// Checks a saved object held as `parts`: header against the request, every slice's CRC.
+fn check_object(req: &SaveRequest, i: usize, parts: &[Bytes]) -> Result<(), String> {
+    let head: Vec<u8> = sub_parts(parts, 0..HEADER_LEN)
+        .iter()
+        .flat_map(|b| b.iter().copied())
+        .collect();
+    let h = ChunkHeader::decode(&head).map_err(|e| format!("chunk {i}: {e}"))?;
     req.geometry
         .check_header(&h, req.chunks[i].tokens)
         .map_err(|m| format!("chunk {i}: {m}"))?;
     for l in 0..h.layers {
         let r = slice_range(l, h.slice_len);
-        verify_slice(
-            l as usize,
-            &o[r.start as usize..r.end as usize],
-            h.slice_len,
-        )
-        .map_err(|e| format!("chunk {i}: {e}"))?;
+        let crc_at = r.end - crate::layout::SLICE_CRC_LEN;
+        let computed = crc_of(&sub_parts(parts, r.start..crc_at));
+        let t: Vec<u8> = sub_parts(parts, crc_at..r.end)
+            .iter()
+            .flat_map(|b| b.iter().copied())
+            .collect();
+        let stored = u32::from_le_bytes(t[..].try_into().map_err(|_| format!("chunk {i}: truncated"))?);
+        if computed != stored {
+            return Err(format!(
+                "chunk {i}: layer {l} slice checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
+            ));
+        }
     }
     Ok(())
 }

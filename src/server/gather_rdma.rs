@@ -25,7 +25,7 @@ use crate::protocol::{
 };
 use crate::transport::rdma::session::WriteResult;
 use crate::transport::rdma::{
-    control, DeviceSelector, GatherSession, Imm, ServerConfig as RdmaServerConfig, SessionRegistry,
+    DeviceSelector, GatherSession, Imm, ServerConfig as RdmaServerConfig, SessionRegistry,
 };
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -33,7 +33,6 @@ use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::net::TcpStream;
 
 /// Opens the RDMA device for gather sessions, or says why not (logged; the server then serves
@@ -69,33 +68,14 @@ pub(crate) fn open() -> Option<Arc<SessionRegistry>> {
     }
 }
 
-/// `true` when the connection opens with the RDMA set-up preface (peeks; consumes nothing).
-pub(crate) async fn sniff(stream: &TcpStream) -> bool {
-    let mut b = [0u8; control::PREFACE.len()];
-    for _ in 0..1000 {
-        match stream.peek(&mut b).await {
-            Ok(n) if n > 0 && b[..n] == control::PREFACE[..n] => {
-                if n == b.len() {
-                    return true;
-                }
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            _ => return false,
-        }
-    }
-    false
-}
-
-/// Serves one RDMA set-up channel (preface still unread) on a blocking thread until it closes.
+/// Serves one RDMA set-up channel (its preface already read by the server's preface sniffer)
+/// on a blocking thread until it closes.
 pub(crate) async fn serve_control(stream: TcpStream, reg: Arc<SessionRegistry>) {
     let peer = stream.peer_addr().ok();
     let r = async {
         let s = stream.into_std()?;
         s.set_nonblocking(false)?;
         tokio::task::spawn_blocking(move || -> crate::transport::rdma::Result<()> {
-            let mut s = s;
-            let mut pre = [0u8; 8];
-            std::io::Read::read_exact(&mut s, &mut pre)?;
             reg.serve_control(s)
         })
         .await

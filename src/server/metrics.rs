@@ -2,7 +2,8 @@
 //!
 //! Names: `objectcache_server_requests_total{op}`, `objectcache_server_bytes_total{direction}`,
 //! `objectcache_server_errors_total{kind}`, `objectcache_server_active_loads`,
-//! `objectcache_server_queued_loads`, `objectcache_server_inflight_bytes`,
+//! `objectcache_server_queued_loads`, `objectcache_server_open_connections`,
+//! `objectcache_server_inflight_bytes` (bytes held under the memory budget),
 //! `objectcache_server_ttfl_seconds` (request received to first unit written) and
 //! `objectcache_server_layer_seconds` (request received to each layer's last unit written).
 
@@ -37,7 +38,10 @@ pub struct Metrics {
     pub active_loads: Gauge,
     /// Loads waiting for admission.
     pub queued_loads: Gauge,
-    /// Bytes read from the backend and not yet written to a client.
+    /// Connections open (S3 and gather).
+    pub open_connections: Gauge,
+    /// Bytes held under the memory budget: read from the backend and not yet written to a
+    /// client, or received from a client and not yet written to the backend.
     pub inflight_bytes: Gauge,
     /// Highest `inflight_bytes` since start.
     pub inflight_peak_bytes: Gauge,
@@ -60,6 +64,7 @@ impl Metrics {
         let errors = Family::<KindLabel, Counter>::default();
         let active_loads = Gauge::default();
         let queued_loads = Gauge::default();
+        let open_connections = Gauge::default();
         let inflight_bytes = Gauge::default();
         let inflight_peak_bytes = Gauge::default();
         // 100 us .. ~100 s.
@@ -83,8 +88,13 @@ impl Metrics {
             queued_loads.clone(),
         );
         registry.register(
+            "open_connections",
+            "Connections open (S3 and gather)",
+            open_connections.clone(),
+        );
+        registry.register(
             "inflight_bytes",
-            "Bytes read from the backend not yet sent",
+            "Bytes held under the memory budget (read and not yet sent, or received and not yet stored)",
             inflight_bytes.clone(),
         );
         registry.register(
@@ -109,6 +119,7 @@ impl Metrics {
             errors,
             active_loads,
             queued_loads,
+            open_connections,
             inflight_bytes,
             inflight_peak_bytes,
             ttfl,

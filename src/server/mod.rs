@@ -14,7 +14,9 @@
 //! Built with feature `server` (on by default).
 #![cfg(feature = "server")]
 
+mod budget;
 pub mod config;
+mod conn;
 mod gather;
 mod group;
 #[cfg(feature = "rdma")]
@@ -27,7 +29,7 @@ pub mod tls;
 
 pub use config::{AccessKey, ServerConfig};
 
-use crate::protocol::{ServerInfo, ServerLimits, PREFACE, PROTOCOL_VERSION};
+use crate::protocol::{ServerInfo, ServerLimits, PROTOCOL_VERSION};
 use crate::store::{FsStore, FsyncPolicy, MemoryStore, Store};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -38,7 +40,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{oneshot, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -68,6 +70,10 @@ pub(crate) struct Shared {
     pub(crate) metrics: Arc<Metrics>,
     /// Memory budget in [`gather::PERMIT_BYTES`] permits.
     pub(crate) memory: Arc<Semaphore>,
+    /// The same budget, for holders other than a load's read-ahead ([`budget`]).
+    pub(crate) budget: budget::Budget,
+    /// Open-connection caps.
+    conns: Arc<conn::ConnLimits>,
     pub(crate) shutdown: CancellationToken,
     admission: Mutex<Admission>,
     next_id: AtomicU64,
@@ -279,6 +285,7 @@ pub async fn start_with_store(
     store: Arc<dyn Store>,
 ) -> crate::Result<ServerHandle> {
     cfg.validate()?;
+    reclaim_orphaned_writes(store.as_ref()).await;
     let buckets = Arc::new(Buckets::load(store.clone()).await?);
     for b in &cfg.buckets {
         buckets.create(b).await?;
@@ -289,11 +296,28 @@ pub async fn start_with_store(
     let queue = sched::by_name(&cfg.scheduler)
         .ok_or_else(|| crate::Error::Config(format!("scheduler {:?}", cfg.scheduler)))?;
     let link = shared_link(&cfg)?;
+    let memory = Arc::new(Semaphore::new(
+        gather::permits_for(cfg.memory_budget_bytes) as usize,
+    ));
+    // Each connection is a descriptor: stay well below the open-file limit.
+    let nofile = conn::raise_nofile_limit().unwrap_or(u64::MAX);
+    let max_conns = cfg
+        .max_connections
+        .min((nofile / 2).min(usize::MAX as u64) as usize)
+        .max(1);
+    if max_conns < cfg.max_connections {
+        tracing::warn!(
+            max_connections = cfg.max_connections,
+            open_file_limit = nofile,
+            capped = max_conns,
+            "max_connections capped at half the open-file limit"
+        );
+    }
     let shared = Arc::new(Shared {
         link,
-        memory: Arc::new(Semaphore::new(
-            gather::permits_for(cfg.memory_budget_bytes) as usize
-        )),
+        budget: budget::Budget::new(memory.clone(), metrics.clone()),
+        conns: conn::ConnLimits::new(max_conns, cfg.max_connections_per_ip, metrics.clone()),
+        memory,
         admission: Mutex::new(Admission {
             active: 0,
             queue,
@@ -316,8 +340,19 @@ pub async fn start_with_store(
     };
     let mut builder = s3s::service::S3ServiceBuilder::new(
         S3Frontend::new(store.clone(), buckets, shared.cfg.max_object_bytes, metrics)
-            .with_tenants(Arc::new(tenants)),
+            .with_tenants(Arc::new(tenants))
+            .with_budget(
+                shared.budget.clone(),
+                Duration::from_secs(shared.cfg.client_timeout_secs),
+            ),
     );
+    // XML request bodies (DeleteObjects, tagging, ...) are read whole by s3s: keep them
+    // small (each is also counted in the memory budget as it arrives).
+    let mut s3cfg = s3s::config::S3Config::default();
+    s3cfg.xml_max_body_size = 1 << 20;
+    s3cfg.form_max_fields_size = 1 << 20;
+    s3cfg.post_object_max_file_size = shared.cfg.max_object_bytes;
+    builder.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(s3cfg))));
     if !shared.cfg.access_keys.is_empty() || !shared.cfg.tenants.is_empty() {
         let mut auth = s3s::auth::SimpleAuth::new();
         for k in &shared.cfg.access_keys {
@@ -333,6 +368,32 @@ pub async fn start_with_store(
     let sh = shared.clone();
     let join = tokio::spawn(async move { accept_loop(listener, sh, s3, tls).await });
     Ok(ServerHandle { addr, shared, join })
+}
+
+/// Deletes the incomplete writes whose writer is gone ([`Store::list_partial`]: temporary
+/// files of a killed process), so a restart gives their space back; younger ones of live
+/// writers are left to them, and `objectcache gc` reclaims whatever outlives its grace.
+async fn reclaim_orphaned_writes(store: &dyn Store) {
+    let found = match store.list_partial("").await {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not list incomplete writes");
+            return;
+        }
+    };
+    let (mut n, mut bytes) = (0u64, 0u64);
+    for p in found.iter().filter(|p| p.orphaned) {
+        match store.delete_partial(p).await {
+            Ok(()) => {
+                n += 1;
+                bytes += p.size;
+            }
+            Err(e) => tracing::warn!(partial = %p.id, error = %e, "could not reclaim an incomplete write"),
+        }
+    }
+    if n > 0 {
+        tracing::info!(files = n, bytes, "reclaimed incomplete writes of processes that are gone");
+    }
 }
 
 /// The link scheduler of `cfg`: `None` when uncapped.
@@ -368,6 +429,15 @@ async fn accept_loop(
             },
             _ = sh.shutdown.cancelled() => break,
         };
+        // Past a cap the connection is closed before anything is read from it.
+        let guard = match sh.conns.admit(peer.ip()) {
+            Ok(g) => g,
+            Err(cap) => {
+                tracing::debug!(%peer, cap, "connection refused: too many open");
+                drop(stream);
+                continue;
+            }
+        };
         let sh2 = sh.clone();
         let s3 = s3.clone();
         let watcher = graceful.watcher();
@@ -375,6 +445,9 @@ async fn accept_loop(
         // Sniffing happens in the connection's own task: an idle connection (a client's
         // pooled spare) never holds up the accept loop.
         tracker.spawn(async move {
+            let _guard = guard;
+            let deadline =
+                tokio::time::Instant::now() + Duration::from_secs(sh2.cfg.handshake_timeout_secs);
             if let Some(acc) = tls {
                 // TLS: the S3 API only (gather is not offered over TLS yet, see tls.rs).
                 let stream = tokio::select! {
@@ -383,43 +456,38 @@ async fn accept_loop(
                 };
                 if let Some(stream) = stream {
                     let _ = stream.get_ref().0.set_nodelay(true);
-                    let sh3 = sh2.clone();
-                    let svc = service_fn(move |req| http_route(req, sh3.clone(), s3.clone()));
-                    let conn = hyper::server::conn::http1::Builder::new()
-                        .keep_alive(true)
-                        .serve_connection(TokioIo::new(stream), svc);
-                    if let Err(e) = watcher.watch(conn).await {
-                        tracing::debug!(%peer, error = %e, "https connection ended");
-                    }
+                    let io = conn::Prefixed::new(&[], stream, client_floor(&sh2.cfg));
+                    serve_http(io, sh2, s3, watcher, peer).await;
                 }
                 return;
             }
-            let kind = tokio::select! {
-                k = sniff(&stream) => k,
+            let mut stream = stream;
+            let sniffed = tokio::select! {
+                s = conn::sniff(&mut stream, deadline, rdma_offered(&sh2)) => s,
                 _ = sh2.shutdown.cancelled() => None,
             };
-            match kind {
+            let Some(first) = sniffed else {
+                // Closed, or no protocol told in time: nothing was held but 8 bytes.
+                sh2.metrics.error("handshake");
+                return;
+            };
+            match first.protocol {
                 // Gather loads are not confined to a tenant's namespace: with tenants it
                 // is refused (connectors fall back to ranged GETs).
-                Some(true) if !sh2.cfg.tenants.is_empty() => tenant::refuse_gather(stream).await,
-                Some(true) => gather::serve(stream, sh2).await,
+                conn::Protocol::Gather if !sh2.cfg.tenants.is_empty() => {
+                    tenant::refuse_gather(stream).await
+                }
+                conn::Protocol::Gather => gather::serve(stream, sh2, first.head(), deadline).await,
                 #[cfg(feature = "rdma")]
-                Some(false) if sh2.rdma.is_some() && gather_rdma::sniff(&stream).await => {
+                conn::Protocol::Rdma if sh2.rdma.is_some() => {
                     let reg = sh2.rdma.clone().expect("checked");
                     gather_rdma::serve_control(stream, reg).await;
                 }
-                Some(false) => {
+                conn::Protocol::Rdma | conn::Protocol::Http => {
                     let _ = stream.set_nodelay(true);
-                    let sh3 = sh2.clone();
-                    let svc = service_fn(move |req| http_route(req, sh3.clone(), s3.clone()));
-                    let conn = hyper::server::conn::http1::Builder::new()
-                        .keep_alive(true)
-                        .serve_connection(TokioIo::new(stream), svc);
-                    if let Err(e) = watcher.watch(conn).await {
-                        tracing::debug!(%peer, error = %e, "http connection ended");
-                    }
+                    let io = conn::Prefixed::new(first.head(), stream, client_floor(&sh2.cfg));
+                    serve_http(io, sh2, s3, watcher, peer).await;
                 }
-                None => {}
             }
         });
     }
@@ -435,27 +503,50 @@ async fn accept_loop(
     tracing::info!("objectcache server stopped");
 }
 
-/// Peeks at the first bytes: `Some(true)` for a gather connection, `Some(false)` for HTTP,
-/// `None` if the peer closed or sent nothing for an hour.
-async fn sniff(stream: &TcpStream) -> Option<bool> {
-    let mut b = [0u8; PREFACE.len()];
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(3600);
-    loop {
-        let n = tokio::time::timeout_at(deadline, stream.peek(&mut b))
-            .await
-            .ok()?
-            .ok()?;
-        if n == 0 {
-            return None;
-        }
-        if b[..n] != PREFACE[..n] {
-            return Some(false);
-        }
-        if n == PREFACE.len() {
-            return Some(true);
-        }
-        // A partial preface: wait briefly for the rest.
-        tokio::time::sleep(Duration::from_millis(1)).await;
+/// Whether RDMA set-up channels are offered on this server's port.
+fn rdma_offered(_sh: &Shared) -> bool {
+    #[cfg(feature = "rdma")]
+    if _sh.rdma.is_some() {
+        return true;
+    }
+    false
+}
+
+/// The progress a client owes while the server waits on it ([`conn::RateFloor`]).
+pub(crate) fn client_floor(cfg: &ServerConfig) -> conn::RateFloor {
+    conn::RateFloor::new(
+        Duration::from_secs(cfg.client_timeout_secs),
+        cfg.min_client_bytes_per_s,
+    )
+}
+
+/// Bytes of a connection's HTTP read buffer at most (request heads, body pieces): part of
+/// the fixed per-connection memory outside the budget.
+const HTTP_BUF_BYTES: usize = 64 << 10;
+
+/// Serves HTTP/1.1 on one connection: request heads must arrive within
+/// `client_timeout_secs` (idle keep-alive connections close after it too), responses the
+/// client does not read fast enough end the connection ([`conn::Prefixed`]), request bodies
+/// are metered ([`s3::metered_body`]).
+async fn serve_http<I>(
+    io: I,
+    sh: Arc<Shared>,
+    s3: s3s::service::S3Service,
+    watcher: hyper_util::server::graceful::Watcher,
+    peer: SocketAddr,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let sh3 = sh.clone();
+    let svc = service_fn(move |req| http_route(req, sh3.clone(), s3.clone()));
+    let mut b = hyper::server::conn::http1::Builder::new();
+    b.keep_alive(true)
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(sh.cfg.client_timeout_secs))
+        .max_buf_size(HTTP_BUF_BYTES);
+    let conn = b.serve_connection(TokioIo::new(io), svc);
+    if let Err(e) = watcher.watch(conn).await {
+        tracing::debug!(%peer, error = %e, "http connection ended");
     }
 }
 
@@ -513,11 +604,66 @@ async fn http_route(
             _ => text(404, "text/plain", "unknown objectcache endpoint\n".into()),
         });
     }
-    match s3.call(req.map(s3s::Body::from)).await {
+    if let Some(r) = presigned_expiry_refusal(req.uri()) {
+        return Ok(r);
+    }
+    // Request bodies are metered (memory budget, progress, per-request bound); why one was
+    // cut off travels in the request's extensions to the handler.
+    let (mut parts, body) = req.into_parts();
+    let (body, fault) = s3::MeteredBody::new(
+        body,
+        s3::BodyLimits {
+            budget: sh.budget.clone(),
+            wait: Duration::from_secs(sh.cfg.client_timeout_secs),
+            floor: client_floor(&sh.cfg),
+            max_request_bytes: sh.cfg.max_request_bytes,
+        },
+    );
+    parts.extensions.insert(fault);
+    let req = hyper::Request::from_parts(parts, s3s::Body::http_body_unsync(body));
+    match s3.call(req).await {
         Ok(r) => Ok(r),
         Err(e) => {
             sh.metrics.error("http");
-            Ok(text(500, "text/plain", format!("internal error: {e:?}\n")))
+            tracing::warn!(error = ?e, "S3 request failed inside the HTTP layer");
+            Ok(s3_error_response(
+                500,
+                "InternalError",
+                "internal error (logged by the server)",
+            ))
         }
     }
+}
+
+/// Longest validity of a presigned URL, seconds: 7 days, as AWS S3 allows.
+pub const MAX_PRESIGNED_EXPIRES_SECS: u64 = 7 * 24 * 3600;
+
+/// AWS S3's answer to a presigned URL whose `X-Amz-Expires` is above 7 days (or not a
+/// number): `400 AuthorizationQueryParametersError`, before the signature is looked at.
+fn presigned_expiry_refusal(uri: &hyper::Uri) -> Option<HttpResp> {
+    let q = uri.query()?;
+    let v = q.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        k.eq_ignore_ascii_case("X-Amz-Expires").then_some(v)
+    })?;
+    match v.parse::<u64>() {
+        Ok(s) if s <= MAX_PRESIGNED_EXPIRES_SECS => None,
+        _ => Some(s3_error_response(
+            400,
+            "AuthorizationQueryParametersError",
+            "X-Amz-Expires must be less than a week (in seconds) that is 604800",
+        )),
+    }
+}
+
+/// An S3 error document (`<Error><Code>..</Code><Message>..</Message></Error>`).
+fn s3_error_response(status: u16, code: &str, message: &str) -> HttpResp {
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{code}</Code><Message>{message}</Message></Error>"
+    );
+    hyper::Response::builder()
+        .status(status)
+        .header("content-type", "application/xml")
+        .body(s3s::Body::from(body))
+        .expect("valid response")
 }

@@ -18,8 +18,9 @@ use std::collections::HashMap;
 /// Longest tenant namespace, bytes.
 pub const MAX_NAMESPACE_LEN: usize = 64;
 
-/// One tenant: its S3 credentials, its namespace and, optionally, its chunk-hash salt.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One tenant: its S3 credentials, its namespace and, optionally, its chunk-hash salt
+/// (`Debug` shows no secret).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantConfig {
     /// Access key id (unique among tenants and `access_keys`).
@@ -36,6 +37,17 @@ pub struct TenantConfig {
     /// tenant's whole setup.
     #[serde(default)]
     pub salt: Option<String>,
+}
+
+impl std::fmt::Debug for TenantConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantConfig")
+            .field("access_key", &self.access_key)
+            .field("secret_key", &super::config::REDACTED)
+            .field("namespace", &self.namespace)
+            .field("salt", &self.salt.as_ref().map(|_| super::config::REDACTED))
+            .finish()
+    }
 }
 
 /// Checks a tenant namespace.

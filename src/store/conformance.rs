@@ -5,7 +5,8 @@
 //! `#[tokio::test]` per case for a backend, so a failure names its case and hides no other.
 //! Not a stable API: it exists for this crate's tests and for out-of-tree backends.
 
-use super::{GetOptions, PutIfAbsent, Store, StoreExt};
+use super::{GetOptions, PutIfAbsent, PutMode, PutOptions, Store, StoreExt};
+use futures::StreamExt;
 use crate::error::StoreError;
 use bytes::Bytes;
 
@@ -24,6 +25,7 @@ pub const CASES: &[&str] = &[
     "bad_keys",
     "large_object",
     "local_file",
+    "put_stream",
 ];
 
 fn pattern(n: usize, seed: u8) -> Bytes {
@@ -272,6 +274,58 @@ pub async fn wrapper_forwards(inner: &dyn Store, wrapper: &dyn Store, p: &str) {
     );
 }
 
+/// A streamed put ([`Store::put_stream`]) writes exactly the bytes of its pieces; a body
+/// that fails part way, or whose length differs from the one declared, writes nothing (the
+/// old object stays, or the key stays absent); create-only streamed puts find an existing
+/// object.
+pub async fn put_stream(s: &dyn Store, p: &str) {
+    let k = format!("{p}/stream/obj");
+    let d = pattern(9 << 20, 13);
+    let pieces = |d: &Bytes| -> Vec<Result<Bytes, StoreError>> {
+        (0..d.len())
+            .step_by(1 << 20)
+            .map(|a| Ok(d.slice(a..(a + (1 << 20)).min(d.len()))))
+            .collect()
+    };
+    for len in [Some(d.len() as u64), None] {
+        s.delete(&k).await.unwrap();
+        let body = futures::stream::iter(pieces(&d)).boxed();
+        s.put_stream(&k, body, len, PutOptions::default())
+            .await
+            .unwrap();
+        assert!(s.get_bytes(&k).await.unwrap() == d, "streamed object differs ({len:?})");
+    }
+    // A body that fails part way: the old object stays.
+    let mut bad = pieces(&pattern(9 << 20, 14));
+    bad[5] = Err(StoreError::other("test", "client went away"));
+    let r = s
+        .put_stream(&k, futures::stream::iter(bad).boxed(), Some(d.len() as u64), PutOptions::default())
+        .await;
+    assert!(r.is_err(), "a failed body must fail the put");
+    assert!(s.get_bytes(&k).await.unwrap() == d, "a failed streamed put changed the object");
+    // A body shorter than declared: nothing written.
+    let k2 = format!("{p}/stream/short");
+    let short = futures::stream::iter(pieces(&d).into_iter().take(3)).boxed();
+    let r = s
+        .put_stream(&k2, short, Some(d.len() as u64), PutOptions::default())
+        .await;
+    assert!(r.is_err(), "a short body must fail the put");
+    assert!(matches!(s.head(&k2).await, Err(StoreError::NotFound { .. })));
+    // Create-only.
+    let r = s
+        .put_stream(
+            &k,
+            futures::stream::iter(pieces(&d)).boxed(),
+            Some(d.len() as u64),
+            PutOptions { mode: PutMode::Create },
+        )
+        .await;
+    assert!(matches!(r, Err(StoreError::AlreadyExists { .. })), "{r:?}");
+    // Nothing of the failed writes is left behind.
+    let partial = s.list_partial(&format!("{p}/stream/")).await.unwrap();
+    assert!(partial.is_empty(), "{partial:?}");
+}
+
 /// Runs every case in order (for ad-hoc use; tests use the macro).
 pub async fn run_all(s: &dyn Store, p: &str) {
     put_get_round_trip(s, p).await;
@@ -287,6 +341,7 @@ pub async fn run_all(s: &dyn Store, p: &str) {
     bad_keys(s, p).await;
     large_object(s, p).await;
     local_file(s, p).await;
+    put_stream(s, p).await;
 }
 
 /// Expands to one `#[tokio::test]` per conformance case.
@@ -299,7 +354,7 @@ macro_rules! conformance_tests {
     ($make:expr) => {
         $crate::conformance_tests!(@cases $make; put_get_round_trip, ranged_get, invalid_range, missing_key,
             overwrite, put_if_absent, head_meta, delete_idempotent, list_prefix, list_pagination, bad_keys,
-            large_object, local_file);
+            large_object, local_file, put_stream);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(

@@ -1,9 +1,22 @@
 //! The embedded default store: one file per object under a root directory.
 //!
 //! Writes are crash-safe: the bytes go to a temporary file in the same directory
-//! (`.tmp-<random>` prefix, never listed), which is then renamed over the key's path, so a
-//! reader sees the old object or the new one. Create-only puts use `link(2)` from the
-//! temporary file, which fails atomically if the key exists.
+//! (`.tmp-{writer}-{pid}-{seq}`, never listed as an object), which is then renamed over the
+//! key's path, so a reader sees the old object or the new one. Create-only puts use
+//! `link(2)` from the temporary file, which fails atomically if the key exists. Streamed
+//! puts ([`Store::put_stream`]) write each piece to the temporary file as it arrives.
+//!
+//! A write that fails or is cancelled removes its temporary file. One whose process was
+//! killed leaves it behind: [`Store::list_partial`] reports such files (with their size, so
+//! `objectcache stat` counts them), marking as orphaned those whose writer was a process of
+//! this host (same boot, same PID namespace: the `{writer}` token) that no longer runs;
+//! `objectcache gc` deletes orphaned ones and any older than its grace period, and the
+//! server deletes orphaned ones at start-up ([`Store::delete_partial`]).
+//!
+//! Keys the filesystem cannot hold are refused as [`StoreError::InvalidKey`], never as an
+//! OS error: a path segment over 255 bytes, a key whose prefix is an object (`a/b` exists,
+//! `a/b/c` is written), or a key that is a prefix of other keys (`a/b/c` exists, `a/b` is
+//! written). Reading such a key is a miss.
 //!
 //! Fsync policy ([`FsyncPolicy`]): with `Always` (the default) the temporary file is
 //! `fsync`ed before the rename and the directory after it, so a completed put survives power
@@ -11,9 +24,10 @@
 //! is atomic). A cache can choose `Never`: a lost entry is a miss, not corruption.
 
 use super::{
-    resolve_range, validate_key, GetOptions, GetResult, ObjectMeta, PutMode, PutOptions, PutResult,
-    Store,
+    check_stream_len, resolve_range, validate_key, ByteStream, GetOptions, GetResult, ObjectMeta,
+    PartialWrite, PutMode, PutOptions, PutResult, Store,
 };
+use futures::StreamExt;
 use crate::error::StoreError;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -40,6 +54,42 @@ pub struct FsStore {
 }
 
 const TMP_PREFIX: &str = ".tmp-";
+/// Longest path segment most filesystems hold (`NAME_MAX`), bytes.
+const MAX_SEGMENT_LEN: usize = 255;
+/// A temporary file's writer is this process's kin when its token is [`writer_token`]: same
+/// boot and PID namespace, so its PID can be checked.
+fn writer_token() -> &'static str {
+    static T: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        use sha2::Digest;
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        let ns = std::fs::read_link("/proc/self/ns/pid")
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if boot.is_empty() || ns.is_empty() {
+            // Without both, no writer's liveness can be judged: grace periods only.
+            return "nohost00".into();
+        }
+        let d = sha2::Sha256::digest(format!("{boot}|{ns}").as_bytes());
+        hex::encode(&d[..4])
+    })
+}
+
+/// Whether the temporary file `name` belongs to a writer of this host that no longer runs.
+fn orphaned(name: &str) -> bool {
+    let mut it = name.strip_prefix(TMP_PREFIX).unwrap_or("").split('-');
+    let (Some(tok), Some(pid)) = (it.next(), it.next()) else {
+        return false;
+    };
+    let me = writer_token();
+    if tok != me || me == "nohost00" || !cfg!(target_os = "linux") {
+        return false;
+    }
+    match pid.parse::<u32>() {
+        Ok(pid) if pid != std::process::id() => !Path::new("/proc").join(pid.to_string()).exists(),
+        _ => false,
+    }
+}
 /// Bytes read per body chunk.
 const READ_CHUNK: usize = 4 << 20;
 
@@ -72,15 +122,132 @@ impl FsStore {
                 reason: "segments starting with .tmp- are reserved",
             });
         }
+        if key.split('/').any(|s| s.len() > MAX_SEGMENT_LEN) {
+            return Err(StoreError::InvalidKey {
+                key: key.into(),
+                reason: "a path segment is longer than 255 bytes (the filesystem store's limit)",
+            });
+        }
         Ok(self.root.join(key))
+    }
+
+    /// A fresh temporary file path in `dir`.
+    fn tmp_path(&self, dir: &Path) -> PathBuf {
+        dir.join(format!(
+            "{TMP_PREFIX}{}-{}-{}",
+            writer_token(),
+            std::process::id(),
+            self.seq.fetch_add(1, Ordering::Relaxed)
+        ))
     }
 }
 
 fn io_err(key: &str, e: std::io::Error) -> StoreError {
-    if e.kind() == std::io::ErrorKind::NotFound {
-        StoreError::NotFound { key: key.into() }
-    } else {
-        StoreError::other("fs", format!("{key}: {e}"))
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        // `a/b/c` when `a/b` is an object: there is no such object.
+        K::NotFound | K::NotADirectory => StoreError::NotFound { key: key.into() },
+        _ => StoreError::other("fs", format!("{key}: {e}")),
+    }
+}
+
+/// Reason of [`StoreError::InvalidKey`] for a key below an object.
+const UNDER_OBJECT: &str =
+    "a prefix of this key is an object (the filesystem store cannot hold both)";
+/// Reason of [`StoreError::InvalidKey`] for a key that prefixes other keys.
+const OVER_KEYS: &str =
+    "this key is a prefix of other keys (the filesystem store cannot hold both)";
+
+/// Creates `dir` (the key's parent) and its parents; a file on the way is [`UNDER_OBJECT`].
+fn create_parent(dir: &Path, key: &str) -> Result<(), StoreError> {
+    std::fs::create_dir_all(dir).map_err(|e| {
+        let mut p = Some(dir);
+        while let Some(d) = p {
+            if std::fs::symlink_metadata(d).is_ok_and(|m| !m.is_dir()) {
+                return StoreError::InvalidKey {
+                    key: key.into(),
+                    reason: UNDER_OBJECT,
+                };
+            }
+            p = d.parent();
+        }
+        io_err(key, e)
+    })
+}
+
+/// A write's temporary file: removed when dropped, unless committed.
+struct TmpFile {
+    path: PathBuf,
+    file: std::fs::File,
+    committed: bool,
+}
+
+impl Drop for TmpFile {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+impl TmpFile {
+    fn create(path: PathBuf, dir: &Path, key: &str) -> Result<Self, StoreError> {
+        create_parent(dir, key)?;
+        let file = std::fs::File::create(&path).map_err(|e| io_err(key, e))?;
+        Ok(TmpFile {
+            path,
+            file,
+            committed: false,
+        })
+    }
+
+    /// Makes the written bytes the object at `path` (see the module documentation).
+    fn commit(
+        mut self,
+        path: &Path,
+        mode: PutMode,
+        fsync: FsyncPolicy,
+        key: &str,
+    ) -> Result<PutResult, StoreError> {
+        if fsync == FsyncPolicy::Always {
+            self.file.sync_all().map_err(|e| io_err(key, e))?;
+        }
+        let r = match mode {
+            PutMode::Overwrite => std::fs::rename(&self.path, path),
+            PutMode::Create => std::fs::hard_link(&self.path, path),
+        };
+        match r {
+            Ok(()) => {
+                // Renamed: nothing left to remove. Linked: the temporary name goes on drop.
+                self.committed = mode == PutMode::Overwrite;
+            }
+            Err(e) => {
+                use std::io::ErrorKind as K;
+                let dir_there = std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir());
+                return Err(match e.kind() {
+                    _ if dir_there => StoreError::InvalidKey {
+                        key: key.into(),
+                        reason: OVER_KEYS,
+                    },
+                    K::AlreadyExists => StoreError::AlreadyExists { key: key.into() },
+                    K::NotADirectory => StoreError::InvalidKey {
+                        key: key.into(),
+                        reason: UNDER_OBJECT,
+                    },
+                    _ => io_err(key, e),
+                });
+            }
+        }
+        let dir = path.parent().expect("key has a parent under root");
+        if fsync == FsyncPolicy::Always {
+            std::fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| io_err(key, e))?;
+        }
+        let m = std::fs::metadata(path).map_err(|e| io_err(key, e))?;
+        Ok(PutResult {
+            etag: meta_of(key, &m).etag,
+        })
     }
 }
 
@@ -202,54 +369,105 @@ impl Store for FsStore {
             .parent()
             .expect("key has a parent under root")
             .to_path_buf();
-        let tmp = dir.join(format!(
-            "{TMP_PREFIX}{}-{}",
-            std::process::id(),
-            self.seq.fetch_add(1, Ordering::Relaxed)
-        ));
+        let tmp = self.tmp_path(&dir);
         let fsync = self.fsync;
         let key = key.to_string();
         blocking(move || {
-            std::fs::create_dir_all(&dir).map_err(|e| io_err(&key, e))?;
-            let write = || -> std::io::Result<()> {
-                let mut f = std::fs::File::create(&tmp)?;
-                f.write_all(&data)?;
-                if fsync == FsyncPolicy::Always {
-                    f.sync_all()?;
+            let mut t = TmpFile::create(tmp, &dir, &key)?;
+            t.file.write_all(&data).map_err(|e| io_err(&key, e))?;
+            t.commit(&path, opts.mode, fsync, &key)
+        })
+        .await
+    }
+
+    async fn put_stream(
+        &self,
+        key: &str,
+        body: ByteStream,
+        len: Option<u64>,
+        opts: PutOptions,
+    ) -> Result<PutResult, StoreError> {
+        let path = self.path(key)?;
+        let dir = path
+            .parent()
+            .expect("key has a parent under root")
+            .to_path_buf();
+        let tmp = self.tmp_path(&dir);
+        let fsync = self.fsync;
+        let key = key.to_string();
+        let mut t = blocking({
+            let key = key.clone();
+            move || TmpFile::create(tmp, &dir, &key)
+        })
+        .await?;
+        // Pieces already received go to the file in one trip to the blocking pool; each is
+        // dropped (its memory given back) once written. An error or a dropped future drops
+        // the temporary file, which removes it.
+        let mut got = 0u64;
+        let mut body = body.ready_chunks(64);
+        while let Some(pieces) = body.next().await {
+            let pieces = pieces.into_iter().collect::<Result<Vec<Bytes>, _>>()?;
+            got += pieces.iter().map(|p| p.len() as u64).sum::<u64>();
+            if len.is_some_and(|n| got > n) {
+                check_stream_len(&key, got, len)?;
+            }
+            let k = key.clone();
+            t = blocking(move || {
+                for p in pieces {
+                    t.file.write_all(&p).map_err(|e| io_err(&k, e))?;
+                }
+                Ok(t)
+            })
+            .await?;
+        }
+        check_stream_len(&key, got, len)?;
+        blocking(move || t.commit(&path, opts.mode, fsync, &key)).await
+    }
+
+    async fn list_partial(&self, prefix: &str) -> Result<Vec<PartialWrite>, StoreError> {
+        let root = self.root.clone();
+        let prefix = prefix.to_string();
+        blocking(move || {
+            let mut out = Vec::new();
+            walk(&root, &prefix, |rel, name, ent| {
+                if !name.starts_with(TMP_PREFIX) {
+                    return Ok(());
+                }
+                // A writer's file may vanish (committed) between the listing and the stat.
+                let Ok(m) = ent.metadata() else { return Ok(()) };
+                if m.is_file() {
+                    out.push(PartialWrite {
+                        id: if rel.is_empty() { name.to_string() } else { format!("{rel}/{name}") },
+                        size: m.len(),
+                        last_modified: m.modified().ok(),
+                        orphaned: orphaned(name),
+                    });
                 }
                 Ok(())
-            };
-            if let Err(e) = write() {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(io_err(&key, e));
-            }
-            let r = match opts.mode {
-                PutMode::Overwrite => std::fs::rename(&tmp, &path),
-                PutMode::Create => {
-                    let r = std::fs::hard_link(&tmp, &path);
-                    let _ = std::fs::remove_file(&tmp);
-                    r
-                }
-            };
-            match r {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    return Err(StoreError::AlreadyExists { key });
-                }
-                Err(e) => {
-                    let _ = std::fs::remove_file(&tmp);
-                    return Err(io_err(&key, e));
-                }
-            }
-            if fsync == FsyncPolicy::Always {
-                std::fs::File::open(&dir)
-                    .and_then(|d| d.sync_all())
-                    .map_err(|e| io_err(&key, e))?;
-            }
-            let m = std::fs::metadata(&path).map_err(|e| io_err(&key, e))?;
-            Ok(PutResult {
-                etag: meta_of(&key, &m).etag,
-            })
+            })?;
+            out.sort_by(|a, b| a.id.cmp(&b.id));
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn delete_partial(&self, partial: &PartialWrite) -> Result<(), StoreError> {
+        let id = partial.id.clone();
+        let (dir, name) = match id.rsplit_once('/') {
+            Some((d, n)) => (d, n),
+            None => ("", id.as_str()),
+        };
+        if !name.starts_with(TMP_PREFIX) || name.contains(['/', '\\']) || (!dir.is_empty() && validate_key(dir).is_err()) {
+            return Err(StoreError::InvalidKey {
+                key: id.clone(),
+                reason: "not a temporary file of this store",
+            });
+        }
+        let path = self.root.join(&id);
+        blocking(move || match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(StoreError::other("fs", format!("remove temporary file {id}: {e}"))),
         })
         .await
     }
@@ -272,8 +490,10 @@ impl Store for FsStore {
         let key = key.to_string();
         blocking(move || match std::fs::remove_file(&path) {
             Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io_err(&key, e)),
+            Err(e) => match io_err(&key, e) {
+                StoreError::NotFound { .. } => Ok(()),
+                e => Err(e),
+            },
         })
         .await
     }
@@ -282,59 +502,210 @@ impl Store for FsStore {
         let root = self.root.clone();
         let prefix = prefix.to_string();
         blocking(move || {
-            // Start the walk at the deepest directory fully named by the prefix.
-            let base = match prefix.rfind('/') {
-                Some(i) => &prefix[..i],
-                None => "",
-            };
-            // The directory part must be a valid key itself: no `..` climbing out of the root.
-            if !base.is_empty() {
-                validate_key(base)?;
-            }
-            let start = if base.is_empty() {
-                root.clone()
-            } else {
-                root.join(base)
-            };
             let mut out = Vec::new();
-            let mut stack = vec![(start, base.to_string())];
-            while let Some((dir, rel)) = stack.pop() {
-                let rd = match std::fs::read_dir(&dir) {
-                    Ok(rd) => rd,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                    Err(e) => {
-                        return Err(StoreError::other(
-                            "fs",
-                            format!("list {}: {e}", dir.display()),
-                        ))
-                    }
-                };
-                for ent in rd {
-                    let ent = ent.map_err(|e| StoreError::other("fs", e))?;
-                    let name = ent.file_name().to_string_lossy().to_string();
-                    if name.starts_with(TMP_PREFIX) {
-                        continue;
-                    }
-                    let k = if rel.is_empty() {
-                        name
-                    } else {
-                        format!("{rel}/{name}")
-                    };
-                    let ft = ent.file_type().map_err(|e| StoreError::other("fs", e))?;
-                    if ft.is_dir() {
-                        if prefix.starts_with(&k) || k.starts_with(&prefix) {
-                            stack.push((ent.path(), k));
+            walk(&root, &prefix, |rel, name, ent| {
+                if name.starts_with(TMP_PREFIX) {
+                    return Ok(());
+                }
+                let k = if rel.is_empty() { name.to_string() } else { format!("{rel}/{name}") };
+                if k.starts_with(&prefix) {
+                    // An object deleted between the listing and the stat is not listed.
+                    if let Ok(m) = ent.metadata() {
+                        if m.is_file() {
+                            out.push(meta_of(&k, &m));
                         }
-                    } else if ft.is_file() && k.starts_with(&prefix) {
-                        let m = ent.metadata().map_err(|e| StoreError::other("fs", e))?;
-                        out.push(meta_of(&k, &m));
                     }
                 }
-            }
+                Ok(())
+            })?;
             out.sort_by(|a, b| a.key.cmp(&b.key));
             out.truncate(limit);
             Ok(out)
         })
         .await
+    }
+}
+
+/// Walks the directories under `root` that can hold keys starting with `prefix`, calling
+/// `f(dir_key, name, entry)` for every file (objects and temporary files) in them.
+fn walk(
+    root: &Path,
+    prefix: &str,
+    mut f: impl FnMut(&str, &str, &std::fs::DirEntry) -> Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    // Start the walk at the deepest directory fully named by the prefix.
+    let base = match prefix.rfind('/') {
+        Some(i) => &prefix[..i],
+        None => "",
+    };
+    // The directory part must be a valid key itself: no `..` climbing out of the root.
+    if !base.is_empty() {
+        validate_key(base)?;
+    }
+    let start = if base.is_empty() {
+        root.to_path_buf()
+    } else {
+        root.join(base)
+    };
+    let mut stack = vec![(start, base.to_string())];
+    while let Some((dir, rel)) = stack.pop() {
+        let rd = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                ) =>
+            {
+                continue
+            }
+            Err(e) => {
+                return Err(StoreError::other(
+                    "fs",
+                    format!("list {}: {e}", dir.display()),
+                ))
+            }
+        };
+        for ent in rd {
+            let ent = ent.map_err(|e| StoreError::other("fs", e))?;
+            let name = ent.file_name().to_string_lossy().to_string();
+            let ft = ent.file_type().map_err(|e| StoreError::other("fs", e))?;
+            if ft.is_dir() {
+                let k = if rel.is_empty() {
+                    name
+                } else {
+                    format!("{rel}/{name}")
+                };
+                if prefix.starts_with(&k) || k.starts_with(prefix) {
+                    stack.push((ent.path(), k));
+                }
+            } else if ft.is_file() {
+                f(&rel, &name, &ent)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoreExt;
+
+    fn store() -> (tempfile::TempDir, FsStore) {
+        let d = tempfile::tempdir().unwrap();
+        let s = FsStore::new(d.path(), FsyncPolicy::Never).unwrap();
+        (d, s)
+    }
+
+    #[tokio::test]
+    async fn keys_the_filesystem_cannot_hold_are_invalid_keys_never_os_errors() {
+        let (_d, s) = store();
+        let long = format!("b/{}/x", "s".repeat(300));
+        let e = s.put(&long, Bytes::from_static(b"v")).await.unwrap_err();
+        assert!(matches!(e, StoreError::InvalidKey { reason, .. } if reason.contains("255 bytes")), "{e:?}");
+        // Below an object: refused; reading it is a miss.
+        s.put("b/a/obj", Bytes::from_static(b"v")).await.unwrap();
+        let e = s.put("b/a/obj/under", Bytes::from_static(b"v")).await.unwrap_err();
+        assert!(matches!(e, StoreError::InvalidKey { reason: UNDER_OBJECT, .. }), "{e:?}");
+        assert!(matches!(s.get_bytes("b/a/obj/under").await, Err(StoreError::NotFound { .. })));
+        assert!(matches!(s.head("b/a/obj/under").await, Err(StoreError::NotFound { .. })));
+        s.delete("b/a/obj/under").await.unwrap();
+        // A prefix of other keys: refused, overwrite and create-only alike (never "already
+        // exists": a directory is not an object).
+        s.put("b/p/q/r", Bytes::from_static(b"v")).await.unwrap();
+        for mode in [PutMode::Overwrite, PutMode::Create] {
+            let e = s
+                .put_opts("b/p/q", Bytes::from_static(b"v"), PutOptions { mode })
+                .await
+                .unwrap_err();
+            assert!(matches!(e, StoreError::InvalidKey { reason: OVER_KEYS, .. }), "{mode:?}: {e:?}");
+        }
+        assert_eq!(s.get_bytes("b/p/q/r").await.unwrap(), Bytes::from_static(b"v"));
+        // None of the refused writes left a temporary file.
+        assert!(s.list_partial("").await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn temporary_files_of_gone_writers_are_found_and_reclaimed() {
+        let (d, s) = store();
+        s.put("b/kv/0a", Bytes::from_static(b"v")).await.unwrap();
+        let dir = d.path().join("b/kv");
+        // A writer of this host that no longer runs (a child that exited), one that still
+        // runs (this process), one of another host: only the first is orphaned.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let me = writer_token();
+        let files = [
+            (format!(".tmp-{me}-{dead}-7"), 5000usize),
+            (format!(".tmp-{me}-{}-8", std::process::id()), 300),
+            (".tmp-0badc0de-1-9".to_string(), 70),
+        ];
+        for (n, len) in &files {
+            std::fs::write(dir.join(n), vec![1u8; *len]).unwrap();
+        }
+        let found = s.list_partial("b/").await.unwrap();
+        assert_eq!(found.len(), 3, "{found:?}");
+        assert_eq!(found.iter().map(|p| p.size).sum::<u64>(), 5370);
+        let orphaned: Vec<_> = found.iter().filter(|p| p.orphaned).map(|p| p.id.clone()).collect();
+        if cfg!(target_os = "linux") {
+            assert_eq!(orphaned, vec![format!("b/kv/{}", files[0].0)]);
+        }
+        // Objects never include them; deleting one deletes exactly it.
+        assert_eq!(s.list("b/", 100).await.unwrap().len(), 1);
+        s.delete_partial(&found[0]).await.unwrap();
+        assert_eq!(s.list_partial("").await.unwrap().len(), 2);
+        // Only temporary files can be deleted this way.
+        for id in ["b/kv/0a", "../x/.tmp-1", "b/../../.tmp-1"] {
+            let p = PartialWrite { id: id.into(), size: 0, last_modified: None, orphaned: true };
+            assert!(s.delete_partial(&p).await.is_err(), "{id}");
+        }
+        assert!(s.exists("b/kv/0a").await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_streamed_put_writes_as_it_receives_and_leaves_nothing_when_cut() {
+        let (d, s) = store();
+        // The temporary file grows while the body is still arriving.
+        let (tx, rx) = futures::channel::mpsc::unbounded::<Result<Bytes, StoreError>>();
+        let put = tokio::spawn({
+            let s = FsStore::new(d.path(), FsyncPolicy::Never).unwrap();
+            async move { s.put_stream("b/kv/1", rx.boxed(), Some(3 << 20), PutOptions::default()).await }
+        });
+        tx.unbounded_send(Ok(Bytes::from(vec![3u8; 2 << 20]))).unwrap();
+        let grown = loop {
+            let p = s.list_partial("b/").await.unwrap();
+            if let Some(p) = p.first().filter(|p| p.size == 2 << 20) {
+                break p.clone();
+            }
+            tokio::task::yield_now().await;
+        };
+        assert!(!grown.orphaned, "its writer runs");
+        assert!(matches!(s.head("b/kv/1").await, Err(StoreError::NotFound { .. })));
+        // The client goes away: the put fails and its temporary file goes with it.
+        tx.unbounded_send(Err(StoreError::other("test", "client gone"))).unwrap();
+        assert!(put.await.unwrap().is_err());
+        assert!(s.list_partial("").await.unwrap().is_empty());
+        assert!(matches!(s.head("b/kv/1").await, Err(StoreError::NotFound { .. })));
+        // A dropped (cancelled) put leaves nothing either.
+        let (tx, rx) = futures::channel::mpsc::unbounded::<Result<Bytes, StoreError>>();
+        tx.unbounded_send(Ok(Bytes::from(vec![3u8; 1 << 20]))).unwrap();
+        let put = tokio::spawn({
+            let s = FsStore::new(d.path(), FsyncPolicy::Never).unwrap();
+            async move { s.put_stream("b/kv/2", rx.boxed(), None, PutOptions::default()).await }
+        });
+        while !s.list_partial("").await.unwrap().iter().any(|p| p.size == 1 << 20) {
+            tokio::task::yield_now().await;
+        }
+        put.abort();
+        assert!(put.await.unwrap_err().is_cancelled());
+        // (The file goes when the put's last blocking write returns, if one was running.)
+        let t0 = std::time::Instant::now();
+        while !s.list_partial("").await.unwrap().is_empty() {
+            assert!(t0.elapsed().as_secs() < 10, "a cancelled put left its temporary file");
+            tokio::task::yield_now().await;
+        }
+        drop(tx);
     }
 }

@@ -283,6 +283,66 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         opts: PutOptions,
     ) -> Result<PutResult, StoreError>;
 
+    /// Writes a whole object from a stream of its bytes, atomically like
+    /// [`Store::put_opts`]: readers see the old object or the whole new one, never part of
+    /// it. If `body` yields an error, or this future is dropped, nothing is written and the
+    /// error is returned. `len` is the object's length when known in advance (a body of
+    /// another length fails); backends that must declare it up front need it to stream.
+    ///
+    /// The default collects the body in memory, then calls [`Store::put_opts`]; the
+    /// filesystem backend writes each piece to its temporary file as it arrives, and the S3
+    /// backend streams the body upstream when `len` is known, so a large object is never
+    /// held whole.
+    ///
+    /// # Errors
+    /// As [`Store::put_opts`]; the body's own error; a length other than `len`.
+    async fn put_stream(
+        &self,
+        key: &str,
+        mut body: ByteStream,
+        len: Option<u64>,
+        opts: PutOptions,
+    ) -> Result<PutResult, StoreError> {
+        let mut parts = Vec::new();
+        let mut got = 0u64;
+        while let Some(p) = body.next().await {
+            let p = p?;
+            got += p.len() as u64;
+            parts.push(p);
+        }
+        check_stream_len(key, got, len)?;
+        let data = if parts.len() == 1 {
+            parts.pop().expect("one part")
+        } else {
+            let mut v = Vec::with_capacity(got as usize);
+            parts.iter().for_each(|p| v.extend_from_slice(p));
+            Bytes::from(v)
+        };
+        self.put_opts(key, data, opts).await
+    }
+
+    /// Incomplete writes under `prefix` this store keeps outside its objects (temporary
+    /// files of a writer that was killed, or is still writing): never listed as objects,
+    /// but they hold space, so `objectcache stat` counts them and `gc` reclaims them
+    /// ([`Store::delete_partial`]). Default: none.
+    ///
+    /// # Errors
+    /// A backend failure.
+    async fn list_partial(&self, prefix: &str) -> Result<Vec<PartialWrite>, StoreError> {
+        let _ = prefix;
+        Ok(Vec::new())
+    }
+
+    /// Deletes one incomplete write found by [`Store::list_partial`] (a write still in
+    /// progress then fails, and writes nothing). Deleting one that is gone succeeds.
+    ///
+    /// # Errors
+    /// A backend failure.
+    async fn delete_partial(&self, partial: &PartialWrite) -> Result<(), StoreError> {
+        let _ = partial;
+        Ok(())
+    }
+
     /// Metadata of an object.
     ///
     /// # Errors
@@ -301,6 +361,35 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// # Errors
     /// A backend failure.
     async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<ObjectMeta>, StoreError>;
+}
+
+/// An incomplete write a store holds outside its objects ([`Store::list_partial`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartialWrite {
+    /// Where it lies, in the store's own terms (for the filesystem store, the temporary
+    /// file's path relative to the root); not an object key.
+    pub id: String,
+    /// Bytes it holds.
+    pub size: u64,
+    /// When it was last written to.
+    pub last_modified: Option<SystemTime>,
+    /// `true` when its writer is known to be gone (a process of this host that no longer
+    /// runs): it can never complete, whatever its age.
+    pub orphaned: bool,
+}
+
+/// Checks a streamed body's length against the length declared for it.
+///
+/// # Errors
+/// [`StoreError::Other`] naming both lengths.
+pub fn check_stream_len(key: &str, got: u64, len: Option<u64>) -> Result<(), StoreError> {
+    match len {
+        Some(n) if n != got => Err(StoreError::Other {
+            backend: "store",
+            message: format!("body of {key} has {got} bytes, {n} were declared"),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Whether a create-only put wrote the object or found one already there.

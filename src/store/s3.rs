@@ -24,8 +24,8 @@
 #![forbid(unsafe_code)]
 
 use super::{
-    resolve_range, validate_key, ByteStream, GetOptions, GetResult, ObjectMeta, PutMode,
-    PutOptions, PutResult, Store,
+    check_stream_len, resolve_range, validate_key, ByteStream, GetOptions, GetResult, ObjectMeta,
+    PutMode, PutOptions, PutResult, Store,
 };
 use crate::error::StoreError;
 use async_trait::async_trait;
@@ -1115,6 +1115,68 @@ impl Store for S3Store {
         })
     }
 
+    /// With `len` known, the body goes upstream as it arrives (one PUT with that
+    /// `Content-Length`, signed `UNSIGNED-PAYLOAD`; not retried, since a stream cannot be
+    /// replayed); without it, it is collected first (the default).
+    async fn put_stream(
+        &self,
+        key: &str,
+        body: ByteStream,
+        len: Option<u64>,
+        opts: PutOptions,
+    ) -> Result<PutResult, StoreError> {
+        let Some(n) = len else {
+            let mut parts = Vec::new();
+            let mut body = body;
+            let mut got = 0u64;
+            while let Some(p) = futures::StreamExt::next(&mut body).await {
+                let p = p?;
+                got += p.len() as u64;
+                parts.push(p);
+            }
+            check_stream_len(key, got, len)?;
+            let mut v = Vec::with_capacity(got as usize);
+            parts.iter().for_each(|p| v.extend_from_slice(p));
+            return self.put_opts(key, Bytes::from(v), opts).await;
+        };
+        validate_key(key)?;
+        let full = self.full_key(key);
+        // The stream's length is checked as it passes: a body of another length fails the
+        // upload instead of writing a different object.
+        let k = key.to_string();
+        let counted = futures::StreamExt::scan(body, 0u64, move |got, p| {
+            let r = p.and_then(|p| {
+                *got += p.len() as u64;
+                if *got > n {
+                    check_stream_len(&k, *got, Some(n))?;
+                }
+                Ok(p)
+            });
+            futures::future::ready(Some(r.map(http_body::Frame::data)))
+        });
+        let sdk_body = aws_smithy_types::body::SdkBody::from_body_1_x(
+            http_body_util::StreamBody::new(SyncBody(std::sync::Mutex::new(Box::pin(counted)))),
+        );
+        let mut req = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(&full)
+            .content_length(n as i64)
+            .body(aws_sdk_s3::primitives::ByteStream::new(sdk_body));
+        let op = match opts.mode {
+            PutMode::Overwrite => Op::Put,
+            PutMode::Create => {
+                req = req.if_none_match("*");
+                Op::PutCreate
+            }
+        };
+        let out = req.send().await.map_err(|e| self.map_err(op, key, e))?;
+        Ok(PutResult {
+            etag: out.e_tag().map(str::to_string),
+        })
+    }
+
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
         validate_key(key)?;
         let out = self
@@ -1266,5 +1328,22 @@ mod tests {
             .await
             .map(|v| !v.contains(&"127.0.0.9".parse().unwrap()))
             .unwrap_or(true));
+    }
+}
+
+/// A body stream made `Sync` (as the SDK's body requires) without locking: it is only ever
+/// polled through `&mut`.
+struct SyncBody<S>(std::sync::Mutex<S>);
+
+impl<S: futures::Stream + Unpin> futures::Stream for SyncBody<S> {
+    type Item = S::Item;
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        match self.0.get_mut() {
+            Ok(s) => std::pin::Pin::new(s).poll_next(cx),
+            Err(_) => std::task::Poll::Ready(None),
+        }
     }
 }
