@@ -51,6 +51,10 @@ pub struct FsStore {
     root: PathBuf,
     fsync: FsyncPolicy,
     seq: AtomicU64,
+    /// Writes to files in progress at once, at most (one per core): a flood of puts takes
+    /// turns on the disk and the CPU rather than one blocking thread each, so reads keep
+    /// their share.
+    writers: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 const TMP_PREFIX: &str = ".tmp-";
@@ -106,6 +110,9 @@ impl FsStore {
             root,
             fsync,
             seq: AtomicU64::new(0),
+            writers: std::sync::Arc::new(tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(2, |n| n.get()),
+            )),
         })
     }
 
@@ -372,7 +379,9 @@ impl Store for FsStore {
         let tmp = self.tmp_path(&dir);
         let fsync = self.fsync;
         let key = key.to_string();
+        let turn = self.writers.clone().acquire_owned().await.expect("never closed");
         blocking(move || {
+            let _turn = turn;
             let mut t = TmpFile::create(tmp, &dir, &key)?;
             t.file.write_all(&data).map_err(|e| io_err(&key, e))?;
             t.commit(&path, opts.mode, fsync, &key)
@@ -412,7 +421,9 @@ impl Store for FsStore {
                 check_stream_len(&key, got, len)?;
             }
             let k = key.clone();
+            let turn = self.writers.clone().acquire_owned().await.expect("never closed");
             t = blocking(move || {
+                let _turn = turn;
                 for p in pieces {
                     t.file.write_all(&p).map_err(|e| io_err(&k, e))?;
                 }
