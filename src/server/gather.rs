@@ -341,6 +341,7 @@ pub(crate) async fn serve(
         write_floor: super::client_floor(&sh.cfg),
     };
     let _ = io.conn.handle_bytes(&mut io.buf);
+    let mut floor = super::client_floor(&sh.cfg);
     tracing::debug!(?peer, "gather connection");
     loop {
         while let Some(ev) = io.conn.poll_event() {
@@ -384,10 +385,14 @@ pub(crate) async fn serve(
             let _ = io.wr.shutdown().await;
             return;
         }
-        let wait = if io.conn.is_established() {
+        // Before authentication, the handshake deadline; between requests, the idle timeout;
+        // once a request's frame has begun, the client owes progress.
+        let wait = if !io.conn.is_established() {
+            ReadWait::Until(handshake_deadline)
+        } else if io.buf.is_empty() {
             ReadWait::Idle(Duration::from_secs(sh.cfg.idle_timeout_secs))
         } else {
-            ReadWait::Until(handshake_deadline)
+            ReadWait::Floor(&mut floor)
         };
         tokio::select! {
             r = io.read_more(&sh, wait) => if r.is_err() {
@@ -1229,12 +1234,15 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
     io.flush(sh).await
 }
 
-/// Serves a batched save. No memory is reserved for the sizes the request declares: each
-/// object's save-data frames are held under the memory budget as they arrive
-/// ([`Io::read_more`]; small frames are copied out of the connection buffer and held the
-/// same way), the whole object is checked (header, every slice CRC32C), then streamed to
-/// the store ([`crate::store::Store::put_stream`]) and its memory given back. The client
-/// must keep sending while the server waits for it ([`RateFloor`]).
+/// Serves a batched save, streaming each object to the store as it arrives. No memory is
+/// reserved for the sizes the request declares: save-data frames are held under the memory
+/// budget while they arrive ([`Io::read_more`]; small frames are copied out of the
+/// connection buffer and held the same way), checked as they pass ([`ObjectCheck`]: the
+/// header against the request, every slice's CRC32C), and handed to a streamed create-only
+/// put ([`crate::store::Store::put_stream`]), which gives each piece's memory back once
+/// written. An object that fails its check, or a client that goes away, aborts its put:
+/// nothing of it is written. Markers follow once every object is durable. The client must
+/// keep sending while the server waits for it ([`RateFloor`]).
 async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(), Abort> {
     sh.metrics.request("save");
     let id = req.request_id;
@@ -1295,8 +1303,8 @@ async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(),
     let wait = Duration::from_secs(sh.cfg.client_timeout_secs);
     let mut floor = super::client_floor(&sh.cfg);
     let (mut cur, mut written, mut present) = (0usize, 0u32, 0u32);
-    // The object being received: its frames, each holding its memory.
-    let mut parts: Vec<Bytes> = Vec::new();
+    // The object being received, streamed to the store as it comes.
+    let mut put: Option<ObjectPut> = None;
     let mut got = 0u64;
     let mut lens: Vec<u64> = Vec::with_capacity(req.chunks.len());
     loop {
@@ -1339,30 +1347,40 @@ async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(),
                     };
                     got += data.len() as u64;
                     sh.metrics.bytes("save_in", data.len() as u64);
-                    parts.push(data);
-                    if got == want {
-                        let obj = std::mem::take(&mut parts);
-                        got = 0;
-                        if let Err(m) = check_object(&req, cur, &obj) {
-                            fail(io, ErrorCode::BadObject, m);
-                            let _ = io.flush(sh).await;
-                            return Err(Abort::Gone);
-                        }
-                        lens.push(want);
-                        let key = key_of("kv", &req.chunks[cur]);
-                        let body = stream::iter(obj.into_iter().map(Ok)).boxed();
-                        let create = crate::store::PutOptions {
-                            mode: crate::store::PutMode::Create,
+                    let p = put.get_or_insert_with(|| {
+                        ObjectPut::start(sh.store.clone(), key_of("kv", &req.chunks[cur]), want)
+                    });
+                    if let Err(m) = p.check.feed(&req, cur, &data) {
+                        // Dropping the put aborts it: nothing of the object is written.
+                        drop(put.take());
+                        fail(io, ErrorCode::BadObject, m);
+                        let _ = io.flush(sh).await;
+                        return Err(Abort::Gone);
+                    }
+                    if p.tx.send(Ok(data)).await.is_err() {
+                        // The put ended early: the store failed.
+                        let r = put.take().expect("started").finish().await;
+                        let msg = match r {
+                            Err(e) => e,
+                            Ok(_) => "the store ended the write early".into(),
                         };
-                        match sh.store.put_stream(&key, body, Some(want), create).await {
-                            Ok(_) => written += 1,
-                            Err(StoreError::AlreadyExists { .. }) => present += 1,
-                            Err(e) => {
-                                fail(io, ErrorCode::Storage, format!("{key}: {e}"));
+                        fail(io, ErrorCode::Storage, msg);
+                        let _ = io.flush(sh).await;
+                        return Err(Abort::Gone);
+                    }
+                    if got == want {
+                        let p = put.take().expect("started");
+                        got = 0;
+                        match p.finish().await {
+                            Ok(true) => written += 1,
+                            Ok(false) => present += 1,
+                            Err(m) => {
+                                fail(io, ErrorCode::Storage, m);
                                 let _ = io.flush(sh).await;
                                 return Err(Abort::Gone);
                             }
                         }
+                        lens.push(want);
                         cur += 1;
                     }
                 }
@@ -1415,32 +1433,111 @@ async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(),
     }
 }
 
-/// Checks a saved object held as `parts`: header against the request, every slice's CRC.
-fn check_object(req: &SaveRequest, i: usize, parts: &[Bytes]) -> Result<(), String> {
-    let head: Vec<u8> = sub_parts(parts, 0..HEADER_LEN)
-        .iter()
-        .flat_map(|b| b.iter().copied())
-        .collect();
-    let h = ChunkHeader::decode(&head).map_err(|e| format!("chunk {i}: {e}"))?;
-    req.geometry
-        .check_header(&h, req.chunks[i].tokens)
-        .map_err(|m| format!("chunk {i}: {m}"))?;
-    for l in 0..h.layers {
-        let r = slice_range(l, h.slice_len);
-        let crc_at = r.end - crate::layout::SLICE_CRC_LEN;
-        let computed = crc_of(&sub_parts(parts, r.start..crc_at));
-        let t: Vec<u8> = sub_parts(parts, crc_at..r.end)
-            .iter()
-            .flat_map(|b| b.iter().copied())
-            .collect();
-        let stored = u32::from_le_bytes(t[..].try_into().map_err(|_| format!("chunk {i}: truncated"))?);
-        if computed != stored {
-            return Err(format!(
-                "chunk {i}: layer {l} slice checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
-            ));
+/// One saved object on its way to the store: a create-only streamed put running in its own
+/// task, fed the object's pieces as they arrive and checked. Dropping it aborts the put
+/// (nothing of the object is written).
+struct ObjectPut {
+    tx: tokio::sync::mpsc::Sender<Result<Bytes, StoreError>>,
+    task: AbortOnDrop<Result<crate::store::PutResult, StoreError>>,
+    check: ObjectCheck,
+    key: String,
+}
+
+impl ObjectPut {
+    /// Pieces waiting between the connection and the store, at most.
+    const QUEUE: usize = 4;
+
+    fn start(store: Arc<dyn crate::store::Store>, key: String, len: u64) -> Self {
+        let (tx, rx) = tokio::sync::mpsc::channel(Self::QUEUE);
+        let body = stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) }).boxed();
+        let k = key.clone();
+        let task = AbortOnDrop(tokio::spawn(async move {
+            let create = crate::store::PutOptions {
+                mode: crate::store::PutMode::Create,
+            };
+            store.put_stream(&k, body, Some(len), create).await
+        }));
+        ObjectPut {
+            tx,
+            task,
+            check: ObjectCheck::default(),
+            key,
         }
     }
-    Ok(())
+
+    /// Ends the body and waits for the put: `true` written, `false` already present.
+    async fn finish(mut self) -> Result<bool, String> {
+        drop(std::mem::replace(&mut self.tx, tokio::sync::mpsc::channel(1).0));
+        match (&mut self.task.0).await {
+            Ok(Ok(_)) => Ok(true),
+            Ok(Err(StoreError::AlreadyExists { .. })) => Ok(false),
+            Ok(Err(e)) => Err(format!("{}: {e}", self.key)),
+            Err(e) => Err(format!("{}: write task failed: {e}", self.key)),
+        }
+    }
+}
+
+/// Checks a saved object as its bytes pass: the header against the request once its
+/// [`HEADER_LEN`] bytes are in, then each slice's CRC32C against its trailer.
+#[derive(Default)]
+struct ObjectCheck {
+    /// Bytes seen.
+    pos: u64,
+    head: Vec<u8>,
+    slice_len: Option<u64>,
+    crc: u32,
+    trailer: Vec<u8>,
+}
+
+impl ObjectCheck {
+    /// Feeds the next bytes of chunk `i`'s object.
+    ///
+    /// # Errors
+    /// A message naming the chunk and what is wrong.
+    fn feed(&mut self, req: &SaveRequest, i: usize, mut d: &[u8]) -> Result<(), String> {
+        while !d.is_empty() {
+            let Some(sl) = self.slice_len else {
+                let take = ((HEADER_LEN - self.pos) as usize).min(d.len());
+                self.head.extend_from_slice(&d[..take]);
+                self.pos += take as u64;
+                d = &d[take..];
+                if self.pos == HEADER_LEN {
+                    let h = ChunkHeader::decode(&self.head).map_err(|e| format!("chunk {i}: {e}"))?;
+                    req.geometry
+                        .check_header(&h, req.chunks[i].tokens)
+                        .map_err(|m| format!("chunk {i}: {m}"))?;
+                    self.slice_len = Some(h.slice_len);
+                }
+                continue;
+            };
+            let per = sl + crate::layout::SLICE_CRC_LEN;
+            let at = (self.pos - HEADER_LEN) % per;
+            let layer = (self.pos - HEADER_LEN) / per;
+            let take = if at < sl {
+                let n = ((sl - at) as usize).min(d.len());
+                self.crc = crate::layout::crc::crc32c_append(self.crc, &d[..n]);
+                n
+            } else {
+                let n = ((per - at) as usize).min(d.len());
+                self.trailer.extend_from_slice(&d[..n]);
+                if self.trailer.len() == crate::layout::SLICE_CRC_LEN as usize {
+                    let stored = u32::from_le_bytes(self.trailer[..].try_into().expect("4 bytes"));
+                    if stored != self.crc {
+                        return Err(format!(
+                            "chunk {i}: layer {layer} slice checksum mismatch: stored {stored:#010x}, computed {:#010x}",
+                            self.crc
+                        ));
+                    }
+                    self.crc = 0;
+                    self.trailer.clear();
+                }
+                n
+            };
+            self.pos += take as u64;
+            d = &d[take..];
+        }
+        Ok(())
+    }
 }
 
 /// A publish marker's body (the layout module's encoding, shared with the connector).
