@@ -219,3 +219,45 @@ async fn a_load_whose_client_stops_reading_is_dropped_and_its_read_ahead_freed()
     assert_eq!(sink.complete_layers(), 32);
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn save_requests_past_the_limits_are_refused_before_any_data() {
+    let server = start(Arc::new(MemoryStore::new()), cfg()).await;
+    let addr = server.local_addr();
+    let g = KvGeometry::llama31_8b();
+    let huge = {
+        let mut r = save_request(&g, 1, 1);
+        r.geometry.layers = 4096;
+        r.geometry.bytes_per_token_per_layer = objectcache::protocol::MAX_BYTES_PER_TOKEN_PER_LAYER;
+        r.geometry.tokens_per_chunk = objectcache::protocol::MAX_TOKENS_PER_CHUNK;
+        r.chunks[0].tokens = objectcache::protocol::MAX_TOKENS_PER_CHUNK;
+        r
+    };
+    let climbing = {
+        let mut r = save_request(&g, 2, 1);
+        r.prefix = "../../etc/".into();
+        r
+    };
+    for (req, want, says) in [
+        (huge, objectcache::protocol::ErrorCode::MemoryLimit, "above max_request_bytes"),
+        (climbing, objectcache::protocol::ErrorCode::Malformed, "makes invalid object keys"),
+    ] {
+        let (mut s, mut c) = authenticated(addr).await;
+        c.start_save(&req).unwrap();
+        while let Some(b) = c.poll_transmit() {
+            s.write_all(&b).await.unwrap();
+        }
+        let mut buf = BytesMut::new();
+        let (code, message) = loop {
+            assert!(s.read_buf(&mut buf).await.unwrap() > 0, "closed without an error frame");
+            let _ = c.handle_bytes(&mut buf);
+            if let Some(ClientEvent::Error { code, message }) = c.poll_event() {
+                break (code, message);
+            }
+        };
+        assert_eq!(code, want, "{message}");
+        assert!(message.contains(says), "{message}");
+        assert!(inflight(&server).await == 0.0);
+    }
+    server.shutdown().await;
+}

@@ -564,6 +564,51 @@ mod tests {
     }
 
     #[test]
+    fn save_sizes_are_bounded_when_decoded() {
+        let g = KvGeometry::llama31_8b();
+        let kb = KeyBuilder::new("ns", &g, HashAlgo::Sha256Cbor).unwrap();
+        let save = |f: &dyn Fn(&mut SaveRequest)| {
+            let mut r = SaveRequest {
+                request_id: 1,
+                bucket: "kv-test".into(),
+                prefix: kb.prefix().to_string(),
+                geometry: WireGeometry::from_geometry(&g),
+                chunks: vec![SaveChunk {
+                    hash: ChunkHash::from_digest([1; 32]),
+                    tokens: 256,
+                }],
+            };
+            f(&mut r);
+            let mut b = BytesMut::new();
+            r.encode(&mut b);
+            SaveRequest::decode(&b, 4096)
+        };
+        assert!(save(&|_| {}).is_ok());
+        // The same per-field bounds as a gather: a 2^24-byte token, 2^24 tokens per chunk,
+        // more tokens than a chunk holds, 5,000 layers, no chunk.
+        let bad: [&dyn Fn(&mut SaveRequest); 5] = [
+            &|r| r.geometry.bytes_per_token_per_layer = 1 << 24,
+            &|r| r.geometry.tokens_per_chunk = 1 << 24,
+            &|r| r.chunks[0].tokens = 257,
+            &|r| r.geometry.layers = 5000,
+            &|r| r.chunks.clear(),
+        ];
+        for f in bad {
+            assert!(save(f).is_err());
+        }
+        // The largest object a valid save can name is bounded: 4,096 layers of 64 GiB
+        // slices (the server then refuses it against max_request_bytes before reading data).
+        let r = save(&|r| {
+            r.geometry.layers = 4096;
+            r.geometry.bytes_per_token_per_layer = MAX_BYTES_PER_TOKEN_PER_LAYER;
+            r.geometry.tokens_per_chunk = MAX_TOKENS_PER_CHUNK;
+            r.chunks[0].tokens = MAX_TOKENS_PER_CHUNK;
+        })
+        .unwrap();
+        assert_eq!(r.object_len(0), crate::layout::object_len(4096, 1 << 36));
+    }
+
+    #[test]
     fn frame_headers_are_screened_before_any_body_is_buffered() {
         let hello = |b: &mut BytesMut| {
             b.extend_from_slice(&PREFACE);

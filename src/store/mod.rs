@@ -311,14 +311,13 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
             parts.push(p);
         }
         check_stream_len(key, got, len)?;
-        let data = if parts.len() == 1 {
-            parts.pop().expect("one part")
-        } else {
-            let mut v = Vec::with_capacity(got as usize);
-            parts.iter().for_each(|p| v.extend_from_slice(p));
-            Bytes::from(v)
-        };
-        self.put_opts(key, data, opts).await
+        // Always a fresh buffer: the pieces may belong to someone else (a server's request
+        // body holds its memory budget until its pieces are dropped), and a store that keeps
+        // the buffer (the memory store) must not keep them.
+        let mut v = Vec::with_capacity(got as usize);
+        parts.iter().for_each(|p| v.extend_from_slice(p));
+        drop(parts);
+        self.put_opts(key, Bytes::from(v), opts).await
     }
 
     /// Incomplete writes under `prefix` this store keeps outside its objects (temporary
