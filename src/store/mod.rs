@@ -289,9 +289,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// error is returned. `len` is the object's length when known in advance (a body of
     /// another length fails); backends that must declare it up front need it to stream.
     ///
-    /// The default collects the body in memory, then calls [`Store::put_opts`]; the
-    /// filesystem backend writes each piece to its temporary file as it arrives, and the S3
-    /// backend streams the body upstream when `len` is known, so a large object is never
+    /// The default collects the body in memory, then calls [`Store::put_opts`] with a copy,
+    /// keeping the pieces until it returns (the memory store and the gateway store use it);
+    /// the filesystem backend writes each piece to its temporary file as it arrives, and the
+    /// S3 backend streams the body upstream when `len` is known, so a large object is never
     /// held whole.
     ///
     /// # Errors
@@ -313,11 +314,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         check_stream_len(key, got, len)?;
         // Always a fresh buffer: the pieces may belong to someone else (a server's request
         // body holds its memory budget until its pieces are dropped), and a store that keeps
-        // the buffer (the memory store) must not keep them.
+        // the buffer (the memory store) must not keep them. The pieces are dropped only once
+        // the put has returned, so a budget they hold also covers the copy while it is sent
+        // (at most twice the budgeted bytes, never outside it).
         let mut v = Vec::with_capacity(got as usize);
         parts.iter().for_each(|p| v.extend_from_slice(p));
+        let r = self.put_opts(key, Bytes::from(v), opts).await;
         drop(parts);
-        self.put_opts(key, Bytes::from(v), opts).await
+        r
     }
 
     /// Incomplete writes under `prefix` this store keeps outside its objects (temporary
