@@ -79,6 +79,12 @@ pub enum ClientEvent {
         /// Objects already present.
         already_present: u32,
     },
+    /// The server holds the request on purpose (admission queue, bandwidth pacing) and it is
+    /// alive; only when the request asked for it ([`GatherRequest::held`]).
+    Held {
+        /// Request id.
+        request_id: u64,
+    },
     /// The request (or the connection, if [`ClientConnection::is_closed`]) failed.
     Error {
         /// Code.
@@ -106,6 +112,8 @@ struct Current {
     /// start at (units of a layer come in offset order, back to back), or `u64::MAX` once a
     /// miss named the layer (its later units skip the missing bytes).
     next: Vec<u64>,
+    /// The request asked for `Held` frames.
+    held: bool,
 }
 
 /// One gather connection, client side. [`ClientConnection::new`] queues the preface and
@@ -234,6 +242,12 @@ impl ClientConnection {
                 ));
             }
         }
+        if req.held && info.features & ServerInfo::FEATURE_HELD == 0 {
+            return Err(ProtocolError::invalid(
+                "held",
+                "the server does not send Held frames (no Held feature)",
+            ));
+        }
         if req.group.is_some() && info.features & ServerInfo::FEATURE_LOAD_GROUPS == 0 {
             return Err(ProtocolError::invalid(
                 "load group",
@@ -246,6 +260,7 @@ impl ClientConnection {
             layers: req.layers.clone(),
             layer_bytes: req.layer_bytes(),
             next: vec![0; req.layers.len()],
+            held: req.held,
         });
         self.state = State::Gathering;
         Ok(())
@@ -500,6 +515,11 @@ impl ClientConnection {
                     units,
                     bytes,
                 });
+            }
+            (State::Gathering, Frame::Held { request_id })
+                if self.current.as_ref().is_some_and(|c| c.held) =>
+            {
+                self.events.push_back(ClientEvent::Held { request_id });
             }
             (State::Gathering, Frame::Unit { header, data }) => {
                 self.check_unit(&header)?;

@@ -401,6 +401,12 @@ pub struct GatherRequest {
     /// [`crate::protocol::ServerInfo::FEATURE_LOAD_GROUPS`]). `None`: the request is a load
     /// of its own.
     pub group: Option<LoadGroup>,
+    /// Ask the server for `Held` frames while it holds this request on purpose (admission
+    /// queue, bandwidth pacing), at least every [`crate::protocol::HELD_EVERY_MS`] ms of
+    /// holding, so a client's stall watchdog tells a paused load from a stalled one
+    /// (descriptor flag bit 3; only to a server announcing
+    /// [`crate::protocol::ServerInfo::FEATURE_HELD`]).
+    pub held: bool,
 }
 
 /// Names the load a request is one stripe of (`docs/protocol.md`, "Striped loads"): every
@@ -427,6 +433,7 @@ pub const MAX_STRIPES: u16 = 64;
 const FLAG_VERIFY: u16 = 1;
 const FLAG_HASHED: u16 = 2;
 const FLAG_GROUP: u16 = 4;
+const FLAG_HELD: u16 = 8;
 
 impl GatherRequest {
     /// A layer-major request for all layers of `g`, keys from `kb` and `hashes`, 16 MiB units,
@@ -453,6 +460,7 @@ impl GatherRequest {
             hints: SchedHints::None,
             target: TransportTarget::InlineTcp,
             group: None,
+            held: false,
         }
     }
 
@@ -689,6 +697,9 @@ impl GatherRequest {
         if self.group.is_some() {
             flags |= FLAG_GROUP;
         }
+        if self.held {
+            flags |= FLAG_HELD;
+        }
         out.put_u16_le(flags);
         out.put_u32_le(self.max_unit_bytes);
         self.geometry.encode(out);
@@ -781,7 +792,7 @@ impl GatherRequest {
             }
         };
         let flags = r.u16()?;
-        if flags & !(FLAG_VERIFY | FLAG_HASHED | FLAG_GROUP) != 0 {
+        if flags & !(FLAG_VERIFY | FLAG_HASHED | FLAG_GROUP | FLAG_HELD) != 0 {
             return Err(ProtocolError::invalid(
                 "flags",
                 format!("unknown flag bits 0x{flags:04x}"),
@@ -907,6 +918,7 @@ impl GatherRequest {
             hints,
             target,
             group,
+            held: flags & FLAG_HELD != 0,
         };
         req.validate(max_chunks)?;
         Ok(req)

@@ -49,6 +49,9 @@ pub enum FrameType {
     SaveDone = 0x87,
     /// Server (version 2): authenticate first; carries the nonce to answer.
     AuthChallenge = 0x88,
+    /// Server (feature bit 5): the request is held on purpose (admission queue, bandwidth
+    /// pacing); only to clients that asked for it (descriptor flag bit 3).
+    Held = 0x89,
 }
 
 impl FrameType {
@@ -74,6 +77,7 @@ impl FrameType {
             0x86 => Error,
             0x87 => SaveDone,
             0x88 => AuthChallenge,
+            0x89 => Held,
             _ => return Err(ProtocolError::UnknownFrame(b)),
         })
     }
@@ -96,6 +100,7 @@ impl FrameType {
             SaveDone => "SaveDone",
             Auth => "Auth",
             AuthChallenge => "AuthChallenge",
+            Held => "Held",
         }
     }
     /// Largest body this frame type may have, given the descriptor limit.
@@ -230,7 +235,7 @@ pub struct ServerInfo {
     /// Version chosen.
     pub version: u16,
     /// Feature bits: 1 = gather over TCP, 2 = batched save, 4 = RDMA target, 8 =
-    /// authenticated, 16 = load groups.
+    /// authenticated, 16 = load groups, 32 = `Held` frames.
     pub features: u32,
     /// Largest descriptor body accepted, bytes.
     pub max_descriptor_bytes: u32,
@@ -256,6 +261,11 @@ impl ServerInfo {
     /// Feature bit (version 2): RDMA targets whose layers are lists of segments (wire kind
     /// 3, paged destinations) are accepted; see [`super::RdmaTarget`].
     pub const FEATURE_RDMA_SCATTER: u32 = 32;
+    /// Feature bit (version 2): the server sends `Held` frames while it holds a request on
+    /// purpose, to a client that asks for them (descriptor flag bit 3,
+    /// [`crate::protocol::GatherRequest::held`]), so the client tells a paused load from a
+    /// stalled one.
+    pub const FEATURE_HELD: u32 = 64;
 }
 
 /// The 24-byte header of a `Unit` frame body.
@@ -384,6 +394,12 @@ pub enum Frame {
         /// Data objects that were already present (first writer wins).
         already_present: u32,
     },
+    /// The request is held on purpose and still alive (feature bit 5, to clients that set
+    /// descriptor flag bit 3): it waits for admission or for its share of the bandwidth cap.
+    Held {
+        /// Request id.
+        request_id: u64,
+    },
 }
 
 impl Frame {
@@ -405,6 +421,7 @@ impl Frame {
             Frame::SaveDone { .. } => FrameType::SaveDone,
             Frame::Auth { .. } => FrameType::Auth,
             Frame::AuthChallenge { .. } => FrameType::AuthChallenge,
+            Frame::Held { .. } => FrameType::Held,
         }
     }
 
@@ -493,6 +510,7 @@ impl Frame {
                 out.put_slice(mac);
             }
             Frame::AuthChallenge { nonce } => out.put_slice(nonce),
+            Frame::Held { request_id } => out.put_u64_le(*request_id),
         }
         let body = (out.len() - start - FRAME_HEADER_LEN) as u32;
         out[start + 4..start + 8].copy_from_slice(&body.to_le_bytes());
@@ -735,6 +753,9 @@ fn decode_body(
                 .take(super::auth::NONCE_LEN)?
                 .try_into()
                 .expect("NONCE_LEN bytes"),
+        },
+        FrameType::Held => Frame::Held {
+            request_id: r.u64()?,
         },
     };
     r.finish()?;

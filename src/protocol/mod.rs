@@ -57,6 +57,10 @@ pub const MAX_TOKENS_PER_CHUNK: u32 = 1 << 16;
 /// Most slices (requested layers x chunks) one request may name: 1,048,576, e.g. 4,096
 /// chunks x 256 layers. Bounds the planner's memory and time before it runs.
 pub const MAX_SLICES_PER_REQUEST: u64 = 1 << 20;
+/// Longest a server holds a request on purpose without a `Held` frame to a client that asked
+/// for them (descriptor flag bit 3): 250 ms. A client's stall watchdog waits at least four
+/// times that before it calls a held load stalled.
+pub const HELD_EVERY_MS: u64 = 250;
 /// Most delivery units one request may plan (2,097,152): bounds [`plan_units`]'s output,
 /// checked arithmetically in [`GatherRequest::validate`] before anything is planned.
 pub const MAX_UNITS_PER_REQUEST: u64 = 1 << 21;

@@ -38,7 +38,8 @@ impl Default for ServerLimits {
             max_request_bytes: 256 << 20,
             features: ServerInfo::FEATURE_GATHER_TCP
                 | ServerInfo::FEATURE_SAVE
-                | ServerInfo::FEATURE_LOAD_GROUPS,
+                | ServerInfo::FEATURE_LOAD_GROUPS
+                | ServerInfo::FEATURE_HELD,
         }
     }
 }
@@ -367,6 +368,12 @@ impl ServerConnection {
                     .push_back(ServerEvent::Authenticate { access_key, mac });
             }
             (State::Idle, Frame::Gather(g)) => {
+                if g.held && self.limits.features & ServerInfo::FEATURE_HELD == 0 {
+                    return Err(ProtocolError::invalid(
+                        "flags",
+                        "bit 3 (Held frames) needs the Held feature, which this server does not announce",
+                    ));
+                }
                 if g.group.is_some() && self.limits.features & ServerInfo::FEATURE_LOAD_GROUPS == 0 {
                     return Err(ProtocolError::invalid(
                         "flags",
@@ -458,6 +465,13 @@ impl ServerConnection {
             reason,
             message: message.to_string(),
         });
+    }
+
+    /// Tells the client that the gather in progress is held on purpose and alive (waiting
+    /// for admission or for its bandwidth share). Send only when the request asked for it
+    /// ([`GatherRequest::held`]); at least every [`super::HELD_EVERY_MS`] ms of holding.
+    pub fn send_held(&mut self, request_id: u64) {
+        self.queue(Frame::Held { request_id });
     }
 
     /// Ends the gather in progress; the connection accepts a next request.

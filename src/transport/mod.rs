@@ -98,6 +98,19 @@ pub trait LayerSink: Send + Sync {
     fn broken(&self, layer: u32, err: LayerError) {
         self.fail(layer, err)
     }
+    /// The unit of `len` bytes at `offset` of layer `layer` was delivered and matched CRC32C
+    /// `crc` (called before [`LayerSink::complete`], which may make the layer ready). Lets the connector keep each slice's CRC
+    /// for loads that copy from this one. Default: nothing.
+    fn verified(&self, layer: u32, offset: u64, len: u64, crc: u32) {
+        let _ = (layer, offset, len, crc);
+    }
+    /// The transport is alive: `bytes` bytes arrived from the server, or 0 for a sign of
+    /// life without data (a `Held` frame: the server holds the load on purpose). Feeds the
+    /// connector's per-load stall watchdog; called from any thread, as often as the
+    /// transport reads. Default: nothing.
+    fn progress(&self, bytes: u64) {
+        let _ = bytes;
+    }
     /// `true` once the load is cancelled: transports stop sending and return.
     fn is_cancelled(&self) -> bool;
 }

@@ -316,7 +316,10 @@ impl GatherClient {
                             "the server closed the connection mid-unit",
                         )))
                     }
-                    n => n,
+                    n => {
+                        sink.progress(n as u64);
+                        n
+                    }
                 }
             };
             crc = crate::layout::crc::crc32c_append(crc, &piece[..n]);
@@ -428,6 +431,8 @@ impl GatherClient {
                         };
                         match fate {
                             UnitFate::Delivered => {
+                                // The CRC first: the unit may make its layer ready.
+                                sink.verified(layer, h.offset, h.len as u64, h.crc32c);
                                 sink.complete(layer, h.len as u64);
                                 *got.entry(layer).or_default() += h.len as u64;
                                 report.units += 1;
@@ -544,6 +549,8 @@ impl GatherClient {
                             failed.push(l);
                         }
                     }
+                    // Held on purpose by the server (admission, bandwidth pacing): alive.
+                    ClientEvent::Held { .. } => sink.progress(0),
                     ClientEvent::End { .. } => {
                         done = Some(Ok(()));
                         break;
@@ -576,7 +583,8 @@ impl GatherClient {
                         "the server closed the connection mid-load",
                     )))
                 }
-                Ok(_) => {
+                Ok(n) => {
+                    sink.progress(n as u64);
                     if let Err(e) = self.conn.handle_bytes(&mut self.buf) {
                         break Err(GatherError::Protocol(e));
                     }
