@@ -81,7 +81,8 @@ extern "C" {
 #define OBJECTCACHE_ERR_LAYER_GEOMETRY 22
 /** Layer miss: storage or transport failed (LayerError::Storage). */
 #define OBJECTCACHE_ERR_LAYER_STORAGE 23
-/** Layer miss: the load's deadline (load_timeout_ms) passed (LayerError::Timeout). */
+/** Layer miss: the load's deadline (load_timeout_ms) passed (LayerError::Timeout), or nothing
+ *  arrived for the stall limit (stall_timeout_ms; LayerError::Stalled). */
 #define OBJECTCACHE_ERR_LAYER_TIMEOUT 24
 /** Layer miss: the transfer was cancelled (LayerError::Cancelled). */
 #define OBJECTCACHE_ERR_CANCELLED 25

@@ -151,6 +151,18 @@ pub enum LayerError {
         /// Layer index.
         layer: usize,
     },
+    /// Nothing arrived for the load for longer than its stall limit (the engine's
+    /// `stall_timeout_ms`): the storage, the server or the network stopped sending, so the
+    /// layers still missing were given up at once instead of at the load's deadline.
+    #[error("stalled: nothing arrived for {idle_ms} ms (stall limit {limit_ms} ms) at {store}")]
+    Stalled {
+        /// How long nothing had arrived, milliseconds.
+        idle_ms: u64,
+        /// The stall limit in force then, milliseconds.
+        limit_ms: u64,
+        /// Where the load was reading from (the gather server or the store).
+        store: String,
+    },
     /// The load was cancelled before this layer was ready.
     #[error("load cancelled")]
     Cancelled,

@@ -74,7 +74,8 @@ fn layer_code(e: &LayerError) -> objectcache_status {
         LayerError::ChecksumMismatch { .. } => OBJECTCACHE_ERR_LAYER_CHECKSUM,
         LayerError::GeometryMismatch { .. } => OBJECTCACHE_ERR_LAYER_GEOMETRY,
         LayerError::Storage { .. } => OBJECTCACHE_ERR_LAYER_STORAGE,
-        LayerError::Timeout { .. } => OBJECTCACHE_ERR_LAYER_TIMEOUT,
+        // A stall is a timeout of progress; the message says which.
+        LayerError::Timeout { .. } | LayerError::Stalled { .. } => OBJECTCACHE_ERR_LAYER_TIMEOUT,
         LayerError::Cancelled => OBJECTCACHE_ERR_CANCELLED,
         LayerError::Device { .. } => OBJECTCACHE_ERR_LAYER_DEVICE,
     }

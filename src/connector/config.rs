@@ -37,9 +37,25 @@ pub struct EngineConfig {
     /// `lookup_cache_ttl_ms`: how long lookup answers (hits and misses) are reused. Default
     /// 2,000 ms; 0 disables the cache.
     pub lookup_cache_ttl: Duration,
-    /// `load_timeout_ms`: deadline of a whole load; layers not ready by then fail with
-    /// `Timeout`. Default 30,000 ms; 0 = none.
+    /// `load_timeout_ms`: a fixed deadline for a whole load; layers not ready by then fail
+    /// with `Timeout`. Default: none fixed, the deadline comes from the load's size
+    /// (`load_min_rate_bytes_per_s`, [`EngineConfig::load_deadline`]). `0` removes every
+    /// overall deadline (the stall watchdog, `stall_timeout_ms`, still runs); `auto` restores
+    /// the size-derived default.
     pub load_timeout: Option<Duration>,
+    /// `load_min_rate_bytes_per_s`: without a fixed `load_timeout`, a load's deadline is
+    /// [`LOAD_DEADLINE_FLOOR`] plus its bytes at this rate. Default 10,000,000 (10 MB/s: a
+    /// 4 MiB load gets 10.4 s, a 512 MiB one about 64 s); 0 = no size-derived deadline.
+    pub load_min_rate_bytes_per_s: u64,
+    /// `stall_timeout_ms`: the per-load progress watchdog. When nothing arrives for a load
+    /// for longer than the stall limit (no payload byte and no sign of life from a server
+    /// that holds the load on purpose), its remaining layers fail at once with
+    /// [`crate::LayerError::Stalled`] naming the store, whatever the overall deadline.
+    /// `auto` (default, [`StallTimeout::Auto`]): four times the expected time of the next
+    /// unit at the rate observed so far, at least [`STALL_FLOOR`] (1 s), and
+    /// [`STALL_FIRST_BYTE`] (3 s) before the first byte; a number: that many milliseconds;
+    /// `0` switches the watchdog off.
+    pub stall_timeout: StallTimeout,
     /// `save_concurrency`: concurrent object writes of one save. Default 16.
     pub save_concurrency: usize,
     /// `worker_threads`: threads of the engine's own async runtime. Default 2.
@@ -56,6 +72,12 @@ pub struct EngineConfig {
     /// here, 3-5 GB/s on servers), below a 100 Gb/s link. Loads of fewer chunks use fewer
     /// streams. See `docs/protocol.md` ("Striped loads").
     pub gather_streams: usize,
+    /// `single_flight`: `on` (default): a load whose chunks are the leading chunks of a load
+    /// in flight in this engine copies that load's layers as they land instead of fetching
+    /// them again (one fetch for many requests; it follows only a load with at most twice its
+    /// own bytes still to come, and fetches the rest itself if that load ends early); `off`:
+    /// every load fetches.
+    pub single_flight: bool,
     /// `transport`: how gather loads move bytes. `auto` (default): RDMA when this build has
     /// feature `rdma`, the server announces the RDMA target and this host has an RDMA device
     /// (else TCP gather); `tcp`: always TCP gather; `rdma`: RDMA wanted (refused as a setting
@@ -76,6 +98,32 @@ pub struct EngineConfig {
     /// credit at its allocated rate covers it. Gather loads are paced by the server's own cap.
     pub bandwidth_cap_bytes_per_s: u64,
 }
+
+/// The `stall_timeout_ms` setting of [`EngineConfig`]: when a load that receives nothing is
+/// given up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StallTimeout {
+    /// From the load's own progress: four times the expected time of the next unit (the
+    /// largest single read or gather unit of the load) at the rate observed so far, at least
+    /// [`STALL_FLOOR`]; [`STALL_FIRST_BYTE`] before the first byte.
+    #[default]
+    Auto,
+    /// A fixed limit (also before the first byte).
+    After(Duration),
+    /// No watchdog: only the overall deadline (if any) ends a load that receives nothing.
+    Off,
+}
+
+/// The least stall limit of [`StallTimeout::Auto`] once bytes arrive: 1 s. A server that
+/// holds a load on purpose says so at least every 250 ms (`Held` frames), so a paused load
+/// is never taken for a stalled one; on loopback, a silent store is given up about 1 s after
+/// its last byte.
+pub const STALL_FLOOR: Duration = Duration::from_secs(1);
+/// The stall limit of [`StallTimeout::Auto`] before the first byte of a load (connection,
+/// the server's first backend read, an S3 first byte): 3 s.
+pub const STALL_FIRST_BYTE: Duration = Duration::from_secs(3);
+/// The fixed part of the size-derived load deadline ([`EngineConfig::load_deadline`]): 10 s.
+pub const LOAD_DEADLINE_FLOOR: Duration = Duration::from_secs(10);
 
 /// The `transport` setting of [`EngineConfig`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -100,11 +148,14 @@ impl Default for EngineConfig {
             coalesce_bytes: 4 << 20,
             lookup_fanout: 16,
             lookup_cache_ttl: Duration::from_millis(2000),
-            load_timeout: Some(Duration::from_secs(30)),
+            load_timeout: None,
+            load_min_rate_bytes_per_s: 10_000_000,
+            stall_timeout: StallTimeout::Auto,
             save_concurrency: 16,
             worker_threads: 2,
             gather: true,
             gather_streams: 2,
+            single_flight: true,
             transport: Transport::Auto,
             scheduler: "stall-aware".into(),
             bandwidth_cap_bytes_per_s: 0,
@@ -144,10 +195,13 @@ pub const CONFIG_KEYS: &[&str] = &[
     "lookup_fanout",
     "lookup_cache_ttl_ms",
     "load_timeout_ms",
+    "load_min_rate_bytes_per_s",
+    "stall_timeout_ms",
     "save_concurrency",
     "worker_threads",
     "gather",
     "gather_streams",
+    "single_flight",
     "transport",
     "scheduler",
     "bandwidth_cap_bytes_per_s",
@@ -195,9 +249,27 @@ impl EngineConfig {
             "coalesce_bytes" => self.coalesce_bytes = num(value)?,
             "lookup_fanout" => self.lookup_fanout = pos(value)? as usize,
             "lookup_cache_ttl_ms" => self.lookup_cache_ttl = Duration::from_millis(num(value)?),
+            "load_timeout_ms" if value.trim() == "auto" => {
+                self.load_timeout = None;
+                self.load_min_rate_bytes_per_s = EngineConfig::default().load_min_rate_bytes_per_s;
+            }
             "load_timeout_ms" => {
                 let n = num(value)?;
                 self.load_timeout = (n > 0).then(|| Duration::from_millis(n));
+                if n == 0 {
+                    self.load_min_rate_bytes_per_s = 0;
+                }
+            }
+            "load_min_rate_bytes_per_s" => self.load_min_rate_bytes_per_s = num(value)?,
+            "stall_timeout_ms" => {
+                self.stall_timeout = match value.trim() {
+                    "auto" => StallTimeout::Auto,
+                    "off" => StallTimeout::Off,
+                    v => match num(v)? {
+                        0 => StallTimeout::Off,
+                        n => StallTimeout::After(Duration::from_millis(n)),
+                    },
+                }
             }
             "save_concurrency" => self.save_concurrency = pos(value)? as usize,
             "worker_threads" => self.worker_threads = pos(value)? as usize,
@@ -216,6 +288,17 @@ impl EngineConfig {
                     )));
                 }
                 self.gather_streams = n as usize
+            }
+            "single_flight" => {
+                self.single_flight = match value {
+                    "on" | "true" | "1" => true,
+                    "off" | "false" | "0" => false,
+                    v => {
+                        return Err(Error::Config(format!(
+                            "single_flight: {v:?} is not on or off"
+                        )))
+                    }
+                }
             }
             "transport" => {
                 self.transport = match value {
@@ -251,6 +334,17 @@ impl EngineConfig {
             }
         }
         Ok(())
+    }
+
+    /// The overall deadline of a load of `bytes` payload bytes: `load_timeout` when set,
+    /// else [`LOAD_DEADLINE_FLOOR`] plus `bytes` at `load_min_rate_bytes_per_s`, else (rate
+    /// 0) none.
+    pub fn load_deadline(&self, bytes: u64) -> Option<Duration> {
+        match (self.load_timeout, self.load_min_rate_bytes_per_s) {
+            (Some(t), _) => Some(t),
+            (None, 0) => None,
+            (None, r) => Some(LOAD_DEADLINE_FLOOR + Duration::from_secs_f64(bytes as f64 / r as f64)),
+        }
     }
 
     /// Defaults overridden by `pairs`.
@@ -302,6 +396,34 @@ mod tests {
                 .to_string();
             assert!(e.contains("gather_streams"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn deadline_and_stall_keys() {
+        let d = EngineConfig::default();
+        assert_eq!((d.load_timeout, d.stall_timeout), (None, StallTimeout::Auto));
+        // The default deadline grows with the load: 10 s + bytes at 10 MB/s.
+        assert_eq!(d.load_deadline(0), Some(Duration::from_secs(10)));
+        assert_eq!(d.load_deadline(500_000_000), Some(Duration::from_secs(60)));
+        let c = EngineConfig::from_pairs([("load_timeout_ms", "2500")]).unwrap();
+        assert_eq!(c.load_deadline(1 << 40), Some(Duration::from_millis(2500)));
+        // 0 removes every overall deadline, but not the watchdog.
+        let c = EngineConfig::from_pairs([("load_timeout_ms", "0")]).unwrap();
+        assert_eq!((c.load_deadline(1 << 30), c.stall_timeout), (None, StallTimeout::Auto));
+        let c = EngineConfig::from_pairs([("load_timeout_ms", "0"), ("load_timeout_ms", "auto")]).unwrap();
+        assert_eq!(c.load_deadline(0), Some(Duration::from_secs(10)));
+        let c = EngineConfig::from_pairs([("load_min_rate_bytes_per_s", "1000000")]).unwrap();
+        assert_eq!(c.load_deadline(5_000_000), Some(Duration::from_secs(15)));
+        for (v, want) in [
+            ("auto", StallTimeout::Auto),
+            ("0", StallTimeout::Off),
+            ("off", StallTimeout::Off),
+            ("750", StallTimeout::After(Duration::from_millis(750))),
+        ] {
+            assert_eq!(EngineConfig::from_pairs([("stall_timeout_ms", v)]).unwrap().stall_timeout, want);
+        }
+        let e = EngineConfig::from_pairs([("stall_timeout_ms", "soon")]).unwrap_err().to_string();
+        assert!(e.contains("stall_timeout_ms"), "{e}");
     }
 
     #[test]

@@ -166,6 +166,8 @@ struct Inner {
     raw_log: Mutex<Vec<(u64, RawFault, u64)>>,
     conns: AtomicU64,
     seq: AtomicU64,
+    /// When each stall began (HTTP `Stall`, raw `StallAfter`): the last byte was forwarded.
+    stalls: Mutex<Vec<std::time::Instant>>,
 }
 
 /// A running proxy; dropping it closes the listener and every connection.
@@ -222,6 +224,7 @@ impl FaultProxy {
             raw_log: Mutex::new(Vec::new()),
             conns: AtomicU64::new(0),
             seq: AtomicU64::new(0),
+            stalls: Mutex::new(Vec::new()),
         });
         let listener = rt
             .block_on(TcpListener::bind("127.0.0.1:0"))
@@ -286,6 +289,11 @@ impl FaultProxy {
     /// Raw connections seen: (connection, fault, bytes forwarded server-to-client).
     pub fn raw_connections(&self) -> Vec<(u64, RawFault, u64)> {
         self.inner.raw_log.lock().unwrap().clone()
+    }
+
+    /// When each stall so far began (its last byte forwarded), in order.
+    pub fn stalls(&self) -> Vec<std::time::Instant> {
+        self.inner.stalls.lock().unwrap().clone()
     }
 
     /// Connections accepted so far.
@@ -628,6 +636,7 @@ async fn http_conn(inn: Arc<Inner>, sock: TcpStream, conn: u64) -> std::io::Resu
                 cl.s.write_all(&head).await?;
                 cl.s.write_all(&body[..at(a, n)]).await?;
                 cl.s.flush().await?;
+                inn.stalls.lock().unwrap().push(std::time::Instant::now());
                 tokio::time::sleep(STALL_FOR).await;
                 return Ok(());
             }
@@ -711,6 +720,7 @@ async fn raw_conn(inn: Arc<Inner>, client: TcpStream, conn: u64) -> std::io::Res
                                 return Ok(());
                             }
                             _ => {
+                                inn.stalls.lock().unwrap().push(std::time::Instant::now());
                                 tokio::time::sleep(STALL_FOR).await;
                                 return Ok(());
                             }
