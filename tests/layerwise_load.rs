@@ -180,9 +180,9 @@ fn flipped_byte_is_a_miss_not_data() {
                 LayerBuffers::allocate(6, refs[0].len()),
             )
             .unwrap();
-        // Layer 4 of chunk 1 is corrupt: layer 4 is a miss (wait for it, not for layer 0).
+        // Layer 4 of chunk 1 is corrupt: layer 4 is a miss naming chunk 1, and only layer 4
+        // (issue 19: a bad slice fails only the layers it belongs to).
         let _ = h.wait_layer_blocking(4, None);
-        // Chunk 1 is corrupt: its layer 4 slice failed, so the chunk (every layer) is a miss.
         assert!(
             matches!(
                 h.poll_layer(4),
@@ -195,13 +195,13 @@ fn flipped_byte_is_a_miss_not_data() {
             "{name}: {:?}",
             h.poll_layer(4)
         );
-        assert_eq!(h.chunk_status()[1], ChunkStatus::Corrupt);
-        for l in 0..6 {
-            assert!(
-                h.layer(l).is_none() || l < 4,
-                "{name}: layer {l} after corruption must not be ready"
-            );
+        for l in [0, 1, 2, 3, 5] {
+            h.wait_layer_blocking(l, None)
+                .unwrap_or_else(|e| panic!("{name}: layer {l} missed: {e}"));
+            assert_eq!(h.layer(l).unwrap(), &data[l][..], "{name}: layer {l}");
         }
+        assert!(h.layer(4).is_none(), "{name}: the corrupt layer exposes no bytes");
+        assert_eq!(h.chunk_status()[1], ChunkStatus::Corrupt);
     }
 }
 

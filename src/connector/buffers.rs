@@ -497,8 +497,14 @@ impl LoadState {
                 ),
             })?;
         let mut p = lock.lock().expect("lock");
+        // A layer failed by another chunk's miss still takes this chunk's bytes (they land
+        // and are verified, so the load can report the chunks before the bad one as loaded,
+        // `LoadHandle::loaded_chunks`); the layer never becomes ready. A layer failed for the
+        // whole load (timeout, stall, device) takes nothing more.
         if let Some(e) = &p.failed {
-            return Err(e.clone());
+            if super::load::chunk_status_of(e).is_none() {
+                return Err(e.clone());
+            }
         }
         let before = p.ranges.range(..end).next_back();
         if matches!(before, Some((_, &e)) if e > offset) {

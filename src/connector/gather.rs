@@ -321,6 +321,8 @@ struct Stripe {
     sh: Arc<Shared>,
     base: usize,
     shift: u64,
+    /// Bytes of one full slice.
+    slice: u64,
     /// The stripes' progress, and this stripe's place in it.
     step: Arc<Lockstep>,
     index: usize,
@@ -400,11 +402,12 @@ impl Track {
 }
 
 impl Stripe {
-    fn new(sh: Arc<Shared>, base: usize, shift: u64, step: Arc<Lockstep>, index: usize) -> Self {
+    fn new(sh: Arc<Shared>, base: usize, shift: u64, slice: u64, step: Arc<Lockstep>, index: usize) -> Self {
         Stripe {
             sh,
             base,
             shift,
+            slice,
             step,
             index,
             track: Mutex::new(Track::default()),
@@ -629,6 +632,17 @@ impl LayerSink for Stripe {
     fn is_cancelled(&self) -> bool {
         self.sh.state.is_cancelled()
     }
+    fn progress(&self, bytes: u64) {
+        self.sh.progress.arrived(bytes)
+    }
+    fn verified(&self, layer: u32, offset: u64, len: u64, crc: u32) {
+        // A unit that is exactly one slice (the connector asks for slice-sized units): its
+        // CRC is the slice's, which followers check their copies against.
+        if len == self.slice && (offset + self.shift) % self.slice == 0 {
+            self.sh
+                .record_slice_crc(((offset + self.shift) / self.slice) as usize, layer as usize, crc);
+        }
+    }
     fn begin_layer(&self, layer: u32) -> Option<futures::future::BoxFuture<'_, ()>> {
         self.step.set(self.index, layer);
         if self.step.may_begin(layer) {
@@ -696,6 +710,9 @@ async fn run_stripe(
         // layer), and the first layer's slices are sent as each is read.
         greq.verify = false;
         greq.max_unit_bytes = unit_bytes_for(&part.geometry);
+        // A server that holds the load on purpose (admission, its bandwidth cap) says so, so
+        // the load's stall watchdog does not take the pause for a stall.
+        greq.held = client.server_info().features & ServerInfo::FEATURE_HELD != 0;
         // The first gateway schedules the stripes as one load; a stripe that failed over is
         // a load of its own on its new gateway (which never sees the others).
         if tried.len() == 1 {
@@ -830,7 +847,7 @@ pub(crate) async fn try_gather(
             hashes: req.hashes[a..b].to_vec(),
             hints: req.hints.clone(),
         };
-        let sink = Stripe::new(sh.clone(), a, a as u64 * slice, step.clone(), i);
+        let sink = Stripe::new(sh.clone(), a, a as u64 * slice, slice, step.clone(), i);
         let group = group.map(|(load_id, load_layer_bytes)| LoadGroup {
             load_id,
             stripe: i as u16,

@@ -230,11 +230,166 @@ pub(crate) struct Shared {
     /// Peaks of the ranged-GET path's requests and bytes in flight.
     pub(crate) peak_requests: AtomicU64,
     pub(crate) peak_bytes: AtomicU64,
+    /// Ranged-GET path: per chunk, whether its header was checked (`HEADER_UNKNOWN`,
+    /// `HEADER_OK`, `HEADER_BAD`); a read of later layers completes none of them before the
+    /// chunk's header is known good.
+    headers: Vec<AtomicU8>,
+    header_known: tokio::sync::Notify,
+    /// What arrived when, for the stall watchdog.
+    pub(crate) progress: Progress,
+    /// Per (chunk, layer), `chunk * layers + layer`: the CRC32C the slice was verified with
+    /// (`1 << 32 | crc`), or 0 while unknown. Followers of this load check their copies
+    /// against it (`flight.rs`).
+    slice_crcs: Vec<AtomicU64>,
+    layers: usize,
 }
+
+/// A load's progress, for its stall watchdog ([`watchdog`]): when something last arrived,
+/// payload bytes so far and since when, and how many deliberate holds are in force (a load
+/// the engine's own link holds back, or a transport whose progress is not observed).
+pub(crate) struct Progress {
+    t0: std::time::Instant,
+    /// Microseconds since `t0` of the last arrival (or hold's end).
+    last_us: AtomicU64,
+    /// Microseconds since `t0` of the first payload byte; `u64::MAX` before it.
+    first_us: AtomicU64,
+    /// Microseconds since `t0` of the last payload byte.
+    last_byte_us: AtomicU64,
+    bytes: AtomicU64,
+    holds: std::sync::atomic::AtomicUsize,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Progress {
+            t0: std::time::Instant::now(),
+            last_us: AtomicU64::new(0),
+            first_us: AtomicU64::new(u64::MAX),
+            last_byte_us: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            holds: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    fn now_us(&self) -> u64 {
+        self.t0.elapsed().as_micros() as u64
+    }
+
+    /// `bytes` arrived now (0: a sign of life without data).
+    pub(crate) fn arrived(&self, bytes: u64) {
+        let now = self.now_us();
+        self.last_us.fetch_max(now, Ordering::AcqRel);
+        if bytes > 0 {
+            self.bytes.fetch_add(bytes, Ordering::Relaxed);
+            self.last_byte_us.fetch_max(now, Ordering::AcqRel);
+            let _ = self
+                .first_us
+                .compare_exchange(u64::MAX, now, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+
+    /// Payload bytes arrived so far.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Holds the watchdog off until the guard drops (the load waits on purpose); the
+    /// silence then counts from the hold's end.
+    pub(crate) fn hold(&self) -> Hold<'_> {
+        self.holds.fetch_add(1, Ordering::AcqRel);
+        Hold(self)
+    }
+}
+
+/// A deliberate hold of a load's watchdog ([`Progress::hold`]).
+pub(crate) struct Hold<'a>(&'a Progress);
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        self.0.arrived(0);
+        self.0.holds.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The stall limit now, under `setting`, for a load whose largest single read or unit is
+/// `unit_bytes` (`None`: no watchdog).
+fn stall_limit(setting: super::StallTimeout, p: &Progress, now_us: u64, unit_bytes: u64) -> Option<Duration> {
+    match setting {
+        super::StallTimeout::Off => None,
+        super::StallTimeout::After(d) => Some(d),
+        super::StallTimeout::Auto => {
+            let first = p.first_us.load(Ordering::Acquire);
+            if first == u64::MAX {
+                return Some(super::STALL_FIRST_BYTE);
+            }
+            // The rate while bytes arrived: up to the last byte, not up to now (silence must
+            // not lower the rate, or the limit would grow with the silence).
+            let last = p.last_byte_us.load(Ordering::Acquire).min(now_us);
+            let secs = (last.saturating_sub(first) as f64 * 1e-6).max(1e-3);
+            let rate = p.bytes.load(Ordering::Relaxed) as f64 / secs;
+            let next = 4.0 * unit_bytes as f64 / rate.max(1.0);
+            Some(super::STALL_FLOOR.max(Duration::from_secs_f64(next.min(3600.0))))
+        }
+    }
+}
+
+/// The per-load progress watchdog: once nothing has arrived for longer than the stall limit
+/// ([`super::StallTimeout`]) while the load is not held on purpose, every layer not ready yet
+/// fails at once with [`LayerError::Stalled`] naming `store`, and the load's reads stop
+/// (the layers' status and [`LoadHandle::stall_advice`] then say what to recompute). Ends
+/// when every layer is ready or failed. Spawned with the load, as one of its tasks.
+pub(crate) async fn watchdog(sh: Arc<Shared>, setting: super::StallTimeout, unit_bytes: u64, store: String) {
+    let p = &sh.progress;
+    loop {
+        if (0..sh.state.layers()).all(|l| sh.state.status(l) != LayerStatus::Pending) {
+            return;
+        }
+        let now = p.now_us();
+        let Some(limit) = stall_limit(setting, p, now, unit_bytes) else {
+            return;
+        };
+        let idle = Duration::from_micros(now.saturating_sub(p.last_us.load(Ordering::Acquire)));
+        if p.holds.load(Ordering::Acquire) > 0 {
+            tokio::time::sleep(limit).await;
+            continue;
+        }
+        if idle < limit {
+            // An automatic limit changes as bytes arrive (3 s before the first, then from the
+            // rate): look again at least every 100 ms so the new limit is kept to.
+            let mut wait = limit - idle;
+            if setting == super::StallTimeout::Auto {
+                wait = wait.min(Duration::from_millis(100));
+            }
+            tokio::time::sleep(wait).await;
+            continue;
+        }
+        tracing::warn!(%store, idle_ms = idle.as_millis() as u64, limit_ms = limit.as_millis() as u64, "load stalled: its missing layers fail now");
+        sh.state.fail_pending(LayerError::Stalled {
+            idle_ms: idle.as_millis() as u64,
+            limit_ms: limit.as_millis() as u64,
+            store,
+        });
+        sh.state.cancel();
+        let me = tokio::task::try_id();
+        for t in sh.tasks.lock().expect("lock").iter() {
+            if Some(t.id()) != me {
+                t.abort();
+            }
+        }
+        return;
+    }
+}
+
+const HEADER_UNKNOWN: u8 = 0;
+const HEADER_OK: u8 = 1;
+const HEADER_BAD: u8 = 2;
 
 impl Shared {
     pub(crate) fn new(bufs: LayerBuffers, expected: u64, chunks: usize) -> Self {
+        let layers = bufs.layers();
         Shared {
+            slice_crcs: (0..chunks * layers).map(|_| AtomicU64::new(0)).collect(),
+            layers,
             state: LoadState::new(bufs, expected),
             chunk_status: (0..chunks).map(|_| AtomicU8::new(0)).collect(),
             requests: AtomicU64::new(0),
@@ -242,6 +397,43 @@ impl Shared {
             tasks: Mutex::new(Vec::new()),
             peak_requests: AtomicU64::new(0),
             peak_bytes: AtomicU64::new(0),
+            headers: (0..chunks).map(|_| AtomicU8::new(HEADER_UNKNOWN)).collect(),
+            header_known: tokio::sync::Notify::new(),
+            progress: Progress::new(),
+        }
+    }
+
+    /// Records that chunk `c`'s slice of layer `l` was verified with CRC32C `crc`.
+    pub(crate) fn record_slice_crc(&self, c: usize, l: usize, crc: u32) {
+        if let Some(a) = self.slice_crcs.get(c * self.layers + l) {
+            a.store(1 << 32 | crc as u64, Ordering::Release);
+        }
+    }
+
+    /// The CRC32C chunk `c`'s slice of layer `l` was verified with, if known.
+    pub(crate) fn slice_crc(&self, c: usize, l: usize) -> Option<u32> {
+        let v = self.slice_crcs.get(c * self.layers + l)?.load(Ordering::Acquire);
+        (v >> 32 == 1).then_some(v as u32)
+    }
+
+    /// Records whether chunk `c`'s header was read and matched (once; later calls are ignored).
+    fn set_header(&self, c: usize, ok: bool) {
+        let v = if ok { HEADER_OK } else { HEADER_BAD };
+        let _ = self.headers[c].compare_exchange(HEADER_UNKNOWN, v, Ordering::AcqRel, Ordering::Acquire);
+        self.header_known.notify_waiters();
+    }
+
+    /// Waits until chunk `c`'s header is known; `true` if it matched the request.
+    async fn header_ok(&self, c: usize) -> bool {
+        loop {
+            let known = self.header_known.notified();
+            tokio::pin!(known);
+            known.as_mut().enable();
+            match self.headers[c].load(Ordering::Acquire) {
+                HEADER_OK => return true,
+                HEADER_BAD => return false,
+                _ => known.await,
+            }
         }
     }
 
@@ -482,17 +674,21 @@ pub(crate) async fn run_store_load(
             break;
         }
         let c = read.chunk;
-        if sh.chunk(c) != ChunkStatus::Pending && sh.chunk(c) != ChunkStatus::Ok {
-            // This chunk already failed: its layers are failed too; don't read more of it
-            // (the link counts the bytes as done, so the load's later layers can complete).
+        if matches!(sh.chunk(c), ChunkStatus::Missing | ChunkStatus::WrongGeometry) {
+            // This chunk is unusable (no object, or another geometry): all its layers are
+            // failed; don't read more of it (the link counts the bytes as done, so the load's
+            // later layers can complete). A corrupt or unreadable slice fails only its own
+            // layers: the chunk's other layers are still read.
             if let Some(p) = &paced {
                 p.sent(read_len(&read));
             }
             continue;
         }
         if let Some(p) = &paced {
-            // Issued when a fluid transfer at the allocated rate would have finished it.
+            // Issued when a fluid transfer at the allocated rate would have finished it. The
+            // link holds the load on purpose meanwhile: not a stall.
             let n = read_len(&read);
+            let _held = sh.progress.hold();
             p.pace(n).await;
             p.sent(n);
         }
@@ -527,11 +723,12 @@ pub(crate) async fn run_store_load(
                 &mut permit,
             )
             .await;
-            if let Err((status, err)) = r {
-                sh2.set_chunk(c, status);
-                // The chunk is unusable: every layer it belongs to is a miss.
-                for l in 0..g.layers {
-                    sh2.state.fail_impl(l, err.clone());
+            if let Err(f) = r {
+                sh2.set_chunk(c, f.status);
+                // The layers this failure touches are misses (every layer when the chunk is
+                // unusable); the chunk's other layers and the other chunks are unaffected.
+                for l in f.layers {
+                    sh2.state.fail_impl(l, f.err.clone());
                 }
             }
         });
@@ -546,6 +743,20 @@ pub(crate) async fn run_store_load(
     }
 }
 
+/// A failed ranged read: the chunk status it implies, the layer error, and the layers it
+/// fails (all of the chunk's when the object is missing or of another geometry; otherwise
+/// only the layers of this read that did not arrive verified).
+struct ReadFailure {
+    status: ChunkStatus,
+    err: LayerError,
+    layers: std::ops::Range<u32>,
+}
+
+/// Reads `range` of chunk `chunk`'s object (layers `layers`, with the header when
+/// `with_header`) straight into the destination, verifying each slice's CRC32C. A slice whose
+/// CRC does not match fails its layer only (named in the chunk status) and the read goes on
+/// with the next slice; a later layer's slice completes only once the chunk's header (read
+/// with layer 0) matched the request.
 #[allow(clippy::too_many_arguments)]
 async fn fetch_range(
     store: &dyn Store,
@@ -559,7 +770,39 @@ async fn fetch_range(
     full_len: u64,
     sh: &Shared,
     permit: &mut FlightPermit,
-) -> Result<(), (ChunkStatus, LayerError)> {
+) -> Result<(), ReadFailure> {
+    let r = fetch_range_inner(store, key, range, chunk, layers, with_header, g, tokens, full_len, sh, permit).await;
+    if with_header {
+        // The header is known by now unless the read failed before it arrived: then the
+        // chunk's geometry cannot be checked, and its other layers are not trusted.
+        sh.set_header(chunk, false);
+    }
+    r
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn fetch_range_inner(
+    store: &dyn Store,
+    key: &str,
+    range: std::ops::Range<u64>,
+    chunk: usize,
+    layers: std::ops::Range<u32>,
+    with_header: bool,
+    g: &KvGeometry,
+    tokens: u32,
+    full_len: u64,
+    sh: &Shared,
+    permit: &mut FlightPermit,
+) -> Result<(), ReadFailure> {
+    let all = 0..g.layers;
+    let fail = |status, err, layers| ReadFailure { status, err, layers };
+    let geometry = |reason: String| {
+        fail(
+            ChunkStatus::WrongGeometry,
+            LayerError::GeometryMismatch { chunk, reason },
+            all.clone(),
+        )
+    };
     let slice = g.slice_bytes();
     let sent = std::time::Instant::now();
     let res = store
@@ -570,19 +813,22 @@ async fn fetch_range(
             },
         )
         .await
-        .map_err(|e| classify(chunk, key, &e))?;
+        .map_err(|e| {
+            let (status, err) = classify(chunk, key, &e);
+            // No object, or too short for this geometry: the whole chunk; a storage error
+            // (after the store's retries): this read's layers.
+            let touched = match status {
+                ChunkStatus::Missing | ChunkStatus::WrongGeometry => all.clone(),
+                _ => layers.clone(),
+            };
+            fail(status, err, touched)
+        })?;
     permit.flight.headers(sent.elapsed().as_secs_f64());
     if res.meta.size != full_len {
-        return Err((
-            ChunkStatus::WrongGeometry,
-            LayerError::GeometryMismatch {
-                chunk,
-                reason: format!(
-                    "object {key} has {} bytes, expected {full_len} for this geometry",
-                    res.meta.size
-                ),
-            },
-        ));
+        return Err(geometry(format!(
+            "object {key} has {} bytes, expected {full_len} for this geometry",
+            res.meta.size
+        )));
     }
     let mut body = res.body;
     // Demultiplex the body: [header] then per layer [slice bytes][crc32c].
@@ -594,11 +840,19 @@ async fn fetch_range(
     let mut tn = 0usize;
     let dest_off = chunk as u64 * slice;
     let mut received: u64 = 0;
+    // The current slice's layer was already failed by another chunk: its bytes are dropped.
+    let mut unneeded = false;
+    // This read's layers from `l` on did not arrive.
+    let rest = |l: u32, status, err| fail(status, err, l..layers.end);
     while let Some(piece) = body.next().await {
         if sh.state.is_cancelled() {
-            return Err((ChunkStatus::Error, LayerError::Cancelled));
+            return Err(rest(layer, ChunkStatus::Error, LayerError::Cancelled));
         }
-        let piece = piece.map_err(|e| classify(chunk, key, &e))?;
+        let piece = piece.map_err(|e| {
+            let (_, err) = classify(chunk, key, &e);
+            rest(layer, ChunkStatus::Error, err)
+        })?;
+        sh.progress.arrived(piece.len() as u64);
         received += piece.len() as u64;
         permit.received(piece.len() as u64);
         let mut p: &[u8] = &piece;
@@ -608,29 +862,15 @@ async fn fetch_range(
                 header.extend_from_slice(&p[..n]);
                 p = &p[n..];
                 if header.len() == HEADER_LEN as usize {
-                    let h = ChunkHeader::decode(&header).map_err(|e| {
-                        (
-                            ChunkStatus::WrongGeometry,
-                            LayerError::GeometryMismatch {
-                                chunk,
-                                reason: e.to_string(),
-                            },
-                        )
-                    })?;
-                    h.check(g, tokens).map_err(|e| {
-                        (
-                            ChunkStatus::WrongGeometry,
-                            LayerError::GeometryMismatch {
-                                chunk,
-                                reason: e.to_string(),
-                            },
-                        )
-                    })?;
+                    let h = ChunkHeader::decode(&header).map_err(|e| geometry(e.to_string()))?;
+                    h.check(g, tokens).map_err(|e| geometry(e.to_string()))?;
+                    sh.set_header(chunk, true);
                 }
                 continue;
             }
             if layer >= layers.end {
-                return Err((
+                return Err(rest(
+                    layer,
                     ChunkStatus::Corrupt,
                     LayerError::Storage {
                         chunk,
@@ -641,9 +881,19 @@ async fn fetch_range(
             if in_slice < slice {
                 let n = (p.len() as u64).min(slice - in_slice) as usize;
                 crc = crate::layout::crc::crc32c_append(crc, &p[..n]);
-                sh.state
-                    .write_impl(layer, dest_off + in_slice, &p[..n])
-                    .map_err(|e| (ChunkStatus::Error, e))?;
+                if !unneeded {
+                    if let Err(e) = sh.state.write_impl(layer, dest_off + in_slice, &p[..n]) {
+                        if e == LayerError::Cancelled
+                            || !matches!(sh.state.status(layer as usize), LayerStatus::Failed(_))
+                        {
+                            return Err(rest(layer, ChunkStatus::Error, e));
+                        }
+                        // Another chunk's slice already failed this layer: this chunk's
+                        // slice of it is not needed (and not this chunk's failure); the
+                        // read goes on with the next layer.
+                        unneeded = true;
+                    }
+                }
                 in_slice += n as u64;
                 p = &p[n..];
             } else {
@@ -653,29 +903,42 @@ async fn fetch_range(
                 p = &p[n..];
                 if tn == 4 {
                     let stored = u32::from_le_bytes(trailer);
-                    if stored != crc {
-                        return Err((
-                            ChunkStatus::Corrupt,
+                    if unneeded {
+                        // Dropped: see above.
+                    } else if stored != crc {
+                        // This slice is bad: its layer is a miss naming the chunk. The
+                        // chunk's next slices in this body are framed alike and still used.
+                        sh.set_chunk(chunk, ChunkStatus::Corrupt);
+                        sh.state.fail_impl(
+                            layer,
                             LayerError::ChecksumMismatch {
                                 chunk,
                                 layer: layer as usize,
                                 stored,
                                 computed: crc,
                             },
-                        ));
+                        );
+                    } else if with_header || sh.header_ok(chunk).await {
+                        sh.record_slice_crc(chunk, layer as usize, stored);
+                        sh.state.complete_impl(layer, slice);
+                    } else {
+                        return Err(geometry(format!(
+                            "the header of {key} (read with layer 0) did not match or could not be read"
+                        )));
                     }
-                    sh.state.complete_impl(layer, slice);
                     layer += 1;
                     in_slice = 0;
                     crc = 0;
                     tn = 0;
+                    unneeded = false;
                 }
             }
         }
     }
     let want = range.end - range.start;
     if received != want || layer != layers.end {
-        return Err((
+        return Err(rest(
+            layer,
             ChunkStatus::Corrupt,
             LayerError::Storage {
                 chunk,
@@ -808,6 +1071,23 @@ impl LoadHandle {
             .collect()
     }
 
+    /// The leading chunks of the request whose every slice (each layer's) arrived and was
+    /// verified: the hit to use. All of them once every layer is ready; after a miss, the
+    /// chunks before the first chunk with a slice missing, bad or not yet arrived. So
+    /// `loaded_chunks() x tokens_per_chunk` is exactly the prefix tokens whose KV is in the
+    /// destination, verified (never more); the rest is to recompute. (A chunk whose slices
+    /// came in units of several slices, which happens only for slices under 4 KiB, counts only
+    /// once every layer is ready.)
+    pub fn loaded_chunks(&self) -> usize {
+        let layers = self.layers();
+        if (0..layers).all(|l| self.sh.state.status(l) == LayerStatus::Ready) {
+            return self.sh.chunk_status.len();
+        }
+        (0..self.sh.chunk_status.len())
+            .take_while(|&c| (0..layers).all(|l| self.sh.slice_crc(c, l).is_some()))
+            .count()
+    }
+
     /// When each layer became ready (landed and verified), in seconds since `load` was
     /// called; `None` for layers not ready (yet).
     pub fn layer_ready_s(&self) -> Vec<Option<f64>> {
@@ -934,7 +1214,9 @@ impl LoadHandle {
         drop(self);
         // Every task of the load has ended; what may still hold the state for a moment is an
         // RDMA completion thread finishing its last report (it called `complete` on the
-        // layer, and drops its reference right after), never anything that writes.
+        // layer, and drops its reference right after), never anything that writes, or a
+        // load following this one (`flight.rs`) finishing the copy in progress (it lets go
+        // as soon as it sees the cancel).
         loop {
             match Arc::try_unwrap(sh) {
                 Ok(s) => return s.state.bufs,

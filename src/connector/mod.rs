@@ -27,6 +27,7 @@
 
 mod buffers;
 mod config;
+mod flight;
 mod gather;
 mod load;
 #[cfg(feature = "rdma")]
@@ -35,7 +36,10 @@ mod rdma;
 pub use gather::GatherStatus;
 pub use buffers::{LayerBuffers, LayerStatus};
 pub(crate) use buffers::first_overlap;
-pub use config::{default_cache_dir, EngineConfig, Transport, CONFIG_KEYS};
+pub use config::{
+    default_cache_dir, EngineConfig, StallTimeout, Transport, CONFIG_KEYS, LOAD_DEADLINE_FLOOR,
+    STALL_FIRST_BYTE, STALL_FLOOR,
+};
 pub use load::{
     ChunkStatus, LayerTiming, LoadHandle, LoadHints, LoadRequest, LoadStats, MAX_ADVICE_TOKENS,
 };
@@ -89,6 +93,12 @@ pub struct EngineMetrics {
     pub lookup_probes: u64,
     /// Bytes written by saves.
     pub bytes_saved: u64,
+    /// Loads that followed a load of the same chunks in flight instead of fetching
+    /// (`single_flight`).
+    pub loads_followed: u64,
+    /// Payload bytes received from storage by this engine's fetches (followers' copies not
+    /// counted): with `single_flight`, concurrent loads of one prefix move it about once.
+    pub bytes_fetched: u64,
 }
 
 #[derive(Default)]
@@ -99,6 +109,7 @@ struct Counters {
     lookup_hit_chunks: AtomicU64,
     lookup_probes: AtomicU64,
     bytes_saved: AtomicU64,
+    loads_followed: AtomicU64,
 }
 
 /// The ObjectCache client: one per process (or per TP rank), shared by threads.
@@ -122,6 +133,15 @@ pub struct Engine {
     /// RDMA session with the store's server and idle gather connections for it.
     #[cfg(feature = "rdma")]
     rdma: Arc<Mutex<rdma::Probe>>,
+    /// Loads in flight that later loads of the same chunks may follow.
+    flights: flight::Flights,
+    /// Payload bytes received by this engine's fetches.
+    fetched: Arc<AtomicU64>,
+    /// The entries loads in flight read (held from `load` until the load ends); collection
+    /// through [`Engine::gc`] never deletes them.
+    leases: Arc<crate::lifecycle::LeaseTable>,
+    /// Last load of each entry, for [`Engine::gc`]'s least-recently-used eviction.
+    access: Arc<crate::lifecycle::AccessLog>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -255,10 +275,82 @@ impl Engine {
             link,
             #[cfg(feature = "rdma")]
             rdma: Arc::new(Mutex::new(rdma::Probe::default())),
+            flights: flight::Flights::default(),
+            fetched: Arc::new(AtomicU64::new(0)),
+            leases: crate::lifecycle::LeaseTable::new(),
+            access: Arc::new(crate::lifecycle::AccessLog::new()),
         };
         e.start_gather_probe();
         e.start_store_warm();
         Ok(e)
+    }
+
+    /// What a fetch of this engine needs (store, gather endpoint and connections, link,
+    /// runtime, settings).
+    fn fetcher(&self) -> flight::Fetcher {
+        flight::Fetcher {
+            store: self.store.clone(),
+            probes: self.gather.clone(),
+            link: self.link.clone(),
+            handle: self.handle.clone(),
+            cfg: self.cfg.clone(),
+            #[cfg(feature = "rdma")]
+            rdma: self.rdma.clone(),
+            fetched: self.fetched.clone(),
+        }
+    }
+
+    /// Runs one collection pass over this engine's store (`crate::lifecycle::collect`: GC of
+    /// interrupted saves and orphan markers, TTL, capacity eviction by least recent load)
+    /// with this engine's leases: an entry one of its loads in flight reads is never deleted
+    /// (a load holds its chunks from [`Engine::load`] until it ends). Lookups neither pin nor
+    /// count as use. For the embedded store the engine manages; a shared store is collected
+    /// where its reads happen (the server: `ServerHandle::gc`).
+    ///
+    /// # Errors
+    /// As `crate::lifecycle::collect`.
+    pub async fn gc(
+        &self,
+        policy: &crate::lifecycle::Policy,
+    ) -> Result<crate::lifecycle::GcReport, Error> {
+        let (store, leases, access, policy) = (
+            self.store.clone(),
+            self.leases.clone(),
+            self.access.clone(),
+            policy.clone(),
+        );
+        Ok(self
+            .spawn(async move {
+                crate::lifecycle::collect(
+                    &*store,
+                    &policy,
+                    std::time::SystemTime::now(),
+                    Some(&access),
+                    Some(&leases),
+                )
+                .await
+            })
+            .await??)
+    }
+
+    /// Blocking form of [`Engine::gc`].
+    ///
+    /// # Errors
+    /// As [`Engine::gc`].
+    pub fn gc_blocking(
+        &self,
+        policy: &crate::lifecycle::Policy,
+    ) -> Result<crate::lifecycle::GcReport, Error> {
+        std::thread::scope(|s| {
+            s.spawn(|| self.handle.block_on(self.gc(policy)))
+                .join()
+                .expect("gc panicked")
+        })
+    }
+
+    /// Whether an entry (a data or marker key, or an entry id) is held by a load in flight.
+    pub fn is_leased(&self, key_or_id: &str) -> bool {
+        self.leases.is_leased(key_or_id)
     }
 
     /// The store this engine uses.
@@ -290,6 +382,8 @@ impl Engine {
             lookup_hit_chunks: c.lookup_hit_chunks.load(Ordering::Relaxed),
             lookup_probes: c.lookup_probes.load(Ordering::Relaxed),
             bytes_saved: c.bytes_saved.load(Ordering::Relaxed),
+            loads_followed: c.loads_followed.load(Ordering::Relaxed),
+            bytes_fetched: self.fetched.load(Ordering::Relaxed),
         }
     }
 
@@ -483,18 +577,43 @@ impl Engine {
         g: &KvGeometry,
         hashes: &[ChunkHash],
     ) -> Result<LookupReport, Error> {
-        let keys = self.keys(g)?;
-        let mkeys: Vec<String> = hashes.iter().map(|h| keys.marker(h)).collect();
+        self.keys(g)?;
+        // Every tensor-parallel rank's marker: a chunk is a hit only when every rank has it,
+        // so the ranks of one engine group agree on every hit (case C16).
+        let ranks: Vec<KeyBuilder> = (0..g.tp_world.max(1))
+            .map(|r| {
+                let mut gr = g.clone();
+                gr.tp_rank = r;
+                KeyBuilder::new(&self.cfg.namespace, &gr, self.cfg.hash_algo)
+            })
+            .collect::<Result<_, _>>()?;
+        let mkeys: Vec<Vec<String>> = hashes
+            .iter()
+            .map(|h| ranks.iter().map(|k| k.marker(h)).collect())
+            .collect();
         let ttl = self.cfg.lookup_cache_ttl;
+        // A position's state from per-key answers: present if every rank's marker is, absent
+        // if one is absent, else unknown.
+        let state = |answers: &dyn Fn(&str) -> Option<bool>, keys: &[String]| -> Option<bool> {
+            let mut all = true;
+            for k in keys {
+                match answers(k) {
+                    Some(false) => return Some(false),
+                    Some(true) => {}
+                    None => all = false,
+                }
+            }
+            all.then_some(true)
+        };
         // Known state per position from the cache: Some(true/false) or None.
         let mut known: Vec<Option<bool>> = {
             let mut cache = self.lookup_cache.lock().expect("lock");
             cache.retain(|_, (_, t)| t.elapsed() < ttl);
-            mkeys
-                .iter()
-                .map(|k| cache.get(k).map(|(p, _)| *p))
-                .collect()
+            let cached = |k: &str| cache.get(k).map(|(p, _)| *p);
+            mkeys.iter().map(|ks| state(&cached, ks)).collect()
         };
+        // Answers of this lookup's probes, per marker key.
+        let mut probed: HashMap<String, bool> = HashMap::new();
         // Markers are monotone along the prefix (published in order): find the boundary.
         let mut lo = 0usize; // every position < lo is present
         let mut hi = hashes.len(); // every position >= hi is absent (or beyond)
@@ -510,13 +629,19 @@ impl Engine {
         let mut report = LookupReport::default();
         let fanout = self.cfg.lookup_fanout.max(1);
         while lo < hi {
-            // Probe up to `fanout` positions spread over [lo, hi), always including lo.
+            // Probe up to `fanout` positions spread over [lo, hi), always including lo (every
+            // rank's marker of each, in the same round trip).
             let span = hi - lo;
             let n = fanout.min(span);
             let mut probes: Vec<usize> = (0..n).map(|i| lo + i * span / n).collect();
             probes.dedup();
             let store = self.store.clone();
-            let pk: Vec<String> = probes.iter().map(|&i| mkeys[i].clone()).collect();
+            let pk: Vec<String> = probes
+                .iter()
+                .flat_map(|&i| mkeys[i].iter().cloned())
+                .filter(|k| !probed.contains_key(k))
+                .collect();
+            let asked = pk.clone();
             let answers = self
                 .spawn(async move {
                     futures::future::join_all(pk.into_iter().map(|k| {
@@ -527,9 +652,13 @@ impl Engine {
                 })
                 .await?;
             report.round_trips += 1;
-            report.probes += probes.len();
-            for (&i, a) in probes.iter().zip(answers) {
-                known[i] = Some(a?);
+            report.probes += asked.len();
+            for (k, a) in asked.into_iter().zip(answers) {
+                probed.insert(k, a?);
+            }
+            for &i in &probes {
+                let p = |k: &str| probed.get(k).copied();
+                known[i] = state(&p, &mkeys[i]);
             }
             // Monotonicity: a present marker implies all before it are present; an absent one
             // that all after it are absent.
@@ -551,19 +680,15 @@ impl Engine {
         {
             let now = Instant::now();
             let mut cache = self.lookup_cache.lock().expect("lock");
-            for (i, k) in mkeys.iter().enumerate() {
-                match known[i] {
-                    Some(p) => {
-                        cache.entry(k.clone()).or_insert((p, now));
-                    }
-                    None if i < lo => {
+            for (k, &p) in &probed {
+                cache.entry(k.clone()).or_insert((p, now));
+            }
+            for (i, ks) in mkeys.iter().enumerate() {
+                if i < lo {
+                    for k in ks {
                         cache.insert(k.clone(), (true, now));
                     }
-                    None => {}
                 }
-            }
-            if lo < mkeys.len() {
-                cache.insert(mkeys[lo].clone(), (false, now));
             }
         }
         self.counters.lookups.fetch_add(1, Ordering::Relaxed);
@@ -654,68 +779,57 @@ impl Engine {
             }
         }
         let sh = Arc::new(load::Shared::new(dest, need, req.hashes.len()));
-        // The gateways to try, in placement order for this prefix (one for a single endpoint).
-        let route = crate::sched::placement::route_key(req.hashes[0].as_bytes());
-        let targets = if self.cfg.gather {
-            self.store.gather_route(route)
-        } else {
-            Vec::new()
-        };
-        let probes = self.gather.clone();
+        // The load holds its entries until it ends (completed, failed, cancelled, dropped, or
+        // with the process): this engine's collection never deletes them under it. A lookup
+        // holds nothing.
+        let data_keys: Vec<String> = req.hashes.iter().map(|h| keys.data(h)).collect();
+        let now = std::time::SystemTime::now();
+        for k in &data_keys {
+            self.access.record(k, now);
+        }
+        let lease = self.leases.acquire(data_keys);
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
-        let (store, sh1, link) = (self.store.clone(), sh.clone(), self.link.clone());
-        let streams = self.cfg.gather_streams;
-        let (window, max_req, coalesce) = (
-            self.cfg.window_bytes,
-            self.cfg.max_requests,
-            self.cfg.coalesce_bytes,
-        );
-        #[cfg(feature = "rdma")]
-        let (rprobe, transport) = (self.rdma.clone(), self.cfg.transport);
-        // Gather (one request, server streams layer-major) where offered, else ranged GETs.
-        let run = async move {
-            if !targets.is_empty() {
-                // Gather with an RDMA target where the first gateway and this host offer it.
-                #[cfg(feature = "rdma")]
-                if gather::offered(&probes.get(&targets[0].addr), &targets[0]).await {
-                    if let gather::Outcome::Done = rdma::try_rdma(
-                        &rprobe, transport, &targets[0], &keys, &req, request_id, &sh1,
-                    )
-                    .await
-                    {
-                        return;
-                    }
-                }
-                if let gather::Outcome::Done = gather::try_gather(
-                    &probes, &store, route, &keys, &req, request_id, &sh1, streams,
-                )
-                .await
-                {
-                    return;
-                }
-            }
-            load::run_store_load(store, keys, req, sh1, window, max_req, coalesce, link).await
+        let fetcher = Arc::new(self.fetcher());
+        let prefix = keys.prefix().to_string();
+        let total_bytes = need * g.layers as u64;
+        // One fetch for many requests: follow a load of the same chunks in flight (flight.rs).
+        let leader = if self.cfg.single_flight {
+            self.flights.leader_for(&prefix, &req.hashes, total_bytes)
+        } else {
+            None
         };
-        let timeout = self.cfg.load_timeout;
-        let sh2 = sh.clone();
-        let driver = self.handle.spawn(async move {
-            match timeout {
-                None => run.await,
-                Some(t) => {
-                    if tokio::time::timeout(t, run).await.is_err() {
-                        // Deadline passed: every layer not ready is a miss; reads stop.
-                        for l in 0..sh2.state.layers() {
-                            sh2.state.fail_impl(
-                                l as u32,
-                                crate::error::LayerError::Timeout { layer: l },
-                            );
+        match leader {
+            Some(leader) => {
+                let timeout = self.cfg.load_deadline(total_bytes);
+                let sh2 = sh.clone();
+                let follow = flight::follow(leader, sh.clone(), fetcher, req, keys, request_id);
+                let task = self.handle.spawn(async move {
+                    let _lease = lease;
+                    match timeout {
+                        None => follow.await,
+                        Some(t) => {
+                            if tokio::time::timeout(t, follow).await.is_err() {
+                                for l in 0..sh2.state.layers() {
+                                    sh2.state.fail_impl(
+                                        l as u32,
+                                        crate::error::LayerError::Timeout { layer: l },
+                                    );
+                                }
+                                sh2.state.cancel();
+                            }
                         }
-                        sh2.state.cancel();
                     }
-                }
+                });
+                sh.tasks.lock().expect("lock").push(task);
+                self.counters.loads_followed.fetch_add(1, Ordering::Relaxed);
             }
-        });
-        sh.tasks.lock().expect("lock").push(driver);
+            None => {
+                if self.cfg.single_flight {
+                    self.flights.register(&prefix, &req.hashes, &sh);
+                }
+                fetcher.start(req, keys, sh.clone(), request_id, Some(lease));
+            }
+        }
         self.counters.loads.fetch_add(1, Ordering::Relaxed);
         Ok(LoadHandle {
             sh,
@@ -777,6 +891,8 @@ mod tests {
             ("gather", "off"),
             ("scheduler", "equal"),
             ("bandwidth_cap_bytes_per_s", "20000000"),
+            // Two loads of one prefix: each on the link (not one following the other).
+            ("single_flight", "off"),
         ])
         .unwrap();
         let e = Engine::with_store(store, cfg).unwrap();

@@ -411,7 +411,7 @@ struct Miss {
     message: String,
 }
 
-fn miss_of(chunk: u32, e: StoreError) -> Miss {
+fn miss_of(chunk: u32, e: &StoreError) -> Miss {
     let reason = match e {
         StoreError::NotFound { .. } => MissReason::NotFound,
         StoreError::InvalidRange { .. } => MissReason::GeometryMismatch,
@@ -563,19 +563,12 @@ async fn fetch_piece(
 ) -> PieceResult {
     let range = slice_range(layer, p.slice_len);
     let want = range.end - range.start;
-    let r = sh
-        .store
-        .get_opts(key, GetOptions { range: Some(range) })
-        .await
-        .map_err(|e| miss_of(p.chunk, e))?;
-    let mut body = r.body;
-    let mut parts = Vec::new();
-    let mut got = 0u64;
-    while let Some(b) = body.next().await {
-        let b = b.map_err(|e| miss_of(p.chunk, e))?;
-        got += b.len() as u64;
-        parts.push(b);
-    }
+    // Joins a read of the same bytes in flight for another load (reads.rs).
+    let (out, joined) = sh.reads.read(&sh.store, key, range).await;
+    sh.metrics
+        .request(if joined { "backend_read_joined" } else { "backend_read" });
+    let parts: Vec<Bytes> = out.map_err(|e| miss_of(p.chunk, &e))?.as_ref().clone();
+    let got: u64 = parts.iter().map(|b| b.len() as u64).sum();
     if got != want {
         return Err(Miss {
             chunk: p.chunk,
@@ -829,9 +822,9 @@ async fn check_header(
                     },
                 )
                 .await
-                .map_err(|e| miss_of(c, e))?;
+                .map_err(|e| miss_of(c, &e))?;
             let size = r.meta.size;
-            (size, r.bytes().await.map_err(|e| miss_of(c, e))?)
+            (size, r.bytes().await.map_err(|e| miss_of(c, &e))?)
         }
     };
     let geo = |message: String| Miss {
@@ -849,6 +842,15 @@ async fn check_header(
         )));
     }
     Ok(())
+}
+
+/// Ticks every [`crate::protocol::HELD_EVERY_MS`] ms, the first a period from now: while a
+/// request is held on purpose, each tick sends a `Held` frame to a client that asked for them.
+fn held_ticker() -> tokio::time::Interval {
+    let every = Duration::from_millis(crate::protocol::HELD_EVERY_MS);
+    let mut t = tokio::time::interval_at(Instant::now() + every, every);
+    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    t
 }
 
 /// Payload bytes per layer of `plan`, in delivery order (the link scheduler's layer sizes).
@@ -959,10 +961,17 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
     let member = super::group::Member::join(&sh.loads, &req);
     let nl = req.layers.len() as u64;
     let load_total = req.group.map_or(total, |g| g.load_layer_bytes.saturating_mul(nl));
-    let slot = tokio::select! {
-        s = member.admit(sh, req.priority, first_deadline_us, load_total) => s,
-        a = io.next_signal() => return match a { Abort::Cancelled => { io.conn.finish(id, 0, 0); io.flush(sh).await } a => Err(a) },
-        _ = sh.shutdown.cancelled() => { io.conn.close_with(ErrorCode::ShuttingDown, "server is shutting down"); let _ = io.flush(sh).await; return Err(Abort::Shutdown) }
+    // A client that asked for them gets `Held` frames while the load waits on purpose.
+    let admitted = member.admit(sh, req.priority, first_deadline_us, load_total);
+    tokio::pin!(admitted);
+    let mut held = held_ticker();
+    let slot = loop {
+        tokio::select! {
+            s = &mut admitted => break s,
+            _ = held.tick(), if req.held => { io.conn.send_held(id); io.flush(sh).await?; }
+            a = io.next_signal() => return match a { Abort::Cancelled => { io.conn.finish(id, 0, 0); io.flush(sh).await } a => Err(a) },
+            _ = sh.shutdown.cancelled() => { io.conn.close_with(ErrorCode::ShuttingDown, "server is shutting down"); let _ = io.flush(sh).await; return Err(Abort::Shutdown) }
+        }
     };
     match slot {
         Ok(()) => {}
@@ -972,6 +981,13 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
         }
     };
 
+    // The load holds its chunks' entries until it ends: collection never deletes them under
+    // it (released on completion, cancel, failure, and with the process).
+    let _lease = sh.leases.acquire(keys.iter().cloned());
+    let now = std::time::SystemTime::now();
+    for k in keys.iter() {
+        sh.access.record(k, now);
+    }
     io.conn.accept(id, plan.len() as u64, total);
     io.flush(sh).await?;
     // Under a bandwidth cap the link scheduler paces the load's units (`crate::link`), once
@@ -1109,14 +1125,22 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
                     break;
                 }
                 if member.is_paced() {
-                    tokio::select! {
-                        _ = member.pace(f.plan.layer, f.plan.len) => {}
-                        a = io.next_signal() => match a { Abort::Cancelled => break, a => return Err(a) },
-                        _ = &mut grace => {
-                            sh.metrics.error("shutdown_abort");
-                            io.conn.close_with(ErrorCode::ShuttingDown, "server shut down before the load finished");
-                            let _ = io.flush(sh).await;
-                            return Err(Abort::Shutdown);
+                    // Held on purpose (its bandwidth share, or its stripes' order): a client
+                    // that asked for them gets `Held` frames meanwhile.
+                    let paced = member.pace(f.plan.layer, f.plan.len);
+                    tokio::pin!(paced);
+                    let mut held = held_ticker();
+                    loop {
+                        tokio::select! {
+                            _ = &mut paced => break,
+                            _ = held.tick(), if req.held => { io.conn.send_held(id); io.flush(sh).await?; }
+                            a = io.next_signal() => match a { Abort::Cancelled => break 'send, a => return Err(a) },
+                            _ = &mut grace => {
+                                sh.metrics.error("shutdown_abort");
+                                io.conn.close_with(ErrorCode::ShuttingDown, "server shut down before the load finished");
+                                let _ = io.flush(sh).await;
+                                return Err(Abort::Shutdown);
+                            }
                         }
                     }
                 }

@@ -19,6 +19,7 @@ pub mod config;
 mod conn;
 mod gather;
 mod group;
+mod reads;
 #[cfg(feature = "rdma")]
 mod gather_rdma;
 pub mod metrics;
@@ -79,6 +80,14 @@ pub(crate) struct Shared {
     next_id: AtomicU64,
     /// Striped loads being served (their stripes share admission and pacing).
     pub(crate) loads: group::Loads,
+    /// Backend reads in flight, joined by concurrent loads of the same slices.
+    pub(crate) reads: reads::Reads,
+    /// Leases of the entries loads in flight read: a gather load holds its chunks' entries
+    /// until it ends; a ranged GET of the S3 API renews its entry's soft lease for
+    /// [`S3_READ_LEASE`]. Collection ([`ServerHandle::gc`]) never deletes a leased entry.
+    pub(crate) leases: Arc<crate::lifecycle::LeaseTable>,
+    /// Last use of each entry (gather loads and S3 reads; not lookups), for LRU eviction.
+    pub(crate) access: Arc<crate::lifecycle::AccessLog>,
     /// RDMA gather sessions (feature `rdma`, when a device exists).
     #[cfg(feature = "rdma")]
     pub(crate) rdma: Option<Arc<crate::transport::rdma::SessionRegistry>>,
@@ -96,6 +105,7 @@ impl Shared {
             features: ServerInfo::FEATURE_GATHER_TCP
                 | ServerInfo::FEATURE_SAVE
                 | ServerInfo::FEATURE_LOAD_GROUPS
+                | ServerInfo::FEATURE_HELD
                 | self.rdma_feature(),
         }
     }
@@ -179,6 +189,11 @@ pub(crate) async fn admit(
     rx.await.map_err(|_| "server is shutting down".to_string())
 }
 
+/// How long a read of an object through the server's S3 API keeps its entry from collection
+/// (a soft lease, renewed by every read): a ranged-GET load reads an object layer by layer, so
+/// its reads are spread over the load; 30 s is the longest a load is expected to take.
+pub const S3_READ_LEASE: Duration = Duration::from_secs(30);
+
 /// A running server.
 pub struct ServerHandle {
     addr: SocketAddr,
@@ -218,6 +233,33 @@ impl ServerHandle {
     #[cfg(feature = "rdma")]
     pub fn rdma_writes(&self) -> Option<u64> {
         self.shared.rdma.as_ref().map(|r| r.writes())
+    }
+    /// Runs one collection pass over the server's store (`crate::lifecycle::collect`: GC of
+    /// interrupted saves and orphan markers, TTL, capacity eviction by least recent use),
+    /// with the server's leases: an entry a gather load in flight reads, or one read through
+    /// the S3 API within the last [`S3_READ_LEASE`], is never deleted. Lookups (marker
+    /// `HEAD`s) neither pin nor count as use. Entries of one chunk's tensor-parallel ranks go
+    /// together.
+    ///
+    /// # Errors
+    /// As `crate::lifecycle::collect`.
+    pub async fn gc(
+        &self,
+        policy: &crate::lifecycle::Policy,
+    ) -> Result<crate::lifecycle::GcReport, crate::StoreError> {
+        crate::lifecycle::collect(
+            &*self.shared.store,
+            policy,
+            std::time::SystemTime::now(),
+            Some(&self.shared.access),
+            Some(&self.shared.leases),
+        )
+        .await
+    }
+    /// Entries leased now (held by gather loads in flight, or read recently through the S3
+    /// API), by entry id (`crate::lifecycle::classify_key`).
+    pub fn leased(&self, key_or_id: &str) -> bool {
+        self.shared.leases.is_leased(key_or_id)
     }
     /// The metrics registry.
     pub fn metrics(&self) -> Arc<Metrics> {
@@ -313,6 +355,8 @@ pub async fn start_with_store(
             "max_connections capped at half the open-file limit"
         );
     }
+    let leases = crate::lifecycle::LeaseTable::new();
+    let access = Arc::new(crate::lifecycle::AccessLog::new());
     let shared = Arc::new(Shared {
         link,
         budget: budget::Budget::new(memory.clone(), metrics.clone()),
@@ -325,6 +369,9 @@ pub async fn start_with_store(
         }),
         next_id: AtomicU64::new(1),
         loads: group::Loads::default(),
+        reads: reads::Reads::default(),
+        leases: leases.clone(),
+        access: access.clone(),
         shutdown: CancellationToken::new(),
         buckets: buckets.clone(),
         metrics: metrics.clone(),
@@ -339,12 +386,24 @@ pub async fn start_with_store(
         _ => None,
     };
     let mut builder = s3s::service::S3ServiceBuilder::new(
-        S3Frontend::new(store.clone(), buckets, shared.cfg.max_object_bytes, metrics)
-            .with_tenants(Arc::new(tenants))
-            .with_budget(
-                shared.budget.clone(),
-                Duration::from_secs(shared.cfg.client_timeout_secs),
-            ),
+        S3Frontend::new(
+            // Reads of the S3 API record their entry's use and renew its soft lease; a
+            // lookup's HEAD does neither (lookups never pin).
+            Arc::new(crate::lifecycle::TrackedStore::new(
+                store.clone(),
+                access,
+                leases,
+                S3_READ_LEASE,
+            )),
+            buckets,
+            shared.cfg.max_object_bytes,
+            metrics,
+        )
+        .with_tenants(Arc::new(tenants))
+        .with_budget(
+            shared.budget.clone(),
+            Duration::from_secs(shared.cfg.client_timeout_secs),
+        ),
     );
     // XML request bodies (DeleteObjects, tagging, ...) are read whole by s3s: keep them
     // small (each is also counted in the memory budget as it arrives).
@@ -591,6 +650,8 @@ async fn http_route(
                         "batched_save": true,
                         // Striped loads are admitted and paced as one (descriptor flag bit 2).
                         "load_groups": true,
+                        // Held frames while a load waits on purpose (descriptor flag bit 3).
+                        "held_frames": true,
                         "max_descriptor_bytes": l.max_descriptor_bytes,
                         "max_chunks": l.max_chunks,
                         "max_request_bytes": l.max_request_bytes,

@@ -1,0 +1,355 @@
+//! One fetch for many requests: concurrent loads of the same chunk slices in one engine
+//! share one fetch (single-flight).
+//!
+//! A load whose chunks are the leading chunks of a load already in flight in this engine (same
+//! key prefix: namespace, geometry, TP rank; the same chunk hashes) does not fetch: it
+//! **follows** that load, the leader. As each of the leader's layers lands verified, the
+//! follower copies its own chunks' part of it into its own destination and checks every copied
+//! slice against the CRC32C the leader verified it with (so bytes the leader's caller might
+//! change after reading them can never become the follower's KV); the follower's layer is then
+//! ready. So
+//! - a follower's layer `l` is ready as soon as the leader has landed layer `l` and the copy
+//!   is done; layers the leader already has are copied at once;
+//! - a follower that needs fewer chunks waits for nothing more than the leader's layers (it
+//!   copies only its chunks);
+//! - a leader that is cancelled, dropped, times out or stalls does not fail its followers:
+//!   a follower whose leader ends that way fetches the rest itself (a private fetch of its
+//!   chunks, copied from the layer it had reached). Only a miss of one of the follower's own
+//!   chunks (missing, corrupt, wrong geometry, storage error naming it) fails the follower's
+//!   layer, as its own fetch would have.
+//!
+//! A load follows only where it pays: when the leader's bytes still to come are at most twice
+//! the follower's own bytes (following a much longer load would make a short one wait for
+//! the long one's whole layer-major stream). Fetches are matched in the engine only: loads in
+//! different processes share through the server (its page cache, see `docs/protocol.md`).
+//!
+//! [`Fetcher`] starts the real fetch of a load (gather where offered, else ranged GETs), with
+//! its deadline and its stall watchdog; a leader and a follower's private fetch use it alike.
+
+use super::buffers::{LayerBuffers, LayerStatus};
+use super::load::{LoadRequest, Shared};
+use super::EngineConfig;
+use crate::error::LayerError;
+use crate::layout::{ChunkHash, KeyBuilder};
+use crate::link::Link;
+use crate::store::Store;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+/// Everything needed to start fetching a load: the engine's store, its gather endpoint and
+/// connections, its link, its runtime and settings.
+pub(crate) struct Fetcher {
+    pub(crate) store: Arc<dyn Store>,
+    /// The gather servers (gateways) and what each was found to offer.
+    pub(crate) probes: Arc<super::gather::Probes>,
+    pub(crate) link: Option<Arc<Link>>,
+    pub(crate) handle: tokio::runtime::Handle,
+    pub(crate) cfg: EngineConfig,
+    #[cfg(feature = "rdma")]
+    pub(crate) rdma: Arc<Mutex<super::rdma::Probe>>,
+    /// Bytes received from storage by this engine's fetches (not by followers' copies).
+    pub(crate) fetched: Arc<AtomicU64>,
+}
+
+impl Fetcher {
+    /// Where loads read from, for a stall's error message.
+    fn source(&self) -> String {
+        match self.store.gather_route(0).first() {
+            Some(t) => format!("{} store at {} (bucket {})", self.store.name(), t.addr, t.bucket),
+            None => format!("{} store", self.store.name()),
+        }
+    }
+
+    /// Starts fetching `req` into `sh`: gather where the endpoint offers it, else ranged GETs,
+    /// under the load's deadline, with its stall watchdog; both are tasks of `sh`.
+    ///
+    /// `lease` (the load's hold on its entries, see `Engine::gc`) is kept until the fetch ends:
+    /// completed, failed, timed out or cancelled.
+    pub(crate) fn start(
+        self: &Arc<Self>,
+        req: LoadRequest,
+        keys: KeyBuilder,
+        sh: Arc<Shared>,
+        request_id: u64,
+        lease: Option<crate::lifecycle::Lease>,
+    ) {
+        let g = &req.geometry;
+        let need = sh.state.expected();
+        let total_bytes = need * g.layers as u64;
+        // The stall watchdog's "next unit": the largest single read of the ranged-GET path (a
+        // coalesced read) or gather unit (a slice).
+        let unit = g
+            .slice_bytes()
+            .max(self.cfg.coalesce_bytes.min(g.slice_bytes() * g.layers as u64));
+        // The gateways to try, in placement order for this prefix (one for a single endpoint).
+        let route = crate::sched::placement::route_key(req.hashes[0].as_bytes());
+        let targets = if self.cfg.gather {
+            self.store.gather_route(route)
+        } else {
+            Vec::new()
+        };
+        let (store, sh1, link, probes) = (
+            self.store.clone(),
+            sh.clone(),
+            self.link.clone(),
+            self.probes.clone(),
+        );
+        let streams = self.cfg.gather_streams;
+        let (window, max_req, coalesce) = (
+            self.cfg.window_bytes,
+            self.cfg.max_requests,
+            self.cfg.coalesce_bytes,
+        );
+        #[cfg(feature = "rdma")]
+        let (rprobe, transport) = (self.rdma.clone(), self.cfg.transport);
+        // Gather (one request, server streams layer-major) where offered, else ranged GETs.
+        let run = async move {
+            if !targets.is_empty() {
+                // Gather with an RDMA target where the first gateway and this host offer it.
+                // (Its bytes land without passing through this process: the watchdog cannot
+                // see them, so it is held off while the RDMA attempt runs.)
+                #[cfg(feature = "rdma")]
+                if super::gather::offered(&probes.get(&targets[0].addr), &targets[0]).await {
+                    let _unobserved = sh1.progress.hold();
+                    if let super::gather::Outcome::Done = super::rdma::try_rdma(
+                        &rprobe, transport, &targets[0], &keys, &req, request_id, &sh1,
+                    )
+                    .await
+                    {
+                        return;
+                    }
+                }
+                if let super::gather::Outcome::Done = super::gather::try_gather(
+                    &probes, &store, route, &keys, &req, request_id, &sh1, streams,
+                )
+                .await
+                {
+                    return;
+                }
+            }
+            super::load::run_store_load(store, keys, req, sh1, window, max_req, coalesce, link).await
+        };
+        // The overall deadline: fixed, or from the load's size (`load_min_rate_bytes_per_s`).
+        let timeout = self.cfg.load_deadline(total_bytes);
+        let sh2 = sh.clone();
+        let fetched = self.fetched.clone();
+        let driver = self.handle.spawn(async move {
+            let _lease = lease;
+            match timeout {
+                None => run.await,
+                Some(t) => {
+                    if tokio::time::timeout(t, run).await.is_err() {
+                        // Deadline passed: every layer not ready is a miss; reads stop.
+                        for l in 0..sh2.state.layers() {
+                            sh2.state.fail_impl(l as u32, LayerError::Timeout { layer: l });
+                        }
+                        sh2.state.cancel();
+                    }
+                }
+            }
+            fetched.fetch_add(sh2.progress.bytes(), Ordering::Relaxed);
+        });
+        sh.tasks.lock().expect("lock").push(driver);
+        let dog = self
+            .handle
+            .spawn(super::load::watchdog(sh.clone(), self.cfg.stall_timeout, unit, self.source()));
+        sh.tasks.lock().expect("lock").push(dog);
+    }
+}
+
+/// Bytes a follower copies and checksums at a time (well inside a core's L2 cache).
+const COPY_PIECE: usize = 64 << 10;
+
+/// A load in flight that others may follow.
+struct Flight {
+    prefix: String,
+    hashes: Vec<ChunkHash>,
+    sh: Weak<Shared>,
+}
+
+/// The engine's loads in flight, by key prefix and chunk hashes.
+#[derive(Default)]
+pub(crate) struct Flights(Mutex<Vec<Flight>>);
+
+impl Flights {
+    /// A load in flight whose leading chunks are `hashes` under `prefix`, worth following for
+    /// a load of `bytes` bytes (its bytes still to come at most twice those), if any.
+    pub(crate) fn leader_for(&self, prefix: &str, hashes: &[ChunkHash], bytes: u64) -> Option<Arc<Shared>> {
+        let mut v = self.0.lock().expect("lock");
+        // Forget loads that ended (dropped) or settled (every layer ready or failed).
+        v.retain(|f| f.sh.upgrade().is_some_and(|sh| !settled(&sh)));
+        v.iter()
+            .filter(|f| f.prefix == prefix && f.hashes.len() >= hashes.len() && f.hashes[..hashes.len()] == *hashes)
+            .filter_map(|f| f.sh.upgrade())
+            .filter(|sh| !sh.state.is_cancelled())
+            .filter(|sh| {
+                let total = sh.state.expected() * sh.state.layers() as u64;
+                total.saturating_sub(sh.state.verified_bytes()) <= bytes.saturating_mul(2)
+            })
+            .min_by_key(|sh| sh.state.expected())
+    }
+
+    /// Registers a load that fetches `hashes` under `prefix`, for later loads to follow.
+    pub(crate) fn register(&self, prefix: &str, hashes: &[ChunkHash], sh: &Arc<Shared>) {
+        self.0.lock().expect("lock").push(Flight {
+            prefix: prefix.to_string(),
+            hashes: hashes.to_vec(),
+            sh: Arc::downgrade(sh),
+        });
+    }
+}
+
+/// Whether every layer of `sh` is ready or failed.
+fn settled(sh: &Shared) -> bool {
+    (0..sh.state.layers()).all(|l| sh.state.status(l) != LayerStatus::Pending)
+}
+
+/// A follower's private fetch: cancelled, and its tasks stopped, when the follower ends.
+struct Private(Arc<Shared>);
+
+impl Drop for Private {
+    fn drop(&mut self) {
+        self.0.state.cancel();
+        for t in self.0.tasks.lock().expect("lock").iter() {
+            t.abort();
+        }
+    }
+}
+
+/// Whether a failed layer of the source means the follower's own layer cannot arrive either:
+/// a miss of one of the follower's own chunks (`chunks` leading chunks). Any other failure
+/// (cancelled, deadline, stall, a chunk past the follower's, a device copy) is the source's
+/// own: the follower fetches the rest itself.
+fn own_miss(e: &LayerError, chunks: usize) -> bool {
+    super::load::chunk_status_of(e).is_some_and(|(c, _)| c < chunks)
+}
+
+/// Runs a follower: copies each layer of its `chunks` leading chunks from `leader` as it lands
+/// (verified against the CRC32C the leader verified each slice with) into `me`; once the
+/// leader ends without a layer the follower could still get, fetches the rest privately
+/// through `fetcher`. Registered as one of `me`'s tasks (the load's deadline and cancellation
+/// apply to it).
+pub(crate) async fn follow(
+    leader: Arc<Shared>,
+    me: Arc<Shared>,
+    fetcher: Arc<Fetcher>,
+    req: LoadRequest,
+    keys: KeyBuilder,
+    request_id: u64,
+) {
+    let g = req.geometry.clone();
+    let chunks = req.hashes.len();
+    let slice = g.slice_bytes() as usize;
+    let layers = g.layers as usize;
+    // The source has its own watchdog; this load's own progress is its copies.
+    let held = me.progress.hold();
+    let mut src = leader;
+    let mut private: Option<Private> = None;
+    let mut l = 0;
+    while l < layers {
+        if me.state.is_cancelled() {
+            return;
+        }
+        let status = src.state.wait(l).await;
+        if let Some(p) = &private {
+            // The requests of the private fetch are this load's (counted before its layer
+            // can be ready).
+            me.requests
+                .store(p.0.requests.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        let copied = match status {
+            LayerStatus::Ready => copy_layer(&src, &me, l, chunks, slice),
+            LayerStatus::Failed(e) if own_miss(&e, chunks) => {
+                me.state.fail_impl(l as u32, e);
+                Ok(())
+            }
+            LayerStatus::Failed(e) => Err(e),
+            LayerStatus::Pending => unreachable!("wait returns a final status"),
+        };
+        match copied {
+            Ok(()) => l += 1,
+            Err(why) if private.is_none() => {
+                // The leader will not bring this layer: fetch the rest of this load privately,
+                // into a buffer of its own, and copy from there.
+                tracing::debug!(layer = l, error = %why, "leader ended; the follower fetches the rest itself");
+                let n = chunks as u64 * g.slice_bytes();
+                let sh = Arc::new(Shared::new(
+                    LayerBuffers::allocate(layers, n as usize),
+                    n,
+                    chunks,
+                ));
+                fetcher.start(req.clone(), keys.clone(), sh.clone(), request_id, None);
+                private = Some(Private(sh.clone()));
+                src = sh;
+            }
+            Err(why) => {
+                // The private fetch failed this layer: the follower's layer is a miss.
+                me.state.fail_impl(l as u32, why);
+                l += 1;
+            }
+        }
+    }
+    drop(held);
+}
+
+/// Copies layer `l` of the leading `chunks` chunks from `src` (ready) into `me`, slice by
+/// slice straight into `me`'s destination, checking each copy against the CRC32C `src`
+/// verified the slice with, then completes the layer. `Err` (nothing written) when the source
+/// cannot serve it: its buffers are gone, or a slice's CRC is not known (a unit that carried
+/// several slices). A copy whose bytes do not match their CRC (the source's caller changed
+/// them after they were verified) fails the layer, a miss naming the chunk: never wrong bytes.
+fn copy_layer(src: &Shared, me: &Shared, l: usize, chunks: usize, slice: usize) -> Result<(), LayerError> {
+    use crate::transport::LayerSink;
+    let Some(parts) = src.state.ready_parts(l) else {
+        return Err(LayerError::Cancelled);
+    };
+    let crcs = (0..chunks)
+        .map(|c| src.slice_crc(c, l))
+        .collect::<Option<Vec<u32>>>()
+        .ok_or(LayerError::Cancelled)?;
+    for (c, &want) in crcs.iter().enumerate() {
+        let off = (c * slice) as u64;
+        let dest = match me.state.dest_parts_impl(l as u32, off, slice as u64) {
+            Ok(d) => d,
+            Err(e) => {
+                // Cancelled meanwhile, or already failed: nothing more for this layer.
+                me.state.fail_impl(l as u32, e);
+                return Ok(());
+            }
+        };
+        let mut src_pieces = super::sub_parts(&parts, c * slice, slice).into_iter();
+        let mut cur: &[u8] = src_pieces.next().unwrap_or_default();
+        let mut crc = 0u32;
+        for d in dest {
+            let mut at = 0;
+            while at < d.len() {
+                if cur.is_empty() {
+                    cur = src_pieces.next().expect("the source holds the slice");
+                }
+                // Copy a cache-sized piece, then checksum it as it now is in this load's own
+                // destination while it is still in cache: one pass over memory, not two.
+                let n = cur.len().min(d.len() - at).min(COPY_PIECE);
+                d[at..at + n].copy_from_slice(&cur[..n]);
+                crc = crate::layout::crc::crc32c_append(crc, &d[at..at + n]);
+                cur = &cur[n..];
+                at += n;
+            }
+        }
+        me.state.dest_filled(l as u32, slice as u64);
+        if crc != want {
+            me.state.fail_impl(
+                l as u32,
+                LayerError::ChecksumMismatch {
+                    chunk: c,
+                    layer: l,
+                    stored: want,
+                    computed: crc,
+                },
+            );
+            return Ok(());
+        }
+        me.record_slice_crc(c, l, want);
+    }
+    me.state.complete_impl(l as u32, (chunks * slice) as u64);
+    Ok(())
+}
