@@ -69,7 +69,7 @@ pub fn run(args: GcArgs) -> crate::Result<()> {
             }
             println!(
                 "scanned {} objects; {verb} {} (unreferenced {}, orphan markers {}, expired {}, evicted {}, \
-                 incomplete writes {}); kept: {} young unreferenced or incomplete, {} pinned; bytes {} -> {}",
+                 incomplete writes {}, incomplete TP {}); kept: {} young unreferenced or incomplete, {} pinned; bytes {} -> {}",
                 rep.scanned,
                 rep.deleted.len(),
                 rep.count(Reason::Unreferenced),
@@ -77,6 +77,7 @@ pub fn run(args: GcArgs) -> crate::Result<()> {
                 rep.count(Reason::Expired),
                 rep.count(Reason::Evicted),
                 rep.count(Reason::PartialWrite),
+                rep.count(Reason::IncompleteTp),
                 rep.kept_young,
                 rep.kept_pinned,
                 rep.bytes_before,

@@ -26,9 +26,23 @@
 //! 4. **Capacity**: while the bytes held exceed `capacity_bytes`, the least recently used
 //!    published entry that is neither pinned nor leased is deleted.
 //!
+//! A chunk's tensor-parallel ranks (keys equal but for their `tp{rank}-{world}` component)
+//! are one unit for rules 3 and 4: kept, expired and evicted together (leased or pinned if
+//! any rank is). A chunk published for some ranks only (another rank's entry missing: a
+//! failed save, a lost object) is deleted for every rank once its newest object is older than
+//! `grace` (reason `IncompleteTp`), so ranks never disagree about a chunk. Lookups check
+//! every rank's marker (`Engine::lookup`), so ranks agree on every hit meanwhile.
+//!
 //! Objects whose keys are not data objects or markers are never touched.
 //!
 //! ## Leases, and the trade-off
+//! Lookups never pin: a lookup's probes (marker `HEAD`s) take no lease and do not count as
+//! use, so entries that were probed but not loaded can be evicted (case C13). What is held at
+//! any moment is what loads in flight read: `Engine::load` and the server's gather loads hold
+//! explicit leases on their chunks' entries from start to end (released on completion,
+//! cancel, failure, and with the process); ranged GETs through the server's S3 API renew soft
+//! leases.
+//!
 //! A load reads one object with several ranged GETs spread over its duration (layer by
 //! layer), so deleting the object between two of them turns the rest of the load into a miss.
 //! A [`LeaseTable`] keeps keys alive while held:
@@ -337,7 +351,8 @@ impl LeaseTable {
 }
 
 /// A store wrapper that records reads in an [`AccessLog`] and renews soft leases in a
-/// [`LeaseTable`]; everything else passes through.
+/// [`LeaseTable`] on every read of an object's bytes (not on a lookup's `HEAD`: probes never
+/// pin); everything else passes through.
 #[derive(Debug)]
 pub struct TrackedStore {
     inner: Arc<dyn Store>,
@@ -414,13 +429,11 @@ impl Store for TrackedStore {
         }
         r
     }
+    /// A lookup's probe: passed through, neither an access nor a lease. Lookups never pin:
+    /// what a probe found may be evicted until a load reads it (a lookup that loaded nothing
+    /// must not keep entries from eviction, case C13).
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
-        let r = self.inner.head(key).await;
-        if r.is_ok() && classify_key(key).0 == ObjectKind::Marker {
-            // A lookup hit: the caller is about to load this entry.
-            self.note(key);
-        }
-        r
+        self.inner.head(key).await
     }
     async fn put_stream(
         &self,
@@ -499,6 +512,9 @@ pub enum Reason {
     /// An incomplete write (a temporary file) whose writer is gone or that is older than
     /// the grace period.
     PartialWrite,
+    /// A tensor-parallel chunk published for some ranks only (another rank's entry missing),
+    /// older than the grace period: every rank's entry goes, so ranks never disagree on it.
+    IncompleteTp,
 }
 
 /// Outcome of [`collect`].
@@ -608,40 +624,79 @@ pub async fn collect(
             (a, w) => a.or(w),
         }
     };
-    // Oldest use first; ties broken by id for a deterministic order.
-    live.sort_by(|a, b| last_use(a).cmp(&last_use(b)).then_with(|| a.id.cmp(&b.id)));
     for (_, bytes, _, _) in &plan {
         held -= bytes;
     }
-    let mut remaining: Vec<&Entry> = Vec::new();
+    // A chunk's tensor-parallel ranks are one unit: evicted, expired and kept together, and
+    // a chunk published for some ranks only is removed whole once older than `grace`.
+    let mut groups: BTreeMap<String, (u32, Vec<&Entry>)> = BTreeMap::new();
     for e in live {
-        if pinned(&e.id) {
-            rep.kept_pinned += 1;
+        let (gid, world) = tp_group(&e.id);
+        groups.entry(gid).or_insert((world, Vec::new())).1.push(e);
+    }
+    // The newest write of any object of a group (a rank still saving keeps it young).
+    let mut group_written: HashMap<String, SystemTime> = HashMap::new();
+    for e in inv.entries.values() {
+        if let Some(w) = e.written() {
+            let g = group_written.entry(tp_group(&e.id).0).or_insert(w);
+            *g = (*g).max(w);
+        }
+    }
+    let mut units: Vec<Vec<&Entry>> = Vec::new();
+    for (gid, (world, es)) in groups {
+        if (es.len() as u32) < world {
+            let young = age(group_written.get(&gid).copied()) < policy.grace;
+            if young {
+                rep.kept_young += es.len() as u64;
+            } else if es.iter().any(|e| leased(&e.id)) {
+                rep.kept_leased += es.len() as u64;
+            } else {
+                for e in es {
+                    held -= e.bytes();
+                    push_entry(&mut plan, e, Reason::IncompleteTp);
+                }
+            }
             continue;
         }
-        let expired = policy.ttl.is_some_and(|ttl| age(last_use(e)) >= ttl);
+        units.push(es);
+    }
+    let unit_use = |u: &[&Entry]| u.iter().map(|e| last_use(e)).max().flatten();
+    // Oldest use first; ties broken by id for a deterministic order.
+    units.sort_by(|a, b| unit_use(a).cmp(&unit_use(b)).then_with(|| a[0].id.cmp(&b[0].id)));
+    let unit_leased = |u: &[&Entry]| u.iter().any(|e| leased(&e.id));
+    let mut remaining: Vec<Vec<&Entry>> = Vec::new();
+    for u in units {
+        if u.iter().any(|e| pinned(&e.id)) {
+            rep.kept_pinned += u.len() as u64;
+            continue;
+        }
+        let expired = policy.ttl.is_some_and(|ttl| age(unit_use(&u)) >= ttl);
         if expired {
-            if leased(&e.id) {
-                rep.kept_leased += 1;
+            if unit_leased(&u) {
+                rep.kept_leased += u.len() as u64;
                 continue;
             }
-            held -= e.bytes();
-            push_entry(&mut plan, e, Reason::Expired);
+            for e in u {
+                held -= e.bytes();
+                push_entry(&mut plan, e, Reason::Expired);
+            }
         } else {
-            remaining.push(e);
+            remaining.push(u);
         }
     }
     if let Some(cap) = policy.capacity_bytes {
-        for e in remaining {
+        for u in remaining {
             if held <= cap {
                 break;
             }
-            if leased(&e.id) {
-                rep.kept_leased += 1;
+            if unit_leased(&u) {
+                rep.kept_leased += u.len() as u64;
                 continue;
             }
-            held -= e.bytes();
-            push_entry(&mut plan, e, Reason::Evicted);
+            for e in u {
+                held -= e.bytes();
+                push_entry(&mut plan, e, Reason::Evicted);
+            }
         }
     }
     rep.bytes_after = held;
@@ -682,6 +737,25 @@ pub async fn collect(
         rep.deleted.push((key, reason));
     }
     Ok(rep)
+}
+
+/// The tensor-parallel group of an entry id (its `tp{rank}-{world}` key component with the
+/// rank replaced by `*`: the same chunk on every rank) and the group's size (1 without one).
+fn tp_group(id: &str) -> (String, u32) {
+    let mut world = 1;
+    let parts: Vec<String> = id
+        .split('/')
+        .map(|p| {
+            if let Some((r, w)) = p.strip_prefix("tp").and_then(|x| x.split_once('-')) {
+                if let (Ok(_), Ok(w)) = (r.parse::<u32>(), w.parse::<u32>()) {
+                    world = w.max(1);
+                    return format!("tp*-{w}");
+                }
+            }
+            p.to_string()
+        })
+        .collect();
+    (parts.join("/"), world)
 }
 
 /// Marker first, then data (see the module documentation).
