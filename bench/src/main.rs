@@ -3,9 +3,11 @@
 //! - `ttft`: time to first token of a request whose prefix KV is cached, on a real model
 //!   (`--mode real`, the default) or on a modeled GPU (`--mode modeled`).
 //! - `transfer`: transfer paths (stock S3 ranged GETs, gather over TCP/RDMA).
+//! - `traffic`: many requests on a few shared prefixes, a capped server, every policy.
 
 use clap::{Parser, Subcommand};
 
+mod traffic;
 mod transfer;
 mod ttft;
 mod vllm;
@@ -27,6 +29,9 @@ enum Command {
     /// TTFT in a real vLLM through its OpenAI-compatible server, per method (recompute, vLLM's
     /// prefix cache, ObjectCacheConnector on each store, vLLM's own connectors), cross-replica.
     Vllm(vllm::VllmArgs),
+    /// Many concurrent requests on a few shared prefixes against a capped server, per
+    /// scheduling policy, measured beside the simulator's prediction.
+    Traffic(traffic::TrafficArgs),
 }
 
 fn main() {
@@ -35,6 +40,7 @@ fn main() {
         Command::Ttft(a) => ttft::run(a),
         Command::Transfer(a) => transfer::run(a),
         Command::Vllm(a) => vllm::run(a),
+        Command::Traffic(a) => traffic::run(a),
     };
     if let Err(e) = r {
         eprintln!("objectcache-bench: {e:#}");

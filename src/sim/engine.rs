@@ -112,6 +112,9 @@ pub struct Outcome {
     pub fell_back: bool,
     /// When the load's last byte arrived (= arrival if nothing was loaded).
     pub load_end_s: f64,
+    /// When each layer's last byte arrived (absolute, s); empty if nothing was loaded or the
+    /// load fell back.
+    pub layer_ready_s: Vec<f64>,
 }
 
 struct Active {
@@ -313,7 +316,7 @@ fn run_instance(
     let m = &cfg.model;
     let fixed = m.fixed_s();
     let mut out: Vec<Option<Outcome>> = vec![None; reqs.len()];
-    let outcome = |r: usize, load_tokens: u64, ttft: f64, fell_back: bool, load_end: f64| {
+    let outcome = |r: usize, load_tokens: u64, ttft: f64, fell_back: bool, load_end: f64, ready: Vec<f64>| {
         let q = &reqs[r];
         let local = m.prefill_time(q.new_tokens, q.prefix_tokens);
         Outcome {
@@ -327,6 +330,7 @@ fn run_instance(
             added_ttft_s: ttft - local,
             fell_back,
             load_end_s: load_end,
+            layer_ready_s: ready,
         }
     };
     let t_start = order.first().map(|&i| reqs[i].arrival_s).unwrap_or(0.0);
@@ -388,7 +392,7 @@ fn run_instance(
                 };
                 if k == 0 || bpt == 0 {
                     let ttft = m.prefill_time(q.prefix_tokens + q.new_tokens, 0);
-                    out[r] = Some(outcome(r, 0, ttft, false, q.arrival_s));
+                    out[r] = Some(outcome(r, 0, ttft, false, q.arrival_s, Vec::new()));
                     continue;
                 }
                 let n = q.prefix_tokens - k + q.new_tokens;
@@ -480,7 +484,14 @@ fn run_instance(
             let q = &reqs[a.req];
             if st.remaining_bytes() == 0 {
                 let finish = timeline::finish_time(q.arrival_s, st.layer_ready_s(), &a.compute);
-                out[a.req] = Some(outcome(a.req, a.k, finish + fixed - q.arrival_s, false, t));
+                out[a.req] = Some(outcome(
+                    a.req,
+                    a.k,
+                    finish + fixed - q.arrival_s,
+                    false,
+                    t,
+                    st.layer_ready_s().to_vec(),
+                ));
                 sched.handle_departure(t, a.id)?;
                 acts.remove(i);
                 continue;
@@ -504,7 +515,7 @@ fn run_instance(
                     rate,
                 };
                 if let Fallback::Recompute { finish_s, .. } = planner::fallback(m, t, &s) {
-                    out[a.req] = Some(outcome(a.req, 0, finish_s + fixed - q.arrival_s, true, t));
+                    out[a.req] = Some(outcome(a.req, 0, finish_s + fixed - q.arrival_s, true, t, Vec::new()));
                     sched.handle_departure(t, a.id)?;
                     acts.remove(i);
                     continue;
