@@ -9,8 +9,9 @@
 //! - a gather server reads each slice once for concurrent loads of it (4 engines, a gateway
 //!   server over a slow upstream).
 //!
-//! The server is capped (25 MB/s) so that a load's time is the link's: 50 loads' copies
-//! (and checksums) then need 1.25 GB/s of the engine's threads, not more.
+//! The server is capped (12.5 MB/s) so that a load's time is the link's: 50 loads' copies
+//! (and checksums) then need 625 MB/s of the engine's threads, not more (on a busy 2-core
+//! machine, 1.25 GB/s of copies already took 1.38x a load's time).
 #![cfg(feature = "s3")]
 
 mod common;
@@ -28,7 +29,7 @@ use objectcache::{ChunkHash, Dtype, KvGeometry};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-const CAP: u64 = 25_000_000;
+const CAP: u64 = 12_500_000;
 
 fn rt() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();

@@ -258,7 +258,10 @@ pub(crate) async fn follow(
                 .store(p.0.requests.load(Ordering::Relaxed), Ordering::Relaxed);
         }
         let copied = match status {
-            LayerStatus::Ready => copy_layer(&src, &me, l, chunks, slice),
+            // The leader's bytes are checked against the CRC32C it verified them with (its
+            // caller may change them once ready); the private fetch's buffer is this load's
+            // own, verified by its transport, so its bytes are copied as they are.
+            LayerStatus::Ready => copy_layer(&src, &me, l, chunks, slice, private.is_none()),
             LayerStatus::Failed(e) if own_miss(&e, chunks) => {
                 me.state.fail_impl(l as u32, e);
                 Ok(())
@@ -293,20 +296,30 @@ pub(crate) async fn follow(
 }
 
 /// Copies layer `l` of the leading `chunks` chunks from `src` (ready) into `me`, slice by
-/// slice straight into `me`'s destination, checking each copy against the CRC32C `src`
-/// verified the slice with, then completes the layer. `Err` (nothing written) when the source
-/// cannot serve it: its buffers are gone, or a slice's CRC is not known (a unit that carried
-/// several slices). A copy whose bytes do not match their CRC (the source's caller changed
-/// them after they were verified) fails the layer, a miss naming the chunk: never wrong bytes.
-fn copy_layer(src: &Shared, me: &Shared, l: usize, chunks: usize, slice: usize) -> Result<(), LayerError> {
+/// slice straight into `me`'s destination, then completes the layer. With `check` (a leader
+/// whose caller may change its bytes once ready), each copy is checked against the CRC32C
+/// `src` verified the slice with; `Err` (nothing written) when the source cannot serve the
+/// layer: its buffers are gone, or a slice's CRC is not known (a unit that carried several
+/// slices, slices under 4 KiB; an RDMA load). A copy whose bytes do not match their CRC (the
+/// source's caller changed them after they were verified) fails the layer, a miss naming the
+/// chunk: never wrong bytes. Without `check` (the follower's private fetch, which only it
+/// reads) the bytes are copied as they were verified by their transport.
+fn copy_layer(
+    src: &Shared,
+    me: &Shared,
+    l: usize,
+    chunks: usize,
+    slice: usize,
+    check: bool,
+) -> Result<(), LayerError> {
     use crate::transport::LayerSink;
     let Some(parts) = src.state.ready_parts(l) else {
         return Err(LayerError::Cancelled);
     };
-    let crcs = (0..chunks)
-        .map(|c| src.slice_crc(c, l))
-        .collect::<Option<Vec<u32>>>()
-        .ok_or(LayerError::Cancelled)?;
+    let crcs: Vec<Option<u32>> = (0..chunks).map(|c| src.slice_crc(c, l)).collect();
+    if check && crcs.iter().any(|c| c.is_none()) {
+        return Err(LayerError::Cancelled);
+    }
     for (c, &want) in crcs.iter().enumerate() {
         let off = (c * slice) as u64;
         let dest = match me.state.dest_parts_impl(l as u32, off, slice as u64) {
@@ -330,12 +343,18 @@ fn copy_layer(src: &Shared, me: &Shared, l: usize, chunks: usize, slice: usize) 
                 // destination while it is still in cache: one pass over memory, not two.
                 let n = cur.len().min(d.len() - at).min(COPY_PIECE);
                 d[at..at + n].copy_from_slice(&cur[..n]);
-                crc = crate::layout::crc::crc32c_append(crc, &d[at..at + n]);
+                if want.is_some() {
+                    crc = crate::layout::crc::crc32c_append(crc, &d[at..at + n]);
+                }
                 cur = &cur[n..];
                 at += n;
             }
         }
         me.state.dest_filled(l as u32, slice as u64);
+        let Some(want) = want else {
+            // Unchecked copy from this load's own private fetch (see above).
+            continue;
+        };
         if crc != want {
             me.state.fail_impl(
                 l as u32,
