@@ -950,6 +950,14 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
     }
     let keys: Arc<Vec<String>> =
         Arc::new(keys.iter().map(|k| format!("{}/{k}", req.bucket)).collect());
+    // The load holds its chunks' entries from when it arrives (also while it waits for
+    // admission) until it ends: collection never deletes them under it (released on
+    // completion, cancel, failure, and with the process).
+    let _lease = sh.leases.acquire(keys.iter().cloned());
+    let now = std::time::SystemTime::now();
+    for k in keys.iter() {
+        sh.access.record(k, now);
+    }
 
     // Admission: wait for a slot under the scheduler, watching the client meanwhile.
     let first_deadline_us = match &req.hints {
@@ -981,13 +989,6 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
         }
     };
 
-    // The load holds its chunks' entries until it ends: collection never deletes them under
-    // it (released on completion, cancel, failure, and with the process).
-    let _lease = sh.leases.acquire(keys.iter().cloned());
-    let now = std::time::SystemTime::now();
-    for k in keys.iter() {
-        sh.access.record(k, now);
-    }
     io.conn.accept(id, plan.len() as u64, total);
     io.flush(sh).await?;
     // Under a bandwidth cap the link scheduler paces the load's units (`crate::link`), once
