@@ -99,7 +99,8 @@ pub struct SimOptions {
     #[arg(long, default_value_t = 3600.0)]
     pub duration: f64,
     /// Cluster, synthetic workload: requests per second per GPU (Poisson). At the default
-    /// prefix mix (Llama-3.1-8B: 5.4 GB per prefix on average) 0.1 is 0.54 GB/s per GPU.
+    /// prefix mix (Llama-3.1-8B: 43,008 tokens of 128 KiB, 5.64 GB per prefix on average) 0.1
+    /// is 0.56 GB/s per GPU.
     #[arg(long, default_value_t = 0.1)]
     pub rate_per_gpu: f64,
     /// Cluster, synthetic workload: shared documents (cached prefixes).

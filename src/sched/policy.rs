@@ -71,6 +71,17 @@ impl PolicyKind {
         })
     }
 
+    /// True when the policy's rates depend only on which loads have bytes left, their
+    /// arrival order and their rate limits, never on layer progress, deadlines or bytes left
+    /// (`fifo`, `equal-share`). Re-planning such a policy at a layer boundary or a deadline
+    /// gives the rates it already had, so a fluid simulation may re-plan on arrivals,
+    /// departures and capacity changes only, and take each layer's arrival time from the
+    /// constant rates in between (`sim::cluster` does; its test
+    /// `progress_blind_shortcut_matches_per_layer_events` compares the two).
+    pub fn progress_blind(self) -> bool {
+        matches!(self, PolicyKind::Fifo | PolicyKind::EqualShare)
+    }
+
     /// A fresh boxed instance for [`Scheduler::new`](super::Scheduler::new).
     pub fn build(self) -> Box<dyn Policy + Send> {
         match self {
