@@ -14,7 +14,9 @@
 mod common;
 
 use common::{hashes, kv, unique_ns};
-use objectcache::connector::{ChunkStatus, Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest};
+use objectcache::connector::{
+    ChunkStatus, Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest,
+};
 use objectcache::sched::placement::{route_key, Placement};
 use objectcache::store::{GatewayOptions, GatewayStore, S3Config, S3Credentials, S3Store, Store};
 use objectcache::{ChunkHash, KvGeometry};
@@ -34,11 +36,17 @@ struct Bed {
 
 impl Bed {
     fn get(&self, k: &str) -> &str {
-        self.env.get(k).map(String::as_str).unwrap_or_else(|| panic!("bed.env has no {k}"))
+        self.env
+            .get(k)
+            .map(String::as_str)
+            .unwrap_or_else(|| panic!("bed.env has no {k}"))
     }
 
     fn gateways(&self) -> Vec<String> {
-        self.get("GATEWAYS").split(',').map(str::to_string).collect()
+        self.get("GATEWAYS")
+            .split(',')
+            .map(str::to_string)
+            .collect()
     }
 
     /// Runs `bed.sh ARGS` (stop or start a gateway or an OSD); it returns once the change
@@ -65,7 +73,10 @@ impl Bed {
     fn kill_gateway(&self, n: usize) {
         let pid = std::fs::read_to_string(format!("{}/run/gw{n}.pid", self.get("BED_DIR")))
             .expect("gateway pid file");
-        let st = Command::new("kill").args(["-KILL", pid.trim()]).status().unwrap();
+        let st = Command::new("kill")
+            .args(["-KILL", pid.trim()])
+            .status()
+            .unwrap();
         assert!(st.success());
     }
 }
@@ -85,7 +96,10 @@ fn read_bed() -> Option<Bed> {
         .collect::<HashMap<_, _>>();
     // A bed.env left behind by a bed that is gone: its client namespace no longer exists.
     let ns = env.get("CLIENT_NS")?;
-    std::path::Path::new("/run/netns").join(ns).exists().then_some(Bed { env })
+    std::path::Path::new("/run/netns")
+        .join(ns)
+        .exists()
+        .then_some(Bed { env })
 }
 
 /// Serialises the tests of this file (they share one bed and stop parts of it).
@@ -104,7 +118,10 @@ fn on_client_host(test: &str) -> Option<Bed> {
             "{test}: no test bed at {} (scripts/bed/bed.sh start) and OBJECTCACHE_REQUIRE_ALL is set",
             bed_dir().display()
         );
-        println!("SKIP {test}: no test bed at {} (start one with scripts/bed/bed.sh start)", bed_dir().display());
+        println!(
+            "SKIP {test}: no test bed at {} (start one with scripts/bed/bed.sh start)",
+            bed_dir().display()
+        );
         return None;
     };
     let _one_at_a_time = BED_LOCK.lock().unwrap_or_else(|e| e.into_inner());
@@ -122,9 +139,15 @@ fn on_client_host(test: &str) -> Option<Bed> {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    println!("--- {test} on the client host ({}):\n{text}", bed.get("CLIENT_NS"));
+    println!(
+        "--- {test} on the client host ({}):\n{text}",
+        bed.get("CLIENT_NS")
+    );
     assert!(out.status.success(), "{test} failed on the client host");
-    assert!(text.contains("1 passed"), "{test} did not run on the client host");
+    assert!(
+        text.contains("1 passed"),
+        "{test} did not run on the client host"
+    );
     None
 }
 
@@ -165,7 +188,10 @@ impl Bed {
             rt().block_on(GatewayStore::new(self.base(), self.gateways(), opts))
                 .unwrap(),
         );
-        (Engine::with_store(store.clone(), config(ns)).unwrap(), store)
+        (
+            Engine::with_store(store.clone(), config(ns)).unwrap(),
+            store,
+        )
     }
 }
 
@@ -194,11 +220,15 @@ fn start_load(e: &Engine, g: &KvGeometry, hs: &[ChunkHash], per_layer: usize) ->
 
 /// Waits for every layer and checks every byte against `data`.
 fn check(h: &LoadHandle, data: &[Vec<u8>], what: &str) {
-    h.wait_all_blocking().unwrap_or_else(|e| panic!("{what}: {e}"));
+    h.wait_all_blocking()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
     for (l, d) in data.iter().enumerate() {
         assert_eq!(h.layer(l).unwrap(), &d[..], "{what}: layer {l}");
     }
-    assert!(h.chunk_status().iter().all(|s| *s == ChunkStatus::Ok), "{what}");
+    assert!(
+        h.chunk_status().iter().all(|s| *s == ChunkStatus::Ok),
+        "{what}"
+    );
 }
 
 #[test]
@@ -222,17 +252,29 @@ fn loads_through_every_gateway_are_byte_exact() {
     }
     let (set, _) = bed.engine_on_set(&ns, Placement::default());
     let (hs, data) = save(&set, &g, 4, 400);
-    check(&start_load(&set, &g, &hs, data[0].len()), &data, "the gateway set");
+    check(
+        &start_load(&set, &g, &hs, data[0].len()),
+        &data,
+        "the gateway set",
+    );
     // A DNS name with the three gateways' addresses (the client host's hosts file).
     let mut base = bed.base();
     let name = bed.get("GATEWAYS_DNS").to_string();
     base.endpoint = Some(name.clone());
     let dns = rt()
-        .block_on(GatewayStore::resolve_all(base, name, GatewayOptions::default()))
+        .block_on(GatewayStore::resolve_all(
+            base,
+            name,
+            GatewayOptions::default(),
+        ))
         .unwrap();
     assert_eq!(dns.endpoints().len(), 3, "{:?}", dns.endpoints());
     let e = Engine::with_store(Arc::new(dns), config(&ns)).unwrap();
-    check(&start_load(&e, &g, &hs, data[0].len()), &data, "gateways.bed, every address");
+    check(
+        &start_load(&e, &g, &hs, data[0].len()),
+        &data,
+        "gateways.bed, every address",
+    );
 }
 
 /// Gather loads a gateway has served, from its metrics (`GET /_objectcache/metrics`).
@@ -256,10 +298,11 @@ fn gather_loads(endpoint: &str) -> u64 {
         .unwrap_or(0.0) as u64
 }
 
-
 /// The gateway (1-based, as bed.sh numbers them) that a load of `hs` goes to first.
 fn first_gateway(bed: &Bed, set: &GatewayStore, hs: &[ChunkHash]) -> usize {
-    let addr = set.gather_route(route_key(hs[0].as_bytes()))[0].addr.clone();
+    let addr = set.gather_route(route_key(hs[0].as_bytes()))[0]
+        .addr
+        .clone();
     1 + bed
         .gateways()
         .iter()
@@ -298,7 +341,10 @@ fn a_load_fails_over_when_its_gateway_is_killed_mid_load() {
     let h = start_load(&e, &g, &hs, per_layer);
     let t0 = Instant::now();
     h.wait_layer_blocking(3, None).unwrap();
-    assert!(h.stats().ttll_s.is_none(), "the load still runs when its gateway dies");
+    assert!(
+        h.stats().ttll_s.is_none(),
+        "the load still runs when its gateway dies"
+    );
     bed.kill_gateway(victim);
     let killed_at = t0.elapsed().as_secs_f64();
     check(&h, &data, "the load whose gateway was killed");
@@ -333,13 +379,24 @@ fn a_load_fails_over_when_its_gateway_is_killed_mid_load() {
     drop(h);
     // While it is down its loads go elsewhere; started again, it serves them again.
     assert!(!set.endpoints()[victim - 1].up);
-    check(&start_load(&e, &g, &hs, per_layer), &data, "with the gateway down");
+    check(
+        &start_load(&e, &g, &hs, per_layer),
+        &data,
+        "with the gateway down",
+    );
     bed.control(&["gw-start", &victim.to_string()]);
-    common::eventually("the gateway is seen up again", Duration::from_secs(30), || set.endpoints()[victim - 1].up);
+    common::eventually(
+        "the gateway is seen up again",
+        Duration::from_secs(30),
+        || set.endpoints()[victim - 1].up,
+    );
     let h = start_load(&e, &g, &hs, per_layer);
     check(&h, &data, "after the gateway came back");
     assert_eq!(h.stats().failovers, 0);
-    assert!(gather_loads(&bed.gateways()[victim - 1]) >= 1, "the restarted gateway serves its prefix");
+    assert!(
+        gather_loads(&bed.gateways()[victim - 1]) >= 1,
+        "the restarted gateway serves its prefix"
+    );
 }
 
 #[test]
@@ -372,11 +429,26 @@ fn a_gateway_restart_drains_its_loads_and_serves_again() {
     bed.control(&["gw-stop", "2", "--term"]);
     check(&h, &data, "the load in flight at the stop");
     drop(h);
-    check(&start_load(&e, &g, &hs, per_layer), &data, "while gateway 2 is stopped");
+    check(
+        &start_load(&e, &g, &hs, per_layer),
+        &data,
+        "while gateway 2 is stopped",
+    );
     bed.control(&["gw-start", "2"]);
-    common::eventually("gateway 2 is seen up again", Duration::from_secs(30), || set.endpoints()[1].up);
-    check(&start_load(&e, &g, &hs, per_layer), &data, "after the restart");
-    assert!(gather_loads(&bed.gateways()[1]) >= 1, "the restarted gateway serves its prefix");
+    common::eventually(
+        "gateway 2 is seen up again",
+        Duration::from_secs(30),
+        || set.endpoints()[1].up,
+    );
+    check(
+        &start_load(&e, &g, &hs, per_layer),
+        &data,
+        "after the restart",
+    );
+    assert!(
+        gather_loads(&bed.gateways()[1]) >= 1,
+        "the restarted gateway serves its prefix"
+    );
 }
 
 #[test]
@@ -387,7 +459,16 @@ fn losing_an_osd_while_loads_run_loses_nothing() {
     // Ceph's replication is what keeps the data: three copies, one per OSD host.
     let out = Command::new("bash")
         .arg(bed.get("BED_SCRIPT"))
-        .args(["exec", "mon1", "ceph", "osd", "pool", "get", "default.rgw.buckets.data", "size"])
+        .args([
+            "exec",
+            "mon1",
+            "ceph",
+            "osd",
+            "pool",
+            "get",
+            "default.rgw.buckets.data",
+            "size",
+        ])
         .env("BED_DIR", bed.get("BED_DIR"))
         .env("BED_NAME", bed.get("BED_NAME"))
         .env("CEPH_CONF", format!("{}/ceph.conf", bed.get("BED_DIR")))
@@ -406,28 +487,47 @@ fn losing_an_osd_while_loads_run_loses_nothing() {
             let mut i = 0;
             while !stop.load(SeqCst) {
                 let (hs, data) = &prefixes[i % prefixes.len()];
-                check(&start_load(&e, &g, hs, data[0].len()), data, "a load around the OSD loss");
+                check(
+                    &start_load(&e, &g, hs, data[0].len()),
+                    data,
+                    "a load around the OSD loss",
+                );
                 done.fetch_add(1, SeqCst);
                 i += 1;
             }
         });
-        common::eventually("loads run", Duration::from_secs(30), || done.load(SeqCst) >= 4);
+        common::eventually("loads run", Duration::from_secs(30), || {
+            done.load(SeqCst) >= 4
+        });
         bed.control(&["osd-stop", "2"]);
         let at_loss = done.load(SeqCst);
         // Loads go on with one OSD down, and a new prefix is saved and read back.
         let (hs, data) = save(&e, &g, 4, 900);
-        check(&start_load(&e, &g, &hs, data[0].len()), &data, "saved with an OSD down");
-        common::eventually("loads complete with the OSD down", Duration::from_secs(30), || done.load(SeqCst) >= at_loss + 8);
+        check(
+            &start_load(&e, &g, &hs, data[0].len()),
+            &data,
+            "saved with an OSD down",
+        );
+        common::eventually(
+            "loads complete with the OSD down",
+            Duration::from_secs(30),
+            || done.load(SeqCst) >= at_loss + 8,
+        );
         bed.control(&["osd-start", "2"]);
         stop.store(true, SeqCst);
         loads.join().expect("no load failed");
     });
-    println!("FIGURE bed-osd-loss: {} loads, all byte-exact", done.load(SeqCst));
+    println!(
+        "FIGURE bed-osd-loss: {} loads, all byte-exact",
+        done.load(SeqCst)
+    );
 }
 
 #[test]
 fn two_clients_saving_one_prefix_through_two_gateways_first_writer_wins() {
-    let Some(bed) = on_client_host("two_clients_saving_one_prefix_through_two_gateways_first_writer_wins") else {
+    let Some(bed) =
+        on_client_host("two_clients_saving_one_prefix_through_two_gateways_first_writer_wins")
+    else {
         return;
     };
     let g = KvGeometry::smollm2_135m();
@@ -451,7 +551,11 @@ fn two_clients_saving_one_prefix_through_two_gateways_first_writer_wins() {
     });
     assert_eq!(ra.written + ra.already_present, chunks);
     assert_eq!(rb.written + rb.already_present, chunks);
-    assert_eq!(ra.written + rb.written, chunks, "each chunk written once: {ra:?} {rb:?}");
+    assert_eq!(
+        ra.written + rb.written,
+        chunks,
+        "each chunk written once: {ra:?} {rb:?}"
+    );
     // Read through the third gateway: every chunk whole, all of one writer's bytes.
     let e = bed.engine_on(&gws[2], &ns);
     assert_eq!(e.lookup_blocking(&g, &hs).unwrap(), chunks);
@@ -460,14 +564,22 @@ fn two_clients_saving_one_prefix_through_two_gateways_first_writer_wins() {
     let slice = g.slice_bytes() as usize;
     let mut by = [0usize; 2];
     for c in 0..chunks {
-        let part = |d: &Vec<Vec<u8>>| (0..g.layers as usize).all(|l| h.layer(l).unwrap()[c * slice..(c + 1) * slice] == d[l][c * slice..(c + 1) * slice]);
+        let part = |d: &Vec<Vec<u8>>| {
+            (0..g.layers as usize).all(|l| {
+                h.layer(l).unwrap()[c * slice..(c + 1) * slice] == d[l][c * slice..(c + 1) * slice]
+            })
+        };
         match (part(&a), part(&b)) {
             (true, false) => by[0] += 1,
             (false, true) => by[1] += 1,
             other => panic!("chunk {c} is torn or mixed: {other:?}"),
         }
     }
-    assert_eq!((by[0], by[1]), (ra.written, rb.written), "the bytes are those of the writer that wrote each chunk");
+    assert_eq!(
+        (by[0], by[1]),
+        (ra.written, rb.written),
+        "the bytes are those of the writer that wrote each chunk"
+    );
 }
 
 #[test]
@@ -485,7 +597,11 @@ fn a_gateway_killed_mid_save_leaves_no_torn_prefix() {
     let saved = std::thread::scope(|s| {
         let t = s.spawn(|| e.save_blocking(&g, &hs, &refs));
         // Gateway 1 dies once it has taken part of the save.
-        common::eventually("gateway 1 takes part in the save", Duration::from_secs(30), || set.endpoints()[0].requests >= 3);
+        common::eventually(
+            "gateway 1 takes part in the save",
+            Duration::from_secs(30),
+            || set.endpoints()[0].requests >= 3,
+        );
         bed.kill_gateway(1);
         t.join().unwrap()
     });
@@ -496,7 +612,10 @@ fn a_gateway_killed_mid_save_leaves_no_torn_prefix() {
     let n = reader.lookup_blocking(&g, &hs).unwrap();
     match &saved {
         Ok(r) => {
-            assert_eq!(n, chunks, "a save that succeeded published every chunk: {r:?}");
+            assert_eq!(
+                n, chunks,
+                "a save that succeeded published every chunk: {r:?}"
+            );
         }
         Err(err) => println!("the save failed ({err}); {n} chunks published"),
     }

@@ -292,10 +292,19 @@ fn c_program_against_the_server(src: &str, summary_prefix: &str) {
     let tmp = tempfile::tempdir().expect("temp dir");
     let exe = compile(&cc, src, tmp.path());
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let backend: std::sync::Arc<dyn objectcache::store::Store> =
-        std::sync::Arc::new(objectcache::store::FsStore::new(tmp.path().join("srv"), objectcache::store::FsyncPolicy::Never).unwrap());
+    let backend: std::sync::Arc<dyn objectcache::store::Store> = std::sync::Arc::new(
+        objectcache::store::FsStore::new(
+            tmp.path().join("srv"),
+            objectcache::store::FsyncPolicy::Never,
+        )
+        .unwrap(),
+    );
     let server = rt.block_on(gather_util::start(backend, gather_util::config()));
-    let url = format!("s3://{}?endpoint={}&region=us-east-1&addressing=path", gather_util::BUCKET, server.endpoint());
+    let url = format!(
+        "s3://{}?endpoint={}&region=us-east-1&addressing=path",
+        gather_util::BUCKET,
+        server.endpoint()
+    );
     let out = Command::new(&exe)
         .arg(&url)
         .env("AWS_ACCESS_KEY_ID", gather_util::ACCESS)
@@ -307,8 +316,15 @@ fn c_program_against_the_server(src: &str, summary_prefix: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     print!("{stdout}");
     eprint!("{stderr}");
-    assert!(out.status.success(), "C program against the server exited with {:?}:\n{stdout}{stderr}", out.status);
-    let summary = stdout.lines().find(|l| l.starts_with(summary_prefix)).expect("summary line");
+    assert!(
+        out.status.success(),
+        "C program against the server exited with {:?}:\n{stdout}{stderr}",
+        out.status
+    );
+    let summary = stdout
+        .lines()
+        .find(|l| l.starts_with(summary_prefix))
+        .expect("summary line");
     assert!(summary.ends_with(" 0 failed"), "{summary}");
     rt.block_on(server.shutdown());
 }

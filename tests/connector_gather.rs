@@ -9,9 +9,7 @@ mod gather_util;
 use common::{hashes, kv, unique_ns};
 use gather_util::{config, start, BUCKET};
 use objectcache::connector::{ChunkStatus, Engine, EngineConfig, LayerBuffers, LoadRequest};
-use objectcache::store::{
-    FsStore, FsyncPolicy, S3Store, Store,
-};
+use objectcache::store::{FsStore, FsyncPolicy, S3Store, Store};
 use objectcache::KvGeometry;
 use std::sync::{Arc, OnceLock};
 
@@ -267,7 +265,11 @@ fn gather_corrupt_slice_in_a_file_is_a_miss_naming_its_chunk() {
                 assert!(
                     matches!(
                         err,
-                        objectcache::LayerError::ChecksumMismatch { chunk: 2, layer: 5, .. }
+                        objectcache::LayerError::ChecksumMismatch {
+                            chunk: 2,
+                            layer: 5,
+                            ..
+                        }
                     ),
                     "{err:?}"
                 );
@@ -347,6 +349,13 @@ fn a_server_silent_on_the_preface_costs_one_http_probe_per_engine() {
         assert!(h.wait_layer_blocking(0, None).is_err());
     }
     assert_eq!(prefaces.load(Ordering::SeqCst), 0, "no gather preface sent");
-    assert_eq!(http.load(Ordering::SeqCst), 1, "one capabilities request per engine");
-    println!("3 loads against a server silent on the preface: {:?}", t.elapsed());
+    assert_eq!(
+        http.load(Ordering::SeqCst),
+        1,
+        "one capabilities request per engine"
+    );
+    println!(
+        "3 loads against a server silent on the preface: {:?}",
+        t.elapsed()
+    );
 }

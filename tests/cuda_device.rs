@@ -153,7 +153,15 @@ fn paged_load_through_the_c_abi_lands_in_device_blocks() {
     let vals = [c"memory://".as_ptr(), ns.as_ptr()];
     let mut e = std::ptr::null_mut();
     // SAFETY: valid arrays of NUL-terminated strings and an out pointer, as the header says.
-    let s = unsafe { objectcache_engine_create(OBJECTCACHE_ABI_VERSION, keys.as_ptr(), vals.as_ptr(), 2, &mut e) };
+    let s = unsafe {
+        objectcache_engine_create(
+            OBJECTCACHE_ABI_VERSION,
+            keys.as_ptr(),
+            vals.as_ptr(),
+            2,
+            &mut e,
+        )
+    };
     assert_eq!(s, OBJECTCACHE_OK);
     let hs = hashes(&g, chunks * g.tokens_per_chunk as usize, 5);
     let packed: Vec<u8> = hs.iter().flat_map(|h| h.as_bytes().to_vec()).collect();
@@ -163,11 +171,24 @@ fn paged_load_through_the_c_abi_lands_in_device_blocks() {
         *b = (i * 7 + i / 997) as u8;
     }
     let src: Vec<objectcache_range> = (0..layers * ids.len())
-        .map(|k| objectcache_range { addr: host[k * block..].as_mut_ptr().cast(), len: block as u64 })
+        .map(|k| objectcache_range {
+            addr: host[k * block..].as_mut_ptr().cast(),
+            len: block as u64,
+        })
         .collect();
     // SAFETY: the geometry, hashes and ranges are valid for the call.
     let s = unsafe {
-        objectcache_save_paged(e, &geom, packed.as_ptr(), 32, chunks, src.as_ptr(), ids.len(), layers, std::ptr::null_mut())
+        objectcache_save_paged(
+            e,
+            &geom,
+            packed.as_ptr(),
+            32,
+            chunks,
+            src.as_ptr(),
+            ids.len(),
+            layers,
+            std::ptr::null_mut(),
+        )
     };
     assert_eq!(s, OBJECTCACHE_OK);
 
@@ -177,13 +198,23 @@ fn paged_load_through_the_c_abi_lands_in_device_blocks() {
     let mut region = std::ptr::null_mut();
     // SAFETY: `kv` is device memory of device 0 that outlives the registration.
     let s = unsafe {
-        objectcache_register_memory(e, base as usize as *mut std::ffi::c_void, layers * blocks * block, OBJECTCACHE_MEM_DEVICE, 0, &mut region)
+        objectcache_register_memory(
+            e,
+            base as usize as *mut std::ffi::c_void,
+            layers * blocks * block,
+            OBJECTCACHE_MEM_DEVICE,
+            0,
+            &mut region,
+        )
     };
     assert_eq!(s, OBJECTCACHE_OK);
     let at = |l: usize, b: usize| base as usize + (l * blocks + b) * block;
     let dst: Vec<objectcache_range> = (0..layers)
         .flat_map(|l| ids.iter().map(move |&b| (l, b)))
-        .map(|(l, b)| objectcache_range { addr: at(l, b) as *mut std::ffi::c_void, len: block as u64 })
+        .map(|(l, b)| objectcache_range {
+            addr: at(l, b) as *mut std::ffi::c_void,
+            len: block as u64,
+        })
         .collect();
     let p = objectcache_paged_load_params {
         struct_size: std::mem::size_of::<objectcache_paged_load_params>() as u32,
@@ -201,10 +232,16 @@ fn paged_load_through_the_c_abi_lands_in_device_blocks() {
     };
     let mut t = std::ptr::null_mut();
     // SAFETY: parameters valid for the call; the destinations lie in the registered region.
-    assert_eq!(unsafe { objectcache_load_paged(e, &p, &mut t) }, OBJECTCACHE_OK);
+    assert_eq!(
+        unsafe { objectcache_load_paged(e, &p, &mut t) },
+        OBJECTCACHE_OK
+    );
     for l in 0..layers as u32 {
         // SAFETY: a live transfer handle.
-        assert_eq!(unsafe { objectcache_transfer_wait_layer(t, l, 30_000) }, OBJECTCACHE_OK);
+        assert_eq!(
+            unsafe { objectcache_transfer_wait_layer(t, l, 30_000) },
+            OBJECTCACHE_OK
+        );
     }
     // SAFETY: a live transfer handle, released once.
     assert_eq!(unsafe { objectcache_transfer_release(t) }, OBJECTCACHE_OK);
@@ -213,8 +250,15 @@ fn paged_load_through_the_c_abi_lands_in_device_blocks() {
         for b in 0..blocks {
             let got = &back[(l * blocks + b) * block..][..block];
             match ids.iter().position(|&x| x == b) {
-                Some(i) => assert_eq!(got, &host[(l * ids.len() + i) * block..][..block], "layer {l} block {b}"),
-                None => assert!(got.iter().all(|&x| x == 0), "block {b} of layer {l} was written"),
+                Some(i) => assert_eq!(
+                    got,
+                    &host[(l * ids.len() + i) * block..][..block],
+                    "layer {l} block {b}"
+                ),
+                None => assert!(
+                    got.iter().all(|&x| x == 0),
+                    "block {b} of layer {l} was written"
+                ),
             }
         }
     }

@@ -40,7 +40,6 @@ fn s3_at(rt: &tokio::runtime::Runtime, addr: std::net::SocketAddr) -> Arc<dyn St
     Arc::new(rt.block_on(S3Store::new(s3)).unwrap())
 }
 
-
 #[test]
 fn ranged_get_loads_through_delays_keep_bytes_warm_the_pool_and_widen_the_window() {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -81,7 +80,10 @@ fn ranged_get_loads_through_delays_keep_bytes_warm_the_pool_and_widen_the_window
     // Saved straight to the server.
     let direct = Engine::with_store(s3_at(&rt, srv.local_addr()), engine_cfg(4)).unwrap();
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    assert_eq!(direct.save_blocking(&g, &hs, &refs).unwrap().written, chunks);
+    assert_eq!(
+        direct.save_blocking(&g, &hs, &refs).unwrap().written,
+        chunks
+    );
 
     for delay_ms in [0u64, 5, 20, 50] {
         let proxy = rt
@@ -91,8 +93,8 @@ fn ranged_get_loads_through_delays_keep_bytes_warm_the_pool_and_widen_the_window
             ))
             .unwrap();
         let max_requests = 2;
-        let e = Engine::with_store(s3_at(&rt, proxy.local_addr()), engine_cfg(max_requests))
-            .unwrap();
+        let e =
+            Engine::with_store(s3_at(&rt, proxy.local_addr()), engine_cfg(max_requests)).unwrap();
         // The engine opens `max_requests` connections when it starts, before any load.
         common::eventually("the engine's pool warm-up", Duration::from_secs(30), || {
             proxy.connections() >= max_requests as u64
@@ -106,12 +108,23 @@ fn ranged_get_loads_through_delays_keep_bytes_warm_the_pool_and_widen_the_window
             .unwrap();
         h.wait_all_blocking().unwrap();
         for l in 0..g.layers as usize {
-            assert_eq!(h.layer(l).unwrap(), &data[l][..], "{delay_ms} ms, layer {l}");
+            assert_eq!(
+                h.layer(l).unwrap(),
+                &data[l][..],
+                "{delay_ms} ms, layer {l}"
+            );
         }
         let s = h.stats();
-        assert_eq!(s.requests, (chunks * g.layers as usize) as u64, "{delay_ms} ms");
+        assert_eq!(
+            s.requests,
+            (chunks * g.layers as usize) as u64,
+            "{delay_ms} ms"
+        );
         // First-layer reads all go at once (one per chunk), later ones within the cap.
-        assert!(s.peak_requests_in_flight >= chunks as u64, "{delay_ms} ms: {s:?}");
+        assert!(
+            s.peak_requests_in_flight >= chunks as u64,
+            "{delay_ms} ms: {s:?}"
+        );
         if delay_ms >= 20 {
             // A round trip of 40 ms or more holds more than 4 slices' bytes at this rate:
             // the cap grew past both `max_requests` and the first layer's reads.

@@ -45,7 +45,10 @@ fn prefix(g: &KvGeometry) -> (Vec<ChunkHash>, Vec<Vec<u8>>) {
 }
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 /// Every object a reader can see under the namespace is whole and verifies; returns how
@@ -55,8 +58,14 @@ fn visible_objects_verify(store: &Arc<dyn Store>, g: &KvGeometry) -> usize {
     let mut n = 0;
     for m in rt.block_on(store.list(&format!("{NS}/"), 10_000)).unwrap() {
         if m.key.contains("/kv/") {
-            let b = rt.block_on(objectcache::store::StoreExt::get_bytes(store.as_ref(), &m.key)).unwrap();
-            decode_chunk(g, 256, &b).unwrap_or_else(|e| panic!("{} is visible but bad: {e}", m.key));
+            let b = rt
+                .block_on(objectcache::store::StoreExt::get_bytes(
+                    store.as_ref(),
+                    &m.key,
+                ))
+                .unwrap();
+            decode_chunk(g, 256, &b)
+                .unwrap_or_else(|e| panic!("{} is visible but bad: {e}", m.key));
             n += 1;
         }
     }
@@ -71,13 +80,20 @@ fn lookup_and_load(store: &Arc<dyn Store>, g: &KvGeometry) -> usize {
     if hit > 0 {
         let h = e
             .load(
-                LoadRequest { geometry: g.clone(), hashes: hs[..hit].to_vec(), hints: Default::default() },
+                LoadRequest {
+                    geometry: g.clone(),
+                    hashes: hs[..hit].to_vec(),
+                    hints: Default::default(),
+                },
                 LayerBuffers::allocate(g.layers as usize, hit * g.slice_bytes() as usize),
             )
             .unwrap();
         h.wait_all_blocking().unwrap();
         for l in 0..g.layers as usize {
-            assert!(h.layer(l).unwrap() == &data[l][..hit * g.slice_bytes() as usize], "layer {l}");
+            assert!(
+                h.layer(l).unwrap() == &data[l][..hit * g.slice_bytes() as usize],
+                "layer {l}"
+            );
         }
     }
     hit
@@ -88,12 +104,37 @@ fn lookup_and_load(store: &Arc<dyn Store>, g: &KvGeometry) -> usize {
 fn stat_then_gc(dir: &Path) -> (objectcache::lifecycle::Stats, usize) {
     let store = fs(dir);
     let rt = rt();
-    let st = rt.block_on(Inventory::scan(store.as_ref(), "", 1_000_000)).unwrap().stats();
-    let policy = Policy { grace: Duration::ZERO, ..Policy::default() };
-    let rep = rt.block_on(collect(store.as_ref(), &policy, SystemTime::now(), None, None)).unwrap();
+    let st = rt
+        .block_on(Inventory::scan(store.as_ref(), "", 1_000_000))
+        .unwrap()
+        .stats();
+    let policy = Policy {
+        grace: Duration::ZERO,
+        ..Policy::default()
+    };
+    let rep = rt
+        .block_on(collect(
+            store.as_ref(),
+            &policy,
+            SystemTime::now(),
+            None,
+            None,
+        ))
+        .unwrap();
     assert!(rep.errors.is_empty(), "{:?}", rep.errors);
-    let after = rt.block_on(Inventory::scan(store.as_ref(), "", 1_000_000)).unwrap().stats();
-    assert_eq!((after.unreferenced_data, after.orphan_markers, after.partial_writes), (0, 0, 0), "{after:?}");
+    let after = rt
+        .block_on(Inventory::scan(store.as_ref(), "", 1_000_000))
+        .unwrap()
+        .stats();
+    assert_eq!(
+        (
+            after.unreferenced_data,
+            after.orphan_markers,
+            after.partial_writes
+        ),
+        (0, 0, 0),
+        "{after:?}"
+    );
     (st, rep.deleted.len())
 }
 
@@ -126,7 +167,14 @@ fn c10_writer_process() {
     match std::env::var("C10_WRITER_ROLE").as_deref() {
         Ok("limited") => {
             use rustix::process::{setrlimit, Resource, Rlimit};
-            setrlimit(Resource::Fsize, Rlimit { current: Some(4 << 20), maximum: Some(4 << 20) }).unwrap();
+            setrlimit(
+                Resource::Fsize,
+                Rlimit {
+                    current: Some(4 << 20),
+                    maximum: Some(4 << 20),
+                },
+            )
+            .unwrap();
             let (hs, data) = prefix(&g);
             let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
             match engine(store, NS).save_blocking(&g, &hs, &refs) {
@@ -139,7 +187,9 @@ fn c10_writer_process() {
                 .chain(futures::stream::pending())
                 .boxed();
             println!("C10-WRITER|writing");
-            let _ = store.put_stream(&format!("{NS}/hang/obj"), body, None, PutOptions::default()).await;
+            let _ = store
+                .put_stream(&format!("{NS}/hang/obj"), body, None, PutOptions::default())
+                .await;
         }),
         other => panic!("unknown role {other:?}"),
     }
@@ -153,15 +203,27 @@ fn run1_two_writers_one_failing_mid_write() {
     let child = writer_process(dir.path(), "limited");
     let (hs, data) = prefix(&g);
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    engine(store.clone(), NS).save_blocking(&g, &hs, &refs).unwrap();
+    engine(store.clone(), NS)
+        .save_blocking(&g, &hs, &refs)
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     let said = String::from_utf8_lossy(&out.stdout);
-    assert!(said.contains("C10-WRITER|err|"), "the limited writer did not fail: {said}");
-    assert!(said.contains("File too large") || said.contains("os error 27"), "{said}");
+    assert!(
+        said.contains("C10-WRITER|err|"),
+        "the limited writer did not fail: {said}"
+    );
+    assert!(
+        said.contains("File too large") || said.contains("os error 27"),
+        "{said}"
+    );
     assert_eq!(visible_objects_verify(&store, &g), CHUNKS);
     assert_eq!(lookup_and_load(&fs(dir.path()), &g), CHUNKS);
     let (st, deleted) = stat_then_gc(dir.path());
-    assert_eq!((st.published, st.partial_writes, deleted), (CHUNKS as u64, 0, 0), "{st:?}");
+    assert_eq!(
+        (st.published, st.partial_writes, deleted),
+        (CHUNKS as u64, 0, 0),
+        "{st:?}"
+    );
     println!("C10|run 1: two writers, one failing with EFBIG after 4 MiB of each 8 MiB object|the failing writer got 'File too large'; {CHUNKS} of {CHUNKS} objects whole and verified; lookup {CHUNKS} and byte-exact in a fresh process; nothing left behind");
 }
 
@@ -175,11 +237,16 @@ fn run2_a_directory_at_a_chunks_path() {
     let blocked = dir.path().join(keys.data(&hs[1]));
     std::fs::create_dir_all(blocked.join("x")).unwrap();
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    let e = engine(store.clone(), NS).save_blocking(&g, &hs, &refs).unwrap_err();
+    let e = engine(store.clone(), NS)
+        .save_blocking(&g, &hs, &refs)
+        .unwrap_err();
     assert!(e.to_string().contains("a prefix of other keys"), "{e}");
     let visible = visible_objects_verify(&store, &g);
     let hit = lookup_and_load(&fs(dir.path()), &g);
-    assert!(hit <= 1, "lookup reports {hit} chunks across the failed one");
+    assert!(
+        hit <= 1,
+        "lookup reports {hit} chunks across the failed one"
+    );
     let (st, deleted) = stat_then_gc(dir.path());
     assert_eq!(st.partial_writes, 0, "{st:?}");
     assert_eq!(st.unreferenced_data as usize, visible, "{st:?}");
@@ -202,14 +269,22 @@ impl Store for FailOne {
     async fn get_opts(&self, key: &str, opts: GetOptions) -> Result<GetResult, StoreError> {
         self.inner.get_opts(key, opts).await
     }
-    async fn put_opts(&self, key: &str, data: Bytes, opts: PutOptions) -> Result<PutResult, StoreError> {
+    async fn put_opts(
+        &self,
+        key: &str,
+        data: Bytes,
+        opts: PutOptions,
+    ) -> Result<PutResult, StoreError> {
         if key != self.key {
             return self.inner.put_opts(key, data, opts).await;
         }
         let len = data.len() as u64;
         let body: ByteStream = futures::stream::iter([
             Ok(data.slice(..4 << 20)),
-            Err(StoreError::other("fs", "No space left on device (os error 28)")),
+            Err(StoreError::other(
+                "fs",
+                "No space left on device (os error 28)",
+            )),
         ])
         .boxed();
         self.inner.put_stream(key, body, Some(len), opts).await
@@ -234,16 +309,27 @@ fn run3_the_third_chunk_fails_mid_write() {
     let dir = tempfile::tempdir().unwrap();
     let (hs, data) = prefix(&g);
     let keys = engine(fs(dir.path()), NS).keys(&g).unwrap();
-    let store: Arc<dyn Store> = Arc::new(FailOne { inner: fs(dir.path()), key: keys.data(&hs[2]) });
+    let store: Arc<dyn Store> = Arc::new(FailOne {
+        inner: fs(dir.path()),
+        key: keys.data(&hs[2]),
+    });
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    let e = engine(store.clone(), NS).save_blocking(&g, &hs, &refs).unwrap_err();
+    let e = engine(store.clone(), NS)
+        .save_blocking(&g, &hs, &refs)
+        .unwrap_err();
     assert!(e.to_string().contains("No space left"), "{e}");
     let visible = visible_objects_verify(&store, &g);
     assert!(visible < CHUNKS, "the failed chunk is visible");
     let hit = lookup_and_load(&fs(dir.path()), &g);
-    assert!(hit <= 2, "lookup reports {hit} chunks across the failed third");
+    assert!(
+        hit <= 2,
+        "lookup reports {hit} chunks across the failed third"
+    );
     let (st, deleted) = stat_then_gc(dir.path());
-    assert_eq!(st.partial_writes, 0, "the failed write left its temporary file: {st:?}");
+    assert_eq!(
+        st.partial_writes, 0,
+        "the failed write left its temporary file: {st:?}"
+    );
     println!("C10|run 3: a 4-chunk save whose third chunk fails after 4 MiB|save fails ({e}); {visible} objects whole and verified, the third absent, no temporary file; lookup {hit}; gc deleted {deleted} unreferenced");
 }
 
@@ -259,7 +345,10 @@ fn run4_a_writer_killed_mid_write() {
         if let Some(p) = found.into_iter().find(|p| p.size == 4 << 20) {
             break p;
         }
-        assert!(t0.elapsed() < Duration::from_secs(60), "the writer never wrote 4 MiB");
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the writer never wrote 4 MiB"
+        );
         std::thread::sleep(Duration::from_millis(10));
     };
     assert!(!p.orphaned, "its writer still runs");
@@ -268,12 +357,31 @@ fn run4_a_writer_killed_mid_write() {
     // A fresh process's view: the object is absent; its temporary file is counted by stat
     // and orphaned; gc reclaims it whatever the grace period.
     let store = fs(dir.path());
-    assert!(!rt.block_on(objectcache::store::StoreExt::exists(store.as_ref(), &format!("{NS}/hang/obj"))).unwrap());
-    let inv = rt.block_on(Inventory::scan(store.as_ref(), "", 1000)).unwrap();
+    assert!(!rt
+        .block_on(objectcache::store::StoreExt::exists(
+            store.as_ref(),
+            &format!("{NS}/hang/obj")
+        ))
+        .unwrap());
+    let inv = rt
+        .block_on(Inventory::scan(store.as_ref(), "", 1000))
+        .unwrap();
     let st = inv.stats();
-    assert_eq!((st.partial_writes, st.partial_bytes), (1, 4 << 20), "{st:?}");
+    assert_eq!(
+        (st.partial_writes, st.partial_bytes),
+        (1, 4 << 20),
+        "{st:?}"
+    );
     assert!(inv.partial[0].orphaned, "{:?}", inv.partial);
-    let rep = rt.block_on(collect(store.as_ref(), &Policy::default(), SystemTime::now(), None, None)).unwrap();
+    let rep = rt
+        .block_on(collect(
+            store.as_ref(),
+            &Policy::default(),
+            SystemTime::now(),
+            None,
+            None,
+        ))
+        .unwrap();
     assert_eq!(rep.count(Reason::PartialWrite), 1, "{rep:?}");
     assert!(rt.block_on(store.list_partial("")).unwrap().is_empty());
     println!("C10|run 4: a writer process killed after 4 MiB of a streamed write|object absent; stat counts 1 incomplete write of 4 MiB (orphaned); gc with the default 1 h grace reclaims it at once");

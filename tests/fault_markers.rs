@@ -52,13 +52,23 @@ fn lookup_stops_at_a_missing_middle_marker() {
                 if hit > 0 {
                     let h = fresh
                         .load(
-                            LoadRequest { geometry: g.clone(), hashes: hs[..hit].to_vec(), hints: Default::default() },
-                            LayerBuffers::allocate(g.layers as usize, hit * g.slice_bytes() as usize),
+                            LoadRequest {
+                                geometry: g.clone(),
+                                hashes: hs[..hit].to_vec(),
+                                hints: Default::default(),
+                            },
+                            LayerBuffers::allocate(
+                                g.layers as usize,
+                                hit * g.slice_bytes() as usize,
+                            ),
                         )
                         .unwrap();
                     h.wait_all_blocking().unwrap();
                     for l in 0..g.layers as usize {
-                        assert_eq!(h.layer(l).unwrap(), &data[l][..hit * g.slice_bytes() as usize]);
+                        assert_eq!(
+                            h.layer(l).unwrap(),
+                            &data[l][..hit * g.slice_bytes() as usize]
+                        );
                     }
                 }
                 assert!(rt.block_on(store.exists(&keys.marker(&hs[0]))).unwrap());

@@ -13,7 +13,6 @@
 //! collects (`cargo test --release --test fault_s3 -- --nocapture | grep '^FAULT|'`).
 #![cfg(feature = "s3")]
 
-
 mod common;
 #[path = "common/fault_proxy.rs"]
 mod fault_proxy;
@@ -22,16 +21,22 @@ mod s3_faults;
 
 use common::*;
 use fault_proxy::{Fault, FaultProxy};
-use s3_faults::*;
 use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LayerStatus, LoadRequest};
 use objectcache::store::StoreExt;
+use s3_faults::*;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 #[test]
 fn c2_http_500_on_every_try_is_a_miss() {
     let Some((addr, ns)) = endpoint() else { return };
-    victim_case(addr, &ns, "C2 500 on every try", Fault::e500(), Duration::from_secs(20));
+    victim_case(
+        addr,
+        &ns,
+        "C2 500 on every try",
+        Fault::e500(),
+        Duration::from_secs(20),
+    );
 }
 
 #[test]
@@ -89,7 +94,13 @@ fn stall_with_connection_open_ends_by_deadline() {
 #[test]
 fn reset_before_response_is_a_miss() {
     let Some((addr, ns)) = endpoint() else { return };
-    victim_case(addr, &ns, "reset before response", Fault::ResetNow, Duration::from_secs(20));
+    victim_case(
+        addr,
+        &ns,
+        "reset before response",
+        Fault::ResetNow,
+        Duration::from_secs(20),
+    );
 }
 
 #[test]
@@ -235,7 +246,10 @@ fn proxy_killed_mid_load_is_a_miss() {
             }
         }
     }
-    assert!(missed > 0, "the load finished before the kill; slow it down");
+    assert!(
+        missed > 0,
+        "the load finished before the kill; slow it down"
+    );
     report(
         "endpoint killed mid-load",
         1,
@@ -374,16 +388,31 @@ fn c17_broken_conditional_put_is_detected_and_saves_are_refused() {
             Fault::Pass
         }
     };
-    let cases: [(&str, Box<dyn Fn(&fault_proxy::Request) -> Fault + Send + Sync>, &str); 2] = [
-        ("ignores If-None-Match", Box::new(ignores), "ignores If-None-Match"),
-        ("refuses every create-only PUT", Box::new(refuses), "refused a create-only PUT"),
+    let cases: [(
+        &str,
+        Box<dyn Fn(&fault_proxy::Request) -> Fault + Send + Sync>,
+        &str,
+    ); 2] = [
+        (
+            "ignores If-None-Match",
+            Box::new(ignores),
+            "ignores If-None-Match",
+        ),
+        (
+            "refuses every create-only PUT",
+            Box::new(refuses),
+            "refused a create-only PUT",
+        ),
     ];
     for (name, rule, want) in cases {
         let proxy = FaultProxy::http(addr, rule);
         let e = engine_on(s3(&proxy.url()), &ns, Duration::from_secs(20));
         let other = hashes(&g, CHUNKS * g.tokens_per_chunk as usize, 1700);
         let err = e.save_blocking(&g, &other, &refs).unwrap_err().to_string();
-        assert!(err.contains(want) && err.contains("If-None-Match"), "{name}: {err}");
+        assert!(
+            err.contains(want) && err.contains("If-None-Match"),
+            "{name}: {err}"
+        );
         // Checked once per store: the second save is refused without a new probe.
         let probes = |p: &FaultProxy| {
             p.requests()
@@ -426,11 +455,14 @@ fn c17_broken_conditional_put_is_detected_and_saves_are_refused() {
 fn c18_checksum_headers_refused_or_never_returned() {
     let Some((addr, ns)) = endpoint() else { return };
     // 8 MiB chunk: 8 layers of 1 MiB (256 tokens x 4 KiB per token per layer).
-    let mut g = objectcache::KvGeometry::new("test/c18", 8, 8, 128, objectcache::Dtype::Bf16).unwrap();
+    let mut g =
+        objectcache::KvGeometry::new("test/c18", 8, 8, 128, objectcache::Dtype::Bf16).unwrap();
     g.tokens_per_chunk = 256;
     assert_eq!(g.slice_bytes() * g.layers as u64, 8 << 20);
     let refuses = |r: &fault_proxy::Request| {
-        if r.has_header_prefix("x-amz-checksum-") || r.has_header_prefix("x-amz-sdk-checksum-algorithm") {
+        if r.has_header_prefix("x-amz-checksum-")
+            || r.has_header_prefix("x-amz-sdk-checksum-algorithm")
+        {
             Fault::Status(501, "NotImplemented")
         } else {
             Fault::Pass
@@ -440,17 +472,25 @@ fn c18_checksum_headers_refused_or_never_returned() {
         request: &[],
         response: &["x-amz-checksum-"],
     };
-    let cases: [(&str, Box<dyn Fn(&fault_proxy::Request) -> Fault + Send + Sync>); 2] = [
+    let cases: [(
+        &str,
+        Box<dyn Fn(&fault_proxy::Request) -> Fault + Send + Sync>,
+    ); 2] = [
         ("refuses checksum headers (501)", Box::new(refuses)),
         ("never returns checksum headers", Box::new(never_returns)),
     ];
     for (i, (name, rule)) in cases.into_iter().enumerate() {
         let proxy = FaultProxy::http(addr, rule);
-        let e = engine_on(s3(&proxy.url()), &format!("{ns}-{i}"), Duration::from_secs(30));
+        let e = engine_on(
+            s3(&proxy.url()),
+            &format!("{ns}-{i}"),
+            Duration::from_secs(30),
+        );
         let hs = hashes(&g, g.tokens_per_chunk as usize, 18 + i as u32);
         let data = kv(&g, 1, 18 + i as u64);
         let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-        e.save_blocking(&g, &hs, &refs).unwrap_or_else(|err| panic!("{name}: {err}"));
+        e.save_blocking(&g, &hs, &refs)
+            .unwrap_or_else(|err| panic!("{name}: {err}"));
         let load = |e: &Engine| {
             let h = e
                 .load(
@@ -470,7 +510,13 @@ fn c18_checksum_headers_refused_or_never_returned() {
             "{name}: no request carried checksum headers"
         );
         // Our own CRC32C still guards every layer: flip one byte of every GET body.
-        proxy.set_rule(|r| if r.method == "GET" { Fault::Flip(0.5) } else { Fault::Pass });
+        proxy.set_rule(|r| {
+            if r.method == "GET" {
+                Fault::Flip(0.5)
+            } else {
+                Fault::Pass
+            }
+        });
         let h = load(&e);
         assert!(
             (0..g.layers as usize).any(|l| !matches!(h.poll_layer(l), LayerStatus::Ready)),

@@ -28,9 +28,7 @@ fn slowdown_storm_is_absorbed_by_bounded_retries() {
             return Fault::Pass;
         }
         let mut m = s2.lock().unwrap();
-        let n = m
-            .entry(format!("{} {:?}", r.path(), r.range))
-            .or_insert(0);
+        let n = m.entry(format!("{} {:?}", r.path(), r.range)).or_insert(0);
         *n += 1;
         if *n < MAX_ATTEMPTS {
             Fault::slowdown()
@@ -43,8 +41,7 @@ fn slowdown_storm_is_absorbed_by_bounded_retries() {
     let worst = att.values().copied().max().unwrap();
     assert!(worst <= MAX_ATTEMPTS, "{att:?}");
     assert_eq!(
-        o.ready,
-        f.g.layers as usize,
+        o.ready, f.g.layers as usize,
         "retries did not absorb a bounded storm: {o:?}"
     );
     let n503 = f

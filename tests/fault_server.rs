@@ -134,7 +134,12 @@ impl Rig {
 
     /// A new engine through the proxy (no pooled gather connection yet).
     fn fresh_engine(&self) -> Engine {
-        engine_with(ours(&self.proxy.url()), &self.ns, self.timeout, self.streams)
+        engine_with(
+            ours(&self.proxy.url()),
+            &self.ns,
+            self.timeout,
+            self.streams,
+        )
     }
 
     /// Where the gather stream's frames start, as the server sends them: the authentication
@@ -234,7 +239,11 @@ fn wait_until_warm(e: &Engine) {
         e.gather_status(),
         GatherStatus::Unknown | GatherStatus::Probing | GatherStatus::Offered { warming: true, .. }
     ) {
-        assert!(t.elapsed() < Duration::from_secs(60), "{:?}", e.gather_status());
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{:?}",
+            e.gather_status()
+        );
         std::thread::sleep(Duration::from_millis(2));
     }
 }
@@ -415,7 +424,13 @@ fn reset_cases(r: &Rig, what: &str, points: &[(&str, u64)]) {
 #[test]
 fn gather_striped_reset_is_a_miss() {
     let server = mem_server();
-    let r = rig_with(server.local_addr(), "stripe-reset", 13, Duration::from_secs(20), 2);
+    let r = rig_with(
+        server.local_addr(),
+        "stripe-reset",
+        13,
+        Duration::from_secs(20),
+        2,
+    );
     let lay = r.stream_layout(server_info(server.local_addr()));
     // One stripe's stream is about half the whole load's.
     reset_cases(
@@ -446,7 +461,11 @@ fn stalled_gather_load_advises_recompute() {
     let hs = hashes(&g, tokens, 21);
     let data = kv(&g, chunks, 21);
     let timeout = Duration::from_secs(20);
-    let direct = engine(ours(&format!("http://{}", server.local_addr())), &ns, timeout);
+    let direct = engine(
+        ours(&format!("http://{}", server.local_addr())),
+        &ns,
+        timeout,
+    );
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
     direct.save_blocking(&g, &hs, &refs).unwrap();
     let model = ComputeModel::preset("llama-3.1-8b", GpuKind::H100, KernelClass::Tuned).unwrap();
@@ -471,7 +490,8 @@ fn stalled_gather_load_advises_recompute() {
     assert_eq!(h.layer(0).unwrap(), &data[0][..], "layer 0 byte-exact");
     // Layer 1 is late: still pending after half a second (the event, with a bound).
     assert!(
-        h.wait_layer_blocking(1, Some(Duration::from_millis(500))).is_err(),
+        h.wait_layer_blocking(1, Some(Duration::from_millis(500)))
+            .is_err(),
         "layer 1 arrived through a stalled stream"
     );
     let advice = h.stall_advice(&model, tokens as u64, 16).unwrap();

@@ -18,7 +18,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 fn env_or(k: &str, d: u64) -> u64 {
-    std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d)
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(d)
 }
 
 fn rss_kib() -> u64 {
@@ -33,7 +36,9 @@ fn rss_kib() -> u64 {
 }
 
 fn fds() -> u64 {
-    std::fs::read_dir("/proc/self/fd").map(|d| d.count() as u64).unwrap_or(0)
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count() as u64)
+        .unwrap_or(0)
 }
 
 #[test]
@@ -42,7 +47,10 @@ fn soak_concurrent_saves_and_loads() {
     let secs = env_or("OBJECTCACHE_SOAK_SECS", 60);
     let workers = env_or("OBJECTCACHE_SOAK_WORKERS", 8) as usize;
     let _tmp;
-    let url = match std::env::var("OBJECTCACHE_SOAK_STORE").ok().filter(|v| !v.is_empty()) {
+    let url = match std::env::var("OBJECTCACHE_SOAK_STORE")
+        .ok()
+        .filter(|v| !v.is_empty())
+    {
         Some(u) => u,
         None => {
             _tmp = tempfile::tempdir().unwrap();
@@ -59,15 +67,23 @@ fn soak_concurrent_saves_and_loads() {
     let engine = Arc::new(
         Engine::with_store(
             store,
-            EngineConfig { namespace: ns, lookup_cache_ttl: Duration::ZERO, ..EngineConfig::default() },
+            EngineConfig {
+                namespace: ns,
+                lookup_cache_ttl: Duration::ZERO,
+                ..EngineConfig::default()
+            },
         )
         .unwrap(),
     );
     // A pool of prompts shared by the workers (so saves race on the same chunks).
     let prompts = 32usize;
     let stop = Arc::new(AtomicBool::new(false));
-    let (saves, loads, bytes, errors) =
-        (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (saves, loads, bytes, errors) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
     let first_error: Arc<Mutex<Option<String>>> = Arc::default();
     let samples: Arc<Mutex<Vec<(f64, u64, u64)>>> = Arc::default();
     let t0 = Instant::now();
@@ -75,7 +91,10 @@ fn soak_concurrent_saves_and_loads() {
         let (stop, samples) = (stop.clone(), samples.clone());
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                samples.lock().unwrap().push((t0.elapsed().as_secs_f64(), rss_kib(), fds()));
+                samples
+                    .lock()
+                    .unwrap()
+                    .push((t0.elapsed().as_secs_f64(), rss_kib(), fds()));
                 std::thread::sleep(Duration::from_millis(500));
             }
         })
@@ -83,8 +102,13 @@ fn soak_concurrent_saves_and_loads() {
     let mut hs = Vec::new();
     for w in 0..workers {
         let (engine, g, stop) = (engine.clone(), g.clone(), stop.clone());
-        let (saves, loads, bytes, errors, first_error) =
-            (saves.clone(), loads.clone(), bytes.clone(), errors.clone(), first_error.clone());
+        let (saves, loads, bytes, errors, first_error) = (
+            saves.clone(),
+            loads.clone(),
+            bytes.clone(),
+            errors.clone(),
+            first_error.clone(),
+        );
         hs.push(std::thread::spawn(move || {
             let mut x = 0x9e37_79b9u64 ^ w as u64;
             let fail = |m: String| {
@@ -118,7 +142,11 @@ fn soak_concurrent_saves_and_loads() {
                 }
                 let n = chunks * g.slice_bytes() as usize;
                 let h = match engine.load(
-                    LoadRequest { geometry: g.clone(), hashes: hs.clone(), hints: Default::default() },
+                    LoadRequest {
+                        geometry: g.clone(),
+                        hashes: hs.clone(),
+                        hints: Default::default(),
+                    },
                     LayerBuffers::allocate(g.layers as usize, n),
                 ) {
                     Ok(h) => h,
@@ -175,7 +203,13 @@ fn soak_concurrent_saves_and_loads() {
     );
     assert_eq!(er, 0, "first error: {:?}", first_error.lock().unwrap());
     assert!(ld > 0 && sv > 0);
-    assert!(fd_end <= fd0 + 2, "file descriptors leaked: {fd0} before, {fd_end} after");
+    assert!(
+        fd_end <= fd0 + 2,
+        "file descriptors leaked: {fd0} before, {fd_end} after"
+    );
     // Stable memory: no growth past warm-up beyond allocator slack.
-    assert!(rss_end <= warm * 2 + 65536, "RSS grew from {warm} KiB after warm-up to {rss_end} KiB");
+    assert!(
+        rss_end <= warm * 2 + 65536,
+        "RSS grew from {warm} KiB after warm-up to {rss_end} KiB"
+    );
 }

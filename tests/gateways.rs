@@ -47,7 +47,11 @@ impl Gateway {
                 secret_key: SECRET.into(),
             }],
             buckets: vec![BUCKET.into()],
-            scheduler: if cap > 0 { "equal".into() } else { "fifo".into() },
+            scheduler: if cap > 0 {
+                "equal".into()
+            } else {
+                "fifo".into()
+            },
             bandwidth_cap_bytes_per_s: cap,
             shutdown_grace_secs: 1,
             ..ServerConfig::default()
@@ -81,7 +85,11 @@ impl Gateway {
     }
 }
 
-fn client_store(rt: &tokio::runtime::Runtime, gws: &[&Gateway], placement: Placement) -> Arc<GatewayStore> {
+fn client_store(
+    rt: &tokio::runtime::Runtime,
+    gws: &[&Gateway],
+    placement: Placement,
+) -> Arc<GatewayStore> {
     let mut base = S3Config::new(BUCKET);
     base.region = Some("us-east-1".into());
     base.credentials = S3Credentials::Static {
@@ -94,9 +102,11 @@ fn client_store(rt: &tokio::runtime::Runtime, gws: &[&Gateway], placement: Place
         placement,
         health_interval: Duration::from_millis(100),
     };
-    Arc::new(rt.block_on(GatewayStore::new(base, endpoints, opts)).unwrap())
+    Arc::new(
+        rt.block_on(GatewayStore::new(base, endpoints, opts))
+            .unwrap(),
+    )
 }
-
 
 #[test]
 fn s3_requests_fail_over_and_a_gateway_that_comes_back_is_used_again() {
@@ -109,14 +119,20 @@ fn s3_requests_fail_over_and_a_gateway_that_comes_back_is_used_again() {
         rt.block_on(async {
             for i in from..to {
                 let k = format!("obj/{i}");
-                store.put(&k, Bytes::from(vec![i as u8; 100 + i])).await.unwrap();
+                store
+                    .put(&k, Bytes::from(vec![i as u8; 100 + i]))
+                    .await
+                    .unwrap();
                 assert_eq!(store.get_bytes(&k).await.unwrap(), vec![i as u8; 100 + i]);
             }
         })
     };
     put_get(0, 40);
     let before = store.endpoints();
-    assert!(before.iter().all(|e| e.up && e.requests > 0), "both used: {before:?}");
+    assert!(
+        before.iter().all(|e| e.up && e.requests > 0),
+        "both used: {before:?}"
+    );
 
     a.kill();
     put_get(40, 80);
@@ -125,22 +141,37 @@ fn s3_requests_fail_over_and_a_gateway_that_comes_back_is_used_again() {
     // Every object is still there, read through the gateway that is left.
     rt.block_on(async {
         for i in 0..80 {
-            assert_eq!(store.get_bytes(&format!("obj/{i}")).await.unwrap().len(), 100 + i);
+            assert_eq!(
+                store.get_bytes(&format!("obj/{i}")).await.unwrap().len(),
+                100 + i
+            );
         }
     });
 
     let a2 = Gateway::start(backing.clone(), a.addr, 0);
-    common::eventually("the gateway is seen up again", Duration::from_secs(20), || store.endpoints()[0].up);
+    common::eventually(
+        "the gateway is seen up again",
+        Duration::from_secs(20),
+        || store.endpoints()[0].up,
+    );
     let used = store.endpoints()[0].requests;
     put_get(80, 120);
     let after = store.endpoints();
     assert!(after[0].recovered >= 1, "{after:?}");
-    assert!(after[0].requests > used + 5, "the returning gateway serves its keys again: {after:?}");
+    assert!(
+        after[0].requests > used + 5,
+        "the returning gateway serves its keys again: {after:?}"
+    );
     drop(a2);
 }
 
 /// Saves a prefix through `e`; returns its hashes and layers.
-fn save(e: &Engine, g: &KvGeometry, chunks: usize, seed: u64) -> (Vec<objectcache::ChunkHash>, Vec<Vec<u8>>) {
+fn save(
+    e: &Engine,
+    g: &KvGeometry,
+    chunks: usize,
+    seed: u64,
+) -> (Vec<objectcache::ChunkHash>, Vec<Vec<u8>>) {
     let hs = hashes(g, chunks * g.tokens_per_chunk as usize, seed as u32);
     let data = kv(g, chunks, seed);
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
@@ -169,8 +200,13 @@ fn a_gather_load_fails_over_mid_load_byte_exact_and_the_gateway_is_used_again() 
     .unwrap();
     let chunks = 8;
     let (hs, data) = save(&e, &g, chunks, 11);
-    let first = store.gather_route(route_key(hs[0].as_bytes()))[0].addr.clone();
-    let victim = gws.iter().position(|gw| gw.addr.to_string() == first).unwrap();
+    let first = store.gather_route(route_key(hs[0].as_bytes()))[0]
+        .addr
+        .clone();
+    let victim = gws
+        .iter()
+        .position(|gw| gw.addr.to_string() == first)
+        .unwrap();
 
     let load = || {
         e.load(
@@ -181,7 +217,10 @@ fn a_gather_load_fails_over_mid_load_byte_exact_and_the_gateway_is_used_again() 
     };
     let h = load();
     h.wait_layer_blocking(4, None).unwrap();
-    assert!(h.stats().ttll_s.is_none(), "the load is still running when its gateway dies");
+    assert!(
+        h.stats().ttll_s.is_none(),
+        "the load is still running when its gateway dies"
+    );
     gws[victim].kill();
     h.wait_all_blocking().unwrap();
     for l in 0..g.layers as usize {
@@ -203,13 +242,20 @@ fn a_gather_load_fails_over_mid_load_byte_exact_and_the_gateway_is_used_again() 
     // It comes back on its address: its prefixes are served by it again.
     let addr = gws[victim].addr;
     gws[victim] = Gateway::start(backing.clone(), addr, cap);
-    common::eventually("the gateway is seen up again", Duration::from_secs(20), || store.endpoints()[victim].up);
+    common::eventually(
+        "the gateway is seen up again",
+        Duration::from_secs(20),
+        || store.endpoints()[victim].up,
+    );
     let h = load();
     h.wait_all_blocking().unwrap();
     for l in 0..g.layers as usize {
         assert_eq!(h.layer(l).unwrap(), &data[l][..], "layer {l}");
     }
-    assert!(gws[victim].gather_loads() >= 1, "the returning gateway served the load");
+    assert!(
+        gws[victim].gather_loads() >= 1,
+        "the returning gateway served the load"
+    );
 }
 
 #[test]
@@ -240,6 +286,11 @@ fn loads_spread_over_the_gateways_by_prefix() {
         h.wait_all_blocking().unwrap();
         assert_eq!(h.layer(0).unwrap(), &data[0][..]);
     }
-    assert!(a.gather_loads() > 0 && b.gather_loads() > 0, "{} / {}", a.gather_loads(), b.gather_loads());
+    assert!(
+        a.gather_loads() > 0 && b.gather_loads() > 0,
+        "{} / {}",
+        a.gather_loads(),
+        b.gather_loads()
+    );
     assert_eq!(a.gather_loads() + b.gather_loads(), 12);
 }

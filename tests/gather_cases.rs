@@ -89,7 +89,9 @@ async fn c4_burst_of_100_cache_hits_under_a_2gib_budget() {
 async fn c5_many_layers_many_ranks_one_request_per_rank() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let server = start(store.clone(), config()).await;
-    let mut c = GatherClient::connect_with(server.local_addr(), creds()).await.unwrap();
+    let mut c = GatherClient::connect_with(server.local_addr(), creds())
+        .await
+        .unwrap();
     let tokens = vec![256u32; 128];
     let mut objects_written = 0;
     for rank in 0..8 {

@@ -12,7 +12,9 @@ use bytes::BytesMut;
 use gather_util::*;
 use hostile_util::closed_within;
 use objectcache::layout::KvGeometry;
-use objectcache::protocol::{ClientConnection, ClientEvent, SaveChunk, SaveRequest, WireGeometry, PREFACE};
+use objectcache::protocol::{
+    ClientConnection, ClientEvent, SaveChunk, SaveRequest, WireGeometry, PREFACE,
+};
 use objectcache::server::ServerConfig;
 use objectcache::store::{FsStore, FsyncPolicy, MemoryStore, Store};
 use std::net::SocketAddr;
@@ -49,20 +51,31 @@ async fn authenticated(addr: SocketAddr) -> (TcpStream, ClientConnection) {
             assert!(matches!(ev, ClientEvent::Connected(_)), "{ev:?}");
             return (s, c);
         }
-        assert!(s.read_buf(&mut buf).await.unwrap() > 0, "server closed during the handshake");
+        assert!(
+            s.read_buf(&mut buf).await.unwrap() > 0,
+            "server closed during the handshake"
+        );
         c.handle_bytes(&mut buf).unwrap();
     }
 }
 
 async fn inflight(server: &objectcache::server::ServerHandle) -> f64 {
-    metric(&server.metrics().encode(), "objectcache_server_inflight_bytes").unwrap_or(-1.0)
+    metric(
+        &server.metrics().encode(),
+        "objectcache_server_inflight_bytes",
+    )
+    .unwrap_or(-1.0)
 }
 
 /// Waits until the server holds no memory under its budget.
 async fn budget_back(server: &objectcache::server::ServerHandle) {
     let t0 = Instant::now();
     while inflight(server).await != 0.0 {
-        assert!(t0.elapsed() < Duration::from_secs(10), "budget still held: {}", inflight(server).await);
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "budget still held: {}",
+            inflight(server).await
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -75,13 +88,20 @@ async fn handshakes_must_finish_and_idle_connections_close() {
     // Part of the preface, held: closed at the handshake deadline.
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(&PREFACE[..5]).await.unwrap();
-    let t = closed_within(&mut s, bound).await.expect("partial preface held open");
-    assert!(t >= Duration::from_millis(LIMIT * 1000 - 100), "closed early: {t:?}");
+    let t = closed_within(&mut s, bound)
+        .await
+        .expect("partial preface held open");
+    assert!(
+        t >= Duration::from_millis(LIMIT * 1000 - 100),
+        "closed early: {t:?}"
+    );
     // Part of the preface, then FIN: closed at once.
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(&PREFACE[..5]).await.unwrap();
     s.shutdown().await.unwrap();
-    let t = closed_within(&mut s, bound).await.expect("half-closed connection kept");
+    let t = closed_within(&mut s, bound)
+        .await
+        .expect("half-closed connection kept");
     assert!(t < Duration::from_millis(500), "{t:?}");
     // Preface and hello, then no answer to the authentication challenge.
     let mut s = TcpStream::connect(addr).await.unwrap();
@@ -89,15 +109,28 @@ async fn handshakes_must_finish_and_idle_connections_close() {
     while let Some(b) = c.poll_transmit() {
         s.write_all(&b).await.unwrap();
     }
-    let t = closed_within(&mut s, bound).await.expect("unanswered challenge held open");
-    assert!(t >= Duration::from_millis(LIMIT * 1000 - 100), "closed early: {t:?}");
+    let t = closed_within(&mut s, bound)
+        .await
+        .expect("unanswered challenge held open");
+    assert!(
+        t >= Duration::from_millis(LIMIT * 1000 - 100),
+        "closed early: {t:?}"
+    );
     // Authenticated and idle: closed after the idle timeout, not before.
     let (mut s, _) = authenticated(addr).await;
     let t0 = Instant::now();
-    let t = closed_within(&mut s, Duration::from_secs(IDLE + 3)).await.expect("idle connection kept");
-    assert!(t0.elapsed() >= Duration::from_millis(IDLE * 1000 - 100), "idle connection closed after {t:?}");
+    let t = closed_within(&mut s, Duration::from_secs(IDLE + 3))
+        .await
+        .expect("idle connection kept");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(IDLE * 1000 - 100),
+        "idle connection closed after {t:?}"
+    );
     let m = server.metrics().encode();
-    assert!(metric(&m, "objectcache_server_errors_total{kind=\"handshake\"}").unwrap_or(0.0) >= 2.0, "{m}");
+    assert!(
+        metric(&m, "objectcache_server_errors_total{kind=\"handshake\"}").unwrap_or(0.0) >= 2.0,
+        "{m}"
+    );
     println!("GATHERFRONT|partial preface held; partial preface then FIN; challenge unanswered; authenticated idle|closed at the {LIMIT} s handshake deadline; at once; at the deadline; after the {IDLE} s idle timeout");
     server.shutdown().await;
 }
@@ -141,7 +174,12 @@ async fn a_save_that_stalls_or_drips_is_dropped_and_writes_nothing() {
             let w = tokio::spawn(async move {
                 loop {
                     let mut b = BytesMut::new();
-                    objectcache::protocol::Frame::SaveData { chunk: 0, offset: off, data: obj.slice(off as usize..off as usize + 1024) }.encode(&mut b);
+                    objectcache::protocol::Frame::SaveData {
+                        chunk: 0,
+                        offset: off,
+                        data: obj.slice(off as usize..off as usize + 1024),
+                    }
+                    .encode(&mut b);
                     if wr.write_all(&b).await.is_err() || t0.elapsed() > Duration::from_secs(10) {
                         break;
                     }
@@ -151,7 +189,9 @@ async fn a_save_that_stalls_or_drips_is_dropped_and_writes_nothing() {
             });
             let mut b = vec![0u8; 1 << 16];
             let t = loop {
-                match tokio::time::timeout(Duration::from_secs(LIMIT * 2 + 4), rd.read(&mut b)).await {
+                match tokio::time::timeout(Duration::from_secs(LIMIT * 2 + 4), rd.read(&mut b))
+                    .await
+                {
                     Ok(Ok(0)) | Ok(Err(_)) => break Some(t0.elapsed()),
                     Ok(Ok(_)) => {}
                     Err(_) => break None,
@@ -162,7 +202,12 @@ async fn a_save_that_stalls_or_drips_is_dropped_and_writes_nothing() {
         } else {
             closed_within(&mut s, Duration::from_secs(LIMIT * 2 + 4)).await
         };
-        let t = closed.unwrap_or_else(|| panic!("a {} save held its connection", if drip { "dripping" } else { "stalled" }));
+        let t = closed.unwrap_or_else(|| {
+            panic!(
+                "a {} save held its connection",
+                if drip { "dripping" } else { "stalled" }
+            )
+        });
         println!(
             "GATHERFRONT|save {}|closed {:.1} s after the client slowed; nothing written; budget given back",
             if drip { "dripping 10 KiB/s after 8 MiB" } else { "stalled after 8 MiB" },
@@ -171,16 +216,29 @@ async fn a_save_that_stalls_or_drips_is_dropped_and_writes_nothing() {
         budget_back(&server).await;
         let kb = key_builder(&g);
         let h = &req.chunks[0].hash;
-        assert!(!objectcache::store::StoreExt::exists(store.as_ref(), &format!("{BUCKET}/{}", kb.data(h))).await.unwrap());
-        assert!(store.list_partial("").await.unwrap().is_empty(), "a cut save left a temporary file");
+        assert!(!objectcache::store::StoreExt::exists(
+            store.as_ref(),
+            &format!("{BUCKET}/{}", kb.data(h))
+        )
+        .await
+        .unwrap());
+        assert!(
+            store.list_partial("").await.unwrap().is_empty(),
+            "a cut save left a temporary file"
+        );
     }
     // A whole save still works, and held at most what was in flight, never the whole object.
-    let mut c = objectcache::transport::tcp::GatherClient::connect_with(addr, creds()).await.unwrap();
+    let mut c = objectcache::transport::tcp::GatherClient::connect_with(addr, creds())
+        .await
+        .unwrap();
     let tokens = [256u32; 4];
     save_prefix(&mut c, &g, 77, &tokens).await;
     let sink = VerifySink::new(&g, 77, &tokens);
     c.load(&request(&g, 77, &tokens), &sink).await.unwrap();
-    assert_eq!(sink.mismatches.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert_eq!(
+        sink.mismatches.load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
     budget_back(&server).await;
     server.shutdown().await;
 }
@@ -191,7 +249,9 @@ async fn a_load_whose_client_stops_reading_is_dropped_and_its_read_ahead_freed()
     let addr = server.local_addr();
     let g = KvGeometry::llama31_8b();
     let tokens = [256u32; 4]; // 128 MiB per load
-    let mut c = objectcache::transport::tcp::GatherClient::connect_with(addr, creds()).await.unwrap();
+    let mut c = objectcache::transport::tcp::GatherClient::connect_with(addr, creds())
+        .await
+        .unwrap();
     save_prefix(&mut c, &g, 9, &tokens).await;
     drop(c);
     let (mut s, mut c) = authenticated(addr).await;
@@ -203,17 +263,30 @@ async fn a_load_whose_client_stops_reading_is_dropped_and_its_read_ahead_freed()
     let t0 = Instant::now();
     let t0s = loop {
         let m = server.metrics().encode();
-        if metric(&m, "objectcache_server_errors_total{kind=\"client_timeout\"}").unwrap_or(0.0) >= 1.0 {
+        if metric(
+            &m,
+            "objectcache_server_errors_total{kind=\"client_timeout\"}",
+        )
+        .unwrap_or(0.0)
+            >= 1.0
+        {
             break t0.elapsed();
         }
-        assert!(t0.elapsed() < Duration::from_secs(LIMIT * 3 + 10), "the load was never dropped");
+        assert!(
+            t0.elapsed() < Duration::from_secs(LIMIT * 3 + 10),
+            "the load was never dropped"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     budget_back(&server).await;
-    assert!(closed_within(&mut s, Duration::from_secs(10)).await.is_some());
+    assert!(closed_within(&mut s, Duration::from_secs(10))
+        .await
+        .is_some());
     println!("GATHERFRONT|load of 128 MiB whose client never reads|dropped {:.1} s after the request; read-ahead memory given back", t0s.as_secs_f64());
     // The connection slot went back too: a new load runs.
-    let mut c = objectcache::transport::tcp::GatherClient::connect_with(addr, creds()).await.unwrap();
+    let mut c = objectcache::transport::tcp::GatherClient::connect_with(addr, creds())
+        .await
+        .unwrap();
     let sink = VerifySink::new(&g, 9, &tokens);
     c.load(&request(&g, 9, &tokens), &sink).await.unwrap();
     assert_eq!(sink.complete_layers(), 32);
@@ -239,8 +312,16 @@ async fn save_requests_past_the_limits_are_refused_before_any_data() {
         r
     };
     for (req, want, says) in [
-        (huge, objectcache::protocol::ErrorCode::MemoryLimit, "above max_request_bytes"),
-        (climbing, objectcache::protocol::ErrorCode::Malformed, "makes invalid object keys"),
+        (
+            huge,
+            objectcache::protocol::ErrorCode::MemoryLimit,
+            "above max_request_bytes",
+        ),
+        (
+            climbing,
+            objectcache::protocol::ErrorCode::Malformed,
+            "makes invalid object keys",
+        ),
     ] {
         let (mut s, mut c) = authenticated(addr).await;
         c.start_save(&req).unwrap();
@@ -249,7 +330,10 @@ async fn save_requests_past_the_limits_are_refused_before_any_data() {
         }
         let mut buf = BytesMut::new();
         let (code, message) = loop {
-            assert!(s.read_buf(&mut buf).await.unwrap() > 0, "closed without an error frame");
+            assert!(
+                s.read_buf(&mut buf).await.unwrap() > 0,
+                "closed without an error frame"
+            );
             let _ = c.handle_bytes(&mut buf);
             if let Some(ClientEvent::Error { code, message }) = c.poll_event() {
                 break (code, message);

@@ -19,7 +19,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 async fn roundtrip(store: Arc<dyn Store>, chunks: usize) {
     let g = KvGeometry::llama31_8b();
     let server = start(store.clone(), config()).await;
-    let mut c = GatherClient::connect_with(server.local_addr(), creds()).await.unwrap();
+    let mut c = GatherClient::connect_with(server.local_addr(), creds())
+        .await
+        .unwrap();
     let tokens = vec![256u32; chunks];
     let saved = save_prefix(&mut c, &g, 1, &tokens).await;
     assert_eq!(saved.written as usize, chunks);
@@ -76,7 +78,9 @@ async fn batched_save_layout_matches_the_connector() {
     let g = KvGeometry::smollm2_135m();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let server = start(store.clone(), config()).await;
-    let mut c = GatherClient::connect_with(server.local_addr(), creds()).await.unwrap();
+    let mut c = GatherClient::connect_with(server.local_addr(), creds())
+        .await
+        .unwrap();
     let tokens = [256u32, 256, 256];
     save_prefix(&mut c, &g, 9, &tokens).await;
     let kb = key_builder(&g);
@@ -121,7 +125,9 @@ async fn batched_save_layout_matches_the_connector() {
 async fn partial_last_chunk_and_layer_subrange() {
     let g = KvGeometry::smollm2_135m();
     let server = start(Arc::new(MemoryStore::new()), config()).await;
-    let mut c = GatherClient::connect_with(server.local_addr(), creds()).await.unwrap();
+    let mut c = GatherClient::connect_with(server.local_addr(), creds())
+        .await
+        .unwrap();
     let tokens = [256u32, 256, 100];
     save_prefix(&mut c, &g, 3, &tokens).await;
     let mut req = request(&g, 3, &tokens);
@@ -148,13 +154,18 @@ async fn missing_chunk_and_corrupt_slice_are_misses_never_data() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_chunk_and_corrupt_slice_are_misses_never_data_on_files() {
     let dir = tempfile::tempdir().unwrap();
-    misses_never_data(Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap())).await;
+    misses_never_data(Arc::new(
+        FsStore::new(dir.path(), FsyncPolicy::Never).unwrap(),
+    ))
+    .await;
 }
 
 async fn misses_never_data(store: Arc<dyn Store>) {
     let g = KvGeometry::smollm2_135m();
     let server = start(store.clone(), config()).await;
-    let mut c = GatherClient::connect_with(server.local_addr(), creds()).await.unwrap();
+    let mut c = GatherClient::connect_with(server.local_addr(), creds())
+        .await
+        .unwrap();
     let tokens = [256u32; 4];
     save_prefix(&mut c, &g, 5, &tokens).await;
     let kb = key_builder(&g);
@@ -213,9 +224,18 @@ async fn misses_never_data(store: Arc<dyn Store>) {
             "layer {l}: {} bytes",
             sink.done[l].load(Ordering::Relaxed)
         );
-        assert!(sink.done[l].load(Ordering::Relaxed) <= 3 * slice, "layer {l}");
+        assert!(
+            sink.done[l].load(Ordering::Relaxed) <= 3 * slice,
+            "layer {l}"
+        );
     }
-    assert_eq!(r.bytes, sink.done.iter().map(|d| d.load(Ordering::Relaxed)).sum::<u64>());
+    assert_eq!(
+        r.bytes,
+        sink.done
+            .iter()
+            .map(|d| d.load(Ordering::Relaxed))
+            .sum::<u64>()
+    );
     assert_eq!(sink.mismatches.load(Ordering::Relaxed), 0);
     // Wrong geometry under the right key (case C3's kind): a geometry miss.
     let g2 = g.with_dtype(objectcache::Dtype::Fp32);
@@ -246,9 +266,10 @@ async fn misses_never_data(store: Arc<dyn Store>) {
     c.load(&request(&g, 5, &tokens), &sink).await.unwrap();
     let failed = sink.failed.lock().unwrap();
     assert_eq!(failed.len(), g.layers as usize);
-    assert!(failed
-        .iter()
-        .all(|(_, e)| matches!(e, objectcache::LayerError::GeometryMismatch { chunk: 1, .. })));
+    assert!(failed.iter().all(|(_, e)| matches!(
+        e,
+        objectcache::LayerError::GeometryMismatch { chunk: 1, .. }
+    )));
     drop(failed);
     assert_eq!(sink.mismatches.load(Ordering::Relaxed), 0);
     server.shutdown().await;
@@ -261,7 +282,9 @@ async fn concurrent_loads_with_admission_queue() {
     cfg.max_concurrent_loads = 2;
     let server = start(Arc::new(MemoryStore::new()), cfg).await;
     let tokens = vec![256u32; 4];
-    let mut c = GatherClient::connect_with(server.local_addr(), creds()).await.unwrap();
+    let mut c = GatherClient::connect_with(server.local_addr(), creds())
+        .await
+        .unwrap();
     for s in 0..3 {
         save_prefix(&mut c, &g, 100 + s, &tokens).await;
     }
@@ -317,7 +340,10 @@ async fn raw_conn(addr: std::net::SocketAddr) -> tokio::net::TcpStream {
                 other => panic!("unexpected {other:?} during the handshake"),
             }
         }
-        assert!(s.read_buf(&mut buf).await.unwrap() > 0, "closed during the handshake");
+        assert!(
+            s.read_buf(&mut buf).await.unwrap() > 0,
+            "closed during the handshake"
+        );
     }
 }
 
@@ -578,8 +604,14 @@ async fn gather_connection_needs_a_valid_access_key() {
     let server = start(Arc::new(MemoryStore::new()), config()).await;
     let addr = server.local_addr();
     for (creds, what) in [
-        (Some((ACCESS.to_string(), "wrong-secret".to_string())), "wrong secret"),
-        (Some(("nobody".to_string(), SECRET.to_string())), "unknown key id"),
+        (
+            Some((ACCESS.to_string(), "wrong-secret".to_string())),
+            "wrong secret",
+        ),
+        (
+            Some(("nobody".to_string(), SECRET.to_string())),
+            "unknown key id",
+        ),
         (None, "no credentials"),
     ] {
         match GatherClient::connect_with(addr, creds).await {

@@ -83,7 +83,9 @@ fn server_with(
 fn sdk_client(addr: SocketAddr) -> aws_sdk_s3::Client {
     use aws_smithy_http_client::tls;
     let http = aws_smithy_http_client::Builder::new()
-        .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
+        .tls_provider(tls::Provider::Rustls(
+            tls::rustls_provider::CryptoMode::Ring,
+        ))
         .build_https();
     let conf = aws_sdk_s3::config::Builder::new()
         .http_client(http)
@@ -97,7 +99,9 @@ fn sdk_client(addr: SocketAddr) -> aws_sdk_s3::Client {
 }
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| (i as u8).wrapping_mul(131).wrapping_add(seed)).collect()
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(131).wrapping_add(seed))
+        .collect()
 }
 
 /// `n` GETs of `key` by the legitimate client, each timed, on a thread and runtime of their
@@ -105,12 +109,21 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
 async fn timed_gets(c: &aws_sdk_s3::Client, key: &str, n: usize, want: &[u8]) -> Vec<Duration> {
     let (c, key, want) = (c.clone(), key.to_string(), want.to_vec());
     tokio::task::spawn_blocking(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         rt.block_on(async move {
             let mut v = Vec::with_capacity(n);
             for _ in 0..n {
                 let t0 = Instant::now();
-                let o = c.get_object().bucket(BUCKET).key(&key).send().await.unwrap();
+                let o = c
+                    .get_object()
+                    .bucket(BUCKET)
+                    .key(&key)
+                    .send()
+                    .await
+                    .unwrap();
                 let b = o.body.collect().await.unwrap().into_bytes();
                 v.push(t0.elapsed());
                 assert!(b[..] == want[..], "legitimate GET returned other bytes");
@@ -125,8 +138,22 @@ async fn timed_gets(c: &aws_sdk_s3::Client, key: &str, n: usize, want: &[u8]) ->
 /// A presigned PUT of `len` bytes from `127.0.0.{src}`, sent in 1 MiB writes; the status.
 async fn flood_put(addr: SocketAddr, src: u8, key: String, body: std::sync::Arc<Vec<u8>>) -> u16 {
     let mut s = connect_from(src, addr).await;
-    let target = presign("PUT", addr, &format!("/{BUCKET}/{key}"), 600, ACCESS, SECRET);
-    send_head(&mut s, "PUT", &target, addr, &format!("Content-Length: {}\r\n", body.len())).await;
+    let target = presign(
+        "PUT",
+        addr,
+        &format!("/{BUCKET}/{key}"),
+        600,
+        ACCESS,
+        SECRET,
+    );
+    send_head(
+        &mut s,
+        "PUT",
+        &target,
+        addr,
+        &format!("Content-Length: {}\r\n", body.len()),
+    )
+    .await;
     for c in body.chunks(1 << 20) {
         if s.write_all(c).await.is_err() {
             break;
@@ -171,7 +198,7 @@ async fn hostile_clients_are_dropped_and_the_server_stays_within_its_limits() {
     let sampler = Sampler::start(pid);
     let t_attack = Instant::now();
     let mut held = Vec::new(); // every hostile connection, held open by the attacker
-    // (a) Half-open prefaces: part of the gather preface, then nothing (held) or FIN.
+                               // (a) Half-open prefaces: part of the gather preface, then nothing (held) or FIN.
     for src in 2..=4u8 {
         for i in 0..40 {
             let mut s = connect_from(src, addr).await;
@@ -202,9 +229,12 @@ async fn hostile_clients_are_dropped_and_the_server_stays_within_its_limits() {
         .map(|_| {
             tokio::spawn(async move {
                 let mut s = connect_from(6, addr).await;
-                s.write_all(format!("GET /{BUCKET}/legit/obj HTTP/1.1\r\nHost: {addr}\r\nX-Slow: ").as_bytes())
-                    .await
-                    .unwrap();
+                s.write_all(
+                    format!("GET /{BUCKET}/legit/obj HTTP/1.1\r\nHost: {addr}\r\nX-Slow: ")
+                        .as_bytes(),
+                )
+                .await
+                .unwrap();
                 let t0 = Instant::now();
                 while s.write_all(b"a").await.is_ok() && t0.elapsed() < Duration::from_secs(15) {
                     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -223,19 +253,32 @@ async fn hostile_clients_are_dropped_and_the_server_stays_within_its_limits() {
         .map(|i| {
             tokio::spawn(async move {
                 let mut s = connect_from(8, addr).await;
-                let t = presign("PUT", addr, &format!("/{BUCKET}/drip/{i}"), 600, ACCESS, SECRET);
+                let t = presign(
+                    "PUT",
+                    addr,
+                    &format!("/{BUCKET}/drip/{i}"),
+                    600,
+                    ACCESS,
+                    SECRET,
+                );
                 send_head(&mut s, "PUT", &t, addr, "Content-Length: 67108864\r\n").await;
                 let t0 = Instant::now();
                 let (mut rd, mut wr) = s.into_split();
                 let w = tokio::spawn(async move {
-                    while wr.write_all(&[7u8; 10]).await.is_ok() && t0.elapsed() < Duration::from_secs(15) {
+                    while wr.write_all(&[7u8; 10]).await.is_ok()
+                        && t0.elapsed() < Duration::from_secs(15)
+                    {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                     wr
                 });
                 let mut b = vec![0u8; 4096];
                 let n = rd.read(&mut b).await.unwrap_or(0);
-                let status = String::from_utf8_lossy(&b[..n]).split(' ').nth(1).and_then(|s| s.parse::<u16>().ok()).unwrap_or(0);
+                let status = String::from_utf8_lossy(&b[..n])
+                    .split(' ')
+                    .nth(1)
+                    .and_then(|s| s.parse::<u16>().ok())
+                    .unwrap_or(0);
                 let head = String::from_utf8_lossy(&b[..n]).to_string();
                 (status, head, t0.elapsed(), w)
             })
@@ -245,7 +288,14 @@ async fn hostile_clients_are_dropped_and_the_server_stays_within_its_limits() {
     let mut readers = Vec::new();
     for _ in 0..16 {
         let mut s = connect_from(9, addr).await;
-        let t = presign("GET", addr, &format!("/{BUCKET}/legit/big"), 600, ACCESS, SECRET);
+        let t = presign(
+            "GET",
+            addr,
+            &format!("/{BUCKET}/legit/big"),
+            600,
+            ACCESS,
+            SECRET,
+        );
         send_head(&mut s, "GET", &t, addr, "").await;
         readers.push(s);
     }
@@ -272,10 +322,16 @@ async fn hostile_clients_are_dropped_and_the_server_stays_within_its_limits() {
         }
         junk_codes.push(got.len());
     }
-    assert!(junk_codes.iter().all(|&n| n > 0), "every junk connection got an error frame first");
+    assert!(
+        junk_codes.iter().all(|&n| n > 0),
+        "every junk connection got an error frame first"
+    );
     for j in slowloris {
         let t = j.await.unwrap();
-        assert!(t < Duration::from_secs(CLIENT_TIMEOUT + 6), "slowloris head held {t:?}");
+        assert!(
+            t < Duration::from_secs(CLIENT_TIMEOUT + 6),
+            "slowloris head held {t:?}"
+        );
     }
     let mut drip_statuses = Vec::new();
     for d in drips {
@@ -284,12 +340,18 @@ async fn hostile_clients_are_dropped_and_the_server_stays_within_its_limits() {
             status == 400 && head.contains("RequestTimeout") || status == 0,
             "dripped PUT: {status} {head}"
         );
-        assert!(t < Duration::from_secs(CLIENT_TIMEOUT * 3 + 4), "dripped PUT held {t:?}");
+        assert!(
+            t < Duration::from_secs(CLIENT_TIMEOUT * 3 + 4),
+            "dripped PUT held {t:?}"
+        );
         drip_statuses.push(status);
         drop(w.await);
     }
     for s in &mut readers {
-        assert!(closed_within(s, Duration::from_secs(20)).await.is_some(), "slow reader still connected");
+        assert!(
+            closed_within(s, Duration::from_secs(20)).await.is_some(),
+            "slow reader still connected"
+        );
     }
     let mut stored = 0;
     let mut slowed = 0;
@@ -305,11 +367,22 @@ async fn hostile_clients_are_dropped_and_the_server_stays_within_its_limits() {
     let (peak_rss, peak_fds) = sampler.stop();
     // Stored flood objects are whole.
     for i in 0..32 {
-        if let Ok(h) = legit.head_object().bucket(BUCKET).key(format!("flood/{i}")).send().await {
+        if let Ok(h) = legit
+            .head_object()
+            .bucket(BUCKET)
+            .key(format!("flood/{i}"))
+            .send()
+            .await
+        {
             assert_eq!(h.content_length(), Some(32 << 20));
         }
     }
-    let o = legit.get_object().bucket(BUCKET).key("flood/0").send().await;
+    let o = legit
+        .get_object()
+        .bucket(BUCKET)
+        .key("flood/0")
+        .send()
+        .await;
     if let Ok(o) = o {
         assert!(o.body.collect().await.unwrap().into_bytes()[..] == flood_body[..]);
     }
@@ -327,8 +400,14 @@ async fn hostile_clients_are_dropped_and_the_server_stays_within_its_limits() {
         BUDGET >> 20,
         att_med / base_med
     );
-    assert!(peak_rss <= rss_limit, "server RSS peaked at {peak_rss} KiB, limit {rss_limit} KiB");
-    assert!(peak_fds <= fds_limit, "server descriptors peaked at {peak_fds}, limit {fds_limit}");
+    assert!(
+        peak_rss <= rss_limit,
+        "server RSS peaked at {peak_rss} KiB, limit {rss_limit} KiB"
+    );
+    assert!(
+        peak_fds <= fds_limit,
+        "server descriptors peaked at {peak_fds}, limit {fds_limit}"
+    );
     assert!(
         fds_after_attack <= fds0 + 8,
         "server holds {fds_after_attack} descriptors after the attack (baseline {fds0})"
@@ -352,7 +431,12 @@ async fn hostile_clients_are_dropped_and_the_server_stays_within_its_limits() {
         conns.push(connect_from(10, caddr).await);
     }
     let refused = refused_of(&mut conns).await;
-    assert_eq!(refused, 20, "{refused} of {} connections from one address refused", CAPS_PER_IP + 20);
+    assert_eq!(
+        refused,
+        20,
+        "{refused} of {} connections from one address refused",
+        CAPS_PER_IP + 20
+    );
     // Meanwhile another address is served.
     assert_eq!(http_get(caddr, "/_objectcache/health").await.0, 200);
     drop(conns);
@@ -364,7 +448,8 @@ async fn hostile_clients_are_dropped_and_the_server_stays_within_its_limits() {
     }
     let refused_total = refused_of(&mut conns).await;
     assert_eq!(
-        refused_total, 30,
+        refused_total,
+        30,
         "{refused_total} of {} connections refused past max_connections {CAPS_TOTAL}",
         CAPS_TOTAL + 30
     );
@@ -385,11 +470,15 @@ async fn hostile_clients_are_dropped_and_the_server_stays_within_its_limits() {
 /// How many of `conns` the server closes within 3 s (the held ones stay open: the caps
 /// server's handshake deadline is 60 s).
 async fn refused_of(conns: &mut [tokio::net::TcpStream]) -> usize {
-    futures::future::join_all(conns.iter_mut().map(|s| closed_within(s, Duration::from_secs(3))))
-        .await
-        .iter()
-        .filter(|t| t.is_some())
-        .count()
+    futures::future::join_all(
+        conns
+            .iter_mut()
+            .map(|s| closed_within(s, Duration::from_secs(3))),
+    )
+    .await
+    .iter()
+    .filter(|t| t.is_some())
+    .count()
 }
 
 /// Waits until the server's open connections are back to a handful (the ones just closed by
@@ -402,7 +491,10 @@ async fn settle(addr: SocketAddr) {
         if open <= 4.0 {
             return;
         }
-        assert!(t0.elapsed() < Duration::from_secs(10), "{open} connections still open");
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{open} connections still open"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -200,7 +200,10 @@ fn flipped_byte_is_a_miss_not_data() {
                 .unwrap_or_else(|e| panic!("{name}: layer {l} missed: {e}"));
             assert_eq!(h.layer(l).unwrap(), &data[l][..], "{name}: layer {l}");
         }
-        assert!(h.layer(4).is_none(), "{name}: the corrupt layer exposes no bytes");
+        assert!(
+            h.layer(4).is_none(),
+            "{name}: the corrupt layer exposes no bytes"
+        );
         assert_eq!(h.chunk_status()[1], ChunkStatus::Corrupt);
     }
 }

@@ -7,7 +7,9 @@ mod common;
 
 use common::*;
 use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadRequest};
-use objectcache::lifecycle::{collect, AccessLog, Inventory, LeaseTable, Policy, Reason, TrackedStore};
+use objectcache::lifecycle::{
+    collect, AccessLog, Inventory, LeaseTable, Policy, Reason, TrackedStore,
+};
 use objectcache::store::{FsStore, FsyncPolicy, Store};
 use objectcache::{ChunkHash, Dtype, KvGeometry};
 use std::sync::Arc;
@@ -20,7 +22,10 @@ fn g() -> KvGeometry {
 }
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 fn fs() -> (tempfile::TempDir, Arc<dyn Store>) {
@@ -32,7 +37,11 @@ fn fs() -> (tempfile::TempDir, Arc<dyn Store>) {
 fn eng(store: Arc<dyn Store>, ns: &str) -> Engine {
     Engine::with_store(
         store,
-        EngineConfig { namespace: ns.into(), lookup_cache_ttl: Duration::ZERO, ..EngineConfig::default() },
+        EngineConfig {
+            namespace: ns.into(),
+            lookup_cache_ttl: Duration::ZERO,
+            ..EngineConfig::default()
+        },
     )
     .unwrap()
 }
@@ -59,7 +68,11 @@ fn check(e: &Engine, p: &Prefix) -> usize {
         let n = hit * g.slice_bytes() as usize;
         let h = e
             .load(
-                LoadRequest { geometry: g.clone(), hashes: p.hs[..hit].to_vec(), hints: Default::default() },
+                LoadRequest {
+                    geometry: g.clone(),
+                    hashes: p.hs[..hit].to_vec(),
+                    hints: Default::default(),
+                },
                 LayerBuffers::allocate(g.layers as usize, n),
             )
             .unwrap();
@@ -87,21 +100,47 @@ fn gc_removes_interrupted_saves_after_grace_and_orphan_markers_at_once() {
     r.block_on(s.delete(&keys.marker(&p.hs[4]))).unwrap();
     r.block_on(s.delete(&keys.marker(&p.hs[5]))).unwrap();
     r.block_on(s.delete(&keys.data(&p.hs[3]))).unwrap();
-    let st = r.block_on(Inventory::scan(s.as_ref(), "", 1000)).unwrap().stats();
-    assert_eq!((st.published, st.unreferenced_data, st.orphan_markers), (3, 2, 1));
+    let st = r
+        .block_on(Inventory::scan(s.as_ref(), "", 1000))
+        .unwrap()
+        .stats();
+    assert_eq!(
+        (st.published, st.unreferenced_data, st.orphan_markers),
+        (3, 2, 1)
+    );
 
     let pol = Policy::default();
-    let rep = r.block_on(collect(s.as_ref(), &pol, SystemTime::now(), None, None)).unwrap();
+    let rep = r
+        .block_on(collect(s.as_ref(), &pol, SystemTime::now(), None, None))
+        .unwrap();
     assert_eq!(rep.count(Reason::OrphanMarker), 1);
-    assert_eq!(rep.count(Reason::Unreferenced), 0, "young unreferenced data was deleted");
+    assert_eq!(
+        rep.count(Reason::Unreferenced),
+        0,
+        "young unreferenced data was deleted"
+    );
     assert_eq!(rep.kept_young, 2);
     assert_eq!(check(&e, &p), 3);
 
-    let rep = r.block_on(collect(s.as_ref(), &pol, later(Duration::from_secs(7200)), None, None)).unwrap();
+    let rep = r
+        .block_on(collect(
+            s.as_ref(),
+            &pol,
+            later(Duration::from_secs(7200)),
+            None,
+            None,
+        ))
+        .unwrap();
     assert_eq!(rep.count(Reason::Unreferenced), 2);
     assert_eq!(rep.deleted.len(), 2);
-    let st = r.block_on(Inventory::scan(s.as_ref(), "", 1000)).unwrap().stats();
-    assert_eq!((st.published, st.unreferenced_data, st.orphan_markers), (3, 0, 0));
+    let st = r
+        .block_on(Inventory::scan(s.as_ref(), "", 1000))
+        .unwrap()
+        .stats();
+    assert_eq!(
+        (st.published, st.unreferenced_data, st.orphan_markers),
+        (3, 0, 0)
+    );
     assert_eq!(check(&e, &p), 3);
     println!("LIFECYCLE|gc: interrupted save + orphan marker|1|2 unreferenced kept within grace, deleted after; orphan marker deleted at once; 3 published chunks load byte-exact");
 }
@@ -114,15 +153,37 @@ fn ttl_expires_unpinned_entries_only() {
     let pa = save(&a, 3, 2);
     let pb = save(&b, 3, 3);
     let r = rt();
-    let pol = Policy { ttl: Some(Duration::from_secs(60)), pinned: vec!["tenant-a/".into()], ..Policy::default() };
-    let rep = r.block_on(collect(s.as_ref(), &pol, SystemTime::now(), None, None)).unwrap();
+    let pol = Policy {
+        ttl: Some(Duration::from_secs(60)),
+        pinned: vec!["tenant-a/".into()],
+        ..Policy::default()
+    };
+    let rep = r
+        .block_on(collect(s.as_ref(), &pol, SystemTime::now(), None, None))
+        .unwrap();
     assert!(rep.deleted.is_empty());
-    let rep = r.block_on(collect(s.as_ref(), &pol, later(Duration::from_secs(120)), None, None)).unwrap();
-    assert_eq!(rep.count(Reason::Expired), 6, "3 markers and 3 data objects of tenant-b");
+    let rep = r
+        .block_on(collect(
+            s.as_ref(),
+            &pol,
+            later(Duration::from_secs(120)),
+            None,
+            None,
+        ))
+        .unwrap();
+    assert_eq!(
+        rep.count(Reason::Expired),
+        6,
+        "3 markers and 3 data objects of tenant-b"
+    );
     assert_eq!(rep.kept_pinned, 3);
     assert!(rep.deleted.iter().all(|(k, _)| k.starts_with("tenant-b/")));
     // Marker before data, per entry.
-    let first_marker = rep.deleted.iter().position(|(k, _)| k.contains("/pub/")).unwrap();
+    let first_marker = rep
+        .deleted
+        .iter()
+        .position(|(k, _)| k.contains("/pub/"))
+        .unwrap();
     assert_eq!(first_marker, 0);
     assert_eq!(check(&a, &pa), 3);
     assert_eq!(check(&b, &pb), 0);
@@ -133,8 +194,12 @@ fn capacity_evicts_least_recently_used_and_spares_leased() {
     let (_d, raw) = fs();
     let access = Arc::new(AccessLog::new());
     let leases = LeaseTable::new();
-    let s: Arc<dyn Store> =
-        Arc::new(TrackedStore::new(raw.clone(), access.clone(), leases.clone(), Duration::ZERO));
+    let s: Arc<dyn Store> = Arc::new(TrackedStore::new(
+        raw.clone(),
+        access.clone(),
+        leases.clone(),
+        Duration::ZERO,
+    ));
     let e = eng(s.clone(), "lru");
     let pa = save(&e, 2, 10);
     std::thread::sleep(Duration::from_millis(20));
@@ -145,11 +210,24 @@ fn capacity_evicts_least_recently_used_and_spares_leased() {
     // A is used again: now B is the least recently used.
     assert_eq!(check(&e, &pa), 2);
     let r = rt();
-    let total = r.block_on(Inventory::scan(raw.as_ref(), "", 1000)).unwrap().stats().bytes;
+    let total = r
+        .block_on(Inventory::scan(raw.as_ref(), "", 1000))
+        .unwrap()
+        .stats()
+        .bytes;
     let per_prefix = total / 3;
-    let pol = Policy { capacity_bytes: Some(2 * per_prefix), ..Policy::default() };
+    let pol = Policy {
+        capacity_bytes: Some(2 * per_prefix),
+        ..Policy::default()
+    };
     let rep = r
-        .block_on(collect(raw.as_ref(), &pol, SystemTime::now(), Some(&access), Some(&leases)))
+        .block_on(collect(
+            raw.as_ref(),
+            &pol,
+            SystemTime::now(),
+            Some(&access),
+            Some(&leases),
+        ))
         .unwrap();
     assert_eq!(rep.count(Reason::Evicted), 4, "{:?}", rep.deleted);
     assert!(rep.bytes_after <= 2 * per_prefix);
@@ -160,15 +238,31 @@ fn capacity_evicts_least_recently_used_and_spares_leased() {
     // Capacity 0 with C leased (a reader holds it): only A goes.
     let keys = e.keys(&g()).unwrap();
     let lease = leases.acquire(pc.hs.iter().map(|h| keys.data(h)));
-    let pol0 = Policy { capacity_bytes: Some(0), ..Policy::default() };
+    let pol0 = Policy {
+        capacity_bytes: Some(0),
+        ..Policy::default()
+    };
     let rep = r
-        .block_on(collect(raw.as_ref(), &pol0, SystemTime::now(), Some(&access), Some(&leases)))
+        .block_on(collect(
+            raw.as_ref(),
+            &pol0,
+            SystemTime::now(),
+            Some(&access),
+            Some(&leases),
+        ))
         .unwrap();
     assert_eq!(rep.kept_leased, 2);
     assert_eq!(check(&e, &pc), 2, "a leased entry was evicted");
     assert_eq!(check(&e, &pa), 0);
     drop(lease);
-    r.block_on(collect(raw.as_ref(), &pol0, SystemTime::now(), Some(&access), Some(&leases))).unwrap();
+    r.block_on(collect(
+        raw.as_ref(),
+        &pol0,
+        SystemTime::now(),
+        Some(&access),
+        Some(&leases),
+    ))
+    .unwrap();
     assert_eq!(check(&e, &pc), 0);
     println!("LIFECYCLE|capacity LRU + lease|1|least recently used prefix evicted first; leased prefix kept until released; survivors byte-exact");
 }
@@ -178,18 +272,32 @@ fn soft_lease_keeps_an_object_under_its_reader() {
     let (_d, raw) = fs();
     let access = Arc::new(AccessLog::new());
     let leases = LeaseTable::new();
-    let s: Arc<dyn Store> =
-        Arc::new(TrackedStore::new(raw.clone(), access.clone(), leases.clone(), Duration::from_secs(30)));
+    let s: Arc<dyn Store> = Arc::new(TrackedStore::new(
+        raw.clone(),
+        access.clone(),
+        leases.clone(),
+        Duration::from_secs(30),
+    ));
     let e = eng(s.clone(), "soft");
     let p = save(&e, 3, 20);
     let other = eng(raw.clone(), "other");
     let q = save(&other, 3, 21);
     // A load through the tracked store leases what it reads for 30 s.
     assert_eq!(check(&e, &p), 3);
-    let pol = Policy { capacity_bytes: Some(0), ttl: Some(Duration::ZERO), ..Policy::default() };
+    let pol = Policy {
+        capacity_bytes: Some(0),
+        ttl: Some(Duration::ZERO),
+        ..Policy::default()
+    };
     let r = rt();
     let rep = r
-        .block_on(collect(raw.as_ref(), &pol, SystemTime::now(), Some(&access), Some(&leases)))
+        .block_on(collect(
+            raw.as_ref(),
+            &pol,
+            SystemTime::now(),
+            Some(&access),
+            Some(&leases),
+        ))
         .unwrap();
     assert!(rep.kept_leased >= 3, "{rep:?}");
     assert_eq!(check(&e, &p), 3);
@@ -204,10 +312,15 @@ fn collection_during_saves_never_breaks_a_published_prefix() {
     let st2 = stop.clone();
     let gc = std::thread::spawn(move || {
         let r = rt();
-        let pol = Policy { grace: Duration::from_secs(60), ..Policy::default() };
+        let pol = Policy {
+            grace: Duration::from_secs(60),
+            ..Policy::default()
+        };
         let mut passes = 0;
         while !st2.load(std::sync::atomic::Ordering::Relaxed) {
-            let rep = r.block_on(collect(s2.as_ref(), &pol, SystemTime::now(), None, None)).unwrap();
+            let rep = r
+                .block_on(collect(s2.as_ref(), &pol, SystemTime::now(), None, None))
+                .unwrap();
             assert_eq!(rep.count(Reason::Unreferenced), 0, "{rep:?}");
             passes += 1;
         }
@@ -235,8 +348,15 @@ fn stat_and_gc_commands() {
     rt().block_on(s.delete(&keys.marker(&p.hs[2]))).unwrap();
     let bin = env!("CARGO_BIN_EXE_objectcache");
     let url = format!("file://{}", d.path().display());
-    let out = std::process::Command::new(bin).args(["stat", "--store", &url, "--json"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = std::process::Command::new(bin)
+        .args(["stat", "--store", &url, "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["total"]["published"], 2);
     assert_eq!(v["total"]["unreferenced_data"], 1);
@@ -246,7 +366,10 @@ fn stat_and_gc_commands() {
         .unwrap();
     assert!(out.status.success());
     let txt = String::from_utf8_lossy(&out.stdout);
-    assert!(txt.contains("would delete") && txt.contains("Unreferenced"), "{txt}");
+    assert!(
+        txt.contains("would delete") && txt.contains("Unreferenced"),
+        "{txt}"
+    );
     assert_eq!(check(&e, &p), 2);
     let out = std::process::Command::new(bin)
         .args(["gc", "--store", &url, "--grace-s", "0", "--json"])
@@ -256,7 +379,10 @@ fn stat_and_gc_commands() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["deleted"].as_array().unwrap().len(), 1);
     assert_eq!(check(&e, &p), 2);
-    let out = std::process::Command::new(bin).args(["gc", "--store", "bogus://x"]).output().unwrap();
+    let out = std::process::Command::new(bin)
+        .args(["gc", "--store", "bogus://x"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("bogus"));
 }

@@ -36,7 +36,11 @@ struct Pool {
 
 impl Pool {
     fn of(g: &KvGeometry, blocks: usize) -> Self {
-        let bs = g.layout.as_ref().expect("a paged geometry names its layout").block_size;
+        let bs = g
+            .layout
+            .as_ref()
+            .expect("a paged geometry names its layout")
+            .block_size;
         Pool {
             layers: g.layers as usize,
             blocks,
@@ -53,7 +57,11 @@ impl Pool {
     /// Per layer, one `(offset, len)` range per block of `ids`, in order.
     fn ranges(&self, ids: &[usize]) -> Vec<Vec<(usize, usize)>> {
         (0..self.layers)
-            .map(|l| ids.iter().map(|&b| (self.at(l, b), self.block_bytes)).collect())
+            .map(|l| {
+                ids.iter()
+                    .map(|&b| (self.at(l, b), self.block_bytes))
+                    .collect()
+            })
             .collect()
     }
 }
@@ -99,7 +107,9 @@ fn round_trip(e: &Engine, g: &KvGeometry, chunks: usize, src: &[usize], dst: &[u
 
     // Paged load into other, scattered blocks of a second pool.
     let bufs = LayerBuffers::paged(vec![SENTINEL; p.len()], p.ranges(dst)).unwrap();
-    let h = e.load(LoadRequest::new(g.clone(), hs.clone()), bufs).unwrap();
+    let h = e
+        .load(LoadRequest::new(g.clone(), hs.clone()), bufs)
+        .unwrap();
     for l in 0..p.layers {
         h.wait_layer_blocking(l, None).unwrap();
         let got = h.layer_parts(l).unwrap();
@@ -108,11 +118,17 @@ fn round_trip(e: &Engine, g: &KvGeometry, chunks: usize, src: &[usize], dst: &[u
             let want = &pool[p.at(l, src[i])..][..p.block_bytes];
             assert!(*part == want, "layer {l} block {i}: bytes differ");
         }
-        assert!(h.layer(l).is_none(), "a scattered layer has no one-slice view");
+        assert!(
+            h.layer(l).is_none(),
+            "a scattered layer has no one-slice view"
+        );
     }
     assert!(h.chunk_status().iter().all(|s| *s == ChunkStatus::Ok));
     let st = h.stats();
-    assert_eq!(st.bytes, (chunks as u64) * g.slice_bytes() * g.layers as u64);
+    assert_eq!(
+        st.bytes,
+        (chunks as u64) * g.slice_bytes() * g.layers as u64
+    );
     let requests = st.requests;
     let out = h.into_buffers().into_pool().expect("the pool comes back");
     for l in 0..p.layers {
@@ -120,7 +136,10 @@ fn round_trip(e: &Engine, g: &KvGeometry, chunks: usize, src: &[usize], dst: &[u
             let blk = &out[p.at(l, b)..][..p.block_bytes];
             match dst.iter().position(|&d| d == b) {
                 Some(i) => assert_eq!(blk, &pool[p.at(l, src[i])..][..p.block_bytes]),
-                None => assert!(blk.iter().all(|&x| x == SENTINEL), "block {b} of layer {l} was written"),
+                None => assert!(
+                    blk.iter().all(|&x| x == SENTINEL),
+                    "block {b} of layer {l} was written"
+                ),
             }
         }
     }
@@ -135,7 +154,10 @@ fn round_trip(e: &Engine, g: &KvGeometry, chunks: usize, src: &[usize], dst: &[u
     for l in 0..p.layers {
         h.wait_layer_blocking(l, None).unwrap();
         let want: Vec<u8> = parts[l].concat();
-        assert!(h.layer(l).unwrap() == want.as_slice(), "layer {l}: contiguous view differs");
+        assert!(
+            h.layer(l).unwrap() == want.as_slice(),
+            "layer {l}: contiguous view differs"
+        );
     }
     requests
 }
@@ -232,7 +254,11 @@ fn irregular_ranges_land_as_their_concatenation() {
     let server = rt().block_on(gather_util::start(backend, gather_util::config()));
     for gather in ["on", "off"] {
         let store = rt().block_on(gather_util::s3_store_on(&server.endpoint()));
-        let e = engine_on(store, "paged-irregular", &[("gather", gather), ("gather_streams", "2")]);
+        let e = engine_on(
+            store,
+            "paged-irregular",
+            &[("gather", gather), ("gather_streams", "2")],
+        );
         let hs = hashes(&g, chunks * g.tokens_per_chunk as usize, 5);
         let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
         e.save_blocking(&g, &hs, &refs).unwrap();
@@ -242,7 +268,10 @@ fn irregular_ranges_land_as_their_concatenation() {
         for l in 0..layers {
             let got = h.layer_parts(l).unwrap();
             assert_eq!(got.iter().map(|p| p.len()).collect::<Vec<_>>(), cuts);
-            assert!(got.concat() == data[l], "gather {gather}: layer {l} differs");
+            assert!(
+                got.concat() == data[l],
+                "gather {gather}: layer {l} differs"
+            );
         }
         let pool = h.into_buffers().into_pool().unwrap();
         let mut covered = vec![false; pool_len];
@@ -300,7 +329,12 @@ fn a_missing_chunk_is_a_per_chunk_miss_on_a_paged_load() {
             .find(|s| !s.contains(&ChunkStatus::Pending))
             .expect("chunk status settles");
         assert_eq!(st[2], ChunkStatus::Missing, "gather {gather}: {st:?}");
-        assert!(st.iter().enumerate().all(|(c, s)| c == 2 || *s != ChunkStatus::Missing), "{st:?}");
+        assert!(
+            st.iter()
+                .enumerate()
+                .all(|(c, s)| c == 2 || *s != ChunkStatus::Missing),
+            "{st:?}"
+        );
     }
     rt().block_on(server.shutdown());
 }
@@ -313,7 +347,14 @@ fn layouts_of_equal_byte_size_miss_each_other() {
     let g = geometry();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let ns = unique_ns("paged-layout");
-    let e = Engine::with_store(store, EngineConfig { namespace: ns, ..Default::default() }).unwrap();
+    let e = Engine::with_store(
+        store,
+        EngineConfig {
+            namespace: ns,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let other_family = g.with_layout("test/blocks-flash", 16).unwrap();
     let other_block = g.with_layout("test/blocks-lbhnc", 8).unwrap();
     let mut canonical = g.clone();
@@ -336,7 +377,10 @@ fn layouts_of_equal_byte_size_miss_each_other() {
             .unwrap();
         for l in 0..x.layers as usize {
             assert!(
-                matches!(h.wait_layer_blocking(l, None), Err(LayerError::Missing { .. })),
+                matches!(
+                    h.wait_layer_blocking(l, None),
+                    Err(LayerError::Missing { .. })
+                ),
                 "{:?} layer {l}",
                 x.layout
             );
@@ -361,9 +405,17 @@ fn bad_paged_buffers_are_refused_by_name() {
     let e = LayerBuffers::paged(vec![0; 100], vec![vec![(0, 10), (50, 20)], vec![(60, 5)]])
         .unwrap_err()
         .to_string();
-    assert!(e.contains("layer 0 range 1") && e.contains("layer 1 range 0") && e.contains("overlap"), "{e}");
-    let e = LayerBuffers::paged(vec![0; 100], vec![vec![(95, 10)]]).unwrap_err().to_string();
-    assert!(e.contains("layer 0 range 0") && e.contains("past the pool of 100 bytes"), "{e}");
+    assert!(
+        e.contains("layer 0 range 1") && e.contains("layer 1 range 0") && e.contains("overlap"),
+        "{e}"
+    );
+    let e = LayerBuffers::paged(vec![0; 100], vec![vec![(95, 10)]])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("layer 0 range 0") && e.contains("past the pool of 100 bytes"),
+        "{e}"
+    );
     // A layer whose ranges hold too few bytes for the load is refused when the load starts.
     let g = geometry();
     let e = Engine::with_store(Arc::new(MemoryStore::new()), EngineConfig::default()).unwrap();
@@ -375,12 +427,18 @@ fn bad_paged_buffers_are_refused_by_name() {
         .map(|(l, v)| v.into_iter().map(|(o, n)| (o + l * n, n)).collect())
         .collect();
     let bufs = LayerBuffers::paged(vec![0; 1 << 20], short).unwrap();
-    let err = e.load(LoadRequest::new(g.clone(), hs.clone()), bufs).unwrap_err().to_string();
+    let err = e
+        .load(LoadRequest::new(g.clone(), hs.clone()), bufs)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("layer 0 buffer has 4096 bytes"), "{err}");
     // Save sources that do not add up are refused naming the layer.
     let buf = vec![0u8; 3 * g.slice_bytes() as usize];
     let mut parts: Vec<Vec<&[u8]>> = vec![vec![&buf[..4096], &buf[4096..8192]]; g.layers as usize];
     parts[2] = vec![&buf[..4096], &buf[4096..8000]];
-    let err = e.save_paged_blocking(&g, &hs, &parts).unwrap_err().to_string();
+    let err = e
+        .save_paged_blocking(&g, &hs, &parts)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("layer 2 ranges add up to 8000 bytes"), "{err}");
 }

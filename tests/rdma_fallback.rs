@@ -6,13 +6,16 @@ use std::sync::Arc;
 
 use objectcache::store::MemoryStore;
 use objectcache::transport::rdma::{
-    self, select_transport, ClientConfig, DeviceSelector, RdmaClient, RdmaError, RdmaServer, ServerConfig, StoreSliceSource,
-    TransportChoice,
+    self, select_transport, ClientConfig, DeviceSelector, RdmaClient, RdmaError, RdmaServer,
+    ServerConfig, StoreSliceSource, TransportChoice,
 };
 
 #[test]
 fn missing_device_falls_back_to_tcp_with_a_reason() {
-    let sel = DeviceSelector { device: Some("no-such-rdma-dev9".into()), ..DeviceSelector::default() };
+    let sel = DeviceSelector {
+        device: Some("no-such-rdma-dev9".into()),
+        ..DeviceSelector::default()
+    };
     match select_transport(&sel) {
         TransportChoice::Tcp { reason } => {
             assert!(reason.contains("no RDMA device"), "{reason}");
@@ -20,11 +23,31 @@ fn missing_device_falls_back_to_tcp_with_a_reason() {
         other => panic!("expected the TCP fallback, got {other:?}"),
     }
     // the client refuses before touching the network
-    let err = RdmaClient::connect("127.0.0.1:9", ClientConfig { device: sel.clone(), ..ClientConfig::default() }).unwrap_err();
+    let err = RdmaClient::connect(
+        "127.0.0.1:9",
+        ClientConfig {
+            device: sel.clone(),
+            ..ClientConfig::default()
+        },
+    )
+    .unwrap_err();
     assert!(matches!(err, RdmaError::NoDevice(_)), "{err}");
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    let src = Arc::new(StoreSliceSource::new(Arc::new(MemoryStore::new()), rt.handle().clone()));
-    let err = RdmaServer::bind("127.0.0.1:0", src, ServerConfig { device: sel, ..ServerConfig::default() }).unwrap_err();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let src = Arc::new(StoreSliceSource::new(
+        Arc::new(MemoryStore::new()),
+        rt.handle().clone(),
+    ));
+    let err = RdmaServer::bind(
+        "127.0.0.1:0",
+        src,
+        ServerConfig {
+            device: sel,
+            ..ServerConfig::default()
+        },
+    )
+    .unwrap_err();
     assert!(matches!(err, RdmaError::NoDevice(_)), "{err}");
 }
 
@@ -34,12 +57,18 @@ fn default_selection_matches_what_the_host_has() {
     match rdma::devices() {
         Ok(devs) => {
             eprintln!("RDMA devices: {devs:?}; choice: {choice:?}");
-            assert!(matches!(&choice, TransportChoice::Rdma { device } if devs.contains(device)), "{choice:?}");
+            assert!(
+                matches!(&choice, TransportChoice::Rdma { device } if devs.contains(device)),
+                "{choice:?}"
+            );
         }
         Err(e) => {
             eprintln!("no RDMA here ({e}); choice: {choice:?}");
             assert!(matches!(e, RdmaError::NoDevice(_)));
-            assert!(matches!(&choice, TransportChoice::Tcp { reason } if reason.contains("no RDMA device")), "{choice:?}");
+            assert!(
+                matches!(&choice, TransportChoice::Tcp { reason } if reason.contains("no RDMA device")),
+                "{choice:?}"
+            );
             if std::env::var("OBJECTCACHE_REQUIRE_RDMA").is_ok_and(|v| v == "1") {
                 panic!("OBJECTCACHE_REQUIRE_RDMA=1 but {e}");
             }
@@ -61,33 +90,75 @@ fn engine_falls_back_to_tcp_gather_without_rdma() {
     let cfg = objectcache::server::ServerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         allow_anonymous: false,
-        access_keys: vec![objectcache::server::AccessKey { access_key: "fb-access".into(), secret_key: "fb-secret-key".into() }],
+        access_keys: vec![objectcache::server::AccessKey {
+            access_key: "fb-access".into(),
+            secret_key: "fb-secret-key".into(),
+        }],
         buckets: vec!["kv-fallback".into()],
         fsync: false,
         shutdown_grace_secs: 1,
         ..objectcache::server::ServerConfig::default()
     };
-    let srv = rt.block_on(objectcache::server::start_with_store(cfg, Arc::new(MemoryStore::new()))).unwrap();
+    let srv = rt
+        .block_on(objectcache::server::start_with_store(
+            cfg,
+            Arc::new(MemoryStore::new()),
+        ))
+        .unwrap();
     assert_eq!(srv.rdma_writes(), None, "RDMA is off on this server");
     let mut s3 = S3Config::new("kv-fallback");
     s3.endpoint = Some(srv.endpoint());
     s3.region = Some("us-east-1".into());
     s3.addressing = Some(Addressing::Path);
-    s3.credentials = S3Credentials::Static { access_key: "fb-access".into(), secret_key: "fb-secret-key".into(), session_token: None };
+    s3.credentials = S3Credentials::Static {
+        access_key: "fb-access".into(),
+        secret_key: "fb-secret-key".into(),
+        session_token: None,
+    };
     let store: Arc<dyn Store> = Arc::new(rt.block_on(S3Store::new(s3)).unwrap());
-    let g = objectcache::layout::KvGeometry::new("rdma-fallback", 3, 2, 16, objectcache::layout::Dtype::Bf16)
-        .unwrap()
-        .with_tokens_per_chunk(16)
-        .unwrap();
-    let e = Engine::with_store(store, EngineConfig { namespace: "rdmafallback".into(), transport: Transport::Rdma, ..Default::default() }).unwrap();
+    let g = objectcache::layout::KvGeometry::new(
+        "rdma-fallback",
+        3,
+        2,
+        16,
+        objectcache::layout::Dtype::Bf16,
+    )
+    .unwrap()
+    .with_tokens_per_chunk(16)
+    .unwrap();
+    let e = Engine::with_store(
+        store,
+        EngineConfig {
+            namespace: "rdmafallback".into(),
+            transport: Transport::Rdma,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let chunks = 3usize;
-    let hs: Vec<objectcache::layout::ChunkHash> =
-        (0..chunks).map(|c| objectcache::layout::ChunkHash::from_digest([c as u8 + 1; 32])).collect();
+    let hs: Vec<objectcache::layout::ChunkHash> = (0..chunks)
+        .map(|c| objectcache::layout::ChunkHash::from_digest([c as u8 + 1; 32]))
+        .collect();
     let slice = g.slice_bytes() as usize;
-    let data: Vec<Vec<u8>> = (0..g.layers).map(|l| (0..chunks * slice).map(|i| (i as u32 * 7 + l * 31) as u8).collect()).collect();
+    let data: Vec<Vec<u8>> = (0..g.layers)
+        .map(|l| {
+            (0..chunks * slice)
+                .map(|i| (i as u32 * 7 + l * 31) as u8)
+                .collect()
+        })
+        .collect();
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
     e.save_blocking(&g, &hs, &refs).unwrap();
-    let h = e.load(LoadRequest { geometry: g.clone(), hashes: hs, hints: Default::default() }, LayerBuffers::allocate(g.layers as usize, chunks * slice)).unwrap();
+    let h = e
+        .load(
+            LoadRequest {
+                geometry: g.clone(),
+                hashes: hs,
+                hints: Default::default(),
+            },
+            LayerBuffers::allocate(g.layers as usize, chunks * slice),
+        )
+        .unwrap();
     for l in 0..g.layers as usize {
         h.wait_layer_blocking(l, None).unwrap();
         assert_eq!(h.layer(l).unwrap(), &data[l][..], "layer {l}");

@@ -12,13 +12,17 @@ mod gather_util;
 
 use common::{hashes, kv, unique_ns};
 use gather_util::{config, start, ACCESS, BUCKET, SECRET};
-use objectcache::connector::{ChunkStatus, Engine, EngineConfig, LayerBuffers, LayerStatus, LoadRequest, Transport};
+use objectcache::connector::{
+    ChunkStatus, Engine, EngineConfig, LayerBuffers, LayerStatus, LoadRequest, Transport,
+};
 use objectcache::error::LayerError;
-use objectcache::layout::{Dtype, KeyBuilder, HashAlgo};
+use objectcache::layout::{Dtype, HashAlgo, KeyBuilder};
 use objectcache::protocol::GatherRequest;
 use objectcache::server::ServerHandle;
 use objectcache::store::{Addressing, MemoryStore, S3Config, S3Credentials, S3Store, Store};
-use objectcache::transport::rdma::{self, ClientConfig, GatherConn, HostBuffer, LayerDest, RdmaClient, RdmaGatherError};
+use objectcache::transport::rdma::{
+    self, ClientConfig, GatherConn, HostBuffer, LayerDest, RdmaClient, RdmaGatherError,
+};
 use objectcache::transport::LayerSink;
 use objectcache::KvGeometry;
 use std::collections::HashMap;
@@ -32,7 +36,10 @@ fn rt() -> &'static tokio::runtime::Runtime {
 /// `true` when an RDMA device exists; otherwise SKIP, or panic under OBJECTCACHE_REQUIRE_RDMA=1.
 fn rdma_present(test: &str) -> bool {
     // Why a load did not use RDMA shows up in the connector's log (stderr).
-    let _ = tracing_subscriber::fmt().with_env_filter("objectcache=info").with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("objectcache=info")
+        .with_writer(std::io::stderr)
+        .try_init();
     match rdma::devices() {
         Ok(_) => true,
         Err(e) => {
@@ -47,7 +54,10 @@ fn rdma_present(test: &str) -> bool {
 
 /// 48 tokens x 2 heads x 16 dims x bf16 x K,V = 6 KiB per slice, 4 layers.
 fn geometry() -> KvGeometry {
-    KvGeometry::new("rdma-gather", 4, 2, 16, Dtype::Bf16).unwrap().with_tokens_per_chunk(48).unwrap()
+    KvGeometry::new("rdma-gather", 4, 2, 16, Dtype::Bf16)
+        .unwrap()
+        .with_tokens_per_chunk(48)
+        .unwrap()
 }
 
 /// The server's completed RDMA writes once they reach `want` (the server counts a write when
@@ -68,7 +78,11 @@ fn s3_on(endpoint: &str) -> Arc<dyn Store> {
     cfg.endpoint = Some(endpoint.to_string());
     cfg.region = Some("us-east-1".into());
     cfg.addressing = Some(Addressing::Path);
-    cfg.credentials = S3Credentials::Static { access_key: ACCESS.into(), secret_key: SECRET.into(), session_token: None };
+    cfg.credentials = S3Credentials::Static {
+        access_key: ACCESS.into(),
+        secret_key: SECRET.into(),
+        session_token: None,
+    };
     Arc::new(rt().block_on(S3Store::new(cfg)).unwrap())
 }
 
@@ -83,10 +97,18 @@ fn save_and_load(e: &Engine, g: &KvGeometry, chunks: usize, seed: u64) {
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
     e.save_blocking(g, &hs, &refs).unwrap();
     let h = e
-        .load(LoadRequest { geometry: g.clone(), hashes: hs, hints: Default::default() }, LayerBuffers::allocate(g.layers as usize, data[0].len()))
+        .load(
+            LoadRequest {
+                geometry: g.clone(),
+                hashes: hs,
+                hints: Default::default(),
+            },
+            LayerBuffers::allocate(g.layers as usize, data[0].len()),
+        )
         .unwrap();
     for l in 0..g.layers as usize {
-        h.wait_layer_blocking(l, None).unwrap_or_else(|err| panic!("seed {seed} layer {l}: {err}"));
+        h.wait_layer_blocking(l, None)
+            .unwrap_or_else(|err| panic!("seed {seed} layer {l}: {err}"));
         assert_eq!(h.layer(l).unwrap(), &data[l][..], "seed {seed} layer {l}");
     }
     assert!(h.chunk_status().iter().all(|s| *s == ChunkStatus::Ok));
@@ -99,16 +121,30 @@ fn engine_save_and_load_over_rdma_byte_exact() {
         return;
     }
     let srv = server();
-    assert_eq!(srv.rdma_writes(), Some(0), "the server offers the RDMA target");
+    assert_eq!(
+        srv.rdma_writes(),
+        Some(0),
+        "the server offers the RDMA target"
+    );
     let g = geometry();
-    let e = Engine::with_store(s3_on(&srv.endpoint()), EngineConfig { namespace: unique_ns("rdma"), ..Default::default() }).unwrap();
+    let e = Engine::with_store(
+        s3_on(&srv.endpoint()),
+        EngineConfig {
+            namespace: unique_ns("rdma"),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     save_and_load(&e, &g, 5, 1);
     let w1 = writes_at_least(&srv, g.layers as u64);
     // 5 chunks x 6 KiB = 30 KiB per layer: one unit per layer (units of up to 16 MiB).
     assert_eq!(w1, g.layers as u64, "one RDMA write per layer");
     // The session persists: a second load reuses it (and the registration cache).
     save_and_load(&e, &g, 3, 2);
-    assert_eq!(writes_at_least(&srv, w1 + g.layers as u64), w1 + g.layers as u64);
+    assert_eq!(
+        writes_at_least(&srv, w1 + g.layers as u64),
+        w1 + g.layers as u64
+    );
     drop(e);
     rt().block_on(srv.shutdown());
 }
@@ -120,14 +156,28 @@ fn concurrent_engine_loads_over_rdma() {
     }
     let srv = server();
     let g = geometry();
-    let e = Arc::new(Engine::with_store(s3_on(&srv.endpoint()), EngineConfig { namespace: unique_ns("rdma-conc"), transport: Transport::Rdma, ..Default::default() }).unwrap());
+    let e = Arc::new(
+        Engine::with_store(
+            s3_on(&srv.endpoint()),
+            EngineConfig {
+                namespace: unique_ns("rdma-conc"),
+                transport: Transport::Rdma,
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
     std::thread::scope(|s| {
         for i in 0..4u64 {
             let (e, g) = (e.clone(), g.clone());
             s.spawn(move || save_and_load(&e, &g, 2 + i as usize, 10 + i));
         }
     });
-    assert_eq!(writes_at_least(&srv, 4 * g.layers as u64), 4 * g.layers as u64, "every load went over RDMA");
+    assert_eq!(
+        writes_at_least(&srv, 4 * g.layers as u64),
+        4 * g.layers as u64,
+        "every load went over RDMA"
+    );
     drop(e);
     rt().block_on(srv.shutdown());
 }
@@ -162,8 +212,21 @@ impl LayerSink for Sink {
 
 /// Saves a prefix through the server's S3 API; returns the gather request for it, its layer
 /// bytes and key builder.
-fn saved_prefix(srv: &ServerHandle, g: &KvGeometry, chunks: usize, seed: u64, ns: &str) -> (GatherRequest, Vec<Vec<u8>>) {
-    let e = Engine::with_store(s3_on(&srv.endpoint()), EngineConfig { namespace: ns.into(), ..Default::default() }).unwrap();
+fn saved_prefix(
+    srv: &ServerHandle,
+    g: &KvGeometry,
+    chunks: usize,
+    seed: u64,
+    ns: &str,
+) -> (GatherRequest, Vec<Vec<u8>>) {
+    let e = Engine::with_store(
+        s3_on(&srv.endpoint()),
+        EngineConfig {
+            namespace: ns.into(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let hs = hashes(g, chunks * g.tokens_per_chunk as usize, seed as u32);
     let data = kv(g, chunks, seed);
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
@@ -185,22 +248,50 @@ fn units_split_layers_and_land_byte_exact() {
     // 4 KiB units: each 6 KiB slice is cut into 4 + 2 KiB pieces, 6 units per layer.
     req.max_unit_bytes = 4096;
     let client = RdmaClient::connect_gather(srv.local_addr(), ClientConfig::default()).unwrap();
-    let mut conn = rt().block_on(GatherConn::connect(srv.local_addr(), Some((ACCESS.into(), SECRET.into())))).unwrap();
+    let mut conn = rt()
+        .block_on(GatherConn::connect(
+            srv.local_addr(),
+            Some((ACCESS.into(), SECRET.into())),
+        ))
+        .unwrap();
     let len = data[0].len();
-    let bufs: Vec<Arc<HostBuffer>> = (0..g.layers).map(|_| HostBuffer::new(len).unwrap()).collect();
-    let dests: Vec<LayerDest> = bufs.iter().enumerate().map(|(l, b)| LayerDest::host(l as u32, b.clone(), 0)).collect();
+    let bufs: Vec<Arc<HostBuffer>> = (0..g.layers)
+        .map(|_| HostBuffer::new(len).unwrap())
+        .collect();
+    let dests: Vec<LayerDest> = bufs
+        .iter()
+        .enumerate()
+        .map(|(l, b)| LayerDest::host(l as u32, b.clone(), 0))
+        .collect();
     for round in 0..2 {
         bufs.iter().for_each(|b| b.fill(0));
         let sink = Arc::new(Sink::default());
-        rt().block_on(conn.load(&client, req.clone(), &dests, sink.clone())).unwrap();
-        assert!(sink.failed.lock().unwrap().is_empty(), "{:?}", sink.failed.lock().unwrap());
+        rt().block_on(conn.load(&client, req.clone(), &dests, sink.clone()))
+            .unwrap();
+        assert!(
+            sink.failed.lock().unwrap().is_empty(),
+            "{:?}",
+            sink.failed.lock().unwrap()
+        );
         for l in 0..g.layers {
             assert_eq!(sink.placed.lock().unwrap()[&l], len as u64);
-            assert_eq!(bufs[l as usize].to_vec(0, len).unwrap(), data[l as usize], "round {round} layer {l}");
+            assert_eq!(
+                bufs[l as usize].to_vec(0, len).unwrap(),
+                data[l as usize],
+                "round {round} layer {l}"
+            );
         }
     }
-    assert_eq!(writes_at_least(&srv, 2 * 6 * g.layers as u64), 2 * 6 * g.layers as u64, "6 units per layer");
-    assert_eq!(client.registrations(), g.layers as u64, "each destination registered once");
+    assert_eq!(
+        writes_at_least(&srv, 2 * 6 * g.layers as u64),
+        2 * 6 * g.layers as u64,
+        "6 units per layer"
+    );
+    assert_eq!(
+        client.registrations(),
+        g.layers as u64,
+        "each destination registered once"
+    );
     client.close();
     rt().block_on(srv.shutdown());
 }
@@ -215,11 +306,23 @@ fn qp_failure_mid_load_is_a_miss() {
     let ns = unique_ns("rdma-qpfail");
     let (mut req, data) = saved_prefix(&srv, &g, 4, 7, &ns);
     req.max_unit_bytes = 4096; // 8 units per layer, 32 in all: most are not posted yet
-    let client = Arc::new(RdmaClient::connect_gather(srv.local_addr(), ClientConfig::default()).unwrap());
-    let mut conn = rt().block_on(GatherConn::connect(srv.local_addr(), Some((ACCESS.into(), SECRET.into())))).unwrap();
+    let client =
+        Arc::new(RdmaClient::connect_gather(srv.local_addr(), ClientConfig::default()).unwrap());
+    let mut conn = rt()
+        .block_on(GatherConn::connect(
+            srv.local_addr(),
+            Some((ACCESS.into(), SECRET.into())),
+        ))
+        .unwrap();
     let len = data[0].len();
-    let bufs: Vec<Arc<HostBuffer>> = (0..g.layers).map(|_| HostBuffer::new(len).unwrap()).collect();
-    let dests: Vec<LayerDest> = bufs.iter().enumerate().map(|(l, b)| LayerDest::host(l as u32, b.clone(), 0)).collect();
+    let bufs: Vec<Arc<HostBuffer>> = (0..g.layers)
+        .map(|_| HostBuffer::new(len).unwrap())
+        .collect();
+    let dests: Vec<LayerDest> = bufs
+        .iter()
+        .enumerate()
+        .map(|(l, b)| LayerDest::host(l as u32, b.clone(), 0))
+        .collect();
     let sink = Arc::new(Sink::default());
     let c2 = client.clone();
     // The first unit's completion moves a QP to the error state, as a NIC failure would.
@@ -227,22 +330,45 @@ fn qp_failure_mid_load_is_a_miss() {
     let r = rt().block_on(conn.load(&client, req.clone(), &dests, sink.clone()));
     assert!(matches!(r, Err(RdmaGatherError::Failed(_))), "{r:?}");
     let failed = sink.failed.lock().unwrap().clone();
-    assert!(!failed.is_empty(), "a QP failure must make the undelivered layers misses");
+    assert!(
+        !failed.is_empty(),
+        "a QP failure must make the undelivered layers misses"
+    );
     for l in 0..g.layers {
         let placed = sink.placed.lock().unwrap().get(&l).copied().unwrap_or(0);
         if !failed.contains_key(&l) {
-            assert_eq!(placed, len as u64, "layer {l} is neither complete nor a miss");
-            assert_eq!(bufs[l as usize].to_vec(0, len).unwrap(), data[l as usize], "layer {l}");
+            assert_eq!(
+                placed, len as u64,
+                "layer {l} is neither complete nor a miss"
+            );
+            assert_eq!(
+                bufs[l as usize].to_vec(0, len).unwrap(),
+                data[l as usize],
+                "layer {l}"
+            );
         }
     }
-    assert!(client.broken().is_some(), "the session is broken after a QP error");
+    assert!(
+        client.broken().is_some(),
+        "the session is broken after a QP error"
+    );
     // A new session works again.
     let client2 = RdmaClient::connect_gather(srv.local_addr(), ClientConfig::default()).unwrap();
-    let mut conn2 = rt().block_on(GatherConn::connect(srv.local_addr(), Some((ACCESS.into(), SECRET.into())))).unwrap();
+    let mut conn2 = rt()
+        .block_on(GatherConn::connect(
+            srv.local_addr(),
+            Some((ACCESS.into(), SECRET.into())),
+        ))
+        .unwrap();
     let sink2 = Arc::new(Sink::default());
-    rt().block_on(conn2.load(&client2, req, &dests, sink2.clone())).unwrap();
+    rt().block_on(conn2.load(&client2, req, &dests, sink2.clone()))
+        .unwrap();
     for l in 0..g.layers {
-        assert_eq!(bufs[l as usize].to_vec(0, len).unwrap(), data[l as usize], "after reconnect, layer {l}");
+        assert_eq!(
+            bufs[l as usize].to_vec(0, len).unwrap(),
+            data[l as usize],
+            "after reconnect, layer {l}"
+        );
     }
     drop(client);
     client2.close();
@@ -257,13 +383,30 @@ fn engine_load_of_missing_chunks_is_a_miss_over_rdma() {
     // A missing chunk over RDMA: its layers are misses, reported by the server's Miss frames.
     let srv = server();
     let g = geometry();
-    let e = Engine::with_store(s3_on(&srv.endpoint()), EngineConfig { namespace: unique_ns("rdma-miss"), ..Default::default() }).unwrap();
+    let e = Engine::with_store(
+        s3_on(&srv.endpoint()),
+        EngineConfig {
+            namespace: unique_ns("rdma-miss"),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let hs = hashes(&g, 2 * g.tokens_per_chunk as usize, 77);
     let h = e
-        .load(LoadRequest { geometry: g.clone(), hashes: hs, hints: Default::default() }, LayerBuffers::allocate(g.layers as usize, 2 * g.slice_bytes() as usize))
+        .load(
+            LoadRequest {
+                geometry: g.clone(),
+                hashes: hs,
+                hints: Default::default(),
+            },
+            LayerBuffers::allocate(g.layers as usize, 2 * g.slice_bytes() as usize),
+        )
         .unwrap();
     for l in 0..g.layers as usize {
-        assert!(h.wait_layer_blocking(l, None).is_err(), "layer {l} of an absent prefix is a miss");
+        assert!(
+            h.wait_layer_blocking(l, None).is_err(),
+            "layer {l} of an absent prefix is a miss"
+        );
         assert!(matches!(h.poll_layer(l), LayerStatus::Failed(_)));
     }
     drop(h);
@@ -277,8 +420,16 @@ fn engine_load_of_missing_chunks_is_a_miss_over_rdma() {
 /// pool. Saves from blocks `src`, loads into blocks `dst` (each `block_size`-token block a
 /// separate range, none adjacent), and checks every block byte for byte and that nothing
 /// else in the pool was written. Returns the server's RDMA writes for the load.
-fn paged_round_trip(srv: &ServerHandle, e: &Engine, block_size: u32, chunks: usize, seed: u64) -> u64 {
-    let g = geometry().with_layout("test/rdma-blocks", block_size).unwrap();
+fn paged_round_trip(
+    srv: &ServerHandle,
+    e: &Engine,
+    block_size: u32,
+    chunks: usize,
+    seed: u64,
+) -> u64 {
+    let g = geometry()
+        .with_layout("test/rdma-blocks", block_size)
+        .unwrap();
     let layers = g.layers as usize;
     let block = block_size as usize * g.bytes_per_token_per_layer() as usize;
     let n = chunks * (g.tokens_per_chunk / block_size) as usize;
@@ -286,7 +437,9 @@ fn paged_round_trip(srv: &ServerHandle, e: &Engine, block_size: u32, chunks: usi
     let at = |l: usize, b: usize| (l * blocks + b) * block;
     // Request blocks: every other block, in reverse order (never adjacent, never in order).
     let ids: Vec<usize> = (0..n).map(|i| 2 * (n - 1 - i) + 1).collect();
-    let ranges: Vec<Vec<(usize, usize)>> = (0..layers).map(|l| ids.iter().map(|&b| (at(l, b), block)).collect()).collect();
+    let ranges: Vec<Vec<(usize, usize)>> = (0..layers)
+        .map(|l| ids.iter().map(|&b| (at(l, b), block)).collect())
+        .collect();
     let hs = hashes(&g, chunks * g.tokens_per_chunk as usize, seed as u32);
     let data = kv(&g, chunks, seed);
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
@@ -295,8 +448,13 @@ fn paged_round_trip(srv: &ServerHandle, e: &Engine, block_size: u32, chunks: usi
     let bufs = LayerBuffers::paged(vec![0xA5; layers * blocks * block], ranges.clone()).unwrap();
     let h = e.load(LoadRequest::new(g.clone(), hs), bufs).unwrap();
     for l in 0..layers {
-        h.wait_layer_blocking(l, None).unwrap_or_else(|err| panic!("block size {block_size}: layer {l}: {err}"));
-        assert_eq!(h.layer_parts(l).unwrap().concat(), data[l], "block size {block_size}: layer {l}");
+        h.wait_layer_blocking(l, None)
+            .unwrap_or_else(|err| panic!("block size {block_size}: layer {l}: {err}"));
+        assert_eq!(
+            h.layer_parts(l).unwrap().concat(),
+            data[l],
+            "block size {block_size}: layer {l}"
+        );
     }
     assert!(h.chunk_status().iter().all(|s| *s == ChunkStatus::Ok));
     let pool = h.into_buffers().into_pool().unwrap();
@@ -304,8 +462,15 @@ fn paged_round_trip(srv: &ServerHandle, e: &Engine, block_size: u32, chunks: usi
         for b in 0..blocks {
             let blk = &pool[at(l, b)..at(l, b) + block];
             match ids.iter().position(|&x| x == b) {
-                Some(i) => assert_eq!(blk, &data[l][i * block..(i + 1) * block], "layer {l} block {b}"),
-                None => assert!(blk.iter().all(|&x| x == 0xA5), "block {b} of layer {l} was written"),
+                Some(i) => assert_eq!(
+                    blk,
+                    &data[l][i * block..(i + 1) * block],
+                    "layer {l} block {b}"
+                ),
+                None => assert!(
+                    blk.iter().all(|&x| x == 0xA5),
+                    "block {b} of layer {l} was written"
+                ),
             }
         }
     }
@@ -318,18 +483,33 @@ fn paged_engine_load_over_rdma_writes_into_scattered_blocks() {
         return;
     }
     let srv = server();
-    let e = Engine::with_store(s3_on(&srv.endpoint()), EngineConfig { namespace: unique_ns("rdma-paged"), transport: Transport::Rdma, ..Default::default() }).unwrap();
+    let e = Engine::with_store(
+        s3_on(&srv.endpoint()),
+        EngineConfig {
+            namespace: unique_ns("rdma-paged"),
+            transport: Transport::Rdma,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     // 16-token blocks: 3 per 48-token chunk. A scattered load asks for one unit per slice, so
     // each unit is 3 pieces (3 RDMA writes, the last with the immediate): one completed write
     // per unit, 5 per layer.
     let g = geometry();
     let w = paged_round_trip(&srv, &e, 16, 5, 21);
-    let w = if w < 5 * g.layers as u64 { writes_at_least(&srv, 5 * g.layers as u64) } else { w };
+    let w = if w < 5 * g.layers as u64 {
+        writes_at_least(&srv, 5 * g.layers as u64)
+    } else {
+        w
+    };
     assert_eq!(w, 5 * g.layers as u64, "every unit went over RDMA");
     // Again: the session and the pool's registration are reused.
     let before = srv.rdma_writes().unwrap();
     paged_round_trip(&srv, &e, 48, 2, 22);
-    assert_eq!(writes_at_least(&srv, before + 2 * g.layers as u64), before + 2 * g.layers as u64);
+    assert_eq!(
+        writes_at_least(&srv, before + 2 * g.layers as u64),
+        before + 2 * g.layers as u64
+    );
     // 1-token blocks: 48 pieces per unit, more than a session writes per unit (its send
     // queues): the server refuses the RDMA target before reading, and the load runs over
     // TCP gather instead, landing the same bytes.

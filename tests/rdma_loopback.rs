@@ -12,8 +12,8 @@ use objectcache::error::LayerError;
 use objectcache::layout::{encode_chunk, slice_range, Dtype, KvGeometry};
 use objectcache::store::{MemoryStore, StoreExt};
 use objectcache::transport::rdma::{
-    self, ClientConfig, HostBuffer, LayerDest, LoadSpec, RdmaClient, RdmaError, RdmaServer, ServerConfig, ServerHandle,
-    SliceSource, StoreSliceSource,
+    self, ClientConfig, HostBuffer, LayerDest, LoadSpec, RdmaClient, RdmaError, RdmaServer,
+    ServerConfig, ServerHandle, SliceSource, StoreSliceSource,
 };
 use objectcache::transport::LayerSink;
 
@@ -33,20 +33,38 @@ fn rdma_present(test: &str) -> bool {
 
 fn geometry() -> KvGeometry {
     // 16 tokens x 2 heads x 16 dims x 2 bytes x K,V = 2 KiB per slice: small, emulation is slow.
-    KvGeometry::new("rdma-test", 6, 2, 16, Dtype::Bf16).unwrap().with_tokens_per_chunk(16).unwrap()
+    KvGeometry::new("rdma-test", 6, 2, 16, Dtype::Bf16)
+        .unwrap()
+        .with_tokens_per_chunk(16)
+        .unwrap()
 }
 
 /// Deterministic K+V bytes of (seed, chunk, layer).
 fn slice_bytes(seed: u8, chunk: u32, layer: u32, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u32).wrapping_mul(31).wrapping_add(chunk * 7 + layer * 13 + u32::from(seed) * 101) as u8).collect()
+    (0..len)
+        .map(|i| {
+            (i as u32)
+                .wrapping_mul(31)
+                .wrapping_add(chunk * 7 + layer * 13 + u32::from(seed) * 101) as u8
+        })
+        .collect()
 }
 
 /// Writes `chunks` encoded chunk objects under `prefix`; returns their keys.
-fn put_chunks(rt: &tokio::runtime::Runtime, store: &Arc<MemoryStore>, g: &KvGeometry, prefix: &str, seed: u8, chunks: u32) -> Vec<String> {
+fn put_chunks(
+    rt: &tokio::runtime::Runtime,
+    store: &Arc<MemoryStore>,
+    g: &KvGeometry,
+    prefix: &str,
+    seed: u8,
+    chunks: u32,
+) -> Vec<String> {
     let slice = g.slice_bytes() as usize;
     let mut keys = Vec::new();
     for c in 0..chunks {
-        let layers: Vec<Vec<u8>> = (0..g.layers).map(|l| slice_bytes(seed, c, l, slice)).collect();
+        let layers: Vec<Vec<u8>> = (0..g.layers)
+            .map(|l| slice_bytes(seed, c, l, slice))
+            .collect();
         let obj = encode_chunk(g, g.tokens_per_chunk, |l| &layers[l as usize]).unwrap();
         let key = format!("{prefix}/chunk-{c}");
         rt.block_on(store.put(&key, obj.into())).unwrap();
@@ -88,7 +106,11 @@ impl TestSink {
             if st.1.contains_key(&layer) {
                 return false;
             }
-            st = self.cv.wait_timeout(st, Duration::from_millis(100)).unwrap().0;
+            st = self
+                .cv
+                .wait_timeout(st, Duration::from_millis(100))
+                .unwrap()
+                .0;
         }
         panic!("layer {layer} neither ready nor failed after 120 s");
     }
@@ -102,7 +124,10 @@ impl LayerSink for TestSink {
         let mut p = self.placed.lock().unwrap();
         let ranges = p.entry(layer).or_default();
         if offset + len > self.size || ranges.iter().any(|&(a, b)| offset < b && a < offset + len) {
-            return Err(LayerError::GeometryMismatch { chunk: 0, reason: format!("range {offset}+{len} refused") });
+            return Err(LayerError::GeometryMismatch {
+                chunk: 0,
+                reason: format!("range {offset}+{len} refused"),
+            });
         }
         ranges.push((offset, offset + len));
         Ok(())
@@ -124,7 +149,10 @@ impl LayerSink for TestSink {
 struct Timer(std::time::Instant, String);
 impl Timer {
     fn start() -> Self {
-        Timer(std::time::Instant::now(), std::thread::current().name().unwrap_or("?").to_string())
+        Timer(
+            std::time::Instant::now(),
+            std::thread::current().name().unwrap_or("?").to_string(),
+        )
     }
 }
 impl Drop for Timer {
@@ -140,19 +168,36 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    Fixture { rt, store: Arc::new(MemoryStore::new()), g: geometry() }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    Fixture {
+        rt,
+        store: Arc::new(MemoryStore::new()),
+        g: geometry(),
+    }
 }
 
 fn start_server(src: Arc<dyn SliceSource>) -> ServerHandle {
-    let cfg = ServerConfig { arena_bytes: 64 << 10, ..ServerConfig::default() };
-    RdmaServer::bind("127.0.0.1:0", src, cfg).unwrap().spawn().unwrap()
+    let cfg = ServerConfig {
+        arena_bytes: 64 << 10,
+        ..ServerConfig::default()
+    };
+    RdmaServer::bind("127.0.0.1:0", src, cfg)
+        .unwrap()
+        .spawn()
+        .unwrap()
 }
 
 /// Layer-major destinations in one buffer: layer `l` at `l x chunks x slice`.
 fn dests(g: &KvGeometry, buf: &Arc<HostBuffer>, layers: &[u32], chunks: u32) -> Vec<LayerDest> {
     let layer_len = chunks as usize * g.slice_bytes() as usize;
-    layers.iter().map(|&l| LayerDest::host(l, buf.clone(), l as usize * layer_len)).collect()
+    layers
+        .iter()
+        .map(|&l| LayerDest::host(l, buf.clone(), l as usize * layer_len))
+        .collect()
 }
 
 /// Asserts layer `l`'s destination holds exactly the expected bytes of every chunk.
@@ -160,7 +205,11 @@ fn assert_layer_exact(g: &KvGeometry, buf: &HostBuffer, seed: u8, l: u32, chunks
     let slice = g.slice_bytes() as usize;
     for c in 0..chunks {
         let off = (l as usize * chunks as usize + c as usize) * slice;
-        assert_eq!(buf.to_vec(off, slice).unwrap(), slice_bytes(seed, c, l, slice), "layer {l} chunk {c}");
+        assert_eq!(
+            buf.to_vec(off, slice).unwrap(),
+            slice_bytes(seed, c, l, slice),
+            "layer {l} chunk {c}"
+        );
     }
 }
 
@@ -173,26 +222,50 @@ fn round_trip_is_byte_exact_and_registers_once() {
     let f = fixture();
     let chunks = 5;
     let keys = put_chunks(&f.rt, &f.store, &f.g, "rt", 1, chunks);
-    let server = start_server(Arc::new(StoreSliceSource::new(f.store.clone(), f.rt.handle().clone())));
-    let client = RdmaClient::connect(server.addr(), ClientConfig { qps: 2, ..ClientConfig::default() }).unwrap();
+    let server = start_server(Arc::new(StoreSliceSource::new(
+        f.store.clone(),
+        f.rt.handle().clone(),
+    )));
+    let client = RdmaClient::connect(
+        server.addr(),
+        ClientConfig {
+            qps: 2,
+            ..ClientConfig::default()
+        },
+    )
+    .unwrap();
     let slice = f.g.slice_bytes();
     let buf = HostBuffer::new((f.g.layers * chunks) as usize * slice as usize).unwrap();
     let order = vec![2, 0, 1, 5, 4, 3]; // the scheduler's order, not 0..n
     for round in 0..2 {
         buf.fill(0xEE);
         let sink = TestSink::new(u64::from(chunks) * slice);
-        let spec = LoadSpec { keys: keys.clone(), slice_len: slice, layers: order.clone() };
-        let out = client.load(spec, &dests(&f.g, &buf, &order, chunks), sink.clone()).unwrap().wait();
+        let spec = LoadSpec {
+            keys: keys.clone(),
+            slice_len: slice,
+            layers: order.clone(),
+        };
+        let out = client
+            .load(spec, &dests(&f.g, &buf, &order, chunks), sink.clone())
+            .unwrap()
+            .wait();
         assert!(out.failed.is_empty(), "round {round}: {:?}", out.failed);
         let mut ready = out.ready.clone();
         ready.sort();
         assert_eq!(ready, vec![0, 1, 2, 3, 4, 5]);
         for l in 0..f.g.layers {
-            assert!(sink.ready(l), "round {round}: sink saw layer {l} incomplete");
+            assert!(
+                sink.ready(l),
+                "round {round}: sink saw layer {l} incomplete"
+            );
             assert_layer_exact(&f.g, &buf, 1, l, chunks);
         }
     }
-    assert_eq!(client.registrations(), 1, "the destination buffer is registered once for both loads");
+    assert_eq!(
+        client.registrations(),
+        1,
+        "the destination buffer is registered once for both loads"
+    );
     assert!(client.broken().is_none());
     client.close();
 }
@@ -205,10 +278,38 @@ fn several_concurrent_loads_on_shared_and_separate_connections() {
     let _t = Timer::start();
     let f = fixture();
     let chunks = 4;
-    let key_sets: Vec<Vec<String>> = (0..4).map(|i| put_chunks(&f.rt, &f.store, &f.g, &format!("cc{i}"), 10 + i as u8, chunks)).collect();
-    let server = start_server(Arc::new(StoreSliceSource::new(f.store.clone(), f.rt.handle().clone())));
-    let a = RdmaClient::connect(server.addr(), ClientConfig { qps: 3, ..ClientConfig::default() }).unwrap();
-    let b = RdmaClient::connect(server.addr(), ClientConfig { qps: 1, ..ClientConfig::default() }).unwrap();
+    let key_sets: Vec<Vec<String>> = (0..4)
+        .map(|i| {
+            put_chunks(
+                &f.rt,
+                &f.store,
+                &f.g,
+                &format!("cc{i}"),
+                10 + i as u8,
+                chunks,
+            )
+        })
+        .collect();
+    let server = start_server(Arc::new(StoreSliceSource::new(
+        f.store.clone(),
+        f.rt.handle().clone(),
+    )));
+    let a = RdmaClient::connect(
+        server.addr(),
+        ClientConfig {
+            qps: 3,
+            ..ClientConfig::default()
+        },
+    )
+    .unwrap();
+    let b = RdmaClient::connect(
+        server.addr(),
+        ClientConfig {
+            qps: 1,
+            ..ClientConfig::default()
+        },
+    )
+    .unwrap();
     let slice = f.g.slice_bytes();
     let layers: Vec<u32> = (0..f.g.layers).collect();
     let mut running = Vec::new();
@@ -216,8 +317,14 @@ fn several_concurrent_loads_on_shared_and_separate_connections() {
         let buf = HostBuffer::new((f.g.layers * chunks) as usize * slice as usize).unwrap();
         let sink = TestSink::new(u64::from(chunks) * slice);
         let client = if i < 3 { &a } else { &b }; // three loads share connection a
-        let spec = LoadSpec { keys: keys.clone(), slice_len: slice, layers: layers.clone() };
-        let h = client.load(spec, &dests(&f.g, &buf, &layers, chunks), sink).unwrap();
+        let spec = LoadSpec {
+            keys: keys.clone(),
+            slice_len: slice,
+            layers: layers.clone(),
+        };
+        let h = client
+            .load(spec, &dests(&f.g, &buf, &layers, chunks), sink)
+            .unwrap();
         running.push((i, buf, h));
     }
     for (i, buf, h) in running {
@@ -248,14 +355,23 @@ impl Gate {
 }
 
 impl SliceSource for Gate {
-    fn read_slice(&self, spec: &LoadSpec, layer: u32, unit: u32, dst: &mut [u8]) -> Result<(), LayerError> {
+    fn read_slice(
+        &self,
+        spec: &LoadSpec,
+        layer: u32,
+        unit: u32,
+        dst: &mut [u8],
+    ) -> Result<(), LayerError> {
         if layer == self.layer {
             let mut o = self.open.lock().unwrap();
             while o.is_none() {
                 o = self.cv.wait(o).unwrap();
             }
             if *o == Some(false) {
-                return Err(LayerError::Storage { chunk: unit as usize, message: "gate closed by the test".into() });
+                return Err(LayerError::Storage {
+                    chunk: unit as usize,
+                    message: "gate closed by the test".into(),
+                });
             }
         }
         self.inner.read_slice(spec, layer, unit, dst)
@@ -306,14 +422,30 @@ fn qp_failure_mid_load_becomes_a_miss_not_a_hang() {
     let gate = gated(&f, 2);
     let server = start_server(gate.clone());
     let _open = OpenOnDrop(gate.clone());
-    let client = RdmaClient::connect(server.addr(), ClientConfig { qps: 2, ..ClientConfig::default() }).unwrap();
+    let client = RdmaClient::connect(
+        server.addr(),
+        ClientConfig {
+            qps: 2,
+            ..ClientConfig::default()
+        },
+    )
+    .unwrap();
     let slice = f.g.slice_bytes();
     let buf = HostBuffer::new((f.g.layers * chunks) as usize * slice as usize).unwrap();
     let order: Vec<u32> = (0..f.g.layers).collect();
     let sink = TestSink::new(u64::from(chunks) * slice);
-    let spec = LoadSpec { keys, slice_len: slice, layers: order.clone() };
-    let h = client.load(spec, &dests(&f.g, &buf, &order, chunks), sink.clone()).unwrap();
-    assert!(sink.wait_resolved(0) && sink.wait_resolved(1), "layers before the gate arrive");
+    let spec = LoadSpec {
+        keys,
+        slice_len: slice,
+        layers: order.clone(),
+    };
+    let h = client
+        .load(spec, &dests(&f.g, &buf, &order, chunks), sink.clone())
+        .unwrap();
+    assert!(
+        sink.wait_resolved(0) && sink.wait_resolved(1),
+        "layers before the gate arrive"
+    );
     client.inject_qp_error(0).unwrap();
     gate.release(true);
     let out = h.wait();
@@ -324,17 +456,27 @@ fn qp_failure_mid_load_becomes_a_miss_not_a_hang() {
     failed.sort();
     assert_eq!(failed, vec![2, 3, 4, 5]);
     for l in 2..6 {
-        assert!(!sink.ready(l) && !sink.wait_resolved(l), "layer {l} must be a miss");
+        assert!(
+            !sink.ready(l) && !sink.wait_resolved(l),
+            "layer {l} must be a miss"
+        );
     }
     assert_layer_exact(&f.g, &buf, 3, 0, chunks);
     assert_layer_exact(&f.g, &buf, 3, 1, chunks);
     assert!(client.broken().is_some());
     let again = client.load(
-        LoadSpec { keys: vec!["qpf/chunk-0".into()], slice_len: slice, layers: vec![0] },
+        LoadSpec {
+            keys: vec!["qpf/chunk-0".into()],
+            slice_len: slice,
+            layers: vec![0],
+        },
         &dests(&f.g, &buf, &[0], 1),
         TestSink::new(slice),
     );
-    assert!(matches!(again, Err(RdmaError::Broken(_))), "a broken connection refuses new loads");
+    assert!(
+        matches!(again, Err(RdmaError::Broken(_))),
+        "a broken connection refuses new loads"
+    );
 }
 
 #[test]
@@ -350,17 +492,35 @@ fn corrupt_slice_is_a_layer_miss_and_the_connection_survives() {
     let mut obj = f.rt.block_on(f.store.get_bytes(&keys[2])).unwrap().to_vec();
     obj[slice_range(1, f.g.slice_bytes()).start as usize + 5] ^= 0x40;
     f.rt.block_on(f.store.put(&keys[2], obj.into())).unwrap();
-    let server = start_server(Arc::new(StoreSliceSource::new(f.store.clone(), f.rt.handle().clone())));
+    let server = start_server(Arc::new(StoreSliceSource::new(
+        f.store.clone(),
+        f.rt.handle().clone(),
+    )));
     let client = RdmaClient::connect(server.addr(), ClientConfig::default()).unwrap();
     let slice = f.g.slice_bytes();
     let buf = HostBuffer::new((f.g.layers * chunks) as usize * slice as usize).unwrap();
     let order: Vec<u32> = (0..f.g.layers).collect();
     let sink = TestSink::new(u64::from(chunks) * slice);
-    let spec = LoadSpec { keys: keys.clone(), slice_len: slice, layers: order.clone() };
-    let out = client.load(spec.clone(), &dests(&f.g, &buf, &order, chunks), sink.clone()).unwrap().wait();
+    let spec = LoadSpec {
+        keys: keys.clone(),
+        slice_len: slice,
+        layers: order.clone(),
+    };
+    let out = client
+        .load(
+            spec.clone(),
+            &dests(&f.g, &buf, &order, chunks),
+            sink.clone(),
+        )
+        .unwrap()
+        .wait();
     assert_eq!(out.failed.len(), 1, "{:?}", out.failed);
     assert_eq!(out.failed[0].0, 1);
-    assert!(format!("{}", out.failed[0].1).contains("checksum"), "{}", out.failed[0].1);
+    assert!(
+        format!("{}", out.failed[0].1).contains("checksum"),
+        "{}",
+        out.failed[0].1
+    );
     assert!(!sink.ready(1));
     for l in [0, 2, 3, 4, 5] {
         assert_layer_exact(&f.g, &buf, 4, l, chunks);
@@ -369,7 +529,14 @@ fn corrupt_slice_is_a_layer_miss_and_the_connection_survives() {
     assert!(client.broken().is_none());
     let layers = vec![0, 2];
     let out = client
-        .load(LoadSpec { layers: layers.clone(), ..spec }, &dests(&f.g, &buf, &layers, chunks), TestSink::new(u64::from(chunks) * slice))
+        .load(
+            LoadSpec {
+                layers: layers.clone(),
+                ..spec
+            },
+            &dests(&f.g, &buf, &layers, chunks),
+            TestSink::new(u64::from(chunks) * slice),
+        )
         .unwrap()
         .wait();
     assert!(out.failed.is_empty());
@@ -394,13 +561,25 @@ fn remote_disconnect_and_timeout_become_misses() {
     let client = RdmaClient::connect(server.addr(), ClientConfig::default()).unwrap();
     let buf = HostBuffer::new((f.g.layers * chunks) as usize * slice as usize).unwrap();
     let sink = TestSink::new(u64::from(chunks) * slice);
-    let spec = LoadSpec { keys: keys.clone(), slice_len: slice, layers: order.clone() };
-    let h = client.load(spec.clone(), &dests(&f.g, &buf, &order, chunks), sink.clone()).unwrap();
+    let spec = LoadSpec {
+        keys: keys.clone(),
+        slice_len: slice,
+        layers: order.clone(),
+    };
+    let h = client
+        .load(
+            spec.clone(),
+            &dests(&f.g, &buf, &order, chunks),
+            sink.clone(),
+        )
+        .unwrap();
     assert!(sink.wait_resolved(0));
     eprintln!("disconnect: layer 0 in, stopping the server");
     let mut server = server;
     let stopper = std::thread::spawn(move || server.shutdown());
-    wait_until("the client to notice the server's disconnect", || client.broken().is_some());
+    wait_until("the client to notice the server's disconnect", || {
+        client.broken().is_some()
+    });
     eprintln!("disconnect: client saw it");
     gate.release(false);
     stopper.join().unwrap();
@@ -415,13 +594,25 @@ fn remote_disconnect_and_timeout_become_misses() {
     let gate = gated(&f, 0);
     let server = start_server(gate.clone());
     let _open = OpenOnDrop(gate.clone());
-    let cfg = ClientConfig { load_timeout: Duration::from_secs(3), ..ClientConfig::default() };
+    let cfg = ClientConfig {
+        load_timeout: Duration::from_secs(3),
+        ..ClientConfig::default()
+    };
     let client = RdmaClient::connect(server.addr(), cfg).unwrap();
     let sink = TestSink::new(u64::from(chunks) * slice);
-    let out = client.load(spec, &dests(&f.g, &buf, &order, chunks), sink.clone()).unwrap().wait();
+    let out = client
+        .load(spec, &dests(&f.g, &buf, &order, chunks), sink.clone())
+        .unwrap()
+        .wait();
     assert!(out.ready.is_empty());
     assert_eq!(out.failed.len(), 6);
-    assert!(out.failed.iter().all(|(l, e)| *e == LayerError::Timeout { layer: *l as usize }), "{:?}", out.failed);
+    assert!(
+        out.failed
+            .iter()
+            .all(|(l, e)| *e == LayerError::Timeout { layer: *l as usize }),
+        "{:?}",
+        out.failed
+    );
     eprintln!("timeout: part 2 outcome checked");
     gate.release(true);
     drop(client);
@@ -447,26 +638,57 @@ fn cancel_stops_the_server_and_the_connection_stays_usable() {
     let buf = HostBuffer::new((f.g.layers * chunks) as usize * slice as usize).unwrap();
     let order: Vec<u32> = (0..f.g.layers).collect();
     let sink = TestSink::new(u64::from(chunks) * slice);
-    let spec = LoadSpec { keys: keys.clone(), slice_len: slice, layers: order.clone() };
-    let h = client.load(spec.clone(), &dests(&f.g, &buf, &order, chunks), sink.clone()).unwrap();
+    let spec = LoadSpec {
+        keys: keys.clone(),
+        slice_len: slice,
+        layers: order.clone(),
+    };
+    let h = client
+        .load(
+            spec.clone(),
+            &dests(&f.g, &buf, &order, chunks),
+            sink.clone(),
+        )
+        .unwrap();
     assert!(sink.wait_resolved(0) && sink.wait_resolved(1));
     // the engine cancels through its sink; the client forwards it to the server
-    sink.cancelled.store(true, std::sync::atomic::Ordering::Release);
-    wait_until("the Cancel to reach the server", || server.cancels_received() > 0);
+    sink.cancelled
+        .store(true, std::sync::atomic::Ordering::Release);
+    wait_until("the Cancel to reach the server", || {
+        server.cancels_received() > 0
+    });
     assert_eq!(server.cancels_received(), 1);
     gate.release(true);
     let out = h.wait();
-    assert_eq!({ let mut r = out.ready.clone(); r.sort(); r }, vec![0, 1]);
+    assert_eq!(
+        {
+            let mut r = out.ready.clone();
+            r.sort();
+            r
+        },
+        vec![0, 1]
+    );
     // layer 2's first unit may have been posted before the server saw the Cancel; after it,
     // every pending layer is a Cancelled miss
     assert_eq!(out.failed.len(), 4, "{:?}", out.failed);
-    assert!(out.failed.iter().all(|(_, e)| *e == LayerError::Cancelled), "{:?}", out.failed);
+    assert!(
+        out.failed.iter().all(|(_, e)| *e == LayerError::Cancelled),
+        "{:?}",
+        out.failed
+    );
     assert_layer_exact(&f.g, &buf, 6, 0, chunks);
     assert_layer_exact(&f.g, &buf, 6, 1, chunks);
     // same connection, same buffer (registered once), a full load
     assert!(client.broken().is_none());
     buf.fill(0);
-    let out = client.load(spec, &dests(&f.g, &buf, &order, chunks), TestSink::new(u64::from(chunks) * slice)).unwrap().wait();
+    let out = client
+        .load(
+            spec,
+            &dests(&f.g, &buf, &order, chunks),
+            TestSink::new(u64::from(chunks) * slice),
+        )
+        .unwrap()
+        .wait();
     assert!(out.failed.is_empty(), "{:?}", out.failed);
     for l in 0..f.g.layers {
         assert_layer_exact(&f.g, &buf, 6, l, chunks);

@@ -142,7 +142,11 @@ async fn client_errors_are_not_retried_and_map_to_their_meaning() {
             } else if checks.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
                 ok(200)
             } else {
-                Reply::s3_error(412, "PreconditionFailed", "At least one of the pre-conditions you specified did not hold")
+                Reply::s3_error(
+                    412,
+                    "PreconditionFailed",
+                    "At least one of the pre-conditions you specified did not hold",
+                )
             }
         } else if path.starts_with("/bucket/missing") {
             if req.line.starts_with("HEAD") {
@@ -202,5 +206,9 @@ async fn client_errors_are_not_retried_and_map_to_their_meaning() {
         .filter(|r| !r.line.contains("/_objectcache/"))
         .count();
     assert_eq!(ours, 5, "one request each, no retries on 4xx");
-    assert_eq!(srv.requests(), 5 + 3, "and the conditional-PUT check: PUT, PUT, DELETE");
+    assert_eq!(
+        srv.requests(),
+        5 + 3,
+        "and the conditional-PUT check: PUT, PUT, DELETE"
+    );
 }

@@ -61,13 +61,18 @@ fn frame_decoder(data: &[u8]) {
 }
 
 fn replay(target: &str, f: fn(&[u8])) -> usize {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz/regressions").join(target);
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fuzz/regressions")
+        .join(target);
     let mut n = 0;
     if let Ok(rd) = std::fs::read_dir(&dir) {
         for e in rd {
             let p = e.unwrap().path();
             if p.extension().is_some_and(|x| x == "hex") {
-                let txt: String = std::fs::read_to_string(&p).unwrap().split_whitespace().collect();
+                let txt: String = std::fs::read_to_string(&p)
+                    .unwrap()
+                    .split_whitespace()
+                    .collect();
                 let bytes = hex::decode(&txt).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
                 f(&bytes);
                 n += 1;
@@ -85,7 +90,12 @@ fn object_header_regressions_and_hostile_headers() {
     let slice = (g.tokens_per_chunk as u64 * g.bytes_per_token_per_layer()) as usize;
     let layer = vec![1u8; slice];
     let obj = encode_chunk(&g, g.tokens_per_chunk, |_| &layer[..]).unwrap();
-    let mut inputs: Vec<Vec<u8>> = vec![vec![], vec![0xff; 64], obj[..64].to_vec(), obj[..obj.len() - 1].to_vec()];
+    let mut inputs: Vec<Vec<u8>> = vec![
+        vec![],
+        vec![0xff; 64],
+        obj[..64].to_vec(),
+        obj[..obj.len() - 1].to_vec(),
+    ];
     for off in (8..64).step_by(2) {
         let mut h = obj.clone();
         h[off] = 0xff;
@@ -98,12 +108,16 @@ fn object_header_regressions_and_hostile_headers() {
         x.extend_from_slice(i);
         object_header(&x);
     }
-    println!("SECURITY|fuzz regressions + hostile object headers replayed|{}|no panic", n + 2 * inputs.len());
+    println!(
+        "SECURITY|fuzz regressions + hostile object headers replayed|{}|no panic",
+        n + 2 * inputs.len()
+    );
 }
 
 #[test]
 fn protocol_regressions_and_hostile_frames() {
-    let mut n = replay("gather_descriptor", gather_descriptor) + replay("frame_decoder", frame_decoder);
+    let mut n =
+        replay("gather_descriptor", gather_descriptor) + replay("frame_decoder", frame_decoder);
     // Hostile inputs: every frame type byte with a maximal length, all-ones bodies.
     for ty in 0..=255u8 {
         let mut f = vec![ty, 0, 0, 0, 0xff, 0xff, 0xff, 0xff];
@@ -115,7 +129,9 @@ fn protocol_regressions_and_hostile_frames() {
     // Hostile load-group blocks (descriptor flag bit 2): a valid striped descriptor with
     // each byte of its block, and of its flags, set to 0x00 and 0xff, and cut anywhere.
     let g = geometry();
-    let kb = objectcache::layout::KeyBuilder::new("fuzz", &g, objectcache::layout::HashAlgo::Sha256Cbor).unwrap();
+    let kb =
+        objectcache::layout::KeyBuilder::new("fuzz", &g, objectcache::layout::HashAlgo::Sha256Cbor)
+            .unwrap();
     let mut req = objectcache::protocol::GatherRequest::for_prefix(
         1,
         "kv-test",
@@ -132,7 +148,10 @@ fn protocol_regressions_and_hostile_frames() {
     });
     let mut body = bytes::BytesMut::new();
     req.encode(&mut body);
-    assert_eq!(objectcache::protocol::GatherRequest::decode(&body, 4096).unwrap(), req);
+    assert_eq!(
+        objectcache::protocol::GatherRequest::decode(&body, 4096).unwrap(),
+        req
+    );
     let block = body.len() - 20;
     for at in (10..12).chain(block..body.len()) {
         for v in [0x00u8, 0xff] {

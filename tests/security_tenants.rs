@@ -10,8 +10,7 @@ use common::*;
 use objectcache::connector::{Engine, EngineConfig};
 use objectcache::hash::{chunk_hashes, HashParams};
 use objectcache::store::{
-    FsStore, FsyncPolicy, GetOptions, GetResult, ObjectMeta, PutOptions, PutResult, Store,
-    StoreExt,
+    FsStore, FsyncPolicy, GetOptions, GetResult, ObjectMeta, PutOptions, PutResult, Store, StoreExt,
 };
 use objectcache::{ChunkHash, Dtype, KvGeometry, StoreError};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,7 +24,10 @@ fn g() -> KvGeometry {
 }
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 /// Counts the requests reaching a real store (every call is forwarded).
@@ -63,26 +65,39 @@ impl Store for Counting {
 fn tenant(store: Arc<dyn Store>, ns: &str) -> Engine {
     Engine::with_store(
         store,
-        EngineConfig { namespace: ns.into(), lookup_cache_ttl: Duration::ZERO, ..EngineConfig::default() },
+        EngineConfig {
+            namespace: ns.into(),
+            lookup_cache_ttl: Duration::ZERO,
+            ..EngineConfig::default()
+        },
     )
     .unwrap()
 }
 
 fn prompt(n: usize) -> Vec<u32> {
-    (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761) % 128_000).collect()
+    (0..n as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) % 128_000)
+        .collect()
 }
 
 #[test]
 fn tenant_b_gets_no_hit_on_tenant_a_prefix_and_pays_a_plain_miss() {
     let dir = tempfile::tempdir().unwrap();
     let fs: Arc<dyn Store> = Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap());
-    let counting = Arc::new(Counting { inner: fs.clone(), heads: AtomicU64::new(0), gets: AtomicU64::new(0) });
+    let counting = Arc::new(Counting {
+        inner: fs.clone(),
+        heads: AtomicU64::new(0),
+        gets: AtomicU64::new(0),
+    });
     let g = g();
     let toks = prompt(40 * 16);
     let params = |salt: &str| HashParams::new(16).with_salt(salt);
     let ha = chunk_hashes(&toks, &params("salt-of-a")).unwrap();
     let hb = chunk_hashes(&toks, &params("salt-of-b")).unwrap();
-    assert!(ha.iter().zip(&hb).all(|(a, b)| a != b), "the salt must change every chunk hash");
+    assert!(
+        ha.iter().zip(&hb).all(|(a, b)| a != b),
+        "the salt must change every chunk hash"
+    );
     let a = tenant(counting.clone(), "tenant-a");
     let data = kv(&g, ha.len(), 1);
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
@@ -92,14 +107,30 @@ fn tenant_b_gets_no_hit_on_tenant_a_prefix_and_pays_a_plain_miss() {
     let r = rt();
     let cases: Vec<(&str, Engine, Vec<ChunkHash>)> = vec![
         // Same prompt, B's own namespace and salt.
-        ("B's namespace, B's salt", tenant(counting.clone(), "tenant-b"), hb.clone()),
+        (
+            "B's namespace, B's salt",
+            tenant(counting.clone(), "tenant-b"),
+            hb.clone(),
+        ),
         // A's hashes leaked to B: B's namespace keeps them apart.
-        ("B's namespace, A's hashes", tenant(counting.clone(), "tenant-b"), ha.clone()),
+        (
+            "B's namespace, A's hashes",
+            tenant(counting.clone(), "tenant-b"),
+            ha.clone(),
+        ),
         // A shared namespace: the salt alone keeps them apart.
-        ("A's namespace, B's salt", tenant(counting.clone(), "tenant-a"), hb.clone()),
+        (
+            "A's namespace, B's salt",
+            tenant(counting.clone(), "tenant-a"),
+            hb.clone(),
+        ),
     ];
     // A plain miss: hashes of a prompt nobody saved.
-    let never = chunk_hashes(&prompt(40 * 16).iter().map(|t| t + 1).collect::<Vec<_>>(), &params("x")).unwrap();
+    let never = chunk_hashes(
+        &prompt(40 * 16).iter().map(|t| t + 1).collect::<Vec<_>>(),
+        &params("x"),
+    )
+    .unwrap();
     let miss = tenant(counting.clone(), "tenant-b");
     let before = counting.heads.load(Ordering::SeqCst);
     let m = r.block_on(miss.lookup_report(&g, &never)).unwrap();
@@ -116,7 +147,11 @@ fn tenant_b_gets_no_hit_on_tenant_a_prefix_and_pays_a_plain_miss() {
             (m.probes, m.round_trips, miss_heads),
             "{name}: lookup cost differs from a plain miss (a timing side channel)"
         );
-        assert_eq!(counting.gets.load(Ordering::SeqCst), gets0, "{name}: lookup read data");
+        assert_eq!(
+            counting.gets.load(Ordering::SeqCst),
+            gets0,
+            "{name}: lookup read data"
+        );
         println!(
             "SECURITY|tenant isolation: {name}|1|0 hits; {} probes in {} round trip(s), same as a miss of unsaved hashes",
             rep.probes, rep.round_trips
@@ -135,8 +170,19 @@ fn keys_cannot_escape_the_root_through_the_store() {
     let r = rt();
     let long = "a/".repeat(600);
     let bad: Vec<&str> = vec![
-        "../secret", "a/../../secret", "/etc/passwd", "a//b", "./a", "a/./b", "a\\..\\b", "a/\0b",
-        "a/\nb", "", "..", "a/..", &long,
+        "../secret",
+        "a/../../secret",
+        "/etc/passwd",
+        "a//b",
+        "./a",
+        "a/./b",
+        "a\\..\\b",
+        "a/\0b",
+        "a/\nb",
+        "",
+        "..",
+        "a/..",
+        &long,
     ];
     let mut n = 0;
     for k in &bad {
@@ -147,7 +193,10 @@ fn keys_cannot_escape_the_root_through_the_store() {
                 "head" => r.block_on(s.head(k)).map(|_| ()),
                 _ => r.block_on(s.delete(k)),
             };
-            assert!(matches!(res, Err(StoreError::InvalidKey { .. })), "{op} {k:?}: {res:?}");
+            assert!(
+                matches!(res, Err(StoreError::InvalidKey { .. })),
+                "{op} {k:?}: {res:?}"
+            );
             n += 1;
         }
     }
@@ -155,13 +204,26 @@ fn keys_cannot_escape_the_root_through_the_store() {
     for p in ["../", "../se", "a/../../", "/"] {
         match r.block_on(s.list(p, 100)) {
             Ok(v) => assert!(v.is_empty(), "list {p:?} escaped the root: {v:?}"),
-            Err(e) => assert!(matches!(e, StoreError::InvalidKey { .. }), "list {p:?}: {e}"),
+            Err(e) => assert!(
+                matches!(e, StoreError::InvalidKey { .. }),
+                "list {p:?}: {e}"
+            ),
         }
         n += 1;
     }
-    assert_eq!(std::fs::read(outer.path().join("secret")).unwrap(), b"outside");
-    let names: Vec<_> = std::fs::read_dir(outer.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert_eq!(names.len(), 2, "something was written outside the root: {names:?}");
+    assert_eq!(
+        std::fs::read(outer.path().join("secret")).unwrap(),
+        b"outside"
+    );
+    let names: Vec<_> = std::fs::read_dir(outer.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        names.len(),
+        2,
+        "something was written outside the root: {names:?}"
+    );
     println!("SECURITY|bad keys through the fs store (put, get, head, delete, list)|{n}|all rejected as InvalidKey or empty; nothing outside the root read or written");
 }
 
@@ -171,10 +233,30 @@ fn namespaces_and_hashes_cannot_inject_path_segments() {
     let dir = tempfile::tempdir().unwrap();
     let fs: Arc<dyn Store> = Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap());
     let mut n = 0;
-    for ns in ["..", "../x", "a/../b", "/abs", "a//b", "a\\b", "a b", "ns/./x", "", &"n".repeat(200)] {
-        let cfg = EngineConfig { namespace: ns.to_string(), ..EngineConfig::default() };
-        assert!(Engine::with_store(fs.clone(), cfg).is_err(), "namespace {ns:?} accepted");
-        assert!(EngineConfig::from_pairs([("namespace", ns)]).is_err(), "namespace {ns:?} accepted by config");
+    for ns in [
+        "..",
+        "../x",
+        "a/../b",
+        "/abs",
+        "a//b",
+        "a\\b",
+        "a b",
+        "ns/./x",
+        "",
+        &"n".repeat(200),
+    ] {
+        let cfg = EngineConfig {
+            namespace: ns.to_string(),
+            ..EngineConfig::default()
+        };
+        assert!(
+            Engine::with_store(fs.clone(), cfg).is_err(),
+            "namespace {ns:?} accepted"
+        );
+        assert!(
+            EngineConfig::from_pairs([("namespace", ns)]).is_err(),
+            "namespace {ns:?} accepted by config"
+        );
         n += 2;
     }
     for h in ["", "../", "zz", &"ab".repeat(65)] {
@@ -197,7 +279,10 @@ fn namespaces_and_hashes_cannot_inject_path_segments() {
         c.args(&args).args(["--store", root.to_str().unwrap()]);
         let out = c.output().unwrap();
         let txt = String::from_utf8_lossy(&out.stdout);
-        assert!(!txt.contains("ns-kv-ab"), "{args:?} saw outside the root: {txt}");
+        assert!(
+            !txt.contains("ns-kv-ab"),
+            "{args:?} saw outside the root: {txt}"
+        );
         n += 1;
     }
     assert!(dir.path().join("ns-kv-ab").exists());
@@ -211,13 +296,31 @@ fn collection_refuses_unbounded_listings() {
     let fs: Arc<dyn Store> = Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap());
     let r = rt();
     for i in 0..20 {
-        r.block_on(fs.put(&format!("n/v1/f/tp0-1/a/kv/{i:02x}"), Bytes::from_static(b"x"))).unwrap();
+        r.block_on(fs.put(
+            &format!("n/v1/f/tp0-1/a/kv/{i:02x}"),
+            Bytes::from_static(b"x"),
+        ))
+        .unwrap();
     }
-    let pol = objectcache::lifecycle::Policy { max_objects: 10, grace: Duration::ZERO, ..Default::default() };
+    let pol = objectcache::lifecycle::Policy {
+        max_objects: 10,
+        grace: Duration::ZERO,
+        ..Default::default()
+    };
     let e = r
-        .block_on(objectcache::lifecycle::collect(fs.as_ref(), &pol, std::time::SystemTime::now(), None, None))
+        .block_on(objectcache::lifecycle::collect(
+            fs.as_ref(),
+            &pol,
+            std::time::SystemTime::now(),
+            None,
+            None,
+        ))
         .unwrap_err();
     assert!(e.to_string().contains("more than 10 objects"), "{e}");
-    assert_eq!(r.block_on(fs.list("", 100)).unwrap().len(), 20, "nothing deleted");
+    assert_eq!(
+        r.block_on(fs.list("", 100)).unwrap().len(),
+        20,
+        "nothing deleted"
+    );
     println!("SECURITY|listing above max_objects|1|refused with an error naming the bound; nothing deleted");
 }

@@ -15,7 +15,15 @@ use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
 
 /// A raw presigned request with an optional body: `(status, head and body)`.
-async fn presigned(addr: SocketAddr, method: &str, key: &str, expires: u64, ak: &str, sk: &str, body: &[u8]) -> (u16, String) {
+async fn presigned(
+    addr: SocketAddr,
+    method: &str,
+    key: &str,
+    expires: u64,
+    ak: &str,
+    sk: &str,
+    body: &[u8],
+) -> (u16, String) {
     let mut s = connect_from(1, addr).await;
     let t = presign(method, addr, &format!("/{BUCKET}/{key}"), expires, ak, sk);
     let extra = format!("Content-Length: {}\r\nConnection: close\r\n", body.len());
@@ -29,10 +37,19 @@ async fn presigned(addr: SocketAddr, method: &str, key: &str, expires: u64, ak: 
 }
 
 fn no_internals(text: &str, root: &std::path::Path) {
-    for bad in ["os error", "Is a directory", "Not a directory", "File name too long", ".tmp-"] {
+    for bad in [
+        "os error",
+        "Is a directory",
+        "Not a directory",
+        "File name too long",
+        ".tmp-",
+    ] {
         assert!(!text.contains(bad), "{bad:?} in {text}");
     }
-    assert!(!text.contains(root.to_str().unwrap()), "server path in {text}");
+    assert!(
+        !text.contains(root.to_str().unwrap()),
+        "server path in {text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -42,7 +59,8 @@ async fn keys_the_store_cannot_hold_and_long_lived_urls_get_s3_4xx() {
     let store: Arc<dyn Store> = Arc::new(FsStore::new(&root, FsyncPolicy::Never).unwrap());
     let server = start(store, config()).await;
     let addr = server.local_addr();
-    let put = |key: String| async move { presigned(addr, "PUT", &key, 600, ACCESS, SECRET, b"v").await };
+    let put =
+        |key: String| async move { presigned(addr, "PUT", &key, 600, ACCESS, SECRET, b"v").await };
 
     // A path segment longer than the filesystem holds.
     let (st, text) = put(format!("{}/x", "s".repeat(300))).await;
@@ -53,7 +71,10 @@ async fn keys_the_store_cannot_hold_and_long_lived_urls_get_s3_4xx() {
     assert_eq!(put("a/b/c".into()).await.0, 200);
     let (st, text) = put("a/b".into()).await;
     assert_eq!(st, 400, "{text}");
-    assert!(text.contains("<Code>InvalidArgument</Code>") && text.contains("a prefix of other keys"), "{text}");
+    assert!(
+        text.contains("<Code>InvalidArgument</Code>") && text.contains("a prefix of other keys"),
+        "{text}"
+    );
     no_internals(&text, &root);
     let (st, text) = put("a/b/c/d".into()).await;
     assert_eq!(st, 400, "{text}");
@@ -62,15 +83,26 @@ async fn keys_the_store_cannot_hold_and_long_lived_urls_get_s3_4xx() {
     // Reading below an object is a plain miss.
     let (st, text) = presigned(addr, "GET", "a/b/c/d", 600, ACCESS, SECRET, b"").await;
     assert_eq!(st, 404, "{text}");
-    assert!(text.contains("<Code>NoSuchKey</Code>") && text.contains("no such key: a/b/c/d"), "{text}");
+    assert!(
+        text.contains("<Code>NoSuchKey</Code>") && text.contains("no such key: a/b/c/d"),
+        "{text}"
+    );
     no_internals(&text, &root);
 
     // Presigned URLs: up to 7 days is served (the signature is good), one second more is not.
-    for (expires, want) in [(3600u64, 200u16), (604_800, 200), (604_801, 400), (30 * 86_400, 400)] {
+    for (expires, want) in [
+        (3600u64, 200u16),
+        (604_800, 200),
+        (604_801, 400),
+        (30 * 86_400, 400),
+    ] {
         let (st, text) = presigned(addr, "GET", "a/b/c", expires, ACCESS, SECRET, b"").await;
         assert_eq!(st, want, "X-Amz-Expires={expires}: {text}");
         if want == 400 {
-            assert!(text.contains("<Code>AuthorizationQueryParametersError</Code>"), "{text}");
+            assert!(
+                text.contains("<Code>AuthorizationQueryParametersError</Code>"),
+                "{text}"
+            );
         }
     }
     println!("ERRORS|fs keys it cannot hold (300-byte segment, key over a prefix, key below an object), presigned expiry|400 KeyTooLongError / InvalidArgument, 404 NoSuchKey, no OS text or path; 7 days served, 7 days + 1 s and 30 days 400 AuthorizationQueryParametersError");
@@ -89,11 +121,33 @@ async fn tenant_errors_name_only_the_tenants_own_keys() {
         namespace: ns.into(),
         salt: None,
     };
-    cfg.tenants = vec![t("ak-alpha", "sk-alpha", "alpha"), t("ak-beta", "sk-beta", "beta")];
+    cfg.tenants = vec![
+        t("ak-alpha", "sk-alpha", "alpha"),
+        t("ak-beta", "sk-beta", "beta"),
+    ];
     let server = start(store, cfg).await;
     let addr = server.local_addr();
-    assert_eq!(presigned(addr, "PUT", "doc/1", 600, "ak-alpha", "sk-alpha", b"secret-a").await.0, 200);
-    for key in ["doc/1", "alpha/doc/1", "../alpha/doc/1", "x/../../alpha/doc/1", &format!("{}/y", "z".repeat(300))] {
+    assert_eq!(
+        presigned(
+            addr,
+            "PUT",
+            "doc/1",
+            600,
+            "ak-alpha",
+            "sk-alpha",
+            b"secret-a"
+        )
+        .await
+        .0,
+        200
+    );
+    for key in [
+        "doc/1",
+        "alpha/doc/1",
+        "../alpha/doc/1",
+        "x/../../alpha/doc/1",
+        &format!("{}/y", "z".repeat(300)),
+    ] {
         for method in ["GET", "PUT"] {
             let (st, text) = presigned(addr, method, key, 600, "ak-beta", "sk-beta", b"v").await;
             if method == "PUT" && st == 200 {
@@ -125,14 +179,27 @@ fn print_config_shows_no_secret() {
     )
     .unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_objectcache"))
-        .args(["serve", "--print-config", "--access-key", "AKOPS:operator-secret-xyz", "--config"])
+        .args([
+            "serve",
+            "--print-config",
+            "--access-key",
+            "AKOPS:operator-secret-xyz",
+            "--config",
+        ])
         .arg(&f)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     for secret in ["operator-secret-xyz", "tenant-secret-xyz", "salt-xyz"] {
         assert!(!text.contains(secret), "{secret} printed: {text}");
     }
-    assert!(text.contains("AKOPS") && text.contains("ak-t") && text.contains("<redacted>"), "{text}");
+    assert!(
+        text.contains("AKOPS") && text.contains("ak-t") && text.contains("<redacted>"),
+        "{text}"
+    );
 }

@@ -13,7 +13,12 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
 fn server(dir: &std::path::Path) -> (ServeProcess, SocketAddr) {
-    spawn_serve("127.0.0.1:0", dir.as_os_str(), &["--no-fsync"], Stdio::null())
+    spawn_serve(
+        "127.0.0.1:0",
+        dir.as_os_str(),
+        &["--no-fsync"],
+        Stdio::null(),
+    )
 }
 
 /// Temporary files under `dir` and their sizes.
@@ -38,7 +43,11 @@ fn cli(args: &[&str]) -> serde_json::Value {
         .args(args)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -46,7 +55,14 @@ fn cli(args: &[&str]) -> serde_json::Value {
 /// keeps receiving it), and kills the server once its temporary file holds at least 32 MiB.
 async fn kill_mid_put(p: ServeProcess, addr: SocketAddr, dir: &std::path::Path, key: &str) -> u64 {
     let mut s = connect_from(1, addr).await;
-    let t = presign("PUT", addr, &format!("/{BUCKET}/{key}"), 600, ACCESS, SECRET);
+    let t = presign(
+        "PUT",
+        addr,
+        &format!("/{BUCKET}/{key}"),
+        600,
+        ACCESS,
+        SECRET,
+    );
     send_head(&mut s, "PUT", &t, addr, "Content-Length: 536870912\r\n").await;
     let sender = tokio::spawn(async move {
         let piece = vec![0x42u8; 1 << 20];
@@ -60,7 +76,10 @@ async fn kill_mid_put(p: ServeProcess, addr: SocketAddr, dir: &std::path::Path, 
         if n >= 32 << 20 {
             break n;
         }
-        assert!(t0.elapsed() < Duration::from_secs(60), "the PUT never reached 32 MiB on disk");
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the PUT never reached 32 MiB on disk"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     drop(p); // SIGKILL, then reaped

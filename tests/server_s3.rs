@@ -81,7 +81,9 @@ async fn gateway_mode_over_an_upstream_s3_endpoint() {
     let gateway = start(backend, config()).await;
     let g = KvGeometry::llama31_8b();
     let tokens = vec![256u32; 16];
-    let mut c = GatherClient::connect_with(gateway.local_addr(), creds()).await.unwrap();
+    let mut c = GatherClient::connect_with(gateway.local_addr(), creds())
+        .await
+        .unwrap();
     save_prefix(&mut c, &g, 21, &tokens).await;
     // The bytes live upstream.
     let kb = key_builder(&g);
@@ -149,7 +151,10 @@ async fn gateway_mode_in_front_of_ceph_rgw() {
     };
     c.save(
         &save,
-        tokens.iter().enumerate().map(|(i, &t)| object(&g, 31, i, t)),
+        tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| object(&g, 31, i, t)),
     )
     .await
     .unwrap();

@@ -51,7 +51,10 @@ pub async fn moto_store(tag: &str) -> Option<(objectcache::store::S3Store, Strin
         return None;
     }
     let store = S3Store::new(c).await.expect("S3 client for moto");
-    store.create_bucket().await.expect("moto refuses the bucket");
+    store
+        .create_bucket()
+        .await
+        .expect("moto refuses the bucket");
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -97,7 +100,11 @@ fn connector_round_trip_on_moto() {
     let hs = chunk_hashes(&tokens, &HashParams::new(16)).unwrap();
     let slice = g.slice_bytes() as usize;
     let data: Vec<Vec<u8>> = (0..g.layers)
-        .map(|l| (0..4 * slice).map(|i| (i as u32 ^ (l * 131)) as u8).collect())
+        .map(|l| {
+            (0..4 * slice)
+                .map(|i| (i as u32 ^ (l * 131)) as u8)
+                .collect()
+        })
         .collect();
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
     e.save_blocking(&g, &hs, &refs).unwrap();
@@ -128,7 +135,12 @@ mod wrappers {
     use std::time::Duration;
 
     fn tracked(inner: Arc<dyn Store>) -> TrackedStore {
-        TrackedStore::new(inner, Arc::new(AccessLog::new()), LeaseTable::new(), Duration::from_secs(30))
+        TrackedStore::new(
+            inner,
+            Arc::new(AccessLog::new()),
+            LeaseTable::new(),
+            Duration::from_secs(30),
+        )
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -137,7 +149,14 @@ mod wrappers {
         let inner: Arc<dyn Store> = Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap());
         let w = tracked(inner.clone());
         wrapper_forwards(inner.as_ref(), &w, "wrap").await;
-        assert!(inner.open_local("wrap/wrapped/obj").await.unwrap().is_some(), "fs has local files");
+        assert!(
+            inner
+                .open_local("wrap/wrapped/obj")
+                .await
+                .unwrap()
+                .is_some(),
+            "fs has local files"
+        );
     }
 
     #[cfg(feature = "s3")]
@@ -155,7 +174,10 @@ mod wrappers {
             return;
         };
         let inner: Arc<dyn Store> = Arc::new(s3);
-        assert!(inner.gather_target().is_some(), "an http:// endpoint names a gather target");
+        assert!(
+            inner.gather_target().is_some(),
+            "an http:// endpoint names a gather target"
+        );
         let w = tracked(inner.clone());
         wrapper_forwards(inner.as_ref(), &w, &prefix).await;
     }

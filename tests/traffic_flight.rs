@@ -93,7 +93,10 @@ impl Fixture {
         for l in 0..self.g.layers as usize {
             h.wait_layer_blocking(l, None)
                 .unwrap_or_else(|e| panic!("{what}: layer {l} missed: {e}"));
-            assert!(h.layer(l).unwrap() == &self.data[l][..n], "{what}: layer {l} differs");
+            assert!(
+                h.layer(l).unwrap() == &self.data[l][..n],
+                "{what}: layer {l} differs"
+            );
         }
         h.stats().ttll_s.unwrap()
     }
@@ -137,8 +140,14 @@ fn fifty_loads_of_one_prefix_share_one_fetch() {
         moved as f64 / one as f64,
         slowest / alone
     );
-    assert!(moved as f64 <= 1.1 * one as f64, "moved {moved} bytes for loads of {one}");
-    assert!(slowest <= 1.3 * alone, "slowest {slowest:.3} s, alone {alone:.3} s");
+    assert!(
+        moved as f64 <= 1.1 * one as f64,
+        "moved {moved} bytes for loads of {one}"
+    );
+    assert!(
+        slowest <= 1.3 * alone,
+        "slowest {slowest:.3} s, alone {alone:.3} s"
+    );
     // Off: every load fetches (the comparison the goal is about).
     drop(hs);
     f.stop();
@@ -158,7 +167,10 @@ fn a_follower_of_fewer_chunks_waits_for_nothing_more() {
     let (lr, fr) = (leader.layer_ready_s(), follower.layer_ready_s());
     for l in 0..f.g.layers as usize {
         let (a, b) = (lr[l].unwrap(), fr[l].unwrap());
-        assert!(b <= a + 0.05, "layer {l}: the follower had it at {b:.3} s, the leader at {a:.3} s");
+        assert!(
+            b <= a + 0.05,
+            "layer {l}: the follower had it at {b:.3} s, the leader at {a:.3} s"
+        );
     }
     println!(
         "FLIGHT|a follower of 20 of the leader's 40 chunks|last layer at {:.3} s, the leader's at {:.3} s",
@@ -178,10 +190,16 @@ fn a_cancelled_leader_does_not_fail_its_followers() {
     let followers: Vec<LoadHandle> = (0..3).map(|_| f.load(40)).collect();
     leader.wait_layer_blocking(2, None).unwrap();
     leader.cancel();
-    assert!(leader.wait_layer_blocking(15, None).is_err(), "the leader was cancelled");
+    assert!(
+        leader.wait_layer_blocking(15, None).is_err(),
+        "the leader was cancelled"
+    );
     for (i, h) in followers.iter().enumerate() {
         f.check(h, 40, &format!("follower {i} of a cancelled leader"));
-        assert!(h.stats().requests >= 1, "follower {i} fetched the rest itself");
+        assert!(
+            h.stats().requests >= 1,
+            "follower {i} fetched the rest itself"
+        );
     }
     // And a dropped leader, the same.
     let leader = f.load(40);
@@ -278,14 +296,22 @@ fn the_gateway_server_reads_each_slice_once_for_concurrent_loads() {
         for (l, want) in data.iter().enumerate() {
             h.wait_layer_blocking(l, None)
                 .unwrap_or_else(|e| panic!("engine {i}: layer {l} missed: {e}"));
-            assert!(h.layer(l).unwrap() == &want[..], "engine {i}: layer {l} differs");
+            assert!(
+                h.layer(l).unwrap() == &want[..],
+                "engine {i}: layer {l} differs"
+            );
         }
     }
     // Slice reads (ranges past the 64-byte header) seen upstream.
     let slice_gets = proxy
         .requests()
         .iter()
-        .filter(|r| r.method == "GET" && r.range.as_deref().is_some_and(|x| !x.starts_with("bytes=0-")))
+        .filter(|r| {
+            r.method == "GET"
+                && r.range
+                    .as_deref()
+                    .is_some_and(|x| !x.starts_with("bytes=0-"))
+        })
         .count();
     let one_load = 8 * g.layers as usize;
     let m = gateway.metrics();

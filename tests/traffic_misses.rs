@@ -14,7 +14,9 @@ mod gather_util;
 use common::{hashes, kv, unique_ns};
 use fault_proxy::{Fault, FaultProxy};
 use gather_util::{config, start, BUCKET};
-use objectcache::connector::{ChunkStatus, Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest};
+use objectcache::connector::{
+    ChunkStatus, Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest,
+};
 use objectcache::layout::slice_range;
 use objectcache::store::{MemoryStore, Store, StoreExt};
 use objectcache::{ChunkHash, Dtype, KvGeometry, LayerError};
@@ -71,13 +73,19 @@ fn assert_only_the_bad_slice_missed(
     assert_eq!(named, BAD_CHUNK, "{what}: {e}");
     for (l, want) in data.iter().enumerate() {
         if l != BAD_LAYER {
-            assert!(h.layer(l).unwrap() == &want[..], "{what}: layer {l} differs");
+            assert!(
+                h.layer(l).unwrap() == &want[..],
+                "{what}: layer {l} differs"
+            );
         }
     }
     let st = h.chunk_status();
     for (c, s) in st.iter().enumerate() {
         if c == BAD_CHUNK {
-            assert!(want.contains(s), "{what}: chunk {c} is {s:?}, expected one of {want:?}");
+            assert!(
+                want.contains(s),
+                "{what}: chunk {c} is {s:?}, expected one of {want:?}"
+            );
         } else {
             assert_eq!(*s, ChunkStatus::Ok, "{what}: chunk {c}");
         }
@@ -112,7 +120,10 @@ fn a_corrupt_slice_fails_only_its_layer_on_every_path() {
     let n = data[0].len();
     for (what, pairs) in [
         ("ranged GETs, coalesced reads", vec![("gather", "off")]),
-        ("ranged GETs, one slice per read", vec![("gather", "off"), ("coalesce_bytes", "0")]),
+        (
+            "ranged GETs, one slice per read",
+            vec![("gather", "off"), ("coalesce_bytes", "0")],
+        ),
         ("gather, 2 streams", vec![]),
         ("gather, 1 stream", vec![("gather_streams", "1")]),
     ] {
@@ -140,13 +151,20 @@ fn a_body_cut_short_fails_only_the_layers_it_did_not_deliver() {
     let r = slice_range(BAD_LAYER as u32, g.slice_bytes());
     let range = format!("bytes={}-{}", r.start, r.end - 1);
     let proxy = FaultProxy::http(srv.local_addr(), move |q| {
-        if q.method == "GET" && q.path().ends_with(&data_key) && q.range.as_deref() == Some(range.as_str()) {
+        if q.method == "GET"
+            && q.path().ends_with(&data_key)
+            && q.range.as_deref() == Some(range.as_str())
+        {
             Fault::Truncate(0.5)
         } else {
             Fault::Pass
         }
     });
-    let e = engine(&proxy.url(), &ns, &[("gather", "off"), ("coalesce_bytes", "0")]);
+    let e = engine(
+        &proxy.url(),
+        &ns,
+        &[("gather", "off"), ("coalesce_bytes", "0")],
+    );
     let h = load(&e, &g, &hs, data[0].len());
     // (A short body is a storage error or a truncation, by where the client notices it.)
     assert_only_the_bad_slice_missed(
@@ -155,8 +173,15 @@ fn a_body_cut_short_fails_only_the_layers_it_did_not_deliver() {
         &[ChunkStatus::Error, ChunkStatus::Corrupt],
         "ranged GETs, a body cut in half",
     );
-    let tries = proxy.requests().iter().filter(|q| q.fault != "pass").count();
-    assert!((1..=4).contains(&tries), "bounded retries of the cut read: {tries}");
+    let tries = proxy
+        .requests()
+        .iter()
+        .filter(|q| q.fault != "pass")
+        .count();
+    assert!(
+        (1..=4).contains(&tries),
+        "bounded retries of the cut read: {tries}"
+    );
     drop(proxy);
     rt().block_on(srv.shutdown());
 }

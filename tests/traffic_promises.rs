@@ -13,7 +13,9 @@ mod gather_util;
 
 use common::{hashes, kv, unique_ns};
 use gather_util::{config, start};
-use objectcache::connector::{ChunkStatus, Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest};
+use objectcache::connector::{
+    ChunkStatus, Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest,
+};
 use objectcache::lifecycle::{Inventory, Policy, Reason};
 use objectcache::store::{MemoryStore, Store};
 use objectcache::{ChunkHash, Dtype, KvGeometry};
@@ -60,7 +62,10 @@ fn settle_and_check(h: LoadHandle, g: &KvGeometry, p: &Prefix, what: &str) -> us
     for l in 0..g.layers as usize {
         let _ = h.wait_layer_blocking(l, Some(Duration::from_secs(60)));
         assert!(
-            !matches!(h.poll_layer(l), objectcache::connector::LayerStatus::Pending),
+            !matches!(
+                h.poll_layer(l),
+                objectcache::connector::LayerStatus::Pending
+            ),
             "{what}: layer {l} hangs"
         );
     }
@@ -68,7 +73,10 @@ fn settle_and_check(h: LoadHandle, g: &KvGeometry, p: &Prefix, what: &str) -> us
     // still land: the hit is final once every chunk is settled (the load's reads ended).
     let t0 = Instant::now();
     while h.chunk_status().contains(&ChunkStatus::Pending) {
-        assert!(t0.elapsed() < Duration::from_secs(60), "{what}: chunks never settle");
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{what}: chunks never settle"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
     let hit = h.loaded_chunks();
@@ -85,7 +93,11 @@ fn settle_and_check(h: LoadHandle, g: &KvGeometry, p: &Prefix, what: &str) -> us
         }
     }
     if hit < n {
-        assert_ne!(status[hit], ChunkStatus::Ok, "{what}: chunk {hit} not loaded but reported Ok");
+        assert_ne!(
+            status[hit],
+            ChunkStatus::Ok,
+            "{what}: chunk {hit} not loaded but reported Ok"
+        );
     }
     hit
 }
@@ -146,7 +158,10 @@ fn c11_lookup_then_eviction_then_load() {
         }
         let got = settle_and_check(h, &g, &r, &format!("C11 round {round}"));
         if when == 1 {
-            assert_eq!(got, 4, "round {round}: eviction took entries a load in flight held");
+            assert_eq!(
+                got, 4,
+                "round {round}: eviction took entries a load in flight held"
+            );
         }
         match got {
             4 => full += 1,
@@ -191,10 +206,14 @@ fn c14_a_full_hit_is_never_shortened_silently() {
     let p = save(&e, &g, 64, 14);
     assert_eq!(e.lookup_blocking(&g, &p.hs).unwrap(), 64);
     let small = LayerBuffers::allocate(g.layers as usize, 10 * g.slice_bytes() as usize);
-    let err = e.load(LoadRequest::new(g.clone(), p.hs.clone()), small).unwrap_err().to_string();
+    let err = e
+        .load(LoadRequest::new(g.clone(), p.hs.clone()), small)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("64 chunks"), "{err}");
     // Chunk 37 goes missing: the batch 30..40 reports 7 chunks.
-    rt().block_on(store.delete(&e.keys(&g).unwrap().data(&p.hs[37]))).unwrap();
+    rt().block_on(store.delete(&e.keys(&g).unwrap().data(&p.hs[37])))
+        .unwrap();
     let mut loaded = Vec::new();
     for b in (0..64).step_by(10) {
         let end = (b + 10).min(64);
@@ -251,7 +270,12 @@ fn c16_tensor_parallel_ranks_agree() {
         })
         .collect();
     for r in 0..4 {
-        assert_eq!(engines[r].lookup_blocking(&rank(r as u32), &prefixes[r].hs).unwrap(), 8);
+        assert_eq!(
+            engines[r]
+                .lookup_blocking(&rank(r as u32), &prefixes[r].hs)
+                .unwrap(),
+            8
+        );
     }
     let k2 = engines[2].keys(&rank(2)).unwrap();
     for h in &prefixes[2].hs[4..] {
@@ -265,7 +289,11 @@ fn c16_tensor_parallel_ranks_agree() {
         let h = load(&engines[r], &g, &prefixes[r].hs[..hit]);
         let sub = Prefix {
             hs: prefixes[r].hs[..4].to_vec(),
-            data: prefixes[r].data.iter().map(|l| l[..4 * g.slice_bytes() as usize].to_vec()).collect(),
+            data: prefixes[r]
+                .data
+                .iter()
+                .map(|l| l[..4 * g.slice_bytes() as usize].to_vec())
+                .collect(),
         };
         assert_eq!(settle_and_check(h, &g, &sub, &format!("C16 rank {r}")), 4);
     }
@@ -276,9 +304,20 @@ fn c16_tensor_parallel_ranks_agree() {
             ..Policy::default()
         })
         .unwrap();
-    assert_eq!(rep.count(Reason::IncompleteTp), 3 * 4 * 2, "{:?}", rep.deleted);
-    let inv = rt().block_on(Inventory::scan(store.as_ref(), "", 10_000)).unwrap();
-    assert_eq!(inv.stats().published, 4 * 4, "16 entries: chunks 1-4 of 4 ranks");
+    assert_eq!(
+        rep.count(Reason::IncompleteTp),
+        3 * 4 * 2,
+        "{:?}",
+        rep.deleted
+    );
+    let inv = rt()
+        .block_on(Inventory::scan(store.as_ref(), "", 10_000))
+        .unwrap();
+    assert_eq!(
+        inv.stats().published,
+        4 * 4,
+        "16 entries: chunks 1-4 of 4 ranks"
+    );
     // Capacity eviction takes a chunk's ranks together.
     let chunk = inv.stats().bytes / 16;
     let rep = engines[0]
@@ -287,11 +326,19 @@ fn c16_tensor_parallel_ranks_agree() {
             ..Policy::default()
         })
         .unwrap();
-    assert_eq!(rep.count(Reason::Evicted), 4 * 2, "one chunk, 4 ranks, marker and data");
+    assert_eq!(
+        rep.count(Reason::Evicted),
+        4 * 2,
+        "one chunk, 4 ranks, marker and data"
+    );
     for r in 0..4 {
         assert_eq!(
-            engines[r].lookup_blocking(&rank(r as u32), &prefixes[r].hs).unwrap(),
-            engines[0].lookup_blocking(&rank(0), &prefixes[0].hs).unwrap(),
+            engines[r]
+                .lookup_blocking(&rank(r as u32), &prefixes[r].hs)
+                .unwrap(),
+            engines[0]
+                .lookup_blocking(&rank(0), &prefixes[0].hs)
+                .unwrap(),
             "ranks disagree after eviction"
         );
     }
@@ -334,8 +381,13 @@ fn c13_probes_never_pin_and_c12_loads_outlive_their_ttl() {
     let keys = e.keys(&g).unwrap();
     let bk = |h: &ChunkHash| format!("{}/{}", gather_util::BUCKET, keys.data(h));
     let probed_only: Vec<String> = ps[2..].iter().flat_map(|p| p.hs.iter().map(bk)).collect();
-    assert!(probed_only.iter().all(|k| !server.leased(k)), "a probe pinned an entry");
-    let inv = rt().block_on(Inventory::scan(backend.as_ref(), "", 10_000)).unwrap();
+    assert!(
+        probed_only.iter().all(|k| !server.leased(k)),
+        "a probe pinned an entry"
+    );
+    let inv = rt()
+        .block_on(Inventory::scan(backend.as_ref(), "", 10_000))
+        .unwrap();
     let per_chunk = inv.stats().bytes / 100;
     let news: Vec<Prefix> = (0..13).map(|i| save(&e, &g, 4, 400 + i)).collect();
     let rep = rt()
@@ -356,7 +408,11 @@ fn c13_probes_never_pin_and_c12_loads_outlive_their_ttl() {
         "only probed, never loaded entries are evicted"
     );
     for p in &news {
-        assert_eq!(e.lookup_blocking(&g, &p.hs).unwrap(), 4, "a new save was lost");
+        assert_eq!(
+            e.lookup_blocking(&g, &p.hs).unwrap(),
+            4,
+            "a new save was lost"
+        );
     }
     println!(
         "C13|100 chunks probed 3 times, 8 loaded, 52 saved|{} data objects evicted, every one probed and never loaded; nothing pinned by probes",
@@ -371,7 +427,13 @@ fn c13_probes_never_pin_and_c12_loads_outlive_their_ttl() {
         capacity_bytes: Some(0),
         ..Policy::default()
     };
-    for (path, pairs) in [("gather", vec![]), ("ranged GETs", vec![("gather", "off"), ("bandwidth_cap_bytes_per_s", "500000")])] {
+    for (path, pairs) in [
+        ("gather", vec![]),
+        (
+            "ranged GETs",
+            vec![("gather", "off"), ("bandwidth_cap_bytes_per_s", "500000")],
+        ),
+    ] {
         let mut c = EngineConfig::from_pairs(pairs.iter().copied()).unwrap();
         c.namespace = ns.clone();
         let e2 = Engine::with_store(store.clone(), c).unwrap();
@@ -385,15 +447,26 @@ fn c13_probes_never_pin_and_c12_loads_outlive_their_ttl() {
         h.wait_layer_blocking(0, Some(Duration::from_secs(30)))
             .unwrap_or_else(|e| panic!("C12 {path}: layer 0: {e}"));
         let mut kept = 0;
-        while (0..g.layers as usize).any(|l| matches!(h.poll_layer(l), objectcache::connector::LayerStatus::Pending)) {
+        while (0..g.layers as usize).any(|l| {
+            matches!(
+                h.poll_layer(l),
+                objectcache::connector::LayerStatus::Pending
+            )
+        }) {
             let rep = rt().block_on(server.gc(&ttl)).unwrap();
             kept += rep.kept_leased;
             std::thread::sleep(Duration::from_millis(100));
         }
         let secs = t0.elapsed().as_secs_f64();
         let hit = settle_and_check(h, &g, &p, &format!("C12 {path}"));
-        assert_eq!(hit, 32, "C12 {path}: collection took entries under the load");
-        assert!(kept > 0, "C12 {path}: collection never ran during the load ({secs:.2} s)");
+        assert_eq!(
+            hit, 32,
+            "C12 {path}: collection took entries under the load"
+        );
+        assert!(
+            kept > 0,
+            "C12 {path}: collection never ran during the load ({secs:.2} s)"
+        );
         println!("C12|TTL 500 ms and capacity 0, load of {secs:.2} s, GC every 100 ms ({path})|all 32 chunks loaded verified; collection kept the held entries ({kept} times)");
     }
     rt().block_on(server.shutdown());

@@ -20,8 +20,8 @@ mod common;
 mod fault_proxy;
 mod gather_util;
 
-use fault_proxy::{Fault, FaultProxy, RawFault};
 use common::{hashes, kv, unique_ns};
+use fault_proxy::{Fault, FaultProxy, RawFault};
 use gather_util::{config, start};
 use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest};
 use objectcache::sched::{AnalyticModel, ComputeModel, Fallback, GpuKind, KernelClass, ModelShape};
@@ -81,7 +81,10 @@ fn check_all(h: &LoadHandle, p: &Prefix, what: &str) {
     for (l, want) in p.data.iter().enumerate() {
         h.wait_layer_blocking(l, None)
             .unwrap_or_else(|e| panic!("{what}: layer {l} missed: {e}"));
-        assert!(h.layer(l).unwrap() == &want[..], "{what}: layer {l} differs");
+        assert!(
+            h.layer(l).unwrap() == &want[..],
+            "{what}: layer {l} differs"
+        );
     }
 }
 
@@ -134,7 +137,10 @@ fn gather_stream_stopped_mid_load_gives_up_within_the_stall_limit() {
     let direct = engine_on(&srv.endpoint(), "stall-gather", &[]);
     let p = save(&direct, &g, 8, 11);
     for (pairs, limit) in [
-        (vec![("stall_timeout_ms", "1000"), ("load_timeout_ms", "0")], 1.0),
+        (
+            vec![("stall_timeout_ms", "1000"), ("load_timeout_ms", "0")],
+            1.0,
+        ),
         // Default settings: the automatic limit, 1 s once bytes flow on loopback.
         (vec![("load_timeout_ms", "0")], 1.0),
     ] {
@@ -150,7 +156,11 @@ fn gather_stream_stopped_mid_load_gives_up_within_the_stall_limit() {
         let before = proxy.stalls().len();
         let h = load(&e, &g, &p);
         let (l, err, failed_at) = first_failure(&h);
-        let stalled = proxy.stalls()[before..].iter().copied().min().expect("the proxy stalled");
+        let stalled = proxy.stalls()[before..]
+            .iter()
+            .copied()
+            .min()
+            .expect("the proxy stalled");
         let after = failed_at.duration_since(stalled).as_secs_f64();
         println!("STALL|gather, {pairs:?}|layer {l}: {err}|given up {after:.3} s after the silence began");
         assert_stalled(&h, l, &err, &proxy.addr().to_string(), "gather");
@@ -183,7 +193,11 @@ fn ranged_get_body_stalled_gives_up_within_the_stall_limit() {
             Fault::Pass
         }
     });
-    let e = engine_on(&proxy.url(), "stall-ranged", &[("gather", "off"), ("load_timeout_ms", "0")]);
+    let e = engine_on(
+        &proxy.url(),
+        "stall-ranged",
+        &[("gather", "off"), ("load_timeout_ms", "0")],
+    );
     let e = Engine::with_store(
         e.store().clone(),
         EngineConfig {
@@ -198,7 +212,10 @@ fn ranged_get_body_stalled_gives_up_within_the_stall_limit() {
     let after = failed_at.duration_since(stalled).as_secs_f64();
     println!("STALL|ranged GETs, default limit|layer {l}: {err}|given up {after:.3} s after the silence began");
     assert_stalled(&h, l, &err, &proxy.addr().to_string(), "ranged");
-    assert!(after <= 2.0, "default settings give up within 2 s of the silence: {after:.3} s");
+    assert!(
+        after <= 2.0,
+        "default settings give up within 2 s of the silence: {after:.3} s"
+    );
     drop(proxy);
     rt().block_on(srv.shutdown());
 }
@@ -230,11 +247,20 @@ fn c19_a_silent_server_fails_the_load_within_5_s_naming_it() {
     let h = load(&e, &g, &p);
     let (l, err, failed_at) = first_failure(&h);
     let secs = failed_at.duration_since(t0).as_secs_f64();
-    println!("C19|silent server (headers only)|layer {l}: {err}|failed {secs:.3} s after the load began");
+    println!(
+        "C19|silent server (headers only)|layer {l}: {err}|failed {secs:.3} s after the load began"
+    );
     assert_eq!(l, 0);
     assert_stalled(&h, l, &err, &proxy.addr().to_string(), "C19 silent");
-    assert!(secs <= 5.0, "the silent server failed the load after {secs:.3} s");
-    let gets = proxy.requests().iter().filter(|r| r.method == "GET").count();
+    assert!(
+        secs <= 5.0,
+        "the silent server failed the load after {secs:.3} s"
+    );
+    let gets = proxy
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET")
+        .count();
     assert!(gets <= 2 * g.layers as usize, "no retry storm: {gets} GETs");
     drop(proxy);
     rt().block_on(srv.shutdown());
@@ -261,7 +287,11 @@ fn c19_a_slow_reader_is_not_a_stall() {
     let e = engine_on(
         &proxy.url(),
         "c19-slow",
-        &[("gather", "off"), ("coalesce_bytes", "2097152"), ("max_requests", "1")],
+        &[
+            ("gather", "off"),
+            ("coalesce_bytes", "2097152"),
+            ("max_requests", "1"),
+        ],
     );
     let e = Engine::with_store(
         e.store().clone(),
@@ -274,7 +304,11 @@ fn c19_a_slow_reader_is_not_a_stall() {
     let t0 = Instant::now();
     let h = load(&e, &g, &p);
     check_all(&h, &p, "C19 slow reader");
-    let gets = proxy.requests().iter().filter(|r| r.method == "GET").count() as u64;
+    let gets = proxy
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET")
+        .count() as u64;
     println!(
         "C19|slow reader (1 MiB / 120 ms)|{:.3} s, {gets} GETs for {} requests|no error",
         t0.elapsed().as_secs_f64(),
@@ -294,7 +328,11 @@ fn c19_a_load_paused_by_the_engine_scheduler_is_not_a_stall() {
     let e = engine_on(
         &srv.endpoint(),
         "c19-paused",
-        &[("gather", "off"), ("scheduler", "fifo"), ("bandwidth_cap_bytes_per_s", "10000000")],
+        &[
+            ("gather", "off"),
+            ("scheduler", "fifo"),
+            ("bandwidth_cap_bytes_per_s", "10000000"),
+        ],
     );
     let first = save(&e, &g, 10, 15);
     let second = save(&e, &g, 1, 16);
@@ -310,8 +348,15 @@ fn c19_a_load_paused_by_the_engine_scheduler_is_not_a_stall() {
         t0.elapsed().as_secs_f64(),
         b.stats().requests
     );
-    assert!(waited > 3.0, "the load was held back for {waited:.3} s only");
-    assert_eq!(b.stats().requests, g.layers as u64, "one GET per slice, no retries");
+    assert!(
+        waited > 3.0,
+        "the load was held back for {waited:.3} s only"
+    );
+    assert_eq!(
+        b.stats().requests,
+        g.layers as u64,
+        "one GET per slice, no retries"
+    );
     rt().block_on(srv.shutdown());
 }
 
@@ -336,7 +381,14 @@ fn c19_a_gather_load_paused_by_the_server_is_not_a_stall() {
         t0.elapsed().as_secs_f64(),
         b.stats().requests
     );
-    assert!(waited > 3.0, "the load was held back for {waited:.3} s only");
-    assert_eq!(b.stats().requests, 2, "one gather request per stripe, no retries");
+    assert!(
+        waited > 3.0,
+        "the load was held back for {waited:.3} s only"
+    );
+    assert_eq!(
+        b.stats().requests,
+        2,
+        "one gather request per stripe, no retries"
+    );
     rt().block_on(srv.shutdown());
 }

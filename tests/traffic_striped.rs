@@ -75,7 +75,11 @@ fn fixture(scheduler: &str) -> Fixture {
         },
     )
     .unwrap();
-    assert_eq!(engine.config().gather_streams, 2, "the default client stripes loads");
+    assert_eq!(
+        engine.config().gather_streams,
+        2,
+        "the default client stripes loads"
+    );
     Fixture {
         server,
         engine,
@@ -109,9 +113,16 @@ impl Fixture {
         for l in 0..self.g.layers as usize {
             h.wait_layer_blocking(l, None)
                 .unwrap_or_else(|e| panic!("{what}: layer {l} missed: {e}"));
-            assert!(h.layer(l).unwrap() == &p.data[l][..n], "{what}: layer {l} bytes differ");
+            assert!(
+                h.layer(l).unwrap() == &p.data[l][..n],
+                "{what}: layer {l} bytes differ"
+            );
         }
-        assert_eq!(h.stats().requests, 2.min(chunks as u64), "{what}: one gather request per stripe");
+        assert_eq!(
+            h.stats().requests,
+            2.min(chunks as u64),
+            "{what}: one gather request per stripe"
+        );
     }
 }
 
@@ -152,12 +163,18 @@ impl Sampler {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let v = self.thread.take().unwrap().join().unwrap();
         let (b0, b1) = (v[0].1, v.last().unwrap().1);
-        let first = v.iter().position(|&(_, b)| b > b0).expect("bytes were sent");
+        let first = v
+            .iter()
+            .position(|&(_, b)| b > b0)
+            .expect("bytes were sent");
         let last = v.iter().position(|&(_, b)| b == b1).unwrap();
         // The bytes of the first sample's interval were sent before it: start one sample
         // earlier (the counter grows unit by unit, so this errs by at most a unit).
         let (t0, t1) = (v[first - 1].0, v[last].0);
-        (b1 - b0, (b1 - v[first - 1].1) as f64 / (t1 - t0).as_secs_f64())
+        (
+            b1 - b0,
+            (b1 - v[first - 1].1) as f64 / (t1 - t0).as_secs_f64(),
+        )
     }
 }
 
@@ -183,7 +200,10 @@ fn concurrent(f: &Fixture, policy: &str, n: usize, chunks: usize) -> f64 {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
     let (sent, rate) = sampler.rate();
-    assert_eq!(sent, want, "{policy}: the server sent every payload byte once");
+    assert_eq!(
+        sent, want,
+        "{policy}: the server sent every payload byte once"
+    );
     println!(
         "STRIPED|{policy}|{n} loads x {chunks} chunks|{:.1} MB, {wall:.3} s from the first load call to the last layer verified|server send rate {:.1} MB/s = {:.3} of the cap",
         want as f64 / 1e6,
@@ -213,7 +233,12 @@ fn short_behind_long(f: &Fixture, policy: &str) -> (f64, f64, f64) {
     long.wait_layer_blocking(0, None).unwrap();
     let since_long = long.stats().ttfl_s.expect("layer 0 ready");
     let short = f.load(&p, 2);
-    f.check(&short, &p, 2, &format!("{policy}: short load behind a long one"));
+    f.check(
+        &short,
+        &p,
+        2,
+        &format!("{policy}: short load behind a long one"),
+    );
     let behind = time(&short);
     f.check(&long, &p, 16, &format!("{policy}: long load"));
     let long_left = time(&long) - since_long;

@@ -38,7 +38,10 @@ fn vllm_connector_in_a_real_vllm() {
             env.push((k, v.clone()));
         }
     }
-    env.push(("AWS_REGION", c.region.clone().unwrap_or_else(|| "us-east-1".into())));
+    env.push((
+        "AWS_REGION",
+        c.region.clone().unwrap_or_else(|| "us-east-1".into()),
+    ));
     env.push(("AWS_EC2_METADATA_DISABLED", "true".into()));
     let rt = tokio::runtime::Runtime::new().unwrap();
     match rt.block_on(S3Store::from_test_env("vllm")) {
@@ -51,7 +54,10 @@ fn vllm_connector_in_a_real_vllm() {
                 c.region.clone().unwrap_or_else(|| "us-east-1".into()),
             ),
         )),
-        Ok(None) => println!("no S3 endpoint at {:?}: the RGW case is skipped", c.endpoint),
+        Ok(None) => println!(
+            "no S3 endpoint at {:?}: the RGW case is skipped",
+            c.endpoint
+        ),
         Err(e) => panic!("the test S3 endpoint refused the bucket: {e}"),
     }
     py_support::pytest(&py, &site, &["test_vllm.py"], &env);

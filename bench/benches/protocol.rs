@@ -56,7 +56,10 @@ fn checksums(c: &mut Criterion) {
 
 fn gather(c: &mut Criterion) {
     let slices: Vec<Bytes> = (0..UNIT / SLICE).map(|_| payload(SLICE)).collect();
-    let crcs: Vec<u32> = slices.iter().map(|s| objectcache::layout::crc::crc32c(s)).collect();
+    let crcs: Vec<u32> = slices
+        .iter()
+        .map(|s| objectcache::layout::crc::crc32c(s))
+        .collect();
     let mut g = c.benchmark_group("gather_unit");
     g.throughput(Throughput::Bytes(UNIT as u64));
     // The server's path: slices stay where the backend read put them; the unit CRC is the

@@ -224,7 +224,10 @@ fn trace(args: &TrafficArgs, g: &KvGeometry) -> anyhow::Result<Vec<Req>> {
         hash_ids: Vec<u64>,
         input_length: u64,
     }
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/traces/mooncake_small.jsonl");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/data/traces/mooncake_small.jsonl"
+    );
     let text = std::fs::read_to_string(path)?;
     let per_block = (512 / g.tokens_per_chunk).max(1) as usize;
     let mut seen: HashSet<u64> = HashSet::new();
@@ -266,7 +269,8 @@ fn chunk_layers(g: &KvGeometry, h: &ChunkHash) -> Vec<Vec<u8>> {
     (0..g.layers)
         .map(|l| {
             let mut v = vec![0u8; slice];
-            let mut x = u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes")) ^ l as u64;
+            let mut x =
+                u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes")) ^ l as u64;
             for w in v.chunks_mut(8) {
                 x ^= x << 13;
                 x ^= x >> 7;
@@ -285,7 +289,12 @@ fn chunk_layers(g: &KvGeometry, h: &ChunkHash) -> Vec<Vec<u8>> {
 /// when their leader does. Which loads fetch depends on the simulated progress, so the
 /// prediction iterates (simulate the fetching loads, re-decide who follows) until the set of
 /// fetching loads is stable.
-fn predict(reqs: &[Req], g: &KvGeometry, kind: PolicyKind, cap: f64) -> anyhow::Result<Vec<(f64, f64)>> {
+fn predict(
+    reqs: &[Req],
+    g: &KvGeometry,
+    kind: PolicyKind,
+    cap: f64,
+) -> anyhow::Result<Vec<(f64, f64)>> {
     let model = ComputeModel::preset(&g.model, GpuKind::H100, KernelClass::Tuned)
         .or_else(|_| ComputeModel::preset("smollm2-135m", GpuKind::H100, KernelClass::Tuned))?;
     let cfg = SimConfig {
@@ -327,7 +336,12 @@ fn predict(reqs: &[Req], g: &KvGeometry, kind: PolicyKind, cap: f64) -> anyhow::
             .collect();
         // Re-decide, in arrival order, with the simulated progress.
         let mut order: Vec<usize> = (0..reqs.len()).collect();
-        order.sort_by(|&a, &b| reqs[a].arrival_s.total_cmp(&reqs[b].arrival_s).then(a.cmp(&b)));
+        order.sort_by(|&a, &b| {
+            reqs[a]
+                .arrival_s
+                .total_cmp(&reqs[b].arrival_s)
+                .then(a.cmp(&b))
+        });
         let mut next: Vec<Option<usize>> = vec![None; reqs.len()];
         let mut leaders: Vec<usize> = Vec::new();
         for &i in &order {
@@ -336,9 +350,7 @@ fn predict(reqs: &[Req], g: &KvGeometry, kind: PolicyKind, cap: f64) -> anyhow::
             let pick = leaders
                 .iter()
                 .copied()
-                .filter(|&j| {
-                    reqs[j].hashes.len() >= n && reqs[j].hashes[..n] == reqs[i].hashes[..]
-                })
+                .filter(|&j| reqs[j].hashes.len() >= n && reqs[j].hashes[..n] == reqs[i].hashes[..])
                 .filter_map(|j| {
                     let (ready, end) = sim_out.get(&j)?;
                     if t >= *end {
@@ -423,7 +435,11 @@ async fn s3_on(endpoint: &str) -> anyhow::Result<Arc<dyn Store>> {
         secret_key: SECRET.into(),
         session_token: None,
     };
-    Ok(Arc::new(S3Store::new(cfg).await.map_err(|e| anyhow::anyhow!("{e}"))?))
+    Ok(Arc::new(
+        S3Store::new(cfg)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?,
+    ))
 }
 
 fn engine(store: Arc<dyn Store>) -> anyhow::Result<Engine> {
@@ -521,7 +537,9 @@ fn run_one(
 /// # Errors
 /// A message if the server, the store or a load fails.
 pub fn run(args: TrafficArgs) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     let g = KvGeometry::preset(&args.model)?;
     let mut workloads: Vec<(String, Vec<Req>)> = Vec::new();
     for w in &args.workloads {

@@ -431,7 +431,10 @@ unsafe fn geometry(g: *const objectcache_geometry) -> Result<KvGeometry, CErr> {
     } else if size == GEOMETRY_SIZE_NO_LAYOUT {
         // SAFETY: non-NULL, aligned (the prefix struct's alignment is at most the full
         // struct's), and the caller's struct_size says it holds this many bytes.
-        (unsafe { std::ptr::read(g as *const objectcache_geometry_no_layout) }, None)
+        (
+            unsafe { std::ptr::read(g as *const objectcache_geometry_no_layout) },
+            None,
+        )
     } else {
         return Err(err(
             OBJECTCACHE_ERR_ABI_MISMATCH,
@@ -1114,7 +1117,9 @@ pub unsafe extern "C" fn objectcache_load(
             ranges.push(vec![(d.addr.cast::<u8>(), len)]);
         }
         let hints = load_hints(p.priority, p.deadline_ms, p.compute_us_per_layer, g.layers);
-        let id = post_load(e, rid, g, hs, hints, ranges, &|l, _| format!("params->layers[{l}]"))?;
+        let id = post_load(e, rid, g, hs, hints, ranges, &|l, _| {
+            format!("params->layers[{l}]")
+        })?;
         // SAFETY: checked by need_out above.
         unsafe { out_val(out, token(id), "out")? };
         Ok(OBJECTCACHE_OK)
@@ -1143,7 +1148,14 @@ pub unsafe extern "C" fn objectcache_load_paged(
         let need = p.n_chunks as u64 * g.slice_bytes();
         // SAFETY: the header's contract: n_layers x ranges_per_layer ranges.
         let ranges = unsafe {
-            paged_ranges(p.ranges, p.ranges_per_layer, p.n_layers, g.layers, need, false)
+            paged_ranges(
+                p.ranges,
+                p.ranges_per_layer,
+                p.n_layers,
+                g.layers,
+                need,
+                false,
+            )
         }
         .map_err(|m| ctx(m))?;
         let hints = load_hints(p.priority, p.deadline_ms, p.compute_us_per_layer, g.layers);
@@ -1324,7 +1336,11 @@ fn post_load(
     }
     for set in [&mut named, &mut landed] {
         if let Some(((l1, i1), (l2, i2))) = crate::connector::first_overlap(set) {
-            return Err(ctx(format!("{} and {} overlap", label(l1, i1), label(l2, i2))));
+            return Err(ctx(format!(
+                "{} and {} overlap",
+                label(l1, i1),
+                label(l2, i2)
+            )));
         }
     }
     // The memory areas the ranges land in: each used host region, or a device region's
@@ -1371,17 +1387,19 @@ fn post_load(
         // only by this load); every destination is that device range, checked at
         // registration; release drops the DeviceLoad (waiting for its copies) before
         // letting the regions go.
-        Some(dev) => match unsafe { crate::cuda::DeviceLoad::start(&dev, handle.clone(), copies) } {
-            Ok(d) => Some(d),
-            Err(x) => {
-                handle.cancel();
-                for r in &used {
-                    r.users.fetch_sub(1, Ordering::AcqRel);
+        Some(dev) => {
+            match unsafe { crate::cuda::DeviceLoad::start(&dev, handle.clone(), copies) } {
+                Ok(d) => Some(d),
+                Err(x) => {
+                    handle.cancel();
+                    for r in &used {
+                        r.users.fetch_sub(1, Ordering::AcqRel);
+                    }
+                    e.live_transfers.fetch_sub(1, Ordering::AcqRel);
+                    return Err(err(error_code(&x), format!("request {rid}: {x}")));
                 }
-                e.live_transfers.fetch_sub(1, Ordering::AcqRel);
-                return Err(err(error_code(&x), format!("request {rid}: {x}")));
             }
-        },
+        }
     };
     Ok(insert(Obj::Transfer(Arc::new(TransferObj {
         engine: e,
@@ -1415,7 +1433,12 @@ fn landing_area(r: &RegionObj) -> Result<(*mut u8, usize), CErr> {
 ///
 /// Out-of-range values (above `u32::MAX` microseconds, the wire's limit) are refused by
 /// `Engine::load` with an error naming the hint.
-fn load_hints(priority: u32, deadline_ms: u64, compute_us_per_layer: u64, layers: u32) -> LoadHints {
+fn load_hints(
+    priority: u32,
+    deadline_ms: u64,
+    compute_us_per_layer: u64,
+    layers: u32,
+) -> LoadHints {
     let priority = u8::try_from(128u64 + u64::from(priority)).unwrap_or(u8::MAX);
     let n = layers as usize;
     let compute_s = compute_us_per_layer as f64 * 1e-6;
@@ -1424,7 +1447,9 @@ fn load_hints(priority: u32, deadline_ms: u64, compute_us_per_layer: u64, layers
         (0, 0) => LayerTiming::None,
         (0, _) => LayerTiming::ComputeS(vec![compute_s; n]),
         (_, 0) => LayerTiming::DeadlinesS(vec![deadline_s; n]),
-        (_, _) => LayerTiming::DeadlinesS((0..n).map(|l| deadline_s + l as f64 * compute_s).collect()),
+        (_, _) => {
+            LayerTiming::DeadlinesS((0..n).map(|l| deadline_s + l as f64 * compute_s).collect())
+        }
     };
     LoadHints { timing, priority }
 }
@@ -1636,15 +1661,24 @@ pub unsafe extern "C" fn objectcache_transfer_stall_advice(
         let p = unsafe { in_struct(params, "params")? };
         need_out(out, "out")?;
         // SAFETY: the header's contract on the strings (borrowed for the call).
-        let (model, gpu) = unsafe { (cstr(p.model, "params->model")?, cstr(p.gpu, "params->gpu")?) };
+        let (model, gpu) =
+            unsafe { (cstr(p.model, "params->model")?, cstr(p.gpu, "params->gpu")?) };
         let kernels = if p.kernels.is_null() {
             "tuned"
         } else {
             // SAFETY: as above.
             unsafe { cstr(p.kernels, "params->kernels")? }
         };
-        let m = stall_model(model, gpu, kernels, p.tp.max(1), p.compute_us_per_layer, p.load_tokens, p.new_tokens)
-            .map_err(|e| invalid(e.to_string()))?;
+        let m = stall_model(
+            model,
+            gpu,
+            kernels,
+            p.tp.max(1),
+            p.compute_us_per_layer,
+            p.load_tokens,
+            p.new_tokens,
+        )
+        .map_err(|e| invalid(e.to_string()))?;
         let advice = t
             .handle
             .stall_advice(&m, p.load_tokens, p.new_tokens)
@@ -1692,7 +1726,9 @@ fn stall_model(
     load_tokens: u64,
     new_tokens: u64,
 ) -> Result<crate::sched::ComputeModel, Error> {
-    use crate::sched::{AnalyticModel, ComputeModel, GpuKind, KernelClass, MeasuredModel, ModelShape};
+    use crate::sched::{
+        AnalyticModel, ComputeModel, GpuKind, KernelClass, MeasuredModel, ModelShape,
+    };
     let a = AnalyticModel::new(
         ModelShape::preset(model)?,
         GpuKind::parse(gpu)?,
@@ -1828,7 +1864,10 @@ mod tests {
             panic!("deadline and compute give deadlines");
         };
         let want = [0.040, 0.042, 0.044];
-        assert!(d.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-12), "{d:?}");
+        assert!(
+            d.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-12),
+            "{d:?}"
+        );
     }
 
     #[test]

@@ -426,7 +426,11 @@ fn run_cluster(args: &SimOptions) -> crate::Result<()> {
         )
     })?;
     print!("{}", cluster_table(&records));
-    eprintln!("{} simulations in {:.1} s", records.len(), t0.elapsed().as_secs_f64());
+    eprintln!(
+        "{} simulations in {:.1} s",
+        records.len(),
+        t0.elapsed().as_secs_f64()
+    );
     if let Some(p) = &args.json {
         let s = serde_json::to_string_pretty(&records)
             .map_err(|e| bad(format!("JSON encoding failed: {e}")))?;
@@ -460,13 +464,20 @@ pub fn cluster_records(
     let shape = ModelShape::preset(&args.model)?;
     let model = ComputeModel::Analytic(AnalyticModel::new(shape.clone(), gpu, kernels, args.tp)?);
     let kv_bytes = shape.kv_bytes_per_token_per_layer / args.tp as u64;
-    if args.gpus.is_empty() || args.gpus.contains(&0) || args.gateways.is_empty() || args.gateways.contains(&0) {
+    if args.gpus.is_empty()
+        || args.gpus.contains(&0)
+        || args.gateways.is_empty()
+        || args.gateways.contains(&0)
+    {
         return Err(bad("--gpus and --gateways need counts of at least 1".into()));
     }
     let placements: Vec<Placement> = if args.placements.is_empty() {
         Placement::ALL.to_vec()
     } else {
-        args.placements.iter().map(|p| Placement::parse(p)).collect::<Result<_, _>>()?
+        args.placements
+            .iter()
+            .map(|p| Placement::parse(p))
+            .collect::<Result<_, _>>()?
     };
     let policies: Vec<PolicyKind> = if args.policies.is_empty() {
         vec![PolicyKind::EqualShare, PolicyKind::StallAware]
@@ -476,7 +487,9 @@ pub fn cluster_records(
             .map(|p| {
                 let sp = SimPolicy::parse(p)?;
                 if sp.planner {
-                    return Err(bad(format!("--cluster simulates the link policies without the planner, not {p:?}")));
+                    return Err(bad(format!(
+                        "--cluster simulates the link policies without the planner, not {p:?}"
+                    )));
                 }
                 Ok(sp.kind)
             })
@@ -517,10 +530,22 @@ pub fn cluster_records(
     let mut out = Vec::new();
     for &gpus in &args.gpus {
         let w = match &trace {
-            Some(text) => {
-                cluster::trace(text, gpus, args.trace_share, args.duration, args.time_scale, args.seed)?
-            }
-            None => cluster::synthetic(gpus, args.rate_per_gpu, args.duration, args.documents, args.zipf, args.seed)?,
+            Some(text) => cluster::trace(
+                text,
+                gpus,
+                args.trace_share,
+                args.duration,
+                args.time_scale,
+                args.seed,
+            )?,
+            None => cluster::synthetic(
+                gpus,
+                args.rate_per_gpu,
+                args.duration,
+                args.documents,
+                args.zipf,
+                args.seed,
+            )?,
         };
         for &gateways in &args.gateways {
             for &placement in &placements {
@@ -546,7 +571,19 @@ pub fn cluster_records(
 pub fn cluster_table(records: &[sim::cluster::ClusterRecord]) -> String {
     let mut s = format!(
         "{:>5} {:>4} {:<13} {:<18} {:>8} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>9}\n",
-        "gpus", "gws", "placement", "policy", "loads", "meanAdd", "p99Add", "p99Alone", "maxAdd", "gwUtil", "gwMax", "stUtil", "GB/GPU"
+        "gpus",
+        "gws",
+        "placement",
+        "policy",
+        "loads",
+        "meanAdd",
+        "p99Add",
+        "p99Alone",
+        "maxAdd",
+        "gwUtil",
+        "gwMax",
+        "stUtil",
+        "GB/GPU"
     );
     for r in records {
         s += &format!(
@@ -571,7 +608,10 @@ pub fn cluster_table(records: &[sim::cluster::ClusterRecord]) -> String {
 
 /// SVG: one panel per GPU count, p99 added TTFT against the number of gateways, one line per
 /// placement and policy.
-fn cluster_plot(records: &[sim::cluster::ClusterRecord], path: &std::path::Path) -> crate::Result<()> {
+fn cluster_plot(
+    records: &[sim::cluster::ClusterRecord],
+    path: &std::path::Path,
+) -> crate::Result<()> {
     use plotters::prelude::*;
     let err = |e: &dyn std::fmt::Display| bad(format!("cannot draw {}: {e}", path.display()));
     let mut gpus: Vec<usize> = records.iter().map(|r| r.gpus).collect();
@@ -588,7 +628,11 @@ fn cluster_plot(records: &[sim::cluster::ClusterRecord], path: &std::path::Path)
         }
     }
     let floor = 1e-4;
-    let ymax = records.iter().map(|r| r.p99_added_ttft_s).fold(floor, f64::max) * 2.0;
+    let ymax = records
+        .iter()
+        .map(|r| r.p99_added_ttft_s)
+        .fold(floor, f64::max)
+        * 2.0;
     let root = SVGBackend::new(path, (460 * gpus.len().max(1) as u32, 440)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let panels = root.split_evenly((1, gpus.len().max(1)));
@@ -632,7 +676,9 @@ fn cluster_plot(records: &[sim::cluster::ClusterRecord], path: &std::path::Path)
                 .draw_series(LineSeries::new(pts, color.stroke_width(2)))
                 .map_err(|e| err(&e))?
                 .label(format!("{pl} + {po}"))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+                });
         }
         chart
             .configure_series_labels()

@@ -235,7 +235,10 @@ impl LayerBuffers {
     /// and must not be read or written by anyone else until the [`super::LoadHandle`] that
     /// uses these buffers has been released (which waits for every in-flight copy).
     pub unsafe fn from_raw(regions: &[(*mut u8, usize)]) -> Self {
-        let memory: Vec<Region> = regions.iter().map(|&(ptr, len)| Region { ptr, len }).collect();
+        let memory: Vec<Region> = regions
+            .iter()
+            .map(|&(ptr, len)| Region { ptr, len })
+            .collect();
         LayerBuffers {
             layers: memory.iter().map(|&r| Layer::new(vec![r])).collect(),
             owned: None,
@@ -265,12 +268,13 @@ impl LayerBuffers {
         LayerBuffers {
             layers: layers
                 .iter()
-                .map(|rs| {
-                    Layer::new(rs.iter().map(|&(ptr, len)| Region { ptr, len }).collect())
-                })
+                .map(|rs| Layer::new(rs.iter().map(|&(ptr, len)| Region { ptr, len }).collect()))
                 .collect(),
             owned: None,
-            memory: memory.iter().map(|&(ptr, len)| Region { ptr, len }).collect(),
+            memory: memory
+                .iter()
+                .map(|&(ptr, len)| Region { ptr, len })
+                .collect(),
             memory_long_lived: true,
         }
     }
@@ -302,7 +306,11 @@ impl LayerBuffers {
     /// memory registration (RDMA) and diagnostics; nothing may be written through them while
     /// a load uses the buffers.
     pub fn ranges(&self, l: usize) -> Vec<(*mut u8, usize)> {
-        self.layers[l].parts.iter().map(|r| (r.ptr, r.len)).collect()
+        self.layers[l]
+            .parts
+            .iter()
+            .map(|r| (r.ptr, r.len))
+            .collect()
     }
 
     /// `true` for caller memory given through [`LayerBuffers::from_raw`] or
@@ -428,7 +436,10 @@ impl LoadState {
 
     /// Bytes verified so far over all layers (counted before a layer can become ready).
     pub(crate) fn verified_bytes(&self) -> u64 {
-        self.layers.iter().map(|p| p.lock().expect("lock").verified).sum()
+        self.layers
+            .iter()
+            .map(|p| p.lock().expect("lock").verified)
+            .sum()
     }
 
     /// A ready layer's bytes, if they lie in one range of memory.
@@ -783,7 +794,10 @@ mod tests {
         let s = LoadState::new(b, 10);
         // Lent across the range boundary: one slice per range.
         let parts = s.dest_parts(0, 2, 4).unwrap().unwrap();
-        assert_eq!(parts.iter().map(|p| p.len()).collect::<Vec<_>>(), vec![2, 2]);
+        assert_eq!(
+            parts.iter().map(|p| p.len()).collect::<Vec<_>>(),
+            vec![2, 2]
+        );
         for (p, v) in parts.into_iter().zip([[1u8, 2], [3, 4]]) {
             p.copy_from_slice(&v);
         }
@@ -828,8 +842,17 @@ mod tests {
     fn first_overlap_finds_any_shared_byte() {
         let mut v = vec![(10usize, 5usize, 'a'), (0, 10, 'b'), (15, 1, 'c')];
         assert_eq!(first_overlap(&mut v), None, "adjacent ranges share nothing");
-        let mut v = vec![(0usize, 100usize, 'a'), (30, 0, 'z'), (50, 5, 'b'), (200, 1, 'c')];
-        assert_eq!(first_overlap(&mut v), Some(('a', 'b')), "contained in a long range");
+        let mut v = vec![
+            (0usize, 100usize, 'a'),
+            (30, 0, 'z'),
+            (50, 5, 'b'),
+            (200, 1, 'c'),
+        ];
+        assert_eq!(
+            first_overlap(&mut v),
+            Some(('a', 'b')),
+            "contained in a long range"
+        );
         let mut v = vec![(0usize, 100usize, 'a'), (10, 2, 'b'), (99, 2, 'c')];
         assert_eq!(first_overlap(&mut v), Some(('a', 'b')));
     }

@@ -343,7 +343,9 @@ impl EngineConfig {
         match (self.load_timeout, self.load_min_rate_bytes_per_s) {
             (Some(t), _) => Some(t),
             (None, 0) => None,
-            (None, r) => Some(LOAD_DEADLINE_FLOOR + Duration::from_secs_f64(bytes as f64 / r as f64)),
+            (None, r) => {
+                Some(LOAD_DEADLINE_FLOOR + Duration::from_secs_f64(bytes as f64 / r as f64))
+            }
         }
     }
 
@@ -389,7 +391,12 @@ mod tests {
             .to_string();
         assert!(e.contains("max_requests"), "{e}");
         assert_eq!(EngineConfig::default().gather_streams, 2);
-        assert_eq!(EngineConfig::from_pairs([("gather_streams", "4")]).unwrap().gather_streams, 4);
+        assert_eq!(
+            EngineConfig::from_pairs([("gather_streams", "4")])
+                .unwrap()
+                .gather_streams,
+            4
+        );
         for bad in ["0", "17", "two"] {
             let e = EngineConfig::from_pairs([("gather_streams", bad)])
                 .unwrap_err()
@@ -401,7 +408,10 @@ mod tests {
     #[test]
     fn deadline_and_stall_keys() {
         let d = EngineConfig::default();
-        assert_eq!((d.load_timeout, d.stall_timeout), (None, StallTimeout::Auto));
+        assert_eq!(
+            (d.load_timeout, d.stall_timeout),
+            (None, StallTimeout::Auto)
+        );
         // The default deadline grows with the load: 10 s + bytes at 10 MB/s.
         assert_eq!(d.load_deadline(0), Some(Duration::from_secs(10)));
         assert_eq!(d.load_deadline(500_000_000), Some(Duration::from_secs(60)));
@@ -409,8 +419,12 @@ mod tests {
         assert_eq!(c.load_deadline(1 << 40), Some(Duration::from_millis(2500)));
         // 0 removes every overall deadline, but not the watchdog.
         let c = EngineConfig::from_pairs([("load_timeout_ms", "0")]).unwrap();
-        assert_eq!((c.load_deadline(1 << 30), c.stall_timeout), (None, StallTimeout::Auto));
-        let c = EngineConfig::from_pairs([("load_timeout_ms", "0"), ("load_timeout_ms", "auto")]).unwrap();
+        assert_eq!(
+            (c.load_deadline(1 << 30), c.stall_timeout),
+            (None, StallTimeout::Auto)
+        );
+        let c = EngineConfig::from_pairs([("load_timeout_ms", "0"), ("load_timeout_ms", "auto")])
+            .unwrap();
         assert_eq!(c.load_deadline(0), Some(Duration::from_secs(10)));
         let c = EngineConfig::from_pairs([("load_min_rate_bytes_per_s", "1000000")]).unwrap();
         assert_eq!(c.load_deadline(5_000_000), Some(Duration::from_secs(15)));
@@ -420,9 +434,16 @@ mod tests {
             ("off", StallTimeout::Off),
             ("750", StallTimeout::After(Duration::from_millis(750))),
         ] {
-            assert_eq!(EngineConfig::from_pairs([("stall_timeout_ms", v)]).unwrap().stall_timeout, want);
+            assert_eq!(
+                EngineConfig::from_pairs([("stall_timeout_ms", v)])
+                    .unwrap()
+                    .stall_timeout,
+                want
+            );
         }
-        let e = EngineConfig::from_pairs([("stall_timeout_ms", "soon")]).unwrap_err().to_string();
+        let e = EngineConfig::from_pairs([("stall_timeout_ms", "soon")])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("stall_timeout_ms"), "{e}");
     }
 

@@ -55,7 +55,12 @@ impl Fetcher {
     /// Where loads read from, for a stall's error message.
     fn source(&self) -> String {
         match self.store.gather_route(0).first() {
-            Some(t) => format!("{} store at {} (bucket {})", self.store.name(), t.addr, t.bucket),
+            Some(t) => format!(
+                "{} store at {} (bucket {})",
+                self.store.name(),
+                t.addr,
+                t.bucket
+            ),
             None => format!("{} store", self.store.name()),
         }
     }
@@ -78,9 +83,11 @@ impl Fetcher {
         let total_bytes = need * g.layers as u64;
         // The stall watchdog's "next unit": the largest single read of the ranged-GET path (a
         // coalesced read) or gather unit (a slice).
-        let unit = g
-            .slice_bytes()
-            .max(self.cfg.coalesce_bytes.min(g.slice_bytes() * g.layers as u64));
+        let unit = g.slice_bytes().max(
+            self.cfg
+                .coalesce_bytes
+                .min(g.slice_bytes() * g.layers as u64),
+        );
         // The gateways to try, in placement order for this prefix (one for a single endpoint).
         let route = crate::sched::placement::route_key(req.hashes[0].as_bytes());
         let targets = if self.cfg.gather {
@@ -112,7 +119,13 @@ impl Fetcher {
                 if super::gather::offered(&probes.get(&targets[0].addr), &targets[0]).await {
                     let _unobserved = sh1.progress.hold();
                     if let super::gather::Outcome::Done = super::rdma::try_rdma(
-                        &rprobe, transport, &targets[0], &keys, &req, request_id, &sh1,
+                        &rprobe,
+                        transport,
+                        &targets[0],
+                        &keys,
+                        &req,
+                        request_id,
+                        &sh1,
                     )
                     .await
                     {
@@ -127,7 +140,8 @@ impl Fetcher {
                     return;
                 }
             }
-            super::load::run_store_load(store, keys, req, sh1, window, max_req, coalesce, link).await
+            super::load::run_store_load(store, keys, req, sh1, window, max_req, coalesce, link)
+                .await
         };
         // The overall deadline: fixed, or from the load's size (`load_min_rate_bytes_per_s`).
         let timeout = self.cfg.load_deadline(total_bytes);
@@ -141,7 +155,8 @@ impl Fetcher {
                     if tokio::time::timeout(t, run).await.is_err() {
                         // Deadline passed: every layer not ready is a miss; reads stop.
                         for l in 0..sh2.state.layers() {
-                            sh2.state.fail_impl(l as u32, LayerError::Timeout { layer: l });
+                            sh2.state
+                                .fail_impl(l as u32, LayerError::Timeout { layer: l });
                         }
                         sh2.state.cancel();
                     }
@@ -150,9 +165,12 @@ impl Fetcher {
             fetched.fetch_add(sh2.progress.bytes(), Ordering::Relaxed);
         });
         sh.tasks.lock().expect("lock").push(driver);
-        let dog = self
-            .handle
-            .spawn(super::load::watchdog(sh.clone(), self.cfg.stall_timeout, unit, self.source()));
+        let dog = self.handle.spawn(super::load::watchdog(
+            sh.clone(),
+            self.cfg.stall_timeout,
+            unit,
+            self.source(),
+        ));
         sh.tasks.lock().expect("lock").push(dog);
     }
 }
@@ -174,12 +192,21 @@ pub(crate) struct Flights(Mutex<Vec<Flight>>);
 impl Flights {
     /// A load in flight whose leading chunks are `hashes` under `prefix`, worth following for
     /// a load of `bytes` bytes (its bytes still to come at most twice those), if any.
-    pub(crate) fn leader_for(&self, prefix: &str, hashes: &[ChunkHash], bytes: u64) -> Option<Arc<Shared>> {
+    pub(crate) fn leader_for(
+        &self,
+        prefix: &str,
+        hashes: &[ChunkHash],
+        bytes: u64,
+    ) -> Option<Arc<Shared>> {
         let mut v = self.0.lock().expect("lock");
         // Forget loads that ended (dropped) or settled (every layer ready or failed).
         v.retain(|f| f.sh.upgrade().is_some_and(|sh| !settled(&sh)));
         v.iter()
-            .filter(|f| f.prefix == prefix && f.hashes.len() >= hashes.len() && f.hashes[..hashes.len()] == *hashes)
+            .filter(|f| {
+                f.prefix == prefix
+                    && f.hashes.len() >= hashes.len()
+                    && f.hashes[..hashes.len()] == *hashes
+            })
             .filter_map(|f| f.sh.upgrade())
             .filter(|sh| !sh.state.is_cancelled())
             .filter(|sh| {

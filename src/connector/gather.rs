@@ -55,7 +55,10 @@ const PROBE_RETRY: Duration = Duration::from_secs(5);
 /// S3 server answers at once, [`crate::transport::discovery`]) unless one ran or runs, and
 /// returns a receiver that closes when it ends. Once gather is known to be offered, one
 /// connection is opened and pooled (the engine's pool is warm before its first load).
-pub(crate) fn start_probe(probe: &Arc<Mutex<Probe>>, target: &GatherTarget) -> Option<watch::Receiver<()>> {
+pub(crate) fn start_probe(
+    probe: &Arc<Mutex<Probe>>,
+    target: &GatherTarget,
+) -> Option<watch::Receiver<()>> {
     let mut p = probe.lock().expect("lock");
     match &*p {
         Probe::Probing(rx) => return Some(rx.clone()),
@@ -91,7 +94,8 @@ pub(crate) fn start_probe(probe: &Arc<Mutex<Probe>>, target: &GatherTarget) -> O
         drop(tx);
         if warm {
             // Warm the pool with one connection; a failure here only leaves it cold.
-            let c = GatherClient::connect_with(target.addr.as_str(), target.credentials.clone()).await;
+            let c =
+                GatherClient::connect_with(target.addr.as_str(), target.credentials.clone()).await;
             let mut p = probe.lock().expect("lock");
             match (c, &mut *p) {
                 (Ok(c), Probe::Offered { pool, warming }) => {
@@ -214,8 +218,10 @@ pub(crate) fn gather_request(
 /// Unit size of the connector's TCP gather loads: one full chunk's slice, within the
 /// protocol's `MIN_UNIT_BYTES..=MAX_UNIT_BYTES`.
 pub(crate) fn unit_bytes_for(g: &crate::layout::KvGeometry) -> u32 {
-    g.slice_bytes()
-        .clamp(crate::protocol::MIN_UNIT_BYTES as u64, crate::protocol::MAX_UNIT_BYTES as u64) as u32
+    g.slice_bytes().clamp(
+        crate::protocol::MIN_UNIT_BYTES as u64,
+        crate::protocol::MAX_UNIT_BYTES as u64,
+    ) as u32
 }
 
 /// Why [`connection`] gave no connection.
@@ -237,7 +243,9 @@ async fn connection(
         let mut p = probe.lock().expect("lock");
         match &mut *p {
             // Skip connections the server closed while they sat idle (e.g. it restarted).
-            Probe::Offered { pool, .. } => std::iter::from_fn(|| pool.pop()).find(|c| !c.is_stale()),
+            Probe::Offered { pool, .. } => {
+                std::iter::from_fn(|| pool.pop()).find(|c| !c.is_stale())
+            }
             _ => return Err(NoConnection::NotOffered),
         }
     };
@@ -298,9 +306,9 @@ impl Failover {
             }
             match connection(&probe, &t).await {
                 Ok(c) => return Some((t, c)),
-                Err(NoConnection::Unreachable) => {
-                    self.store.endpoint_event(&t.addr, EndpointEvent::Unreachable)
-                }
+                Err(NoConnection::Unreachable) => self
+                    .store
+                    .endpoint_event(&t.addr, EndpointEvent::Unreachable),
                 Err(NoConnection::NotOffered) => {}
             }
         }
@@ -383,7 +391,12 @@ impl Track {
         let mut have: Vec<(u64, u64)> = self
             .done
             .get(layer as usize)
-            .map(|d| d.iter().copied().filter(|&(o, n)| o < b && a < o + n).collect())
+            .map(|d| {
+                d.iter()
+                    .copied()
+                    .filter(|&(o, n)| o < b && a < o + n)
+                    .collect()
+            })
             .unwrap_or_default();
         have.sort_unstable();
         let mut out = Vec::new();
@@ -402,7 +415,14 @@ impl Track {
 }
 
 impl Stripe {
-    fn new(sh: Arc<Shared>, base: usize, shift: u64, slice: u64, step: Arc<Lockstep>, index: usize) -> Self {
+    fn new(
+        sh: Arc<Shared>,
+        base: usize,
+        shift: u64,
+        slice: u64,
+        step: Arc<Lockstep>,
+        index: usize,
+    ) -> Self {
         Stripe {
             sh,
             base,
@@ -482,7 +502,9 @@ impl Lockstep {
     fn new(stripes: usize, first: u32) -> Self {
         Lockstep {
             first,
-            at: (0..stripes).map(|_| std::sync::atomic::AtomicU32::new(first)).collect(),
+            at: (0..stripes)
+                .map(|_| std::sync::atomic::AtomicU32::new(first))
+                .collect(),
             moved: tokio::sync::Notify::new(),
         }
     }
@@ -511,14 +533,29 @@ impl Drop for Stripe {
 /// to the whole load.
 fn shift_chunk(e: LayerError, base: usize) -> LayerError {
     match e {
-        LayerError::Missing { chunk, key } => LayerError::Missing { chunk: chunk + base, key },
-        LayerError::ChecksumMismatch { chunk, layer, stored, computed } => {
-            LayerError::ChecksumMismatch { chunk: chunk + base, layer, stored, computed }
-        }
-        LayerError::GeometryMismatch { chunk, reason } => {
-            LayerError::GeometryMismatch { chunk: chunk + base, reason }
-        }
-        LayerError::Storage { chunk, message } => LayerError::Storage { chunk: chunk + base, message },
+        LayerError::Missing { chunk, key } => LayerError::Missing {
+            chunk: chunk + base,
+            key,
+        },
+        LayerError::ChecksumMismatch {
+            chunk,
+            layer,
+            stored,
+            computed,
+        } => LayerError::ChecksumMismatch {
+            chunk: chunk + base,
+            layer,
+            stored,
+            computed,
+        },
+        LayerError::GeometryMismatch { chunk, reason } => LayerError::GeometryMismatch {
+            chunk: chunk + base,
+            reason,
+        },
+        LayerError::Storage { chunk, message } => LayerError::Storage {
+            chunk: chunk + base,
+            message,
+        },
         other => other,
     }
 }
@@ -527,7 +564,10 @@ impl LayerSink for Stripe {
     fn write(&self, layer: u32, offset: u64, data: &[u8]) -> Result<(), LayerError> {
         let abs = offset + self.shift;
         let mut t = self.track.lock().expect("lock");
-        if t.cur.as_ref().is_none_or(|c| c.layer != layer || c.lent.is_some()) {
+        if t.cur
+            .as_ref()
+            .is_none_or(|c| c.layer != layer || c.lent.is_some())
+        {
             self.begin_filtered(&mut t, layer);
         }
         let end = abs + data.len() as u64;
@@ -583,8 +623,10 @@ impl LayerSink for Stripe {
         Ok(d)
     }
     fn dest_filled(&self, layer: u32, len: u64) {
-        if let Some(Cur { lent: Some((_, _, filled)), .. }) =
-            self.track.lock().expect("lock").cur.as_mut()
+        if let Some(Cur {
+            lent: Some((_, _, filled)),
+            ..
+        }) = self.track.lock().expect("lock").cur.as_mut()
         {
             *filled = true;
         }
@@ -593,7 +635,10 @@ impl LayerSink for Stripe {
     fn complete(&self, layer: u32, bytes: u64) {
         let mut t = self.track.lock().expect("lock");
         match t.cur.take() {
-            Some(Cur { lent: Some((o, n, _)), .. }) => {
+            Some(Cur {
+                lent: Some((o, n, _)),
+                ..
+            }) => {
                 t.done(layer).push((o, n));
                 drop(t);
                 self.sh.state.complete(layer, bytes);
@@ -639,8 +684,11 @@ impl LayerSink for Stripe {
         // A unit that is exactly one slice (the connector asks for slice-sized units): its
         // CRC is the slice's, which followers check their copies against.
         if len == self.slice && (offset + self.shift) % self.slice == 0 {
-            self.sh
-                .record_slice_crc(((offset + self.shift) / self.slice) as usize, layer as usize, crc);
+            self.sh.record_slice_crc(
+                ((offset + self.shift) / self.slice) as usize,
+                layer as usize,
+                crc,
+            );
         }
     }
     fn begin_layer(&self, layer: u32) -> Option<futures::future::BoxFuture<'_, ()>> {
@@ -738,20 +786,33 @@ async fn run_stripe(
             Err(e) => e,
         };
         if matches!(e, GatherError::Io(_)) {
-            fo.store.endpoint_event(&target.addr, EndpointEvent::Unreachable);
+            fo.store
+                .endpoint_event(&target.addr, EndpointEvent::Unreachable);
         }
         if sink.sh.state.is_cancelled() {
-            return StripeEnd { sink, result: Err(e), client: None };
+            return StripeEnd {
+                sink,
+                result: Err(e),
+                client: None,
+            };
         }
         // Where the rest starts: the first layer this stripe has not delivered in full.
         let held = std::mem::take(&mut sink.track.get_mut().expect("lock").held);
         let Some(next) = sink.resume_from(from..layers, bytes.start, bytes.end) else {
             // Everything arrived before the gateway failed.
-            return StripeEnd { sink, result: Ok(empty_report()), client: None };
+            return StripeEnd {
+                sink,
+                result: Ok(empty_report()),
+                client: None,
+            };
         };
         let Some((t, c)) = fo.pick(&tried).await else {
             sink.track.get_mut().expect("lock").held = held;
-            return StripeEnd { sink, result: Err(e), client: None };
+            return StripeEnd {
+                sink,
+                result: Err(e),
+                client: None,
+            };
         };
         tracing::warn!(from = %target.addr, to = %t.addr, layer = next, error = %e,
             "gather stripe failed over to another gateway");
@@ -879,7 +940,11 @@ pub(crate) async fn try_gather(
     let mut ended = Vec::new();
     for (range, rx) in stripes {
         match rx.await {
-            Ok(StripeEnd { sink, result, client }) => {
+            Ok(StripeEnd {
+                sink,
+                result,
+                client,
+            }) => {
                 match result {
                     Ok(report) => {
                         // The server names each bad chunk once and delivers the others.
@@ -903,7 +968,9 @@ pub(crate) async fn try_gather(
                     Err(e) => broken = Some((range.start, e.to_string())),
                 }
                 if let Some((addr, client)) = client {
-                    if let Probe::Offered { pool, .. } = &mut *probes.get(&addr).lock().expect("lock") {
+                    if let Probe::Offered { pool, .. } =
+                        &mut *probes.get(&addr).lock().expect("lock")
+                    {
                         pool.push(client);
                     }
                 }
@@ -962,7 +1029,10 @@ mod tests {
         s.set(0, 1);
         assert!(!s.may_begin(1));
         s.set(1, 1);
-        assert!(s.may_begin(1) && s.may_begin(2), "one layer ahead of the slowest");
+        assert!(
+            s.may_begin(1) && s.may_begin(2),
+            "one layer ahead of the slowest"
+        );
         assert!(!s.may_begin(3), "two layers ahead");
         // An ended stripe holds nobody back.
         s.set(1, u32::MAX);

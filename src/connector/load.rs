@@ -282,9 +282,9 @@ impl Progress {
         if bytes > 0 {
             self.bytes.fetch_add(bytes, Ordering::Relaxed);
             self.last_byte_us.fetch_max(now, Ordering::AcqRel);
-            let _ = self
-                .first_us
-                .compare_exchange(u64::MAX, now, Ordering::AcqRel, Ordering::Acquire);
+            let _ =
+                self.first_us
+                    .compare_exchange(u64::MAX, now, Ordering::AcqRel, Ordering::Acquire);
         }
     }
 
@@ -313,7 +313,12 @@ impl Drop for Hold<'_> {
 
 /// The stall limit now, under `setting`, for a load whose largest single read or unit is
 /// `unit_bytes` (`None`: no watchdog).
-fn stall_limit(setting: super::StallTimeout, p: &Progress, now_us: u64, unit_bytes: u64) -> Option<Duration> {
+fn stall_limit(
+    setting: super::StallTimeout,
+    p: &Progress,
+    now_us: u64,
+    unit_bytes: u64,
+) -> Option<Duration> {
     match setting {
         super::StallTimeout::Off => None,
         super::StallTimeout::After(d) => Some(d),
@@ -338,7 +343,12 @@ fn stall_limit(setting: super::StallTimeout, p: &Progress, now_us: u64, unit_byt
 /// fails at once with [`LayerError::Stalled`] naming `store`, and the load's reads stop
 /// (the layers' status and [`LoadHandle::stall_advice`] then say what to recompute). Ends
 /// when every layer is ready or failed. Spawned with the load, as one of its tasks.
-pub(crate) async fn watchdog(sh: Arc<Shared>, setting: super::StallTimeout, unit_bytes: u64, store: String) {
+pub(crate) async fn watchdog(
+    sh: Arc<Shared>,
+    setting: super::StallTimeout,
+    unit_bytes: u64,
+    store: String,
+) {
     let p = &sh.progress;
     loop {
         if (0..sh.state.layers()).all(|l| sh.state.status(l) != LayerStatus::Pending) {
@@ -412,14 +422,22 @@ impl Shared {
 
     /// The CRC32C chunk `c`'s slice of layer `l` was verified with, if known.
     pub(crate) fn slice_crc(&self, c: usize, l: usize) -> Option<u32> {
-        let v = self.slice_crcs.get(c * self.layers + l)?.load(Ordering::Acquire);
+        let v = self
+            .slice_crcs
+            .get(c * self.layers + l)?
+            .load(Ordering::Acquire);
         (v >> 32 == 1).then_some(v as u32)
     }
 
     /// Records whether chunk `c`'s header was read and matched (once; later calls are ignored).
     fn set_header(&self, c: usize, ok: bool) {
         let v = if ok { HEADER_OK } else { HEADER_BAD };
-        let _ = self.headers[c].compare_exchange(HEADER_UNKNOWN, v, Ordering::AcqRel, Ordering::Acquire);
+        let _ = self.headers[c].compare_exchange(
+            HEADER_UNKNOWN,
+            v,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
         self.header_known.notify_waiters();
     }
 
@@ -674,7 +692,10 @@ pub(crate) async fn run_store_load(
             break;
         }
         let c = read.chunk;
-        if matches!(sh.chunk(c), ChunkStatus::Missing | ChunkStatus::WrongGeometry) {
+        if matches!(
+            sh.chunk(c),
+            ChunkStatus::Missing | ChunkStatus::WrongGeometry
+        ) {
             // This chunk is unusable (no object, or another geometry): all its layers are
             // failed; don't read more of it (the link counts the bytes as done, so the load's
             // later layers can complete). A corrupt or unreadable slice fails only its own
@@ -771,7 +792,20 @@ async fn fetch_range(
     sh: &Shared,
     permit: &mut FlightPermit,
 ) -> Result<(), ReadFailure> {
-    let r = fetch_range_inner(store, key, range, chunk, layers, with_header, g, tokens, full_len, sh, permit).await;
+    let r = fetch_range_inner(
+        store,
+        key,
+        range,
+        chunk,
+        layers,
+        with_header,
+        g,
+        tokens,
+        full_len,
+        sh,
+        permit,
+    )
+    .await;
     if with_header {
         // The header is known by now unless the read failed before it arrived: then the
         // chunk's geometry cannot be checked, and its other layers are not trusted.
@@ -795,7 +829,11 @@ async fn fetch_range_inner(
     permit: &mut FlightPermit,
 ) -> Result<(), ReadFailure> {
     let all = 0..g.layers;
-    let fail = |status, err, layers| ReadFailure { status, err, layers };
+    let fail = |status, err, layers| ReadFailure {
+        status,
+        err,
+        layers,
+    };
     let geometry = |reason: String| {
         fail(
             ChunkStatus::WrongGeometry,
@@ -1048,7 +1086,9 @@ impl LoadHandle {
     /// Per-chunk status. Once every layer is ready, every chunk is [`ChunkStatus::Ok`] (each
     /// of its slices arrived and was verified), even if the load's last task has not ended.
     pub fn chunk_status(&self) -> Vec<ChunkStatus> {
-        let statuses: Vec<LayerStatus> = (0..self.layers()).map(|l| self.sh.state.status(l)).collect();
+        let statuses: Vec<LayerStatus> = (0..self.layers())
+            .map(|l| self.sh.state.status(l))
+            .collect();
         let all_ready = statuses.iter().all(|s| *s == LayerStatus::Ready);
         // A failed layer's error names the chunk at fault (also on the gather path, where the
         // server reports misses per layer while the stream goes on).

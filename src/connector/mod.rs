@@ -33,13 +33,13 @@ mod load;
 #[cfg(feature = "rdma")]
 mod rdma;
 
-pub use gather::GatherStatus;
-pub use buffers::{LayerBuffers, LayerStatus};
 pub(crate) use buffers::first_overlap;
+pub use buffers::{LayerBuffers, LayerStatus};
 pub use config::{
     default_cache_dir, EngineConfig, StallTimeout, Transport, CONFIG_KEYS, LOAD_DEADLINE_FLOOR,
     STALL_FIRST_BYTE, STALL_FLOOR,
 };
+pub use gather::GatherStatus;
 pub use load::{
     ChunkStatus, LayerTiming, LoadHandle, LoadHints, LoadRequest, LoadStats, MAX_ADVICE_TOKENS,
 };
@@ -437,7 +437,11 @@ impl Engine {
             if n != hashes.len() * slice {
                 return Err(Error::InvalidArgument(format!(
                     "save: layer {l} {} {n} bytes, expected {} chunks x {slice} bytes = {}",
-                    if parts.len() == 1 { "buffer has" } else { "ranges add up to" },
+                    if parts.len() == 1 {
+                        "buffer has"
+                    } else {
+                        "ranges add up to"
+                    },
                     hashes.len(),
                     hashes.len() * slice
                 )));

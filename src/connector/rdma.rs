@@ -63,7 +63,10 @@ impl LayerSink for SinkRef {
 }
 
 /// Sets up the RDMA session and one gather connection; `Err` says why RDMA is not used.
-async fn connect(addr: &str, credentials: Option<(String, String)>) -> Result<(Arc<RdmaClient>, GatherConn), String> {
+async fn connect(
+    addr: &str,
+    credentials: Option<(String, String)>,
+) -> Result<(Arc<RdmaClient>, GatherConn), String> {
     let device = DeviceSelector::from_env().map_err(|e| e.to_string())?;
     let conn = GatherConn::connect(addr, credentials).await?;
     let a = addr.to_string();
@@ -123,13 +126,15 @@ pub(crate) async fn try_rdma(
     };
     let (client, conn) = match taken {
         Some((c, Some(conn))) => (c, conn),
-        Some((c, None)) => match GatherConn::connect(target.addr.as_str(), target.credentials.clone()).await {
-            Ok(conn) => (c, conn),
-            Err(why) => {
-                tracing::warn!(addr = %target.addr, %why, "gather connection for RDMA failed; using TCP");
-                return Outcome::Fallback;
+        Some((c, None)) => {
+            match GatherConn::connect(target.addr.as_str(), target.credentials.clone()).await {
+                Ok(conn) => (c, conn),
+                Err(why) => {
+                    tracing::warn!(addr = %target.addr, %why, "gather connection for RDMA failed; using TCP");
+                    return Outcome::Fallback;
+                }
             }
-        },
+        }
         None => match {
             let guard = ConnectingGuard(probe);
             let r = connect(&target.addr, target.credentials.clone()).await;
@@ -168,11 +173,16 @@ pub(crate) async fn try_rdma(
     }
     let bufs = &sh.state.bufs;
     // Addresses as integers: the future must be `Send`.
-    let memory: Vec<(usize, usize)> = bufs.memory().into_iter().map(|(p, n)| (p as usize, n)).collect();
+    let memory: Vec<(usize, usize)> = bufs
+        .memory()
+        .into_iter()
+        .map(|(p, n)| (p as usize, n))
+        .collect();
     let dests: Vec<LayerDest> = (0..bufs.layers())
         .map(|l| {
             let ranges = bufs.ranges(l);
-            let mem: Vec<(*mut u8, usize)> = memory.iter().map(|&(p, n)| (p as *mut u8, n)).collect();
+            let mem: Vec<(*mut u8, usize)> =
+                memory.iter().map(|&(p, n)| (p as *mut u8, n)).collect();
             // SAFETY: the ranges and memory areas belong to this load's `LayerBuffers`, which
             // live in `sh` for as long as the load runs and whose ranges are not read by anyone
             // until their layer is ready. An area's registration outlives the load only when

@@ -38,15 +38,29 @@ mod tests {
     fn check_value_append_and_combine_agree() {
         // The CRC-32C catalogue's check value (RFC 3720, appendix B.4 lists CRC32C vectors).
         assert_eq!(crc32c(b"123456789"), 0xE306_9283);
-        assert_eq!(crc32c(&[0u8; 32]), 0x8A91_36AA, "RFC 3720 B.4: 32 bytes of zeros");
-        assert_eq!(crc32c(&[0xFFu8; 32]), 0x62A8_AB43, "RFC 3720 B.4: 32 bytes of ones");
-        let buf: Vec<u8> = (0..(1usize << 20) + 77).map(|i| (i * 7 + 3) as u8).collect();
+        assert_eq!(
+            crc32c(&[0u8; 32]),
+            0x8A91_36AA,
+            "RFC 3720 B.4: 32 bytes of zeros"
+        );
+        assert_eq!(
+            crc32c(&[0xFFu8; 32]),
+            0x62A8_AB43,
+            "RFC 3720 B.4: 32 bytes of ones"
+        );
+        let buf: Vec<u8> = (0..(1usize << 20) + 77)
+            .map(|i| (i * 7 + 3) as u8)
+            .collect();
         let whole = crc32c(&buf);
         for cut in [0usize, 1, 63, 64, 999, 4096, 1 << 19, buf.len()] {
             let a = crc32c(&buf[..cut]);
             assert_eq!(crc32c_append(a, &buf[cut..]), whole, "append at {cut}");
             let b = crc32c(&buf[cut..]);
-            assert_eq!(crc32c_combine(a, b, (buf.len() - cut) as u64), whole, "combine at {cut}");
+            assert_eq!(
+                crc32c_combine(a, b, (buf.len() - cut) as u64),
+                whole,
+                "combine at {cut}"
+            );
         }
         assert_eq!(crc32c_append(0, b""), 0);
     }

@@ -126,7 +126,10 @@ impl KvLayout {
                 "geometry: layout name {n:?} must be 1 to {MAX_LAYOUT_NAME} bytes"
             )));
         }
-        if !n.bytes().all(|c| c.is_ascii_alphanumeric() || b"._:/+-".contains(&c)) {
+        if !n
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || b"._:/+-".contains(&c))
+        {
             return Err(Error::InvalidArgument(format!(
                 "geometry: layout name {n:?} may hold only letters, digits and . _ : / + -"
             )));
@@ -519,14 +522,22 @@ mod tests {
         for x in [&cpu, &cpu16, &flash] {
             assert_eq!(x.slice_bytes(), g.slice_bytes());
         }
-        let fps = [g.fingerprint(), cpu.fingerprint(), cpu16.fingerprint(), flash.fingerprint()];
+        let fps = [
+            g.fingerprint(),
+            cpu.fingerprint(),
+            cpu16.fingerprint(),
+            flash.fingerprint(),
+        ];
         for i in 0..fps.len() {
             for j in i + 1..fps.len() {
                 assert_ne!(fps[i], fps[j], "geometries {i} and {j} share a fingerprint");
             }
         }
         // The rank stays out of the fingerprint with a layout too.
-        let r = KvGeometry::llama31_70b(8, 0).unwrap().with_layout("vllm/cpu_attn", 16).unwrap();
+        let r = KvGeometry::llama31_70b(8, 0)
+            .unwrap()
+            .with_layout("vllm/cpu_attn", 16)
+            .unwrap();
         assert_eq!(r.fingerprint(), r.with_rank(5).unwrap().fingerprint());
     }
 

@@ -11,10 +11,13 @@ mod key;
 mod ranges;
 
 pub use format::{
-    decode_chunk, encode_chunk, encode_chunk_parts, encode_marker, object_len, MARKER_MAGIC, slice_crc, slice_range, slices_range, verify_slice,
-    ChunkHeader, FormatError, CHECKSUM_CRC32C, FORMAT_VERSION, HEADER_LEN, MAGIC, SLICE_CRC_LEN,
+    decode_chunk, encode_chunk, encode_chunk_parts, encode_marker, object_len, slice_crc,
+    slice_range, slices_range, verify_slice, ChunkHeader, FormatError, CHECKSUM_CRC32C,
+    FORMAT_VERSION, HEADER_LEN, MAGIC, MARKER_MAGIC, SLICE_CRC_LEN,
 };
-pub use geometry::{Dtype, KvGeometry, KvLayout, DEFAULT_TOKENS_PER_CHUNK, MAX_LAYOUT_NAME, PRESET_NAMES};
+pub use geometry::{
+    Dtype, KvGeometry, KvLayout, DEFAULT_TOKENS_PER_CHUNK, MAX_LAYOUT_NAME, PRESET_NAMES,
+};
 pub use key::{validate_namespace, ChunkHash, HashAlgo, KeyBuilder};
 pub use ranges::{plan_layer_major, RangeRead};
 

@@ -562,9 +562,12 @@ pub async fn collect(
 ) -> Result<GcReport, StoreError> {
     let limit = policy.max_objects.saturating_add(1);
     let inv = Inventory::scan(store, &policy.prefix, limit).await?;
-    let scanned = inv.entries.values().map(|e| {
-        e.data.is_some() as u64 + e.marker.is_some() as u64
-    }).sum::<u64>() + inv.other.len() as u64;
+    let scanned = inv
+        .entries
+        .values()
+        .map(|e| e.data.is_some() as u64 + e.marker.is_some() as u64)
+        .sum::<u64>()
+        + inv.other.len() as u64;
     if scanned > policy.max_objects as u64 {
         return Err(StoreError::Other {
             backend: "gc",
@@ -583,7 +586,10 @@ pub async fn collect(
 
     let leased = |id: &str| leases.is_some_and(|l| l.is_leased(id));
     let pinned = |id: &str| policy.pinned.iter().any(|p| id.starts_with(p.as_str()));
-    let age = |t: Option<SystemTime>| t.and_then(|t| now.duration_since(t).ok()).unwrap_or_default();
+    let age = |t: Option<SystemTime>| {
+        t.and_then(|t| now.duration_since(t).ok())
+            .unwrap_or_default()
+    };
     for p in &inv.partial {
         let reclaim = p.orphaned || age(p.last_modified) >= policy.grace;
         if !reclaim {
@@ -612,7 +618,9 @@ pub async fn collect(
                     plan.push((d.key.clone(), d.size, Reason::Unreferenced, e.id.clone()));
                 }
             }
-            (None, Some(m)) => plan.push((m.key.clone(), m.size, Reason::OrphanMarker, e.id.clone())),
+            (None, Some(m)) => {
+                plan.push((m.key.clone(), m.size, Reason::OrphanMarker, e.id.clone()))
+            }
             (Some(_), Some(_)) => live.push(e),
             (None, None) => {}
         }
@@ -662,7 +670,11 @@ pub async fn collect(
     }
     let unit_use = |u: &[&Entry]| u.iter().map(|e| last_use(e)).max().flatten();
     // Oldest use first; ties broken by id for a deterministic order.
-    units.sort_by(|a, b| unit_use(a).cmp(&unit_use(b)).then_with(|| a[0].id.cmp(&b[0].id)));
+    units.sort_by(|a, b| {
+        unit_use(a)
+            .cmp(&unit_use(b))
+            .then_with(|| a[0].id.cmp(&b[0].id))
+    });
     let unit_leased = |u: &[&Entry]| u.iter().any(|e| leased(&e.id));
     let mut remaining: Vec<Vec<&Entry>> = Vec::new();
     for u in units {

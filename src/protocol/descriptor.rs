@@ -475,7 +475,8 @@ impl GatherRequest {
     /// An upper bound on the units [`plan_units`] makes per layer: one per `max_unit_bytes`
     /// of the layer plus one per chunk (a unit boundary per slice at most).
     pub fn max_units_per_layer(&self) -> u64 {
-        self.layer_bytes().div_ceil(self.max_unit_bytes.max(1) as u64)
+        self.layer_bytes()
+            .div_ceil(self.max_unit_bytes.max(1) as u64)
             + self.chunk_tokens.len() as u64
     }
 

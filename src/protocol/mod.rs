@@ -22,9 +22,10 @@ mod wire;
 
 pub use client::{ClientConnection, ClientEvent};
 pub use descriptor::{
-    plan_units, rdma_pieces, unit_indices, ChunkKeys, DeliveryOrder, GatherRequest, LoadGroup, RdmaRegion,
-    RdmaSegments, RdmaTarget, RDMA_MAX_SEGMENTS, SaveChunk, SaveRequest, SchedHints, SlicePiece, TransportTarget, UnitPlan,
-    WireGeometry, MAX_STRIPES, RDMA_MAX_LAYERS, RDMA_MAX_UNITS_PER_LAYER, RDMA_SLOTS,
+    plan_units, rdma_pieces, unit_indices, ChunkKeys, DeliveryOrder, GatherRequest, LoadGroup,
+    RdmaRegion, RdmaSegments, RdmaTarget, SaveChunk, SaveRequest, SchedHints, SlicePiece,
+    TransportTarget, UnitPlan, WireGeometry, MAX_STRIPES, RDMA_MAX_LAYERS, RDMA_MAX_SEGMENTS,
+    RDMA_MAX_UNITS_PER_LAYER, RDMA_SLOTS,
 };
 pub use frame::{
     decode_frame, decode_unit_prefix, encode_frame_header, ErrorCode, Frame, FrameHeader,
@@ -195,11 +196,18 @@ mod tests {
         let mut b = BytesMut::new();
         r.encode(&mut b);
         let mut plain = BytesMut::new();
-        GatherRequest { group: None, ..r.clone() }.encode(&mut plain);
+        GatherRequest {
+            group: None,
+            ..r.clone()
+        }
+        .encode(&mut plain);
         // Flag bit 2 and 20 bytes at the end: load id, stripe, stripes, load layer bytes.
         assert_eq!(b.len(), plain.len() + 20);
         assert_eq!(u16::from_le_bytes([b[10], b[11]]) & 4, 4);
-        assert_eq!(&b[b.len() - 20..b.len() - 12], &0x0123_4567_89ab_cdefu64.to_le_bytes());
+        assert_eq!(
+            &b[b.len() - 20..b.len() - 12],
+            &0x0123_4567_89ab_cdefu64.to_le_bytes()
+        );
         assert_eq!(&b[b.len() - 12..b.len() - 8], &[1, 0, 2, 0]);
         assert_eq!(&b[b.len() - 8..], &(2 * own).to_le_bytes());
         assert_eq!(GatherRequest::decode(&b, 4096).unwrap(), r);
@@ -221,7 +229,12 @@ mod tests {
             (0, 2, u64::MAX, "this stripe's is"),
         ] {
             let mut bad = r.clone();
-            bad.group = Some(LoadGroup { load_id: 1, stripe, stripes, load_layer_bytes: bytes });
+            bad.group = Some(LoadGroup {
+                load_id: 1,
+                stripe,
+                stripes,
+                load_layer_bytes: bytes,
+            });
             let e = bad.validate(4096).unwrap_err().to_string();
             assert!(e.contains("load group") && e.contains(field), "{e}");
             let mut w = BytesMut::new();
@@ -301,7 +314,11 @@ mod tests {
         assert_eq!(GatherRequest::decode(&b, 4096).unwrap(), r);
         // Layer 7 in three segments: kind 3.
         let mut t = one;
-        t.layers[7] = vec![seg(100, lb / 2), seg(5000 << 20, 1), seg(9000 << 20, lb / 2)];
+        t.layers[7] = vec![
+            seg(100, lb / 2),
+            seg(5000 << 20, 1),
+            seg(9000 << 20, lb / 2),
+        ];
         r.target = TransportTarget::Rdma(t.clone());
         let mut b = BytesMut::new();
         r.encode(&mut b);
@@ -314,9 +331,16 @@ mod tests {
         assert_eq!(t.pieces(7, 0, 10), Some(vec![seg(100, 10)]));
         assert_eq!(
             t.pieces(7, lb / 2 - 4, 6),
-            Some(vec![seg(100 + lb / 2 - 4, 4), seg(5000 << 20, 1), seg(9000 << 20, 1)])
+            Some(vec![
+                seg(100 + lb / 2 - 4, 4),
+                seg(5000 << 20, 1),
+                seg(9000 << 20, 1)
+            ])
         );
-        assert_eq!(t.pieces(7, lb / 2 + 1, lb / 2), Some(vec![seg(9000 << 20, lb / 2)]));
+        assert_eq!(
+            t.pieces(7, lb / 2 + 1, lb / 2),
+            Some(vec![seg(9000 << 20, lb / 2)])
+        );
         assert_eq!(t.pieces(7, lb / 2 + 2, lb / 2), None, "past the end");
         assert_eq!(t.pieces(40, 0, 1), None, "no such layer");
         // Empty segments hold nothing (and the indexed cut agrees with the linear one).
@@ -342,7 +366,11 @@ mod tests {
         let mut t2 = t;
         t2.layers.pop();
         r.target = TransportTarget::Rdma(t2);
-        assert!(r.validate(4096).unwrap_err().to_string().contains("31 destinations for 32 layers"));
+        assert!(r
+            .validate(4096)
+            .unwrap_err()
+            .to_string()
+            .contains("31 destinations for 32 layers"));
     }
 
     #[test]
@@ -542,7 +570,11 @@ mod tests {
         };
         assert_eq!((h.layer, h.len), (4, 4));
         let got = b.split_to(4);
-        assert_eq!(c.unit_end(crate::layout::crc::crc32c(&got)), Ok(false), "corrupt unit");
+        assert_eq!(
+            c.unit_end(crate::layout::crc::crc32c(&got)),
+            Ok(false),
+            "corrupt unit"
+        );
         c.handle_bytes(&mut b).unwrap();
         assert!(matches!(
             c.poll_event(),
@@ -659,7 +691,16 @@ mod tests {
         assert!(s.is_established() && s.is_idle());
         encode_frame_header(FrameType::SaveData, 16 << 20, &mut b);
         let e = s.handle_bytes(&mut b).unwrap_err();
-        assert!(matches!(e, ProtocolError::UnexpectedFrame { frame: "SaveData", state: "idle" }), "{e}");
+        assert!(
+            matches!(
+                e,
+                ProtocolError::UnexpectedFrame {
+                    frame: "SaveData",
+                    state: "idle"
+                }
+            ),
+            "{e}"
+        );
         assert!(b.capacity() < 4096, "{} bytes reserved", b.capacity());
         // A descriptor the state takes: its full length is known from the header.
         let mut s = ServerConnection::new(ServerLimits::default());

@@ -2,8 +2,7 @@
 
 use super::descriptor::{GatherRequest, SaveRequest};
 use super::frame::{
-    decode_frame, ErrorCode, Frame, FrameType, MissReason, ServerInfo, UnitHeader,
-    FRAME_HEADER_LEN,
+    decode_frame, ErrorCode, Frame, FrameType, MissReason, ServerInfo, UnitHeader, FRAME_HEADER_LEN,
 };
 use super::{ProtocolError, MAX_CONTROL_FRAME_BYTES, PREFACE, PROTOCOL_VERSION};
 use bytes::{Bytes, BytesMut};
@@ -374,7 +373,8 @@ impl ServerConnection {
                         "bit 3 (Held frames) needs the Held feature, which this server does not announce",
                     ));
                 }
-                if g.group.is_some() && self.limits.features & ServerInfo::FEATURE_LOAD_GROUPS == 0 {
+                if g.group.is_some() && self.limits.features & ServerInfo::FEATURE_LOAD_GROUPS == 0
+                {
                     return Err(ProtocolError::invalid(
                         "flags",
                         "bit 2 (load group) needs the load-group feature, which this server does not announce",

@@ -28,11 +28,11 @@ pub mod policy;
 pub mod scheduler;
 pub mod timeline;
 
+pub use load::{LoadId, LoadSpec, LoadState};
 pub use model::{
     AnalyticModel, ComputeModel, Efficiency, GpuKind, KernelClass, MeasuredModel, ModelShape,
 };
 pub use placement::Placement;
 pub use planner::{fallback, plan, Fallback, Plan, PlanChoice, PlanInput, StallState};
 pub use policy::{ByteProportional, EqualShare, Fifo, Policy, PolicyKind, StallAware};
-pub use load::{LoadId, LoadSpec, LoadState};
 pub use scheduler::{Allocation, Scheduler, TokenBucket, Unit};

@@ -45,7 +45,11 @@ pub enum Placement {
 
 impl Placement {
     /// Every policy, in report order.
-    pub const ALL: [Placement; 3] = [Placement::Hash, Placement::LeastLoaded, Placement::TwoChoice];
+    pub const ALL: [Placement; 3] = [
+        Placement::Hash,
+        Placement::LeastLoaded,
+        Placement::TwoChoice,
+    ];
 
     /// The policy's name in store URLs and reports: `hash`, `least-loaded`, `two-choice`.
     pub fn name(self) -> &'static str {
@@ -223,14 +227,23 @@ mod tests {
     fn rendezvous_moves_only_the_lost_gateways_prefixes() {
         let mut c = gws(8);
         let routes: Vec<u64> = (0..4000u64).map(|r| route_key(&r.to_be_bytes())).collect();
-        let before: Vec<usize> = routes.iter().map(|&r| first(Placement::Hash, r, &c).unwrap()).collect();
+        let before: Vec<usize> = routes
+            .iter()
+            .map(|&r| first(Placement::Hash, r, &c).unwrap())
+            .collect();
         // Spread: every gateway gets between half and twice its fair share.
         for g in 0..8 {
             let n = before.iter().filter(|&&b| b == g).count();
-            assert!((250..1000).contains(&n), "gateway {g} has {n} of 4000 prefixes");
+            assert!(
+                (250..1000).contains(&n),
+                "gateway {g} has {n} of 4000 prefixes"
+            );
         }
         c[5].up = false;
-        let during: Vec<usize> = routes.iter().map(|&r| first(Placement::Hash, r, &c).unwrap()).collect();
+        let during: Vec<usize> = routes
+            .iter()
+            .map(|&r| first(Placement::Hash, r, &c).unwrap())
+            .collect();
         for (b, d) in before.iter().zip(&during) {
             if *b != 5 {
                 assert_eq!(b, d, "a prefix of a live gateway moved");
@@ -240,7 +253,10 @@ mod tests {
         }
         // It comes back: every prefix returns to where it was.
         c[5].up = true;
-        let after: Vec<usize> = routes.iter().map(|&r| first(Placement::Hash, r, &c).unwrap()).collect();
+        let after: Vec<usize> = routes
+            .iter()
+            .map(|&r| first(Placement::Hash, r, &c).unwrap())
+            .collect();
         assert_eq!(before, after);
     }
 
@@ -249,7 +265,11 @@ mod tests {
         let mut c = gws(5);
         let route = route_key(b"prefix");
         let o = order(Placement::Hash, route, &c);
-        assert_eq!(order(Placement::TwoChoice, route, &c), o, "equal loads: rendezvous order");
+        assert_eq!(
+            order(Placement::TwoChoice, route, &c),
+            o,
+            "equal loads: rendezvous order"
+        );
         c[o[0]].load = 3.0;
         c[o[1]].load = 1.0;
         let t = order(Placement::TwoChoice, route, &c);

@@ -82,10 +82,13 @@ impl Budget {
         if let Some(h) = self.try_acquire(bytes) {
             return Some(h);
         }
-        let p = tokio::time::timeout(wait, self.sem.clone().acquire_many_owned(permits_for(bytes)))
-            .await
-            .ok()?
-            .ok()?;
+        let p = tokio::time::timeout(
+            wait,
+            self.sem.clone().acquire_many_owned(permits_for(bytes)),
+        )
+        .await
+        .ok()?
+        .ok()?;
         Some(self.hold(p, bytes))
     }
 }
@@ -147,11 +150,17 @@ mod tests {
     async fn holds_come_back_when_their_buffers_drop() {
         let b = Budget::new(Arc::new(Semaphore::new(4)), Arc::new(Metrics::new()));
         let h = b.try_acquire(3 * PERMIT_BYTES).unwrap();
-        assert!(b.try_acquire(2 * PERMIT_BYTES).is_none(), "only one permit left");
+        assert!(
+            b.try_acquire(2 * PERMIT_BYTES).is_none(),
+            "only one permit left"
+        );
         let data = h.attach(Bytes::from(vec![7u8; 100]));
         let part = data.slice(10..20);
         drop(data);
-        assert!(b.try_acquire(2 * PERMIT_BYTES).is_none(), "a slice keeps the hold");
+        assert!(
+            b.try_acquire(2 * PERMIT_BYTES).is_none(),
+            "a slice keeps the hold"
+        );
         drop(part);
         assert!(b.try_acquire(4 * PERMIT_BYTES).is_some(), "all back");
         // A request larger than the budget waits, then is refused.

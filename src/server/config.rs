@@ -281,7 +281,8 @@ mod tests {
     #[test]
     fn secrets_never_print() {
         let mut c = ServerConfig::default();
-        c.access_keys.push(AccessKey::parse("AKOPERATOR:opsecret-123456").unwrap());
+        c.access_keys
+            .push(AccessKey::parse("AKOPERATOR:opsecret-123456").unwrap());
         c.tenants.push(crate::server::tenant::TenantConfig {
             access_key: "AKTENANT".into(),
             secret_key: "tenantsecret-654321".into(),
@@ -297,7 +298,10 @@ mod tests {
             for secret in ["opsecret-123456", "tenantsecret-654321", "saltsecret-999"] {
                 assert!(!s.contains(secret), "{secret} shown in {s}");
             }
-            assert!(s.contains("AKOPERATOR") && s.contains("AKTENANT") && s.contains(REDACTED), "{s}");
+            assert!(
+                s.contains("AKOPERATOR") && s.contains("AKTENANT") && s.contains(REDACTED),
+                "{s}"
+            );
         }
         // The redacted form is for printing only; the settings keep their secrets.
         assert_eq!(c.access_keys[0].secret_key, "opsecret-123456");

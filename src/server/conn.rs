@@ -59,7 +59,11 @@ impl Drop for ConnGuard {
 
 impl ConnLimits {
     /// Caps of `total` connections, `per_ip` from one address.
-    pub(crate) fn new(total: usize, per_ip: usize, metrics: Arc<super::metrics::Metrics>) -> Arc<Self> {
+    pub(crate) fn new(
+        total: usize,
+        per_ip: usize,
+        metrics: Arc<super::metrics::Metrics>,
+    ) -> Arc<Self> {
         Arc::new(ConnLimits {
             total,
             per_ip,
@@ -146,7 +150,11 @@ fn rdma_preface(rdma: bool) -> Option<&'static [u8; 8]> {
 /// protocol apart: a byte that no preface has there means HTTP at once; a whole gather (or,
 /// with `rdma`, RDMA set-up) preface means that protocol. `None` if the client closes, or
 /// has not told within `deadline`.
-pub(crate) async fn sniff(stream: &mut TcpStream, deadline: Instant, rdma: bool) -> Option<Sniffed> {
+pub(crate) async fn sniff(
+    stream: &mut TcpStream,
+    deadline: Instant,
+    rdma: bool,
+) -> Option<Sniffed> {
     let mut s = Sniffed {
         protocol: Protocol::Http,
         head: [0; 8],
@@ -298,7 +306,10 @@ impl PollFloor {
                     return Ok(());
                 }
                 // The window ended while waiting: judge it, then wait in a new one.
-                self.floor.record(now.saturating_duration_since(since).max(self.floor.left()), 0)?;
+                self.floor.record(
+                    now.saturating_duration_since(since).max(self.floor.left()),
+                    0,
+                )?;
                 self.since = Some(now);
             },
         }
@@ -331,7 +342,11 @@ impl<S> Prefixed<S> {
         }
     }
 
-    fn guard_write(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+    fn guard_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
         let moved = match &r {
             Poll::Ready(Ok(n)) => Some(*n as u64),
             Poll::Ready(Err(_)) => return r,
@@ -362,7 +377,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
 }
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let r = Pin::new(&mut this.inner).poll_write(cx, buf);
         this.guard_write(cx, r)

@@ -1,6 +1,8 @@
 //! The gather endpoint: a tokio driver over [`ServerConnection`] that serves loads (parallel
 //! bounded reads, units streamed in layer order) and batched saves.
 
+use super::budget::Hold;
+use super::conn::RateFloor;
 use super::{Abort, Shared};
 use crate::error::StoreError;
 use crate::layout::{slice_range, ChunkHeader, HEADER_LEN};
@@ -17,8 +19,6 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use super::budget::Hold;
-use super::conn::RateFloor;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
@@ -165,7 +165,13 @@ impl Io {
                 Part::Mem(b) => {
                     let mut at = 0;
                     while at < b.len() {
-                        match within_client_timeout(sh, &mut self.write_floor, self.wr.write(&b[at..])).await? {
+                        match within_client_timeout(
+                            sh,
+                            &mut self.write_floor,
+                            self.wr.write(&b[at..]),
+                        )
+                        .await?
+                        {
                             0 => return Err(Abort::Gone),
                             n => at += n,
                         }
@@ -206,10 +212,14 @@ impl Io {
         if let Some(total) = self.conn.partial_frame_len(&self.buf) {
             if total > CONN_BUF_BYTES {
                 let want = total.min(self.buf.len() + FRAME_STEP_BYTES);
-                let held = self.frame_hold.as_ref().map_or(0, |(_, h)| h.bytes() as usize);
+                let held = self
+                    .frame_hold
+                    .as_ref()
+                    .map_or(0, |(_, h)| h.bytes() as usize);
                 if want > held {
                     let wait = Duration::from_secs(sh.cfg.client_timeout_secs);
-                    let Some(more) = sh.budget.acquire_within((want - held) as u64, wait).await else {
+                    let Some(more) = sh.budget.acquire_within((want - held) as u64, wait).await
+                    else {
                         sh.metrics.error("memory_budget");
                         self.conn.close_with(
                             ErrorCode::Busy,
@@ -275,7 +285,9 @@ impl Io {
     /// large frame (see [`Io::read_more`]).
     fn save_hold(&mut self, len: usize) -> Option<Hold> {
         let frame = crate::protocol::FRAME_HEADER_LEN + crate::protocol::SAVE_DATA_HEADER_LEN + len;
-        (frame > CONN_BUF_BYTES).then(|| self.save_holds.pop_front()).flatten()
+        (frame > CONN_BUF_BYTES)
+            .then(|| self.save_holds.pop_front())
+            .flatten()
     }
 
     /// Reads until the client cancels or goes away (cancel-safe).
@@ -310,7 +322,10 @@ fn new_connection(sh: &Shared) -> ServerConnection {
         // No OS randomness: refuse the connection rather than use a guessable nonce.
         tracing::error!(error = %e, "no random nonce for gather authentication");
         let mut c = ServerConnection::new(sh.limits());
-        c.close_with(ErrorCode::Internal, "server has no randomness for authentication");
+        c.close_with(
+            ErrorCode::Internal,
+            "server has no randomness for authentication",
+        );
         return c;
     }
     ServerConnection::with_auth(sh.limits(), nonce)
@@ -488,10 +503,16 @@ impl LocalFiles {
         layers: std::ops::Range<u32>,
         slice_lens: Vec<u64>,
     ) -> Self {
-        let cells: Arc<Vec<_>> = Arc::new((0..keys.len()).map(|_| std::sync::OnceLock::new()).collect());
+        let cells: Arc<Vec<_>> = Arc::new(
+            (0..keys.len())
+                .map(|_| std::sync::OnceLock::new())
+                .collect(),
+        );
         let (tx, opened) = tokio::sync::watch::channel(0usize);
         let c = cells.clone();
-        tokio::task::spawn_blocking(move || open_chunks(&*store, &keys, layers, &slice_lens, &c, &tx));
+        tokio::task::spawn_blocking(move || {
+            open_chunks(&*store, &keys, layers, &slice_lens, &c, &tx)
+        });
         Self { cells, opened }
     }
 
@@ -549,7 +570,9 @@ fn sub_parts(parts: &[Bytes], range: std::ops::Range<u64>) -> Vec<Bytes> {
 }
 
 fn crc_of(parts: &[Bytes]) -> u32 {
-    parts.iter().fold(0, |c, p| crate::layout::crc::crc32c_append(c, p))
+    parts
+        .iter()
+        .fold(0, |c, p| crate::layout::crc::crc32c_append(c, p))
 }
 
 /// Reads one slice piece: the slice and its CRC trailer in one ranged read, streamed as the
@@ -565,8 +588,11 @@ async fn fetch_piece(
     let want = range.end - range.start;
     // Joins a read of the same bytes in flight for another load (reads.rs).
     let (out, joined) = sh.reads.read(&sh.store, key, range).await;
-    sh.metrics
-        .request(if joined { "backend_read_joined" } else { "backend_read" });
+    sh.metrics.request(if joined {
+        "backend_read_joined"
+    } else {
+        "backend_read"
+    });
     let parts: Vec<Bytes> = out.map_err(|e| miss_of(p.chunk, &e))?.as_ref().clone();
     let got: u64 = parts.iter().map(|b| b.len() as u64).sum();
     if got != want {
@@ -685,7 +711,12 @@ fn advise_slice(f: &std::fs::File, layer: u32, slice_len: u64) {
 /// A whole slice of a local file, unverified: its bytes are named in the file (sent with
 /// `sendfile`), its CRC is the stored trailer (the client checks the payload against it, end
 /// to end).
-fn piece_local(c: &LocalChunk, key: &str, layer: u32, p: &crate::protocol::SlicePiece) -> PieceResult {
+fn piece_local(
+    c: &LocalChunk,
+    key: &str,
+    layer: u32,
+    p: &crate::protocol::SlicePiece,
+) -> PieceResult {
     let trailer = c.trailer(layer, p.slice_len);
     // The next layer's slice of this chunk is sent a layer later: start reading it now.
     if c.layers.contains(&(layer + 1)) {
@@ -738,7 +769,8 @@ async fn fetch_unit(
                 .expect("read semaphore is never closed");
             let key = &keys[p.chunk as usize];
             // Whole unverified slices of local files are sent from the file (sendfile).
-            if let Some(files) = files.filter(|_| p.range.start == 0 && p.range.end == p.slice_len) {
+            if let Some(files) = files.filter(|_| p.range.start == 0 && p.range.end == p.slice_len)
+            {
                 if let Some(c) = files.get(p.chunk as usize).await {
                     return piece_local(&c, key, layer, p);
                 }
@@ -968,7 +1000,9 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
     // The load this request belongs to (its stripes share admission and pacing; see group.rs).
     let member = super::group::Member::join(&sh.loads, &req);
     let nl = req.layers.len() as u64;
-    let load_total = req.group.map_or(total, |g| g.load_layer_bytes.saturating_mul(nl));
+    let load_total = req
+        .group
+        .map_or(total, |g| g.load_layer_bytes.saturating_mul(nl));
     // A client that asked for them gets `Held` frames while the load waits on purpose.
     let admitted = member.admit(sh, req.priority, first_deadline_us, load_total);
     tokio::pin!(admitted);
@@ -1016,7 +1050,10 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
                 sh.store.clone(),
                 keys.clone(),
                 req.layers.clone(),
-                req.chunk_tokens.iter().map(|&t| req.geometry.slice_len(t)).collect(),
+                req.chunk_tokens
+                    .iter()
+                    .map(|&t| req.geometry.slice_len(t))
+                    .collect(),
             )
         });
     let reads = Arc::new(Semaphore::new(sh.cfg.read_concurrency));
@@ -1046,8 +1083,16 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
             let split = plan.iter().take_while(|u| Some(u.layer) == first).count();
             let mut plan = plan;
             let rest = plan.split_off(split);
-            let fetch =
-                |u| fetch_unit(sh.clone(), keys.clone(), reads.clone(), u, verify, files.clone());
+            let fetch = |u| {
+                fetch_unit(
+                    sh.clone(),
+                    keys.clone(),
+                    reads.clone(),
+                    u,
+                    verify,
+                    files.clone(),
+                )
+            };
             let mut fetches = stream::iter(plan)
                 .map(fetch)
                 .buffered(depth)
@@ -1243,7 +1288,8 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
         for (layer, msg) in bad {
             if rdma_failed.insert(layer) {
                 sh.metrics.error("rdma");
-                io.conn.send_miss(0, layer..layer + 1, MissReason::Storage, &msg);
+                io.conn
+                    .send_miss(0, layer..layer + 1, MissReason::Storage, &msg);
             }
         }
         units = ok;
@@ -1295,8 +1341,14 @@ async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(),
     }
     let base = format!("{}/{}", req.bucket, req.prefix);
     // Every key the save writes is checked before any byte is taken.
-    let key_of = |kind: &str, c: &crate::protocol::SaveChunk| format!("{base}{kind}/{}", c.hash.to_hex());
-    if let Some(Err(e)) = req.chunks.iter().map(|c| crate::store::validate_key(&key_of("kv", c))).find(Result::is_err) {
+    let key_of =
+        |kind: &str, c: &crate::protocol::SaveChunk| format!("{base}{kind}/{}", c.hash.to_hex());
+    if let Some(Err(e)) = req
+        .chunks
+        .iter()
+        .map(|c| crate::store::validate_key(&key_of("kv", c)))
+        .find(Result::is_err)
+    {
         let reason = match e {
             StoreError::InvalidKey { reason, .. } => reason,
             _ => "invalid",
@@ -1304,7 +1356,10 @@ async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(),
         fail(
             io,
             ErrorCode::Malformed,
-            format!("key prefix {:?} makes invalid object keys: {reason}", req.prefix),
+            format!(
+                "key prefix {:?} makes invalid object keys: {reason}",
+                req.prefix
+            ),
         );
         let _ = io.flush(sh).await;
         return Err(Abort::Gone);
@@ -1360,15 +1415,17 @@ async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(),
                     let data = match hold {
                         Some(h) => h.attach(data),
                         // A small frame: copied out of the connection buffer, held likewise.
-                        None => match sh.budget.acquire_within(data.len() as u64, wait).await {
-                            Some(h) => h.attach(Bytes::copy_from_slice(&data)),
-                            None => {
-                                sh.metrics.error("memory_budget");
-                                fail(io, ErrorCode::Busy, "the server's memory budget is in use by other requests; retry".into());
-                                let _ = io.flush(sh).await;
-                                return Err(Abort::Gone);
+                        None => {
+                            match sh.budget.acquire_within(data.len() as u64, wait).await {
+                                Some(h) => h.attach(Bytes::copy_from_slice(&data)),
+                                None => {
+                                    sh.metrics.error("memory_budget");
+                                    fail(io, ErrorCode::Busy, "the server's memory budget is in use by other requests; retry".into());
+                                    let _ = io.flush(sh).await;
+                                    return Err(Abort::Gone);
+                                }
                             }
-                        },
+                        }
                     };
                     got += data.len() as u64;
                     sh.metrics.bytes("save_in", data.len() as u64);
@@ -1474,7 +1531,8 @@ impl ObjectPut {
 
     fn start(store: Arc<dyn crate::store::Store>, key: String, len: u64) -> Self {
         let (tx, rx) = tokio::sync::mpsc::channel(Self::QUEUE);
-        let body = stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) }).boxed();
+        let body =
+            stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) }).boxed();
         let k = key.clone();
         let task = AbortOnDrop(tokio::spawn(async move {
             let create = crate::store::PutOptions {
@@ -1492,7 +1550,10 @@ impl ObjectPut {
 
     /// Ends the body and waits for the put: `true` written, `false` already present.
     async fn finish(mut self) -> Result<bool, String> {
-        drop(std::mem::replace(&mut self.tx, tokio::sync::mpsc::channel(1).0));
+        drop(std::mem::replace(
+            &mut self.tx,
+            tokio::sync::mpsc::channel(1).0,
+        ));
         match (&mut self.task.0).await {
             Ok(Ok(_)) => Ok(true),
             Ok(Err(StoreError::AlreadyExists { .. })) => Ok(false),
@@ -1527,7 +1588,8 @@ impl ObjectCheck {
                 self.pos += take as u64;
                 d = &d[take..];
                 if self.pos == HEADER_LEN {
-                    let h = ChunkHeader::decode(&self.head).map_err(|e| format!("chunk {i}: {e}"))?;
+                    let h =
+                        ChunkHeader::decode(&self.head).map_err(|e| format!("chunk {i}: {e}"))?;
                     req.geometry
                         .check_header(&h, req.chunks[i].tokens)
                         .map_err(|m| format!("chunk {i}: {m}"))?;

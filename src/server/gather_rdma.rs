@@ -146,7 +146,10 @@ impl Delivery {
                 .get(u.layer.wrapping_sub(req.layers.start) as usize)
                 .and_then(|l| l.pieces(u.offset, u.len))
                 .ok_or_else(|| {
-                    format!("unit at {}+{} of layer {} is past its destination", u.offset, u.len, u.layer)
+                    format!(
+                        "unit at {}+{} of layer {} is past its destination",
+                        u.offset, u.len, u.layer
+                    )
                 })?;
             if pieces.len() > most {
                 return Err(format!(
@@ -209,12 +212,16 @@ impl Delivery {
             .ok_or("immediate out of range")?
             .encode();
         // One piece for a contiguous destination; one per segment the unit spans otherwise.
-        let pieces = self.layers.get(i).and_then(|l| l.pieces(u.offset, u.len)).ok_or_else(|| {
-            format!(
-                "unit at {}+{} is past layer {layer}'s destination",
-                u.offset, u.len
-            )
-        })?;
+        let pieces = self
+            .layers
+            .get(i)
+            .and_then(|l| l.pieces(u.offset, u.len))
+            .ok_or_else(|| {
+                format!(
+                    "unit at {}+{} is past layer {layer}'s destination",
+                    u.offset, u.len
+                )
+            })?;
         let remote: Vec<(u64, u32, u64)> = pieces.iter().map(|p| (p.addr, p.rkey, p.len)).collect();
         let rx = self.session.write_pieces(imm, &parts, &remote).await?;
         let timeout = self.session.op_timeout();

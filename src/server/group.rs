@@ -257,7 +257,13 @@ mod tests {
         let b = Member::join(&loads, &stripe(9, 1, 2));
         // Another load, and a request of its own: separate loads.
         let other = Member::join(&loads, &stripe(10, 0, 2));
-        let single = Member::join(&loads, &GatherRequest { group: None, ..stripe(9, 0, 2) });
+        let single = Member::join(
+            &loads,
+            &GatherRequest {
+                group: None,
+                ..stripe(9, 0, 2)
+            },
+        );
         assert!(Arc::ptr_eq(&a.load, &b.load));
         assert!(!Arc::ptr_eq(&a.load, &other.load) && !Arc::ptr_eq(&a.load, &single.load));
         assert_eq!(loads.striped(), 2);
@@ -271,7 +277,10 @@ mod tests {
         let mut a1 = Box::pin(a.pace(1, 500));
         assert!(futures::poll!(a1.as_mut()).is_pending());
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-        assert!(futures::poll!(a1.as_mut()).is_pending(), "held for stripe b's layer 0");
+        assert!(
+            futures::poll!(a1.as_mut()).is_pending(),
+            "held for stripe b's layer 0"
+        );
         b.pace(0, 500).await;
         b.sent(500);
         let b1 = b.pace(1, 500);

@@ -18,11 +18,11 @@ mod budget;
 pub mod config;
 mod conn;
 mod gather;
-mod group;
-mod reads;
 #[cfg(feature = "rdma")]
 mod gather_rdma;
+mod group;
 pub mod metrics;
+mod reads;
 pub mod s3;
 pub mod sched;
 pub mod tenant;
@@ -339,7 +339,7 @@ pub async fn start_with_store(
         .ok_or_else(|| crate::Error::Config(format!("scheduler {:?}", cfg.scheduler)))?;
     let link = shared_link(&cfg)?;
     let memory = Arc::new(Semaphore::new(
-        gather::permits_for(cfg.memory_budget_bytes) as usize,
+        gather::permits_for(cfg.memory_budget_bytes) as usize
     ));
     // Each connection is a descriptor: stay well below the open-file limit.
     let nofile = conn::raise_nofile_limit().unwrap_or(u64::MAX);
@@ -411,7 +411,9 @@ pub async fn start_with_store(
     s3cfg.xml_max_body_size = 1 << 20;
     s3cfg.form_max_fields_size = 1 << 20;
     s3cfg.post_object_max_file_size = shared.cfg.max_object_bytes;
-    builder.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(s3cfg))));
+    builder.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(
+        s3cfg,
+    ))));
     if !shared.cfg.access_keys.is_empty() || !shared.cfg.tenants.is_empty() {
         let mut auth = s3s::auth::SimpleAuth::new();
         for k in &shared.cfg.access_keys {
@@ -447,11 +449,17 @@ async fn reclaim_orphaned_writes(store: &dyn Store) {
                 n += 1;
                 bytes += p.size;
             }
-            Err(e) => tracing::warn!(partial = %p.id, error = %e, "could not reclaim an incomplete write"),
+            Err(e) => {
+                tracing::warn!(partial = %p.id, error = %e, "could not reclaim an incomplete write")
+            }
         }
     }
     if n > 0 {
-        tracing::info!(files = n, bytes, "reclaimed incomplete writes of processes that are gone");
+        tracing::info!(
+            files = n,
+            bytes,
+            "reclaimed incomplete writes of processes that are gone"
+        );
     }
 }
 

@@ -52,8 +52,12 @@ impl Reads {
             match m.get(&k) {
                 Some(f) => (f.clone(), true),
                 None => {
-                    let (store, key, map, k2) =
-                        (store.clone(), key.to_string(), self.inflight.clone(), k.clone());
+                    let (store, key, map, k2) = (
+                        store.clone(),
+                        key.to_string(),
+                        self.inflight.clone(),
+                        k.clone(),
+                    );
                     let task = tokio::spawn(async move {
                         let out = read_all(&*store, &key, range).await;
                         map.lock().expect("reads lock").remove(&k2);
@@ -61,7 +65,10 @@ impl Reads {
                     });
                     let f = async move {
                         task.await.unwrap_or_else(|e| {
-                            Err(Arc::new(StoreError::other("backend read", std::io::Error::other(e.to_string()))))
+                            Err(Arc::new(StoreError::other(
+                                "backend read",
+                                std::io::Error::other(e.to_string()),
+                            )))
                         })
                     }
                     .boxed()

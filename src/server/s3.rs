@@ -247,7 +247,8 @@ pub fn map_err_as(e: StoreError, shown: &str) -> S3Error {
             )
         }
         StoreError::InvalidKey { reason, .. }
-            if (reason.contains("1024 bytes") && !shown.is_empty()) || reason.contains("255 bytes") =>
+            if (reason.contains("1024 bytes") && !shown.is_empty())
+                || reason.contains("255 bytes") =>
         {
             s3_error!(KeyTooLongError, "invalid key {shown:?}: {reason}")
         }
@@ -292,7 +293,12 @@ impl S3 for S3Frontend {
         self.count("create_bucket");
         self.operator_only(req.credentials.as_ref(), "create a bucket")?;
         let b = req.input.bucket;
-        if !self.buckets.create(&b).await.map_err(|e| map_err_as(e, &b))? {
+        if !self
+            .buckets
+            .create(&b)
+            .await
+            .map_err(|e| map_err_as(e, &b))?
+        {
             return Err(s3_error!(BucketAlreadyOwnedByYou, "bucket {b} exists"));
         }
         tracing::info!(bucket = %b, "bucket created");
@@ -319,7 +325,10 @@ impl S3 for S3Frontend {
         {
             return Err(s3_error!(BucketNotEmpty, "bucket {b} is not empty"));
         }
-        self.buckets.remove(&b).await.map_err(|e| map_err_as(e, &b))?;
+        self.buckets
+            .remove(&b)
+            .await
+            .map_err(|e| map_err_as(e, &b))?;
         Ok(S3Response::new(DeleteBucketOutput {}))
     }
 
@@ -390,8 +399,12 @@ impl S3 for S3Frontend {
         let body: crate::store::ByteStream = match input.body {
             None => futures::stream::empty().boxed(),
             Some(body) => {
-                let (max, over, failed, received) =
-                    (self.max_object_bytes, over.clone(), body_failed.clone(), received.clone());
+                let (max, over, failed, received) = (
+                    self.max_object_bytes,
+                    over.clone(),
+                    body_failed.clone(),
+                    received.clone(),
+                );
                 body.map(move |part| {
                     let part = part.map_err(|e| {
                         failed.store(true, Ordering::Relaxed);
@@ -805,7 +818,10 @@ impl MeteredBody {
         )
     }
 
-    fn fail(&mut self, k: BodyFaultKind) -> Poll<Option<Result<hyper::body::Frame<Bytes>, std::io::Error>>> {
+    fn fail(
+        &mut self,
+        k: BodyFaultKind,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, std::io::Error>>> {
         self.fault.set(k);
         self.waiting = None;
         Poll::Ready(Some(Err(std::io::Error::other(k.message()))))
@@ -853,9 +869,9 @@ impl http_body::Body for MeteredBody {
                 };
                 let (data, _) = this.waiting.take().expect("waiting");
                 return match h {
-                    Some(hold) => Poll::Ready(Some(Ok(hyper::body::Frame::data(
-                        this.release(data, hold),
-                    )))),
+                    Some(hold) => {
+                        Poll::Ready(Some(Ok(hyper::body::Frame::data(this.release(data, hold)))))
+                    }
                     None => this.fail(BodyFaultKind::SlowDown),
                 };
             }
@@ -867,7 +883,9 @@ impl http_body::Body for MeteredBody {
                     return Poll::Pending;
                 }
                 Poll::Ready(None) => return Poll::Ready(None),
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(std::io::Error::other(e)))),
+                Poll::Ready(Some(Err(e))) => {
+                    return Poll::Ready(Some(Err(std::io::Error::other(e))))
+                }
                 Poll::Ready(Some(Ok(frame))) => {
                     let data = match frame.into_data() {
                         Ok(d) => d,
@@ -887,7 +905,10 @@ impl http_body::Body for MeteredBody {
                     }
                     // Past the budget: stop reading this client until memory comes free.
                     let (b, wait) = (this.lim.budget.clone(), this.lim.wait);
-                    this.waiting = Some((data, Box::pin(async move { b.acquire_within(n, wait).await })));
+                    this.waiting = Some((
+                        data,
+                        Box::pin(async move { b.acquire_within(n, wait).await }),
+                    ));
                 }
             }
         }

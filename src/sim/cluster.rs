@@ -26,7 +26,7 @@
 //! ticks), deterministic for a seed. Pure: no I/O, no clock.
 #![forbid(unsafe_code)]
 
-use super::workload::{MIX_NEW_TOKENS, MIX_PREFIXES, MOONCAKE_BLOCK_TOKENS, TraceRecord};
+use super::workload::{TraceRecord, MIX_NEW_TOKENS, MIX_PREFIXES, MOONCAKE_BLOCK_TOKENS};
 use crate::error::Error;
 use crate::sched::placement::{self, Candidate, Placement};
 use crate::sched::{timeline, ComputeModel, LoadId, LoadSpec, PolicyKind, Scheduler};
@@ -93,7 +93,11 @@ pub fn synthetic(
             "cluster workload: needs at least one GPU and one document".into(),
         ));
     }
-    for (what, v) in [("rate", rate_per_gpu), ("duration", duration_s), ("zipf exponent", zipf_s)] {
+    for (what, v) in [
+        ("rate", rate_per_gpu),
+        ("duration", duration_s),
+        ("zipf exponent", zipf_s),
+    ] {
         if !(v.is_finite() && v >= 0.0) {
             return Err(Error::InvalidArgument(format!(
                 "cluster workload: {what} {v} must be finite and >= 0"
@@ -161,7 +165,10 @@ pub fn trace(
     time_scale: f64,
     seed: u64,
 ) -> Result<ClusterWorkload, Error> {
-    if gpus == 0 || !(duration_s.is_finite() && duration_s > 0.0) || !(time_scale.is_finite() && time_scale > 0.0) {
+    if gpus == 0
+        || !(duration_s.is_finite() && duration_s > 0.0)
+        || !(time_scale.is_finite() && time_scale > 0.0)
+    {
         return Err(Error::InvalidArgument(format!(
             "cluster trace: needs at least one GPU, a duration ({duration_s}) and a time scale ({time_scale}) above 0"
         )));
@@ -184,8 +191,14 @@ pub fn trace(
     if recs.is_empty() {
         return Err(Error::InvalidArgument("trace has no requests".into()));
     }
-    let t0 = recs.iter().map(|r| r.timestamp).fold(f64::INFINITY, f64::min);
-    let offs: Vec<f64> = recs.iter().map(|r| (r.timestamp - t0) / 1000.0 * time_scale).collect();
+    let t0 = recs
+        .iter()
+        .map(|r| r.timestamp)
+        .fold(f64::INFINITY, f64::min);
+    let offs: Vec<f64> = recs
+        .iter()
+        .map(|r| (r.timestamp - t0) / 1000.0 * time_scale)
+        .collect();
     // One pass of the trace lasts its span plus one mean gap, so passes do not overlap.
     let span = offs.iter().copied().fold(0.0, f64::max);
     let period = span + span / recs.len() as f64 + 1e-3;
@@ -209,14 +222,24 @@ pub fn trace(
         }
     }
     raw.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-    let group = |gpu: u32| if share == 0 { 0 } else { gpu as u64 / share as u64 };
+    let group = |gpu: u32| {
+        if share == 0 {
+            0
+        } else {
+            gpu as u64 / share as u64
+        }
+    };
     let mut seen: HashSet<(u64, u64)> = HashSet::new();
     let requests = raw
         .into_iter()
         .map(|(t, gpu, i)| {
             let r = &recs[i];
             let gr = group(gpu);
-            let hit = r.hash_ids.iter().take_while(|h| seen.contains(&(gr, **h))).count() as u64;
+            let hit = r
+                .hash_ids
+                .iter()
+                .take_while(|h| seen.contains(&(gr, **h)))
+                .count() as u64;
             seen.extend(r.hash_ids.iter().map(|&h| (gr, h)));
             let prefix = (hit * MOONCAKE_BLOCK_TOKENS).min(r.input_length - 1);
             let first = r.hash_ids.first().copied().unwrap_or(i as u64);
@@ -368,7 +391,11 @@ struct Gw {
 /// # Errors
 /// [`Error::InvalidArgument`] for a configuration without gateways or storage, a rate that
 /// is not positive and finite, or a simulation that cannot progress.
-pub fn simulate(w: &ClusterWorkload, cfg: &ClusterConfig, gpu_name: &str) -> Result<ClusterRecord, Error> {
+pub fn simulate(
+    w: &ClusterWorkload,
+    cfg: &ClusterConfig,
+    gpu_name: &str,
+) -> Result<ClusterRecord, Error> {
     run(w, cfg, gpu_name, cfg.policy.progress_blind())
 }
 
@@ -379,9 +406,16 @@ pub fn simulate(w: &ClusterWorkload, cfg: &ClusterConfig, gpu_name: &str) -> Res
 /// between. A gateway holding `n` loads costs `O(n)` per event either way, so on a hot
 /// gateway the per-boundary events cost `O(n^2 x layers)` over its loads and the shortcut
 /// `O(n^2)`.
-fn run(w: &ClusterWorkload, cfg: &ClusterConfig, gpu_name: &str, blind: bool) -> Result<ClusterRecord, Error> {
+fn run(
+    w: &ClusterWorkload,
+    cfg: &ClusterConfig,
+    gpu_name: &str,
+    blind: bool,
+) -> Result<ClusterRecord, Error> {
     if cfg.gateways == 0 || cfg.storage_nodes == 0 {
-        return Err(Error::InvalidArgument("cluster: needs gateways and storage nodes".into()));
+        return Err(Error::InvalidArgument(
+            "cluster: needs gateways and storage nodes".into(),
+        ));
     }
     for (what, v) in [
         ("gateway bandwidth", cfg.gateway_bytes_per_s),
@@ -390,7 +424,9 @@ fn run(w: &ClusterWorkload, cfg: &ClusterConfig, gpu_name: &str, blind: bool) ->
         ("health interval", cfg.health_interval_s),
     ] {
         if !(v.is_finite() && v > 0.0) {
-            return Err(Error::InvalidArgument(format!("cluster: {what} {v} must be finite and > 0")));
+            return Err(Error::InvalidArgument(format!(
+                "cluster: {what} {v} must be finite and > 0"
+            )));
         }
     }
     let m = &cfg.model;
@@ -439,8 +475,14 @@ fn run(w: &ClusterWorkload, cfg: &ClusterConfig, gpu_name: &str, blind: bool) ->
     let mut end_t = 0.0f64;
     let mut rates: Vec<f64> = Vec::new();
     let reqs = &w.requests;
-    if let Some(r) = reqs.iter().find(|r| !(r.arrival_s.is_finite() && r.arrival_s >= 0.0)) {
-        return Err(Error::InvalidArgument(format!("cluster: arrival time {} s is not valid", r.arrival_s)));
+    if let Some(r) = reqs
+        .iter()
+        .find(|r| !(r.arrival_s.is_finite() && r.arrival_s >= 0.0))
+    {
+        return Err(Error::InvalidArgument(format!(
+            "cluster: arrival time {} s is not valid",
+            r.arrival_s
+        )));
     }
 
     // Moves gateway `g`'s loads to time `t` at their current rates, reports progress, and
@@ -501,7 +543,10 @@ fn run(w: &ClusterWorkload, cfg: &ClusterConfig, gpu_name: &str, blind: bool) ->
             }
             let a = gw.acts.remove(i);
             let q = &reqs[a.req as usize];
-            let st = gw.sched.load(a.id).expect("active load is known to its scheduler");
+            let st = gw
+                .sched
+                .load(a.id)
+                .expect("active load is known to its scheduler");
             let k = q.prefix_tokens;
             let compute = m.layer_times(q.new_tokens, k);
             let finish = timeline::finish_time(q.arrival_s, st.layer_ready_s(), &compute);
@@ -563,7 +608,11 @@ fn run(w: &ClusterWorkload, cfg: &ClusterConfig, gpu_name: &str, blind: bool) ->
         }
         let te = heap.peek().map_or(f64::INFINITY, |Reverse((t, _, _))| t.0);
         let ta = reqs.get(next).map_or(f64::INFINITY, |r| r.arrival_s);
-        let tt = if next < reqs.len() { tick } else { f64::INFINITY };
+        let tt = if next < reqs.len() {
+            tick
+        } else {
+            f64::INFINITY
+        };
         if !te.is_finite() && !ta.is_finite() {
             if gws.iter().any(|g| !g.acts.is_empty()) {
                 return Err(Error::InvalidArgument(
@@ -577,10 +626,21 @@ fn run(w: &ClusterWorkload, cfg: &ClusterConfig, gpu_name: &str, blind: bool) ->
         let t;
         let touched: usize;
         if te <= ta && te <= tt {
-            let Some(Reverse((time, g, _))) = heap.pop() else { break };
+            let Some(Reverse((time, g, _))) = heap.pop() else {
+                break;
+            };
             t = time.0;
             touched = g as usize;
-            advance(&mut gws[touched], t, &mut rates, &mut added, &mut floor, &mut ttft_sum, &mut own, touched)?;
+            advance(
+                &mut gws[touched],
+                t,
+                &mut rates,
+                &mut added,
+                &mut floor,
+                &mut ttft_sum,
+                &mut own,
+                touched,
+            )?;
         } else if tt < ta {
             for (r, gw) in reported.iter_mut().zip(&gws) {
                 *r = gw.acts.len() as u32;
@@ -597,13 +657,25 @@ fn run(w: &ClusterWorkload, cfg: &ClusterConfig, gpu_name: &str, blind: bool) ->
             }
             let gpu = q.gpu as usize % own.len();
             for (i, c) in cands.iter_mut().enumerate() {
-                let mine = own[gpu].iter().find(|&&(x, _)| x as usize == i).map_or(0, |&(_, n)| n);
+                let mine = own[gpu]
+                    .iter()
+                    .find(|&&(x, _)| x as usize == i)
+                    .map_or(0, |&(_, n)| n);
                 c.load = (reported[i] + mine) as f64;
             }
             let key = placement::route_key(&q.prefix.to_le_bytes());
             let g = placement::first(cfg.placement, key, &cands).expect("gateways");
             touched = g;
-            advance(&mut gws[g], t, &mut rates, &mut added, &mut floor, &mut ttft_sum, &mut own, g)?;
+            advance(
+                &mut gws[g],
+                t,
+                &mut rates,
+                &mut added,
+                &mut floor,
+                &mut ttft_sum,
+                &mut own,
+                g,
+            )?;
             if gws[g].acts.is_empty() {
                 let c = cap_for(gws.iter().filter(|g| !g.acts.is_empty()).count() + 1);
                 if gws[g].cap != c {
@@ -642,7 +714,16 @@ fn run(w: &ClusterWorkload, cfg: &ClusterConfig, gpu_name: &str, blind: bool) ->
                     continue;
                 }
                 if i != touched {
-                    advance(gw, t, &mut rates, &mut added, &mut floor, &mut ttft_sum, &mut own, i)?;
+                    advance(
+                        gw,
+                        t,
+                        &mut rates,
+                        &mut added,
+                        &mut floor,
+                        &mut ttft_sum,
+                        &mut own,
+                        i,
+                    )?;
                 }
                 gw.sched.set_capacity(t, c)?;
                 gw.cap = c;
@@ -672,7 +753,13 @@ fn run(w: &ClusterWorkload, cfg: &ClusterConfig, gpu_name: &str, blind: bool) ->
         v[((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]
     };
     floor.sort_by(f64::total_cmp);
-    let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
+    let mean = |v: &[f64]| {
+        if v.is_empty() {
+            0.0
+        } else {
+            v.iter().sum::<f64>() / v.len() as f64
+        }
+    };
     // Utilisation over the arrival window, or until the last load ended if later.
     let span = w.duration_s.max(end_t).max(1e-9);
     let total_bytes: f64 = gws.iter().map(|g| g.bytes).sum();
@@ -714,7 +801,8 @@ mod tests {
     use crate::sched::{GpuKind, KernelClass};
 
     fn cfg(gateways: usize, placement: Placement, policy: PolicyKind) -> ClusterConfig {
-        let model = ComputeModel::preset("llama-3.1-8b", GpuKind::H100, KernelClass::Tuned).unwrap();
+        let model =
+            ComputeModel::preset("llama-3.1-8b", GpuKind::H100, KernelClass::Tuned).unwrap();
         let kv = model.shape().kv_bytes_per_token_per_layer;
         ClusterConfig {
             model,
@@ -736,8 +824,15 @@ mod tests {
         assert_eq!(a, synthetic(64, 0.5, 100.0, 1000, 1.0, 7).unwrap());
         assert_ne!(a, synthetic(64, 0.5, 100.0, 1000, 1.0, 8).unwrap());
         // 64 x 0.5 x 100 = 3200 expected arrivals; Poisson: within 5 standard deviations.
-        assert!((a.requests.len() as f64 - 3200.0).abs() < 5.0 * 3200f64.sqrt(), "{}", a.requests.len());
-        assert!(a.requests.windows(2).all(|w| w[0].arrival_s <= w[1].arrival_s));
+        assert!(
+            (a.requests.len() as f64 - 3200.0).abs() < 5.0 * 3200f64.sqrt(),
+            "{}",
+            a.requests.len()
+        );
+        assert!(a
+            .requests
+            .windows(2)
+            .all(|w| w[0].arrival_s <= w[1].arrival_s));
         // Zipf: document 0 is the most asked for.
         let n0 = a.requests.iter().filter(|r| r.prefix == 0).count();
         let n9 = a.requests.iter().filter(|r| r.prefix == 9).count();
@@ -746,7 +841,11 @@ mod tests {
 
     #[test]
     fn trace_replays_on_every_gpu() {
-        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/traces/mooncake_small.jsonl")).unwrap();
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/traces/mooncake_small.jsonl"
+        ))
+        .unwrap();
         let w = trace(&text, 8, 0, 120.0, 1.0, 1).unwrap();
         assert!(w.requests.len() > 8 * 48, "{}", w.requests.len());
         assert!(w.requests.iter().all(|r| r.gpu < 8 && r.arrival_s < 120.0));
@@ -759,18 +858,51 @@ mod tests {
     fn more_gateways_lower_the_added_ttft_of_a_busy_cluster() {
         // 64 GPUs asking for 0.56 GB/s each on average: 36 GB/s, 72% of 4 gateways' NICs.
         let w = synthetic(64, 0.1, 60.0, 2000, 1.0, 3).unwrap();
-        let few = simulate(&w, &cfg(4, Placement::LeastLoaded, PolicyKind::EqualShare), "h100").unwrap();
-        let many = simulate(&w, &cfg(16, Placement::LeastLoaded, PolicyKind::EqualShare), "h100").unwrap();
+        let few = simulate(
+            &w,
+            &cfg(4, Placement::LeastLoaded, PolicyKind::EqualShare),
+            "h100",
+        )
+        .unwrap();
+        let many = simulate(
+            &w,
+            &cfg(16, Placement::LeastLoaded, PolicyKind::EqualShare),
+            "h100",
+        )
+        .unwrap();
         assert_eq!(few.loads, many.loads);
-        assert!(few.mean_added_ttft_s > many.mean_added_ttft_s, "{} vs {}", few.mean_added_ttft_s, many.mean_added_ttft_s);
+        assert!(
+            few.mean_added_ttft_s > many.mean_added_ttft_s,
+            "{} vs {}",
+            few.mean_added_ttft_s,
+            many.mean_added_ttft_s
+        );
         assert!(few.gateway_utilisation > many.gateway_utilisation);
         // Every byte loaded was sent by some gateway.
-        let kv = crate::sched::ModelShape::preset("llama-3.1-8b").unwrap().kv_bytes_per_token_per_layer;
-        let bytes: f64 = w.requests.iter().map(|r| (r.prefix_tokens * kv) as f64 * 32.0).sum();
+        let kv = crate::sched::ModelShape::preset("llama-3.1-8b")
+            .unwrap()
+            .kv_bytes_per_token_per_layer;
+        let bytes: f64 = w
+            .requests
+            .iter()
+            .map(|r| (r.prefix_tokens * kv) as f64 * 32.0)
+            .sum();
         assert!((few.bytes_per_gpu * 64.0 - bytes).abs() / bytes < 1e-6);
-        assert!(few.gateway_utilisation > 0.5 && few.gateway_utilisation < 0.9, "{}", few.gateway_utilisation);
+        assert!(
+            few.gateway_utilisation > 0.5 && few.gateway_utilisation < 0.9,
+            "{}",
+            few.gateway_utilisation
+        );
         // Deterministic.
-        assert_eq!(few, simulate(&w, &cfg(4, Placement::LeastLoaded, PolicyKind::EqualShare), "h100").unwrap());
+        assert_eq!(
+            few,
+            simulate(
+                &w,
+                &cfg(4, Placement::LeastLoaded, PolicyKind::EqualShare),
+                "h100"
+            )
+            .unwrap()
+        );
     }
 
     #[test]
@@ -790,13 +922,29 @@ mod tests {
                     ("mean", fast.mean_added_ttft_s, slow.mean_added_ttft_s),
                     ("p99", fast.p99_added_ttft_s, slow.p99_added_ttft_s),
                     ("max", fast.max_added_ttft_s, slow.max_added_ttft_s),
-                    ("utilisation", fast.gateway_utilisation, slow.gateway_utilisation),
+                    (
+                        "utilisation",
+                        fast.gateway_utilisation,
+                        slow.gateway_utilisation,
+                    ),
                     ("ttft", fast.mean_ttft_s, slow.mean_ttft_s),
                 ] {
-                    assert!((a - b).abs() <= 1e-6 * b.abs().max(1e-3), "{policy:?} {nodes} nodes {what}: {a} vs {b}");
+                    assert!(
+                        (a - b).abs() <= 1e-6 * b.abs().max(1e-3),
+                        "{policy:?} {nodes} nodes {what}: {a} vs {b}"
+                    );
                 }
-                assert!(fast.max_added_ttft_s > 1.0, "the gateway is hot: {}", fast.max_added_ttft_s);
-                assert!(fast.events * 4 < slow.events, "{} vs {} events", fast.events, slow.events);
+                assert!(
+                    fast.max_added_ttft_s > 1.0,
+                    "the gateway is hot: {}",
+                    fast.max_added_ttft_s
+                );
+                assert!(
+                    fast.events * 4 < slow.events,
+                    "{} vs {} events",
+                    fast.events,
+                    slow.events
+                );
             }
         }
     }
@@ -810,6 +958,9 @@ mod tests {
         c.storage_nodes = 2;
         let narrow = simulate(&w, &c, "h100").unwrap();
         assert!(narrow.mean_added_ttft_s > wide.mean_added_ttft_s);
-        assert!(narrow.storage_utilisation <= 1.0 + 1e-9 && narrow.storage_utilisation > wide.storage_utilisation);
+        assert!(
+            narrow.storage_utilisation <= 1.0 + 1e-9
+                && narrow.storage_utilisation > wide.storage_utilisation
+        );
     }
 }

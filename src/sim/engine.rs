@@ -316,23 +316,24 @@ fn run_instance(
     let m = &cfg.model;
     let fixed = m.fixed_s();
     let mut out: Vec<Option<Outcome>> = vec![None; reqs.len()];
-    let outcome = |r: usize, load_tokens: u64, ttft: f64, fell_back: bool, load_end: f64, ready: Vec<f64>| {
-        let q = &reqs[r];
-        let local = m.prefill_time(q.new_tokens, q.prefix_tokens);
-        Outcome {
-            arrival_s: q.arrival_s,
-            prefix_tokens: q.prefix_tokens,
-            new_tokens: q.new_tokens,
-            load_tokens,
-            ttft_s: ttft,
-            local_ttft_s: local,
-            recompute_ttft_s: m.recompute_time(q.prefix_tokens, q.new_tokens),
-            added_ttft_s: ttft - local,
-            fell_back,
-            load_end_s: load_end,
-            layer_ready_s: ready,
-        }
-    };
+    let outcome =
+        |r: usize, load_tokens: u64, ttft: f64, fell_back: bool, load_end: f64, ready: Vec<f64>| {
+            let q = &reqs[r];
+            let local = m.prefill_time(q.new_tokens, q.prefix_tokens);
+            Outcome {
+                arrival_s: q.arrival_s,
+                prefix_tokens: q.prefix_tokens,
+                new_tokens: q.new_tokens,
+                load_tokens,
+                ttft_s: ttft,
+                local_ttft_s: local,
+                recompute_ttft_s: m.recompute_time(q.prefix_tokens, q.new_tokens),
+                added_ttft_s: ttft - local,
+                fell_back,
+                load_end_s: load_end,
+                layer_ready_s: ready,
+            }
+        };
     let t_start = order.first().map(|&i| reqs[i].arrival_s).unwrap_or(0.0);
     let mut sched = Scheduler::new(
         policy.kind.build(),
@@ -515,7 +516,14 @@ fn run_instance(
                     rate,
                 };
                 if let Fallback::Recompute { finish_s, .. } = planner::fallback(m, t, &s) {
-                    out[a.req] = Some(outcome(a.req, 0, finish_s + fixed - q.arrival_s, true, t, Vec::new()));
+                    out[a.req] = Some(outcome(
+                        a.req,
+                        0,
+                        finish_s + fixed - q.arrival_s,
+                        true,
+                        t,
+                        Vec::new(),
+                    ));
                     sched.handle_departure(t, a.id)?;
                     acts.remove(i);
                     continue;

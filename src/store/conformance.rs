@@ -6,9 +6,9 @@
 //! Not a stable API: it exists for this crate's tests and for out-of-tree backends.
 
 use super::{GetOptions, PutIfAbsent, PutMode, PutOptions, Store, StoreExt};
-use futures::StreamExt;
 use crate::error::StoreError;
 use bytes::Bytes;
+use futures::StreamExt;
 
 /// Names of every case, in the order [`run_all`] runs them.
 pub const CASES: &[&str] = &[
@@ -218,7 +218,10 @@ pub async fn local_file(s: &dyn Store, p: &str) {
     let d = pattern(3 << 20, 5);
     s.put(&k, d.clone()).await.unwrap();
     // (A file open on the test's thread: the blocking variant is for blocking threads.)
-    let opened = [s.open_local(&k).await.unwrap(), s.open_local_blocking(&k).unwrap()];
+    let opened = [
+        s.open_local(&k).await.unwrap(),
+        s.open_local_blocking(&k).unwrap(),
+    ];
     let local = opened[0].is_some();
     for o in opened {
         match o {
@@ -232,7 +235,10 @@ pub async fn local_file(s: &dyn Store, p: &str) {
             }
         }
     }
-    for r in [s.open_local(&missing).await, s.open_local_blocking(&missing)] {
+    for r in [
+        s.open_local(&missing).await,
+        s.open_local_blocking(&missing),
+    ] {
         if local {
             assert!(matches!(r, Err(StoreError::NotFound { .. })), "{r:?}");
         } else {
@@ -254,7 +260,11 @@ pub async fn wrapper_forwards(inner: &dyn Store, wrapper: &dyn Store, p: &str) {
         inner.name()
     );
     for route in [0u64, 1, u64::MAX / 3] {
-        assert_eq!(wrapper.gather_route(route), inner.gather_route(route), "gather route {route}");
+        assert_eq!(
+            wrapper.gather_route(route),
+            inner.gather_route(route),
+            "gather route {route}"
+        );
     }
     let k = format!("{p}/wrapped/obj");
     let d = pattern(4096, 9);
@@ -293,16 +303,27 @@ pub async fn put_stream(s: &dyn Store, p: &str) {
         s.put_stream(&k, body, len, PutOptions::default())
             .await
             .unwrap();
-        assert!(s.get_bytes(&k).await.unwrap() == d, "streamed object differs ({len:?})");
+        assert!(
+            s.get_bytes(&k).await.unwrap() == d,
+            "streamed object differs ({len:?})"
+        );
     }
     // A body that fails part way: the old object stays.
     let mut bad = pieces(&pattern(9 << 20, 14));
     bad[5] = Err(StoreError::other("test", "client went away"));
     let r = s
-        .put_stream(&k, futures::stream::iter(bad).boxed(), Some(d.len() as u64), PutOptions::default())
+        .put_stream(
+            &k,
+            futures::stream::iter(bad).boxed(),
+            Some(d.len() as u64),
+            PutOptions::default(),
+        )
         .await;
     assert!(r.is_err(), "a failed body must fail the put");
-    assert!(s.get_bytes(&k).await.unwrap() == d, "a failed streamed put changed the object");
+    assert!(
+        s.get_bytes(&k).await.unwrap() == d,
+        "a failed streamed put changed the object"
+    );
     // A body shorter than declared: nothing written.
     let k2 = format!("{p}/stream/short");
     let short = futures::stream::iter(pieces(&d).into_iter().take(3)).boxed();
@@ -310,14 +331,19 @@ pub async fn put_stream(s: &dyn Store, p: &str) {
         .put_stream(&k2, short, Some(d.len() as u64), PutOptions::default())
         .await;
     assert!(r.is_err(), "a short body must fail the put");
-    assert!(matches!(s.head(&k2).await, Err(StoreError::NotFound { .. })));
+    assert!(matches!(
+        s.head(&k2).await,
+        Err(StoreError::NotFound { .. })
+    ));
     // Create-only.
     let r = s
         .put_stream(
             &k,
             futures::stream::iter(pieces(&d)).boxed(),
             Some(d.len() as u64),
-            PutOptions { mode: PutMode::Create },
+            PutOptions {
+                mode: PutMode::Create,
+            },
         )
         .await;
     assert!(matches!(r, Err(StoreError::AlreadyExists { .. })), "{r:?}");

@@ -27,10 +27,10 @@ use super::{
     check_stream_len, resolve_range, validate_key, ByteStream, GetOptions, GetResult, ObjectMeta,
     PartialWrite, PutMode, PutOptions, PutResult, Store,
 };
-use futures::StreamExt;
 use crate::error::StoreError;
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures::StreamExt;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -379,7 +379,12 @@ impl Store for FsStore {
         let tmp = self.tmp_path(&dir);
         let fsync = self.fsync;
         let key = key.to_string();
-        let turn = self.writers.clone().acquire_owned().await.expect("never closed");
+        let turn = self
+            .writers
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("never closed");
         blocking(move || {
             let _turn = turn;
             let mut t = TmpFile::create(tmp, &dir, &key)?;
@@ -421,7 +426,12 @@ impl Store for FsStore {
                 check_stream_len(&key, got, len)?;
             }
             let k = key.clone();
-            let turn = self.writers.clone().acquire_owned().await.expect("never closed");
+            let turn = self
+                .writers
+                .clone()
+                .acquire_owned()
+                .await
+                .expect("never closed");
             t = blocking(move || {
                 let _turn = turn;
                 for p in pieces {
@@ -448,7 +458,11 @@ impl Store for FsStore {
                 let Ok(m) = ent.metadata() else { return Ok(()) };
                 if m.is_file() {
                     out.push(PartialWrite {
-                        id: if rel.is_empty() { name.to_string() } else { format!("{rel}/{name}") },
+                        id: if rel.is_empty() {
+                            name.to_string()
+                        } else {
+                            format!("{rel}/{name}")
+                        },
                         size: m.len(),
                         last_modified: m.modified().ok(),
                         orphaned: orphaned(name),
@@ -468,7 +482,10 @@ impl Store for FsStore {
             Some((d, n)) => (d, n),
             None => ("", id.as_str()),
         };
-        if !name.starts_with(TMP_PREFIX) || name.contains(['/', '\\']) || (!dir.is_empty() && validate_key(dir).is_err()) {
+        if !name.starts_with(TMP_PREFIX)
+            || name.contains(['/', '\\'])
+            || (!dir.is_empty() && validate_key(dir).is_err())
+        {
             return Err(StoreError::InvalidKey {
                 key: id.clone(),
                 reason: "not a temporary file of this store",
@@ -478,7 +495,10 @@ impl Store for FsStore {
         blocking(move || match std::fs::remove_file(&path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(StoreError::other("fs", format!("remove temporary file {id}: {e}"))),
+            Err(e) => Err(StoreError::other(
+                "fs",
+                format!("remove temporary file {id}: {e}"),
+            )),
         })
         .await
     }
@@ -518,7 +538,11 @@ impl Store for FsStore {
                 if name.starts_with(TMP_PREFIX) {
                     return Ok(());
                 }
-                let k = if rel.is_empty() { name.to_string() } else { format!("{rel}/{name}") };
+                let k = if rel.is_empty() {
+                    name.to_string()
+                } else {
+                    format!("{rel}/{name}")
+                };
                 if k.starts_with(&prefix) {
                     // An object deleted between the listing and the stat is not listed.
                     if let Ok(m) = ent.metadata() {
@@ -614,13 +638,34 @@ mod tests {
         let (_d, s) = store();
         let long = format!("b/{}/x", "s".repeat(300));
         let e = s.put(&long, Bytes::from_static(b"v")).await.unwrap_err();
-        assert!(matches!(e, StoreError::InvalidKey { reason, .. } if reason.contains("255 bytes")), "{e:?}");
+        assert!(
+            matches!(e, StoreError::InvalidKey { reason, .. } if reason.contains("255 bytes")),
+            "{e:?}"
+        );
         // Below an object: refused; reading it is a miss.
         s.put("b/a/obj", Bytes::from_static(b"v")).await.unwrap();
-        let e = s.put("b/a/obj/under", Bytes::from_static(b"v")).await.unwrap_err();
-        assert!(matches!(e, StoreError::InvalidKey { reason: UNDER_OBJECT, .. }), "{e:?}");
-        assert!(matches!(s.get_bytes("b/a/obj/under").await, Err(StoreError::NotFound { .. })));
-        assert!(matches!(s.head("b/a/obj/under").await, Err(StoreError::NotFound { .. })));
+        let e = s
+            .put("b/a/obj/under", Bytes::from_static(b"v"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                StoreError::InvalidKey {
+                    reason: UNDER_OBJECT,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(matches!(
+            s.get_bytes("b/a/obj/under").await,
+            Err(StoreError::NotFound { .. })
+        ));
+        assert!(matches!(
+            s.head("b/a/obj/under").await,
+            Err(StoreError::NotFound { .. })
+        ));
         s.delete("b/a/obj/under").await.unwrap();
         // A prefix of other keys: refused, overwrite and create-only alike (never "already
         // exists": a directory is not an object).
@@ -630,9 +675,21 @@ mod tests {
                 .put_opts("b/p/q", Bytes::from_static(b"v"), PutOptions { mode })
                 .await
                 .unwrap_err();
-            assert!(matches!(e, StoreError::InvalidKey { reason: OVER_KEYS, .. }), "{mode:?}: {e:?}");
+            assert!(
+                matches!(
+                    e,
+                    StoreError::InvalidKey {
+                        reason: OVER_KEYS,
+                        ..
+                    }
+                ),
+                "{mode:?}: {e:?}"
+            );
         }
-        assert_eq!(s.get_bytes("b/p/q/r").await.unwrap(), Bytes::from_static(b"v"));
+        assert_eq!(
+            s.get_bytes("b/p/q/r").await.unwrap(),
+            Bytes::from_static(b"v")
+        );
         // None of the refused writes left a temporary file.
         assert!(s.list_partial("").await.unwrap().is_empty());
     }
@@ -659,7 +716,11 @@ mod tests {
         let found = s.list_partial("b/").await.unwrap();
         assert_eq!(found.len(), 3, "{found:?}");
         assert_eq!(found.iter().map(|p| p.size).sum::<u64>(), 5370);
-        let orphaned: Vec<_> = found.iter().filter(|p| p.orphaned).map(|p| p.id.clone()).collect();
+        let orphaned: Vec<_> = found
+            .iter()
+            .filter(|p| p.orphaned)
+            .map(|p| p.id.clone())
+            .collect();
         if cfg!(target_os = "linux") {
             assert_eq!(orphaned, vec![format!("b/kv/{}", files[0].0)]);
         }
@@ -669,7 +730,12 @@ mod tests {
         assert_eq!(s.list_partial("").await.unwrap().len(), 2);
         // Only temporary files can be deleted this way.
         for id in ["b/kv/0a", "../x/.tmp-1", "b/../../.tmp-1"] {
-            let p = PartialWrite { id: id.into(), size: 0, last_modified: None, orphaned: true };
+            let p = PartialWrite {
+                id: id.into(),
+                size: 0,
+                last_modified: None,
+                orphaned: true,
+            };
             assert!(s.delete_partial(&p).await.is_err(), "{id}");
         }
         assert!(s.exists("b/kv/0a").await.unwrap());
@@ -682,9 +748,13 @@ mod tests {
         let (tx, rx) = futures::channel::mpsc::unbounded::<Result<Bytes, StoreError>>();
         let put = tokio::spawn({
             let s = FsStore::new(d.path(), FsyncPolicy::Never).unwrap();
-            async move { s.put_stream("b/kv/1", rx.boxed(), Some(3 << 20), PutOptions::default()).await }
+            async move {
+                s.put_stream("b/kv/1", rx.boxed(), Some(3 << 20), PutOptions::default())
+                    .await
+            }
         });
-        tx.unbounded_send(Ok(Bytes::from(vec![3u8; 2 << 20]))).unwrap();
+        tx.unbounded_send(Ok(Bytes::from(vec![3u8; 2 << 20])))
+            .unwrap();
         let grown = loop {
             let p = s.list_partial("b/").await.unwrap();
             if let Some(p) = p.first().filter(|p| p.size == 2 << 20) {
@@ -693,20 +763,37 @@ mod tests {
             tokio::task::yield_now().await;
         };
         assert!(!grown.orphaned, "its writer runs");
-        assert!(matches!(s.head("b/kv/1").await, Err(StoreError::NotFound { .. })));
+        assert!(matches!(
+            s.head("b/kv/1").await,
+            Err(StoreError::NotFound { .. })
+        ));
         // The client goes away: the put fails and its temporary file goes with it.
-        tx.unbounded_send(Err(StoreError::other("test", "client gone"))).unwrap();
+        tx.unbounded_send(Err(StoreError::other("test", "client gone")))
+            .unwrap();
         assert!(put.await.unwrap().is_err());
         assert!(s.list_partial("").await.unwrap().is_empty());
-        assert!(matches!(s.head("b/kv/1").await, Err(StoreError::NotFound { .. })));
+        assert!(matches!(
+            s.head("b/kv/1").await,
+            Err(StoreError::NotFound { .. })
+        ));
         // A dropped (cancelled) put leaves nothing either.
         let (tx, rx) = futures::channel::mpsc::unbounded::<Result<Bytes, StoreError>>();
-        tx.unbounded_send(Ok(Bytes::from(vec![3u8; 1 << 20]))).unwrap();
+        tx.unbounded_send(Ok(Bytes::from(vec![3u8; 1 << 20])))
+            .unwrap();
         let put = tokio::spawn({
             let s = FsStore::new(d.path(), FsyncPolicy::Never).unwrap();
-            async move { s.put_stream("b/kv/2", rx.boxed(), None, PutOptions::default()).await }
+            async move {
+                s.put_stream("b/kv/2", rx.boxed(), None, PutOptions::default())
+                    .await
+            }
         });
-        while !s.list_partial("").await.unwrap().iter().any(|p| p.size == 1 << 20) {
+        while !s
+            .list_partial("")
+            .await
+            .unwrap()
+            .iter()
+            .any(|p| p.size == 1 << 20)
+        {
             tokio::task::yield_now().await;
         }
         put.abort();
@@ -714,7 +801,10 @@ mod tests {
         // (The file goes when the put's last blocking write returns, if one was running.)
         let t0 = std::time::Instant::now();
         while !s.list_partial("").await.unwrap().is_empty() {
-            assert!(t0.elapsed().as_secs() < 10, "a cancelled put left its temporary file");
+            assert!(
+                t0.elapsed().as_secs() < 10,
+                "a cancelled put left its temporary file"
+            );
             tokio::task::yield_now().await;
         }
         drop(tx);

@@ -19,8 +19,8 @@
 #![forbid(unsafe_code)]
 
 use super::{
-    EndpointEvent, GatherTarget, GetOptions, GetResult, ObjectMeta, PutOptions, PutResult, S3Config, S3Store,
-    Store,
+    EndpointEvent, GatherTarget, GetOptions, GetResult, ObjectMeta, PutOptions, PutResult,
+    S3Config, S3Store, Store,
 };
 use crate::error::StoreError;
 use crate::sched::placement::{self, Candidate, Placement};
@@ -140,10 +140,15 @@ fn host_port(endpoint: &str) -> Result<(String, u16), StoreError> {
     let host = u
         .host_str()
         .ok_or_else(|| StoreError::other(BACKEND, format!("endpoint {endpoint:?} has no host")))?;
-    let port = u.port_or_known_default().ok_or_else(|| {
-        StoreError::other(BACKEND, format!("endpoint {endpoint:?} has no port"))
-    })?;
-    Ok((host.trim_start_matches('[').trim_end_matches(']').to_string(), port))
+    let port = u
+        .port_or_known_default()
+        .ok_or_else(|| StoreError::other(BACKEND, format!("endpoint {endpoint:?} has no port")))?;
+    Ok((
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string(),
+        port,
+    ))
 }
 
 impl GatewayStore {
@@ -181,7 +186,10 @@ impl GatewayStore {
         let mut ips: Vec<IpAddr> = tokio::net::lookup_host((host.as_str(), port))
             .await
             .map_err(|e| {
-                StoreError::other(BACKEND, format!("endpoint {endpoint:?}: cannot resolve {host:?}: {e}"))
+                StoreError::other(
+                    BACKEND,
+                    format!("endpoint {endpoint:?}: cannot resolve {host:?}: {e}"),
+                )
             })?
             .map(|a| a.ip())
             .collect();
@@ -218,12 +226,18 @@ impl GatewayStore {
             return Err(StoreError::other(BACKEND, "no endpoint given"));
         }
         if opts.health_interval.is_zero() {
-            return Err(StoreError::other(BACKEND, "health_interval must be above 0"));
+            return Err(StoreError::other(
+                BACKEND,
+                "health_interval must be above 0",
+            ));
         }
         let mut members: Vec<Member> = Vec::with_capacity(specs.len());
         for (name, mut c, addr) in specs {
             if members.iter().any(|m| m.endpoint == name) {
-                return Err(StoreError::other(BACKEND, format!("endpoint {name} given twice")));
+                return Err(StoreError::other(
+                    BACKEND,
+                    format!("endpoint {name} given twice"),
+                ));
             }
             let addr = match addr {
                 Some(a) => a,
@@ -375,7 +389,10 @@ fn reported_loads(body: &[u8]) -> u32 {
     let text = String::from_utf8_lossy(body);
     let mut n = 0.0;
     for line in text.lines() {
-        for name in ["objectcache_server_active_loads", "objectcache_server_queued_loads"] {
+        for name in [
+            "objectcache_server_active_loads",
+            "objectcache_server_queued_loads",
+        ] {
             if let Some(v) = line.strip_prefix(name).and_then(|r| r.strip_prefix(' ')) {
                 n += v.trim().parse::<f64>().unwrap_or(0.0);
             }
@@ -415,9 +432,12 @@ async fn http_get(addr: &str, path: &str, timeout: Duration) -> std::io::Result<
         driver.abort();
         out
     };
-    tokio::time::timeout(timeout, fetch)
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("no answer within {timeout:?}")))?
+    tokio::time::timeout(timeout, fetch).await.map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer within {timeout:?}"),
+        )
+    })?
 }
 
 #[async_trait]

@@ -9,17 +9,17 @@
 
 pub mod conformance;
 mod fs;
-mod memory;
 #[cfg(feature = "s3")]
 mod gateways;
+mod memory;
 #[cfg(feature = "s3")]
 mod s3;
 mod url;
 
 pub use fs::{FsStore, FsyncPolicy};
-pub use memory::MemoryStore;
 #[cfg(feature = "s3")]
 pub use gateways::{EndpointStatus, GatewayOptions, GatewayStore};
+pub use memory::MemoryStore;
 #[cfg(feature = "s3")]
 pub use s3::{Addressing, S3Config, S3Credentials, S3Store};
 pub use url::open_store;

@@ -109,7 +109,10 @@ async fn open_s3(url: &str) -> Result<Arc<dyn Store>, StoreError> {
         let e = p.endpoints[0].clone();
         super::GatewayStore::resolve_all(p.config, e, opts).await
     } else if p.endpoints.is_empty() {
-        return Err(bad(url, "placement and health_interval_ms need endpoint=URL1,URL2,..."));
+        return Err(bad(
+            url,
+            "placement and health_interval_ms need endpoint=URL1,URL2,...",
+        ));
     } else {
         super::GatewayStore::new(p.config, p.endpoints, opts).await
     };
@@ -301,10 +304,22 @@ mod tests {
             ("s3://ak:sk@b", "credentials"),
             ("s3://b:9000", "endpoint"),
             ("s3://b?max_attempts=0", "max_attempts"),
-            ("s3://bucket?endpoint=http://a:1,,http://b:2", "empty endpoint"),
-            ("s3://bucket?endpoint=http://a:1&resolve=some", "resolve must be"),
-            ("s3://bucket?endpoint=http://a:1,http://b:2&placement=random", "two-choice"),
-            ("s3://bucket?endpoint=http://a:1,http://b:2&health_interval_ms=0", "health_interval_ms"),
+            (
+                "s3://bucket?endpoint=http://a:1,,http://b:2",
+                "empty endpoint",
+            ),
+            (
+                "s3://bucket?endpoint=http://a:1&resolve=some",
+                "resolve must be",
+            ),
+            (
+                "s3://bucket?endpoint=http://a:1,http://b:2&placement=random",
+                "two-choice",
+            ),
+            (
+                "s3://bucket?endpoint=http://a:1,http://b:2&health_interval_ms=0",
+                "health_interval_ms",
+            ),
             ("s3://bucket?endpoint=http://a:1,http://b:2", "open_store"),
         ] {
             let e = parse_s3_url(u).unwrap_err().to_string();
@@ -335,7 +350,10 @@ mod tests {
             .unwrap();
         assert_eq!(s.name(), "gateways");
         assert!(s.gather_route(7).iter().all(|t| t.addr.ends_with(":1")));
-        let e = open_store("s3://bucket?placement=hash").await.unwrap_err().to_string();
+        let e = open_store("s3://bucket?placement=hash")
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("endpoint=URL1,URL2"), "{e}");
     }
 }

@@ -132,7 +132,8 @@ mod tests {
 
     #[test]
     fn answers_are_classified() {
-        let ours = br#"{"service":"objectcache","gather":{"protocol_versions":[2],"transports":["tcp"]}}"#;
+        let ours =
+            br#"{"service":"objectcache","gather":{"protocol_versions":[2],"transports":["tcp"]}}"#;
         assert_eq!(
             classify(200, ours),
             Capabilities::Gather {

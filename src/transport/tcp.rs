@@ -244,7 +244,8 @@ impl GatherClient {
             want = want.max(FRAME_HEADER_LEN + body.min(MAX_UNIT_BYTES as usize + 64));
         }
         if self.buf.capacity() < want || self.buf.capacity() - self.buf.len() < (64 << 10) {
-            self.buf.reserve(want.saturating_sub(self.buf.len()).max(64 << 10));
+            self.buf
+                .reserve(want.saturating_sub(self.buf.len()).max(64 << 10));
         }
         self.stream.read_buf(&mut self.buf).await
     }

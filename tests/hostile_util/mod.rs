@@ -58,8 +58,18 @@ fn uri_encode(s: &str) -> String {
 /// A SigV4 presigned path and query for `METHOD path` on `host` (`/bucket/key`, key of
 /// URL-safe characters), valid for `expires` seconds from now, signed `UNSIGNED-PAYLOAD`
 /// with the `host` header only, region `us-east-1`.
-pub fn presign(method: &str, host: SocketAddr, path: &str, expires: u64, ak: &str, sk: &str) -> String {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+pub fn presign(
+    method: &str,
+    host: SocketAddr,
+    path: &str,
+    expires: u64,
+    ak: &str,
+    sk: &str,
+) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
     let (date, amz) = utc(now);
     let region = "us-east-1";
     let scope = format!("{date}/{region}/s3/aws4_request");
@@ -123,7 +133,13 @@ pub async fn closed_within(s: &mut TcpStream, limit: Duration) -> Option<Duratio
 }
 
 /// Sends a raw HTTP/1.1 request head.
-pub async fn send_head(s: &mut TcpStream, method: &str, target: &str, host: SocketAddr, extra: &str) {
+pub async fn send_head(
+    s: &mut TcpStream,
+    method: &str,
+    target: &str,
+    host: SocketAddr,
+    extra: &str,
+) {
     let h = format!("{method} {target} HTTP/1.1\r\nHost: {host}\r\n{extra}\r\n");
     s.write_all(h.as_bytes()).await.unwrap();
 }
@@ -204,5 +220,8 @@ pub fn raise_nofile() {
 pub fn median_p90(v: &mut [Duration]) -> (f64, f64) {
     v.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    (ms(v[v.len() / 2]), ms(v[(v.len() * 9 / 10).min(v.len() - 1)]))
+    (
+        ms(v[v.len() / 2]),
+        ms(v[(v.len() * 9 / 10).min(v.len() - 1)]),
+    )
 }

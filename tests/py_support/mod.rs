@@ -64,7 +64,14 @@ pub fn cdylib() -> PathBuf {
 pub fn install_package(py: &Path, tmp: &Path) -> PathBuf {
     let site = tmp.join("site");
     let out = Command::new(py)
-        .args(["-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation"])
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+        ])
         .arg("--target")
         .arg(&site)
         .arg(root().join("ffi").join("python"))

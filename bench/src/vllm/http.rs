@@ -12,7 +12,10 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 
 /// One response: status and body.
-async fn send(port: u16, req: Request<Full<Bytes>>) -> Result<hyper::Response<hyper::body::Incoming>> {
+async fn send(
+    port: u16,
+    req: Request<Full<Bytes>>,
+) -> Result<hyper::Response<hyper::body::Incoming>> {
     let tcp = TcpStream::connect(("127.0.0.1", port))
         .await
         .with_context(|| format!("connect to 127.0.0.1:{port}"))?;
@@ -76,7 +79,12 @@ pub struct Completion {
 
 /// `POST /v1/completions` with `stream: true` (greedy, `max_tokens`), the prompt given as
 /// token ids; times the first streamed token at the client.
-pub async fn complete(port: u16, model: &str, prompt: &[u32], max_tokens: u32) -> Result<Completion> {
+pub async fn complete(
+    port: u16,
+    model: &str,
+    prompt: &[u32],
+    max_tokens: u32,
+) -> Result<Completion> {
     let body = serde_json::json!({
         "model": model,
         "prompt": prompt,
@@ -105,13 +113,17 @@ pub async fn complete(port: u16, model: &str, prompt: &[u32], max_tokens: u32) -
     let mut done = false;
     while let Some(frame) = body.frame().await {
         let frame = frame?;
-        let Ok(data) = frame.into_data() else { continue };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
         buf.extend_from_slice(&data);
         // Server-sent events: `data: {json}\n\n` ... `data: [DONE]\n\n`.
         while let Some(end) = find(&buf, b"\n\n") {
             let event: Vec<u8> = buf.drain(..end + 2).collect();
             let line = String::from_utf8_lossy(&event);
-            let Some(payload) = line.trim().strip_prefix("data: ") else { continue };
+            let Some(payload) = line.trim().strip_prefix("data: ") else {
+                continue;
+            };
             if payload == "[DONE]" {
                 done = true;
                 continue;

@@ -56,7 +56,12 @@ const SERVER_BUCKET: &str = "kv-bench";
 pub struct VllmArgs {
     /// The directory `scripts/vllm-setup.sh DIR` made (`venv/`, `models/smollm2-135m-hf`), or
     /// a virtual environment with vLLM 0.32 (then give `--model`).
-    #[arg(long, value_name = "DIR", env = "OBJECTCACHE_VLLM_DIR", default_value = "target/vllm")]
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "OBJECTCACHE_VLLM_DIR",
+        default_value = "target/vllm"
+    )]
     pub venv: PathBuf,
     /// The model folder (default: `models/smollm2-135m-hf` under `--venv`).
     #[arg(long, value_name = "DIR")]
@@ -228,9 +233,9 @@ pub fn run(a: VllmArgs) -> Result<()> {
                 if !stores.iter().any(|(s, _)| s == "objectcache-file") =>
             {
                 stores.push((
-                "objectcache-file".into(),
-                format!("file://{}", tmp.path().join("file-store").display()),
-            ))
+                    "objectcache-file".into(),
+                    format!("file://{}", tmp.path().join("file-store").display()),
+                ))
             }
             "objectcache-server" => {
                 let s = ObjectCacheServer::start(&tmp.path().join("server-store"), &logs)?;
@@ -249,7 +254,9 @@ pub fn run(a: VllmArgs) -> Result<()> {
         match m.as_str() {
             "recompute" => b.plain("recompute", false)?,
             "apc" => b.plain("apc", true)?,
-            "objectcache-file" | "objectcache-server" | "objectcache-s3"
+            "objectcache-file"
+            | "objectcache-server"
+            | "objectcache-s3"
             | "objectcache-file-async" => {
                 // Every ObjectCache store at once: one saver (vLLM's MultiConnector).
                 if !objectcache_done && !stores.is_empty() {
@@ -284,7 +291,9 @@ pub fn run(a: VllmArgs) -> Result<()> {
             benchmark: "vllm",
             vllm: vllm_version,
             model: model.display().to_string(),
-            cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            cpus: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
             args: &a,
             replicas,
             records,
@@ -322,10 +331,12 @@ fn locate(a: &VllmArgs) -> Result<(PathBuf, PathBuf)> {
     let (py, model) = if d.join("venv/bin/python").is_file() {
         (d.join("venv/bin/python"), d.join("models/smollm2-135m-hf"))
     } else if d.join("bin/python").is_file() {
-        let m = a
-            .model
-            .clone()
-            .ok_or_else(|| anyhow!("--venv {} is a virtual environment: give --model", d.display()))?;
+        let m = a.model.clone().ok_or_else(|| {
+            anyhow!(
+                "--venv {} is a virtual environment: give --model",
+                d.display()
+            )
+        })?;
         (d.join("bin/python"), m)
     } else {
         bail!(
@@ -336,9 +347,15 @@ fn locate(a: &VllmArgs) -> Result<(PathBuf, PathBuf)> {
     };
     let model = a.model.clone().unwrap_or(model);
     if !model.join("config.json").is_file() {
-        bail!("no model folder at {} (scripts/vllm-setup.sh makes it)", model.display());
+        bail!(
+            "no model folder at {} (scripts/vllm-setup.sh makes it)",
+            model.display()
+        );
     }
-    Ok((std::fs::canonicalize(py.parent().unwrap())?.join("python"), std::fs::canonicalize(model)?))
+    Ok((
+        std::fs::canonicalize(py.parent().unwrap())?.join("python"),
+        std::fs::canonicalize(model)?,
+    ))
 }
 
 fn spinner(mp: &MultiProgress, msg: String) -> ProgressBar {
@@ -359,13 +376,28 @@ fn install_package(py: &Path, a: &VllmArgs, tmp: &Path, mp: &MultiProgress) -> R
         .clone()
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../ffi/python"));
     let site = tmp.join("site");
-    let s = spinner(mp, format!("installing the objectcache package from {}", src.display()));
+    let s = spinner(
+        mp,
+        format!("installing the objectcache package from {}", src.display()),
+    );
     let mut cmd = Command::new(py);
-    cmd.args(["-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target"])
-        .arg(&site)
-        .arg(&src);
+    cmd.args([
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--no-build-isolation",
+        "--target",
+    ])
+    .arg(&site)
+    .arg(&src);
     let exe = std::env::current_exe()?;
-    if let Some(lib) = exe.parent().map(|d| d.join("libobjectcache.so")).filter(|l| l.is_file()) {
+    if let Some(lib) = exe
+        .parent()
+        .map(|d| d.join("libobjectcache.so"))
+        .filter(|l| l.is_file())
+    {
         cmd.env("OBJECTCACHE_CDYLIB", lib);
     }
     let out = cmd.output().context("run pip")?;
@@ -394,7 +426,10 @@ fn python_out(py: &Path, code: &str, site: &Path) -> Result<String> {
 
 /// The S3 store of `objectcache-s3`: `--s3`, or the test endpoint (bucket created) when it
 /// answers; `Ok(Err(why))` when there is none.
-fn s3_store(a: &VllmArgs, rt: &tokio::runtime::Runtime) -> Result<std::result::Result<String, String>> {
+fn s3_store(
+    a: &VllmArgs,
+    rt: &tokio::runtime::Runtime,
+) -> Result<std::result::Result<String, String>> {
     if let Some(u) = &a.s3 {
         return Ok(Ok(u.clone()));
     }
@@ -416,10 +451,18 @@ fn s3_store(a: &VllmArgs, rt: &tokio::runtime::Runtime) -> Result<std::result::R
 
 /// `(access key, secret key)` for the S3 stores: the test S3 credentials.
 fn s3_credentials() -> (String, String) {
-    let var = |k: &str, d: &str| std::env::var(k).ok().filter(|v| !v.is_empty()).unwrap_or_else(|| d.into());
+    let var = |k: &str, d: &str| {
+        std::env::var(k)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| d.into())
+    };
     (
         var("OBJECTCACHE_TEST_S3_ACCESS_KEY", "cephtestak"),
-        var("OBJECTCACHE_TEST_S3_SECRET_KEY", "cephtestsecretkey0123456789"),
+        var(
+            "OBJECTCACHE_TEST_S3_SECRET_KEY",
+            "cephtestsecretkey0123456789",
+        ),
     )
 }
 
@@ -434,11 +477,21 @@ impl ObjectCacheServer {
         let exe = std::env::current_exe()?;
         let bin = exe.with_file_name("objectcache");
         if !bin.is_file() {
-            bail!("no server binary at {} (cargo build --release)", bin.display());
+            bail!(
+                "no server binary at {} (cargo build --release)",
+                bin.display()
+            );
         }
         let (ak, sk) = s3_credentials();
         let mut child = Command::new(&bin)
-            .args(["serve", "--listen", "127.0.0.1:0", "--bucket", SERVER_BUCKET, "--store"])
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--bucket",
+                SERVER_BUCKET,
+                "--store",
+            ])
             .arg(dir)
             .args(["--access-key", &format!("{ak}:{sk}")])
             .stdout(Stdio::piped())
@@ -446,7 +499,12 @@ impl ObjectCacheServer {
             .spawn()?;
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line)?;
-        let addr = line.trim().rsplit(' ').next().unwrap_or_default().to_string();
+        let addr = line
+            .trim()
+            .rsplit(' ')
+            .next()
+            .unwrap_or_default()
+            .to_string();
         if addr.is_empty() {
             bail!("objectcache serve did not start (see {})", logs.display());
         }
@@ -512,7 +570,9 @@ impl Prompts {
             t.truncate(a.new_tokens as usize);
             Ok(t)
         };
-        let questions = (0..a.runs).map(|r| question(r + 1)).collect::<Result<Vec<_>>>()?;
+        let questions = (0..a.runs)
+            .map(|r| question(r + 1))
+            .collect::<Result<Vec<_>>>()?;
         let save_q = question(0)?;
         let mut warmup = enc("Write one short sentence about the sea.")?;
         warmup.truncate(BLOCK as usize - 8);
@@ -545,9 +605,26 @@ impl Prompts {
 
 /// A paragraph of the synthetic ship's log of prefix `p` (seeded by `p`).
 fn paragraph(p: u32, i: usize) -> String {
-    let ships = ["Aster", "Boreal", "Cygnet", "Dunlin", "Egret", "Fulmar", "Gannet", "Heron"];
-    let ports = ["Tromso", "Valparaiso", "Hobart", "Reykjavik", "Cork", "Halifax", "Nome"];
-    let cargo = ["sensor buoys", "rope", "diesel", "core samples", "spare radios", "tinned fish"];
+    let ships = [
+        "Aster", "Boreal", "Cygnet", "Dunlin", "Egret", "Fulmar", "Gannet", "Heron",
+    ];
+    let ports = [
+        "Tromso",
+        "Valparaiso",
+        "Hobart",
+        "Reykjavik",
+        "Cork",
+        "Halifax",
+        "Nome",
+    ];
+    let cargo = [
+        "sensor buoys",
+        "rope",
+        "diesel",
+        "core samples",
+        "spare radios",
+        "tinned fish",
+    ];
     let k = i + p as usize / BLOCK as usize * 7;
     format!(
         "Log {p}-{i}. The vessel {} left {} on day {} with {} crates of {}; winds {} knots, \
@@ -576,7 +653,14 @@ struct Env {
 }
 
 impl Env {
-    fn new(py: &Path, model: &Path, site: &Path, logs: &Path, kv_gib: u32, mp: MultiProgress) -> Self {
+    fn new(
+        py: &Path,
+        model: &Path,
+        site: &Path,
+        logs: &Path,
+        kv_gib: u32,
+        mp: MultiProgress,
+    ) -> Self {
         Env {
             py: py.into(),
             model: model.into(),
@@ -604,16 +688,39 @@ impl Vllm {
         apc: bool,
         kv: Option<&serde_json::Value>,
     ) -> Result<Vllm> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
         let log = env.logs.join(format!("{label}.log"));
         let (ak, sk) = s3_credentials();
         let mut cmd = Command::new(&env.py);
         cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
             .arg(&env.model)
-            .args(["--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "8192"])
-            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--seed", "0"])
-            .args(["--enable-prompt-tokens-details", "--prefix-caching-hash-algo", "sha256_cbor"])
-            .arg(if apc { "--enable-prefix-caching" } else { "--no-enable-prefix-caching" });
+            .args([
+                "--dtype",
+                "bfloat16",
+                "--enforce-eager",
+                "--max-model-len",
+                "8192",
+            ])
+            .args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--seed",
+                "0",
+            ])
+            .args([
+                "--enable-prompt-tokens-details",
+                "--prefix-caching-hash-algo",
+                "sha256_cbor",
+            ])
+            .arg(if apc {
+                "--enable-prefix-caching"
+            } else {
+                "--no-enable-prefix-caching"
+            });
         if let Some(kv) = kv {
             cmd.args(["--kv-transfer-config", &kv.to_string()]);
         }
@@ -634,7 +741,10 @@ impl Vllm {
         loop {
             if let Some(st) = child.try_wait()? {
                 s.finish_and_clear();
-                bail!("vLLM ({label}) exited with {st} while starting:\n{}", tail(&log, 30));
+                bail!(
+                    "vLLM ({label}) exited with {st} while starting:\n{}",
+                    tail(&log, 30)
+                );
             }
             if rt.block_on(http::healthy(port)) {
                 break;
@@ -649,7 +759,8 @@ impl Vllm {
         }
         s.finish_and_clear();
         let startup_s = t0.elapsed().as_secs_f64();
-        env.mp.println(format!("vLLM ({label}) ready in {startup_s:.1} s"))?;
+        env.mp
+            .println(format!("vLLM ({label}) ready in {startup_s:.1} s"))?;
         Ok(Vllm {
             child,
             port,
@@ -660,7 +771,9 @@ impl Vllm {
 
     /// SIGTERM, then waits (vLLM shuts its engine and workers down; connectors flush).
     fn stop(mut self) -> Result<()> {
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
         let t0 = Instant::now();
         while self.child.try_wait()?.is_none() {
             if t0.elapsed() > Duration::from_secs(120) {
@@ -710,7 +823,10 @@ struct Bench<'a> {
 }
 
 /// Prometheus counters that count a connector's loaded bytes.
-const LOADED_BYTES: &[&str] = &["vllm:objectcache_loaded_bytes_total", "vllm:kv_offload_load_bytes_total"];
+const LOADED_BYTES: &[&str] = &[
+    "vllm:objectcache_loaded_bytes_total",
+    "vllm:kv_offload_load_bytes_total",
+];
 
 impl Bench<'_> {
     fn start(&mut self, label: &str, apc: bool, kv: Option<&serde_json::Value>) -> Result<Vllm> {
@@ -721,7 +837,12 @@ impl Bench<'_> {
         });
         // The first request of a fresh process pays one-time costs: not timed.
         self.rt
-            .block_on(http::complete(v.port, &self.model(), &self.prompts.warmup, 2))
+            .block_on(http::complete(
+                v.port,
+                &self.model(),
+                &self.prompts.warmup,
+                2,
+            ))
             .with_context(|| format!("warm-up request to vLLM ({label})"))?;
         Ok(v)
     }
@@ -735,7 +856,12 @@ impl Bench<'_> {
         let pb = self.bar(self.a.prefixes.len(), &format!("{}: request A", v.label));
         for &p in &self.a.prefixes.clone() {
             self.rt
-                .block_on(http::complete(v.port, &self.model(), &self.prompts.a(p), self.a.max_tokens))
+                .block_on(http::complete(
+                    v.port,
+                    &self.model(),
+                    &self.prompts.a(p),
+                    self.a.max_tokens,
+                ))
                 .with_context(|| format!("request A ({p} tokens) to vLLM ({})", v.label))?;
             pb.inc(1);
         }
@@ -757,7 +883,10 @@ impl Bench<'_> {
     /// Times request B of every prefix and run on `v`; one record per prefix.
     fn time_b(&mut self, v: &Vllm, method: &str, note: Option<String>) -> Result<()> {
         let runs = self.a.runs;
-        let pb = self.bar(self.a.prefixes.len() * runs, &format!("{method}: request B (and a miss)"));
+        let pb = self.bar(
+            self.a.prefixes.len() * runs,
+            &format!("{method}: request B (and a miss)"),
+        );
         for &p in &self.a.prefixes.clone() {
             let (mut ttfts, mut ext, mut local, mut bytes) = (vec![], vec![], vec![], vec![]);
             let (mut misses, mut ratios) = (vec![], vec![]);
@@ -766,12 +895,21 @@ impl Bench<'_> {
                 let before = self.rt.block_on(http::metrics(v.port))?;
                 let c = self
                     .rt
-                    .block_on(http::complete(v.port, &self.model(), &self.prompts.b(p, r), self.a.max_tokens))
+                    .block_on(http::complete(
+                        v.port,
+                        &self.model(),
+                        &self.prompts.b(p, r),
+                        self.a.max_tokens,
+                    ))
                     .with_context(|| format!("request B ({p} tokens) to vLLM ({})", v.label))?;
                 let after = self.rt.block_on(http::metrics(v.port))?;
                 let sent = self.prompts.b(p, r).len() as u64;
                 if c.prompt_tokens != Some(sent) {
-                    bail!("vLLM ({}) counted {:?} prompt tokens for a prompt of {sent}", v.label, c.prompt_tokens);
+                    bail!(
+                        "vLLM ({}) counted {:?} prompt tokens for a prompt of {sent}",
+                        v.label,
+                        c.prompt_tokens
+                    );
                 }
                 ttfts.push(c.ttft_s);
                 let cached = c.cached_tokens.unwrap_or(0);
@@ -791,10 +929,21 @@ impl Bench<'_> {
                     // of the same length whose first token differs (a miss for every cache).
                     let m = self
                         .rt
-                        .block_on(http::complete(v.port, &self.model(), &self.prompts.miss(p, r, method), self.a.max_tokens))
-                        .with_context(|| format!("paired miss ({p} tokens) to vLLM ({})", v.label))?;
+                        .block_on(http::complete(
+                            v.port,
+                            &self.model(),
+                            &self.prompts.miss(p, r, method),
+                            self.a.max_tokens,
+                        ))
+                        .with_context(|| {
+                            format!("paired miss ({p} tokens) to vLLM ({})", v.label)
+                        })?;
                     if m.cached_tokens.unwrap_or(0) != 0 {
-                        bail!("vLLM ({}): the paired miss hit {:?} cached tokens", v.label, m.cached_tokens);
+                        bail!(
+                            "vLLM ({}): the paired miss hit {:?} cached tokens",
+                            v.label,
+                            m.cached_tokens
+                        );
                     }
                     misses.push(m.ttft_s);
                     ratios.push(c.ttft_s / m.ttft_s);
@@ -863,7 +1012,10 @@ impl Bench<'_> {
         // publishes every chunk of every prefix.
         let want: usize = self.a.prefixes.iter().map(|p| (p / BLOCK) as usize).sum();
         for (m, url) in stores {
-            let s = spinner(&self.env.mp, format!("{m}: waiting for {want} chunks to be published"));
+            let s = spinner(
+                &self.env.mp,
+                format!("{m}: waiting for {want} chunks to be published"),
+            );
             let r = self.rt.block_on(wait_published(url, want));
             s.finish_and_clear();
             r.with_context(|| format!("{m}: saves"))?;
@@ -919,7 +1071,12 @@ impl Bench<'_> {
         Ok(())
     }
 
-    fn peer_run(&mut self, method: &str, cfg: serde_json::Value, note: Option<String>) -> Result<()> {
+    fn peer_run(
+        &mut self,
+        method: &str,
+        cfg: serde_json::Value,
+        note: Option<String>,
+    ) -> Result<()> {
         let saver = self.start(&format!("{method}-saver"), false, Some(&cfg))?;
         self.serve_a(&saver)?;
         saver.stop()?;
@@ -1015,14 +1172,20 @@ fn finish(records: &mut [Record]) {
         } else {
             r.paired_ratio.or(r.vs_recompute_process)
         };
-        r.vs_apc = match (r.vs_recompute, find("apc", r.prefix_tokens, &copy).and_then(|x| x.paired_ratio)) {
+        r.vs_apc = match (
+            r.vs_recompute,
+            find("apc", r.prefix_tokens, &copy).and_then(|x| x.paired_ratio),
+        ) {
             (Some(a), Some(b)) => Some(a / b),
             _ => None,
         };
     }
     records.sort_by_key(|r| {
         (
-            METHODS.iter().position(|m| *m == r.method).unwrap_or(usize::MAX),
+            METHODS
+                .iter()
+                .position(|m| *m == r.method)
+                .unwrap_or(usize::MAX),
             r.prefix_tokens,
         )
     });
@@ -1034,7 +1197,15 @@ fn print_table(records: &[Record], runs: usize) {
     println!("x recomp: over the paired full computation in the same process (recompute: 1)");
     println!(
         "{:<22} {:>6} {:>9} {:>9} {:>8} {:>6} {:>8} {:>11} {:>9}",
-        "method", "prefix", "TTFT ms", "miss ms", "x recomp", "x apc", "ext hits", "bytes", "identical"
+        "method",
+        "prefix",
+        "TTFT ms",
+        "miss ms",
+        "x recomp",
+        "x apc",
+        "ext hits",
+        "bytes",
+        "identical"
     );
     for r in records {
         let f = |x: Option<f64>, d: usize| x.map_or("-".to_string(), |v| format!("{v:.d$}"));
@@ -1048,7 +1219,8 @@ fn print_table(records: &[Record], runs: usize) {
             f(r.vs_apc, 2),
             r.external_hit_tokens.map_or("-".into(), |v| v.to_string()),
             r.bytes_loaded.map_or("-".into(), |v| v.to_string()),
-            r.output_identical.map_or("-", |v| if v { "yes" } else { "NO" }),
+            r.output_identical
+                .map_or("-", |v| if v { "yes" } else { "NO" }),
         );
     }
     let mut notes: Vec<(&str, &str)> = Vec::new();

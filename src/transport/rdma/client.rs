@@ -61,18 +61,30 @@ pub struct LayerDest {
 
 #[derive(Debug, Clone)]
 enum DestMem {
-    Host { buf: Arc<HostBuffer>, offset: usize },
-    Raw { ptr: usize, len: usize },
+    Host {
+        buf: Arc<HostBuffer>,
+        offset: usize,
+    },
+    Raw {
+        ptr: usize,
+        len: usize,
+    },
     /// Caller memory scattered over `ranges` (in order, one logical buffer), each inside one
     /// of the `memory` areas, which are what gets registered.
-    Ranges { ranges: Vec<(usize, usize)>, memory: Vec<(usize, usize)> },
+    Ranges {
+        ranges: Vec<(usize, usize)>,
+        memory: Vec<(usize, usize)>,
+    },
 }
 
 impl LayerDest {
     /// Layer `layer` lands in `buf` from byte `offset` (the whole buffer is registered once
     /// through the client's cache and reused by later loads).
     pub fn host(layer: u32, buf: Arc<HostBuffer>, offset: usize) -> Self {
-        LayerDest { layer, mem: DestMem::Host { buf, offset } }
+        LayerDest {
+            layer,
+            mem: DestMem::Host { buf, offset },
+        }
     }
     /// Layer `layer` lands in caller memory `ptr..ptr+len` (for example one region of the
     /// connector's `LayerBuffers`), registered once through the client's cache.
@@ -82,7 +94,13 @@ impl LayerDest {
     /// (evict it with [`RdmaClient::evict_raw`] before freeing it), and nothing holds a Rust
     /// reference to it while a load into it runs.
     pub unsafe fn raw(layer: u32, ptr: *mut u8, len: usize) -> Self {
-        LayerDest { layer, mem: DestMem::Raw { ptr: ptr as usize, len } }
+        LayerDest {
+            layer,
+            mem: DestMem::Raw {
+                ptr: ptr as usize,
+                len,
+            },
+        }
     }
     /// Layer `layer` lands in caller memory scattered over `ranges` `(ptr, len)`, taken in
     /// order as one buffer (paged KV: one range per engine block); every range lies inside
@@ -95,7 +113,11 @@ impl LayerDest {
     /// As [`LayerDest::raw`], for every `memory` area: it stays mapped while cached (evict it
     /// with [`RdmaClient::evict_raw`] before freeing it), and nothing holds a Rust reference
     /// to the ranges while a load into them runs.
-    pub unsafe fn raw_ranges(layer: u32, ranges: &[(*mut u8, usize)], memory: &[(*mut u8, usize)]) -> Self {
+    pub unsafe fn raw_ranges(
+        layer: u32,
+        ranges: &[(*mut u8, usize)],
+        memory: &[(*mut u8, usize)],
+    ) -> Self {
         LayerDest {
             layer,
             mem: DestMem::Ranges {
@@ -222,10 +244,15 @@ impl Shared {
                     if lp.state == LayerState::Pending {
                         lp.state = LayerState::Failed;
                         let err = if timed_out == Some(*slot) {
-                            LayerError::Timeout { layer: layer as usize }
+                            LayerError::Timeout {
+                                layer: layer as usize,
+                            }
                         } else {
                             let chunk = lp.seen.iter().position(|s| !s).unwrap_or(0);
-                            LayerError::Storage { chunk, message: format!("RDMA: {why}") }
+                            LayerError::Storage {
+                                chunk,
+                                message: format!("RDMA: {why}"),
+                            }
                         };
                         ld.outcome.failed.push((layer, err.clone()));
                         actions.push(Action::Fail(ld.sink.clone(), layer, err));
@@ -239,7 +266,11 @@ impl Shared {
             let _ = qp.set_error();
         }
         // Tell the server at once (it stops writing and flushes what it has in flight).
-        let _ = self.writer.lock().unwrap_or_else(|p| p.into_inner()).shutdown(std::net::Shutdown::Both);
+        let _ = self
+            .writer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .shutdown(std::net::Shutdown::Both);
         // Sink calls first, then wake waiters: a waiter that returns sees every layer resolved
         // and no write can land any more (the QPs are in ERROR).
         run(actions);
@@ -262,7 +293,9 @@ impl Shared {
             }
             st.loads
                 .iter_mut()
-                .filter(|(_, l)| !l.finished && !l.cancel_sent && !l.server_done && l.sink.is_cancelled())
+                .filter(|(_, l)| {
+                    !l.finished && !l.cancel_sent && !l.server_done && l.sink.is_cancelled()
+                })
                 .map(|(s, l)| {
                     l.cancel_sent = true;
                     *s
@@ -270,7 +303,10 @@ impl Shared {
                 .collect()
         };
         for slot in slots {
-            let r = control::send(&mut *self.writer.lock().unwrap_or_else(|p| p.into_inner()), &Msg::Cancel { slot });
+            let r = control::send(
+                &mut *self.writer.lock().unwrap_or_else(|p| p.into_inner()),
+                &Msg::Cancel { slot },
+            );
             if let Err(e) = r {
                 self.break_conn(format!("sending Cancel failed: {e}"), None);
                 return;
@@ -304,7 +340,8 @@ impl Shared {
     /// completions seen as the server reported writes).
     fn maybe_finish(st: &mut ConnState, slot: u32) -> bool {
         if let Some(ld) = st.loads.get_mut(&slot) {
-            let delivered = ld.server_done && ld.writes_seen >= ld.writes_expected && ld.all_resolved();
+            let delivered =
+                ld.server_done && ld.writes_seen >= ld.writes_expected && ld.all_resolved();
             if !ld.finished && ld.sink_pending == 0 && (ld.aborted || delivered) {
                 ld.finished = true;
                 return true;
@@ -323,7 +360,12 @@ impl Shared {
         touched: &mut Vec<u32>,
         check: &mut Vec<u32>,
     ) -> std::result::Result<(), String> {
-        let Some(v) = wc.imm else { return Err(format!("receive completion without immediate (opcode {})", wc.opcode)) };
+        let Some(v) = wc.imm else {
+            return Err(format!(
+                "receive completion without immediate (opcode {})",
+                wc.opcode
+            ));
+        };
         let imm = Imm::decode(v);
         let mut st = self.lock();
         let slot = u32::from(imm.slot);
@@ -334,11 +376,15 @@ impl Shared {
         ld.writes_seen += 1;
         check.push(slot);
         let Some(lp) = ld.layers.get_mut(&layer) else {
-            return Err(format!("write for layer {layer}, which load slot {slot} did not ask for"));
+            return Err(format!(
+                "write for layer {layer}, which load slot {slot} did not ask for"
+            ));
         };
         let unit = usize::from(imm.unit);
         if unit >= lp.seen.len() || lp.seen[unit] {
-            return Err(format!("unexpected or repeated unit {unit} of layer {layer}"));
+            return Err(format!(
+                "unexpected or repeated unit {unit} of layer {layer}"
+            ));
         }
         let (off, len) = lp.units[unit];
         if u64::from(wc.byte_len) != lp.imm_len[unit] {
@@ -366,7 +412,9 @@ impl Shared {
         let mut actions = Vec::new();
         {
             let mut st = self.lock();
-            let Some(ld) = st.loads.get_mut(&slot) else { return };
+            let Some(ld) = st.loads.get_mut(&slot) else {
+                return;
+            };
             for (layer, why) in failed {
                 if let Some(lp) = ld.layers.get_mut(&layer) {
                     if lp.state == LayerState::Pending {
@@ -375,7 +423,10 @@ impl Shared {
                         let err = if ld.cancel_sent && why == super::server::CANCELLED {
                             LayerError::Cancelled
                         } else {
-                            LayerError::Storage { chunk, message: format!("server: {why}") }
+                            LayerError::Storage {
+                                chunk,
+                                message: format!("server: {why}"),
+                            }
                         };
                         ld.outcome.failed.push((layer, err.clone()));
                         actions.push(Action::Fail(ld.sink.clone(), layer, err));
@@ -403,7 +454,10 @@ pub struct RdmaClient {
 
 impl std::fmt::Debug for RdmaClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RdmaClient").field("qps", &self.shared.qps.len()).field("cfg", &self.shared.cfg).finish()
+        f.debug_struct("RdmaClient")
+            .field("qps", &self.shared.qps.len())
+            .field("cfg", &self.shared.cfg)
+            .finish()
     }
 }
 
@@ -437,14 +491,16 @@ impl RdmaClient {
 
     fn connect_inner(addr: impl ToSocketAddrs, cfg: ClientConfig, gather: bool) -> Result<Self> {
         if cfg.qps == 0 || cfg.qps > 64 {
-            return Err(RdmaError::InvalidArgument(format!("qps = {} is outside 1..=64", cfg.qps)));
+            return Err(RdmaError::InvalidArgument(format!(
+                "qps = {} is outside 1..=64",
+                cfg.qps
+            )));
         }
         let ctx = Context::open(&cfg.device)?;
         let pd = ProtectionDomain::new(&ctx)?;
-        let addr = addr
-            .to_socket_addrs()?
-            .next()
-            .ok_or_else(|| RdmaError::InvalidArgument("server address resolves to nothing".into()))?;
+        let addr = addr.to_socket_addrs()?.next().ok_or_else(|| {
+            RdmaError::InvalidArgument("server address resolves to nothing".into())
+        })?;
         let mut s = TcpStream::connect_timeout(&addr, cfg.connect_timeout)?;
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(cfg.connect_timeout))?;
@@ -463,14 +519,27 @@ impl RdmaClient {
         }
         control::send(
             &mut s,
-            &Msg::Hello { version: control::VERSION, endpoints: inits.iter().map(|q| q.endpoint()).collect(), gather },
+            &Msg::Hello {
+                version: control::VERSION,
+                endpoints: inits.iter().map(|q| q.endpoint()).collect(),
+                gather,
+            },
         )?;
         let (remote, session) = match control::recv(&mut s)? {
-            Some(Msg::Welcome { endpoints, session }) if endpoints.len() == inits.len() && (session != 0) == gather => {
+            Some(Msg::Welcome { endpoints, session })
+                if endpoints.len() == inits.len() && (session != 0) == gather =>
+            {
                 (endpoints, session)
             }
-            Some(Msg::Refuse { reason }) => return Err(RdmaError::Protocol(format!("server refused: {reason}"))),
-            other => return Err(RdmaError::Protocol(format!("expected Welcome with {} QPs, got {other:?}", inits.len()))),
+            Some(Msg::Refuse { reason }) => {
+                return Err(RdmaError::Protocol(format!("server refused: {reason}")))
+            }
+            other => {
+                return Err(RdmaError::Protocol(format!(
+                    "expected Welcome with {} QPs, got {other:?}",
+                    inits.len()
+                )))
+            }
         };
         let mut qps = Vec::new();
         for (qp, ep) in inits.into_iter().zip(&remote) {
@@ -483,17 +552,30 @@ impl RdmaClient {
             cq,
             qps,
             writer: Mutex::new(s),
-            state: Mutex::new(ConnState { broken: None, loads: HashMap::new(), free_slots: (0..Imm::SLOTS).rev().collect() }),
+            state: Mutex::new(ConnState {
+                broken: None,
+                loads: HashMap::new(),
+                free_slots: (0..Imm::SLOTS).rev().collect(),
+            }),
             cv: Condvar::new(),
             stop: AtomicBool::new(false),
             cfg,
             gather,
         });
         let sh = shared.clone();
-        let poller = std::thread::Builder::new().name("rdma-poll".into()).spawn(move || poll_loop(&sh))?;
+        let poller = std::thread::Builder::new()
+            .name("rdma-poll".into())
+            .spawn(move || poll_loop(&sh))?;
         let sh = shared.clone();
-        let reader = std::thread::Builder::new().name("rdma-ctrl".into()).spawn(move || read_loop(&sh, reader_stream))?;
-        Ok(RdmaClient { shared, session, poller: Some(poller), reader: Some(reader) })
+        let reader = std::thread::Builder::new()
+            .name("rdma-ctrl".into())
+            .spawn(move || read_loop(&sh, reader_stream))?;
+        Ok(RdmaClient {
+            shared,
+            session,
+            poller: Some(poller),
+            reader: Some(reader),
+        })
     }
 
     /// Starts a load: layer `spec.layers[i]` lands in `dests[i]` (`units x slice_len` bytes,
@@ -505,42 +587,84 @@ impl RdmaClient {
     /// [`RdmaError::InvalidArgument`] when the destinations do not match the spec (naming the
     /// layer) or 64 loads are already running; [`RdmaError::Broken`] when the connection has
     /// failed (reconnect); registration or control-channel errors.
-    pub fn load(&self, spec: LoadSpec, dests: &[LayerDest], sink: Arc<dyn LayerSink>) -> Result<LoadHandle> {
+    pub fn load(
+        &self,
+        spec: LoadSpec,
+        dests: &[LayerDest],
+        sink: Arc<dyn LayerSink>,
+    ) -> Result<LoadHandle> {
         let units = spec.keys.len();
         if units == 0 || units as u64 > u64::from(Imm::MAX_UNITS) {
-            return Err(RdmaError::InvalidArgument(format!("{units} chunks is outside 1..={}", Imm::MAX_UNITS)));
+            return Err(RdmaError::InvalidArgument(format!(
+                "{units} chunks is outside 1..={}",
+                Imm::MAX_UNITS
+            )));
         }
         if spec.slice_len == 0 || spec.slice_len > (1 << 31) {
-            return Err(RdmaError::InvalidArgument(format!("slice_len {} is outside 1..=2^31", spec.slice_len)));
+            return Err(RdmaError::InvalidArgument(format!(
+                "slice_len {} is outside 1..=2^31",
+                spec.slice_len
+            )));
         }
         if dests.len() != spec.layers.len() {
-            return Err(RdmaError::InvalidArgument(format!("{} destinations for {} layers", dests.len(), spec.layers.len())));
+            return Err(RdmaError::InvalidArgument(format!(
+                "{} destinations for {} layers",
+                dests.len(),
+                spec.layers.len()
+            )));
         }
-        let table: Vec<(u64, u64)> = (0..units as u64).map(|u| (u * spec.slice_len, spec.slice_len)).collect();
+        let table: Vec<(u64, u64)> = (0..units as u64)
+            .map(|u| (u * spec.slice_len, spec.slice_len))
+            .collect();
         for (d, &l) in dests.iter().zip(&spec.layers) {
             if d.layer != l {
-                return Err(RdmaError::InvalidArgument(format!("destination for layer {} given where layer {l} is loaded", d.layer)));
+                return Err(RdmaError::InvalidArgument(format!(
+                    "destination for layer {} given where layer {l} is loaded",
+                    d.layer
+                )));
             }
         }
-        let plan: Vec<(LayerDest, Vec<(u64, u64)>)> = dests.iter().map(|d| (d.clone(), table.clone())).collect();
-        if plan.iter().any(|(d, _)| matches!(d.mem, DestMem::Ranges { .. })) {
-            return Err(RdmaError::InvalidArgument("scattered destinations go through gather loads (expect_gather)".into()));
+        let plan: Vec<(LayerDest, Vec<(u64, u64)>)> =
+            dests.iter().map(|d| (d.clone(), table.clone())).collect();
+        if plan
+            .iter()
+            .any(|(d, _)| matches!(d.mem, DestMem::Ranges { .. }))
+        {
+            return Err(RdmaError::InvalidArgument(
+                "scattered destinations go through gather loads (expect_gather)".into(),
+            ));
         }
         let (slot, segments) = self.register_load(&plan, sink)?;
         let targets: Vec<LayerTarget> = spec
             .layers
             .iter()
             .zip(segments)
-            .map(|(&layer, s)| LayerTarget { layer, addr: s[0].addr, rkey: s[0].rkey, len: s[0].len })
+            .map(|(&layer, s)| LayerTarget {
+                layer,
+                addr: s[0].addr,
+                rkey: s[0].rkey,
+                len: s[0].len,
+            })
             .collect();
         let sent = {
             let mut w = self.shared.writer.lock().unwrap_or_else(|p| p.into_inner());
-            control::send(&mut *w, &Msg::Load { slot, spec, targets })
+            control::send(
+                &mut *w,
+                &Msg::Load {
+                    slot,
+                    spec,
+                    targets,
+                },
+            )
         };
         if let Err(e) = sent {
-            self.shared.break_conn(format!("sending the load request failed: {e}"), None);
+            self.shared
+                .break_conn(format!("sending the load request failed: {e}"), None);
         }
-        Ok(LoadHandle { shared: self.shared.clone(), slot: Some(slot) })
+        Ok(LoadHandle {
+            shared: self.shared.clone(),
+            slot: Some(slot),
+        })
     }
 
     /// Registers a gather load on this session: layer `d.layer()` of each `(d, units)` lands
@@ -554,14 +678,29 @@ impl RdmaClient {
     /// # Errors
     /// As [`RdmaClient::load`]; [`RdmaError::InvalidArgument`] when a range of a scattered
     /// destination lies in none of its memory areas.
-    pub fn expect_gather(&self, layers: &[(LayerDest, Vec<(u64, u64)>)], sink: Arc<dyn LayerSink>) -> Result<(LoadHandle, u32, Vec<Vec<RdmaRegion>>)> {
+    pub fn expect_gather(
+        &self,
+        layers: &[(LayerDest, Vec<(u64, u64)>)],
+        sink: Arc<dyn LayerSink>,
+    ) -> Result<(LoadHandle, u32, Vec<Vec<RdmaRegion>>)> {
         let (slot, segments) = self.register_load(layers, sink)?;
-        Ok((LoadHandle { shared: self.shared.clone(), slot: Some(slot) }, slot, segments))
+        Ok((
+            LoadHandle {
+                shared: self.shared.clone(),
+                slot: Some(slot),
+            },
+            slot,
+            segments,
+        ))
     }
 
     /// The remote segments of `d` covering its first `len` bytes (registering its memory
     /// through the cache), and the registrations they use.
-    fn segments(&self, d: &LayerDest, len: u64) -> Result<(Vec<RdmaRegion>, Vec<Arc<MemoryRegion>>)> {
+    fn segments(
+        &self,
+        d: &LayerDest,
+        len: u64,
+    ) -> Result<(Vec<RdmaRegion>, Vec<Arc<MemoryRegion>>)> {
         let l = d.layer;
         let (offset, cap) = match &d.mem {
             DestMem::Host { buf, offset } => (*offset, buf.len() as u64),
@@ -576,12 +715,26 @@ impl RdmaClient {
         Ok(match &d.mem {
             DestMem::Host { buf, .. } => {
                 let mr = self.shared.cache.get_or_register(buf)?;
-                (vec![RdmaRegion { addr: mr.addr() + offset as u64, rkey: mr.rkey(), len }], vec![mr])
+                (
+                    vec![RdmaRegion {
+                        addr: mr.addr() + offset as u64,
+                        rkey: mr.rkey(),
+                        len,
+                    }],
+                    vec![mr],
+                )
             }
             DestMem::Raw { ptr, len: n } => {
                 // SAFETY: the contract of `LayerDest::raw`, which the caller accepted.
                 let mr = unsafe { self.shared.cache.get_or_register_raw(*ptr as *mut u8, *n)? };
-                (vec![RdmaRegion { addr: mr.addr(), rkey: mr.rkey(), len }], vec![mr])
+                (
+                    vec![RdmaRegion {
+                        addr: mr.addr(),
+                        rkey: mr.rkey(),
+                        len,
+                    }],
+                    vec![mr],
+                )
             }
             DestMem::Ranges { ranges, memory } => {
                 let mut mrs: Vec<(usize, Arc<MemoryRegion>)> = Vec::new();
@@ -594,7 +747,9 @@ impl RdmaClient {
                     if n == 0 {
                         continue;
                     }
-                    let Some(m) = memory.iter().position(|&(a, al)| p >= a && p.checked_add(n).is_some_and(|e| e <= a + al)) else {
+                    let Some(m) = memory.iter().position(|&(a, al)| {
+                        p >= a && p.checked_add(n).is_some_and(|e| e <= a + al)
+                    }) else {
                         return Err(RdmaError::InvalidArgument(format!("layer {l}: range {i} ({p:#x}, {n} bytes) lies in none of the destination's memory areas")));
                     };
                     let mr = match mrs.iter().find(|(k, _)| *k == m) {
@@ -603,7 +758,8 @@ impl RdmaClient {
                             let (a, al) = memory[m];
                             // SAFETY: the contract of `LayerDest::raw_ranges`, which the caller
                             // accepted, for this memory area.
-                            let mr = unsafe { self.shared.cache.get_or_register_raw(a as *mut u8, al)? };
+                            let mr =
+                                unsafe { self.shared.cache.get_or_register_raw(a as *mut u8, al)? };
                             mrs.push((m, mr.clone()));
                             mr
                         }
@@ -613,7 +769,11 @@ impl RdmaClient {
                     match segs.last_mut() {
                         // Adjacent in memory and in the same registration: one segment.
                         Some(s) if s.rkey == mr.rkey() && s.addr + s.len == addr => s.len += take,
-                        _ => segs.push(RdmaRegion { addr, rkey: mr.rkey(), len: take }),
+                        _ => segs.push(RdmaRegion {
+                            addr,
+                            rkey: mr.rkey(),
+                            len: take,
+                        }),
                     }
                     left -= take;
                 }
@@ -622,13 +782,20 @@ impl RdmaClient {
         })
     }
 
-    fn register_load(&self, plan: &[(LayerDest, Vec<(u64, u64)>)], sink: Arc<dyn LayerSink>) -> Result<(u32, Vec<Vec<RdmaRegion>>)> {
+    fn register_load(
+        &self,
+        plan: &[(LayerDest, Vec<(u64, u64)>)],
+        sink: Arc<dyn LayerSink>,
+    ) -> Result<(u32, Vec<Vec<RdmaRegion>>)> {
         let mut targets = Vec::with_capacity(plan.len());
         let mut mrs = Vec::new();
         let mut layers = HashMap::new();
         for (d, table) in plan {
             let l = d.layer;
-            if l >= Imm::MAX_LAYERS || table.is_empty() || table.len() as u64 > u64::from(Imm::MAX_UNITS) {
+            if l >= Imm::MAX_LAYERS
+                || table.is_empty()
+                || table.len() as u64 > u64::from(Imm::MAX_UNITS)
+            {
                 return Err(RdmaError::InvalidArgument(format!(
                     "layer {l} with {} units (layers < {}, 1..={} units)",
                     table.len(),
@@ -639,18 +806,38 @@ impl RdmaClient {
             let len = table.iter().map(|&(o, n)| o + n).max().unwrap_or(0);
             let (segs, used) = self.segments(d, len)?;
             // The server writes a unit's last piece with the immediate: expect that length.
-            let index = RdmaSegments::new(segs.clone())
-                .ok_or_else(|| RdmaError::InvalidArgument(format!("layer {l}: segment lengths overflow")))?;
+            let index = RdmaSegments::new(segs.clone()).ok_or_else(|| {
+                RdmaError::InvalidArgument(format!("layer {l}: segment lengths overflow"))
+            })?;
             let imm_len = table
                 .iter()
                 .map(|&(o, n)| {
-                    index.pieces(o, n).and_then(|p| p.last().map(|x| x.len)).ok_or_else(|| {
-                        RdmaError::InvalidArgument(format!("layer {l}: unit at {o}+{n} is past the destination"))
-                    })
+                    index
+                        .pieces(o, n)
+                        .and_then(|p| p.last().map(|x| x.len))
+                        .ok_or_else(|| {
+                            RdmaError::InvalidArgument(format!(
+                                "layer {l}: unit at {o}+{n} is past the destination"
+                            ))
+                        })
                 })
                 .collect::<Result<Vec<u64>>>()?;
-            if layers.insert(l, LayerProg { units: table.clone(), imm_len, seen: vec![false; table.len()], got: 0, state: LayerState::Pending }).is_some() {
-                return Err(RdmaError::InvalidArgument(format!("layer {l} is named twice")));
+            if layers
+                .insert(
+                    l,
+                    LayerProg {
+                        units: table.clone(),
+                        imm_len,
+                        seen: vec![false; table.len()],
+                        got: 0,
+                        state: LayerState::Pending,
+                    },
+                )
+                .is_some()
+            {
+                return Err(RdmaError::InvalidArgument(format!(
+                    "layer {l} is named twice"
+                )));
             }
             targets.push(segs);
             mrs.extend(used);
@@ -661,7 +848,10 @@ impl RdmaClient {
                 return Err(RdmaError::Broken(why.clone()));
             }
             let Some(slot) = st.free_slots.pop() else {
-                return Err(RdmaError::InvalidArgument(format!("{} loads already running on this connection", Imm::SLOTS)));
+                return Err(RdmaError::InvalidArgument(format!(
+                    "{} loads already running on this connection",
+                    Imm::SLOTS
+                )));
             };
             st.loads.insert(
                 slot,
@@ -675,7 +865,10 @@ impl RdmaClient {
                     writes_expected: 0,
                     writes_seen: 0,
                     cancel_sent: false,
-                    outcome: LoadOutcome { ready: Vec::new(), failed: Vec::new() },
+                    outcome: LoadOutcome {
+                        ready: Vec::new(),
+                        failed: Vec::new(),
+                    },
                     finished: false,
                     _mrs: mrs,
                 },
@@ -709,11 +902,9 @@ impl RdmaClient {
     /// # Errors
     /// [`RdmaError::InvalidArgument`] for an index out of range; verbs errors.
     pub fn inject_qp_error(&self, index: usize) -> Result<()> {
-        let qp = self
-            .shared
-            .qps
-            .get(index)
-            .ok_or_else(|| RdmaError::InvalidArgument(format!("QP index {index} of {}", self.shared.qps.len())))?;
+        let qp = self.shared.qps.get(index).ok_or_else(|| {
+            RdmaError::InvalidArgument(format!("QP index {index} of {}", self.shared.qps.len()))
+        })?;
         qp.set_error()
     }
 
@@ -739,7 +930,12 @@ impl RdmaClient {
                 let _ = qp.set_error();
             }
         }
-        let _ = self.shared.writer.lock().unwrap_or_else(|p| p.into_inner()).shutdown(std::net::Shutdown::Both);
+        let _ = self
+            .shared
+            .writer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .shutdown(std::net::Shutdown::Both);
         if let Some(p) = self.poller.take() {
             let _ = p.join();
         }
@@ -770,10 +966,19 @@ fn poll_loop(sh: &Shared) {
             let now = Instant::now();
             let expired = {
                 let st = sh.lock();
-                st.loads.iter().find(|(_, l)| !l.finished && now >= l.deadline).map(|(s, _)| *s)
+                st.loads
+                    .iter()
+                    .find(|(_, l)| !l.finished && now >= l.deadline)
+                    .map(|(s, _)| *s)
             };
             if let Some(slot) = expired {
-                sh.break_conn(format!("load slot {slot} passed its deadline of {:?}", sh.cfg.load_timeout), Some(slot));
+                sh.break_conn(
+                    format!(
+                        "load slot {slot} passed its deadline of {:?}",
+                        sh.cfg.load_timeout
+                    ),
+                    Some(slot),
+                );
             }
             sh.send_cancels();
             backoff(&mut idle);
@@ -787,7 +992,10 @@ fn poll_loop(sh: &Shared) {
             let broken = sh.lock().broken.is_some();
             if !wc.is_ok() {
                 if !broken {
-                    sh.break_conn(format!("completion error on QP {}: {}", wc.qp_num, wc.status_str()), None);
+                    sh.break_conn(
+                        format!("completion error on QP {}: {}", wc.qp_num, wc.status_str()),
+                        None,
+                    );
                 }
                 continue;
             }
@@ -819,7 +1027,11 @@ fn poll_loop(sh: &Shared) {
 fn read_loop(sh: &Shared, mut s: TcpStream) {
     loop {
         match control::recv(&mut s) {
-            Ok(Some(Msg::Done { slot, failed, writes })) => sh.on_done(slot, failed, writes),
+            Ok(Some(Msg::Done {
+                slot,
+                failed,
+                writes,
+            })) => sh.on_done(slot, failed, writes),
             Ok(Some(other)) => {
                 sh.break_conn(format!("unexpected control message {other:?}"), None);
                 return;
@@ -848,7 +1060,9 @@ pub struct LoadHandle {
 
 impl std::fmt::Debug for LoadHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LoadHandle").field("slot", &self.slot).finish()
+        f.debug_struct("LoadHandle")
+            .field("slot", &self.slot)
+            .finish()
     }
 }
 
@@ -869,7 +1083,9 @@ impl LoadHandle {
         let mut actions = Vec::new();
         {
             let mut st = self.shared.lock();
-            let Some(ld) = st.loads.get_mut(&slot) else { return };
+            let Some(ld) = st.loads.get_mut(&slot) else {
+                return;
+            };
             for (layer, err) in layers {
                 if let Some(lp) = ld.layers.get_mut(layer) {
                     if lp.state == LayerState::Pending {
@@ -909,13 +1125,18 @@ impl LoadHandle {
     /// land (each unit is written once), whatever the server still has to say.
     pub fn all_units_in(&self) -> bool {
         self.slot.is_none_or(|s| {
-            self.shared.lock().loads.get(&s).is_none_or(|l| l.layers.values().all(|lp| lp.got as usize == lp.seen.len()))
+            self.shared
+                .lock()
+                .loads
+                .get(&s)
+                .is_none_or(|l| l.layers.values().all(|lp| lp.got as usize == lp.seen.len()))
         })
     }
 
     /// `true` once the load has ended (every layer ready or a miss, and every write counted).
     pub fn is_finished(&self) -> bool {
-        self.slot.is_none_or(|s| self.shared.lock().loads.get(&s).is_none_or(|l| l.finished))
+        self.slot
+            .is_none_or(|s| self.shared.lock().loads.get(&s).is_none_or(|l| l.finished))
     }
 
     /// Asks the server to stop this load: units not yet posted are skipped and their layers
@@ -928,7 +1149,9 @@ impl LoadHandle {
     pub fn cancel(&self) -> Result<()> {
         let Some(slot) = self.slot else { return Ok(()) };
         if self.shared.gather {
-            return Err(RdmaError::InvalidArgument("a gather load is cancelled through the gather protocol".into()));
+            return Err(RdmaError::InvalidArgument(
+                "a gather load is cancelled through the gather protocol".into(),
+            ));
         }
         {
             let mut st = self.shared.lock();
@@ -940,9 +1163,13 @@ impl LoadHandle {
                 _ => return Ok(()),
             }
         }
-        let r = control::send(&mut *self.shared.writer.lock().unwrap_or_else(|p| p.into_inner()), &Msg::Cancel { slot });
+        let r = control::send(
+            &mut *self.shared.writer.lock().unwrap_or_else(|p| p.into_inner()),
+            &Msg::Cancel { slot },
+        );
         if let Err(e) = r {
-            self.shared.break_conn(format!("sending Cancel failed: {e}"), None);
+            self.shared
+                .break_conn(format!("sending Cancel failed: {e}"), None);
             return Err(e);
         }
         Ok(())
@@ -952,7 +1179,10 @@ impl LoadHandle {
     /// are [`LayerError::Timeout`] misses) and returns its outcome.
     pub fn wait(mut self) -> LoadOutcome {
         let Some(slot) = self.slot.take() else {
-            return LoadOutcome { ready: Vec::new(), failed: Vec::new() };
+            return LoadOutcome {
+                ready: Vec::new(),
+                failed: Vec::new(),
+            };
         };
         let mut st = self.shared.lock();
         loop {
@@ -960,9 +1190,21 @@ impl LoadHandle {
             if finished {
                 break;
             }
-            st = self.shared.cv.wait_timeout(st, Duration::from_millis(100)).map(|(g, _)| g).unwrap_or_else(|p| p.into_inner().0);
+            st = self
+                .shared
+                .cv
+                .wait_timeout(st, Duration::from_millis(100))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
         }
-        let out = st.loads.remove(&slot).map(|l| l.outcome).unwrap_or(LoadOutcome { ready: Vec::new(), failed: Vec::new() });
+        let out = st
+            .loads
+            .remove(&slot)
+            .map(|l| l.outcome)
+            .unwrap_or(LoadOutcome {
+                ready: Vec::new(),
+                failed: Vec::new(),
+            });
         // A slot is reused only when the server confirmed it wrote nothing more for it.
         if st.broken.is_none() {
             st.free_slots.push(slot);
@@ -974,7 +1216,10 @@ impl LoadHandle {
 impl Drop for LoadHandle {
     fn drop(&mut self) {
         if self.slot.is_some() {
-            let h = LoadHandle { shared: self.shared.clone(), slot: self.slot.take() };
+            let h = LoadHandle {
+                shared: self.shared.clone(),
+                slot: self.slot.take(),
+            };
             let _ = h.wait();
         }
     }

@@ -24,7 +24,11 @@ pub struct DeviceSelector {
 
 impl Default for DeviceSelector {
     fn default() -> Self {
-        DeviceSelector { device: None, port: 1, gid_index: None }
+        DeviceSelector {
+            device: None,
+            port: 1,
+            gid_index: None,
+        }
     }
 }
 
@@ -43,10 +47,9 @@ impl DeviceSelector {
         }
         let num = |var: &str| -> Result<Option<u8>> {
             match std::env::var(var) {
-                Ok(v) if !v.is_empty() => v
-                    .parse::<u8>()
-                    .map(Some)
-                    .map_err(|_| RdmaError::InvalidArgument(format!("{var}={v:?} is not a number in 0..=255"))),
+                Ok(v) if !v.is_empty() => v.parse::<u8>().map(Some).map_err(|_| {
+                    RdmaError::InvalidArgument(format!("{var}={v:?} is not a number in 0..=255"))
+                }),
                 _ => Ok(None),
             }
         };
@@ -84,7 +87,9 @@ pub fn devices() -> Result<Vec<String>> {
     // SAFETY: `list` came from `ibv_get_device_list` and is freed exactly once.
     unsafe { ffi::ibv_free_device_list(list) };
     if names.is_empty() {
-        return Err(RdmaError::NoDevice("no RDMA device is present (ibv_devices lists none)".into()));
+        return Err(RdmaError::NoDevice(
+            "no RDMA device is present (ibv_devices lists none)".into(),
+        ));
     }
     Ok(names)
 }
@@ -108,8 +113,12 @@ pub enum TransportChoice {
 /// with the reason. Never fails: every RDMA problem becomes [`TransportChoice::Tcp`].
 pub fn select_transport(sel: &DeviceSelector) -> TransportChoice {
     match Context::open(sel) {
-        Ok(ctx) => TransportChoice::Rdma { device: ctx.name().to_string() },
-        Err(e) => TransportChoice::Tcp { reason: e.to_string() },
+        Ok(ctx) => TransportChoice::Rdma {
+            device: ctx.name().to_string(),
+        },
+        Err(e) => TransportChoice::Tcp {
+            reason: e.to_string(),
+        },
     }
 }
 
@@ -169,7 +178,10 @@ impl Context {
         let want = match &sel.device {
             Some(d) => {
                 if !names.iter().any(|n| n == d) {
-                    return Err(RdmaError::NoDevice(format!("device {d:?} is not present (devices: {})", names.join(", "))));
+                    return Err(RdmaError::NoDevice(format!(
+                        "device {d:?} is not present (devices: {})",
+                        names.join(", ")
+                    )));
                 }
                 d.clone()
             }
@@ -194,7 +206,11 @@ impl Context {
                 break;
             }
         }
-        let open_err = if ctx.is_null() { Some(RdmaError::verbs("ibv_open_device", 0)) } else { None };
+        let open_err = if ctx.is_null() {
+            Some(RdmaError::verbs("ibv_open_device", 0))
+        } else {
+            None
+        };
         // SAFETY: `list` came from `ibv_get_device_list` and is freed exactly once.
         unsafe { ffi::ibv_free_device_list(list) };
         if let Some(e) = open_err {

@@ -127,7 +127,10 @@ pub enum Msg {
 pub fn send(w: &mut impl Write, msg: &Msg) -> Result<()> {
     let body = serde_json::to_vec(msg).map_err(|e| RdmaError::Protocol(format!("encode: {e}")))?;
     if body.len() > MAX_FRAME as usize {
-        return Err(RdmaError::Protocol(format!("frame of {} bytes exceeds {MAX_FRAME}", body.len())));
+        return Err(RdmaError::Protocol(format!(
+            "frame of {} bytes exceeds {MAX_FRAME}",
+            body.len()
+        )));
     }
     let mut frame = Vec::with_capacity(4 + body.len());
     frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
@@ -157,11 +160,15 @@ pub fn recv(r: &mut impl Read) -> Result<Option<Msg>> {
     }
     let len = u32::from_be_bytes(len);
     if len > MAX_FRAME {
-        return Err(RdmaError::Protocol(format!("frame of {len} bytes exceeds {MAX_FRAME}")));
+        return Err(RdmaError::Protocol(format!(
+            "frame of {len} bytes exceeds {MAX_FRAME}"
+        )));
     }
     let mut body = vec![0u8; len as usize];
     r.read_exact(&mut body)?;
-    serde_json::from_slice(&body).map(Some).map_err(|e| RdmaError::Protocol(format!("bad frame: {e}")))
+    serde_json::from_slice(&body)
+        .map(Some)
+        .map_err(|e| RdmaError::Protocol(format!("bad frame: {e}")))
 }
 
 #[cfg(test)]
@@ -171,13 +178,36 @@ mod tests {
     #[test]
     fn frames_round_trip_and_reject_garbage() {
         let msgs = vec![
-            Msg::Hello { version: VERSION, endpoints: vec![Endpoint { qpn: 17, psn: 0xabcdef, gid: [7; 16], lid: 0, mtu: 1024 }], gather: true },
+            Msg::Hello {
+                version: VERSION,
+                endpoints: vec![Endpoint {
+                    qpn: 17,
+                    psn: 0xabcdef,
+                    gid: [7; 16],
+                    lid: 0,
+                    mtu: 1024,
+                }],
+                gather: true,
+            },
             Msg::Load {
                 slot: 3,
-                spec: LoadSpec { keys: vec!["a/b".into()], slice_len: 4096, layers: vec![2, 0, 1] },
-                targets: vec![LayerTarget { layer: 2, addr: 0x1000, rkey: 9, len: 4096 }],
+                spec: LoadSpec {
+                    keys: vec!["a/b".into()],
+                    slice_len: 4096,
+                    layers: vec![2, 0, 1],
+                },
+                targets: vec![LayerTarget {
+                    layer: 2,
+                    addr: 0x1000,
+                    rkey: 9,
+                    len: 4096,
+                }],
             },
-            Msg::Done { slot: 3, failed: vec![(1, "boom".into())], writes: 7 },
+            Msg::Done {
+                slot: 3,
+                failed: vec![(1, "boom".into())],
+                writes: 7,
+            },
             Msg::Bye,
         ];
         let mut wire = Vec::new();

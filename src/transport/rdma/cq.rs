@@ -39,7 +39,9 @@ impl Completion {
     /// The status as text (`ibv_wc_status_str`), e.g. "transport retry counter exceeded".
     pub fn status_str(&self) -> String {
         // SAFETY: `ibv_wc_status_str` returns a static NUL-terminated string for any value.
-        unsafe { CStr::from_ptr(ffi::ibv_wc_status_str(self.status)) }.to_string_lossy().into_owned()
+        unsafe { CStr::from_ptr(ffi::ibv_wc_status_str(self.status)) }
+            .to_string_lossy()
+            .into_owned()
     }
 }
 
@@ -67,10 +69,20 @@ impl CompletionQueue {
     pub fn new(ctx: &Arc<Context>, depth: u32) -> Result<Arc<Self>> {
         // SAFETY: `ctx` is open; no completion channel, no user context.
         let raw = unsafe {
-            ffi::ibv_create_cq(ctx.as_ptr(), depth as i32, std::ptr::null_mut(), std::ptr::null_mut(), 0)
+            ffi::ibv_create_cq(
+                ctx.as_ptr(),
+                depth as i32,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
         };
         let raw = NonNull::new(raw).ok_or_else(|| RdmaError::verbs("ibv_create_cq", 0))?;
-        Ok(Arc::new(CompletionQueue { raw, _ctx: ctx.clone(), depth }))
+        Ok(Arc::new(CompletionQueue {
+            raw,
+            _ctx: ctx.clone(),
+            depth,
+        }))
     }
     pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_cq {
         self.raw.as_ptr()
@@ -84,10 +96,13 @@ impl CompletionQueue {
     /// # Errors
     /// [`RdmaError::Verbs`] when `ibv_poll_cq` fails (the CQ is broken).
     pub fn poll(&self, out: &mut Vec<Completion>) -> Result<usize> {
-        let mut wc: [MaybeUninit<ffi::ibv_wc>; POLL_BATCH] = [const { MaybeUninit::uninit() }; POLL_BATCH];
+        let mut wc: [MaybeUninit<ffi::ibv_wc>; POLL_BATCH] =
+            [const { MaybeUninit::uninit() }; POLL_BATCH];
         // SAFETY: the CQ is live; `wc` has room for `POLL_BATCH` entries and the provider
         // initialises the first `n` it returns.
-        let n = unsafe { ffi::ibv_poll_cq(self.raw.as_ptr(), POLL_BATCH as i32, wc.as_mut_ptr().cast()) };
+        let n = unsafe {
+            ffi::ibv_poll_cq(self.raw.as_ptr(), POLL_BATCH as i32, wc.as_mut_ptr().cast())
+        };
         if n < 0 {
             return Err(RdmaError::verbs("ibv_poll_cq", -n));
         }
@@ -97,7 +112,9 @@ impl CompletionQueue {
             let with_imm = w.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
             let imm = if with_imm && w.status == ffi::ibv_wc_status::IBV_WC_SUCCESS {
                 // SAFETY: with IBV_WC_WITH_IMM set the union holds the immediate (big-endian).
-                Some(u32::from_be(unsafe { w.imm_data_invalidated_rkey_union.imm_data }))
+                Some(u32::from_be(unsafe {
+                    w.imm_data_invalidated_rkey_union.imm_data
+                }))
             } else {
                 None
             };

@@ -20,8 +20,8 @@ use tokio::net::{TcpStream, ToSocketAddrs};
 
 use crate::error::LayerError;
 use crate::protocol::{
-    plan_units, unit_indices, ClientConnection, ClientEvent, GatherRequest, MissReason, ProtocolError, RdmaTarget,
-    ServerInfo, TransportTarget,
+    plan_units, unit_indices, ClientConnection, ClientEvent, GatherRequest, MissReason,
+    ProtocolError, RdmaTarget, ServerInfo, TransportTarget,
 };
 use crate::transport::LayerSink;
 
@@ -57,14 +57,25 @@ impl GatherConn {
     /// # Errors
     /// A message when the connection fails, the server does not speak gather, refuses the
     /// credentials, or does not announce the RDMA target ([`ServerInfo::FEATURE_RDMA`]).
-    pub async fn connect(addr: impl ToSocketAddrs, credentials: Option<(String, String)>) -> Result<Self, String> {
-        let stream = TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
+    pub async fn connect(
+        addr: impl ToSocketAddrs,
+        credentials: Option<(String, String)>,
+    ) -> Result<Self, String> {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
         let _ = stream.set_nodelay(true);
         let mut c = GatherConn {
             stream,
             conn: ClientConnection::with_credentials(credentials),
             buf: BytesMut::with_capacity(64 << 10),
-            info: ServerInfo { version: 0, features: 0, max_descriptor_bytes: 0, max_chunks: 0, max_request_bytes: 0 },
+            info: ServerInfo {
+                version: 0,
+                features: 0,
+                max_descriptor_bytes: 0,
+                max_chunks: 0,
+                max_request_bytes: 0,
+            },
         };
         c.flush().await.map_err(|e| format!("send hello: {e}"))?;
         let info = tokio::time::timeout(Duration::from_secs(10), async {
@@ -76,8 +87,13 @@ impl GatherConn {
                     };
                 }
                 match c.read_more().await {
-                    Ok(0) => return Err("the server closed the connection after the preface".to_string()),
-                    Ok(_) => c.conn.handle_bytes(&mut c.buf).map_err(|e| format!("not a gather server: {e}"))?,
+                    Ok(0) => {
+                        return Err("the server closed the connection after the preface".to_string())
+                    }
+                    Ok(_) => c
+                        .conn
+                        .handle_bytes(&mut c.buf)
+                        .map_err(|e| format!("not a gather server: {e}"))?,
                     Err(e) => return Err(format!("read hello: {e}")),
                 }
                 // The answer to an authentication challenge, if one came.
@@ -133,8 +149,17 @@ impl GatherConn {
             return Err(refused(format!("RDMA session broken: {why}")));
         }
         let nl = (req.layers.end - req.layers.start) as usize;
-        if dests.len() != nl || dests.iter().zip(req.layers.clone()).any(|(d, l)| d.layer() != l) {
-            return Err(refused(format!("{} destinations for layers {:?}", dests.len(), req.layers)));
+        if dests.len() != nl
+            || dests
+                .iter()
+                .zip(req.layers.clone())
+                .any(|(d, l)| d.layer() != l)
+        {
+            return Err(refused(format!(
+                "{} destinations for layers {:?}",
+                dests.len(),
+                req.layers
+            )));
         }
         let plan = plan_units(&req);
         let idx = unit_indices(&plan);
@@ -145,12 +170,18 @@ impl GatherConn {
             t.push((u.offset, u.len));
         }
         let layers: Vec<(LayerDest, Vec<(u64, u64)>)> = dests.iter().cloned().zip(tables).collect();
-        let (handle, slot, segments) = rdma.expect_gather(&layers, sink.clone()).map_err(|e| refused(e.to_string()))?;
+        let (handle, slot, segments) = rdma
+            .expect_gather(&layers, sink.clone())
+            .map_err(|e| refused(e.to_string()))?;
         let handle = AbortOnDrop(Some(handle));
         // One segment per layer for contiguous destinations; a scattered (paged) one needs a
         // server that accepts several (start_gather refuses it otherwise, and the caller falls
         // back to TCP).
-        req.target = TransportTarget::Rdma(RdmaTarget { session: rdma.session(), slot: slot as u8, layers: segments });
+        req.target = TransportTarget::Rdma(RdmaTarget {
+            session: rdma.session(),
+            slot: slot as u8,
+            layers: segments,
+        });
         if let Err(e) = self.conn.start_gather(&req) {
             handle.forget();
             return Err(refused(e.to_string()));
@@ -165,15 +196,29 @@ impl GatherConn {
             while let Some(ev) = self.conn.poll_event() {
                 match ev {
                     ClientEvent::Accepted { .. } => accepted = true,
-                    ClientEvent::Miss { chunk, layers, reason, message } => {
+                    ClientEvent::Miss {
+                        chunk,
+                        layers,
+                        reason,
+                        message,
+                    } => {
                         let c = chunk as usize;
                         let errs: Vec<(u32, LayerError)> = layers
                             .map(|l| {
                                 let e = match reason {
-                                    MissReason::NotFound => LayerError::Missing { chunk: c, key: req.chunks.key(c).unwrap_or_default() },
-                                    MissReason::GeometryMismatch => LayerError::GeometryMismatch { chunk: c, reason: message.clone() },
+                                    MissReason::NotFound => LayerError::Missing {
+                                        chunk: c,
+                                        key: req.chunks.key(c).unwrap_or_default(),
+                                    },
+                                    MissReason::GeometryMismatch => LayerError::GeometryMismatch {
+                                        chunk: c,
+                                        reason: message.clone(),
+                                    },
                                     MissReason::ChecksumMismatch | MissReason::Storage => {
-                                        LayerError::Storage { chunk: c, message: message.clone() }
+                                        LayerError::Storage {
+                                            chunk: c,
+                                            message: message.clone(),
+                                        }
                                     }
                                 };
                                 (l, e)

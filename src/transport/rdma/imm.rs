@@ -29,7 +29,11 @@ impl Imm {
         if slot >= Self::SLOTS || layer >= Self::MAX_LAYERS || unit >= Self::MAX_UNITS {
             return None;
         }
-        Some(Imm { slot: slot as u8, layer: layer as u16, unit: unit as u16 })
+        Some(Imm {
+            slot: slot as u8,
+            layer: layer as u16,
+            unit: unit as u16,
+        })
     }
     /// The 32-bit value (host order; the verbs layer converts to network order).
     pub fn encode(self) -> u32 {
@@ -37,7 +41,11 @@ impl Imm {
     }
     /// Decodes any 32-bit value (every value is a valid triple).
     pub fn decode(v: u32) -> Self {
-        Imm { slot: (v >> 26) as u8, layer: ((v >> 16) & 0x3ff) as u16, unit: (v & 0xffff) as u16 }
+        Imm {
+            slot: (v >> 26) as u8,
+            layer: ((v >> 16) & 0x3ff) as u16,
+            unit: (v & 0xffff) as u16,
+        }
     }
 }
 
@@ -50,11 +58,17 @@ mod tests {
         for (s, l, u) in [(0, 0, 0), (63, 1023, 65535), (5, 79, 1234), (1, 2, 3)] {
             let i = Imm::new(s, l, u).unwrap();
             assert_eq!(Imm::decode(i.encode()), i);
-            assert_eq!((u32::from(i.slot), u32::from(i.layer), u32::from(i.unit)), (s, l, u));
+            assert_eq!(
+                (u32::from(i.slot), u32::from(i.layer), u32::from(i.unit)),
+                (s, l, u)
+            );
         }
         assert!(Imm::new(64, 0, 0).is_none());
         assert!(Imm::new(0, 1024, 0).is_none());
         assert!(Imm::new(0, 0, 65536).is_none());
-        assert_ne!(Imm::new(1, 0, 0).unwrap().encode(), Imm::new(0, 1, 0).unwrap().encode());
+        assert_ne!(
+            Imm::new(1, 0, 0).unwrap().encode(),
+            Imm::new(0, 1, 0).unwrap().encode()
+        );
     }
 }

@@ -26,25 +26,25 @@ pub mod client;
 pub mod context;
 pub mod control;
 pub mod cq;
+pub mod gather;
 pub mod imm;
 pub mod mr;
 pub mod pd;
 pub mod qp;
 pub mod server;
 pub mod session;
-pub mod gather;
 
 pub use client::{ClientConfig, LayerDest, LoadHandle, LoadOutcome, RdmaClient};
 pub use context::{devices, select_transport, Context, DeviceSelector, TransportChoice};
 pub use control::{Endpoint, LayerTarget, LoadSpec};
 pub use cq::{Completion, CompletionQueue};
+pub use gather::{GatherConn, RdmaGatherError};
 pub use imm::Imm;
 pub use mr::{HostBuffer, MemoryRegion, RegistrationCache};
 pub use pd::ProtectionDomain;
 pub use qp::{Init, QueuePair, Reset, Rtr, Rts};
 pub use server::{RdmaServer, ServerConfig, ServerHandle, SliceSource, StoreSliceSource};
 pub use session::{GatherSession, SessionRegistry};
-pub use gather::{GatherConn, RdmaGatherError};
 
 /// What the RDMA layer reports.
 #[derive(Debug, thiserror::Error)]
@@ -80,7 +80,13 @@ impl RdmaError {
     /// Builds [`RdmaError::Verbs`] from the calling thread's `errno` (or `ret` when the call
     /// returned a positive errno, as `ibv_modify_qp` and `ibv_post_send` do).
     pub(crate) fn verbs(op: &'static str, ret: i32) -> Self {
-        let errno = if ret > 0 { ret } else { std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) };
+        let errno = if ret > 0 {
+            ret
+        } else {
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO)
+        };
         RdmaError::Verbs { op, errno }
     }
 }

@@ -28,7 +28,10 @@ pub struct HostBuffer {
 
 impl std::fmt::Debug for HostBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HostBuffer").field("addr", &(self.ptr.as_ptr() as usize)).field("len", &self.len).finish()
+        f.debug_struct("HostBuffer")
+            .field("addr", &(self.ptr.as_ptr() as usize))
+            .field("len", &self.len)
+            .finish()
     }
 }
 
@@ -44,13 +47,17 @@ impl HostBuffer {
     /// [`RdmaError::InvalidArgument`] when `len` is 0 or too large to allocate.
     pub fn new(len: usize) -> Result<Arc<Self>> {
         if len == 0 {
-            return Err(RdmaError::InvalidArgument("a host buffer needs at least one byte".into()));
+            return Err(RdmaError::InvalidArgument(
+                "a host buffer needs at least one byte".into(),
+            ));
         }
-        let layout = Layout::from_size_align(len, PAGE)
-            .map_err(|_| RdmaError::InvalidArgument(format!("buffer of {len} bytes is too large")))?;
+        let layout = Layout::from_size_align(len, PAGE).map_err(|_| {
+            RdmaError::InvalidArgument(format!("buffer of {len} bytes is too large"))
+        })?;
         // SAFETY: `layout` has non-zero size (checked above).
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(p).ok_or_else(|| RdmaError::InvalidArgument(format!("cannot allocate {len} bytes")))?;
+        let ptr = NonNull::new(p)
+            .ok_or_else(|| RdmaError::InvalidArgument(format!("cannot allocate {len} bytes")))?;
         Ok(Arc::new(HostBuffer { ptr, len }))
     }
     /// Length in bytes.
@@ -86,7 +93,13 @@ impl HostBuffer {
         std::sync::atomic::fence(Ordering::Acquire);
         // SAFETY: the range is inside the allocation (checked); `out` is a distinct Rust
         // buffer, so the regions do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), out.as_mut_ptr(), out.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        };
         Ok(())
     }
     /// Copies `data` into the buffer at `offset`.
@@ -97,7 +110,9 @@ impl HostBuffer {
         self.check(offset, data.len())?;
         // SAFETY: the range is inside the allocation (checked); `data` is a distinct Rust
         // slice, so the regions do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
+        };
         std::sync::atomic::fence(Ordering::Release);
         Ok(())
     }
@@ -110,7 +125,10 @@ impl HostBuffer {
     /// Panics if the range is outside the buffer.
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn slice_mut(&self, offset: usize, len: usize) -> &mut [u8] {
-        assert!(offset.checked_add(len).is_some_and(|e| e <= self.len), "range outside the host buffer");
+        assert!(
+            offset.checked_add(len).is_some_and(|e| e <= self.len),
+            "range outside the host buffer"
+        );
         // SAFETY: in bounds (asserted); exclusivity is the caller's contract above.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(offset), len) }
     }
@@ -156,7 +174,8 @@ impl Access {
         let f = match self {
             Access::Local => ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE,
             Access::RemoteWrite => {
-                ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+                ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+                    | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
             }
         };
         f.0 as i32
@@ -189,7 +208,11 @@ impl MemoryRegion {
     /// # Errors
     /// [`RdmaError::Verbs`] when `ibv_reg_mr` fails (often `ENOMEM`: the locked-memory limit,
     /// `ulimit -l`, is too low; see docs/rdma.md).
-    pub fn register(pd: &Arc<ProtectionDomain>, buf: &Arc<HostBuffer>, access: Access) -> Result<Self> {
+    pub fn register(
+        pd: &Arc<ProtectionDomain>,
+        buf: &Arc<HostBuffer>,
+        access: Access,
+    ) -> Result<Self> {
         // SAFETY: `buf` is a live allocation of `buf.len()` bytes that this MR keeps alive
         // (it stores the `Arc`) until `ibv_dereg_mr` in `Drop`; that memory is only reached
         // through raw-pointer copies, so DMA into it never aliases a Rust reference.
@@ -210,9 +233,16 @@ impl MemoryRegion {
     /// # Errors
     /// [`RdmaError::InvalidArgument`] for a null or empty range; otherwise as
     /// [`MemoryRegion::register`].
-    pub unsafe fn register_raw(pd: &Arc<ProtectionDomain>, ptr: *mut u8, len: usize, access: Access) -> Result<Self> {
+    pub unsafe fn register_raw(
+        pd: &Arc<ProtectionDomain>,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Self> {
         if ptr.is_null() || len == 0 {
-            return Err(RdmaError::InvalidArgument("cannot register a null or empty memory range".into()));
+            return Err(RdmaError::InvalidArgument(
+                "cannot register a null or empty memory range".into(),
+            ));
         }
         // SAFETY: the caller guarantees `ptr..ptr+len` stays mapped until `Drop` deregisters
         // it; `pd` is a live PD kept alive by the `Arc` stored in the result.
@@ -220,7 +250,15 @@ impl MemoryRegion {
         let raw = NonNull::new(raw).ok_or_else(|| RdmaError::verbs("ibv_reg_mr", 0))?;
         // SAFETY: `raw` points to the `ibv_mr` just returned; the keys are plain fields.
         let (lkey, rkey) = unsafe { ((*raw.as_ptr()).lkey, (*raw.as_ptr()).rkey) };
-        Ok(MemoryRegion { raw, buf: None, addr: ptr as u64, len, _pd: pd.clone(), lkey, rkey })
+        Ok(MemoryRegion {
+            raw,
+            buf: None,
+            addr: ptr as u64,
+            len,
+            _pd: pd.clone(),
+            lkey,
+            rkey,
+        })
     }
     /// Local key (used in this side's scatter/gather entries).
     pub fn lkey(&self) -> u32 {
@@ -269,7 +307,11 @@ pub struct RegistrationCache {
 impl RegistrationCache {
     /// An empty cache over `pd`.
     pub fn new(pd: &Arc<ProtectionDomain>) -> Self {
-        RegistrationCache { pd: pd.clone(), map: Mutex::new(HashMap::new()), registrations: AtomicU64::new(0) }
+        RegistrationCache {
+            pd: pd.clone(),
+            map: Mutex::new(HashMap::new()),
+            registrations: AtomicU64::new(0),
+        }
     }
     /// The region for `buf` with remote-write access, registering it on first use.
     ///
@@ -295,14 +337,20 @@ impl RegistrationCache {
     ///
     /// # Errors
     /// As [`MemoryRegion::register_raw`].
-    pub unsafe fn get_or_register_raw(&self, ptr: *mut u8, len: usize) -> Result<Arc<MemoryRegion>> {
+    pub unsafe fn get_or_register_raw(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<Arc<MemoryRegion>> {
         let key = (ptr as u64, len);
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(mr) = map.get(&key) {
             return Ok(mr.clone());
         }
         // SAFETY: forwarded from this function's contract.
-        let mr = Arc::new(unsafe { MemoryRegion::register_raw(&self.pd, ptr, len, Access::RemoteWrite)? });
+        let mr = Arc::new(unsafe {
+            MemoryRegion::register_raw(&self.pd, ptr, len, Access::RemoteWrite)?
+        });
         self.registrations.fetch_add(1, Ordering::Relaxed);
         map.insert(key, mr.clone());
         Ok(mr)
@@ -310,11 +358,19 @@ impl RegistrationCache {
     /// Drops the cached region of caller memory `ptr..ptr+len`; `true` if it was cached. The
     /// region is deregistered once no running load holds it.
     pub fn evict_raw(&self, ptr: *mut u8, len: usize) -> bool {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).remove(&(ptr as u64, len)).is_some()
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(ptr as u64, len))
+            .is_some()
     }
     /// Drops the cached region of `buf` (deregistered once no load uses it); `true` if cached.
     pub fn evict(&self, buf: &Arc<HostBuffer>) -> bool {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).remove(&(buf.addr(), buf.len())).is_some()
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(buf.addr(), buf.len()))
+            .is_some()
     }
     /// How many `ibv_reg_mr` calls this cache has made (hits do not count).
     pub fn registrations(&self) -> u64 {

@@ -29,7 +29,10 @@ impl ProtectionDomain {
         // SAFETY: `ctx` is an open context kept alive by the `Arc` stored below.
         let raw = unsafe { ffi::ibv_alloc_pd(ctx.as_ptr()) };
         let raw = NonNull::new(raw).ok_or_else(|| RdmaError::verbs("ibv_alloc_pd", 0))?;
-        Ok(Arc::new(ProtectionDomain { raw, ctx: ctx.clone() }))
+        Ok(Arc::new(ProtectionDomain {
+            raw,
+            ctx: ctx.clone(),
+        }))
     }
     pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_pd {
         self.raw.as_ptr()

@@ -39,7 +39,10 @@ pub struct QpCaps {
 
 impl Default for QpCaps {
     fn default() -> Self {
-        QpCaps { max_send_wr: 128, max_recv_wr: 256 }
+        QpCaps {
+            max_send_wr: 128,
+            max_recv_wr: 256,
+        }
     }
 }
 
@@ -69,9 +72,20 @@ impl<S> QueuePair<S> {
     /// This side's endpoint (QP number, starting PSN, GID, LID, MTU) for the peer.
     pub fn endpoint(&self) -> Endpoint {
         let ctx = self.pd.context();
-        Endpoint { qpn: self.qpn, psn: self.psn, gid: ctx.gid(), lid: ctx.lid(), mtu: ctx.active_mtu() }
+        Endpoint {
+            qpn: self.qpn,
+            psn: self.psn,
+            gid: ctx.gid(),
+            lid: ctx.lid(),
+            mtu: ctx.active_mtu(),
+        }
     }
-    fn modify(&self, attr: &mut ffi::ibv_qp_attr, mask: ffi::ibv_qp_attr_mask, op: &'static str) -> Result<()> {
+    fn modify(
+        &self,
+        attr: &mut ffi::ibv_qp_attr,
+        mask: ffi::ibv_qp_attr_mask,
+        op: &'static str,
+    ) -> Result<()> {
         // SAFETY: the QP is live; `attr` is a fully initialised attribute struct whose fields
         // named by `mask` are set by the caller.
         let rc = unsafe { ffi::ibv_modify_qp(self.raw.as_ptr(), attr, mask.0 as i32) };
@@ -104,7 +118,11 @@ impl<S> QueuePair<S> {
         // SAFETY: zeroed is a valid `ibv_qp_attr`; only `qp_state` is read for this mask.
         let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ffi::ibv_qp_state::IBV_QPS_ERR;
-        self.modify(&mut a, ffi::ibv_qp_attr_mask::IBV_QP_STATE, "ibv_modify_qp(ERR)")
+        self.modify(
+            &mut a,
+            ffi::ibv_qp_attr_mask::IBV_QP_STATE,
+            "ibv_modify_qp(ERR)",
+        )
     }
     /// Posts one receive without scatter entries (what RDMA_WRITE_WITH_IMM consumes).
     ///
@@ -179,10 +197,15 @@ impl QueuePair<Reset> {
         a.qp_state = ffi::ibv_qp_state::IBV_QPS_INIT;
         a.pkey_index = 0;
         a.port_num = self.pd.context().port();
-        a.qp_access_flags =
-            (ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE).0;
+        a.qp_access_flags = (ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+            | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)
+            .0;
         use ffi::ibv_qp_attr_mask as M;
-        self.modify(&mut a, M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_ACCESS_FLAGS, "ibv_modify_qp(INIT)")?;
+        self.modify(
+            &mut a,
+            M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_ACCESS_FLAGS,
+            "ibv_modify_qp(INIT)",
+        )?;
         Ok(self.into_state())
     }
 }
@@ -299,7 +322,11 @@ impl QueuePair<Rts> {
                 local.len()
             )));
         }
-        let mut sge = ffi::ibv_sge { addr: local.addr() + local_off as u64, length: len as u32, lkey: local.lkey() };
+        let mut sge = ffi::ibv_sge {
+            addr: local.addr() + local_off as u64,
+            length: len as u32,
+            lkey: local.lkey(),
+        };
         // SAFETY: zeroed is a valid `ibv_send_wr` (null `next`, no SGEs, opcode 0).
         let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = wr_id;
@@ -312,7 +339,11 @@ impl QueuePair<Rts> {
             }
             None => wr.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
         }
-        wr.send_flags = if signaled { ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 };
+        wr.send_flags = if signaled {
+            ffi::ibv_send_flags::IBV_SEND_SIGNALED.0
+        } else {
+            0
+        };
         wr.wr.rdma = ffi::rdma_t { remote_addr, rkey };
         let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
         // SAFETY: the QP is live; `wr` and `sge` are valid for the call (the provider copies

@@ -30,7 +30,13 @@ pub trait SliceSource: Send + Sync {
     /// # Errors
     /// The [`LayerError`] that makes this layer a miss (missing object, checksum mismatch,
     /// storage failure).
-    fn read_slice(&self, spec: &LoadSpec, layer: u32, unit: u32, dst: &mut [u8]) -> Result<(), LayerError>;
+    fn read_slice(
+        &self,
+        spec: &LoadSpec,
+        layer: u32,
+        unit: u32,
+        dst: &mut [u8],
+    ) -> Result<(), LayerError>;
 }
 
 /// A [`SliceSource`] over any [`Store`]: one ranged read per slice (`slice_range`), CRC32C
@@ -49,24 +55,50 @@ impl StoreSliceSource {
 }
 
 impl SliceSource for StoreSliceSource {
-    fn read_slice(&self, spec: &LoadSpec, layer: u32, unit: u32, dst: &mut [u8]) -> Result<(), LayerError> {
+    fn read_slice(
+        &self,
+        spec: &LoadSpec,
+        layer: u32,
+        unit: u32,
+        dst: &mut [u8],
+    ) -> Result<(), LayerError> {
         let chunk = unit as usize;
-        let key = spec.keys.get(chunk).ok_or_else(|| LayerError::Missing { chunk, key: String::new() })?;
+        let key = spec.keys.get(chunk).ok_or_else(|| LayerError::Missing {
+            chunk,
+            key: String::new(),
+        })?;
         let range = slice_range(layer, spec.slice_len);
         let store = self.store.clone();
         let k = key.clone();
-        let bytes = self.rt.block_on(async move { store.get_range(&k, range).await }).map_err(|e| match e {
-            crate::error::StoreError::NotFound { key } => LayerError::Missing { chunk, key },
-            other => LayerError::Storage { chunk, message: other.to_string() },
-        })?;
+        let bytes = self
+            .rt
+            .block_on(async move { store.get_range(&k, range).await })
+            .map_err(|e| match e {
+                crate::error::StoreError::NotFound { key } => LayerError::Missing { chunk, key },
+                other => LayerError::Storage {
+                    chunk,
+                    message: other.to_string(),
+                },
+            })?;
         verify_slice(layer as usize, &bytes, spec.slice_len).map_err(|e| match e {
-            crate::layout::FormatError::SliceChecksum { stored, computed, .. } => {
-                LayerError::ChecksumMismatch { chunk, layer: layer as usize, stored, computed }
-            }
-            other => LayerError::GeometryMismatch { chunk, reason: other.to_string() },
+            crate::layout::FormatError::SliceChecksum {
+                stored, computed, ..
+            } => LayerError::ChecksumMismatch {
+                chunk,
+                layer: layer as usize,
+                stored,
+                computed,
+            },
+            other => LayerError::GeometryMismatch {
+                chunk,
+                reason: other.to_string(),
+            },
         })?;
         if dst.len() as u64 != spec.slice_len {
-            return Err(LayerError::GeometryMismatch { chunk, reason: format!("staging slot of {} bytes", dst.len()) });
+            return Err(LayerError::GeometryMismatch {
+                chunk,
+                reason: format!("staging slot of {} bytes", dst.len()),
+            });
         }
         dst.copy_from_slice(&bytes[..dst.len()]);
         Ok(())
@@ -112,7 +144,10 @@ pub struct RdmaServer {
 
 impl std::fmt::Debug for RdmaServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RdmaServer").field("listener", &self.listener).field("cfg", &self.cfg).finish()
+        f.debug_struct("RdmaServer")
+            .field("listener", &self.listener)
+            .field("cfg", &self.cfg)
+            .finish()
     }
 }
 
@@ -123,14 +158,25 @@ impl RdmaServer {
     /// [`RdmaError::NoDevice`] (no RDMA here: serve gather over TCP instead),
     /// [`RdmaError::Io`] when the address cannot be bound, [`RdmaError::InvalidArgument`] for
     /// a zero arena or QP count.
-    pub fn bind(addr: impl ToSocketAddrs, source: Arc<dyn SliceSource>, cfg: ServerConfig) -> Result<Self> {
+    pub fn bind(
+        addr: impl ToSocketAddrs,
+        source: Arc<dyn SliceSource>,
+        cfg: ServerConfig,
+    ) -> Result<Self> {
         if cfg.arena_bytes == 0 || cfg.max_qps == 0 {
-            return Err(RdmaError::InvalidArgument("arena_bytes and max_qps must be positive".into()));
+            return Err(RdmaError::InvalidArgument(
+                "arena_bytes and max_qps must be positive".into(),
+            ));
         }
         let ctx = Context::open(&cfg.device)?;
         let pd = ProtectionDomain::new(&ctx)?;
         let listener = TcpListener::bind(addr)?;
-        Ok(RdmaServer { listener, pd, source, cfg })
+        Ok(RdmaServer {
+            listener,
+            pd,
+            source,
+            cfg,
+        })
     }
     /// The bound control address.
     ///
@@ -150,31 +196,49 @@ impl RdmaServer {
         let conns: Arc<Mutex<Vec<(TcpStream, JoinHandle<()>)>>> = Arc::default();
         let cancels = Arc::new(AtomicU64::new(0));
         let (stop2, conns2, cancels2) = (stop.clone(), conns.clone(), cancels.clone());
-        let accept = std::thread::Builder::new().name("rdma-accept".into()).spawn(move || {
-            while !stop2.load(Ordering::Acquire) {
-                match self.listener.accept() {
-                    Ok((s, peer)) => {
-                        let _ = s.set_nonblocking(false);
-                        let _ = s.set_nodelay(true);
-                        let Ok(watch) = s.try_clone() else { continue };
-                        let (pd, src, cfg, cancels) = (self.pd.clone(), self.source.clone(), self.cfg.clone(), cancels2.clone());
-                        let h = std::thread::Builder::new().name("rdma-conn".into()).spawn(move || {
-                            if let Err(e) = serve_conn(s, &pd, src.as_ref(), &cfg, &cancels) {
-                                tracing::debug!(%peer, error = %e, "rdma connection ended");
+        let accept = std::thread::Builder::new()
+            .name("rdma-accept".into())
+            .spawn(move || {
+                while !stop2.load(Ordering::Acquire) {
+                    match self.listener.accept() {
+                        Ok((s, peer)) => {
+                            let _ = s.set_nonblocking(false);
+                            let _ = s.set_nodelay(true);
+                            let Ok(watch) = s.try_clone() else { continue };
+                            let (pd, src, cfg, cancels) = (
+                                self.pd.clone(),
+                                self.source.clone(),
+                                self.cfg.clone(),
+                                cancels2.clone(),
+                            );
+                            let h = std::thread::Builder::new().name("rdma-conn".into()).spawn(
+                                move || {
+                                    if let Err(e) = serve_conn(s, &pd, src.as_ref(), &cfg, &cancels)
+                                    {
+                                        tracing::debug!(%peer, error = %e, "rdma connection ended");
+                                    }
+                                },
+                            );
+                            if let Ok(h) = h {
+                                let mut c = conns2.lock().unwrap_or_else(|p| p.into_inner());
+                                c.retain(|(_, h)| !h.is_finished());
+                                c.push((watch, h));
                             }
-                        });
-                        if let Ok(h) = h {
-                            let mut c = conns2.lock().unwrap_or_else(|p| p.into_inner());
-                            c.retain(|(_, h)| !h.is_finished());
-                            c.push((watch, h));
                         }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            std::thread::sleep(Duration::from_millis(10))
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(10)),
                     }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(10)),
-                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
                 }
-            }
-        })?;
-        Ok(ServerHandle { addr, stop, accept: Some(accept), conns, cancels })
+            })?;
+        Ok(ServerHandle {
+            addr,
+            stop,
+            accept: Some(accept),
+            conns,
+            cancels,
+        })
     }
 }
 
@@ -230,20 +294,32 @@ fn serve_conn(
 ) -> Result<()> {
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     let endpoints = match control::recv(&mut s)? {
-        Some(Msg::Hello { version, endpoints, .. }) => {
-            if version != control::VERSION || endpoints.is_empty() || endpoints.len() > cfg.max_qps {
+        Some(Msg::Hello {
+            version, endpoints, ..
+        }) => {
+            if version != control::VERSION || endpoints.is_empty() || endpoints.len() > cfg.max_qps
+            {
                 let reason = format!(
                     "version {version} with {} QPs not accepted (want version {}, 1..={} QPs)",
                     endpoints.len(),
                     control::VERSION,
                     cfg.max_qps
                 );
-                control::send(&mut s, &Msg::Refuse { reason: reason.clone() })?;
+                control::send(
+                    &mut s,
+                    &Msg::Refuse {
+                        reason: reason.clone(),
+                    },
+                )?;
                 return Err(RdmaError::Protocol(reason));
             }
             endpoints
         }
-        other => return Err(RdmaError::Protocol(format!("expected Hello, got {other:?}"))),
+        other => {
+            return Err(RdmaError::Protocol(format!(
+                "expected Hello, got {other:?}"
+            )))
+        }
     };
     s.set_read_timeout(None)?;
     let ctx = pd.context().clone();
@@ -251,12 +327,21 @@ fn serve_conn(
     let cq = CompletionQueue::new(&ctx, n * (cfg.caps.max_send_wr + cfg.caps.max_recv_wr))?;
     let mut qps = Vec::with_capacity(endpoints.len());
     for ep in &endpoints {
-        let qp = QueuePair::create(pd, &cq, &cq, cfg.caps)?.to_init()?.to_rtr(ep)?.to_rts()?;
+        let qp = QueuePair::create(pd, &cq, &cq, cfg.caps)?
+            .to_init()?
+            .to_rtr(ep)?
+            .to_rts()?;
         qps.push(qp);
     }
     let arena = HostBuffer::new(cfg.arena_bytes)?;
     let arena_mr = MemoryRegion::register(pd, &arena, Access::Local)?;
-    control::send(&mut s, &Msg::Welcome { endpoints: qps.iter().map(|q| q.endpoint()).collect(), session: 0 })?;
+    control::send(
+        &mut s,
+        &Msg::Welcome {
+            endpoints: qps.iter().map(|q| q.endpoint()).collect(),
+            session: 0,
+        },
+    )?;
 
     // A reader thread forwards control messages and flags a disconnect, so a load that is
     // waiting for completions notices a vanished client at once.
@@ -267,31 +352,60 @@ fn serve_conn(
     let cancel: Arc<Mutex<HashSet<u32>>> = Arc::default();
     let cancel2 = cancel.clone();
     let cancels = cancels.clone();
-    let reader = std::thread::Builder::new().name("rdma-conn-ctrl".into()).spawn(move || loop {
-        let m = control::recv(&mut rs);
-        if let Ok(Some(Msg::Cancel { slot })) = m {
-            cancel2.lock().unwrap_or_else(|p| p.into_inner()).insert(slot);
-            cancels.fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
-        if let Ok(Some(Msg::Load { slot, .. })) = &m {
-            cancel2.lock().unwrap_or_else(|p| p.into_inner()).remove(slot);
-        }
-        let end = !matches!(m, Ok(Some(Msg::Load { .. })));
-        if end {
-            gone2.store(true, Ordering::Release);
-        }
-        if tx.send(m).is_err() || end {
-            return;
-        }
-    })?;
-    let mut conn = Conn { qps, cq, arena: arena_mr, arena_buf: arena, cfg: cfg.clone(), broken: None, next_qp: 0, gone, cancel };
+    let reader = std::thread::Builder::new()
+        .name("rdma-conn-ctrl".into())
+        .spawn(move || loop {
+            let m = control::recv(&mut rs);
+            if let Ok(Some(Msg::Cancel { slot })) = m {
+                cancel2
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(slot);
+                cancels.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            if let Ok(Some(Msg::Load { slot, .. })) = &m {
+                cancel2
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(slot);
+            }
+            let end = !matches!(m, Ok(Some(Msg::Load { .. })));
+            if end {
+                gone2.store(true, Ordering::Release);
+            }
+            if tx.send(m).is_err() || end {
+                return;
+            }
+        })?;
+    let mut conn = Conn {
+        qps,
+        cq,
+        arena: arena_mr,
+        arena_buf: arena,
+        cfg: cfg.clone(),
+        broken: None,
+        next_qp: 0,
+        gone,
+        cancel,
+    };
     let result = loop {
         let m = rx.recv().unwrap_or(Ok(None));
         match m {
-            Ok(Some(Msg::Load { slot, spec, targets })) => {
+            Ok(Some(Msg::Load {
+                slot,
+                spec,
+                targets,
+            })) => {
                 let (failed, writes) = conn.serve_load(src, slot, &spec, &targets);
-                if let Err(e) = control::send(&mut s, &Msg::Done { slot, failed, writes }) {
+                if let Err(e) = control::send(
+                    &mut s,
+                    &Msg::Done {
+                        slot,
+                        failed,
+                        writes,
+                    },
+                ) {
                     break Err(e);
                 }
                 if let Some(why) = &conn.broken {
@@ -334,8 +448,22 @@ struct Flight {
 impl Conn {
     /// Serves one load; returns the `(layer, reason)` of each layer not delivered and the
     /// number of writes that completed successfully.
-    fn serve_load(&mut self, src: &dyn SliceSource, slot: u32, spec: &LoadSpec, targets: &[LayerTarget]) -> (Vec<(u32, String)>, u64) {
-        let fail_all = |why: String| (spec.layers.iter().map(|&l| (l, why.clone())).collect::<Vec<_>>(), 0);
+    fn serve_load(
+        &mut self,
+        src: &dyn SliceSource,
+        slot: u32,
+        spec: &LoadSpec,
+        targets: &[LayerTarget],
+    ) -> (Vec<(u32, String)>, u64) {
+        let fail_all = |why: String| {
+            (
+                spec.layers
+                    .iter()
+                    .map(|&l| (l, why.clone()))
+                    .collect::<Vec<_>>(),
+                0,
+            )
+        };
         if let Some(why) = &self.broken {
             return fail_all(why.clone());
         }
@@ -344,12 +472,22 @@ impl Conn {
         if let Err(why) = validate(slot, spec, targets) {
             return fail_all(why);
         }
-        let slots = (self.arena.len() as u64 / slice).min(self.qps.len() as u64 * u64::from(self.cfg.caps.max_send_wr)) as usize;
+        let slots = (self.arena.len() as u64 / slice)
+            .min(self.qps.len() as u64 * u64::from(self.cfg.caps.max_send_wr))
+            as usize;
         if slots == 0 {
-            return fail_all(format!("slice of {slice} bytes exceeds the staging arena of {} bytes", self.arena.len()));
+            return fail_all(format!(
+                "slice of {slice} bytes exceeds the staging arena of {} bytes",
+                self.arena.len()
+            ));
         }
         let deadline = Instant::now() + self.cfg.op_timeout;
-        let mut f = Flight { free: (0..slots).rev().collect(), inflight: HashMap::new(), failed: vec![None; spec.layers.len()], ok_writes: 0 };
+        let mut f = Flight {
+            free: (0..slots).rev().collect(),
+            inflight: HashMap::new(),
+            failed: vec![None; spec.layers.len()],
+            ok_writes: 0,
+        };
         'layers: for (li, t) in targets.iter().enumerate() {
             for unit in 0..units as u32 {
                 if f.failed[li].is_some() {
@@ -358,13 +496,20 @@ impl Conn {
                 if self.broken.is_some() {
                     break 'layers;
                 }
-                if self.cancel.lock().unwrap_or_else(|p| p.into_inner()).contains(&slot) {
+                if self
+                    .cancel
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .contains(&slot)
+                {
                     for fl in f.failed.iter_mut().skip(li) {
                         fl.get_or_insert_with(|| CANCELLED.to_string());
                     }
                     break 'layers;
                 }
-                let Some(slot_ix) = self.acquire(&mut f, deadline) else { break 'layers };
+                let Some(slot_ix) = self.acquire(&mut f, deadline) else {
+                    break 'layers;
+                };
                 let off = slot_ix * slice as usize;
                 // Read straight into the registered slot.
                 // SAFETY: `slot_ix` came off the free list, so no posted write reads this slot
@@ -381,7 +526,16 @@ impl Conn {
                 let qp = &self.qps[self.next_qp % self.qps.len()];
                 self.next_qp = self.next_qp.wrapping_add(1);
                 let remote = t.addr + u64::from(unit) * slice;
-                match qp.post_write(slot_ix as u64, &self.arena, off, slice as usize, remote, t.rkey, imm, true) {
+                match qp.post_write(
+                    slot_ix as u64,
+                    &self.arena,
+                    off,
+                    slice as usize,
+                    remote,
+                    t.rkey,
+                    imm,
+                    true,
+                ) {
                     Ok(()) => {
                         f.inflight.insert(slot_ix, li);
                     }
@@ -403,7 +557,13 @@ impl Conn {
         for (li, &l) in spec.layers.iter().enumerate() {
             let done_all = f.failed[li].is_none() && why_broken.is_none();
             if !done_all {
-                out.push((l, f.failed[li].clone().or_else(|| why_broken.clone()).unwrap_or_default()));
+                out.push((
+                    l,
+                    f.failed[li]
+                        .clone()
+                        .or_else(|| why_broken.clone())
+                        .unwrap_or_default(),
+                ));
             }
         }
         (out, f.ok_writes)
@@ -480,7 +640,11 @@ impl Conn {
 pub(crate) const CANCELLED: &str = "cancelled by the client";
 
 /// Checks a load request against the immediate's ranges and the targets' lengths.
-fn validate(slot: u32, spec: &LoadSpec, targets: &[LayerTarget]) -> std::result::Result<(), String> {
+fn validate(
+    slot: u32,
+    spec: &LoadSpec,
+    targets: &[LayerTarget],
+) -> std::result::Result<(), String> {
     let units = spec.keys.len() as u64;
     if spec.slice_len == 0 || spec.slice_len > (1 << 31) {
         return Err(format!("slice_len {} is outside 1..=2^31", spec.slice_len));
@@ -492,14 +656,25 @@ fn validate(slot: u32, spec: &LoadSpec, targets: &[LayerTarget]) -> std::result:
         return Err(format!("slot {slot} is outside 0..{}", Imm::SLOTS));
     }
     if targets.len() != spec.layers.len() {
-        return Err(format!("{} targets for {} layers", targets.len(), spec.layers.len()));
+        return Err(format!(
+            "{} targets for {} layers",
+            targets.len(),
+            spec.layers.len()
+        ));
     }
     for (t, &l) in targets.iter().zip(&spec.layers) {
         if t.layer != l || l >= Imm::MAX_LAYERS {
-            return Err(format!("target for layer {} where layer {l} was expected (max {})", t.layer, Imm::MAX_LAYERS));
+            return Err(format!(
+                "target for layer {} where layer {l} was expected (max {})",
+                t.layer,
+                Imm::MAX_LAYERS
+            ));
         }
         if t.len != units * spec.slice_len {
-            return Err(format!("layer {l}: target of {} bytes, want {} x {}", t.len, units, spec.slice_len));
+            return Err(format!(
+                "layer {l}: target of {} bytes, want {} x {}",
+                t.len, units, spec.slice_len
+            ));
         }
     }
     Ok(())

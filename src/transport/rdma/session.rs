@@ -47,7 +47,10 @@ pub struct SessionRegistry {
 
 impl std::fmt::Debug for SessionRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SessionRegistry").field("device", &self.pd.context().name()).field("sessions", &self.len()).finish()
+        f.debug_struct("SessionRegistry")
+            .field("device", &self.pd.context().name())
+            .field("sessions", &self.len())
+            .finish()
     }
 }
 
@@ -86,7 +89,11 @@ impl SessionRegistry {
 
     /// The session with token `token`, if it is open and not broken.
     pub fn get(&self, token: u64) -> Option<Arc<GatherSession>> {
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).get(&token).map(|(s, _)| s.clone())
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&token)
+            .map(|(s, _)| s.clone())
     }
 
     /// RDMA writes completed successfully over all sessions since the server started.
@@ -96,7 +103,10 @@ impl SessionRegistry {
 
     /// Number of open sessions.
     pub fn len(&self) -> usize {
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
     }
 
     /// `true` when no session is open.
@@ -106,7 +116,12 @@ impl SessionRegistry {
 
     /// Closes every session's control channel (server shutdown); their threads then end.
     pub fn shutdown(&self) {
-        for (s, sock) in self.sessions.lock().unwrap_or_else(|p| p.into_inner()).values() {
+        for (s, sock) in self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
             s.break_session("the server is shutting down");
             let _ = sock.shutdown(std::net::Shutdown::Both);
         }
@@ -115,7 +130,11 @@ impl SessionRegistry {
     fn token(&self) -> u64 {
         let mut h = self.seed.build_hasher();
         h.write_u64(self.counter.fetch_add(1, Ordering::Relaxed));
-        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
         h.finish() | 1
     }
 
@@ -131,8 +150,13 @@ impl SessionRegistry {
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(Duration::from_secs(30)))?;
         let endpoints = match control::recv(&mut s)? {
-            Some(Msg::Hello { version, endpoints, gather: true })
-                if version == control::VERSION && !endpoints.is_empty() && endpoints.len() <= self.cfg.max_qps =>
+            Some(Msg::Hello {
+                version,
+                endpoints,
+                gather: true,
+            }) if version == control::VERSION
+                && !endpoints.is_empty()
+                && endpoints.len() <= self.cfg.max_qps =>
             {
                 endpoints
             }
@@ -142,19 +166,34 @@ impl SessionRegistry {
                     control::VERSION,
                     self.cfg.max_qps
                 );
-                let _ = control::send(&mut s, &Msg::Refuse { reason: reason.clone() });
+                let _ = control::send(
+                    &mut s,
+                    &Msg::Refuse {
+                        reason: reason.clone(),
+                    },
+                );
                 return Err(RdmaError::Protocol(reason));
             }
         };
         s.set_read_timeout(None)?;
         let ctx = self.pd.context().clone();
         let n = endpoints.len() as u32;
-        let cq = CompletionQueue::new(&ctx, n * (self.cfg.caps.max_send_wr + self.cfg.caps.max_recv_wr))?;
+        let cq = CompletionQueue::new(
+            &ctx,
+            n * (self.cfg.caps.max_send_wr + self.cfg.caps.max_recv_wr),
+        )?;
         let mut qps = Vec::with_capacity(endpoints.len());
         for ep in &endpoints {
-            qps.push(QueuePair::create(&self.pd, &cq, &cq, self.cfg.caps)?.to_init()?.to_rtr(ep)?.to_rts()?);
+            qps.push(
+                QueuePair::create(&self.pd, &cq, &cq, self.cfg.caps)?
+                    .to_init()?
+                    .to_rtr(ep)?
+                    .to_rts()?,
+            );
         }
-        let slots = (self.cfg.arena_bytes / self.slot_bytes).min(self.cfg.caps.max_send_wr as usize).max(1);
+        let slots = (self.cfg.arena_bytes / self.slot_bytes)
+            .min(self.cfg.caps.max_send_wr as usize)
+            .max(1);
         let arena_buf = HostBuffer::new(slots * self.slot_bytes)?;
         let arena = MemoryRegion::register(&self.pd, &arena_buf, Access::Local)?;
         let token = self.token();
@@ -179,26 +218,52 @@ impl SessionRegistry {
             total: self.writes.clone(),
         });
         let sess = session.clone();
-        let poller: JoinHandle<()> = std::thread::Builder::new().name("rdma-sess-poll".into()).spawn(move || sess.poll_loop())?;
+        let poller: JoinHandle<()> = std::thread::Builder::new()
+            .name("rdma-sess-poll".into())
+            .spawn(move || sess.poll_loop())?;
         // Registered before the client learns the token: its first gather request may follow
         // the Welcome at once.
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).insert(token, (session.clone(), s.try_clone()?));
-        if let Err(e) = control::send(&mut s, &Msg::Welcome { endpoints: session.qps.iter().map(|q| q.endpoint()).collect(), session: token }) {
-            self.sessions.lock().unwrap_or_else(|p| p.into_inner()).remove(&token);
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(token, (session.clone(), s.try_clone()?));
+        if let Err(e) = control::send(
+            &mut s,
+            &Msg::Welcome {
+                endpoints: session.qps.iter().map(|q| q.endpoint()).collect(),
+                session: token,
+            },
+        ) {
+            self.sessions
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&token);
             session.break_session("sending Welcome failed");
             session.stop.store(true, Ordering::Release);
             let _ = poller.join();
             return Err(e);
         }
-        tracing::info!(token = format!("{token:016x}"), qps = session.qps.len(), slots, "rdma gather session open");
+        tracing::info!(
+            token = format!("{token:016x}"),
+            qps = session.qps.len(),
+            slots,
+            "rdma gather session open"
+        );
         let end = loop {
             match control::recv(&mut s) {
                 Ok(Some(Msg::Bye)) | Ok(None) => break Ok(()),
-                Ok(Some(other)) => break Err(RdmaError::Protocol(format!("unexpected {other:?} on a gather session"))),
+                Ok(Some(other)) => {
+                    break Err(RdmaError::Protocol(format!(
+                        "unexpected {other:?} on a gather session"
+                    )))
+                }
                 Err(e) => break Err(e),
             }
         };
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).remove(&token);
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&token);
         session.break_session("the client closed the RDMA session");
         session.stop.store(true, Ordering::Release);
         let _ = poller.join();
@@ -230,7 +295,10 @@ pub struct GatherSession {
 
 impl std::fmt::Debug for GatherSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GatherSession").field("token", &format_args!("{:016x}", self.token)).field("qps", &self.qps.len()).finish()
+        f.debug_struct("GatherSession")
+            .field("token", &format_args!("{:016x}", self.token))
+            .field("qps", &self.qps.len())
+            .finish()
     }
 }
 
@@ -247,7 +315,10 @@ impl GatherSession {
 
     /// `Some(reason)` once the session is broken.
     pub fn broken(&self) -> Option<String> {
-        self.broken.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.broken
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Breaks the session: QPs to the error state (writes in flight flush with errors, no
@@ -281,9 +352,16 @@ impl GatherSession {
     /// # Errors
     /// A message when the session is broken, the unit exceeds a slot, no slot freed in time,
     /// or posting failed (which breaks the session).
-    pub async fn write(&self, imm: u32, parts: &[Bytes], remote_addr: u64, rkey: u32) -> std::result::Result<oneshot::Receiver<WriteResult>, String> {
+    pub async fn write(
+        &self,
+        imm: u32,
+        parts: &[Bytes],
+        remote_addr: u64,
+        rkey: u32,
+    ) -> std::result::Result<oneshot::Receiver<WriteResult>, String> {
         let len: usize = parts.iter().map(|b| b.len()).sum();
-        self.write_pieces(imm, parts, &[(remote_addr, rkey, len as u64)]).await
+        self.write_pieces(imm, parts, &[(remote_addr, rkey, len as u64)])
+            .await
     }
 
     /// As [`GatherSession::write`], to a destination in `remote` pieces `(address, rkey,
@@ -296,13 +374,25 @@ impl GatherSession {
     /// # Errors
     /// As [`GatherSession::write`]; also a message when the pieces do not add up to the
     /// unit or are too many.
-    pub async fn write_pieces(&self, imm: u32, parts: &[Bytes], remote: &[(u64, u32, u64)]) -> std::result::Result<oneshot::Receiver<WriteResult>, String> {
+    pub async fn write_pieces(
+        &self,
+        imm: u32,
+        parts: &[Bytes],
+        remote: &[(u64, u32, u64)],
+    ) -> std::result::Result<oneshot::Receiver<WriteResult>, String> {
         let len: usize = parts.iter().map(|b| b.len()).sum();
         if len == 0 || len > self.slot_bytes {
-            return Err(format!("unit of {len} bytes does not fit a staging slot of {} bytes", self.slot_bytes));
+            return Err(format!(
+                "unit of {len} bytes does not fit a staging slot of {} bytes",
+                self.slot_bytes
+            ));
         }
         let pieces_len: u64 = remote.iter().map(|p| p.2).sum();
-        if remote.is_empty() || remote.len() > self.max_pieces || pieces_len != len as u64 || remote.iter().any(|p| p.2 == 0) {
+        if remote.is_empty()
+            || remote.len() > self.max_pieces
+            || pieces_len != len as u64
+            || remote.iter().any(|p| p.2 == 0)
+        {
             return Err(format!(
                 "a unit of {len} bytes cannot be written as {} pieces of {pieces_len} bytes (at most {} non-empty pieces)",
                 remote.len(),
@@ -314,7 +404,11 @@ impl GatherSession {
         }
         let permit = match tokio::time::timeout(self.op_timeout, self.permits.acquire()).await {
             Ok(Ok(p)) => p,
-            Ok(Err(_)) => return Err(self.broken().unwrap_or_else(|| "RDMA session closed".into())),
+            Ok(Err(_)) => {
+                return Err(self
+                    .broken()
+                    .unwrap_or_else(|| "RDMA session closed".into()))
+            }
             Err(_) => {
                 let why = format!("no staging slot freed within {:?}", self.op_timeout);
                 self.break_session(&why);
@@ -322,7 +416,12 @@ impl GatherSession {
             }
         };
         permit.forget();
-        let ix = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop().expect("a permit guarantees a free slot");
+        let ix = self
+            .free
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop()
+            .expect("a permit guarantees a free slot");
         let off = ix * self.slot_bytes;
         // SAFETY: slot `ix` came off the free list under a permit, so no posted write reads it
         // and no other reference to it exists until it is pushed back by the poller; the arena
@@ -335,12 +434,24 @@ impl GatherSession {
             at += p.len();
         }
         let (tx, rx) = oneshot::channel();
-        self.waiters.lock().unwrap_or_else(|p| p.into_inner()).insert(ix as u64, tx);
+        self.waiters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(ix as u64, tx);
         let qp = &self.qps[self.next_qp.fetch_add(1, Ordering::Relaxed) % self.qps.len()];
         let mut local = off;
         for (k, &(remote_addr, rkey, n)) in remote.iter().enumerate() {
             let last = k + 1 == remote.len();
-            let r = qp.post_write(ix as u64, &self.arena, local, n as usize, remote_addr, rkey, last.then_some(imm), last);
+            let r = qp.post_write(
+                ix as u64,
+                &self.arena,
+                local,
+                n as usize,
+                remote_addr,
+                rkey,
+                last.then_some(imm),
+                last,
+            );
             if let Err(e) = r {
                 let why = format!("posting an RDMA write failed: {e}");
                 // Pieces already posted may still complete (unsignaled) or flush: breaking the
@@ -348,7 +459,10 @@ impl GatherSession {
                 // nothing posted can read it any more.
                 self.break_session(&why);
                 if k == 0 {
-                    self.waiters.lock().unwrap_or_else(|p| p.into_inner()).remove(&(ix as u64));
+                    self.waiters
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&(ix as u64));
                     self.release(ix);
                 }
                 return Err(why);
@@ -359,8 +473,13 @@ impl GatherSession {
         // then nobody would ever complete it. `stop` is set before the poller drains the
         // waiters, so a waiter registered after the drain sees it here.
         if self.stop.load(Ordering::Acquire) {
-            self.waiters.lock().unwrap_or_else(|p| p.into_inner()).remove(&(ix as u64));
-            return Err(self.broken().unwrap_or_else(|| "RDMA session closed".into()));
+            self.waiters
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&(ix as u64));
+            return Err(self
+                .broken()
+                .unwrap_or_else(|| "RDMA session closed".into()));
         }
         Ok(rx)
     }
@@ -381,8 +500,15 @@ impl GatherSession {
             if wcs.is_empty() {
                 if self.stop.load(Ordering::Acquire) {
                     // Tear-down: fail whatever still waits (its QP is in the error state).
-                    let why = self.broken().unwrap_or_else(|| "RDMA session closed".into());
-                    for (_, tx) in self.waiters.lock().unwrap_or_else(|p| p.into_inner()).drain() {
+                    let why = self
+                        .broken()
+                        .unwrap_or_else(|| "RDMA session closed".into());
+                    for (_, tx) in self
+                        .waiters
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .drain()
+                    {
                         let _ = tx.send(Err(why.clone()));
                     }
                     return;
@@ -392,7 +518,11 @@ impl GatherSession {
             }
             idle = 0;
             for wc in &wcs {
-                let tx = self.waiters.lock().unwrap_or_else(|p| p.into_inner()).remove(&wc.wr_id);
+                let tx = self
+                    .waiters
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&wc.wr_id);
                 let r = if wc.is_ok() {
                     self.writes.fetch_add(1, Ordering::Relaxed);
                     self.total.fetch_add(1, Ordering::Relaxed);
