@@ -6,7 +6,6 @@
 //! SKIP otherwise.
 
 #[cfg(feature = "s3")]
-#[allow(dead_code)]
 mod gather_util;
 
 use std::path::{Path, PathBuf};

@@ -174,7 +174,7 @@ fn random_faults_never_yield_garbage() {
             // Deterministic per (run, request): a fault one time in three.
             let mut y = seed ^ r.seq.wrapping_mul(0x9e37_79b9_7f4a_7c15);
             y ^= y >> 29;
-            if y % 3 == 0 {
+            if y.is_multiple_of(3) {
                 fl[(y / 3) as usize % fl.len()].clone()
             } else {
                 Fault::Pass

@@ -264,13 +264,14 @@ async fn misses_never_data(store: Arc<dyn Store>) {
         .unwrap();
     let sink = VerifySink::new(&g, 5, &tokens);
     c.load(&request(&g, 5, &tokens), &sink).await.unwrap();
-    let failed = sink.failed.lock().unwrap();
-    assert_eq!(failed.len(), g.layers as usize);
-    assert!(failed.iter().all(|(_, e)| matches!(
-        e,
-        objectcache::LayerError::GeometryMismatch { chunk: 1, .. }
-    )));
-    drop(failed);
+    {
+        let failed = sink.failed.lock().unwrap();
+        assert_eq!(failed.len(), g.layers as usize);
+        assert!(failed.iter().all(|(_, e)| matches!(
+            e,
+            objectcache::LayerError::GeometryMismatch { chunk: 1, .. }
+        )));
+    }
     assert_eq!(sink.mismatches.load(Ordering::Relaxed), 0);
     server.shutdown().await;
 }

@@ -648,7 +648,7 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                                                                 .copy_from_slice(&p[..k]);
                                                             pos += k;
                                                             p = &p[k..];
-                                                            if pos % unit == 0 {
+                                                            if pos.is_multiple_of(unit) {
                                                                 if u32::from_le_bytes(trailer) != crc {
                                                                     return Err(format!("segment slice {u} of layer {l}: CRC mismatch"));
                                                                 }

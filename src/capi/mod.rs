@@ -1157,7 +1157,7 @@ pub unsafe extern "C" fn objectcache_load_paged(
                 false,
             )
         }
-        .map_err(|m| ctx(m))?;
+        .map_err(ctx)?;
         let hints = load_hints(p.priority, p.deadline_ms, p.compute_us_per_layer, g.layers);
         let rpl = p.ranges_per_layer;
         let id = post_load(e, rid, g, hs, hints, ranges, &|l, i| {

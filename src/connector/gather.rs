@@ -683,7 +683,7 @@ impl LayerSink for Stripe {
     fn verified(&self, layer: u32, offset: u64, len: u64, crc: u32) {
         // A unit that is exactly one slice (the connector asks for slice-sized units): its
         // CRC is the slice's, which followers check their copies against.
-        if len == self.slice && (offset + self.shift) % self.slice == 0 {
+        if len == self.slice && (offset + self.shift).is_multiple_of(self.slice) {
             self.sh.record_slice_crc(
                 ((offset + self.shift) / self.slice) as usize,
                 layer as usize,

@@ -237,7 +237,7 @@ impl KvGeometry {
                 self.tp_rank, self.tp_world
             ));
         }
-        if self.kv_heads % self.tp_world != 0 {
+        if !self.kv_heads.is_multiple_of(self.tp_world) {
             return bad(format!(
                 "geometry: {} KV heads cannot be split evenly over TP world {}",
                 self.kv_heads, self.tp_world
@@ -251,7 +251,7 @@ impl KvGeometry {
         }
         if let Some(l) = &self.layout {
             l.validate()?;
-            if self.tokens_per_chunk % l.block_size != 0 {
+            if !self.tokens_per_chunk.is_multiple_of(l.block_size) {
                 return bad(format!(
                     "geometry: layout {:?} has {}-token blocks, which do not divide \
                      tokens_per_chunk {} (a chunk is a whole number of engine blocks)",

@@ -102,7 +102,7 @@ pub(crate) fn raise_nofile_limit() -> Option<u64> {
     if let (Some(cur), Some(max)) = (l.current, l.maximum) {
         if cur < max {
             l.current = Some(max);
-            if setrlimit(Resource::Nofile, l.clone()).is_err() {
+            if setrlimit(Resource::Nofile, l).is_err() {
                 l.current = Some(cur);
             }
         }

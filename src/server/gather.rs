@@ -1206,7 +1206,7 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
                     match r {
                         Ok((parts, crc)) => {
                             let (_, ps, c, l) = run.get_or_insert_with(|| (off, Vec::new(), 0, 0));
-                            *c = if *l == 0 { crc } else { crate::layout::crc::crc32c_combine(*c, crc, len as u64) };
+                            *c = if *l == 0 { crc } else { crate::layout::crc::crc32c_combine(*c, crc, len) };
                             *l += len;
                             ps.extend(parts);
                         }

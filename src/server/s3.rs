@@ -304,7 +304,6 @@ impl S3 for S3Frontend {
         tracing::info!(bucket = %b, "bucket created");
         Ok(S3Response::new(CreateBucketOutput {
             location: Some(format!("/{b}")),
-            ..Default::default()
         }))
     }
 

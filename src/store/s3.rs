@@ -1253,6 +1253,23 @@ impl Store for S3Store {
     }
 }
 
+/// A body stream made `Sync` (as the SDK's body requires) without locking: it is only ever
+/// polled through `&mut`.
+struct SyncBody<S>(std::sync::Mutex<S>);
+
+impl<S: futures::Stream + Unpin> futures::Stream for SyncBody<S> {
+    type Item = S::Item;
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        match self.0.get_mut() {
+            Ok(s) => std::pin::Pin::new(s).poll_next(cx),
+            Err(_) => std::task::Poll::Ready(None),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1328,22 +1345,5 @@ mod tests {
             .await
             .map(|v| !v.contains(&"127.0.0.9".parse().unwrap()))
             .unwrap_or(true));
-    }
-}
-
-/// A body stream made `Sync` (as the SDK's body requires) without locking: it is only ever
-/// polled through `&mut`.
-struct SyncBody<S>(std::sync::Mutex<S>);
-
-impl<S: futures::Stream + Unpin> futures::Stream for SyncBody<S> {
-    type Item = S::Item;
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        match self.0.get_mut() {
-            Ok(s) => std::pin::Pin::new(s).poll_next(cx),
-            Err(_) => std::task::Poll::Ready(None),
-        }
     }
 }

@@ -381,7 +381,7 @@ impl Conn {
             body.extend_from_slice(&d[..n]);
         }
     }
-    async fn to_eof(&mut self) -> std::io::Result<Vec<u8>> {
+    async fn read_to_eof(&mut self) -> std::io::Result<Vec<u8>> {
         while self.fill().await? > 0 {}
         Ok(std::mem::take(&mut self.buf))
     }
@@ -566,7 +566,7 @@ async fn http_conn(inn: Arc<Inner>, sock: TcpStream, conn: u64) -> std::io::Resu
             u.exact(n).await?
         } else {
             upstream_closed = true;
-            u.to_eof().await?
+            u.read_to_eof().await?
         };
         if upstream_closed
             || rh

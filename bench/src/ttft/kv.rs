@@ -116,7 +116,7 @@ impl KvCodec {
     /// A buffer whose length is not a whole number of slices.
     pub fn decode_layer(&self, buf: &[u8], dev: &Device) -> Result<LayerKv> {
         let sb = self.slice_bytes();
-        if buf.is_empty() || buf.len() % sb != 0 {
+        if buf.is_empty() || !buf.len().is_multiple_of(sb) {
             bail!(
                 "layer buffer of {} bytes is not a whole number of {sb}-byte chunk slices",
                 buf.len()

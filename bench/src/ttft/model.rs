@@ -140,7 +140,7 @@ impl Model {
             context: u("context_length")?,
             vocab: meta(&content, "tokenizer.ggml.tokens")?.to_vec()?.len(),
         };
-        if cfg.heads % cfg.kv_heads != 0 || cfg.head_dim % 2 != 0 {
+        if !cfg.heads.is_multiple_of(cfg.kv_heads) || !cfg.head_dim.is_multiple_of(2) {
             bail!(
                 "unsupported head layout: {} heads, {} KV heads, head dim {}",
                 cfg.heads,

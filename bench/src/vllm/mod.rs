@@ -257,14 +257,13 @@ pub fn run(a: VllmArgs) -> Result<()> {
             "objectcache-file"
             | "objectcache-server"
             | "objectcache-s3"
-            | "objectcache-file-async" => {
+            | "objectcache-file-async"
                 // Every ObjectCache store at once: one saver (vLLM's MultiConnector).
-                if !objectcache_done && !stores.is_empty() {
+                if !objectcache_done && !stores.is_empty() => {
                     let async_file = methods.iter().any(|m| m == "objectcache-file-async");
                     b.objectcache(&stores, async_file)?;
                     objectcache_done = true;
                 }
-            }
             "vllm-cpu-offload" => b.cpu_offload()?,
             "vllm-example" => b.example()?,
             _ => {}
