@@ -1160,9 +1160,10 @@ impl LoadHandle {
     /// The planner's deadline fallback for this load, now: keep waiting for the layers still
     /// missing, or cancel the load and recompute from the first missing layer
     /// ([`crate::sched::fallback`]; `docs/scheduling.md`, section 4). Call it when a layer
-    /// the engine needs is late (past its deadline): a [`Fallback::Recompute`] names the first
-    /// abandoned layer `d` and the prefix tokens to recompute (through layers `0..d` only to
-    /// rebuild their hidden states, whose KV is present, then fully).
+    /// the engine needs is late (past its deadline): a
+    /// [`crate::sched::planner::Fallback::Recompute`] names the first abandoned layer `d` and
+    /// the prefix tokens to recompute (through layers `0..d` only to rebuild their hidden
+    /// states, whose KV is present, then fully).
     ///
     /// Inputs, all measured on this load: `d` = the first layer not ready; the bytes each
     /// layer `d..` still lacks; the rate so far (verified bytes / seconds since `load`; a load

@@ -1,6 +1,6 @@
 //! The sans-IO scheduler: loads sharing one link (or one bandwidth cap), driven by events.
 //!
-//! A [`Scheduler`] owns the state of every active load and a [`Policy`](super::Policy) that
+//! A [`Scheduler`] owns the state of every active load and a [`Policy`] that
 //! splits the link among them. It never reads a clock or touches a socket: the caller passes
 //! `now` (seconds on any monotonic clock of its choice, the same for every call) and asks what
 //! to do next, in the style of quinn-proto.

@@ -1,7 +1,7 @@
 //! The ObjectCache server: S3-compatible storage plus the one-request layer-ordered gather.
 //!
 //! One listening port serves both: a connection that opens with the gather preface
-//! ([`crate::protocol::PREFACE`]) is a gather connection ([`gather`]); anything else is
+//! ([`crate::protocol::PREFACE`]) is a gather connection (`gather.rs`); anything else is
 //! HTTP/1.1, where `/_objectcache/health`, `/_objectcache/metrics` and
 //! `/_objectcache/capabilities` are answered here and every other request goes to the S3 API
 //! ([`s3::S3Frontend`] through `s3s`, SigV4 with the configured keys, path-style addressing).
