@@ -47,10 +47,11 @@ fn settle(h: &LoadHandle) -> Vec<(usize, LayerError)> {
     let failed: Vec<(usize, LayerError)> = (0..h.layers())
         .filter_map(|l| h.wait_layer_blocking(l, None).err().map(|e| (l, e)))
         .collect();
-    let t = std::time::Instant::now();
-    while h.chunk_status().contains(&ChunkStatus::Pending) && t.elapsed().as_secs() < 30 {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    common::eventually(
+        "every chunk settles",
+        std::time::Duration::from_secs(30),
+        || !h.chunk_status().contains(&ChunkStatus::Pending),
+    );
     failed
 }
 

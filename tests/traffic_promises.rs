@@ -71,14 +71,11 @@ fn settle_and_check(h: LoadHandle, g: &KvGeometry, p: &Prefix, what: &str) -> us
     }
     // A layer fails as soon as one chunk's slice of it does, while the other chunks' reads
     // still land: the hit is final once every chunk is settled (the load's reads ended).
-    let t0 = Instant::now();
-    while h.chunk_status().contains(&ChunkStatus::Pending) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "{what}: chunks never settle"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    common::eventually(
+        &format!("{what}: chunks settle"),
+        Duration::from_secs(60),
+        || !h.chunk_status().contains(&ChunkStatus::Pending),
+    );
     let hit = h.loaded_chunks();
     let status = h.chunk_status();
     let n = status.len();
