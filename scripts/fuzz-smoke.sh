@@ -3,7 +3,7 @@
 # target: `FUZZ|target|seconds|executions|crashes`. Exit status 1 if any target crashed; the
 # crashing input is left in tests/fuzz/artifacts/<target>/. Turn it into a regression test by
 # storing it as hex text: `xxd -p artifacts/T/crash-X > regressions/T/NAME.hex`; every file
-# there is replayed by `cargo test --release --test security_fuzz_regressions`.
+# there is replayed by `cargo test --release --test integration security_fuzz_regressions::`.
 #
 # Works on a stable toolchain: libFuzzer comes from the libfuzzer-sys crate (needs a C++
 # compiler), and the coverage instrumentation flags that cargo-fuzz would pass need

@@ -16,7 +16,7 @@ export OBJECTCACHE_SOAK_SECS="${1:-60}" OBJECTCACHE_SOAK_WORKERS="${2:-8}" OBJEC
 export CARGO_PROFILE_RELEASE_INCREMENTAL="${CARGO_PROFILE_RELEASE_INCREMENTAL:-true}"
 
 run_soak() {
-    cargo test --release --test fault_soak -- --ignored --nocapture 2>&1 | tee /dev/stderr | grep '^SOAK|' >/dev/null
+    cargo test --release --test integration fault_soak:: -- --ignored --nocapture 2>&1 | tee /dev/stderr | grep '^SOAK|' >/dev/null
 }
 
 if [ "$OBJECTCACHE_SOAK_STORE" != "server" ]; then

@@ -33,6 +33,7 @@ use aws_config::meta::region::RegionProviderChain;
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::BehaviorVersion;
+use aws_sdk_s3::config::retry::RetryPartition;
 use aws_sdk_s3::config::{
     Credentials, Region, RequestChecksumCalculation, ResponseChecksumValidation,
     StalledStreamProtectionConfig,
@@ -614,6 +615,14 @@ impl S3Store {
             .endpoint
             .clone()
             .unwrap_or_else(|| "AWS S3".to_string());
+        // The SDK's retry budget (a token bucket that a burst of 5xx/timeouts drains, after
+        // which it stops retrying) is shared by every client of one partition in the process.
+        // One partition per endpoint: a storm from one server or gateway must not cost the
+        // others their retries (a gateway set, or several stores in one engine).
+        b = b.retry_partition(RetryPartition::new(format!(
+            "objectcache-s3 {endpoint} {}",
+            config.region.as_deref().unwrap_or("")
+        )));
         let gather_credentials = match &config.credentials {
             S3Credentials::Static {
                 access_key,

@@ -4,7 +4,7 @@
  *
  * Usage: lifecycle STORE_URL
  * Prints one line per failed check and, at the end, "c_abi: N passed, M failed".
- * Compiled and run by tests/c_abi.rs.
+ * Compiled and run by tests/integration/c_abi.rs.
  */
 #include "objectcache.h"
 

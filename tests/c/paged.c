@@ -9,7 +9,7 @@
  *
  * Usage: paged STORE_URL
  * Prints one line per failed check and, at the end, "c_paged: N passed, M failed".
- * Compiled and run by tests/c_abi.rs (embedded store, and the ObjectCache server).
+ * Compiled and run by tests/integration/c_abi.rs (embedded store, and the ObjectCache server).
  */
 #include "objectcache.h"
 

@@ -68,3 +68,13 @@ pub fn eventually(what: &str, limit: std::time::Duration, f: impl Fn() -> bool) 
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
+
+/// The name libtest knows test `name` by, for re-running it alone with `--exact`: `module` is
+/// the test's `module_path!()`, whose first segment (the crate) libtest leaves out; so
+/// `bed::name` in the `integration` binary, plain `name` in a binary of its own.
+pub fn exact_test_name(module: &str, name: &str) -> String {
+    match module.split_once("::") {
+        Some((_, m)) => format!("{m}::{name}"),
+        None => name.to_string(),
+    }
+}

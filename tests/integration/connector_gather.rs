@@ -1,0 +1,361 @@
+//! The connector picks its data path by capability: one gather request per load where the
+//! store's endpoint is an ObjectCache server, ranged GETs where it is a stock S3 server (Ceph
+//! RGW) or where gather is switched off — the same API and the same bytes either way.
+#![cfg(feature = "s3")]
+
+use crate::common;
+use crate::gather_util;
+
+use common::{hashes, kv, unique_ns};
+use gather_util::{config, start, BUCKET};
+use objectcache::connector::{ChunkStatus, Engine, EngineConfig, LayerBuffers, LoadRequest};
+use objectcache::store::{FsStore, FsyncPolicy, S3Store, Store};
+use objectcache::KvGeometry;
+use std::sync::{Arc, OnceLock};
+
+/// Runtime that owns servers and S3 clients for the whole test process.
+fn rt() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap())
+}
+
+fn s3_on(endpoint: &str) -> Arc<dyn Store> {
+    rt().block_on(gather_util::s3_store_on(endpoint))
+}
+
+/// Saves `chunks` chunks through `e`, loads them back, checks every byte; returns requests.
+/// An engine with default settings (gather on) over `store`, in a fresh namespace.
+fn engine(store: Arc<dyn Store>, ns: &str) -> Engine {
+    Engine::with_store(
+        store,
+        EngineConfig {
+            namespace: unique_ns(ns),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Saves a `chunks`-chunk prefix of seeded KV through `e`; returns its hashes and each
+/// layer's bytes.
+fn save_prefix(
+    e: &Engine,
+    g: &KvGeometry,
+    chunks: usize,
+    seed: u64,
+) -> (Vec<objectcache::ChunkHash>, Vec<Vec<u8>>) {
+    let hs = hashes(g, chunks * g.tokens_per_chunk as usize, seed as u32);
+    let data = kv(g, chunks, seed);
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    e.save_blocking(g, &hs, &refs).unwrap();
+    (hs, data)
+}
+
+fn save_and_load(e: &Engine, g: &KvGeometry, chunks: usize, seed: u64) -> u64 {
+    let (hs, data) = save_prefix(e, g, chunks, seed);
+    assert_eq!(e.lookup_blocking(g, &hs).unwrap(), chunks);
+    let h = e
+        .load(
+            LoadRequest {
+                geometry: g.clone(),
+                hashes: hs,
+                hints: Default::default(),
+            },
+            LayerBuffers::allocate(g.layers as usize, data[0].len()),
+        )
+        .unwrap();
+    for l in 0..g.layers as usize {
+        h.wait_layer_blocking(l, None).unwrap();
+        assert_eq!(h.layer(l).unwrap(), &data[l][..], "layer {l}");
+    }
+    assert!(h.chunk_status().iter().all(|s| *s == ChunkStatus::Ok));
+    let st = h.stats();
+    assert_eq!(st.bytes, chunks as u64 * g.slice_bytes() * g.layers as u64);
+    st.requests
+}
+
+/// The load's per-chunk status once no chunk is pending (the chunks not named by a miss are
+/// marked whole when the stream ends, which may come after the last layer settles); gives up
+/// after 60 s and returns what it has.
+fn settled_chunk_status(h: &objectcache::connector::LoadHandle) -> Vec<ChunkStatus> {
+    let t = std::time::Instant::now();
+    while h.chunk_status().contains(&ChunkStatus::Pending)
+        && t.elapsed() < std::time::Duration::from_secs(60)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    h.chunk_status()
+}
+
+/// Of a 4-chunk load over the default 2 gather streams, only chunk 2 (in the second stream,
+/// so its number was shifted back to the load's) is `bad`; no ranged-GET fallback.
+fn assert_only_chunk_2_bad(h: &objectcache::connector::LoadHandle, bad: ChunkStatus) {
+    assert_eq!(
+        settled_chunk_status(h),
+        vec![ChunkStatus::Ok, ChunkStatus::Ok, bad, ChunkStatus::Ok]
+    );
+    assert_eq!(
+        h.stats().requests,
+        2,
+        "one gather request per stream (2 streams by default), no fallback"
+    );
+}
+
+#[test]
+fn gather_where_offered_ranged_gets_where_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend: Arc<dyn Store> = Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap());
+    let server = rt().block_on(start(backend, config()));
+    let store = s3_on(&server.endpoint());
+    let g = KvGeometry::llama31_8b();
+    // 1K tokens at 8B geometry: 4 chunks x 32 layers.
+    let ns = unique_ns("gather");
+    let e = Engine::with_store(
+        store.clone(),
+        EngineConfig {
+            namespace: ns.clone(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // Striped over the default 2 connections: chunks 0-1 and 2-3, byte-exact.
+    assert_eq!(
+        save_and_load(&e, &g, 4, 1),
+        2,
+        "one gather request per stream"
+    );
+    // One stream: one request per load; three streams split 4 chunks as 1 + 1 + 2.
+    for (streams, want) in [(1, 1), (3, 3)] {
+        let es = Engine::with_store(
+            store.clone(),
+            EngineConfig {
+                namespace: ns.clone(),
+                gather_streams: streams,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            save_and_load(&es, &g, 4, 3 + streams as u64),
+            want,
+            "{streams} streams"
+        );
+    }
+    let off = EngineConfig {
+        namespace: ns,
+        gather: false,
+        ..Default::default()
+    };
+    let e2 = Engine::with_store(store, off).unwrap();
+    let n = save_and_load(&e2, &g, 4, 2);
+    assert!(
+        n >= 4 * 2,
+        "ranged GETs: layer 0 per chunk plus coalesced later layers, got {n}"
+    );
+    drop((e, e2));
+    rt().block_on(server.shutdown());
+}
+
+#[test]
+fn stock_s3_falls_back_to_ranged_gets() {
+    let Some((s, _)) = rt()
+        .block_on(S3Store::from_test_env("fallback"))
+        .expect("S3 endpoint refuses us")
+    else {
+        assert!(
+            std::env::var_os("OBJECTCACHE_REQUIRE_ALL").is_none(),
+            "no S3 endpoint but OBJECTCACHE_REQUIRE_ALL is set"
+        );
+        eprintln!("SKIP: no S3 test endpoint");
+        return;
+    };
+    let store: Arc<dyn Store> = Arc::new(s);
+    assert!(
+        store.gather_target().is_some(),
+        "an endpoint is configured, so the connector probes it"
+    );
+    let e = Engine::with_store(
+        store,
+        EngineConfig {
+            namespace: unique_ns("fallback"),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut g = KvGeometry::smollm2_135m();
+    g.tokens_per_chunk = 16;
+    let n = save_and_load(&e, &g, 3, 3);
+    assert!(
+        n > 1,
+        "Ceph RGW offers no gather: ranged GETs ({n} requests)"
+    );
+}
+
+/// One missing chunk over gather: every layer fails naming that chunk (a layer is never
+/// ready with bytes missing, as on the ranged-GET path), and `chunk_status` names only it:
+/// the chunks before it are the longest valid prefix, the others were delivered whole.
+#[test]
+fn gather_missing_chunk_is_a_per_chunk_miss() {
+    let backend: Arc<dyn Store> = Arc::new(objectcache::store::MemoryStore::new());
+    let server = rt().block_on(start(backend, config()));
+    let store = s3_on(&server.endpoint());
+    let g = KvGeometry::smollm2_135m();
+    let e = engine(store.clone(), "gmiss");
+    let (hs, data) = save_prefix(&e, &g, 4, 7);
+    let keys = e.keys(&g).unwrap();
+    rt().block_on(store.delete(&keys.data(&hs[2]))).unwrap();
+    let h = e
+        .load(
+            LoadRequest {
+                geometry: g.clone(),
+                hashes: hs.clone(),
+                hints: Default::default(),
+            },
+            LayerBuffers::allocate(g.layers as usize, data[0].len()),
+        )
+        .unwrap();
+    for l in 0..g.layers as usize {
+        let err = h.wait_layer_blocking(l, None).unwrap_err();
+        assert!(
+            matches!(err, objectcache::LayerError::Missing { chunk: 2, .. }),
+            "layer {l}: {err:?}"
+        );
+        assert!(h.layer(l).is_none());
+    }
+    // The layers fail as soon as the miss arrives; the other chunks are marked whole when
+    // the stream ends.
+    assert_only_chunk_2_bad(&h, ChunkStatus::Missing);
+    drop(e);
+    rt().block_on(server.shutdown());
+}
+
+/// A corrupt slice in a file of a file-backed server (sent with sendfile, unverified by the
+/// server) is caught by the client's check of the slice's stored CRC32C: only that layer
+/// misses, naming the chunk; every other layer arrives byte-exact; no fallback.
+#[test]
+fn gather_corrupt_slice_in_a_file_is_a_miss_naming_its_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend: Arc<dyn Store> = Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap());
+    let server = rt().block_on(start(backend, config()));
+    let store = s3_on(&server.endpoint());
+    let g = KvGeometry::llama31_8b();
+    let e = engine(store, "gcorrupt");
+    let (hs, data) = save_prefix(&e, &g, 4, 9);
+    let path = dir
+        .path()
+        .join(BUCKET)
+        .join(e.keys(&g).unwrap().data(&hs[2]));
+    let mut obj = std::fs::read(&path).unwrap();
+    obj[objectcache::layout::slice_range(5, g.slice_bytes()).start as usize + 10] ^= 0x40;
+    std::fs::write(&path, obj).unwrap();
+    let h = e
+        .load(
+            LoadRequest::new(g.clone(), hs),
+            LayerBuffers::allocate(g.layers as usize, data[0].len()),
+        )
+        .unwrap();
+    for l in 0..g.layers as usize {
+        match h.wait_layer_blocking(l, None) {
+            Ok(()) => {
+                assert_ne!(l, 5, "the corrupt layer must never be ready");
+                assert_eq!(h.layer(l).unwrap(), &data[l][..], "layer {l}");
+            }
+            Err(err) => {
+                assert_eq!(l, 5, "only layer 5 misses: {err:?}");
+                assert!(
+                    matches!(
+                        err,
+                        objectcache::LayerError::ChecksumMismatch {
+                            chunk: 2,
+                            layer: 5,
+                            ..
+                        }
+                    ),
+                    "{err:?}"
+                );
+                assert!(h.layer(l).is_none());
+            }
+        }
+    }
+    assert_only_chunk_2_bad(&h, ChunkStatus::Corrupt);
+    drop(e);
+    rt().block_on(server.shutdown());
+}
+
+/// Issue 18 (stock S3 compatibility): an S3 server that stays silent on the gather preface
+/// until a full HTTP request line arrives (as moto's server mode and MinIO do) once cost every
+/// load a 10 s hello timeout. The engine now learns that gather is not offered from one plain
+/// HTTP request, once per engine, and never sends the preface there.
+#[test]
+fn a_server_silent_on_the_preface_costs_one_http_probe_per_engine() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (http, prefaces) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let addr = rt().block_on(async {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let (http, prefaces) = (http.clone(), prefaces.clone());
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = l.accept().await.unwrap();
+                let (http, prefaces) = (http.clone(), prefaces.clone());
+                tokio::spawn(async move {
+                    let mut b = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        if b.starts_with(b"OCGATHER") {
+                            // Silent, as a server waiting for a request line is.
+                            prefaces.fetch_add(1, Ordering::SeqCst);
+                            tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+                            return;
+                        }
+                        if b.windows(4).any(|w| w == b"\r\n\r\n") {
+                            if b.starts_with(b"GET /_objectcache/capabilities ") {
+                                http.fetch_add(1, Ordering::SeqCst);
+                            }
+                            let body = b"<Error><Code>NoSuchKey</Code></Error>";
+                            let head = format!(
+                                "HTTP/1.1 404 Not Found\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                                body.len()
+                            );
+                            let _ = s.write_all(head.as_bytes()).await;
+                            let _ = s.write_all(body).await;
+                            return;
+                        }
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => b.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    });
+    let store = s3_on(&format!("http://{addr}"));
+    let e = engine(store, "silent");
+    let mut g = KvGeometry::smollm2_135m();
+    g.tokens_per_chunk = 16;
+    let hs = hashes(&g, 32, 9);
+    let t = std::time::Instant::now();
+    for _ in 0..3 {
+        let h = e
+            .load(
+                LoadRequest::new(g.clone(), hs.clone()),
+                LayerBuffers::allocate(g.layers as usize, 2 * g.slice_bytes() as usize),
+            )
+            .unwrap();
+        // Nothing is stored there: every layer is a miss, never bytes.
+        assert!(h.wait_layer_blocking(0, None).is_err());
+    }
+    assert_eq!(prefaces.load(Ordering::SeqCst), 0, "no gather preface sent");
+    assert_eq!(
+        http.load(Ordering::SeqCst),
+        1,
+        "one capabilities request per engine"
+    );
+    println!(
+        "3 loads against a server silent on the preface: {:?}",
+        t.elapsed()
+    );
+}

@@ -1,0 +1,143 @@
+//! The ranged-GET path through a delaying proxy (`objectcache::transport::delay::DelayProxy`)
+//! in front of our server's S3 API, at 0, 5, 20 and 50 ms one way: loads stay byte-exact,
+//! the engine opens its S3 connections when it starts (before any load), and on a long round
+//! trip a load keeps more requests in flight than `max_requests` (the bandwidth-delay
+//! product, within `window_bytes`) while on a short one it does not. Times are in
+//! `objectcache-bench transfer --delay-ms` (docs/benchmarks.md), not asserted here.
+
+use crate::common;
+
+use common::*;
+use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadRequest};
+use objectcache::store::{Addressing, MemoryStore, S3Config, S3Credentials, S3Store, Store};
+use objectcache::transport::delay::DelayProxy;
+use objectcache::{Dtype, KvGeometry};
+use std::sync::Arc;
+use std::time::Duration;
+
+const AK: &str = "delay-access";
+const SK: &str = "delay-secret-key";
+const BUCKET: &str = "kv-delay";
+
+/// 8 layers, 64 KiB slices: 4 chunks make 32 single-slice reads per load.
+fn geometry() -> KvGeometry {
+    KvGeometry::new("test/delay", 8, 8, 128, Dtype::Bf16)
+        .unwrap()
+        .with_tokens_per_chunk(16)
+        .unwrap()
+}
+
+fn s3_at(rt: &tokio::runtime::Runtime, addr: std::net::SocketAddr) -> Arc<dyn Store> {
+    let mut s3 = S3Config::new(BUCKET);
+    s3.endpoint = Some(format!("http://{addr}"));
+    s3.region = Some("us-east-1".into());
+    s3.addressing = Some(Addressing::Path);
+    s3.credentials = S3Credentials::Static {
+        access_key: AK.into(),
+        secret_key: SK.into(),
+        session_token: None,
+    };
+    Arc::new(rt.block_on(S3Store::new(s3)).unwrap())
+}
+
+#[test]
+fn ranged_get_loads_through_delays_keep_bytes_warm_the_pool_and_widen_the_window() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cfg = objectcache::server::ServerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        allow_anonymous: false,
+        access_keys: vec![objectcache::server::AccessKey {
+            access_key: AK.into(),
+            secret_key: SK.into(),
+        }],
+        buckets: vec![BUCKET.into()],
+        fsync: false,
+        shutdown_grace_secs: 1,
+        ..objectcache::server::ServerConfig::default()
+    };
+    let srv = rt
+        .block_on(objectcache::server::start_with_store(
+            cfg,
+            Arc::new(MemoryStore::new()),
+        ))
+        .unwrap();
+    let g = geometry();
+    let chunks = 4;
+    let hs = hashes(&g, chunks * g.tokens_per_chunk as usize, 7);
+    let data = kv(&g, chunks, 7);
+    let ns = unique_ns("delay");
+    let engine_cfg = |max_requests: usize| {
+        let mut c = EngineConfig {
+            namespace: ns.clone(),
+            gather: false,
+            ..EngineConfig::default()
+        };
+        c.set("max_requests", &max_requests.to_string()).unwrap();
+        // One layer slice per ranged GET: many reads, so the window's growth shows.
+        c.set("coalesce_bytes", "0").unwrap();
+        c
+    };
+    // Saved straight to the server.
+    let direct = Engine::with_store(s3_at(&rt, srv.local_addr()), engine_cfg(4)).unwrap();
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    assert_eq!(
+        direct.save_blocking(&g, &hs, &refs).unwrap().written,
+        chunks
+    );
+
+    for delay_ms in [0u64, 5, 20, 50] {
+        let proxy = rt
+            .block_on(DelayProxy::start(
+                srv.local_addr(),
+                Duration::from_millis(delay_ms),
+            ))
+            .unwrap();
+        let max_requests = 2;
+        let e =
+            Engine::with_store(s3_at(&rt, proxy.local_addr()), engine_cfg(max_requests)).unwrap();
+        // The engine opens `max_requests` connections when it starts, before any load.
+        common::eventually("the engine's pool warm-up", Duration::from_secs(30), || {
+            proxy.connections() >= max_requests as u64
+        });
+        assert_eq!(proxy.connections(), max_requests as u64, "{delay_ms} ms");
+        let h = e
+            .load(
+                LoadRequest::new(g.clone(), hs.clone()),
+                LayerBuffers::allocate(g.layers as usize, data[0].len()),
+            )
+            .unwrap();
+        h.wait_all_blocking().unwrap();
+        for l in 0..g.layers as usize {
+            assert_eq!(
+                h.layer(l).unwrap(),
+                &data[l][..],
+                "{delay_ms} ms, layer {l}"
+            );
+        }
+        let s = h.stats();
+        assert_eq!(
+            s.requests,
+            (chunks * g.layers as usize) as u64,
+            "{delay_ms} ms"
+        );
+        // First-layer reads all go at once (one per chunk), later ones within the cap.
+        assert!(
+            s.peak_requests_in_flight >= chunks as u64,
+            "{delay_ms} ms: {s:?}"
+        );
+        if delay_ms >= 20 {
+            // A round trip of 40 ms or more holds more than 4 slices' bytes at this rate:
+            // the cap grew past both `max_requests` and the first layer's reads.
+            assert!(
+                s.peak_requests_in_flight > chunks as u64,
+                "{delay_ms} ms: the window did not widen: {s:?}"
+            );
+        }
+        assert!(
+            s.peak_bytes_in_flight <= EngineConfig::default().window_bytes,
+            "{s:?}"
+        );
+        drop(h);
+        drop(e);
+    }
+}

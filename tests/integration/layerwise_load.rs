@@ -1,0 +1,557 @@
+//! Save, lookup and layer-ordered load, byte-exact, on every local backend (memory, fs);
+//! the S3 (Ceph RGW) runs of the same cases live in tests/s3_layerwise.rs.
+
+use crate::common;
+
+use common::*;
+use objectcache::connector::{ChunkStatus, Engine, LayerBuffers, LayerStatus, LoadRequest};
+use objectcache::layout::{slice_range, KeyBuilder};
+use objectcache::store::{FsStore, FsyncPolicy, MemoryStore, Store, StoreExt};
+use objectcache::{Dtype, KvGeometry, LayerError};
+use std::sync::Arc;
+
+fn small() -> KvGeometry {
+    let mut g = KvGeometry::new("test/small", 6, 2, 16, Dtype::Fp16).unwrap();
+    g.tokens_per_chunk = 16;
+    g
+}
+
+/// The S3 endpoint of the test environment (Ceph RGW in CI), when one answers.
+fn s3_store() -> Option<Arc<dyn Store>> {
+    // The S3 client's connection pool runs on the runtime that built it: keep that runtime
+    // alive for the whole test process.
+    static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    let rt = RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap());
+    match rt
+        .block_on(objectcache::store::S3Store::from_test_env("layerwise"))
+        .expect("S3 endpoint refuses us")
+    {
+        Some((s, _prefix)) => Some(Arc::new(s)),
+        None => {
+            assert!(
+                std::env::var_os("OBJECTCACHE_REQUIRE_ALL").is_none(),
+                "no S3 endpoint but OBJECTCACHE_REQUIRE_ALL is set"
+            );
+            eprintln!("SKIP s3 backend: no S3 test endpoint");
+            None
+        }
+    }
+}
+
+/// Every backend: memory, fs, and S3 (Ceph RGW) when available. Each test uses a unique
+/// namespace, so runs sharing a bucket never see each other's objects.
+fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
+    let dir = tempfile::tempdir().unwrap().keep();
+    let mut v: Vec<(&'static str, Arc<dyn Store>)> = vec![
+        ("memory", Arc::new(MemoryStore::new())),
+        (
+            "fs",
+            Arc::new(FsStore::new(dir, FsyncPolicy::Never).unwrap()),
+        ),
+    ];
+    if let Some(s) = s3_store() {
+        v.push(("s3", s));
+    }
+    v
+}
+
+/// Saves `chunks` chunks and loads `load_chunks` of them back; returns the handle's buffers.
+fn round_trip(e: &Engine, g: &KvGeometry, chunks: usize, seed: u64) {
+    let hs = hashes(g, chunks * g.tokens_per_chunk as usize, seed as u32);
+    let data = kv(g, chunks, seed);
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    let rep = e.save_blocking(g, &hs, &refs).unwrap();
+    assert_eq!(rep.written, chunks);
+    assert_eq!(e.lookup_blocking(g, &hs).unwrap(), chunks);
+    let h = e
+        .load(
+            LoadRequest {
+                geometry: g.clone(),
+                hashes: hs.clone(),
+                hints: Default::default(),
+            },
+            LayerBuffers::allocate(g.layers as usize, data[0].len()),
+        )
+        .unwrap();
+    for l in 0..g.layers as usize {
+        h.wait_layer_blocking(l, None).unwrap();
+        assert_eq!(h.layer(l).unwrap(), &data[l][..], "layer {l}");
+    }
+    assert!(
+        h.chunk_status().iter().all(|s| *s == ChunkStatus::Ok),
+        "{:?} on {}: {:?}",
+        h.chunk_status(),
+        e.store().name(),
+        (0..g.layers as usize)
+            .map(|l| h.poll_layer(l))
+            .collect::<Vec<_>>()
+    );
+    let st = h.stats();
+    assert_eq!(
+        st.bytes,
+        (chunks as u64) * g.slice_bytes() * g.layers as u64
+    );
+    assert!(st.ttfl_s.is_some() && st.ttll_s.is_some());
+}
+
+#[test]
+fn round_trip_small_geometry_every_backend() {
+    for (name, s) in stores() {
+        let e = engine(s, &unique_ns(name));
+        round_trip(&e, &small(), 7, 1);
+    }
+}
+
+#[test]
+fn round_trip_llama8b_4k_tokens_fs() {
+    // 4K tokens at Llama-3.1-8B geometry: 16 chunks x 32 layers x 1 MiB = 512 MiB.
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(
+        Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap()),
+        "rt8b",
+    );
+    round_trip(&e, &KvGeometry::llama31_8b(), 16, 42);
+}
+
+#[test]
+fn partial_hit_and_missing_middle_chunk() {
+    for (name, s) in stores() {
+        let g = small();
+        let e = engine(s.clone(), &unique_ns(name));
+        let hs = hashes(&g, 8 * 16, 3);
+        let data = kv(&g, 8, 3);
+        let refs: Vec<&[u8]> = data
+            .iter()
+            .map(|v| &v[..5 * g.slice_bytes() as usize])
+            .collect();
+        e.save_blocking(&g, &hs[..5], &refs).unwrap();
+        // Partial hit: 5 of 8 chunks.
+        assert_eq!(e.lookup_blocking(&g, &hs).unwrap(), 5, "{name}");
+        // Delete chunk 2's data object: a load of 5 chunks must report chunk 2 missing and
+        // never mark any layer ready.
+        let keys = e.keys(&g).unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(s.delete(&keys.data(&hs[2]))).unwrap();
+        let h = e
+            .load(
+                LoadRequest {
+                    geometry: g.clone(),
+                    hashes: hs[..5].to_vec(),
+                    hints: Default::default(),
+                },
+                LayerBuffers::allocate(6, refs[0].len()),
+            )
+            .unwrap();
+        for l in 0..6 {
+            let err = h.wait_layer_blocking(l, None).unwrap_err();
+            assert!(
+                matches!(err, LayerError::Missing { chunk: 2, .. }),
+                "{name} layer {l}: {err:?}"
+            );
+            assert!(h.layer(l).is_none());
+        }
+        assert_eq!(h.chunk_status()[2], ChunkStatus::Missing);
+    }
+}
+
+#[test]
+fn flipped_byte_is_a_miss_not_data() {
+    for (name, s) in stores() {
+        let g = small();
+        let e = engine(s.clone(), &unique_ns(name));
+        let hs = hashes(&g, 3 * 16, 4);
+        let data = kv(&g, 3, 4);
+        let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+        e.save_blocking(&g, &hs, &refs).unwrap();
+        let keys = e.keys(&g).unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let k = keys.data(&hs[1]);
+        let mut obj = rt.block_on(s.get_bytes(&k)).unwrap().to_vec();
+        let r = slice_range(4, g.slice_bytes());
+        obj[r.start as usize + 17] ^= 0x40;
+        rt.block_on(s.put(&k, obj.into())).unwrap();
+        let h = e
+            .load(
+                LoadRequest {
+                    geometry: g.clone(),
+                    hashes: hs.clone(),
+                    hints: Default::default(),
+                },
+                LayerBuffers::allocate(6, refs[0].len()),
+            )
+            .unwrap();
+        // Layer 4 of chunk 1 is corrupt: layer 4 is a miss naming chunk 1, and only layer 4
+        // (issue 19: a bad slice fails only the layers it belongs to).
+        let _ = h.wait_layer_blocking(4, None);
+        assert!(
+            matches!(
+                h.poll_layer(4),
+                LayerStatus::Failed(LayerError::ChecksumMismatch {
+                    chunk: 1,
+                    layer: 4,
+                    ..
+                })
+            ),
+            "{name}: {:?}",
+            h.poll_layer(4)
+        );
+        for l in [0, 1, 2, 3, 5] {
+            h.wait_layer_blocking(l, None)
+                .unwrap_or_else(|e| panic!("{name}: layer {l} missed: {e}"));
+            assert_eq!(h.layer(l).unwrap(), &data[l][..], "{name}: layer {l}");
+        }
+        assert!(
+            h.layer(4).is_none(),
+            "{name}: the corrupt layer exposes no bytes"
+        );
+        assert_eq!(h.chunk_status()[1], ChunkStatus::Corrupt);
+    }
+}
+
+/// Case C3: an object bigger than the slot (another geometry) or truncated is rejected with
+/// an error naming the mismatch; no byte lands past the caller's buffer; other keys still work.
+#[test]
+fn c3_object_bigger_than_slot_or_truncated() {
+    for (name, s) in stores() {
+        let g = small();
+        let big = KvGeometry {
+            head_dim: 32,
+            ..g.clone()
+        }; // twice the bytes per layer
+        let e = engine(s.clone(), &unique_ns(name));
+        let hs = hashes(&g, 2 * 16, 5);
+        // Write a `big` object under the key a `g` chunk would use.
+        let keys = e.keys(&g).unwrap();
+        let bigdata = kv(&big, 1, 5);
+        let obj =
+            objectcache::layout::encode_chunk(&big, 16, |l| &bigdata[l as usize][..]).unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(s.put(&keys.data(&hs[0]), obj.into())).unwrap();
+        // Truncated object for chunk 1.
+        let good = kv(&g, 1, 6);
+        let obj = objectcache::layout::encode_chunk(&g, 16, |l| &good[l as usize][..]).unwrap();
+        rt.block_on(s.put(&keys.data(&hs[1]), obj[..obj.len() / 2].to_vec().into()))
+            .unwrap();
+        for (i, what) in [(0usize, "bytes"), (1, "bytes")] {
+            let slot = g.slice_bytes() as usize;
+            // Buffers with a canary tail after the slot.
+            let bufs: Vec<Vec<u8>> = (0..6).map(|_| vec![0xAB; slot + 64]).collect();
+            let h = e
+                .load(
+                    LoadRequest {
+                        geometry: g.clone(),
+                        hashes: vec![hs[i].clone()],
+                        hints: Default::default(),
+                    },
+                    LayerBuffers::from_vecs(bufs),
+                )
+                .unwrap();
+            let err = h.wait_layer_blocking(0, None).unwrap_err();
+            assert!(
+                matches!(err, LayerError::GeometryMismatch { .. }),
+                "{name} chunk {i}: {err:?}"
+            );
+            assert!(err.to_string().contains(what), "{err}");
+            assert_eq!(h.chunk_status()[0], ChunkStatus::WrongGeometry);
+            let bufs = h.into_buffers().into_vecs().unwrap();
+            for b in &bufs {
+                assert!(
+                    b[slot..].iter().all(|&x| x == 0xAB),
+                    "{name}: canary overwritten"
+                );
+            }
+        }
+        // The store keeps serving other keys.
+        round_trip(&e, &g, 2, 77);
+    }
+}
+
+#[test]
+fn concurrent_writers_first_wins() {
+    for (name, s) in stores() {
+        let g = small();
+        let ns = unique_ns(name);
+        let hs = hashes(&g, 4 * 16, 8);
+        let a = kv(&g, 4, 100);
+        let b = kv(&g, 4, 200);
+        // Two engines (two clients), alive for the whole test: an S3 client's pooled
+        // connections run on the runtime of the engine that opened them.
+        let engines = [engine(s.clone(), &ns), engine(s.clone(), &ns)];
+        let reports: Vec<_> = std::thread::scope(|sc| {
+            [(&a, &engines[0]), (&b, &engines[1])]
+                .map(|(d, e)| {
+                    let hs = hs.clone();
+                    let g = g.clone();
+                    sc.spawn(move || {
+                        let refs: Vec<&[u8]> = d.iter().map(|v| v.as_slice()).collect();
+                        e.save_blocking(&g, &hs, &refs).unwrap()
+                    })
+                })
+                .map(|h| h.join().unwrap())
+                .to_vec()
+        });
+        assert_eq!(
+            reports
+                .iter()
+                .map(|r| r.written + r.already_present)
+                .sum::<usize>(),
+            8
+        );
+        assert_eq!(
+            reports.iter().map(|r| r.written).sum::<usize>(),
+            4,
+            "{name}: each chunk written once"
+        );
+        // Every chunk loads intact (from whichever writer won it) and verifies.
+        let e = &engines[0];
+        let h = e
+            .load(
+                LoadRequest {
+                    geometry: g.clone(),
+                    hashes: hs.clone(),
+                    hints: Default::default(),
+                },
+                LayerBuffers::allocate(6, a[0].len()),
+            )
+            .unwrap();
+        h.wait_all_blocking().unwrap();
+        let slice = g.slice_bytes() as usize;
+        for l in 0..6 {
+            let got = h.layer(l).unwrap();
+            for c in 0..4 {
+                let r = c * slice..(c + 1) * slice;
+                assert!(got[r.clone()] == a[l][r.clone()] || got[r.clone()] == b[l][r.clone()]);
+            }
+        }
+    }
+}
+
+/// Case C7: 1,000 missing chunk hashes cost a bounded number of round trips, stop at the first
+/// missing chunk, and the repeat is answered from the local miss cache.
+#[test]
+fn c7_lookups_that_miss() {
+    let g = KvGeometry::llama31_8b();
+    let e = engine(Arc::new(MemoryStore::new()), "c7");
+    let hs = hashes(&g, 1000 * 256, 9);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let r1 = rt.block_on(e.lookup_report(&g, &hs)).unwrap();
+    assert_eq!(r1.chunks, 0);
+    assert!(
+        r1.round_trips <= 1,
+        "stops at the first missing chunk: {r1:?}"
+    );
+    let r2 = rt.block_on(e.lookup_report(&g, &hs)).unwrap();
+    assert_eq!(
+        (r2.chunks, r2.round_trips, r2.probes),
+        (0, 0, 0),
+        "second lookup from the miss cache"
+    );
+    // A save makes them present at once.
+    let data = kv(&g.with_tokens_per_chunk(256).unwrap(), 2, 9);
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    rt.block_on(e.save(&g, &hs[..2], &refs)).unwrap();
+    assert_eq!(rt.block_on(e.lookup_report(&g, &hs)).unwrap().chunks, 2);
+}
+
+/// A long published prefix is found in few round trips (k-ary search), not one per chunk.
+#[test]
+fn lookup_of_long_prefix_is_logarithmic() {
+    let g = small();
+    let e = engine(Arc::new(MemoryStore::new()), "logl");
+    let n = 300;
+    let hs = hashes(&g, n * 16, 10);
+    let data = kv(&g, 250, 10);
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    e.save_blocking(&g, &hs[..250], &refs).unwrap();
+    let fresh = Engine::with_store(
+        e.store().clone(),
+        objectcache::connector::EngineConfig {
+            namespace: "logl".into(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let r = rt.block_on(fresh.lookup_report(&g, &hs)).unwrap();
+    assert_eq!(r.chunks, 250);
+    assert!(r.round_trips <= 3, "{r:?}");
+}
+
+/// Case C8: 1,000 tokens with 256-token chunks: three chunks saved and hit, the 232-token tail
+/// neither saved nor reported.
+#[test]
+fn c8_partial_last_chunk() {
+    let g = KvGeometry::smollm2_135m();
+    let e = engine(Arc::new(MemoryStore::new()), "c8");
+    let hs = hashes(&g, 1000, 11);
+    assert_eq!(hs.len(), 3, "only full chunks get a hash");
+    let data = kv(&g, 3, 11);
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    let rep = e.save_blocking(&g, &hs, &refs).unwrap();
+    assert_eq!(rep.written, 3);
+    assert_eq!(e.lookup_blocking(&g, &hs).unwrap(), 3);
+    assert_eq!(e.store().name(), "memory");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let keys = e.keys(&g).unwrap();
+    assert_eq!(
+        rt.block_on(e.store().list(&keys.data_prefix(), 100))
+            .unwrap()
+            .len(),
+        3
+    );
+}
+
+/// Case C9: the same token ids cached under two models in one store: neither sees the other's
+/// entries, and a load verifies the geometry recorded in the object.
+#[test]
+fn c9_two_models_one_bucket() {
+    let s: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let a = KvGeometry::llama31_8b().with_tokens_per_chunk(16).unwrap();
+    let b = KvGeometry::smollm2_135m()
+        .with_tokens_per_chunk(16)
+        .unwrap();
+    let e = engine(s.clone(), "c9");
+    let ha = hashes(&a, 64, 12);
+    let hb = hashes(&b, 64, 12);
+    assert_eq!(ha, hb, "same token ids, same block hashes");
+    let da = kv(&a, 4, 1);
+    let refs: Vec<&[u8]> = da.iter().map(|v| v.as_slice()).collect();
+    e.save_blocking(&a, &ha, &refs).unwrap();
+    assert_eq!(e.lookup_blocking(&a, &ha).unwrap(), 4);
+    assert_eq!(
+        e.lookup_blocking(&b, &hb).unwrap(),
+        0,
+        "other model sees no hit"
+    );
+    // Even a deliberately mis-keyed object (model A's bytes under model B's key) is rejected.
+    let kb = KeyBuilder::new("c9", &b, objectcache::HashAlgo::Sha256Cbor).unwrap();
+    let ka = e.keys(&a).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let obj = rt.block_on(s.get_bytes(&ka.data(&ha[0]))).unwrap();
+    rt.block_on(s.put(&kb.data(&hb[0]), obj)).unwrap();
+    let h = e
+        .load(
+            LoadRequest {
+                geometry: b.clone(),
+                hashes: vec![hb[0].clone()],
+                hints: Default::default(),
+            },
+            LayerBuffers::allocate(b.layers as usize, b.slice_bytes() as usize),
+        )
+        .unwrap();
+    assert!(matches!(
+        h.wait_layer_blocking(0, None),
+        Err(LayerError::GeometryMismatch { .. })
+    ));
+}
+
+#[test]
+fn bad_input_is_named() {
+    let g = small();
+    let e = engine(Arc::new(MemoryStore::new()), "bad");
+    let hs = hashes(&g, 32, 1);
+    let err = e
+        .load(
+            LoadRequest {
+                geometry: g.clone(),
+                hashes: hs.clone(),
+                hints: Default::default(),
+            },
+            LayerBuffers::allocate(5, 10),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("5 destination buffers"), "{err}");
+    let err = e
+        .load(
+            LoadRequest {
+                geometry: g.clone(),
+                hashes: hs.clone(),
+                hints: Default::default(),
+            },
+            LayerBuffers::allocate(6, 10),
+        )
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("layer 0 buffer has 10 bytes"),
+        "{err}"
+    );
+    let err = e
+        .load(
+            LoadRequest {
+                geometry: g.clone(),
+                hashes: vec![],
+                hints: Default::default(),
+            },
+            LayerBuffers::allocate(6, 10),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("no chunks"), "{err}");
+    let mut zero = g.clone();
+    zero.layers = 0;
+    let err = e
+        .load(
+            LoadRequest {
+                geometry: zero,
+                hashes: hs.clone(),
+                hints: Default::default(),
+            },
+            LayerBuffers::allocate(0, 10),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("layers"), "{err}");
+    let err = e.save_blocking(&g, &hs, &[&[0u8; 3]]).unwrap_err();
+    assert!(err.to_string().contains("1 layer buffers"), "{err}");
+}
+
+#[test]
+fn cancel_stops_and_fails_pending_layers() {
+    let g = KvGeometry::llama31_8b();
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(
+        Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap()),
+        "cancel",
+    );
+    let hs = hashes(&g, 8 * 256, 13);
+    let data = kv(&g, 8, 13);
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    e.save_blocking(&g, &hs, &refs).unwrap();
+    let h = e
+        .load(
+            LoadRequest {
+                geometry: g.clone(),
+                hashes: hs,
+                hints: Default::default(),
+            },
+            LayerBuffers::allocate(32, data[0].len()),
+        )
+        .unwrap();
+    h.cancel();
+    let mut failed = 0;
+    for l in 0..32 {
+        match h.wait_layer_blocking(l, None) {
+            Ok(()) => assert_eq!(h.layer(l).unwrap(), &data[l][..]),
+            Err(LayerError::Cancelled) => failed += 1,
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert!(
+        failed > 0,
+        "a cancel right after the start leaves layers unloaded"
+    );
+    let _ = h.into_buffers();
+}
+
+#[test]
+fn round_trip_llama8b_4k_tokens_s3() {
+    // The same 512 MiB round trip against a real S3 server (Ceph RGW), then deleted again.
+    let Some(s) = s3_store() else { return };
+    let ns = unique_ns("rt8b");
+    let e = engine(s.clone(), &ns);
+    round_trip(&e, &KvGeometry::llama31_8b(), 16, 43);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        for m in s.list(&format!("{ns}/"), 10_000).await.unwrap() {
+            s.delete(&m.key).await.unwrap();
+        }
+    });
+}

@@ -1,0 +1,388 @@
+//! Lifecycle on a real store (FsStore on a temporary directory): garbage collection of
+//! interrupted saves and orphan markers, TTL, capacity with LRU eviction, pinning, leases, and
+//! the `objectcache stat` / `objectcache gc` commands. After every collection, whatever lookup
+//! reports loads byte-exact.
+
+use crate::common;
+
+use common::*;
+use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadRequest};
+use objectcache::lifecycle::{
+    collect, AccessLog, Inventory, LeaseTable, Policy, Reason, TrackedStore,
+};
+use objectcache::store::{FsStore, FsyncPolicy, Store};
+use objectcache::{ChunkHash, Dtype, KvGeometry};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+fn g() -> KvGeometry {
+    let mut g = KvGeometry::new("test/lifecycle", 4, 2, 16, Dtype::Fp16).unwrap();
+    g.tokens_per_chunk = 16;
+    g
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn fs() -> (tempfile::TempDir, Arc<dyn Store>) {
+    let d = tempfile::tempdir().unwrap();
+    let s: Arc<dyn Store> = Arc::new(FsStore::new(d.path(), FsyncPolicy::Never).unwrap());
+    (d, s)
+}
+
+fn eng(store: Arc<dyn Store>, ns: &str) -> Engine {
+    Engine::with_store(
+        store,
+        EngineConfig {
+            namespace: ns.into(),
+            lookup_cache_ttl: Duration::ZERO,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+struct Prefix {
+    hs: Vec<ChunkHash>,
+    data: Vec<Vec<u8>>,
+}
+
+fn save(e: &Engine, n: usize, seed: u64) -> Prefix {
+    let g = g();
+    let hs = hashes(&g, n * 16, seed as u32);
+    let data = kv(&g, n, seed);
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    e.save_blocking(&g, &hs, &refs).unwrap();
+    Prefix { hs, data }
+}
+
+/// Lookup, then load what lookup reports; every reported chunk must load byte-exact.
+fn check(e: &Engine, p: &Prefix) -> usize {
+    let g = g();
+    let hit = e.lookup_blocking(&g, &p.hs).unwrap();
+    if hit > 0 {
+        let n = hit * g.slice_bytes() as usize;
+        let h = e
+            .load(
+                LoadRequest {
+                    geometry: g.clone(),
+                    hashes: p.hs[..hit].to_vec(),
+                    hints: Default::default(),
+                },
+                LayerBuffers::allocate(g.layers as usize, n),
+            )
+            .unwrap();
+        h.wait_all_blocking().unwrap();
+        for l in 0..g.layers as usize {
+            assert_eq!(h.layer(l).unwrap(), &p.data[l][..n], "layer {l}");
+        }
+    }
+    hit
+}
+
+fn later(d: Duration) -> SystemTime {
+    SystemTime::now() + d
+}
+
+#[test]
+fn gc_removes_interrupted_saves_after_grace_and_orphan_markers_at_once() {
+    let (_d, s) = fs();
+    let e = eng(s.clone(), "gc");
+    let p = save(&e, 6, 1);
+    let keys = e.keys(&g()).unwrap();
+    let r = rt();
+    // An interrupted save: data of chunks 4, 5 without markers; an orphan marker: chunk 3's
+    // data gone.
+    r.block_on(s.delete(&keys.marker(&p.hs[4]))).unwrap();
+    r.block_on(s.delete(&keys.marker(&p.hs[5]))).unwrap();
+    r.block_on(s.delete(&keys.data(&p.hs[3]))).unwrap();
+    let st = r
+        .block_on(Inventory::scan(s.as_ref(), "", 1000))
+        .unwrap()
+        .stats();
+    assert_eq!(
+        (st.published, st.unreferenced_data, st.orphan_markers),
+        (3, 2, 1)
+    );
+
+    let pol = Policy::default();
+    let rep = r
+        .block_on(collect(s.as_ref(), &pol, SystemTime::now(), None, None))
+        .unwrap();
+    assert_eq!(rep.count(Reason::OrphanMarker), 1);
+    assert_eq!(
+        rep.count(Reason::Unreferenced),
+        0,
+        "young unreferenced data was deleted"
+    );
+    assert_eq!(rep.kept_young, 2);
+    assert_eq!(check(&e, &p), 3);
+
+    let rep = r
+        .block_on(collect(
+            s.as_ref(),
+            &pol,
+            later(Duration::from_secs(7200)),
+            None,
+            None,
+        ))
+        .unwrap();
+    assert_eq!(rep.count(Reason::Unreferenced), 2);
+    assert_eq!(rep.deleted.len(), 2);
+    let st = r
+        .block_on(Inventory::scan(s.as_ref(), "", 1000))
+        .unwrap()
+        .stats();
+    assert_eq!(
+        (st.published, st.unreferenced_data, st.orphan_markers),
+        (3, 0, 0)
+    );
+    assert_eq!(check(&e, &p), 3);
+    println!("LIFECYCLE|gc: interrupted save + orphan marker|1|2 unreferenced kept within grace, deleted after; orphan marker deleted at once; 3 published chunks load byte-exact");
+}
+
+#[test]
+fn ttl_expires_unpinned_entries_only() {
+    let (_d, s) = fs();
+    let a = eng(s.clone(), "tenant-a");
+    let b = eng(s.clone(), "tenant-b");
+    let pa = save(&a, 3, 2);
+    let pb = save(&b, 3, 3);
+    let r = rt();
+    let pol = Policy {
+        ttl: Some(Duration::from_secs(60)),
+        pinned: vec!["tenant-a/".into()],
+        ..Policy::default()
+    };
+    let rep = r
+        .block_on(collect(s.as_ref(), &pol, SystemTime::now(), None, None))
+        .unwrap();
+    assert!(rep.deleted.is_empty());
+    let rep = r
+        .block_on(collect(
+            s.as_ref(),
+            &pol,
+            later(Duration::from_secs(120)),
+            None,
+            None,
+        ))
+        .unwrap();
+    assert_eq!(
+        rep.count(Reason::Expired),
+        6,
+        "3 markers and 3 data objects of tenant-b"
+    );
+    assert_eq!(rep.kept_pinned, 3);
+    assert!(rep.deleted.iter().all(|(k, _)| k.starts_with("tenant-b/")));
+    // Marker before data, per entry.
+    let first_marker = rep
+        .deleted
+        .iter()
+        .position(|(k, _)| k.contains("/pub/"))
+        .unwrap();
+    assert_eq!(first_marker, 0);
+    assert_eq!(check(&a, &pa), 3);
+    assert_eq!(check(&b, &pb), 0);
+}
+
+#[test]
+fn capacity_evicts_least_recently_used_and_spares_leased() {
+    let (_d, raw) = fs();
+    let access = Arc::new(AccessLog::new());
+    let leases = LeaseTable::new();
+    let s: Arc<dyn Store> = Arc::new(TrackedStore::new(
+        raw.clone(),
+        access.clone(),
+        leases.clone(),
+        Duration::ZERO,
+    ));
+    let e = eng(s.clone(), "lru");
+    let pa = save(&e, 2, 10);
+    std::thread::sleep(Duration::from_millis(20));
+    let pb = save(&e, 2, 11);
+    std::thread::sleep(Duration::from_millis(20));
+    let pc = save(&e, 2, 12);
+    std::thread::sleep(Duration::from_millis(20));
+    // A is used again: now B is the least recently used.
+    assert_eq!(check(&e, &pa), 2);
+    let r = rt();
+    let total = r
+        .block_on(Inventory::scan(raw.as_ref(), "", 1000))
+        .unwrap()
+        .stats()
+        .bytes;
+    let per_prefix = total / 3;
+    let pol = Policy {
+        capacity_bytes: Some(2 * per_prefix),
+        ..Policy::default()
+    };
+    let rep = r
+        .block_on(collect(
+            raw.as_ref(),
+            &pol,
+            SystemTime::now(),
+            Some(&access),
+            Some(&leases),
+        ))
+        .unwrap();
+    assert_eq!(rep.count(Reason::Evicted), 4, "{:?}", rep.deleted);
+    assert!(rep.bytes_after <= 2 * per_prefix);
+    assert_eq!(check(&e, &pb), 0, "B was the least recently used");
+    assert_eq!(check(&e, &pa), 2);
+    assert_eq!(check(&e, &pc), 2);
+
+    // Capacity 0 with C leased (a reader holds it): only A goes.
+    let keys = e.keys(&g()).unwrap();
+    let lease = leases.acquire(pc.hs.iter().map(|h| keys.data(h)));
+    let pol0 = Policy {
+        capacity_bytes: Some(0),
+        ..Policy::default()
+    };
+    let rep = r
+        .block_on(collect(
+            raw.as_ref(),
+            &pol0,
+            SystemTime::now(),
+            Some(&access),
+            Some(&leases),
+        ))
+        .unwrap();
+    assert_eq!(rep.kept_leased, 2);
+    assert_eq!(check(&e, &pc), 2, "a leased entry was evicted");
+    assert_eq!(check(&e, &pa), 0);
+    drop(lease);
+    r.block_on(collect(
+        raw.as_ref(),
+        &pol0,
+        SystemTime::now(),
+        Some(&access),
+        Some(&leases),
+    ))
+    .unwrap();
+    assert_eq!(check(&e, &pc), 0);
+    println!("LIFECYCLE|capacity LRU + lease|1|least recently used prefix evicted first; leased prefix kept until released; survivors byte-exact");
+}
+
+#[test]
+fn soft_lease_keeps_an_object_under_its_reader() {
+    let (_d, raw) = fs();
+    let access = Arc::new(AccessLog::new());
+    let leases = LeaseTable::new();
+    let s: Arc<dyn Store> = Arc::new(TrackedStore::new(
+        raw.clone(),
+        access.clone(),
+        leases.clone(),
+        Duration::from_secs(30),
+    ));
+    let e = eng(s.clone(), "soft");
+    let p = save(&e, 3, 20);
+    let other = eng(raw.clone(), "other");
+    let q = save(&other, 3, 21);
+    // A load through the tracked store leases what it reads for 30 s.
+    assert_eq!(check(&e, &p), 3);
+    let pol = Policy {
+        capacity_bytes: Some(0),
+        ttl: Some(Duration::ZERO),
+        ..Policy::default()
+    };
+    let r = rt();
+    let rep = r
+        .block_on(collect(
+            raw.as_ref(),
+            &pol,
+            SystemTime::now(),
+            Some(&access),
+            Some(&leases),
+        ))
+        .unwrap();
+    assert!(rep.kept_leased >= 3, "{rep:?}");
+    assert_eq!(check(&e, &p), 3);
+    assert_eq!(check(&other, &q), 0);
+}
+
+#[test]
+fn collection_during_saves_never_breaks_a_published_prefix() {
+    let (_d, s) = fs();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s2 = s.clone();
+    let st2 = stop.clone();
+    let gc = std::thread::spawn(move || {
+        let r = rt();
+        let pol = Policy {
+            grace: Duration::from_secs(60),
+            ..Policy::default()
+        };
+        let mut passes = 0;
+        while !st2.load(std::sync::atomic::Ordering::Relaxed) {
+            let rep = r
+                .block_on(collect(s2.as_ref(), &pol, SystemTime::now(), None, None))
+                .unwrap();
+            assert_eq!(rep.count(Reason::Unreferenced), 0, "{rep:?}");
+            passes += 1;
+        }
+        passes
+    });
+    let e = eng(s.clone(), "race");
+    let mut saved = Vec::new();
+    for i in 0..20 {
+        saved.push(save(&e, 4, 100 + i));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let passes = gc.join().unwrap();
+    for p in &saved {
+        assert_eq!(check(&e, p), 4);
+    }
+    println!("LIFECYCLE|gc concurrent with saves|20|{passes} gc passes during 20 saves; nothing published or in flight deleted");
+}
+
+#[test]
+fn stat_and_gc_commands() {
+    let (d, s) = fs();
+    let e = eng(s.clone(), "cli");
+    let p = save(&e, 3, 30);
+    let keys = e.keys(&g()).unwrap();
+    rt().block_on(s.delete(&keys.marker(&p.hs[2]))).unwrap();
+    let bin = env!("CARGO_BIN_EXE_objectcache");
+    let url = format!("file://{}", d.path().display());
+    let out = std::process::Command::new(bin)
+        .args(["stat", "--store", &url, "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["total"]["published"], 2);
+    assert_eq!(v["total"]["unreferenced_data"], 1);
+    let out = std::process::Command::new(bin)
+        .args(["gc", "--store", &url, "--grace-s", "0", "--dry-run"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let txt = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        txt.contains("would delete") && txt.contains("Unreferenced"),
+        "{txt}"
+    );
+    assert_eq!(check(&e, &p), 2);
+    let out = std::process::Command::new(bin)
+        .args(["gc", "--store", &url, "--grace-s", "0", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["deleted"].as_array().unwrap().len(), 1);
+    assert_eq!(check(&e, &p), 2);
+    let out = std::process::Command::new(bin)
+        .args(["gc", "--store", "bogus://x"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bogus"));
+}

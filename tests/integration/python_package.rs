@@ -1,0 +1,16 @@
+//! The `objectcache` Python package (`ffi/python`): installed with pip from the source tree
+//! (bundling this build's cdylib), then its pytest suite against the embedded store and
+//! against our server (`objectcache serve`, started by the suite). Uses the Python of the vLLM
+//! venv (`scripts/vllm-setup.sh`), which has pytest.
+
+use crate::py_support;
+
+#[test]
+fn python_package_suite() {
+    let Some((py, _)) = py_support::venv("python_package_suite") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let site = py_support::install_package(&py, tmp.path());
+    py_support::pytest(&py, &site, &["test_embedded.py", "test_server.py"], &[]);
+}

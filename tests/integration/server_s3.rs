@@ -1,0 +1,179 @@
+//! The server's S3 API: the storage conformance suite through `S3Store` against an
+//! in-process server; SigV4 with wrong keys; gateway mode (a server whose backend is another
+//! server's S3 API) serving gather byte-exact.
+#![cfg(feature = "s3")]
+
+use crate::gather_util;
+
+use gather_util::*;
+use objectcache::layout::KvGeometry;
+use objectcache::store::{
+    Addressing, MemoryStore, S3Config, S3Credentials, S3Store, Store, StoreExt,
+};
+use objectcache::transport::tcp::GatherClient;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+async fn s3_client(endpoint: &str, bucket: &str, secret: &str) -> S3Store {
+    let mut cfg = S3Config::new(bucket);
+    cfg.endpoint = Some(endpoint.to_string());
+    cfg.region = Some("us-east-1".into());
+    cfg.addressing = Some(Addressing::Path);
+    cfg.max_attempts = 1;
+    cfg.credentials = S3Credentials::Static {
+        access_key: ACCESS.into(),
+        secret_key: secret.into(),
+        session_token: None,
+    };
+    S3Store::new(cfg).await.expect("S3 client")
+}
+
+/// A server in-process (kept running for the rest of the test) and an S3 client on it.
+async fn served() -> Option<(S3Store, String)> {
+    let server = start(Arc::new(MemoryStore::new()), config()).await;
+    let s = s3_client(&server.endpoint(), BUCKET, SECRET).await;
+    std::mem::forget(server);
+    Some((s, "conf".to_string()))
+}
+
+mod conformance_through_server {
+    objectcache::conformance_tests!(super::served());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigv4_rejects_bad_credentials() {
+    let server = start(Arc::new(MemoryStore::new()), config()).await;
+    let good = s3_client(&server.endpoint(), BUCKET, SECRET).await;
+    good.put("k", bytes::Bytes::from_static(b"v"))
+        .await
+        .unwrap();
+    let bad = s3_client(&server.endpoint(), BUCKET, "wrong-secret").await;
+    let e = bad.get_bytes("k").await.unwrap_err();
+    assert!(
+        matches!(e, objectcache::StoreError::PermissionDenied { .. }),
+        "{e:?}"
+    );
+    let e = bad
+        .put("k2", bytes::Bytes::from_static(b"v"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, objectcache::StoreError::PermissionDenied { .. }),
+        "{e:?}"
+    );
+    assert!(!good.exists("k2").await.unwrap());
+    // Unauthenticated HTTP is refused too.
+    let (st, _) = http_get(server.local_addr(), &format!("/{BUCKET}/k")).await;
+    assert_eq!(st, 403);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_mode_over_an_upstream_s3_endpoint() {
+    // Upstream: a server holding the bytes. Gateway: a stateless server whose backend is the
+    // upstream's S3 API; gather through the gateway is byte-exact.
+    let upstream_store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let mut ucfg = config();
+    ucfg.buckets = vec!["upstream".into()];
+    let upstream = start(upstream_store.clone(), ucfg).await;
+    let backend: Arc<dyn Store> =
+        Arc::new(s3_client(&upstream.endpoint(), "upstream", SECRET).await);
+    let gateway = start(backend, config()).await;
+    let g = KvGeometry::llama31_8b();
+    let tokens = vec![256u32; 16];
+    let mut c = GatherClient::connect_with(gateway.local_addr(), creds())
+        .await
+        .unwrap();
+    save_prefix(&mut c, &g, 21, &tokens).await;
+    // The bytes live upstream.
+    let kb = key_builder(&g);
+    let k = format!("{BUCKET}/{}", kb.data(&hashes(21, 16)[0]));
+    assert_eq!(
+        upstream_store
+            .get_bytes(&format!("upstream/{k}"))
+            .await
+            .unwrap(),
+        object(&g, 21, 0, 256)
+    );
+    let sink = VerifySink::new(&g, 21, &tokens);
+    let r = c.load(&request(&g, 21, &tokens), &sink).await.unwrap();
+    assert_eq!(sink.mismatches.load(Ordering::Relaxed), 0);
+    assert_eq!(sink.complete_layers(), 32);
+    println!(
+        "gather 4K tokens through the gateway: {} bytes, ttfl {:?}, total {:?}",
+        r.bytes,
+        r.ttfl.unwrap(),
+        r.elapsed
+    );
+    gateway.shutdown().await;
+    upstream.shutdown().await;
+}
+
+/// Gateway mode in front of Ceph RGW (the S3 test endpoint, `OBJECTCACHE_TEST_S3_ENDPOINT`):
+/// a batched save through the gateway lands in Ceph as the chunk objects, and a gather load
+/// through the gateway is byte-exact. Fails (not skips) under `OBJECTCACHE_REQUIRE_ALL=1`
+/// when Ceph is not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_mode_in_front_of_ceph_rgw() {
+    let Some((ceph, prefix)) = S3Store::from_test_env("gw")
+        .await
+        .expect("the S3 test endpoint refuses us")
+    else {
+        assert!(
+            std::env::var_os("OBJECTCACHE_REQUIRE_ALL").is_none(),
+            "no S3 test endpoint (Ceph RGW at OBJECTCACHE_TEST_S3_ENDPOINT) but \
+             OBJECTCACHE_REQUIRE_ALL is set"
+        );
+        eprintln!("SKIP: no S3 test endpoint (start Ceph RGW: scripts/ceph-rgw/start.sh)");
+        return;
+    };
+    let backend: Arc<dyn Store> = Arc::new(ceph);
+    // The gateway's bucket is a unique key prefix inside the Ceph bucket.
+    let bucket = prefix.to_lowercase();
+    let mut cfg = config();
+    cfg.buckets = vec![bucket.clone()];
+    let gateway = start(backend.clone(), cfg).await;
+    let g = KvGeometry::smollm2_135m();
+    let tokens = vec![256u32, 256, 256, 100];
+    let mut c = GatherClient::connect_with(gateway.local_addr(), creds())
+        .await
+        .unwrap();
+    let save = objectcache::protocol::SaveRequest {
+        request_id: 31,
+        bucket: bucket.clone(),
+        prefix: key_builder(&g).prefix().to_string(),
+        geometry: objectcache::protocol::WireGeometry::from_geometry(&g),
+        chunks: hashes(31, tokens.len())
+            .into_iter()
+            .zip(&tokens)
+            .map(|(hash, &tokens)| objectcache::protocol::SaveChunk { hash, tokens })
+            .collect(),
+    };
+    c.save(
+        &save,
+        tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| object(&g, 31, i, t)),
+    )
+    .await
+    .unwrap();
+    // The bytes live in Ceph, under the gateway's bucket.
+    let kb = key_builder(&g);
+    let hs = hashes(31, tokens.len());
+    for (i, &t) in tokens.iter().enumerate() {
+        let k = format!("{bucket}/{}", kb.data(&hs[i]));
+        assert_eq!(backend.get_bytes(&k).await.unwrap(), object(&g, 31, i, t));
+    }
+    let mut req = request(&g, 31, &tokens);
+    req.bucket = bucket.clone();
+    let sink = VerifySink::new(&g, 31, &tokens);
+    let r = c.load(&req, &sink).await.unwrap();
+    assert!(r.failed_layers.is_empty(), "{:?}", r.failed_layers);
+    assert_eq!(sink.mismatches.load(Ordering::Relaxed), 0);
+    assert_eq!(sink.complete_layers(), g.layers as usize);
+    gateway.shutdown().await;
+    for k in backend.list(&format!("{bucket}/"), 10_000).await.unwrap() {
+        let _ = backend.delete(&k.key).await;
+    }
+}

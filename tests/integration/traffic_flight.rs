@@ -1,0 +1,332 @@
+//! Issue 19, part 3: one fetch for many requests. Concurrent loads of one prefix in one engine
+//! share one fetch (`single_flight`, on by default):
+//! - 50 concurrent loads of one 40-chunk prefix move at most 1.1x the bytes of one load (the
+//!   server's own `gather_out` counter), and the slowest finishes within 1.3x of one load's
+//!   time alone, every byte of every load compared;
+//! - a follower that needs fewer chunks has each layer no later than the leader (plus the
+//!   copy);
+//! - a leader that is cancelled does not fail its followers: they fetch the rest themselves;
+//! - a gather server reads each slice once for concurrent loads of it (4 engines, a gateway
+//!   server over a slow upstream).
+//!
+//! The server is capped (12.5 MB/s) so that a load's time is the link's: 50 loads' copies
+//! (and checksums) then need 625 MB/s of the engine's threads, not more (on a busy 2-core
+//! machine, 1.25 GB/s of copies already took 1.38x a load's time).
+#![cfg(feature = "s3")]
+
+use crate::common;
+use crate::fault_proxy;
+use crate::gather_util;
+
+use common::{hashes, kv, unique_ns};
+use fault_proxy::{Fault, FaultProxy};
+use gather_util::{config, start};
+use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest};
+use objectcache::server::ServerHandle;
+use objectcache::store::MemoryStore;
+use objectcache::{ChunkHash, Dtype, KvGeometry};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+const CAP: u64 = 12_500_000;
+
+fn rt() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap())
+}
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static M: Mutex<()> = Mutex::new(());
+    M.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// 16 layers x 32 KiB slices: 512 KiB per chunk, 20 MiB for 40 chunks.
+fn geometry() -> KvGeometry {
+    KvGeometry::new("traffic/flight", 16, 1, 32, Dtype::Fp16).unwrap()
+}
+
+struct Fixture {
+    server: ServerHandle,
+    engine: Engine,
+    g: KvGeometry,
+    hashes: Vec<ChunkHash>,
+    data: Vec<Vec<u8>>,
+}
+
+fn fixture(chunks: usize, pairs: &[(&str, &str)]) -> Fixture {
+    let mut cfg = config();
+    cfg.bandwidth_cap_bytes_per_s = CAP;
+    cfg.scheduler = "fifo".into();
+    let server = rt().block_on(start(Arc::new(MemoryStore::new()), cfg));
+    let store = rt().block_on(gather_util::s3_store_on(&server.endpoint()));
+    let mut ecfg = EngineConfig::from_pairs(pairs.iter().copied()).unwrap();
+    ecfg.namespace = unique_ns("flight");
+    let engine = Engine::with_store(store, ecfg).unwrap();
+    let g = geometry();
+    let hashes = hashes(&g, chunks * g.tokens_per_chunk as usize, 41);
+    let data = kv(&g, chunks, 41);
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    engine.save_blocking(&g, &hashes, &refs).unwrap();
+    Fixture {
+        server,
+        engine,
+        g,
+        hashes,
+        data,
+    }
+}
+
+impl Fixture {
+    fn load(&self, chunks: usize) -> LoadHandle {
+        let g = &self.g;
+        self.engine
+            .load(
+                LoadRequest::new(g.clone(), self.hashes[..chunks].to_vec()),
+                LayerBuffers::allocate(g.layers as usize, chunks * g.slice_bytes() as usize),
+            )
+            .unwrap()
+    }
+
+    fn check(&self, h: &LoadHandle, chunks: usize, what: &str) -> f64 {
+        let n = chunks * self.g.slice_bytes() as usize;
+        for l in 0..self.g.layers as usize {
+            h.wait_layer_blocking(l, None)
+                .unwrap_or_else(|e| panic!("{what}: layer {l} missed: {e}"));
+            assert!(
+                h.layer(l).unwrap() == &self.data[l][..n],
+                "{what}: layer {l} differs"
+            );
+        }
+        h.stats().ttll_s.unwrap()
+    }
+
+    fn sent(&self) -> u64 {
+        self.server.metrics().bytes_total("gather_out")
+    }
+
+    fn stop(self) {
+        let Fixture { server, engine, .. } = self;
+        drop(engine);
+        rt().block_on(server.shutdown());
+    }
+}
+
+#[test]
+fn fifty_loads_of_one_prefix_share_one_fetch() {
+    let _one = serial();
+    let f = fixture(40, &[]);
+    let one = 40 * f.g.slice_bytes() * f.g.layers as u64;
+    // One load alone (after a warm-up that opens the engine's connections).
+    f.check(&f.load(2), 2, "warm-up");
+    let b0 = f.sent();
+    let alone = f.check(&f.load(40), 40, "alone");
+    assert_eq!(f.sent() - b0, one);
+    let b0 = f.sent();
+    let followed0 = f.engine.metrics().loads_followed;
+    let t0 = Instant::now();
+    let hs: Vec<LoadHandle> = (0..50).map(|_| f.load(40)).collect();
+    let mut slowest: f64 = 0.0;
+    for (i, h) in hs.iter().enumerate() {
+        f.check(h, 40, &format!("load {i} of 50"));
+        slowest = slowest.max(h.stats().ttll_s.unwrap());
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let moved = f.sent() - b0;
+    let followed = f.engine.metrics().loads_followed - followed0;
+    println!(
+        "FLIGHT|50 loads of one 40-chunk prefix ({:.1} MB each)|{:.2}x the bytes of one load, {followed} followed|slowest {slowest:.3} s = {:.2}x one load alone ({alone:.3} s); all 50 done in {wall:.3} s",
+        one as f64 / 1e6,
+        moved as f64 / one as f64,
+        slowest / alone
+    );
+    assert!(
+        moved as f64 <= 1.1 * one as f64,
+        "moved {moved} bytes for loads of {one}"
+    );
+    assert!(
+        slowest <= 1.3 * alone,
+        "slowest {slowest:.3} s, alone {alone:.3} s"
+    );
+    // Off: every load fetches (the comparison the goal is about).
+    drop(hs);
+    f.stop();
+}
+
+#[test]
+fn a_follower_of_fewer_chunks_waits_for_nothing_more() {
+    let _one = serial();
+    let f = fixture(40, &[]);
+    f.check(&f.load(2), 2, "warm-up");
+    let leader = f.load(40);
+    let follower = f.load(20);
+    f.check(&follower, 20, "follower of 20 chunks");
+    f.check(&leader, 40, "leader");
+    assert_eq!(f.engine.metrics().loads_followed, 1);
+    assert_eq!(follower.stats().requests, 0, "the follower fetched nothing");
+    let (lr, fr) = (leader.layer_ready_s(), follower.layer_ready_s());
+    for l in 0..f.g.layers as usize {
+        let (a, b) = (lr[l].unwrap(), fr[l].unwrap());
+        assert!(
+            b <= a + 0.05,
+            "layer {l}: the follower had it at {b:.3} s, the leader at {a:.3} s"
+        );
+    }
+    println!(
+        "FLIGHT|a follower of 20 of the leader's 40 chunks|last layer at {:.3} s, the leader's at {:.3} s",
+        fr.last().unwrap().unwrap(),
+        lr.last().unwrap().unwrap()
+    );
+    drop((leader, follower));
+    f.stop();
+}
+
+#[test]
+fn a_cancelled_leader_does_not_fail_its_followers() {
+    let _one = serial();
+    let f = fixture(40, &[]);
+    f.check(&f.load(2), 2, "warm-up");
+    let leader = f.load(40);
+    let followers: Vec<LoadHandle> = (0..3).map(|_| f.load(40)).collect();
+    leader.wait_layer_blocking(2, None).unwrap();
+    leader.cancel();
+    assert!(
+        leader.wait_layer_blocking(15, None).is_err(),
+        "the leader was cancelled"
+    );
+    for (i, h) in followers.iter().enumerate() {
+        f.check(h, 40, &format!("follower {i} of a cancelled leader"));
+        assert!(
+            h.stats().requests >= 1,
+            "follower {i} fetched the rest itself"
+        );
+    }
+    // And a dropped leader, the same.
+    let leader = f.load(40);
+    let follower = f.load(40);
+    leader.wait_layer_blocking(1, None).unwrap();
+    drop(leader);
+    f.check(&follower, 40, "follower of a dropped leader");
+    println!("FLIGHT|cancelled and dropped leaders|every follower completed byte-exact");
+    drop(followers);
+    f.stop();
+}
+
+#[test]
+fn single_flight_off_fetches_every_load() {
+    let _one = serial();
+    let f = fixture(8, &[("single_flight", "off")]);
+    let one = 8 * f.g.slice_bytes() * f.g.layers as u64;
+    f.check(&f.load(2), 2, "warm-up");
+    let b0 = f.sent();
+    let hs: Vec<LoadHandle> = (0..4).map(|_| f.load(8)).collect();
+    for (i, h) in hs.iter().enumerate() {
+        f.check(h, 8, &format!("load {i}"));
+    }
+    assert_eq!(f.sent() - b0, 4 * one, "four fetches");
+    assert_eq!(f.engine.metrics().loads_followed, 0);
+    drop(hs);
+    f.stop();
+}
+
+/// The gather server reads each slice once for concurrent loads of it: a gateway server over
+/// an upstream S3 store (through a proxy that makes each read take a few ms) serves 4
+/// engines loading the same 8-chunk prefix at once; the upstream sees about one load's slice
+/// reads, not four (reads in flight are joined, `server/reads.rs`).
+#[test]
+fn the_gateway_server_reads_each_slice_once_for_concurrent_loads() {
+    let _one = serial();
+    let g = geometry();
+    let upstream = rt().block_on(start(Arc::new(MemoryStore::new()), config()));
+    let proxy = FaultProxy::http(upstream.local_addr(), |r| {
+        if r.method == "GET" && r.range.is_some() {
+            Fault::Drip {
+                bytes: 8 << 10,
+                every: std::time::Duration::from_millis(2),
+            }
+        } else {
+            Fault::Pass
+        }
+    });
+    let backend = rt().block_on(gather_util::s3_store_on(&proxy.url()));
+    let gateway = rt().block_on(start(backend, config()));
+    let ns = unique_ns("gateway");
+    let engine = || {
+        let store = rt().block_on(gather_util::s3_store_on(&gateway.endpoint()));
+        Engine::with_store(
+            store,
+            EngineConfig {
+                namespace: ns.clone(),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let engines: Vec<Engine> = (0..4).map(|_| engine()).collect();
+    let hs = hashes(&g, 8 * g.tokens_per_chunk as usize, 43);
+    let data = kv(&g, 8, 43);
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    engines[0].save_blocking(&g, &hs, &refs).unwrap();
+    // Warm every engine's connections on another prefix.
+    let warm = hashes(&g, g.tokens_per_chunk as usize, 44);
+    let wdata = kv(&g, 1, 44);
+    let wrefs: Vec<&[u8]> = wdata.iter().map(|v| v.as_slice()).collect();
+    engines[0].save_blocking(&g, &warm, &wrefs).unwrap();
+    for e in &engines {
+        let h = e
+            .load(
+                LoadRequest::new(g.clone(), warm.clone()),
+                LayerBuffers::allocate(g.layers as usize, g.slice_bytes() as usize),
+            )
+            .unwrap();
+        h.wait_all_blocking().unwrap();
+    }
+    proxy.clear_log();
+    let handles: Vec<LoadHandle> = engines
+        .iter()
+        .map(|e| {
+            e.load(
+                LoadRequest::new(g.clone(), hs.clone()),
+                LayerBuffers::allocate(g.layers as usize, 8 * g.slice_bytes() as usize),
+            )
+            .unwrap()
+        })
+        .collect();
+    for (i, h) in handles.iter().enumerate() {
+        for (l, want) in data.iter().enumerate() {
+            h.wait_layer_blocking(l, None)
+                .unwrap_or_else(|e| panic!("engine {i}: layer {l} missed: {e}"));
+            assert!(
+                h.layer(l).unwrap() == &want[..],
+                "engine {i}: layer {l} differs"
+            );
+        }
+    }
+    // Slice reads (ranges past the 64-byte header) seen upstream.
+    let slice_gets = proxy
+        .requests()
+        .iter()
+        .filter(|r| {
+            r.method == "GET"
+                && r.range
+                    .as_deref()
+                    .is_some_and(|x| !x.starts_with("bytes=0-"))
+        })
+        .count();
+    let one_load = 8 * g.layers as usize;
+    let m = gateway.metrics();
+    let text = m.encode();
+    println!(
+        "FLIGHT|4 engines load one 8-chunk prefix through a gateway server at once|{slice_gets} upstream slice reads for {} slices asked ({one_load} per load)",
+        4 * one_load
+    );
+    assert!(text.contains("backend_read_joined"), "no read was joined");
+    assert!(
+        slice_gets <= one_load * 3 / 2,
+        "{slice_gets} upstream slice reads for one load's {one_load}"
+    );
+    drop(handles);
+    drop(engines);
+    rt().block_on(gateway.shutdown());
+    drop(proxy);
+    rt().block_on(upstream.shutdown());
+}

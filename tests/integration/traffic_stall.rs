@@ -1,0 +1,393 @@
+//! Issue 19, part 2 and case C19: a load whose store stops sending fails fast; a load paused
+//! on purpose, or read slowly, does not.
+//!
+//! - A proxy between the engine and the gather server stops forwarding in the middle of a
+//!   load: with an explicit 1 s stall limit the load gives up within the limit plus 10% of
+//!   the silence, its missing layers fail with `Stalled` naming the store, and the stall
+//!   advice says to recompute from the first missing layer.
+//! - With default settings (and no overall deadline, `load_timeout_ms=0`), on loopback, a
+//!   load whose store goes silent gives up within 2 s of the silence, on the gather path and
+//!   on the ranged-GET path.
+//! - C19: a ranged-GET load the engine's own scheduler pauses for over 3 s, a gather load a
+//!   capped `fifo` server pauses for over 3 s (it sends `Held` frames meanwhile), and a load
+//!   whose body arrives in 1 MiB pieces 120 ms apart all finish without error, one request
+//!   per read (no retries); a server that sends response headers and nothing else fails the
+//!   load within 5 s, naming the store, and the caller is told what to recompute.
+#![cfg(feature = "s3")]
+
+use crate::common;
+use crate::fault_proxy;
+use crate::gather_util;
+
+use common::{hashes, kv, unique_ns};
+use fault_proxy::{Fault, FaultProxy, RawFault};
+use gather_util::{config, start};
+use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest};
+use objectcache::sched::{AnalyticModel, ComputeModel, Fallback, GpuKind, KernelClass, ModelShape};
+use objectcache::server::ServerHandle;
+use objectcache::store::MemoryStore;
+use objectcache::{ChunkHash, Dtype, KvGeometry, LayerError};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+fn rt() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap())
+}
+
+/// 16 layers x 256 KiB slices: 4 MiB per chunk.
+fn geometry() -> KvGeometry {
+    KvGeometry::new("traffic/stall", 16, 4, 64, Dtype::Fp16).unwrap()
+}
+
+fn server(cap: u64, scheduler: &str) -> ServerHandle {
+    let mut cfg = config();
+    cfg.bandwidth_cap_bytes_per_s = cap;
+    cfg.scheduler = scheduler.into();
+    rt().block_on(start(Arc::new(MemoryStore::new()), cfg))
+}
+
+fn engine_on(endpoint: &str, ns: &str, pairs: &[(&str, &str)]) -> Engine {
+    let store = rt().block_on(gather_util::s3_store_on(endpoint));
+    let mut cfg = EngineConfig::from_pairs(pairs.iter().copied()).unwrap();
+    cfg.namespace = unique_ns(ns);
+    Engine::with_store(store, cfg).unwrap()
+}
+
+struct Prefix {
+    hashes: Vec<ChunkHash>,
+    data: Vec<Vec<u8>>,
+}
+
+fn save(e: &Engine, g: &KvGeometry, chunks: usize, seed: u64) -> Prefix {
+    let hashes = hashes(g, chunks * g.tokens_per_chunk as usize, seed as u32);
+    let data = kv(g, chunks, seed);
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    e.save_blocking(g, &hashes, &refs).unwrap();
+    Prefix { hashes, data }
+}
+
+fn load(e: &Engine, g: &KvGeometry, p: &Prefix) -> LoadHandle {
+    e.load(
+        LoadRequest::new(g.clone(), p.hashes.clone()),
+        LayerBuffers::allocate(g.layers as usize, p.data[0].len()),
+    )
+    .unwrap()
+}
+
+/// Every layer ready and byte-exact.
+fn check_all(h: &LoadHandle, p: &Prefix, what: &str) {
+    for (l, want) in p.data.iter().enumerate() {
+        h.wait_layer_blocking(l, None)
+            .unwrap_or_else(|e| panic!("{what}: layer {l} missed: {e}"));
+        assert!(
+            h.layer(l).unwrap() == &want[..],
+            "{what}: layer {l} differs"
+        );
+    }
+}
+
+/// Waits for the first layer that is not ready; returns it, its error and when it came.
+fn first_failure(h: &LoadHandle) -> (usize, LayerError, Instant) {
+    for l in 0..h.layers() {
+        if let Err(e) = h.wait_layer_blocking(l, None) {
+            return (l, e, Instant::now());
+        }
+    }
+    panic!("every layer arrived: no stall happened");
+}
+
+/// The compute model of the stall advice: a Llama-style shape with the test geometry's 16
+/// layers (4 KV heads of 64), on one H100.
+fn model() -> ComputeModel {
+    let shape = ModelShape::llama_style("traffic/stall", 16, 2048, 4, 64, 8192);
+    ComputeModel::Analytic(AnalyticModel::new(shape, GpuKind::H100, KernelClass::Tuned, 1).unwrap())
+}
+
+/// A stalled load: its first missing layer `l` failed with `Stalled` naming `store`; every
+/// layer is ready or failed (the watchdog fails all that were still missing; layers whose
+/// bytes had all arrived are ready); the stall advice recomputes from layer `l`.
+fn assert_stalled(h: &LoadHandle, l: usize, e: &LayerError, store: &str, what: &str) {
+    match e {
+        LayerError::Stalled { store: s, .. } => assert!(s.contains(store), "{what}: {e}"),
+        other => panic!("{what}: layer {l} failed with {other}, not a stall"),
+    }
+    for k in l..h.layers() {
+        match h.wait_layer_blocking(k, None) {
+            Ok(()) => {}
+            Err(LayerError::Stalled { .. }) => {}
+            Err(other) => panic!("{what}: layer {k} failed with {other}"),
+        }
+    }
+    let tokens = h.chunk_status().len() as u64 * geometry().tokens_per_chunk as u64;
+    match h.stall_advice(&model(), tokens, 128).unwrap() {
+        Fallback::Recompute { from_layer, .. } => assert_eq!(from_layer, l, "{what}"),
+        other => panic!("{what}: advice {other:?} after a stall"),
+    }
+}
+
+#[test]
+fn gather_stream_stopped_mid_load_gives_up_within_the_stall_limit() {
+    let g = geometry();
+    let srv = server(0, "fifo");
+    // The capabilities probe and the pooled connections pass; every gather connection stops
+    // forwarding after 6 MiB of its stream (of 16 MiB: two stripes of an 8-chunk load).
+    let proxy = FaultProxy::raw(srv.local_addr(), |_| RawFault::StallAfter(6 << 20));
+    let direct = engine_on(&srv.endpoint(), "stall-gather", &[]);
+    let p = save(&direct, &g, 8, 11);
+    for (pairs, limit) in [
+        (
+            vec![("stall_timeout_ms", "1000"), ("load_timeout_ms", "0")],
+            1.0,
+        ),
+        // Default settings: the automatic limit, 1 s once bytes flow on loopback.
+        (vec![("load_timeout_ms", "0")], 1.0),
+    ] {
+        let e = engine_on(&proxy.url(), "stall-gather", &pairs);
+        let e = Engine::with_store(
+            e.store().clone(),
+            EngineConfig {
+                namespace: direct.config().namespace.clone(),
+                ..e.config().clone()
+            },
+        )
+        .unwrap();
+        let before = proxy.stalls().len();
+        let h = load(&e, &g, &p);
+        let (l, err, failed_at) = first_failure(&h);
+        let stalled = proxy.stalls()[before..]
+            .iter()
+            .copied()
+            .min()
+            .expect("the proxy stalled");
+        let after = failed_at.duration_since(stalled).as_secs_f64();
+        println!("STALL|gather, {pairs:?}|layer {l}: {err}|given up {after:.3} s after the silence began");
+        assert_stalled(&h, l, &err, &proxy.addr().to_string(), "gather");
+        assert!(l > 0, "some layers arrived before the stall");
+        assert!(
+            after >= limit * 0.99 && after <= limit * 1.1,
+            "{pairs:?}: gave up {after:.3} s after the silence, limit {limit} s"
+        );
+        assert!(after <= 2.0, "default settings give up within 2 s");
+    }
+    drop(proxy);
+    rt().block_on(srv.shutdown());
+}
+
+#[test]
+fn ranged_get_body_stalled_gives_up_within_the_stall_limit() {
+    let g = geometry();
+    let srv = server(0, "fifo");
+    let direct = engine_on(&srv.endpoint(), "stall-ranged", &[("gather", "off")]);
+    let p = save(&direct, &g, 4, 12);
+    // Ranged GETs through an HTTP proxy: the 5th GET (the first of the coalesced reads of
+    // layers 1..16, after the four layer-0 reads) sends its headers and half its body, then
+    // nothing.
+    let n = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let n2 = n.clone();
+    let proxy = FaultProxy::http(srv.local_addr(), move |r| {
+        if r.method == "GET" && n2.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 4 {
+            Fault::Stall(0.5)
+        } else {
+            Fault::Pass
+        }
+    });
+    let e = engine_on(
+        &proxy.url(),
+        "stall-ranged",
+        &[("gather", "off"), ("load_timeout_ms", "0")],
+    );
+    let e = Engine::with_store(
+        e.store().clone(),
+        EngineConfig {
+            namespace: direct.config().namespace.clone(),
+            ..e.config().clone()
+        },
+    )
+    .unwrap();
+    let h = load(&e, &g, &p);
+    let (l, err, failed_at) = first_failure(&h);
+    let stalled = proxy.stalls().first().copied().expect("the proxy stalled");
+    let after = failed_at.duration_since(stalled).as_secs_f64();
+    println!("STALL|ranged GETs, default limit|layer {l}: {err}|given up {after:.3} s after the silence began");
+    assert_stalled(&h, l, &err, &proxy.addr().to_string(), "ranged");
+    assert!(
+        after <= 2.0,
+        "default settings give up within 2 s of the silence: {after:.3} s"
+    );
+    drop(proxy);
+    rt().block_on(srv.shutdown());
+}
+
+/// C19: a server that sends response headers and nothing else for 30 s.
+#[test]
+fn c19_a_silent_server_fails_the_load_within_5_s_naming_it() {
+    let g = geometry();
+    let srv = server(0, "fifo");
+    let direct = engine_on(&srv.endpoint(), "c19-silent", &[("gather", "off")]);
+    let p = save(&direct, &g, 2, 13);
+    let proxy = FaultProxy::http(srv.local_addr(), |r| {
+        if r.method == "GET" {
+            Fault::Stall(0.0)
+        } else {
+            Fault::Pass
+        }
+    });
+    let e = engine_on(&proxy.url(), "c19-silent", &[("gather", "off")]);
+    let e = Engine::with_store(
+        e.store().clone(),
+        EngineConfig {
+            namespace: direct.config().namespace.clone(),
+            ..e.config().clone()
+        },
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    let h = load(&e, &g, &p);
+    let (l, err, failed_at) = first_failure(&h);
+    let secs = failed_at.duration_since(t0).as_secs_f64();
+    println!(
+        "C19|silent server (headers only)|layer {l}: {err}|failed {secs:.3} s after the load began"
+    );
+    assert_eq!(l, 0);
+    assert_stalled(&h, l, &err, &proxy.addr().to_string(), "C19 silent");
+    assert!(
+        secs <= 5.0,
+        "the silent server failed the load after {secs:.3} s"
+    );
+    let gets = proxy
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET")
+        .count();
+    assert!(gets <= 2 * g.layers as usize, "no retry storm: {gets} GETs");
+    drop(proxy);
+    rt().block_on(srv.shutdown());
+}
+
+/// C19: a consumer that reads 1 MiB pieces 120 ms apart is slow, not stalled.
+#[test]
+fn c19_a_slow_reader_is_not_a_stall() {
+    let g = geometry();
+    let srv = server(0, "fifo");
+    let direct = engine_on(&srv.endpoint(), "c19-slow", &[("gather", "off")]);
+    let p = save(&direct, &g, 2, 14);
+    let proxy = FaultProxy::http(srv.local_addr(), |r| {
+        if r.method == "GET" {
+            Fault::Drip {
+                bytes: 1 << 20,
+                every: Duration::from_millis(120),
+            }
+        } else {
+            Fault::Pass
+        }
+    });
+    // One GET per 2 MiB (coalesced slices): each takes two pieces, 240 ms.
+    let e = engine_on(
+        &proxy.url(),
+        "c19-slow",
+        &[
+            ("gather", "off"),
+            ("coalesce_bytes", "2097152"),
+            ("max_requests", "1"),
+        ],
+    );
+    let e = Engine::with_store(
+        e.store().clone(),
+        EngineConfig {
+            namespace: direct.config().namespace.clone(),
+            ..e.config().clone()
+        },
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    let h = load(&e, &g, &p);
+    check_all(&h, &p, "C19 slow reader");
+    let gets = proxy
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET")
+        .count() as u64;
+    println!(
+        "C19|slow reader (1 MiB / 120 ms)|{:.3} s, {gets} GETs for {} requests|no error",
+        t0.elapsed().as_secs_f64(),
+        h.stats().requests
+    );
+    assert_eq!(gets, h.stats().requests, "one GET per read: no retries");
+    drop(proxy);
+    rt().block_on(srv.shutdown());
+}
+
+/// C19: a ranged-GET load the engine's own bandwidth scheduler holds back for over 3 s.
+#[test]
+fn c19_a_load_paused_by_the_engine_scheduler_is_not_a_stall() {
+    let g = geometry();
+    let srv = server(0, "fifo");
+    // 10 MB/s, fifo: the second load waits for the first (40 MiB, about 4 s).
+    let e = engine_on(
+        &srv.endpoint(),
+        "c19-paused",
+        &[
+            ("gather", "off"),
+            ("scheduler", "fifo"),
+            ("bandwidth_cap_bytes_per_s", "10000000"),
+        ],
+    );
+    let first = save(&e, &g, 10, 15);
+    let second = save(&e, &g, 1, 16);
+    let a = load(&e, &g, &first);
+    a.wait_layer_blocking(0, None).unwrap();
+    let t0 = Instant::now();
+    let b = load(&e, &g, &second);
+    check_all(&b, &second, "C19 paused (engine)");
+    let waited = b.stats().ttfl_s.unwrap();
+    check_all(&a, &first, "C19 first load");
+    println!(
+        "C19|ranged GETs paused by the engine's fifo link|first layer after {waited:.3} s, done in {:.3} s, {} GETs|no error",
+        t0.elapsed().as_secs_f64(),
+        b.stats().requests
+    );
+    assert!(
+        waited > 3.0,
+        "the load was held back for {waited:.3} s only"
+    );
+    assert_eq!(
+        b.stats().requests,
+        g.layers as u64,
+        "one GET per slice, no retries"
+    );
+    rt().block_on(srv.shutdown());
+}
+
+/// C19 on the gather path: a capped `fifo` server holds the second load back for over 3 s
+/// and says so (`Held` frames).
+#[test]
+fn c19_a_gather_load_paused_by_the_server_is_not_a_stall() {
+    let g = geometry();
+    let srv = server(10_000_000, "fifo");
+    let e = engine_on(&srv.endpoint(), "c19-held", &[]);
+    let first = save(&e, &g, 10, 17);
+    let second = save(&e, &g, 2, 18);
+    let a = load(&e, &g, &first);
+    a.wait_layer_blocking(0, None).unwrap();
+    let t0 = Instant::now();
+    let b = load(&e, &g, &second);
+    check_all(&b, &second, "C19 paused (server)");
+    let waited = b.stats().ttfl_s.unwrap();
+    check_all(&a, &first, "C19 first load");
+    println!(
+        "C19|gather load held by a capped fifo server|first layer after {waited:.3} s, done in {:.3} s, {} requests|no error",
+        t0.elapsed().as_secs_f64(),
+        b.stats().requests
+    );
+    assert!(
+        waited > 3.0,
+        "the load was held back for {waited:.3} s only"
+    );
+    assert_eq!(
+        b.stats().requests,
+        2,
+        "one gather request per stripe, no retries"
+    );
+    rt().block_on(srv.shutdown());
+}
