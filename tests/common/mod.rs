@@ -78,3 +78,14 @@ pub fn exact_test_name(module: &str, name: &str) -> String {
         None => name.to_string(),
     }
 }
+
+/// A test whose external server or tool (`what`, with how to get it) is missing: fails when
+/// `OBJECTCACHE_REQUIRE_ALL` is set (CI starts every one of them, so a missing one is a broken
+/// set-up, not a pass), else prints `SKIP` for the caller to return on.
+pub fn skip(what: &str) {
+    assert!(
+        std::env::var_os("OBJECTCACHE_REQUIRE_ALL").is_none(),
+        "no {what}, but OBJECTCACHE_REQUIRE_ALL is set"
+    );
+    eprintln!("SKIP: no {what}");
+}

@@ -28,11 +28,9 @@ fn s3_store() -> Option<Arc<dyn Store>> {
     {
         Some((s, _prefix)) => Some(Arc::new(s)),
         None => {
-            assert!(
-                std::env::var_os("OBJECTCACHE_REQUIRE_ALL").is_none(),
-                "no S3 endpoint but OBJECTCACHE_REQUIRE_ALL is set"
+            common::skip(
+                "S3 test endpoint (OBJECTCACHE_TEST_S3_ENDPOINT; scripts/ceph-rgw/start.sh)",
             );
-            eprintln!("SKIP s3 backend: no S3 test endpoint");
             None
         }
     }
