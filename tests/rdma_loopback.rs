@@ -206,11 +206,25 @@ fn assert_layer_exact(g: &KvGeometry, buf: &HostBuffer, seed: u8, l: u32, chunks
     for c in 0..chunks {
         let off = (l as usize * chunks as usize + c as usize) * slice;
         assert_eq!(
-            buf.to_vec(off, slice).unwrap(),
+            settled(buf, off, slice),
             slice_bytes(seed, c, l, slice),
             "layer {l} chunk {c}"
         );
     }
+}
+
+/// The bytes of `buf` at `off..off + len`, read once no load writes into it.
+fn settled(buf: &HostBuffer, off: usize, len: usize) -> Vec<u8> {
+    // SAFETY: called only after the load that wrote `buf` returned (each of its completions
+    // polled, or its session broken with the QPs in the error state) and before the next one
+    // starts: nothing writes the range.
+    unsafe { buf.to_vec(off, len) }.unwrap()
+}
+
+/// Sets every byte of `buf` to `b` between loads.
+fn clear(buf: &HostBuffer, b: u8) {
+    // SAFETY: as `settled`: no load is running, so nothing else reads or writes `buf`.
+    unsafe { buf.fill(b) }
 }
 
 #[test]
@@ -238,7 +252,7 @@ fn round_trip_is_byte_exact_and_registers_once() {
     let buf = HostBuffer::new((f.g.layers * chunks) as usize * slice as usize).unwrap();
     let order = vec![2, 0, 1, 5, 4, 3]; // the scheduler's order, not 0..n
     for round in 0..2 {
-        buf.fill(0xEE);
+        clear(&buf, 0xEE);
         let sink = TestSink::new(u64::from(chunks) * slice);
         let spec = LoadSpec {
             keys: keys.clone(),
@@ -680,7 +694,7 @@ fn cancel_stops_the_server_and_the_connection_stays_usable() {
     assert_layer_exact(&f.g, &buf, 6, 1, chunks);
     // same connection, same buffer (registered once), a full load
     assert!(client.broken().is_none());
-    buf.fill(0);
+    clear(&buf, 0);
     let out = client
         .load(
             spec,

@@ -135,30 +135,30 @@ pub(crate) async fn try_rdma(
                 }
             }
         }
-        None => match {
+        None => {
             let guard = ConnectingGuard(probe);
-            let r = connect(&target.addr, target.credentials.clone()).await;
+            let connected = connect(&target.addr, target.credentials.clone()).await;
             std::mem::forget(guard);
-            r
-        } {
-            Ok((c, conn)) => {
-                tracing::info!(addr = %target.addr, session = format!("{:016x}", c.session()), "loads use RDMA");
-                *probe.lock().expect("lock") = Probe::On {
-                    client: c.clone(),
-                    pool: Vec::new(),
-                };
-                (c, conn)
-            }
-            Err(why) => {
-                if transport == Transport::Rdma {
-                    tracing::warn!(addr = %target.addr, %why, "transport = rdma, but RDMA is not available; using TCP gather");
-                } else {
-                    tracing::info!(addr = %target.addr, %why, "no RDMA; using TCP gather");
+            match connected {
+                Ok((c, conn)) => {
+                    tracing::info!(addr = %target.addr, session = format!("{:016x}", c.session()), "loads use RDMA");
+                    *probe.lock().expect("lock") = Probe::On {
+                        client: c.clone(),
+                        pool: Vec::new(),
+                    };
+                    (c, conn)
                 }
-                *probe.lock().expect("lock") = Probe::Off;
-                return Outcome::Fallback;
+                Err(why) => {
+                    if transport == Transport::Rdma {
+                        tracing::warn!(addr = %target.addr, %why, "transport = rdma, but RDMA is not available; using TCP gather");
+                    } else {
+                        tracing::info!(addr = %target.addr, %why, "no RDMA; using TCP gather");
+                    }
+                    *probe.lock().expect("lock") = Probe::Off;
+                    return Outcome::Fallback;
+                }
             }
-        },
+        }
     };
     let mut conn = conn;
     let mut greq = super::gather::gather_request(request_id, target, keys, req);

@@ -21,6 +21,11 @@ pub const PAGE: usize = 4096;
 /// [`HostBuffer::write_at`]), never through a long-lived `&[u8]`, because a remote peer may
 /// write into it at any time while it is registered. Read a layer's bytes after the layer is
 /// reported ready; before that they may be partly written.
+///
+/// It is shared (`Arc`, `Sync`) between the code that posts work requests, the memory region
+/// and the reader, so nothing in the type keeps two writers apart: the copy functions are
+/// `unsafe fn`, and their one contract ([`HostBuffer::read_at`]'s) is what makes sharing
+/// sound.
 pub struct HostBuffer {
     ptr: NonNull<u8>,
     len: usize,
@@ -37,7 +42,8 @@ impl std::fmt::Debug for HostBuffer {
 
 // SAFETY: the buffer is plain owned memory; all accesses go through raw-pointer copies.
 unsafe impl Send for HostBuffer {}
-// SAFETY: as above; concurrent copies of disjoint ranges are the intended use.
+// SAFETY: as above. Shared access only reaches the bytes through the `unsafe fn` copies,
+// whose contract rules out racing accesses to a range; the rest reads `ptr` and `len`.
 unsafe impl Sync for HostBuffer {}
 
 impl HostBuffer {
@@ -86,13 +92,21 @@ impl HostBuffer {
     }
     /// Copies `out.len()` bytes starting at `offset` into `out`.
     ///
+    /// # Safety
+    /// The contract of every copy in or out of a host buffer (`read_at`, `to_vec`,
+    /// `write_at`, `fill`): while the copy runs, nothing writes the bytes it touches, and a
+    /// copy into the buffer has nothing reading them either. Writers are other copies on other
+    /// threads, a [`slice_mut`](Self::slice_mut) view, and the NIC: a peer's RDMA write into a
+    /// registered buffer (read a layer only after its completion reported it ready) or a local
+    /// one still being posted. Reads that overlap each other are fine.
+    ///
     /// # Errors
     /// [`RdmaError::InvalidArgument`] when the range is outside the buffer.
-    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+    pub unsafe fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check(offset, out.len())?;
         std::sync::atomic::fence(Ordering::Acquire);
         // SAFETY: the range is inside the allocation (checked); `out` is a distinct Rust
-        // buffer, so the regions do not overlap.
+        // buffer, so the regions do not overlap; no write races the copy (the contract).
         unsafe {
             std::ptr::copy_nonoverlapping(
                 self.ptr.as_ptr().add(offset),
@@ -104,12 +118,15 @@ impl HostBuffer {
     }
     /// Copies `data` into the buffer at `offset`.
     ///
+    /// # Safety
+    /// As [`read_at`](Self::read_at): nothing else reads or writes the range while it runs.
+    ///
     /// # Errors
     /// [`RdmaError::InvalidArgument`] when the range is outside the buffer.
-    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+    pub unsafe fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.check(offset, data.len())?;
         // SAFETY: the range is inside the allocation (checked); `data` is a distinct Rust
-        // slice, so the regions do not overlap.
+        // slice, so the regions do not overlap; nothing else touches the range (the contract).
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
         };
@@ -134,16 +151,24 @@ impl HostBuffer {
     }
     /// A copy of `len` bytes at `offset`.
     ///
+    /// # Safety
+    /// As [`read_at`](Self::read_at): nothing writes the range while it runs.
+    ///
     /// # Errors
     /// [`RdmaError::InvalidArgument`] when the range is outside the buffer.
-    pub fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
+    pub unsafe fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
         let mut v = vec![0u8; len];
-        self.read_at(offset, &mut v)?;
+        // SAFETY: the caller's contract is `read_at`'s.
+        unsafe { self.read_at(offset, &mut v)? };
         Ok(v)
     }
     /// Sets every byte to `b`.
-    pub fn fill(&self, b: u8) {
-        // SAFETY: the whole allocation is `len` bytes.
+    ///
+    /// # Safety
+    /// As [`read_at`](Self::read_at), for the whole buffer: nothing else reads or writes any
+    /// of it while it runs (no peer may be writing into it).
+    pub unsafe fn fill(&self, b: u8) {
+        // SAFETY: the whole allocation is `len` bytes; nothing else touches it (the contract).
         unsafe { std::ptr::write_bytes(self.ptr.as_ptr(), b, self.len) };
         std::sync::atomic::fence(Ordering::Release);
     }

@@ -298,14 +298,20 @@ impl QueuePair<Rts> {
     /// Posts a signalled RDMA_WRITE_WITH_IMM (or a plain RDMA_WRITE when `imm` is `None`) of
     /// `len` bytes from `local` at `local_off` to `remote_addr` under `rkey`.
     ///
-    /// The bytes are read by the NIC after this returns: keep `local[local_off..+len]`
-    /// unchanged until the completion with `wr_id` is polled (the staging arena does).
+    /// # Safety
+    /// The NIC reads `local[local_off..local_off + len]` after this returns, outside the
+    /// compiler's view. Until the completion with `wr_id` is polled, or the QP has moved to the
+    /// error state and its work requests are flushed, nothing may write that range and
+    /// `local` (the region and its memory) must stay alive: otherwise the peer receives bytes
+    /// from a later write, or from freed memory. Unsignalled writes complete with the next
+    /// signalled one on this QP. (The staging arena holds each slot off its free list until
+    /// then.)
     ///
     /// # Errors
     /// [`RdmaError::InvalidArgument`] when the local range is outside the region or `len`
     /// exceeds 2^31; [`RdmaError::Verbs`] when the send queue is full or the QP is in error.
     #[allow(clippy::too_many_arguments)]
-    pub fn post_write(
+    pub unsafe fn post_write(
         &self,
         wr_id: u64,
         local: &MemoryRegion,

@@ -526,16 +526,21 @@ impl Conn {
                 let qp = &self.qps[self.next_qp % self.qps.len()];
                 self.next_qp = self.next_qp.wrapping_add(1);
                 let remote = t.addr + u64::from(unit) * slice;
-                match qp.post_write(
-                    slot_ix as u64,
-                    &self.arena,
-                    off,
-                    slice as usize,
-                    remote,
-                    t.rkey,
-                    imm,
-                    true,
-                ) {
+                // SAFETY: the range is slot `slot_ix`, off the free list (nothing writes it)
+                // until this signalled write's completion is polled or the QP is flushed in
+                // the error state; `self.arena` outlives the QPs (declared after them, so dropped after them).
+                match unsafe {
+                    qp.post_write(
+                        slot_ix as u64,
+                        &self.arena,
+                        off,
+                        slice as usize,
+                        remote,
+                        t.rkey,
+                        imm,
+                        true,
+                    )
+                } {
                     Ok(()) => {
                         f.inflight.insert(slot_ix, li);
                     }

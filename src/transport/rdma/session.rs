@@ -249,16 +249,14 @@ impl SessionRegistry {
             slots,
             "rdma gather session open"
         );
-        let end = loop {
-            match control::recv(&mut s) {
-                Ok(Some(Msg::Bye)) | Ok(None) => break Ok(()),
-                Ok(Some(other)) => {
-                    break Err(RdmaError::Protocol(format!(
-                        "unexpected {other:?} on a gather session"
-                    )))
-                }
-                Err(e) => break Err(e),
-            }
+        // The control connection carries nothing more than the goodbye: the session lasts
+        // until it comes, or the connection ends.
+        let end = match control::recv(&mut s) {
+            Ok(Some(Msg::Bye)) | Ok(None) => Ok(()),
+            Ok(Some(other)) => Err(RdmaError::Protocol(format!(
+                "unexpected {other:?} on a gather session"
+            ))),
+            Err(e) => Err(e),
         };
         self.sessions
             .lock()
@@ -442,16 +440,22 @@ impl GatherSession {
         let mut local = off;
         for (k, &(remote_addr, rkey, n)) in remote.iter().enumerate() {
             let last = k + 1 == remote.len();
-            let r = qp.post_write(
-                ix as u64,
-                &self.arena,
-                local,
-                n as usize,
-                remote_addr,
-                rkey,
-                last.then_some(imm),
-                last,
-            );
+            // SAFETY: the range is slot `ix`, which stays off the free list (so nothing
+            // writes it) until the poller sees this write's signalled completion, or until the
+            // session is broken and its QPs flushed; `self.arena` outlives
+            // the QPs (declared after them, so dropped after them).
+            let r = unsafe {
+                qp.post_write(
+                    ix as u64,
+                    &self.arena,
+                    local,
+                    n as usize,
+                    remote_addr,
+                    rkey,
+                    last.then_some(imm),
+                    last,
+                )
+            };
             if let Err(e) = r {
                 let why = format!("posting an RDMA write failed: {e}");
                 // Pieces already posted may still complete (unsignaled) or flush: breaking the
