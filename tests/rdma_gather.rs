@@ -115,20 +115,6 @@ fn save_and_load(e: &Engine, g: &KvGeometry, chunks: usize, seed: u64) {
     assert_eq!(h.stats().requests, 1, "one gather request per load");
 }
 
-/// The bytes of `buf` at `off..off + len`, read once no load writes into it.
-fn settled(buf: &HostBuffer, off: usize, len: usize) -> Vec<u8> {
-    // SAFETY: called only after the load that wrote `buf` returned (each of its completions
-    // polled, or its session broken with the QPs in the error state) and before the next one
-    // starts: nothing writes the range.
-    unsafe { buf.to_vec(off, len) }.unwrap()
-}
-
-/// Sets every byte of `buf` to `b` between loads.
-fn clear(buf: &HostBuffer, b: u8) {
-    // SAFETY: as `settled`: no load is running, so nothing else reads or writes `buf`.
-    unsafe { buf.fill(b) }
-}
-
 #[test]
 fn engine_save_and_load_over_rdma_byte_exact() {
     if !rdma_present("engine_save_and_load_over_rdma_byte_exact") {
@@ -278,7 +264,7 @@ fn units_split_layers_and_land_byte_exact() {
         .map(|(l, b)| LayerDest::host(l as u32, b.clone(), 0))
         .collect();
     for round in 0..2 {
-        bufs.iter().for_each(|b| clear(b, 0));
+        bufs.iter().for_each(|b| common::clear(b, 0));
         let sink = Arc::new(Sink::default());
         rt().block_on(conn.load(&client, req.clone(), &dests, sink.clone()))
             .unwrap();
@@ -290,7 +276,7 @@ fn units_split_layers_and_land_byte_exact() {
         for l in 0..g.layers {
             assert_eq!(sink.placed.lock().unwrap()[&l], len as u64);
             assert_eq!(
-                settled(&bufs[l as usize], 0, len),
+                common::settled(&bufs[l as usize], 0, len),
                 data[l as usize],
                 "round {round} layer {l}"
             );
@@ -356,7 +342,7 @@ fn qp_failure_mid_load_is_a_miss() {
                 "layer {l} is neither complete nor a miss"
             );
             assert_eq!(
-                settled(&bufs[l as usize], 0, len),
+                common::settled(&bufs[l as usize], 0, len),
                 data[l as usize],
                 "layer {l}"
             );
@@ -379,7 +365,7 @@ fn qp_failure_mid_load_is_a_miss() {
         .unwrap();
     for l in 0..g.layers {
         assert_eq!(
-            settled(&bufs[l as usize], 0, len),
+            common::settled(&bufs[l as usize], 0, len),
             data[l as usize],
             "after reconnect, layer {l}"
         );

@@ -4,6 +4,8 @@
 //! `OBJECTCACHE_REQUIRE_RDMA=1` (set inside the VM) makes it fail.
 #![cfg(feature = "rdma")]
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -206,25 +208,11 @@ fn assert_layer_exact(g: &KvGeometry, buf: &HostBuffer, seed: u8, l: u32, chunks
     for c in 0..chunks {
         let off = (l as usize * chunks as usize + c as usize) * slice;
         assert_eq!(
-            settled(buf, off, slice),
+            common::settled(buf, off, slice),
             slice_bytes(seed, c, l, slice),
             "layer {l} chunk {c}"
         );
     }
-}
-
-/// The bytes of `buf` at `off..off + len`, read once no load writes into it.
-fn settled(buf: &HostBuffer, off: usize, len: usize) -> Vec<u8> {
-    // SAFETY: called only after the load that wrote `buf` returned (each of its completions
-    // polled, or its session broken with the QPs in the error state) and before the next one
-    // starts: nothing writes the range.
-    unsafe { buf.to_vec(off, len) }.unwrap()
-}
-
-/// Sets every byte of `buf` to `b` between loads.
-fn clear(buf: &HostBuffer, b: u8) {
-    // SAFETY: as `settled`: no load is running, so nothing else reads or writes `buf`.
-    unsafe { buf.fill(b) }
 }
 
 #[test]
@@ -252,7 +240,7 @@ fn round_trip_is_byte_exact_and_registers_once() {
     let buf = HostBuffer::new((f.g.layers * chunks) as usize * slice as usize).unwrap();
     let order = vec![2, 0, 1, 5, 4, 3]; // the scheduler's order, not 0..n
     for round in 0..2 {
-        clear(&buf, 0xEE);
+        common::clear(&buf, 0xEE);
         let sink = TestSink::new(u64::from(chunks) * slice);
         let spec = LoadSpec {
             keys: keys.clone(),
@@ -694,7 +682,7 @@ fn cancel_stops_the_server_and_the_connection_stays_usable() {
     assert_layer_exact(&f.g, &buf, 6, 1, chunks);
     // same connection, same buffer (registered once), a full load
     assert!(client.broken().is_none());
-    clear(&buf, 0);
+    common::clear(&buf, 0);
     let out = client
         .load(
             spec,

@@ -89,3 +89,20 @@ pub fn skip(what: &str) {
     );
     eprintln!("SKIP: no {what}");
 }
+
+/// The bytes of the RDMA host buffer `buf` at `off..off + len`, read once no load writes
+/// into it.
+#[cfg(feature = "rdma")]
+pub fn settled(buf: &objectcache::transport::rdma::HostBuffer, off: usize, len: usize) -> Vec<u8> {
+    // SAFETY: called only after the load that wrote `buf` returned (each of its completions
+    // polled, or its session broken with the QPs in the error state) and before the next one
+    // starts: nothing writes the range.
+    unsafe { buf.to_vec(off, len) }.unwrap()
+}
+
+/// Sets every byte of the RDMA host buffer `buf` to `b` between loads.
+#[cfg(feature = "rdma")]
+pub fn clear(buf: &objectcache::transport::rdma::HostBuffer, b: u8) {
+    // SAFETY: as `settled`: no load is running, so nothing else reads or writes `buf`.
+    unsafe { buf.fill(b) }
+}
