@@ -206,17 +206,91 @@ impl Policy for ByteProportional {
 /// exactly `need` (**no extra bandwidth for a request already hidden**) and each stalling load
 /// all it can take of what is left. Capacity still unused after that (every load satisfied or
 /// at its limit) is handed out in the same order so that no byte of the link is wasted.
+///
+/// # Cost
+/// Computing `s` costs `O(layers)` per load. A load's `s` never decreases while its state
+/// (bytes delivered, deadline, full rate) stays the same: with `now` past its deadline it is
+/// constant, before it it grows with `now` (every step of [`LoadState::stall_at_rate`] is
+/// monotone in `now`, and so is each rounding). So the policy keeps each load's last `s` as a
+/// lower bound and computes `s` afresh only for loads whose state changed, loads that may be
+/// hideable, and stalling loads in ranking order until the link is spent (a lazy selection
+/// over the bounds). The rates are bit for bit those of ranking every load afresh
+/// ([`StallAware::exhaustive`], which the tests compare against); a re-plan of `n` loads of
+/// which `k` changed or are served costs `O(n + k x layers + k log n)` instead of
+/// `O(n x layers + n log n)`. On a link whose loads' needs leave capacity unused every load
+/// is ranked, as the second pass needs the whole order.
 #[derive(Debug, Clone, Default)]
 pub struct StallAware {
+    exhaustive: bool,
     order: Vec<(f64, f64, usize)>,
     need: Vec<f64>,
+    cache: Vec<StallBound>,
+    spare: Vec<StallBound>,
+    lazy: Vec<(f64, usize, usize)>,
+    exact: std::collections::BinaryHeap<std::cmp::Reverse<Ranked>>,
 }
 
-impl Policy for StallAware {
-    fn name(&self) -> &'static str {
-        "stall-aware"
+/// A load's stall `s` as last computed, with the state it was computed for.
+#[derive(Debug, Clone, Copy)]
+struct StallBound {
+    id: super::load::LoadId,
+    arrival_s: f64,
+    delivered: u64,
+    frontier_s: f64,
+    full: f64,
+    at: f64,
+    stall: f64,
+    /// Sum of the load's layer compute times (s): bounds the magnitude of the terms of `s`.
+    compute_s: f64,
+}
+
+/// A ranking key `(s, next deadline, index)` with a total order.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Ranked(f64, f64, usize);
+impl Eq for Ranked {}
+impl PartialOrd for Ranked {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
     }
-    fn allocate(&mut self, now: f64, capacity: f64, loads: &[LoadState], rates: &mut [f64]) {
+}
+impl Ord for Ranked {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.0
+            .total_cmp(&o.0)
+            .then(self.1.total_cmp(&o.1))
+            .then(self.2.cmp(&o.2))
+    }
+}
+
+impl StallAware {
+    /// The same policy ranking every load afresh at every re-plan (`O(n x layers)` per
+    /// re-plan): the definition the default instance's rates are checked against.
+    pub fn exhaustive() -> Self {
+        StallAware {
+            exhaustive: true,
+            ..StallAware::default()
+        }
+    }
+
+    /// The stall below which a load counts as hideable (rounding noise).
+    const HIDDEN_S: f64 = 1e-9;
+
+    fn stall(l: &LoadState, now: f64, full: f64) -> f64 {
+        let s = l.stall_at_rate(now, full);
+        if s < Self::HIDDEN_S {
+            0.0
+        } else {
+            s
+        }
+    }
+
+    fn allocate_exhaustive(
+        &mut self,
+        now: f64,
+        capacity: f64,
+        loads: &[LoadState],
+        rates: &mut [f64],
+    ) {
         self.order.clear();
         self.need.clear();
         self.need.resize(loads.len(), 0.0);
@@ -226,9 +300,7 @@ impl Policy for StallAware {
                 continue;
             }
             let full = capacity.min(l.spec().max_rate);
-            let s = l.stall_at_rate(now, full);
-            // Stalls below a nanosecond are rounding noise: treat as hideable.
-            let s = if s < 1e-9 { 0.0 } else { s };
+            let s = Self::stall(l, now, full);
             need[i] = if s == 0.0 {
                 l.need_rate(now).min(full)
             } else {
@@ -250,6 +322,11 @@ impl Policy for StallAware {
                 return;
             }
         }
+        self.hand_out_rest(left, loads, rates);
+    }
+
+    /// The second pass: capacity `left` over after every load got its need, in rank order.
+    fn hand_out_rest(&self, mut left: f64, loads: &[LoadState], rates: &mut [f64]) {
         for &(_, _, i) in &self.order {
             let r = (loads[i].spec().max_rate - rates[i]).max(0.0).min(left);
             rates[i] += r;
@@ -258,6 +335,141 @@ impl Policy for StallAware {
                 return;
             }
         }
+    }
+
+    /// `s` of load `l` at `now`, computed afresh and remembered in `cache[k]`.
+    fn refresh(cache: &mut [StallBound], k: usize, l: &LoadState, now: f64) -> f64 {
+        let e = &mut cache[k];
+        let s = Self::stall(l, now, e.full);
+        e.at = now;
+        e.stall = s;
+        s
+    }
+}
+
+impl Policy for StallAware {
+    fn name(&self) -> &'static str {
+        "stall-aware"
+    }
+    fn allocate(&mut self, now: f64, capacity: f64, loads: &[LoadState], rates: &mut [f64]) {
+        if self.exhaustive {
+            return self.allocate_exhaustive(now, capacity, loads, rates);
+        }
+        self.order.clear();
+        self.need.clear();
+        self.need.resize(loads.len(), 0.0);
+        self.lazy.clear();
+        self.exact.clear();
+        // The bounds of the loads still active (both lists ascend by id), refreshed or kept.
+        let mut old = std::mem::take(&mut self.cache);
+        let mut cache = std::mem::take(&mut self.spare);
+        cache.clear();
+        let mut j = 0;
+        for (i, l) in loads.iter().enumerate() {
+            if l.remaining_bytes() == 0 {
+                continue;
+            }
+            while j < old.len() && old[j].id < l.id() {
+                j += 1;
+            }
+            let full = capacity.min(l.spec().max_rate);
+            let known = old.get(j).filter(|e| {
+                e.id == l.id()
+                    && e.arrival_s == l.arrival_s()
+                    && e.delivered == l.delivered_bytes()
+                    && e.frontier_s == l.next_deadline_s()
+                    && e.full == full
+                    && e.at <= now
+            });
+            let k = cache.len();
+            match known {
+                Some(e) => {
+                    cache.push(*e);
+                    // `s` at `now` is at least the one computed at `e.at`, less rounding (a
+                    // few ulps of the times involved per layer; the margin is far above it).
+                    let margin =
+                        1e-9 * (1.0 + now.abs() + e.frontier_s.abs() + e.stall + e.compute_s);
+                    let bound = e.stall - margin;
+                    if bound > Self::HIDDEN_S {
+                        self.lazy.push((bound, i, k));
+                        continue;
+                    }
+                }
+                None => cache.push(StallBound {
+                    id: l.id(),
+                    arrival_s: l.arrival_s(),
+                    delivered: l.delivered_bytes(),
+                    frontier_s: l.next_deadline_s(),
+                    full,
+                    at: now,
+                    stall: 0.0,
+                    compute_s: l.spec().layer_compute_s.iter().sum(),
+                }),
+            }
+            let s = Self::refresh(&mut cache, k, l, now);
+            if s == 0.0 {
+                self.need[i] = l.need_rate(now).min(full);
+                self.order.push((0.0, l.next_deadline_s(), i));
+            } else {
+                self.need[i] = full;
+                self.exact
+                    .push(std::cmp::Reverse(Ranked(s, l.next_deadline_s(), i)));
+            }
+        }
+        old.clear();
+        self.spare = old;
+        // Hideable loads first, by deadline.
+        self.order
+            .sort_by(|a, b| a.1.total_cmp(&b.1).then(a.2.cmp(&b.2)));
+        let mut left = capacity;
+        for &(_, _, i) in &self.order {
+            let r = self.need[i].min(left);
+            rates[i] = r;
+            left -= r;
+            if left <= 0.0 {
+                self.cache = cache;
+                return;
+            }
+        }
+        // Then stalling loads by (s, deadline, id): the best exactly ranked load goes next
+        // once no bound left could rank before it.
+        let mut lazy = std::collections::BinaryHeap::from(
+            self.lazy
+                .iter()
+                .map(|&(b, i, k)| std::cmp::Reverse((Ranked(b, 0.0, i), k)))
+                .collect::<Vec<_>>(),
+        );
+        loop {
+            while let Some(&std::cmp::Reverse((Ranked(b, _, i), k))) = lazy.peek() {
+                if self
+                    .exact
+                    .peek()
+                    .is_some_and(|std::cmp::Reverse(e)| b > e.0)
+                {
+                    break;
+                }
+                lazy.pop();
+                let l = &loads[i];
+                let s = Self::refresh(&mut cache, k, l, now);
+                debug_assert!(s >= b && s > 0.0, "stall bound {b} above {s}");
+                self.need[i] = cache[k].full;
+                self.exact
+                    .push(std::cmp::Reverse(Ranked(s, l.next_deadline_s(), i)));
+            }
+            let Some(std::cmp::Reverse(Ranked(s, d, i))) = self.exact.pop() else {
+                break;
+            };
+            self.order.push((s, d, i));
+            let r = self.need[i].min(left);
+            rates[i] = r;
+            left -= r;
+            if left <= 0.0 {
+                self.cache = cache;
+                return;
+            }
+        }
+        self.cache = cache;
+        self.hand_out_rest(left, loads, rates);
     }
 }
 
@@ -329,6 +541,76 @@ mod tests {
         assert_eq!(al[0].id, a);
         assert!((al[0].rate - 10.0).abs() < 1e-9, "{al:?}");
         assert!((al[1].rate - 90.0).abs() < 1e-9 && al[1].id == b);
+    }
+
+    #[test]
+    fn stall_aware_bounds_rank_as_the_exhaustive_policy() {
+        // Two schedulers fed the same events, one with the lazy ranking from remembered
+        // stall bounds, one ranking every load afresh at every re-plan (the definition):
+        // their allocations must be equal to the bit at every step. Demand is about 1.5
+        // times the link, so a queue of stalling loads builds up behind hideable ones;
+        // capacity changes, compute reports, cancellations and idle steps (no re-plan
+        // between polls) are mixed in.
+        let mut fast = Scheduler::new(PolicyKind::StallAware.build(), 12e3, 12e3, 0.0).unwrap();
+        let mut slow = Scheduler::new(Box::new(StallAware::exhaustive()), 12e3, 12e3, 0.0).unwrap();
+        let mut x = 0x5eed_u64;
+        let mut rnd = |n: u64| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % n
+        };
+        let mut now = 0.0;
+        let (mut most, mut partial) = (0, 0);
+        for step in 0..4000 {
+            if rnd(3) == 0 {
+                let layers = 1 + rnd(8) as usize;
+                let sp = LoadSpec {
+                    layer_bytes: (0..layers).map(|_| 10 + rnd(200)).collect(),
+                    layer_compute_s: (0..layers).map(|_| rnd(50) as f64 / 1e3).collect(),
+                    compute_ready_s: now + rnd(3) as f64 * 0.01,
+                    max_rate: if rnd(4) == 0 { 3e3 } else { f64::INFINITY },
+                };
+                let a = fast.handle_arrival(now, sp.clone()).unwrap();
+                assert_eq!(a, slow.handle_arrival(now, sp).unwrap());
+            }
+            if rnd(100) == 0 {
+                let c = 8e3 + rnd(8000) as f64;
+                fast.set_capacity(now, c).unwrap();
+                slow.set_capacity(now, c).unwrap();
+            }
+            let al = fast.poll_allocation(now).to_vec();
+            assert_eq!(al, slow.poll_allocation(now), "step {step} at {now} s");
+            most = most.max(al.len());
+            if al.iter().any(|a| a.rate > 0.0) && al.iter().any(|a| a.rate == 0.0) {
+                partial += 1;
+            }
+            let dt = rnd(20) as f64 / 1e3 + 1e-4;
+            now += dt;
+            for a in &al {
+                let l = fast.load(a.id).unwrap();
+                let bytes = ((a.rate * dt) as u64).min(l.remaining_bytes());
+                if bytes > 0 {
+                    fast.handle_progress(now, a.id, bytes).unwrap();
+                    slow.handle_progress(now, a.id, bytes).unwrap();
+                }
+                let l = fast.load(a.id).unwrap();
+                if l.remaining_bytes() == 0 || rnd(400) == 0 {
+                    fast.handle_departure(now, a.id).unwrap();
+                    slow.handle_departure(now, a.id).unwrap();
+                } else if l.layers_delivered() > 0 && rnd(30) == 0 {
+                    let layer = l.layers_delivered() - 1;
+                    fast.handle_layer_computed(now, a.id, layer).unwrap();
+                    slow.handle_layer_computed(now, a.id, layer).unwrap();
+                }
+            }
+            if rnd(4) != 0 {
+                fast.handle_timeout(now);
+                slow.handle_timeout(now);
+            }
+        }
+        assert!(most > 40, "a queue builds up: at most {most} loads");
+        assert!(partial > 1000, "{partial} allocations leave loads waiting");
     }
 
     #[test]

@@ -29,7 +29,7 @@
 use super::workload::{TraceRecord, MIX_NEW_TOKENS, MIX_PREFIXES, MOONCAKE_BLOCK_TOKENS};
 use crate::error::Error;
 use crate::sched::placement::{self, Candidate, Placement};
-use crate::sched::{timeline, ComputeModel, LoadId, LoadSpec, PolicyKind, Scheduler};
+use crate::sched::{timeline, ComputeModel, LoadId, LoadSpec, Policy, PolicyKind, Scheduler};
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::cmp::Reverse;
@@ -396,7 +396,9 @@ pub fn simulate(
     cfg: &ClusterConfig,
     gpu_name: &str,
 ) -> Result<ClusterRecord, Error> {
-    run(w, cfg, gpu_name, cfg.policy.progress_blind())
+    run(w, cfg, gpu_name, cfg.policy.progress_blind(), &|| {
+        cfg.policy.build()
+    })
 }
 
 /// [`simulate`], with `blind` choosing how layer boundaries are found: `false`, a gateway
@@ -405,12 +407,15 @@ pub fn simulate(
 /// and capacity changes, each layer's arrival time computed from the constant rates in
 /// between. A gateway holding `n` loads costs `O(n)` per event either way, so on a hot
 /// gateway the per-boundary events cost `O(n^2 x layers)` over its loads and the shortcut
-/// `O(n^2)`.
+/// `O(n^2)`. `policy` builds each gateway's instance of `cfg.policy` (the tests pass the
+/// reference form of a policy, e.g.
+/// [`StallAware::exhaustive`](crate::sched::StallAware::exhaustive)).
 fn run(
     w: &ClusterWorkload,
     cfg: &ClusterConfig,
     gpu_name: &str,
     blind: bool,
+    policy: &dyn Fn() -> Box<dyn Policy + Send>,
 ) -> Result<ClusterRecord, Error> {
     if cfg.gateways == 0 || cfg.storage_nodes == 0 {
         return Err(Error::InvalidArgument(
@@ -438,7 +443,7 @@ fn run(
     let mut gws: Vec<Gw> = (0..g_n)
         .map(|_| -> Result<Gw, Error> {
             Ok(Gw {
-                sched: Scheduler::new(cfg.policy.build(), nic, nic * 1e-3, 0.0)?,
+                sched: Scheduler::new(policy(), nic, nic * 1e-3, 0.0)?,
                 t: 0.0,
                 acts: Vec::new(),
                 version: 0,
@@ -914,8 +919,8 @@ mod tests {
             for nodes in [16, 1] {
                 let mut c = cfg(4, Placement::Hash, policy);
                 c.storage_nodes = nodes;
-                let fast = run(&w, &c, "h100", true).unwrap();
-                let slow = run(&w, &c, "h100", false).unwrap();
+                let fast = run(&w, &c, "h100", true, &|| policy.build()).unwrap();
+                let slow = run(&w, &c, "h100", false, &|| policy.build()).unwrap();
                 assert_eq!(fast.loads, slow.loads);
                 assert!(fast.loads > 300, "{}", fast.loads);
                 for (what, a, b) in [
@@ -944,6 +949,37 @@ mod tests {
                     "{} vs {} events",
                     fast.events,
                     slow.events
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn stall_aware_bounds_give_the_exhaustive_ranking() {
+        // The stall-aware policy ranks lazily from remembered stall bounds; ranking every
+        // load afresh at every re-plan (its definition) must give the same simulation to
+        // the bit. A hot gateway (hash placement, few documents) holds tens of loads, most of
+        // them stalling, and a storage-bound cluster changes the gateways' capacities.
+        let w = synthetic(32, 0.2, 60.0, 20, 1.2, 5).unwrap();
+        for (placement, nodes) in [
+            (Placement::Hash, 16),
+            (Placement::Hash, 1),
+            (Placement::TwoChoice, 16),
+        ] {
+            let mut c = cfg(4, placement, PolicyKind::StallAware);
+            c.storage_nodes = nodes;
+            let fast = run(&w, &c, "h100", false, &|| PolicyKind::StallAware.build()).unwrap();
+            let reference = run(&w, &c, "h100", false, &|| {
+                Box::new(crate::sched::StallAware::exhaustive())
+            })
+            .unwrap();
+            assert_eq!(fast, reference, "{placement:?}, {nodes} storage nodes");
+            assert!(fast.loads > 300, "{}", fast.loads);
+            if placement == Placement::Hash {
+                assert!(
+                    fast.max_added_ttft_s > 1.0,
+                    "the gateway is hot: {}",
+                    fast.max_added_ttft_s
                 );
             }
         }
