@@ -236,6 +236,7 @@ struct StallBound {
     id: super::load::LoadId,
     arrival_s: f64,
     delivered: u64,
+    total: u64,
     frontier_s: f64,
     full: f64,
     at: f64,
@@ -365,10 +366,9 @@ impl Policy for StallAware {
         let mut cache = std::mem::take(&mut self.spare);
         cache.clear();
         let mut j = 0;
+        // The smallest bound not computed afresh.
+        let mut least = f64::INFINITY;
         for (i, l) in loads.iter().enumerate() {
-            if l.remaining_bytes() == 0 {
-                continue;
-            }
             while j < old.len() && old[j].id < l.id() {
                 j += 1;
             }
@@ -384,6 +384,9 @@ impl Policy for StallAware {
             let k = cache.len();
             match known {
                 Some(e) => {
+                    if e.delivered == e.total {
+                        continue;
+                    }
                     cache.push(*e);
                     // `s` at `now` is at least the one computed at `e.at`, less rounding (a
                     // few ulps of the times involved per layer; the margin is far above it).
@@ -391,20 +394,27 @@ impl Policy for StallAware {
                         1e-9 * (1.0 + now.abs() + e.frontier_s.abs() + e.stall + e.compute_s);
                     let bound = e.stall - margin;
                     if bound > Self::HIDDEN_S {
+                        least = least.min(bound);
                         self.lazy.push((bound, i, k));
                         continue;
                     }
                 }
-                None => cache.push(StallBound {
-                    id: l.id(),
-                    arrival_s: l.arrival_s(),
-                    delivered: l.delivered_bytes(),
-                    frontier_s: l.next_deadline_s(),
-                    full,
-                    at: now,
-                    stall: 0.0,
-                    compute_s: l.spec().layer_compute_s.iter().sum(),
-                }),
+                None => {
+                    if l.remaining_bytes() == 0 {
+                        continue;
+                    }
+                    cache.push(StallBound {
+                        id: l.id(),
+                        arrival_s: l.arrival_s(),
+                        delivered: l.delivered_bytes(),
+                        total: l.total_bytes(),
+                        frontier_s: l.next_deadline_s(),
+                        full,
+                        at: now,
+                        stall: 0.0,
+                        compute_s: l.spec().layer_compute_s.iter().sum(),
+                    })
+                }
             }
             let s = Self::refresh(&mut cache, k, l, now);
             if s == 0.0 {
@@ -432,29 +442,39 @@ impl Policy for StallAware {
             }
         }
         // Then stalling loads by (s, deadline, id): the best exactly ranked load goes next
-        // once no bound left could rank before it.
-        let mut lazy = std::collections::BinaryHeap::from(
-            self.lazy
-                .iter()
-                .map(|&(b, i, k)| std::cmp::Reverse((Ranked(b, 0.0, i), k)))
-                .collect::<Vec<_>>(),
-        );
+        // once no bound left could rank before it. The bounds are put in a heap only when
+        // one could (usually the load being served keeps the lead and none is needed).
+        let mut lazy: Option<std::collections::BinaryHeap<std::cmp::Reverse<(u64, usize, usize)>>> =
+            None;
         loop {
-            while let Some(&std::cmp::Reverse((Ranked(b, _, i), k))) = lazy.peek() {
-                if self
-                    .exact
-                    .peek()
-                    .is_some_and(|std::cmp::Reverse(e)| b > e.0)
-                {
-                    break;
+            let best = self.exact.peek().map(|std::cmp::Reverse(e)| e.0);
+            if lazy.is_none() && best.is_none_or(|s| least <= s) && !self.lazy.is_empty() {
+                // Bounds are above 0, so their bit patterns order as the numbers do.
+                lazy = Some(
+                    self.lazy
+                        .iter()
+                        .map(|&(b, i, k)| std::cmp::Reverse((b.to_bits(), i, k)))
+                        .collect(),
+                );
+            }
+            if let Some(h) = &mut lazy {
+                while let Some(&std::cmp::Reverse((b, i, k))) = h.peek() {
+                    let b = f64::from_bits(b);
+                    if self
+                        .exact
+                        .peek()
+                        .is_some_and(|std::cmp::Reverse(e)| b > e.0)
+                    {
+                        break;
+                    }
+                    h.pop();
+                    let l = &loads[i];
+                    let s = Self::refresh(&mut cache, k, l, now);
+                    debug_assert!(s >= b && s > 0.0, "stall bound {b} above {s}");
+                    self.need[i] = cache[k].full;
+                    self.exact
+                        .push(std::cmp::Reverse(Ranked(s, l.next_deadline_s(), i)));
                 }
-                lazy.pop();
-                let l = &loads[i];
-                let s = Self::refresh(&mut cache, k, l, now);
-                debug_assert!(s >= b && s > 0.0, "stall bound {b} above {s}");
-                self.need[i] = cache[k].full;
-                self.exact
-                    .push(std::cmp::Reverse(Ranked(s, l.next_deadline_s(), i)));
             }
             let Some(std::cmp::Reverse(Ranked(s, d, i))) = self.exact.pop() else {
                 break;
