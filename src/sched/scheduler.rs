@@ -139,6 +139,9 @@ pub struct Scheduler {
     next_id: LoadId,
     replans: u64,
     blocked_bytes: Option<u64>,
+    /// Where `handle_progress` looks first (the last load it found, then the next one): a
+    /// driver reporting many loads in id order finds each in O(1).
+    progress_hint: usize,
 }
 
 impl Scheduler {
@@ -166,6 +169,7 @@ impl Scheduler {
             next_id: 0,
             replans: 0,
             blocked_bytes: None,
+            progress_hint: 0,
         })
     }
 
@@ -221,7 +225,16 @@ impl Scheduler {
     /// # Errors
     /// [`Error::InvalidArgument`] for an unknown id or more bytes than the load has left.
     pub fn handle_progress(&mut self, now: f64, id: LoadId, bytes: u64) -> Result<(), Error> {
-        let i = self.index(id)?;
+        let h = self.progress_hint;
+        let at = |i: usize| self.loads.get(i).is_some_and(|l| l.id == id);
+        let i = if at(h) {
+            h
+        } else if at(h + 1) {
+            h + 1
+        } else {
+            self.index(id)?
+        };
+        self.progress_hint = i;
         let l = &mut self.loads[i];
         if bytes > l.remaining_bytes() {
             return Err(Error::InvalidArgument(format!(
