@@ -210,15 +210,16 @@ impl Policy for ByteProportional {
 /// # Cost
 /// Computing `s` costs `O(layers)` per load. A load's `s` never decreases while its state
 /// (bytes delivered, deadline, full rate) stays the same: with `now` past its deadline it is
-/// constant, before it it grows with `now` (every step of [`LoadState::stall_at_rate`] is
-/// monotone in `now`, and so is each rounding). So the policy keeps each load's last `s` as a
-/// lower bound and computes `s` afresh only for loads whose state changed, loads that may be
-/// hideable, and stalling loads in ranking order until the link is spent (a lazy selection
-/// over the bounds). The rates are bit for bit those of ranking every load afresh
-/// ([`StallAware::exhaustive`], which the tests compare against); a re-plan of `n` loads of
-/// which `k` changed or are served costs `O(n + k x layers + k log n)` instead of
-/// `O(n x layers + n log n)`. On a link whose loads' needs leave capacity unused every load
-/// is ranked, as the second pass needs the whole order.
+/// constant, before it it grows with `now`. So the policy keeps each load's last `s`, less a
+/// margin far above the rounding of [`LoadState::stall_at_rate`] (`1e-9` of the times
+/// involved), as a lower bound, and computes `s` afresh only for loads whose state changed,
+/// loads that may be hideable, and stalling loads in ranking order until the link is spent
+/// (a lazy selection over the bounds). The rates are bit for bit those of ranking every load
+/// afresh ([`StallAware::exhaustive`], which the tests compare against); a re-plan of `n`
+/// loads of which `k` changed or are served costs `O(n + k x layers + k log n)` instead of
+/// `O(n x layers + n log n)` (a heap of all `n` bounds is built only when one could rank
+/// before the best load ranked afresh). On a link whose loads' needs leave capacity unused
+/// every load is ranked, as the second pass needs the whole order.
 #[derive(Debug, Clone, Default)]
 pub struct StallAware {
     exhaustive: bool,
