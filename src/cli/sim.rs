@@ -88,8 +88,11 @@ pub struct SimOptions {
     /// GPUs share one); each group of this many GPUs gets its own copy, as a tenant of its own.
     #[arg(long, default_value_t = 8)]
     pub trace_share: usize,
-    /// Cluster: gateway counts, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "8,16,32")]
+    /// Cluster: gateway counts, comma-separated. The default pair carries the default 512
+    /// GPUs without an overloaded gateway (docs/deployment.md, "Sizing": about 60% and 30%
+    /// utilisation). With 16 or fewer every gateway is overloaded, its queue grows all run,
+    /// and the simulation takes many minutes to say so.
+    #[arg(long, value_delimiter = ',', default_value = "32,64")]
     pub gateways: Vec<usize>,
     /// Cluster: placement policies (two-choice, hash, least-loaded), comma-separated
     /// [default: all three].
