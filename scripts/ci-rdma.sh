@@ -6,7 +6,8 @@
 # 2. builds every test with `cargo test --release --features rdma --no-run`;
 # 3. boots the soft-RoCE VM once (scripts/rxe-vm/run.sh: Debian's kernel under QEMU, rxe0 on
 #    loopback) and runs the RDMA test binaries (tests/rdma_*.rs and the unit tests under
-#    transport::rdma) inside it, where OBJECTCACHE_REQUIRE_RDMA=1 turns any SKIP into a failure.
+#    transport::rdma) inside it, where OBJECTCACHE_REQUIRE_RDMA=1 turns any SKIP into a failure;
+# 4. runs clippy on every target with the feature, warnings as errors.
 # Exits non-zero when anything fails. Guest memory: RXE_VM_MEM (default 2G here: every RDMA
 # gather session pins a 64 MiB staging arena, and the tests run several servers at once).
 set -euo pipefail
@@ -44,5 +45,11 @@ script="set -e"
 for t in "${rdma_tests[@]}"; do script+="; echo '== $(basename "$t")'; $t"; done
 rc=0
 scripts/rxe-vm/run.sh bash -c "$script" || rc=$?
+# Lints of the feature's code (CI's clippy gate builds without it, and the verbs headers are
+# only installed here): warnings are errors, as in the gate.
+if cargo clippy --version >/dev/null 2>&1; then
+  echo "ci-rdma: cargo clippy --features rdma --all-targets -D warnings"
+  cargo clippy --features rdma --all-targets --quiet -- -D warnings || rc=1
+fi
 echo "ci-rdma: exit $rc after $(( $(date +%s) - start )) s"
 exit $rc

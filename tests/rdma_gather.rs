@@ -16,10 +16,12 @@ use objectcache::connector::{
     ChunkStatus, Engine, EngineConfig, LayerBuffers, LayerStatus, LoadRequest, Transport,
 };
 use objectcache::error::LayerError;
-use objectcache::layout::{Dtype, HashAlgo, KeyBuilder};
+use objectcache::layout::{slice_range, Dtype, HashAlgo, KeyBuilder};
 use objectcache::protocol::GatherRequest;
 use objectcache::server::ServerHandle;
-use objectcache::store::{Addressing, MemoryStore, S3Config, S3Credentials, S3Store, Store};
+use objectcache::store::{
+    Addressing, MemoryStore, S3Config, S3Credentials, S3Store, Store, StoreExt,
+};
 use objectcache::transport::rdma::{
     self, ClientConfig, GatherConn, HostBuffer, LayerDest, RdmaClient, RdmaGatherError,
 };
@@ -412,6 +414,89 @@ fn engine_load_of_missing_chunks_is_a_miss_over_rdma() {
     drop(h);
     save_and_load(&e, &g, 2, 78);
     assert_eq!(writes_at_least(&srv, g.layers as u64), g.layers as u64);
+    drop(e);
+    rt().block_on(srv.shutdown());
+}
+
+/// Issue 19, part 4, on the RDMA path: one corrupt slice (chunk 2 of 4, layer 2) fails only
+/// layer 2, naming chunk 2; every other layer lands byte-exact in the destination through the
+/// server's RDMA writes (the server checks each slice's CRC32C before it writes it).
+#[test]
+fn a_corrupt_slice_fails_only_its_layer_over_rdma() {
+    if !rdma_present("a_corrupt_slice_fails_only_its_layer_over_rdma") {
+        return;
+    }
+    const BAD_CHUNK: usize = 2;
+    const BAD_LAYER: usize = 2;
+    let backend: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let srv = rt().block_on(start(backend.clone(), config()));
+    let g = geometry();
+    let e = Engine::with_store(
+        s3_on(&srv.endpoint()),
+        EngineConfig {
+            namespace: unique_ns("rdma-corrupt"),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let hs = hashes(&g, 4 * g.tokens_per_chunk as usize, 91);
+    let data = kv(&g, 4, 91);
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    e.save_blocking(&g, &hs, &refs).unwrap();
+    // Flip one byte of chunk 2's layer-2 slice in the server's backend.
+    let key = format!("{BUCKET}/{}", e.keys(&g).unwrap().data(&hs[BAD_CHUNK]));
+    let mut obj = rt().block_on(backend.get_bytes(&key)).unwrap().to_vec();
+    obj[(slice_range(BAD_LAYER as u32, g.slice_bytes()).start + 100) as usize] ^= 0x40;
+    rt().block_on(backend.put(&key, obj.into())).unwrap();
+
+    let h = e
+        .load(
+            LoadRequest::new(g.clone(), hs.clone()),
+            LayerBuffers::allocate(g.layers as usize, data[0].len()),
+        )
+        .unwrap();
+    let failed: Vec<(usize, LayerError)> = (0..g.layers as usize)
+        .filter_map(|l| h.wait_layer_blocking(l, None).err().map(|e| (l, e)))
+        .collect();
+    let layers: Vec<usize> = failed.iter().map(|(l, _)| *l).collect();
+    assert_eq!(layers, vec![BAD_LAYER], "failed layers {failed:?}");
+    match &failed[0].1 {
+        LayerError::ChecksumMismatch { chunk, .. } | LayerError::Storage { chunk, .. } => {
+            assert_eq!(*chunk, BAD_CHUNK, "{}", failed[0].1)
+        }
+        other => panic!("layer {BAD_LAYER}: {other}"),
+    }
+    for (l, want) in data.iter().enumerate() {
+        if l != BAD_LAYER {
+            assert!(h.layer(l).unwrap() == &want[..], "layer {l} differs");
+        }
+    }
+    common::eventually(
+        "every chunk settles",
+        std::time::Duration::from_secs(30),
+        || !h.chunk_status().contains(&ChunkStatus::Pending),
+    );
+    for (c, s) in h.chunk_status().iter().enumerate() {
+        if c == BAD_CHUNK {
+            assert!(
+                matches!(s, ChunkStatus::Corrupt | ChunkStatus::Error),
+                "chunk {c} is {s:?}"
+            );
+        } else {
+            assert_eq!(*s, ChunkStatus::Ok, "chunk {c}");
+        }
+    }
+    assert_eq!(h.stats().requests, 1, "one gather request");
+    assert!(
+        srv.rdma_writes().unwrap() > 0,
+        "the good layers came by RDMA writes"
+    );
+    println!(
+        "MISS|RDMA gather|layer {BAD_LAYER} failed naming chunk {BAD_CHUNK} ({}); the other {} layers delivered",
+        failed[0].1,
+        g.layers - 1
+    );
+    drop(h);
     drop(e);
     rt().block_on(srv.shutdown());
 }
