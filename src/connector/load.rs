@@ -179,7 +179,9 @@ pub enum ChunkStatus {
     Corrupt = 3,
     /// The object was written for another geometry, model or format version.
     WrongGeometry = 4,
-    /// Storage or transport error after bounded retries.
+    /// Storage or transport error after bounded retries; also, on the RDMA path, a chunk
+    /// whose slice shared a delivery unit (one RDMA write of several chunks' slices of a
+    /// layer) with a slice that failed, so it never landed.
     Error = 5,
 }
 

@@ -13,7 +13,7 @@
 
 use super::config::Transport;
 use super::gather::Outcome;
-use super::load::{LoadRequest, Shared};
+use super::load::{ChunkStatus, LoadRequest, Shared};
 use crate::error::LayerError;
 use crate::layout::KeyBuilder;
 use crate::store::GatherTarget;
@@ -205,13 +205,7 @@ pub(crate) async fn try_rdma(
     }
     match r {
         Ok(()) => {
-            for l in 0..sh.state.layers() {
-                if let super::buffers::LayerStatus::Failed(e) = sh.state.status(l) {
-                    if let Some((c, s)) = super::load::chunk_status_of(&e) {
-                        sh.set_chunk(c, s);
-                    }
-                }
-            }
+            settle_chunks(sh);
             if let Probe::On { pool, .. } = &mut *probe.lock().expect("lock") {
                 pool.push(conn);
             }
@@ -228,11 +222,42 @@ pub(crate) async fn try_rdma(
                 chunk: 0,
                 message: e.to_string(),
             });
+            settle_chunks(sh);
             let mut p = probe.lock().expect("lock");
             if matches!(&*p, Probe::On { client: c, .. } if Arc::ptr_eq(c, &client)) {
                 *p = Probe::Unknown;
             }
             Outcome::Done
+        }
+    }
+}
+
+/// Gives every chunk its final status once an RDMA load has ended (no chunk stays
+/// `Pending`). A failed layer's error names its chunk, which gets the status it implies. The
+/// other chunks are whole only if every layer is ready: an RDMA write carries the slices of
+/// many chunks of one layer (units of up to 16 MiB), so when a layer failed, the other
+/// chunks' slices in its failed unit never landed. They are `Error` (not delivered), never
+/// `Ok`. (Chunks are left alone when every layer is ready: `LoadHandle::chunk_status` reads
+/// them as `Ok`.)
+fn settle_chunks(sh: &Shared) {
+    let mut all_ready = true;
+    for l in 0..sh.state.layers() {
+        match sh.state.status(l) {
+            super::buffers::LayerStatus::Ready => {}
+            super::buffers::LayerStatus::Failed(e) => {
+                all_ready = false;
+                if let Some((c, s)) = super::load::chunk_status_of(&e) {
+                    sh.set_chunk(c, s);
+                }
+            }
+            _ => all_ready = false,
+        }
+    }
+    if !all_ready {
+        for c in 0..sh.chunk_status.len() {
+            if sh.chunk(c) == ChunkStatus::Pending {
+                sh.set_chunk(c, ChunkStatus::Error);
+            }
         }
     }
 }
