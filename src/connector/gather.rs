@@ -7,7 +7,7 @@
 use super::load::{ChunkStatus, LoadRequest, Shared};
 use crate::error::LayerError;
 use crate::layout::KeyBuilder;
-use crate::protocol::{ChunkKeys, GatherRequest, LoadGroup, MissReason, ServerInfo};
+use crate::protocol::{ChunkKeys, GatherRequest, LoadGroup, ServerInfo};
 use crate::store::{EndpointEvent, GatherTarget, Store};
 use crate::transport::discovery::{probe_capabilities, Capabilities};
 use crate::transport::tcp::{GatherClient, GatherError};
@@ -951,12 +951,7 @@ pub(crate) async fn try_gather(
                         for &(c, reason) in &report.missed_chunks {
                             sh.set_chunk(
                                 range.start + c as usize,
-                                match reason {
-                                    MissReason::NotFound => ChunkStatus::Missing,
-                                    MissReason::GeometryMismatch => ChunkStatus::WrongGeometry,
-                                    MissReason::ChecksumMismatch => ChunkStatus::Corrupt,
-                                    MissReason::Storage => ChunkStatus::Error,
-                                },
+                                super::load::chunk_status_of_miss(reason),
                             );
                         }
                         delivered.push(range);

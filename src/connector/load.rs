@@ -473,6 +473,18 @@ impl Shared {
     }
 }
 
+/// The status of a chunk the server named as a miss, by the reason it gave (gather over TCP
+/// and over RDMA alike).
+pub(crate) fn chunk_status_of_miss(reason: crate::protocol::MissReason) -> ChunkStatus {
+    use crate::protocol::MissReason;
+    match reason {
+        MissReason::NotFound => ChunkStatus::Missing,
+        MissReason::GeometryMismatch => ChunkStatus::WrongGeometry,
+        MissReason::ChecksumMismatch => ChunkStatus::Corrupt,
+        MissReason::Storage => ChunkStatus::Error,
+    }
+}
+
 /// The chunk a layer error names, and the chunk status it implies (`None` for errors that
 /// name no chunk: timeouts, cancellation).
 pub(crate) fn chunk_status_of(e: &LayerError) -> Option<(usize, ChunkStatus)> {

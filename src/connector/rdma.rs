@@ -204,7 +204,10 @@ pub(crate) async fn try_rdma(
         }
     }
     match r {
-        Ok(()) => {
+        Ok(missed) => {
+            for (c, reason) in missed {
+                sh.set_chunk(c, super::load::chunk_status_of_miss(reason));
+            }
             settle_chunks(sh);
             if let Probe::On { pool, .. } = &mut *probe.lock().expect("lock") {
                 pool.push(conn);

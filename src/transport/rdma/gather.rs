@@ -132,7 +132,8 @@ impl GatherConn {
     /// one per requested layer in order (each at least `req.layer_bytes()` long), reporting
     /// progress to `sink`: `placed` + `complete` per unit as its write completes, `fail` for
     /// layers the server reports missing or that are cut off by a failure. Returns once every
-    /// layer is resolved and no further write of this load can land.
+    /// layer is resolved and no further write of this load can land, with the chunks the
+    /// server named as misses (chunk index in the request, and why; each once).
     ///
     /// # Errors
     /// [`RdmaGatherError::Refused`] before anything was written (fall back to TCP);
@@ -143,7 +144,7 @@ impl GatherConn {
         mut req: GatherRequest,
         dests: &[LayerDest],
         sink: Arc<dyn LayerSink>,
-    ) -> Result<(), RdmaGatherError> {
+    ) -> Result<Vec<(usize, MissReason)>, RdmaGatherError> {
         let refused = RdmaGatherError::Refused;
         if let Some(why) = rdma.broken() {
             return Err(refused(format!("RDMA session broken: {why}")));
@@ -188,6 +189,7 @@ impl GatherConn {
         }
         let mut accepted = false;
         let mut cancelled = false;
+        let mut missed: Vec<(usize, MissReason)> = Vec::new();
         let result: Result<(), String> = loop {
             if let Err(e) = self.flush().await {
                 break Err(format!("gather stream: {e}"));
@@ -203,6 +205,9 @@ impl GatherConn {
                         message,
                     } => {
                         let c = chunk as usize;
+                        if !missed.iter().any(|&(m, _)| m == c) {
+                            missed.push((c, reason));
+                        }
                         let errs: Vec<(u32, LayerError)> = layers
                             .map(|l| {
                                 let e = match reason {
@@ -288,7 +293,7 @@ impl GatherConn {
                 sink.fail(l, LayerError::Cancelled);
             }
         }
-        result.map_err(RdmaGatherError::Failed)
+        result.map(|()| missed).map_err(RdmaGatherError::Failed)
     }
 }
 
