@@ -12,8 +12,9 @@
 //!   CUDA (`--features cuda`);
 //! - they compare measured times with a model or ride out a storage failure on a deadline, so
 //!   they must not share the two cores with the rest: the scheduler accuracy tests
-//!   (`sched_loopback`, `sched_client_loopback`), the multi-host bed (`bed`), and the vLLM
-//!   connector tests (each runs whole vLLM engines).
+//!   (`sched_loopback`, `sched_client_loopback`), the multi-host bed (`bed`), the
+//!   single-flight tests (`traffic_flight`: concurrent loads must overlap to share reads),
+//!   and the vLLM connector tests (each runs whole vLLM engines).
 //!
 //! Helpers shared with those binaries live in `tests/` beside them.
 
@@ -63,7 +64,6 @@ mod server_process;
 mod server_s3;
 mod sim_determinism;
 mod store_conformance;
-mod traffic_flight;
 mod traffic_misses;
 mod traffic_promises;
 mod traffic_stall;

@@ -14,9 +14,10 @@
 //! machine, 1.25 GB/s of copies already took 1.38x a load's time).
 #![cfg(feature = "s3")]
 
-use crate::common;
-use crate::fault_proxy;
-use crate::gather_util;
+mod common;
+#[path = "common/fault_proxy.rs"]
+mod fault_proxy;
+mod gather_util;
 
 use common::{hashes, kv, unique_ns};
 use fault_proxy::{Fault, FaultProxy};
