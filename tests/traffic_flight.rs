@@ -282,6 +282,15 @@ fn the_gateway_server_reads_each_slice_once_for_concurrent_loads() {
         h.wait_all_blocking().unwrap();
     }
     proxy.clear_log();
+    // The upstream reads wait at the proxy until all four loads have asked for every read in
+    // flight: then the loads move in step whatever the machine's timing (on a busy 2-core
+    // machine, two loads once ran to the end before the other two reached the gateway).
+    let m = gateway.metrics();
+    let (r0, j0) = (
+        m.requests_total("backend_read"),
+        m.requests_total("backend_read_joined"),
+    );
+    proxy.hold();
     let handles: Vec<LoadHandle> = engines
         .iter()
         .map(|e| {
@@ -292,6 +301,15 @@ fn the_gateway_server_reads_each_slice_once_for_concurrent_loads() {
             .unwrap()
         })
         .collect();
+    common::eventually(
+        "all four loads ask for every upstream read in flight",
+        std::time::Duration::from_secs(30),
+        || {
+            let reads = m.requests_total("backend_read") - r0;
+            reads > 0 && m.requests_total("backend_read_joined") - j0 >= 3 * reads
+        },
+    );
+    proxy.release();
     for (i, h) in handles.iter().enumerate() {
         for (l, want) in data.iter().enumerate() {
             h.wait_layer_blocking(l, None)
@@ -314,7 +332,6 @@ fn the_gateway_server_reads_each_slice_once_for_concurrent_loads() {
         })
         .count();
     let one_load = 8 * g.layers as usize;
-    let m = gateway.metrics();
     let text = m.encode();
     println!(
         "FLIGHT|4 engines load one 8-chunk prefix through a gateway server at once|{slice_gets} upstream slice reads for {} slices asked ({one_load} per load)",

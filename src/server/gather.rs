@@ -587,12 +587,13 @@ async fn fetch_piece(
     let range = slice_range(layer, p.slice_len);
     let want = range.end - range.start;
     // Joins a read of the same bytes in flight for another load (reads.rs).
-    let (out, joined) = sh.reads.read(&sh.store, key, range).await;
+    let (read, joined) = sh.reads.read(&sh.store, key, range);
     sh.metrics.request(if joined {
         "backend_read_joined"
     } else {
         "backend_read"
     });
+    let out = read.await;
     let parts: Vec<Bytes> = out.map_err(|e| miss_of(p.chunk, &e))?.as_ref().clone();
     let got: u64 = parts.iter().map(|b| b.len() as u64).sum();
     if got != want {

@@ -132,6 +132,14 @@ impl Metrics {
             .get_or_create(&OpLabel { op: op.into() })
             .inc();
     }
+    /// Requests of operation `op` counted since start (as exported in
+    /// `objectcache_server_requests_total`): `gather`, `backend_read`, `backend_read_joined`,
+    /// an S3 operation's name, ...
+    pub fn requests_total(&self, op: &str) -> u64 {
+        self.requests
+            .get_or_create(&OpLabel { op: op.into() })
+            .get()
+    }
     /// Counts `n` payload bytes in `direction` (`gather_out`, `save_in`, `s3_in`, `s3_out`).
     pub fn bytes(&self, direction: &str, n: u64) {
         self.bytes

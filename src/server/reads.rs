@@ -37,48 +37,46 @@ pub(crate) struct Reads {
 }
 
 impl Reads {
-    /// Reads `range` of `key` from `store`, joining a read of the same bytes in flight.
-    /// Returns the body's buffers (their total is what the store returned: the caller checks
-    /// the length) and whether this call joined another's read.
-    pub(crate) async fn read(
+    /// Starts a read of `range` of `key` from `store`, or joins a read of the same bytes in
+    /// flight. Returns the read to await, which gives the body's buffers (their total is what
+    /// the store returned: the caller checks the length), and whether this call joined
+    /// another's read: known at once, so a join is counted while the read is still in flight.
+    pub(crate) fn read(
         &self,
         store: &Arc<dyn Store>,
         key: &str,
         range: Range<u64>,
-    ) -> (ReadOutput, bool) {
+    ) -> (Shared<BoxFuture<'static, ReadOutput>>, bool) {
         let k = (key.to_string(), range.start, range.end);
-        let (fut, joined) = {
-            let mut m = self.inflight.lock().expect("reads lock");
-            match m.get(&k) {
-                Some(f) => (f.clone(), true),
-                None => {
-                    let (store, key, map, k2) = (
-                        store.clone(),
-                        key.to_string(),
-                        self.inflight.clone(),
-                        k.clone(),
-                    );
-                    let task = tokio::spawn(async move {
-                        let out = read_all(&*store, &key, range).await;
-                        map.lock().expect("reads lock").remove(&k2);
-                        out
-                    });
-                    let f = async move {
-                        task.await.unwrap_or_else(|e| {
-                            Err(Arc::new(StoreError::other(
-                                "backend read",
-                                std::io::Error::other(e.to_string()),
-                            )))
-                        })
-                    }
-                    .boxed()
-                    .shared();
-                    m.insert(k, f.clone());
-                    (f, false)
+        let mut m = self.inflight.lock().expect("reads lock");
+        match m.get(&k) {
+            Some(f) => (f.clone(), true),
+            None => {
+                let (store, key, map, k2) = (
+                    store.clone(),
+                    key.to_string(),
+                    self.inflight.clone(),
+                    k.clone(),
+                );
+                let task = tokio::spawn(async move {
+                    let out = read_all(&*store, &key, range).await;
+                    map.lock().expect("reads lock").remove(&k2);
+                    out
+                });
+                let f = async move {
+                    task.await.unwrap_or_else(|e| {
+                        Err(Arc::new(StoreError::other(
+                            "backend read",
+                            std::io::Error::other(e.to_string()),
+                        )))
+                    })
                 }
+                .boxed()
+                .shared();
+                m.insert(k, f.clone());
+                (f, false)
             }
-        };
-        (fut.await, joined)
+        }
     }
 }
 

@@ -168,6 +168,8 @@ struct Inner {
     seq: AtomicU64,
     /// When each stall began (HTTP `Stall`, raw `StallAfter`): the last byte was forwarded.
     stalls: Mutex<Vec<std::time::Instant>>,
+    /// Whether HTTP requests are forwarded (true) or held until [`FaultProxy::release`].
+    open: tokio::sync::watch::Sender<bool>,
 }
 
 /// A running proxy; dropping it closes the listener and every connection.
@@ -225,6 +227,7 @@ impl FaultProxy {
             conns: AtomicU64::new(0),
             seq: AtomicU64::new(0),
             stalls: Mutex::new(Vec::new()),
+            open: tokio::sync::watch::Sender::new(true),
         });
         let listener = rt
             .block_on(TcpListener::bind("127.0.0.1:0"))
@@ -263,6 +266,18 @@ impl FaultProxy {
     /// `http://127.0.0.1:port`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Holds every HTTP request from now on (after its fault is decided, before
+    /// it is forwarded) until [`FaultProxy::release`]: a test lines up concurrent clients'
+    /// requests behind it.
+    pub fn hold(&self) {
+        self.inner.open.send_replace(false);
+    }
+
+    /// Forwards the requests held by [`FaultProxy::hold`], and every later one.
+    pub fn release(&self) {
+        self.inner.open.send_replace(true);
     }
 
     /// Replaces the HTTP rule.
@@ -516,6 +531,8 @@ async fn http_conn(inn: Arc<Inner>, sock: TcpStream, conn: u64) -> std::io::Resu
             }
             _ => {}
         }
+        // Held while the proxy is on hold.
+        let _ = inn.open.subscribe().wait_for(|open| *open).await;
         // Forward the request.
         if up.is_none() {
             let s = TcpStream::connect(inn.upstream).await?;
