@@ -26,17 +26,13 @@ pub mod cli;
 pub mod connector;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-pub mod error;
-pub mod hash;
-pub mod layout;
 pub mod lifecycle;
 pub(crate) mod link;
-pub mod protocol;
-pub mod sched;
 pub mod server;
-pub mod sim;
 pub mod store;
 pub mod transport;
+
+pub use objectcache_core::{error, hash, layout, protocol, sched, sim};
 
 pub use error::{Error, LayerError, Result, StoreError};
 pub use layout::{ChunkHash, Dtype, HashAlgo, KvGeometry, KvLayout};

@@ -78,6 +78,9 @@ fn layer_code(e: &LayerError) -> objectcache_status {
         LayerError::Timeout { .. } | LayerError::Stalled { .. } => OBJECTCACHE_ERR_LAYER_TIMEOUT,
         LayerError::Cancelled => OBJECTCACHE_ERR_CANCELLED,
         LayerError::Device { .. } => OBJECTCACHE_ERR_LAYER_DEVICE,
+        // `LayerError` is `#[non_exhaustive]` (objectcache-core): a kind added there reads as
+        // a storage miss until it gets a code of its own; the message names it.
+        _ => OBJECTCACHE_ERR_LAYER_STORAGE,
     }
 }
 
@@ -91,6 +94,9 @@ fn error_code(e: &Error) -> objectcache_status {
         Error::Store(_) => OBJECTCACHE_ERR_STORE,
         Error::Layer(l) => layer_code(l),
         Error::Io(_) => OBJECTCACHE_ERR_IO,
+        // `Error` is `#[non_exhaustive]` (objectcache-core): a kind added there reads as
+        // internal until it gets a code of its own; the message names it.
+        _ => OBJECTCACHE_ERR_INTERNAL,
     }
 }
 

@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-/// What a storage backend ([`crate::store::Store`]) reports.
+/// What a storage backend (`objectcache::store::Store`) reports.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum StoreError {

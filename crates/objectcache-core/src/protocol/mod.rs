@@ -10,7 +10,8 @@
 //! The code here performs no I/O and reads no clock: [`ClientConnection`] and
 //! [`ServerConnection`] take bytes in (`handle_bytes`), hand bytes out (`poll_transmit`) and
 //! report what happened (`poll_event`), in the vocabulary of `quinn-proto`. The tokio drivers
-//! live in [`crate::transport::tcp`] (client) and [`crate::server`] (server).
+//! live in the `objectcache` crate: `objectcache::transport::tcp` (client) and
+//! `objectcache::server` (server).
 #![forbid(unsafe_code)]
 
 pub mod auth;
@@ -131,7 +132,8 @@ pub enum ProtocolError {
 }
 
 impl ProtocolError {
-    pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+    /// A [`ProtocolError::Invalid`] naming `field` and why its value is refused.
+    pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
         ProtocolError::Invalid {
             field,
             reason: reason.into(),

@@ -848,7 +848,7 @@ mod tests {
     fn trace_replays_on_every_gpu() {
         let text = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/tests/data/traces/mooncake_small.jsonl"
+            "/../../tests/data/traces/mooncake_small.jsonl"
         ))
         .unwrap();
         let w = trace(&text, 8, 0, 120.0, 1.0, 1).unwrap();

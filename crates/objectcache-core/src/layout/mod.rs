@@ -22,5 +22,5 @@ pub use key::{validate_namespace, ChunkHash, HashAlgo, KeyBuilder};
 pub use ranges::{plan_layer_major, RangeRead};
 
 /// The object format specification (`docs/object-format.md`), rendered in rustdoc.
-#[doc = include_str!("../../docs/object-format.md")]
+#[doc = include_str!("../../../../docs/object-format.md")]
 pub mod spec {}

@@ -113,7 +113,7 @@ mod tests {
     #[test]
     fn vllm_reference_vectors() {
         let v: serde_json::Value = serde_json::from_str(include_str!(
-            "../../tests/data/vllm_sha256_cbor_vectors.json"
+            "../../../../tests/data/vllm_sha256_cbor_vectors.json"
         ))
         .unwrap();
         let cases = v["cases"].as_array().unwrap();

@@ -1,0 +1,28 @@
+//! # ObjectCache core
+//!
+//! The pure core of ObjectCache: every rule about bytes, wire frames and bandwidth, with no
+//! I/O, no clock and no async runtime (this crate does not depend on tokio, and forbids
+//! unsafe code). The shells (stores, transports, connector, server, C ABI) live in the
+//! `objectcache` crate, which re-exports these modules at the same paths
+//! (`objectcache::layout`, `objectcache::protocol`, ...).
+//!
+//! - [`layout`]: KV geometry, the chunk object format (layer-major slices, each with its own
+//!   CRC32C), object keys, read planning;
+//! - [`hash`]: vLLM-compatible block hashes;
+//! - [`protocol`]: the gather wire format and the sans-IO connection state machines (client
+//!   and server) that the TCP and RDMA drivers pump;
+//! - [`sched`]: bandwidth scheduling across concurrent loads, the compute model, the planner;
+//! - [`sim`]: the deterministic discrete-event simulator of loads and clusters;
+//! - [`error`]: the error types shared by every level.
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod error;
+pub mod hash;
+pub mod layout;
+pub mod protocol;
+pub mod sched;
+pub mod sim;
+
+pub use error::{Error, LayerError, Result, StoreError};
+pub use layout::{ChunkHash, Dtype, HashAlgo, KvGeometry, KvLayout};
