@@ -141,21 +141,6 @@ impl Link {
     }
 }
 
-/// The bandwidth-sharing policy of the `scheduler` setting `name` (server and engine alike):
-/// `fifo` and `priority` give the earliest load all it can take ([`crate::sched::Fifo`]);
-/// `equal`, `byte-prop` and `stall-aware` name [`crate::sched::EqualShare`],
-/// [`crate::sched::ByteProportional`] and [`crate::sched::StallAware`] (the long names
-/// `equal-share` and `byte-proportional` are accepted too). `None` for an unknown name.
-pub(crate) fn policy_by_name(name: &str) -> Option<PolicyKind> {
-    match name {
-        "fifo" | "priority" => Some(PolicyKind::Fifo),
-        "equal" | "equal-share" => Some(PolicyKind::EqualShare),
-        "byte-prop" | "byte-proportional" => Some(PolicyKind::ByteProportional),
-        "stall-aware" => Some(PolicyKind::StallAware),
-        _ => None,
-    }
-}
-
 impl Link {
     /// Loads registered now (tests of the link's users).
     #[cfg(test)]

@@ -318,11 +318,7 @@ impl EngineConfig {
                 }
             }
             "scheduler" => {
-                if crate::link::policy_by_name(value).is_none() {
-                    return Err(Error::Config(format!(
-                        "scheduler: {value:?} is not fifo, priority, equal, byte-prop or stall-aware"
-                    )));
-                }
+                crate::sched::SchedulerSetting::parse(value)?;
                 self.scheduler = value.to_string()
             }
             "bandwidth_cap_bytes_per_s" => self.bandwidth_cap_bytes_per_s = num(value)?,

@@ -247,12 +247,7 @@ impl Engine {
     /// unknown `scheduler`.
     pub fn with_store(store: Arc<dyn Store>, cfg: EngineConfig) -> Result<Self, Error> {
         crate::layout::validate_namespace(&cfg.namespace)?;
-        let policy = crate::link::policy_by_name(&cfg.scheduler).ok_or_else(|| {
-            Error::Config(format!(
-                "scheduler: {:?} is not fifo, priority, equal, byte-prop or stall-aware",
-                cfg.scheduler
-            ))
-        })?;
+        let policy = crate::sched::SchedulerSetting::parse(&cfg.scheduler)?.policy;
         let link = match cfg.bandwidth_cap_bytes_per_s {
             0 => None,
             cap => Some(crate::link::Link::new(policy, cap as f64)?),

@@ -258,12 +258,7 @@ impl ServerConfig {
                 self.max_chunks
             ));
         }
-        if super::sched::link_policy(&self.scheduler).is_none() {
-            return bad(format!(
-                "scheduler {:?}: use fifo, priority, equal, byte-prop or stall-aware",
-                self.scheduler
-            ));
-        }
+        crate::sched::SchedulerSetting::parse(&self.scheduler)?;
         if !["text", "json"].contains(&self.log_format.as_str()) {
             return bad(format!(
                 "log_format {:?}: use text or json",

@@ -335,8 +335,7 @@ pub async fn start_with_store(
     let metrics = Arc::new(Metrics::new());
     let listener = TcpListener::bind(cfg.listen).await?;
     let addr = listener.local_addr()?;
-    let queue = sched::by_name(&cfg.scheduler)
-        .ok_or_else(|| crate::Error::Config(format!("scheduler {:?}", cfg.scheduler)))?;
+    let queue = sched::admission(crate::sched::SchedulerSetting::parse(&cfg.scheduler)?);
     let link = shared_link(&cfg)?;
     let memory = Arc::new(Semaphore::new(
         gather::permits_for(cfg.memory_budget_bytes) as usize
@@ -468,8 +467,7 @@ fn shared_link(cfg: &ServerConfig) -> crate::Result<Option<Arc<crate::link::Link
     if cfg.bandwidth_cap_bytes_per_s == 0 {
         return Ok(None);
     }
-    let kind = sched::link_policy(&cfg.scheduler)
-        .ok_or_else(|| crate::Error::Config(format!("scheduler {:?}", cfg.scheduler)))?;
+    let kind = crate::sched::SchedulerSetting::parse(&cfg.scheduler)?.policy;
     Ok(Some(crate::link::Link::new(
         kind,
         cfg.bandwidth_cap_bytes_per_s as f64,

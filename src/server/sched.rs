@@ -101,25 +101,30 @@ impl LoadScheduler for Priority {
     }
 }
 
-/// The admission policy of the `scheduler` setting `name`: [`Priority`] for `priority`,
-/// [`Fifo`] for `fifo` and the bandwidth-sharing policies (`equal`, `byte-prop`,
-/// `stall-aware`); `None` for an unknown name.
+/// The admission policy of the `scheduler` setting `name`
+/// ([`crate::sched::SchedulerSetting`]): [`Priority`] for `priority`, [`Fifo`] for the others;
+/// `None` for an unknown name.
 pub fn by_name(name: &str) -> Option<Box<dyn LoadScheduler>> {
-    match name {
-        "priority" => Some(Box::<Priority>::default()),
-        _ if link_policy(name).is_some() => Some(Box::<Fifo>::default()),
-        _ => None,
+    crate::sched::SchedulerSetting::parse(name)
+        .ok()
+        .map(admission)
+}
+
+/// The admission policy of a parsed `scheduler` setting: [`Priority`] or [`Fifo`].
+pub fn admission(s: crate::sched::SchedulerSetting) -> Box<dyn LoadScheduler> {
+    if s.priority_admission {
+        Box::<Priority>::default()
+    } else {
+        Box::<Fifo>::default()
     }
 }
 
 /// The bandwidth-sharing policy of the `scheduler` setting `name` (used under a bandwidth
-/// cap): `fifo` and `priority` give the earliest load all it can take
-/// ([`crate::sched::Fifo`]); `equal`, `byte-prop` and `stall-aware` name
-/// [`crate::sched::EqualShare`], [`crate::sched::ByteProportional`] and
-/// [`crate::sched::StallAware`] (the long names `equal-share` and `byte-proportional` are
-/// accepted too). `None` for an unknown name.
+/// cap; [`crate::sched::SchedulerSetting`]); `None` for an unknown name.
 pub fn link_policy(name: &str) -> Option<crate::sched::PolicyKind> {
-    crate::link::policy_by_name(name)
+    crate::sched::SchedulerSetting::parse(name)
+        .ok()
+        .map(|s| s.policy)
 }
 
 #[cfg(test)]

@@ -64,11 +64,16 @@ impl PolicyKind {
     /// # Errors
     /// [`Error::InvalidArgument`] naming the unknown policy and the known ones.
     pub fn parse(name: &str) -> Result<Self, Error> {
-        Self::ALL.into_iter().find(|p| p.name() == name.to_ascii_lowercase()).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "unknown policy {name:?}: known policies are fifo, equal-share, byte-proportional, stall-aware"
-            ))
-        })
+        Self::ALL
+            .into_iter()
+            .find(|p| p.name() == name.to_ascii_lowercase())
+            .ok_or_else(|| {
+                let known: Vec<&str> = Self::ALL.iter().map(|p| p.name()).collect();
+                Error::InvalidArgument(format!(
+                    "unknown policy {name:?}: known policies are {}",
+                    known.join(", ")
+                ))
+            })
     }
 
     /// True when the policy's rates depend only on which loads have bytes left, their
@@ -90,6 +95,53 @@ impl PolicyKind {
             PolicyKind::ByteProportional => Box::new(ByteProportional),
             PolicyKind::StallAware => Box::new(StallAware::default()),
         }
+    }
+}
+
+/// A `scheduler` setting, of a server or an engine alike: the order in which waiting loads are
+/// admitted, and how a capped link's bandwidth is shared among the loads on it.
+///
+/// | name | admission | bandwidth policy |
+/// |---|---|---|
+/// | `fifo` | arrival order | [`Fifo`] |
+/// | `priority` | highest priority first | [`Fifo`] |
+/// | `equal` or `equal-share` | arrival order | [`EqualShare`] |
+/// | `byte-prop` or `byte-proportional` | arrival order | [`ByteProportional`] |
+/// | `stall-aware` | arrival order | [`StallAware`] |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchedulerSetting {
+    /// Waiting loads are admitted highest priority first (`priority`), else in arrival order.
+    pub priority_admission: bool,
+    /// How a capped link's bandwidth is shared.
+    pub policy: PolicyKind,
+}
+
+impl SchedulerSetting {
+    /// The accepted names, as error messages list them.
+    pub const NAMES: &'static str = "fifo, priority, equal, byte-prop or stall-aware";
+
+    /// Parses a `scheduler` setting (the table above; case matters, as in config files).
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming `name` and the accepted names.
+    pub fn parse(name: &str) -> Result<Self, Error> {
+        let (priority_admission, policy) = match name {
+            "fifo" => (false, PolicyKind::Fifo),
+            "priority" => (true, PolicyKind::Fifo),
+            "equal" | "equal-share" => (false, PolicyKind::EqualShare),
+            "byte-prop" | "byte-proportional" => (false, PolicyKind::ByteProportional),
+            "stall-aware" => (false, PolicyKind::StallAware),
+            _ => {
+                return Err(Error::Config(format!(
+                    "scheduler {name:?} is not {}",
+                    Self::NAMES
+                )))
+            }
+        };
+        Ok(SchedulerSetting {
+            priority_admission,
+            policy,
+        })
     }
 }
 
@@ -545,6 +597,23 @@ mod tests {
             PolicyKind::StallAware
         );
         assert!(PolicyKind::parse("lottery").is_err());
+        for (n, prio, k) in [
+            ("fifo", false, PolicyKind::Fifo),
+            ("priority", true, PolicyKind::Fifo),
+            ("equal", false, PolicyKind::EqualShare),
+            ("equal-share", false, PolicyKind::EqualShare),
+            ("byte-prop", false, PolicyKind::ByteProportional),
+            ("byte-proportional", false, PolicyKind::ByteProportional),
+            ("stall-aware", false, PolicyKind::StallAware),
+        ] {
+            let s = SchedulerSetting::parse(n).unwrap();
+            assert_eq!((s.priority_admission, s.policy), (prio, k), "{n}");
+        }
+        let e = SchedulerSetting::parse("lottery").unwrap_err().to_string();
+        assert!(
+            e.contains("\"lottery\"") && e.contains(SchedulerSetting::NAMES),
+            "{e}"
+        );
     }
 
     #[test]
