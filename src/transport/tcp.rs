@@ -530,23 +530,7 @@ impl GatherClient {
                             }
                             let c = chunk as usize;
                             let key = req.chunks.key(c).unwrap_or_default();
-                            let e = match reason {
-                                MissReason::NotFound => LayerError::Missing {
-                                    chunk: c,
-                                    key: key.clone(),
-                                },
-                                MissReason::GeometryMismatch => LayerError::GeometryMismatch {
-                                    chunk: c,
-                                    reason: message.clone(),
-                                },
-                                MissReason::ChecksumMismatch | MissReason::Storage => {
-                                    LayerError::Storage {
-                                        chunk: c,
-                                        message: message.clone(),
-                                    }
-                                }
-                            };
-                            sink.fail(l, e);
+                            sink.fail(l, reason.layer_error(c, key, &message));
                             failed.push(l);
                         }
                     }

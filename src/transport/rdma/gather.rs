@@ -210,23 +210,8 @@ impl GatherConn {
                         }
                         let errs: Vec<(u32, LayerError)> = layers
                             .map(|l| {
-                                let e = match reason {
-                                    MissReason::NotFound => LayerError::Missing {
-                                        chunk: c,
-                                        key: req.chunks.key(c).unwrap_or_default(),
-                                    },
-                                    MissReason::GeometryMismatch => LayerError::GeometryMismatch {
-                                        chunk: c,
-                                        reason: message.clone(),
-                                    },
-                                    MissReason::ChecksumMismatch | MissReason::Storage => {
-                                        LayerError::Storage {
-                                            chunk: c,
-                                            message: message.clone(),
-                                        }
-                                    }
-                                };
-                                (l, e)
+                                let key = req.chunks.key(c).unwrap_or_default();
+                                (l, reason.layer_error(c, key, &message))
                             })
                             .collect();
                         handle.fail_layers(&errs);

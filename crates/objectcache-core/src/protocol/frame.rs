@@ -3,6 +3,7 @@
 use super::descriptor::{GatherRequest, SaveRequest};
 use super::wire::{put_str16, Reader};
 use super::{ProtocolError, MAX_CONTROL_FRAME_BYTES, MAX_UNIT_BYTES};
+use crate::error::LayerError;
 use bytes::{BufMut, Bytes, BytesMut};
 use std::ops::Range;
 
@@ -146,6 +147,24 @@ pub enum MissReason {
 }
 
 impl MissReason {
+    /// The layer miss an engine reports for one layer of chunk `chunk` (index in the load)
+    /// that the server named with this reason: `key` is the chunk's object key (named by a
+    /// [`LayerError::Missing`]), `message` the server's words. A checksum mismatch found by
+    /// the server reads as a storage miss, as it does over ranged GETs.
+    pub fn layer_error(self, chunk: usize, key: String, message: &str) -> LayerError {
+        match self {
+            MissReason::NotFound => LayerError::Missing { chunk, key },
+            MissReason::GeometryMismatch => LayerError::GeometryMismatch {
+                chunk,
+                reason: message.to_string(),
+            },
+            MissReason::ChecksumMismatch | MissReason::Storage => LayerError::Storage {
+                chunk,
+                message: message.to_string(),
+            },
+        }
+    }
+
     fn from_u8(b: u8) -> Result<Self, ProtocolError> {
         Ok(match b {
             1 => MissReason::NotFound,
