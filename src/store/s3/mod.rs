@@ -21,13 +21,22 @@
 //!   [`S3Config::max_idle_connections`] idle connections to the endpoint.
 //!
 //! Every HTTP failure is turned into a [`StoreError`] by one function (`map_error`).
+
 #![forbid(unsafe_code)]
 
-use super::{
+mod config;
+mod errors;
+mod resolver;
+#[cfg(feature = "test-env")]
+mod test_env;
+
+pub use config::{Addressing, S3Config, S3Credentials};
+
+use crate::error::StoreError;
+use crate::store::{
     check_stream_len, resolve_range, validate_key, ByteStream, GetOptions, GetResult, ObjectMeta,
     PutMode, PutOptions, PutResult, Store,
 };
-use crate::error::StoreError;
 use async_trait::async_trait;
 use aws_config::meta::region::RegionProviderChain;
 use aws_config::retry::RetryConfig;
@@ -42,176 +51,15 @@ use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_smithy_http_client::tls;
 use aws_smithy_types::error::display::DisplayErrorContext;
 use bytes::Bytes;
+use config::check_config;
+use errors::{map_error, ErrCtx, Op};
 use futures::StreamExt;
+use resolver::Resolver;
 use std::fmt;
-use std::net::IpAddr;
 use std::ops::Range;
 use std::time::{Duration, SystemTime};
 
 const BACKEND: &str = "s3";
-
-/// How the bucket appears in request URLs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Addressing {
-    /// `http://host:port/bucket/key`: works with any endpoint, including IP addresses,
-    /// `localhost` and bucket names containing dots. The usual choice for Ceph RGW and MinIO.
-    Path,
-    /// `http://bucket.host:port/key`: the bucket is part of the host name, so the endpoint
-    /// needs wildcard DNS (and, over https, a wildcard certificate, which excludes bucket names
-    /// with dots). AWS S3's default.
-    Virtual,
-}
-
-impl Addressing {
-    /// The setting's name in store URLs (`addressing=path` or `addressing=virtual`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Addressing::Path => "path",
-            Addressing::Virtual => "virtual",
-        }
-    }
-}
-
-impl fmt::Display for Addressing {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for Addressing {
-    type Err = StoreError;
-    /// Parses `path` or `virtual` (also `path-style`, `virtual-hosted`).
-    fn from_str(s: &str) -> Result<Self, StoreError> {
-        match s {
-            "path" | "path-style" => Ok(Addressing::Path),
-            "virtual" | "virtual-hosted" => Ok(Addressing::Virtual),
-            other => Err(config_error(format!(
-                "addressing must be 'path' or 'virtual', not {other:?}"
-            ))),
-        }
-    }
-}
-
-/// Where the store's credentials come from.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub enum S3Credentials {
-    /// The AWS default chain: `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`(/`AWS_SESSION_TOKEN`),
-    /// then the profile (`AWS_PROFILE` or [`S3Config::profile`]) in `~/.aws/credentials` and
-    /// `~/.aws/config`, then web identity, container and instance metadata.
-    #[default]
-    Chain,
-    /// Fixed keys, e.g. from the application's own configuration.
-    Static {
-        /// Access key id.
-        access_key: String,
-        /// Secret access key.
-        secret_key: String,
-        /// Session token of temporary credentials.
-        session_token: Option<String>,
-    },
-}
-
-impl fmt::Debug for S3Credentials {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            S3Credentials::Chain => f.write_str("Chain"),
-            // Never print secrets.
-            S3Credentials::Static { access_key, .. } => {
-                write!(f, "Static {{ access_key: {access_key:?}, .. }}")
-            }
-        }
-    }
-}
-
-/// Settings of an [`S3Store`]. Start from [`S3Config::new`] and change fields.
-#[derive(Debug, Clone)]
-pub struct S3Config {
-    /// Bucket name (must exist).
-    pub bucket: String,
-    /// Key prefix inside the bucket, without leading or trailing `/` (empty: none). Store keys
-    /// become `prefix/key`; listings return keys without it.
-    pub prefix: String,
-    /// Endpoint URL (`http://127.0.0.1:7480`); `None` uses AWS S3 for the region.
-    pub endpoint: Option<String>,
-    /// Region for SigV4 signing; `None` takes `AWS_REGION`/`AWS_DEFAULT_REGION`, then the
-    /// profile's, then `us-east-1`.
-    pub region: Option<String>,
-    /// Addressing; `None` picks path-style when `endpoint` is set and virtual-hosted otherwise.
-    pub addressing: Option<Addressing>,
-    /// Credentials.
-    pub credentials: S3Credentials,
-    /// Profile name for the default chain (instead of `AWS_PROFILE`/`default`).
-    pub profile: Option<String>,
-    /// Attempts per request, first one included (at least 1). Default 4.
-    pub max_attempts: u32,
-    /// First retry's backoff bound; doubles per retry, with full jitter. Default 50 ms.
-    pub initial_backoff: Duration,
-    /// Largest backoff between two attempts. Default 2 s.
-    pub max_backoff: Duration,
-    /// TCP (and TLS) connect timeout. Default 5 s.
-    pub connect_timeout: Duration,
-    /// Longest wait for response headers, and for each chunk of a response body. Default 30 s.
-    pub read_timeout: Duration,
-    /// Longest time for one attempt until its response headers. Default 60 s.
-    pub attempt_timeout: Duration,
-    /// Longest time for a whole request, retries included, until its response headers.
-    /// Default 120 s.
-    pub operation_timeout: Duration,
-    /// Idle connections kept open to the endpoint for reuse. Default 256, so that a load with
-    /// hundreds of ranged GETs in flight does not reconnect for each.
-    pub max_idle_connections: usize,
-    /// Host names resolved to fixed addresses instead of by DNS, like curl's `--resolve`:
-    /// `(name, ip)`, where `name` is a host name or `*.suffix` for every name below `suffix`.
-    /// For virtual-hosted addressing against a test endpoint without wildcard DNS.
-    pub resolve: Vec<(String, IpAddr)>,
-    /// PEM file of the certificate authorities to trust for an `https://` endpoint instead
-    /// of the system's (e.g. a self-signed server's CA). Store URL parameter `ca_file`.
-    /// Default none (system roots).
-    pub ca_file: Option<std::path::PathBuf>,
-}
-
-impl S3Config {
-    /// Defaults for a bucket: default credential chain, AWS endpoint, figures as documented on
-    /// each field.
-    pub fn new(bucket: impl Into<String>) -> Self {
-        S3Config {
-            bucket: bucket.into(),
-            prefix: String::new(),
-            endpoint: None,
-            region: None,
-            addressing: None,
-            credentials: S3Credentials::Chain,
-            profile: None,
-            max_attempts: 4,
-            initial_backoff: Duration::from_millis(50),
-            max_backoff: Duration::from_secs(2),
-            connect_timeout: Duration::from_secs(5),
-            read_timeout: Duration::from_secs(30),
-            attempt_timeout: Duration::from_secs(60),
-            operation_timeout: Duration::from_secs(120),
-            max_idle_connections: 256,
-            resolve: Vec::new(),
-            ca_file: None,
-        }
-    }
-
-    /// The addressing in force (the explicit setting, else the default described on
-    /// [`S3Config::addressing`]).
-    pub fn effective_addressing(&self) -> Addressing {
-        self.addressing.unwrap_or(if self.endpoint.is_some() {
-            Addressing::Path
-        } else {
-            Addressing::Virtual
-        })
-    }
-}
-
-fn config_error(message: String) -> StoreError {
-    StoreError::Other {
-        backend: BACKEND,
-        message: format!("invalid S3 configuration: {message}"),
-    }
-}
 
 /// An object store on an S3 bucket (optionally under a key prefix).
 #[derive(Clone)]
@@ -238,261 +86,6 @@ impl fmt::Debug for S3Store {
             .field("prefix", &self.prefix)
             .field("addressing", &self.addressing)
             .finish_non_exhaustive()
-    }
-}
-
-/// Checks the parts of a configuration that need no network; returns the endpoint's host.
-fn check_config(c: &S3Config) -> Result<Option<String>, StoreError> {
-    let b = &c.bucket;
-    if b.len() < 3 || b.len() > 63 {
-        return Err(config_error(format!(
-            "bucket name {b:?} must be 3 to 63 characters"
-        )));
-    }
-    if !b
-        .bytes()
-        .all(|x| x.is_ascii_alphanumeric() || matches!(x, b'.' | b'-' | b'_'))
-    {
-        return Err(config_error(format!(
-            "bucket name {b:?} may hold only letters, digits, '.', '-' and '_'"
-        )));
-    }
-    if c.prefix.starts_with('/') || c.prefix.ends_with('/') {
-        return Err(config_error(format!(
-            "key prefix {:?} must not start or end with '/'",
-            c.prefix
-        )));
-    }
-    if !c.prefix.is_empty() {
-        validate_key(&c.prefix).map_err(|e| config_error(format!("key prefix: {e}")))?;
-    }
-    if c.max_attempts == 0 {
-        return Err(config_error("max_attempts must be at least 1".into()));
-    }
-    let host = match &c.endpoint {
-        None => None,
-        Some(e) => {
-            let u = url::Url::parse(e)
-                .map_err(|err| config_error(format!("endpoint {e:?} is not a URL: {err}")))?;
-            if u.scheme() != "http" && u.scheme() != "https" {
-                return Err(config_error(format!(
-                    "endpoint {e:?} must start with http:// or https://"
-                )));
-            }
-            Some(
-                u.host_str()
-                    .ok_or_else(|| config_error(format!("endpoint {e:?} has no host")))?
-                    .to_string(),
-            )
-        }
-    };
-    if c.effective_addressing() == Addressing::Virtual {
-        let https = c
-            .endpoint
-            .as_deref()
-            .is_none_or(|e| e.starts_with("https:"));
-        if let Some(h) = &host {
-            let h = h.trim_start_matches('[').trim_end_matches(']');
-            if h.parse::<IpAddr>().is_ok() {
-                return Err(config_error(format!(
-                    "virtual-hosted addressing puts the bucket in the host name, which an IP address endpoint ({h}) cannot have: use addressing=path"
-                )));
-            }
-        }
-        if !b
-            .bytes()
-            .all(|x| x.is_ascii_lowercase() || x.is_ascii_digit() || matches!(x, b'.' | b'-'))
-        {
-            return Err(config_error(format!(
-                "bucket name {b:?} is not a valid DNS label, as virtual-hosted addressing needs: use addressing=path"
-            )));
-        }
-        if https && b.contains('.') {
-            return Err(config_error(format!(
-                "bucket name {b:?} has dots, which no wildcard TLS certificate matches under virtual-hosted addressing over https: use addressing=path"
-            )));
-        }
-    }
-    Ok(host)
-}
-
-/// DNS resolution with fixed answers for some names ([`S3Config::resolve`]).
-#[derive(Debug, Clone)]
-struct Resolver {
-    fixed: Vec<(String, IpAddr)>,
-}
-
-impl aws_smithy_runtime_api::client::dns::ResolveDns for Resolver {
-    fn resolve_dns<'a>(
-        &'a self,
-        name: &'a str,
-    ) -> aws_smithy_runtime_api::client::dns::DnsFuture<'a> {
-        use aws_smithy_runtime_api::client::dns::{DnsFuture, ResolveDnsError};
-        let hit = self
-            .fixed
-            .iter()
-            .find(|(pat, _)| match pat.strip_prefix("*.") {
-                Some(suffix) => {
-                    name.len() > suffix.len() + 1
-                        && name.ends_with(suffix)
-                        && name.as_bytes()[name.len() - suffix.len() - 1] == b'.'
-                }
-                None => pat.eq_ignore_ascii_case(name),
-            });
-        if let Some((_, ip)) = hit {
-            return DnsFuture::ready(Ok(vec![*ip]));
-        }
-        DnsFuture::new(async move {
-            let addrs = tokio::net::lookup_host((name, 0))
-                .await
-                .map_err(ResolveDnsError::new)?;
-            Ok(addrs.map(|a| a.ip()).collect())
-        })
-    }
-}
-
-/// What a request was doing, for [`map_error`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Op {
-    Get,
-    Put,
-    PutCreate,
-    Head,
-    Delete,
-    List,
-    /// A request on the bucket itself (HEAD or create bucket).
-    Bucket,
-}
-
-impl Op {
-    fn name(self) -> &'static str {
-        match self {
-            Op::Get => "GET",
-            Op::Put | Op::PutCreate => "PUT",
-            Op::Head => "HEAD",
-            Op::Delete => "DELETE",
-            Op::List => "LIST",
-            Op::Bucket => "bucket request",
-        }
-    }
-}
-
-/// Context that [`map_error`] needs about the store.
-struct ErrCtx<'a> {
-    bucket: &'a str,
-    /// The endpoint's host name, where known.
-    host: Option<&'a str>,
-    endpoint: &'a str,
-    addressing: Addressing,
-}
-
-/// Turns an SDK failure into a [`StoreError`]: the one place where HTTP statuses and S3 error
-/// codes get their meaning.
-///
-/// | status / failure | error |
-/// |---|---|
-/// | 404 (`NoSuchKey`, `NotFound`) | [`StoreError::NotFound`] |
-/// | 404 `NoSuchBucket` | `Other`, naming the bucket and, for virtual-hosted, suggesting path-style |
-/// | 412 on a create-only PUT (also 409 `ConditionalRequestConflict`) | [`StoreError::AlreadyExists`] |
-/// | 412 otherwise | [`StoreError::Precondition`] |
-/// | 416 | [`StoreError::InvalidRange`] (size 0 here; the caller fills it in) |
-/// | 401, 403 | [`StoreError::PermissionDenied`] |
-/// | 301, 307, `PermanentRedirect`, `AuthorizationHeaderMalformed` | `Other`, suggesting the other addressing or region |
-/// | timeouts | [`StoreError::Timeout`] |
-/// | DNS or connect failure | `Other`; for virtual-hosted, suggesting path-style |
-/// | anything else (5xx after retries, ...) | `Other` with status, code and message |
-fn map_error<E>(
-    cx: &ErrCtx<'_>,
-    op: Op,
-    key: &str,
-    err: SdkError<E, aws_smithy_runtime_api::http::Response>,
-) -> StoreError
-where
-    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-{
-    let status = err.raw_response().map(|r| r.status().as_u16());
-    let code = err.code().unwrap_or("").to_string();
-    let server_msg = err.message().unwrap_or("").to_string();
-    let other_way = match cx.addressing {
-        Addressing::Path => Addressing::Virtual,
-        Addressing::Virtual => Addressing::Path,
-    };
-    let detail = || {
-        let mut s = format!("{} {key}", op.name());
-        if let Some(st) = status {
-            s.push_str(&format!(": HTTP {st}"));
-        }
-        if !code.is_empty() {
-            s.push_str(&format!(" {code}"));
-        }
-        if !server_msg.is_empty() {
-            s.push_str(&format!(": {server_msg}"));
-        }
-        if status.is_none() {
-            s.push_str(&format!(": {}", DisplayErrorContext(&err)));
-        }
-        s
-    };
-    match &err {
-        SdkError::TimeoutError(_) => {
-            return StoreError::Timeout {
-                backend: BACKEND,
-                message: format!("{} {key} to {}", op.name(), cx.endpoint),
-            }
-        }
-        SdkError::DispatchFailure(d) if d.is_timeout() => {
-            return StoreError::Timeout {
-                backend: BACKEND,
-                message: detail(),
-            }
-        }
-        SdkError::DispatchFailure(d) if d.is_io() && cx.addressing == Addressing::Virtual => {
-            return StoreError::Other {
-                backend: BACKEND,
-                message: format!(
-                    "{}; with virtual-hosted addressing the request goes to host {}.{}, which did not resolve or connect: if {} serves buckets as path segments or has no wildcard DNS, use addressing=path",
-                    detail(),
-                    cx.bucket,
-                    cx.host.unwrap_or("<endpoint host>"),
-                    cx.endpoint
-                ),
-            };
-        }
-        SdkError::DispatchFailure(_) | SdkError::ConstructionFailure(_) => {
-            return StoreError::Other {
-                backend: BACKEND,
-                message: detail(),
-            }
-        }
-        _ => {}
-    }
-    match (status, code.as_str()) {
-        (_, "NoSuchBucket") | (Some(404), _) if code == "NoSuchBucket" || op == Op::Bucket => {
-            let hint = match cx.addressing {
-                Addressing::Virtual => format!(
-                    "; with virtual-hosted addressing the endpoint must take the bucket from the Host header: if {} expects it in the path, use addressing=path",
-                    cx.endpoint
-                ),
-                Addressing::Path => String::new(),
-            };
-            StoreError::Other { backend: BACKEND, message: format!("bucket {:?} does not exist at {} ({}){hint}", cx.bucket, cx.endpoint, detail()) }
-        }
-        (Some(404), _) | (_, "NoSuchKey") | (_, "NotFound") => StoreError::NotFound { key: key.to_string() },
-        (Some(412), _) | (Some(409), "ConditionalRequestConflict") if op == Op::PutCreate => {
-            StoreError::AlreadyExists { key: key.to_string() }
-        }
-        (Some(412), _) => StoreError::Precondition { key: key.to_string() },
-        (Some(416), _) | (_, "InvalidRange") => StoreError::InvalidRange { key: key.to_string(), start: 0, end: 0, size: 0 },
-        (Some(301) | Some(307), _) | (_, "PermanentRedirect") | (_, "AuthorizationHeaderMalformed") => StoreError::Other {
-            backend: BACKEND,
-            message: format!(
-                "{}; the endpoint redirects requests for bucket {:?}: it wants {other_way} addressing (addressing={other_way}) or another region",
-                detail(),
-                cx.bucket
-            ),
-        },
-        (Some(401) | Some(403), _) => StoreError::PermissionDenied { backend: BACKEND, message: detail() },
-        _ => StoreError::Other { backend: BACKEND, message: detail() },
     }
 }
 
@@ -793,86 +386,6 @@ impl S3Store {
                 .and_then(|r| r.strip_prefix('/'))
                 .unwrap_or(full)
         }
-    }
-}
-
-/// Environment variables naming the S3 endpoint that tests use (see [`S3Store::from_test_env`]).
-pub const TEST_ENV_ENDPOINT: &str = "OBJECTCACHE_TEST_S3_ENDPOINT";
-
-impl S3Config {
-    /// The settings of the S3 endpoint that tests and benchmarks use, from the environment
-    /// (defaults match `scripts/ceph-rgw/start.sh`): `OBJECTCACHE_TEST_S3_ENDPOINT`
-    /// (`http://127.0.0.1:7480`), `OBJECTCACHE_TEST_S3_ACCESS_KEY` (`cephtestak`),
-    /// `OBJECTCACHE_TEST_S3_SECRET_KEY` (`cephtestsecretkey0123456789`),
-    /// `OBJECTCACHE_TEST_S3_BUCKET` (`objectcache-test`), `OBJECTCACHE_TEST_S3_REGION`
-    /// (`us-east-1`); path-style addressing.
-    pub fn from_test_env() -> S3Config {
-        let var = |k: &str, d: &str| {
-            std::env::var(k)
-                .ok()
-                .filter(|v| !v.is_empty())
-                .unwrap_or_else(|| d.to_string())
-        };
-        let mut c = S3Config::new(var("OBJECTCACHE_TEST_S3_BUCKET", "objectcache-test"));
-        c.endpoint = Some(var(TEST_ENV_ENDPOINT, "http://127.0.0.1:7480"));
-        c.region = Some(var("OBJECTCACHE_TEST_S3_REGION", "us-east-1"));
-        c.addressing = Some(Addressing::Path);
-        c.credentials = S3Credentials::Static {
-            access_key: var("OBJECTCACHE_TEST_S3_ACCESS_KEY", "cephtestak"),
-            secret_key: var(
-                "OBJECTCACHE_TEST_S3_SECRET_KEY",
-                "cephtestsecretkey0123456789",
-            ),
-            session_token: None,
-        };
-        c
-    }
-
-    /// `true` if something accepts TCP connections at the endpoint's host and port within
-    /// 2 s (no request is sent). Tests use it to tell "no server" from "server fails".
-    pub async fn endpoint_accepts_connections(&self) -> bool {
-        let Some(hostport) = self
-            .endpoint
-            .as_deref()
-            .and_then(|e| url::Url::parse(e).ok())
-            .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?)))
-        else {
-            return false;
-        };
-        matches!(
-            tokio::time::timeout(
-                Duration::from_secs(2),
-                tokio::net::TcpStream::connect(&hostport)
-            )
-            .await,
-            Ok(Ok(_))
-        )
-    }
-}
-
-impl S3Store {
-    /// Connects to the S3 endpoint of [`S3Config::from_test_env`] and makes sure its bucket
-    /// exists; returns the store (no key prefix) and a key prefix unique to this call
-    /// (`{tag}-{pid}-{nanoseconds since 1970}`), or `None` when nothing listens at the
-    /// endpoint. For tests and benchmarks.
-    ///
-    /// # Errors
-    /// An endpoint that accepts connections but refuses the bucket or the credentials.
-    pub async fn from_test_env(tag: &str) -> Result<Option<(S3Store, String)>, StoreError> {
-        let c = S3Config::from_test_env();
-        if !c.endpoint_accepts_connections().await {
-            return Ok(None);
-        }
-        let store = S3Store::new(c).await?;
-        store.create_bucket().await?;
-        let nanos = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        Ok(Some((
-            store,
-            format!("{tag}-{}-{nanos}", std::process::id()),
-        )))
     }
 }
 
@@ -1347,7 +860,7 @@ mod tests {
         };
         assert_eq!(
             r.resolve_dns("kv.cache-test.localhost").await.unwrap(),
-            vec!["127.0.0.9".parse::<IpAddr>().unwrap()]
+            vec!["127.0.0.9".parse::<std::net::IpAddr>().unwrap()]
         );
         assert!(r
             .resolve_dns("evillocalhost")

@@ -1,0 +1,39 @@
+//! DNS answers fixed by the configuration ([`super::S3Config::resolve`]), for the SDK's HTTP
+//! client.
+
+use std::net::IpAddr;
+
+/// DNS resolution with fixed answers for some names ([`S3Config::resolve`]).
+#[derive(Debug, Clone)]
+pub(super) struct Resolver {
+    pub(super) fixed: Vec<(String, IpAddr)>,
+}
+
+impl aws_smithy_runtime_api::client::dns::ResolveDns for Resolver {
+    fn resolve_dns<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> aws_smithy_runtime_api::client::dns::DnsFuture<'a> {
+        use aws_smithy_runtime_api::client::dns::{DnsFuture, ResolveDnsError};
+        let hit = self
+            .fixed
+            .iter()
+            .find(|(pat, _)| match pat.strip_prefix("*.") {
+                Some(suffix) => {
+                    name.len() > suffix.len() + 1
+                        && name.ends_with(suffix)
+                        && name.as_bytes()[name.len() - suffix.len() - 1] == b'.'
+                }
+                None => pat.eq_ignore_ascii_case(name),
+            });
+        if let Some((_, ip)) = hit {
+            return DnsFuture::ready(Ok(vec![*ip]));
+        }
+        DnsFuture::new(async move {
+            let addrs = tokio::net::lookup_host((name, 0))
+                .await
+                .map_err(ResolveDnsError::new)?;
+            Ok(addrs.map(|a| a.ip()).collect())
+        })
+    }
+}
