@@ -310,9 +310,11 @@ pub fn table(records: &[Record]) -> String {
                     && e.concurrency == r.concurrency
                     && e.cap_fraction == r.cap_fraction
             })
-            .map(|e| e.mean_added_ttft_s);
+            .map(|e| e.summary.mean_added_ttft_s);
         let ratio = match eq {
-            Some(e) if r.mean_added_ttft_s > 0.0 => format!("{:.2}", e / r.mean_added_ttft_s),
+            Some(e) if r.summary.mean_added_ttft_s > 0.0 => {
+                format!("{:.2}", e / r.summary.mean_added_ttft_s)
+            }
             _ => "-".into(),
         };
         s += &format!(
@@ -321,14 +323,14 @@ pub fn table(records: &[Record]) -> String {
             r.concurrency,
             r.cap_fraction * 100.0,
             r.policy,
-            r.requests,
-            r.mean_ttft_s,
-            r.p99_ttft_s,
-            r.mean_added_ttft_s,
-            r.p99_added_ttft_s,
+            r.summary.requests,
+            r.summary.mean_ttft_s,
+            r.summary.p99_ttft_s,
+            r.summary.mean_added_ttft_s,
+            r.summary.p99_added_ttft_s,
             r.lower_bound_mean_added_ttft_s.map_or("-".into(), |b| format!("{b:.3}")),
             ratio,
-            r.loaded_fraction * 100.0
+            r.summary.loaded_fraction * 100.0
         );
     }
     s
@@ -352,7 +354,7 @@ fn plot(records: &[Record], path: &std::path::Path) -> crate::Result<()> {
     let floor = 1e-4;
     let ymax = records
         .iter()
-        .map(|r| r.mean_added_ttft_s)
+        .map(|r| r.summary.mean_added_ttft_s)
         .fold(floor, f64::max)
         * 2.0;
     let root = SVGBackend::new(path, (420 * caps.len().max(1) as u32, 420)).into_drawing_area();
@@ -395,7 +397,7 @@ fn plot(records: &[Record], path: &std::path::Path) -> crate::Result<()> {
                     concs
                         .iter()
                         .position(|&c| c == r.concurrency)
-                        .map(|i| (i as f64, r.mean_added_ttft_s.max(floor)))
+                        .map(|i| (i as f64, r.summary.mean_added_ttft_s.max(floor)))
                 })
                 .collect();
             chart

@@ -538,7 +538,7 @@ fn run_instance(
 }
 
 /// Mean and 99th percentile of a set of outcomes (seconds).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Summary {
     /// Number of requests.
     pub requests: usize,

@@ -41,24 +41,9 @@ pub struct Record {
     pub gpu: String,
     /// Seed of the workload generator.
     pub seed: u64,
-    /// Requests simulated.
-    pub requests: usize,
-    /// Mean TTFT.
-    pub mean_ttft_s: f64,
-    /// p99 TTFT.
-    pub p99_ttft_s: f64,
-    /// Mean added TTFT (over all KV local).
-    pub mean_added_ttft_s: f64,
-    /// p99 added TTFT.
-    pub p99_added_ttft_s: f64,
-    /// Mean TTFT of full recompute.
-    pub mean_recompute_ttft_s: f64,
-    /// Largest TTFT / recompute TTFT.
-    pub max_ttft_over_recompute: f64,
-    /// Fraction of cached prefix tokens loaded.
-    pub loaded_fraction: f64,
-    /// Loads that fell back to recompute.
-    pub fallbacks: usize,
+    /// TTFT figures over the requests (their fields appear at this level of the JSON).
+    #[serde(flatten)]
+    pub summary: Summary,
     /// Exact lower bound on the mean added TTFT over all schedules with full loads
     /// ([`bound::burst_lower_bound`]); present for small bursts and policies without planner.
     pub lower_bound_mean_added_ttft_s: Option<f64>,
@@ -135,15 +120,7 @@ pub fn run(spec: &RunSpec<'_>) -> Result<Vec<Record>, Error> {
                 model: spec.model.to_string(),
                 gpu: spec.gpu.to_string(),
                 seed: spec.seed,
-                requests: s.requests,
-                mean_ttft_s: s.mean_ttft_s,
-                p99_ttft_s: s.p99_ttft_s,
-                mean_added_ttft_s: s.mean_added_ttft_s,
-                p99_added_ttft_s: s.p99_added_ttft_s,
-                mean_recompute_ttft_s: s.mean_recompute_ttft_s,
-                max_ttft_over_recompute: s.max_ttft_over_recompute,
-                loaded_fraction: s.loaded_fraction,
-                fallbacks: s.fallbacks,
+                summary: s,
                 lower_bound_mean_added_ttft_s: if p.planner { None } else { lb },
             }
         })
