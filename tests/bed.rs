@@ -19,7 +19,7 @@ use objectcache::connector::{
 };
 use objectcache::sched::placement::{route_key, Placement};
 use objectcache::store::{GatewayOptions, GatewayStore, S3Config, S3Credentials, S3Store, Store};
-use objectcache::{ChunkHash, KvGeometry};
+use objectcache::{ChunkHash, KvGeometry, LayerError};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
@@ -480,6 +480,7 @@ fn losing_an_osd_while_loads_run_loses_nothing() {
     let (e, _) = bed.engine_on_set(&ns, Placement::TwoChoice);
     let prefixes: Vec<_> = (0..4).map(|s| save(&e, &g, 4, 800 + s)).collect();
     let done = std::sync::atomic::AtomicU64::new(0);
+    let missed = std::sync::atomic::AtomicU64::new(0);
     let stop = std::sync::atomic::AtomicBool::new(false);
     use std::sync::atomic::Ordering::SeqCst;
     std::thread::scope(|s| {
@@ -487,12 +488,27 @@ fn losing_an_osd_while_loads_run_loses_nothing() {
             let mut i = 0;
             while !stop.load(SeqCst) {
                 let (hs, data) = &prefixes[i % prefixes.len()];
-                check(
-                    &start_load(&e, &g, hs, data[0].len()),
-                    data,
-                    "a load around the OSD loss",
-                );
-                done.fetch_add(1, SeqCst);
+                let h = start_load(&e, &g, hs, data[0].len());
+                match h.wait_all_blocking() {
+                    Ok(()) => {
+                        check(&h, data, "a load around the OSD loss");
+                        done.fetch_add(1, SeqCst);
+                    }
+                    // A read in flight on a placement group whose primary OSD was killed
+                    // waits until the monitor marks the OSD down and the group peers again:
+                    // on a busy machine that can pass the engine's stall limit (1 s). The
+                    // load is then a clean miss, never bytes: what did land is exact.
+                    Err(err @ (LayerError::Stalled { .. } | LayerError::Timeout { .. })) => {
+                        for (l, d) in data.iter().enumerate() {
+                            if let Ok(b) = h.layer(l) {
+                                assert_eq!(b, &d[..], "a missed load's ready layer {l}");
+                            }
+                        }
+                        eprintln!("a load around the OSD loss missed: {err}");
+                        missed.fetch_add(1, SeqCst);
+                    }
+                    Err(err) => panic!("a load around the OSD loss: {err}"),
+                }
                 i += 1;
             }
         });
@@ -513,13 +529,22 @@ fn losing_an_osd_while_loads_run_loses_nothing() {
             Duration::from_secs(30),
             || done.load(SeqCst) >= at_loss + 8,
         );
+        // Nothing was lost: with the OSD still down, every prefix loads byte-exact.
+        for (n, (hs, data)) in prefixes.iter().enumerate() {
+            check(
+                &start_load(&e, &g, hs, data[0].len()),
+                data,
+                &format!("prefix {n} with the OSD down"),
+            );
+        }
         bed.control(&["osd-start", "2"]);
         stop.store(true, SeqCst);
         loads.join().expect("no load failed");
     });
     println!(
-        "FIGURE bed-osd-loss: {} loads, all byte-exact",
-        done.load(SeqCst)
+        "FIGURE bed-osd-loss: {} loads byte-exact, {} missed (stalled past the limit while the OSD was lost)",
+        done.load(SeqCst),
+        missed.load(SeqCst)
     );
 }
 
