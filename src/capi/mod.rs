@@ -31,7 +31,7 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 #[cfg(objectcache_abi_check)]
@@ -281,14 +281,60 @@ struct RegionObj {
     device: Option<(crate::cuda::Device, crate::cuda::PinnedStaging)>,
 }
 
-struct TransferObj {
+/// One transfer's hold on its engine and on the regions it writes into: while it lives,
+/// deregistering those regions and destroying the engine are refused. Dropping it lets them
+/// go, so it must drop only once the load can no longer touch the memory.
+struct Busy {
     engine: Arc<EngineObj>,
-    handle: Arc<LoadHandle>,
+    regions: Vec<Arc<RegionObj>>,
+}
+
+impl Busy {
+    fn new(engine: Arc<EngineObj>, regions: Vec<Arc<RegionObj>>) -> Busy {
+        for r in &regions {
+            r.users.fetch_add(1, Ordering::AcqRel);
+        }
+        engine.live_transfers.fetch_add(1, Ordering::AcqRel);
+        Busy { engine, regions }
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        for r in &self.regions {
+            r.users.fetch_sub(1, Ordering::AcqRel);
+        }
+        self.engine.live_transfers.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Raised when a transfer has been dropped whole: its last field, so it drops after the
+/// others (Rust drops fields in declaration order). `objectcache_transfer_release` waits for
+/// it, whichever thread lets go of the transfer last.
+struct Released(Arc<(Mutex<bool>, Condvar)>);
+
+impl Drop for Released {
+    fn drop(&mut self) {
+        let (done, cv) = &*self.0;
+        *lock(done) = true;
+        cv.notify_all();
+    }
+}
+
+/// A load started through the C ABI. Its fields drop in this order, which is the order
+/// release needs: the device copies (dropping them waits for every queued copy to finish
+/// reading the staging memory), then the load (dropping the handle stops every task of the
+/// load and waits until none can touch the destinations), then the hold on the regions and
+/// the engine, and last the signal that the transfer is gone.
+struct TransferObj {
     /// Copies of the layers whose destination is device memory (none: all host).
     #[cfg(feature = "cuda")]
     device: Option<crate::cuda::DeviceLoad>,
-    regions: Vec<Arc<RegionObj>>,
+    handle: Arc<LoadHandle>,
+    /// Held for its drop.
+    _busy: Busy,
     request_id: u64,
+    released: Released,
 }
 
 enum Obj {
@@ -1363,27 +1409,19 @@ fn post_load(
     // range lies in one of `memory` (found above), which stays mapped until the region is
     // deregistered, and deregistering calls `Engine::forget_memory` for it first.
     let bufs = unsafe { LayerBuffers::from_raw_ranges(&raw, &memory) };
-    for r in &used {
-        r.users.fetch_add(1, Ordering::AcqRel);
-    }
-    e.live_transfers.fetch_add(1, Ordering::AcqRel);
-    let handle = match e.engine.load(
-        LoadRequest {
-            hints,
-            geometry: g,
-            hashes: hs,
-        },
-        bufs,
-    ) {
-        Ok(h) => h,
-        Err(x) => {
-            for r in &used {
-                r.users.fetch_sub(1, Ordering::AcqRel);
-            }
-            e.live_transfers.fetch_sub(1, Ordering::AcqRel);
-            return Err(err(error_code(&x), format!("request {rid}: {x}")));
-        }
-    };
+    // Held from here; an error below drops it after the load it guards.
+    let busy = Busy::new(e.clone(), used);
+    let handle = e
+        .engine
+        .load(
+            LoadRequest {
+                hints,
+                geometry: g,
+                hashes: hs,
+            },
+            bufs,
+        )
+        .map_err(|x| err(error_code(&x), format!("request {rid}: {x}")))?;
     let handle = Arc::new(handle);
     #[cfg(feature = "cuda")]
     let device = match load_device {
@@ -1398,22 +1436,21 @@ fn post_load(
                 Ok(d) => Some(d),
                 Err(x) => {
                     handle.cancel();
-                    for r in &used {
-                        r.users.fetch_sub(1, Ordering::AcqRel);
-                    }
-                    e.live_transfers.fetch_sub(1, Ordering::AcqRel);
+                    // The load (its last reference) drops before `busy`.
+                    drop(handle);
+                    drop(busy);
                     return Err(err(error_code(&x), format!("request {rid}: {x}")));
                 }
             }
         }
     };
     Ok(insert(Obj::Transfer(Arc::new(TransferObj {
-        engine: e,
-        handle,
         #[cfg(feature = "cuda")]
         device,
-        regions: used,
+        handle,
+        _busy: busy,
         request_id: rid,
+        released: Released(Arc::new((Mutex::new(false), Condvar::new()))),
     }))))
 }
 
@@ -1791,7 +1828,7 @@ pub unsafe extern "C" fn objectcache_transfer_release(
     guard("objectcache_transfer_release", || {
         let id = transfer.addr();
         // Take it out of the registry first: from now on the token is refused everywhere.
-        let mut t = {
+        let t = {
             let mut reg = registry();
             match reg.get(&id) {
                 Some(Obj::Transfer(_)) => match reg.remove(&id) {
@@ -1806,37 +1843,17 @@ pub unsafe extern "C" fn objectcache_transfer_release(
                 }
             }
         };
-        // Wake waiters on other threads (their layers fail with Cancelled), then wait for
-        // them to let go of the transfer.
+        // Wake waiters on other threads (their layers fail with Cancelled), let go of the
+        // transfer, and wait until it is dropped whole (by whichever thread holds it last:
+        // `TransferObj`'s fields drop in the order that makes the memory free).
         t.handle.cancel();
-        let obj = loop {
-            match Arc::try_unwrap(t) {
-                Ok(o) => break o,
-                Err(again) => {
-                    t = again;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }
-        };
-        let TransferObj {
-            engine,
-            handle,
-            regions,
-            #[cfg(feature = "cuda")]
-            device,
-            ..
-        } = obj;
-        // Device copies first: dropping them waits for every queued copy to finish reading
-        // the staging memory.
-        #[cfg(feature = "cuda")]
-        drop(device);
-        // Dropping the handle stops every task of the load and waits until none can touch
-        // the destinations; only then are the regions free to be deregistered.
-        drop(handle);
-        for r in &regions {
-            r.users.fetch_sub(1, Ordering::AcqRel);
+        let released = t.released.0.clone();
+        drop(t);
+        let (done, cv) = &*released;
+        let mut d = lock(done);
+        while !*d {
+            d = cv.wait(d).unwrap_or_else(|e| e.into_inner());
         }
-        engine.live_transfers.fetch_sub(1, Ordering::AcqRel);
         Ok(OBJECTCACHE_OK)
     })
 }
