@@ -513,7 +513,7 @@ impl LoadState {
         // `LoadHandle::loaded_chunks`); the layer never becomes ready. A layer failed for the
         // whole load (timeout, stall, device) takes nothing more.
         if let Some(e) = &p.failed {
-            if super::load::chunk_status_of(e).is_none() {
+            if super::status::chunk_status_of(e).is_none() {
                 return Err(e.clone());
             }
         }

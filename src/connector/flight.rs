@@ -248,7 +248,7 @@ impl Drop for Private {
 /// (cancelled, deadline, stall, a chunk past the follower's, a device copy) is the source's
 /// own: the follower fetches the rest itself.
 fn own_miss(e: &LayerError, chunks: usize) -> bool {
-    super::load::chunk_status_of(e).is_some_and(|(c, _)| c < chunks)
+    super::status::chunk_status_of(e).is_some_and(|(c, _)| c < chunks)
 }
 
 /// Runs a follower: copies each layer of its `chunks` leading chunks from `leader` as it lands

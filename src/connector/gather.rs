@@ -4,7 +4,8 @@
 //! engine, [`offered`]); otherwise, or
 //! when the server cannot be reached, the load falls back to ranged GETs.
 
-use super::load::{ChunkStatus, LoadRequest, Shared};
+use super::load::{LoadRequest, Shared};
+use super::status::ChunkStatus;
 use crate::error::LayerError;
 use crate::layout::KeyBuilder;
 use crate::protocol::{ChunkKeys, GatherRequest, LoadGroup, ServerInfo};
@@ -951,7 +952,7 @@ pub(crate) async fn try_gather(
                         for &(c, reason) in &report.missed_chunks {
                             sh.set_chunk(
                                 range.start + c as usize,
-                                super::load::chunk_status_of_miss(reason),
+                                super::status::chunk_status_of_miss(reason),
                             );
                         }
                         delivered.push(range);
@@ -989,7 +990,7 @@ pub(crate) async fn try_gather(
     // Per-chunk status from the layers' miss reasons (the server names the chunk).
     for l in 0..sh.state.layers() {
         if let super::buffers::LayerStatus::Failed(e) = sh.state.status(l) {
-            if let Some((c, s)) = super::load::chunk_status_of(&e) {
+            if let Some((c, s)) = super::status::chunk_status_of(&e) {
                 sh.set_chunk(c, s);
             }
         }

@@ -32,6 +32,7 @@ mod gather;
 mod load;
 #[cfg(feature = "rdma")]
 mod rdma;
+mod status;
 
 pub(crate) use buffers::first_overlap;
 pub use buffers::{LayerBuffers, LayerStatus};
@@ -40,9 +41,8 @@ pub use config::{
     STALL_FIRST_BYTE, STALL_FLOOR,
 };
 pub use gather::GatherStatus;
-pub use load::{
-    ChunkStatus, LayerTiming, LoadHandle, LoadHints, LoadRequest, LoadStats, MAX_ADVICE_TOKENS,
-};
+pub use load::{LayerTiming, LoadHandle, LoadHints, LoadRequest, LoadStats, MAX_ADVICE_TOKENS};
+pub use status::ChunkStatus;
 
 use crate::error::{Error, StoreError};
 use crate::layout::{object_len, ChunkHash, KeyBuilder, KvGeometry};

@@ -13,7 +13,8 @@
 
 use super::config::Transport;
 use super::gather::Outcome;
-use super::load::{ChunkStatus, LoadRequest, Shared};
+use super::load::{LoadRequest, Shared};
+use super::status::ChunkStatus;
 use crate::error::LayerError;
 use crate::layout::KeyBuilder;
 use crate::store::GatherTarget;
@@ -206,7 +207,7 @@ pub(crate) async fn try_rdma(
     match r {
         Ok(missed) => {
             for (c, reason) in missed {
-                sh.set_chunk(c, super::load::chunk_status_of_miss(reason));
+                sh.set_chunk(c, super::status::chunk_status_of_miss(reason));
             }
             settle_chunks(sh);
             if let Probe::On { pool, .. } = &mut *probe.lock().expect("lock") {
@@ -249,7 +250,7 @@ fn settle_chunks(sh: &Shared) {
             super::buffers::LayerStatus::Ready => {}
             super::buffers::LayerStatus::Failed(e) => {
                 all_ready = false;
-                if let Some((c, s)) = super::load::chunk_status_of(&e) {
+                if let Some((c, s)) = super::status::chunk_status_of(&e) {
                     sh.set_chunk(c, s);
                 }
             }

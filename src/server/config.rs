@@ -4,8 +4,7 @@
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 
-/// What [`ServerConfig::redacted`] shows in place of a secret.
-pub const REDACTED: &str = "<redacted>";
+pub use super::tenant::REDACTED;
 
 /// One S3 access key pair accepted by SigV4 authentication (`Debug` shows no secret).
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]

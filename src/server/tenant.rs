@@ -15,6 +15,9 @@
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
+/// What [`super::config::ServerConfig::redacted`] shows in place of a secret.
+pub const REDACTED: &str = "<redacted>";
+
 /// Longest tenant namespace, bytes.
 pub const MAX_NAMESPACE_LEN: usize = 64;
 
@@ -43,9 +46,9 @@ impl std::fmt::Debug for TenantConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TenantConfig")
             .field("access_key", &self.access_key)
-            .field("secret_key", &super::config::REDACTED)
+            .field("secret_key", &REDACTED)
             .field("namespace", &self.namespace)
-            .field("salt", &self.salt.as_ref().map(|_| super::config::REDACTED))
+            .field("salt", &self.salt.as_ref().map(|_| REDACTED))
             .finish()
     }
 }
