@@ -71,7 +71,7 @@ fn load_lands_in_device_memory_byte_exact() {
     dev.check_device_range(base as usize, per_layer * layers)
         .unwrap();
     // Host memory is not device memory.
-    let host = vec![0u8; 64];
+    let host = [0u8; 64];
     assert!(dev.check_device_range(host.as_ptr() as usize, 64).is_err());
 
     let staging = dev.staging(per_layer * layers).unwrap();
