@@ -35,7 +35,10 @@ misses, never bytes of another meaning.
 import concurrent.futures
 import dataclasses
 import hashlib
+import json
 import logging
+import os
+import sys
 import threading
 import time
 
@@ -82,6 +85,36 @@ CONNECTOR_SETTINGS = {
     "lookup_wait_ms": 20,
     "lookup_timeout_ms": 2000,
 }
+
+# ---- Timing trace (OBJECTCACHE_VLLM_TRACE) -------------------------------------------------
+
+#: ``OBJECTCACHE_VLLM_TRACE``: unset, empty or ``0``: no trace. ``1``: one JSON line per
+#: connector call to stderr, prefixed ``objectcache-trace``. Anything else: a file path the
+#: lines are appended to (one ``write`` per line, so several processes may share it).
+_TRACE = os.environ.get("OBJECTCACHE_VLLM_TRACE", "")
+_TRACE = "" if _TRACE in ("", "0") else _TRACE
+_TRACE_LOCK = threading.Lock()
+
+
+def _trace(event, **fields):
+    """Writes one trace line: ``t`` (Unix time, s; comparable across processes), ``pid``,
+    ``thread``, ``event`` and ``fields`` (durations in ms, named ``*_ms``)."""
+    rec = {"t": round(time.time(), 6), "pid": os.getpid(),
+           "thread": threading.current_thread().name, "event": event}
+    rec.update(fields)
+    line = "objectcache-trace " + json.dumps(rec, default=str) + "\n"
+    with _TRACE_LOCK:
+        if _TRACE == "1":
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        else:
+            with open(_TRACE, "a") as f:
+                f.write(line)
+
+
+def _ms(t0):
+    return round(1000 * (time.monotonic() - t0), 3)
+
 
 # The connector's default for the engine's load deadline (a stalled store never holds a
 # request longer than this; layers not in place by then are recomputed).
@@ -399,9 +432,22 @@ class ObjectCacheConnector(KVConnectorBase_V1):
         self._worker.handle_preemptions(kv_connector_metadata)
 
     def start_load_kv(self, forward_context, **kwargs):
+        if _TRACE:
+            t0 = time.monotonic()
+            meta = self._get_connector_metadata()
+            _trace("start_load_kv.enter", loads=len(meta.loads), saves=len(meta.saves))
+            self._worker.start_load(meta)
+            _trace("start_load_kv.exit", call_ms=_ms(t0))
+            return
         self._worker.start_load(self._get_connector_metadata())
 
     def wait_for_layer_load(self, layer_name):
+        if _TRACE:
+            t0 = time.monotonic()
+            self._worker.wait_layer(layer_name)
+            _trace("wait_for_layer_load", layer=self._worker.layer_idx.get(layer_name),
+                   call_ms=_ms(t0), loads=len(self._worker.sync_loads))
+            return
         self._worker.wait_layer(layer_name)
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
@@ -410,9 +456,20 @@ class ObjectCacheConnector(KVConnectorBase_V1):
         return
 
     def wait_for_save(self):
+        if _TRACE:
+            t0 = time.monotonic()
+            self._worker.start_saves(self._get_connector_metadata())
+            _trace("wait_for_save", call_ms=_ms(t0))
+            return
         self._worker.start_saves(self._get_connector_metadata())
 
     def get_finished(self, finished_req_ids):
+        if _TRACE:
+            t0 = time.monotonic()
+            out = self._worker.get_finished(finished_req_ids)
+            _trace("get_finished", call_ms=_ms(t0),
+                   sending=sorted(out[0] or ()), recving=sorted(out[1] or ()))
+            return out
         return self._worker.get_finished(finished_req_ids)
 
     def get_block_ids_with_load_errors(self):
@@ -427,12 +484,33 @@ class ObjectCacheConnector(KVConnectorBase_V1):
     # -- scheduler role --
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        if _TRACE:
+            t0 = time.monotonic()
+            out = self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+            _trace("get_num_new_matched_tokens", req=request.request_id,
+                   prompt_tokens=request.num_tokens, computed=num_computed_tokens,
+                   result=out[0], is_async=out[1], call_ms=_ms(t0))
+            return out
         return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        if _TRACE:
+            t0 = time.monotonic()
+            self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+            _trace("update_state_after_alloc", req=request.request_id,
+                   external_tokens=num_external_tokens, call_ms=_ms(t0))
+            return
         self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output):
+        if _TRACE:
+            t0 = time.monotonic()
+            meta = self._scheduler.build_meta(scheduler_output)
+            _trace("build_connector_meta", loads=[l.req_id for l in meta.loads],
+                   saves=[x.req_id for x in meta.saves],
+                   scheduled_tokens=dict(scheduler_output.num_scheduled_tokens),
+                   call_ms=_ms(t0))
+            return meta
         return self._scheduler.build_meta(scheduler_output)
 
     def request_finished(self, request, block_ids):
@@ -518,6 +596,8 @@ class _SchedulerSide:
             hit = 0
         self.c._stat("lookups", 1)
         self.c._stat("lookup_s", time.monotonic() - t0)
+        if _TRACE:
+            _trace("lookup", chunks=len(hashes), hit=hit, lookup_ms=_ms(t0))
         return hit
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
@@ -761,8 +841,14 @@ class _WorkerSide:
                 continue
             t0 = time.monotonic()
             try:
-                tr = self.c._engine.load(self.g, spec.hashes, self._ranges(spec.block_ids),
+                ranges = self._ranges(spec.block_ids)
+                if _TRACE:
+                    _trace("load.ranges", req=spec.req_id, chunks=len(spec.hashes),
+                           ranges=sum(len(r) for r in ranges), ranges_ms=_ms(t0))
+                tr = self.c._engine.load(self.g, spec.hashes, ranges,
                                          request_id=_request_id(spec.req_id))
+                if _TRACE:
+                    _trace("load.posted", req=spec.req_id, post_ms=_ms(t0))
             except oc.ObjectCacheError as e:
                 logger.warning("ObjectCache: load for %s not posted: %s", spec.req_id, e)
                 self.failed_blocks.update(spec.block_ids)
@@ -821,6 +907,11 @@ class _WorkerSide:
                      "waited %.1f ms", ld.spec.req_id,
                      1000 * (time.monotonic() - ld.posted), st.bytes, st.requests,
                      1000 * st.ttfl_s, 1000 * st.ttll_s, 1000 * ld.waited)
+        if _TRACE:
+            _trace("load.settled", req=ld.spec.req_id, since_post_ms=_ms(ld.posted),
+                   bytes=st.bytes, requests=st.requests, ttfl_ms=round(1000 * st.ttfl_s, 3),
+                   ttll_ms=round(1000 * st.ttll_s, 3), waited_ms=round(1000 * ld.waited, 3),
+                   failed=ld.failed)
         if st.ttll_s >= 0:
             self.c._stat("load_s", st.ttll_s)
         tr.release()
@@ -859,6 +950,9 @@ class _WorkerSide:
         self.c._stat("saves", 1)
         self.c._stat("saved_bytes", rep.bytes)
         self.c._stat("save_s", time.monotonic() - t0)
+        if _TRACE:
+            _trace("save.done", req=spec.req_id, chunks=len(spec.hashes), bytes=rep.bytes,
+                   save_ms=_ms(t0))
 
     def flush(self, timeout_s=None):
         """Waits for every save started so far; returns how many saves this worker has
