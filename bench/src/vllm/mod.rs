@@ -732,7 +732,12 @@ impl Vllm {
             .env("AWS_SECRET_ACCESS_KEY", sk)
             .env("AWS_REGION", "us-east-1")
             .env("AWS_EC2_METADATA_DISABLED", "true")
-            .stdout(File::create(&log)?)
+            // Emptied once, then both streams in append mode: a stdout opened without
+            // append wrote over stderr's lines.
+            .stdout(Stdio::from({
+                File::create(&log)?;
+                File::options().append(true).open(&log)?
+            }))
             .stderr(Stdio::from(File::options().append(true).open(&log)?));
         let t0 = Instant::now();
         let mut child = cmd.spawn().context("start vLLM")?;
