@@ -690,6 +690,59 @@ mod tests {
         (d, s)
     }
 
+    /// Pooled read buffers carry only their own read's bytes: objects of other contents and
+    /// sizes read one after another (each buffer back in the pool before the next read) and
+    /// while the body pieces of earlier reads are still held come back byte-exact.
+    #[tokio::test]
+    async fn pooled_read_buffers_carry_only_their_own_read() {
+        async fn pieces(s: &FsStore, key: &str, range: Option<std::ops::Range<u64>>) -> Vec<Bytes> {
+            let mut body = s.get_opts(key, GetOptions { range }).await.unwrap().body;
+            let mut v = Vec::new();
+            while let Some(b) = body.next().await {
+                v.push(b.unwrap());
+            }
+            v
+        }
+        let (_d, s) = store();
+        let sizes = [READ_CHUNK + 12_345, 300 << 10, 2 * READ_CHUNK, 1 << 20];
+        let objs: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (0..n).map(|j| (j * 31 + i * 7 + j / 4099) as u8).collect())
+            .collect();
+        for (i, o) in objs.iter().enumerate() {
+            s.put(&format!("b/pool/{i}"), Bytes::from(o.clone()))
+                .await
+                .unwrap();
+        }
+        let mut held = Vec::new();
+        for round in 0..3 {
+            for (i, o) in objs.iter().enumerate() {
+                let key = format!("b/pool/{i}");
+                let whole = pieces(&s, &key, None).await;
+                assert!(whole.concat() == o[..], "round {round}, object {i}");
+                // A ranged read inside the object, off the buffer boundaries.
+                let r = 1000..(o.len() as u64 - 77);
+                let part = pieces(&s, &key, Some(r.clone())).await;
+                assert!(
+                    part.concat() == o[r.start as usize..r.end as usize],
+                    "round {round}, range of object {i}"
+                );
+                if round == 1 {
+                    held.push((i, whole));
+                }
+            }
+        }
+        for (i, b) in held {
+            assert!(
+                b.concat() == objs[i][..],
+                "held pieces of object {i} changed"
+            );
+        }
+        let kept = READ_POOL.lock().unwrap().len();
+        assert!(kept <= POOLED_READS_KEPT, "{kept} buffers kept");
+    }
+
     #[tokio::test]
     async fn keys_the_filesystem_cannot_hold_are_invalid_keys_never_os_errors() {
         let (_d, s) = store();
