@@ -34,6 +34,7 @@ misses, never bytes of another meaning.
 
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -114,6 +115,25 @@ def _trace(event, **fields):
 
 def _ms(t0):
     return round(1000 * (time.monotonic() - t0), 3)
+
+
+def _traced(fields=None):
+    """Decorator of a connector method: with the trace on, each call writes one trace line
+    named after the method, with ``call_ms`` and ``fields(self, result, *args)``; with it
+    off, the method itself is returned (nothing added to the call)."""
+    def wrap(fn):
+        if not _TRACE:
+            return fn
+
+        @functools.wraps(fn)
+        def traced(self, *args, **kwargs):
+            t0 = time.monotonic()
+            out = fn(self, *args, **kwargs)
+            _trace(fn.__name__, call_ms=_ms(t0),
+                   **(fields(self, out, *args) if fields else {}))
+            return out
+        return traced
+    return wrap
 
 
 # The connector's default for the engine's load deadline (a stalled store never holds a
@@ -431,23 +451,14 @@ class ObjectCacheConnector(KVConnectorBase_V1):
     def handle_preemptions(self, kv_connector_metadata):
         self._worker.handle_preemptions(kv_connector_metadata)
 
+    @_traced(lambda self, out, *a: {"loads": len(self._get_connector_metadata().loads),
+                                    "saves": len(self._get_connector_metadata().saves)})
     def start_load_kv(self, forward_context, **kwargs):
-        if _TRACE:
-            t0 = time.monotonic()
-            meta = self._get_connector_metadata()
-            _trace("start_load_kv.enter", loads=len(meta.loads), saves=len(meta.saves))
-            self._worker.start_load(meta)
-            _trace("start_load_kv.exit", call_ms=_ms(t0))
-            return
         self._worker.start_load(self._get_connector_metadata())
 
+    @_traced(lambda self, out, layer_name: {"layer": self._worker.layer_idx.get(layer_name),
+                                            "loads": len(self._worker.sync_loads)})
     def wait_for_layer_load(self, layer_name):
-        if _TRACE:
-            t0 = time.monotonic()
-            self._worker.wait_layer(layer_name)
-            _trace("wait_for_layer_load", layer=self._worker.layer_idx.get(layer_name),
-                   call_ms=_ms(t0), loads=len(self._worker.sync_loads))
-            return
         self._worker.wait_layer(layer_name)
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
@@ -455,21 +466,13 @@ class ObjectCacheConnector(KVConnectorBase_V1):
         # are complete only once its attention ran, and a chunk object holds every layer.
         return
 
+    @_traced()
     def wait_for_save(self):
-        if _TRACE:
-            t0 = time.monotonic()
-            self._worker.start_saves(self._get_connector_metadata())
-            _trace("wait_for_save", call_ms=_ms(t0))
-            return
         self._worker.start_saves(self._get_connector_metadata())
 
+    @_traced(lambda self, out, *a: {"sending": sorted(out[0] or ()),
+                                    "recving": sorted(out[1] or ())})
     def get_finished(self, finished_req_ids):
-        if _TRACE:
-            t0 = time.monotonic()
-            out = self._worker.get_finished(finished_req_ids)
-            _trace("get_finished", call_ms=_ms(t0),
-                   sending=sorted(out[0] or ()), recving=sorted(out[1] or ()))
-            return out
         return self._worker.get_finished(finished_req_ids)
 
     def get_block_ids_with_load_errors(self):
@@ -483,34 +486,21 @@ class ObjectCacheConnector(KVConnectorBase_V1):
 
     # -- scheduler role --
 
+    @_traced(lambda self, out, request, computed: {
+        "req": request.request_id, "prompt_tokens": request.num_tokens,
+        "computed": computed, "result": out[0], "is_async": out[1]})
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
-        if _TRACE:
-            t0 = time.monotonic()
-            out = self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
-            _trace("get_num_new_matched_tokens", req=request.request_id,
-                   prompt_tokens=request.num_tokens, computed=num_computed_tokens,
-                   result=out[0], is_async=out[1], call_ms=_ms(t0))
-            return out
         return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
 
+    @_traced(lambda self, out, request, blocks, external: {
+        "req": request.request_id, "external_tokens": external})
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
-        if _TRACE:
-            t0 = time.monotonic()
-            self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
-            _trace("update_state_after_alloc", req=request.request_id,
-                   external_tokens=num_external_tokens, call_ms=_ms(t0))
-            return
         self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
 
+    @_traced(lambda self, meta, scheduler_output: {
+        "loads": [x.req_id for x in meta.loads], "saves": [x.req_id for x in meta.saves],
+        "scheduled_tokens": dict(scheduler_output.num_scheduled_tokens)})
     def build_connector_meta(self, scheduler_output):
-        if _TRACE:
-            t0 = time.monotonic()
-            meta = self._scheduler.build_meta(scheduler_output)
-            _trace("build_connector_meta", loads=[l.req_id for l in meta.loads],
-                   saves=[x.req_id for x in meta.saves],
-                   scheduled_tokens=dict(scheduler_output.num_scheduled_tokens),
-                   call_ms=_ms(t0))
-            return meta
         return self._scheduler.build_meta(scheduler_output)
 
     def request_finished(self, request, block_ids):
