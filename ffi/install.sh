@@ -3,7 +3,8 @@
 #
 #   ffi/install.sh [PREFIX]          (default PREFIX: /usr/local; DESTDIR is honoured)
 #
-# Builds with `cargo build --release --lib` first unless OBJECTCACHE_NO_BUILD=1, and takes
+# Builds the library alone first (`cargo build --release --lib --no-default-features
+# --features s3`: no server, no command line) unless OBJECTCACHE_NO_BUILD=1, and takes
 # the libraries from $CARGO_TARGET_DIR/release (default target/release). Then:
 #   cc app.c $(pkg-config --cflags --libs objectcache)
 # (set PKG_CONFIG_PATH=PREFIX/lib/pkgconfig for a prefix pkg-config does not search).
@@ -13,7 +14,7 @@ prefix="${1:-/usr/local}"
 libdir="${LIBDIR:-lib}"
 target="${CARGO_TARGET_DIR:-$root/target}/release"
 if [ "${OBJECTCACHE_NO_BUILD:-0}" != 1 ]; then
-    (cd "$root" && cargo build --release --lib)
+    (cd "$root" && cargo build --release --lib --no-default-features --features s3)
 fi
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -1)"
 abi="$(sed -n 's/^#define OBJECTCACHE_ABI_VERSION \([0-9]*\)$/\1/p' "$root/ffi/objectcache.h")"

@@ -17,11 +17,12 @@
 //! - **shells** (I/O): [`store`] (one trait, many backends), [`transport`] (TCP, RDMA drivers),
 //!   `cuda` (feature `cuda`: per-layer copies from pinned staging into device memory);
 //! - **composition**: [`connector`] (the client engine: save, lookup, load), [`server`];
-//! - **edges**: [`capi`] (C ABI), [`cli`] (the `objectcache` binary).
+//! - **edges**: [`capi`] (C ABI), `cli` (feature `cli`: the `objectcache` binary).
 #![warn(missing_docs)]
 #![deny(unsafe_code)]
 
 pub mod capi;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod connector;
 #[cfg(feature = "cuda")]

@@ -38,8 +38,9 @@ def crate_version():
 
 
 def build_cdylib():
-    """Path of libobjectcache.so: $OBJECTCACHE_CDYLIB, or what `cargo build --release --lib`
-    reports as the cdylib artifact."""
+    """Path of libobjectcache.so: $OBJECTCACHE_CDYLIB, or what `cargo build --release --lib
+    --no-default-features --features s3[,$OBJECTCACHE_CARGO_FEATURES]` reports as the cdylib
+    artifact."""
     pre = os.environ.get("OBJECTCACHE_CDYLIB")
     if pre:
         if not os.path.isfile(pre):
@@ -51,11 +52,10 @@ def build_cdylib():
             "repository (pip install ./ffi/python) or set OBJECTCACHE_CDYLIB"
         )
     cargo = os.environ.get("CARGO", "cargo")
-    cmd = [cargo, "build", "--release", "--lib", "--manifest-path", MANIFEST,
-           "--message-format=json-render-diagnostics"]
-    feats = os.environ.get("OBJECTCACHE_CARGO_FEATURES")
-    if feats:
-        cmd += ["--features", feats]
+    # The library alone: no server, no command line (features `server`, `cli`).
+    feats = ",".join(f for f in ["s3", os.environ.get("OBJECTCACHE_CARGO_FEATURES", "")] if f)
+    cmd = [cargo, "build", "--release", "--lib", "--no-default-features", "--features", feats,
+           "--manifest-path", MANIFEST, "--message-format=json-render-diagnostics"]
     print("objectcache: " + " ".join(cmd), file=sys.stderr)
     try:
         proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, check=True)
