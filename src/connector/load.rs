@@ -212,6 +212,19 @@ pub(crate) struct Shared {
     /// against it (`flight.rs`).
     slice_crcs: Vec<AtomicU64>,
     layers: usize,
+    /// Set by [`LoadHandle::into_buffers`]: where the last reference's drop hands the
+    /// buffers back.
+    give_back: Mutex<Option<std::sync::mpsc::SyncSender<LayerBuffers>>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Some(tx) = self.give_back.get_mut().expect("lock").take() {
+            let bufs = std::mem::replace(&mut self.state.bufs, LayerBuffers::from_vecs(Vec::new()));
+            // The receiver waits in `into_buffers` until this send.
+            let _ = tx.send(bufs);
+        }
+    }
 }
 
 /// A load's progress, for its stall watchdog ([`watchdog`]): when something last arrived,
@@ -380,6 +393,7 @@ impl Shared {
             headers: (0..chunks).map(|_| AtomicU8::new(HEADER_UNKNOWN)).collect(),
             header_known: tokio::sync::Notify::new(),
             progress: Progress::new(),
+            give_back: Mutex::new(None),
         }
     }
 
@@ -1209,22 +1223,17 @@ impl LoadHandle {
     /// them (ready layers hold verified bytes; others hold unspecified bytes).
     pub fn into_buffers(self) -> LayerBuffers {
         self.finish();
-        let mut sh = self.sh.clone();
-        drop(self);
         // Every task of the load has ended; what may still hold the state for a moment is an
         // RDMA completion thread finishing its last report (it called `complete` on the
         // layer, and drops its reference right after), never anything that writes, or a
         // load following this one (`flight.rs`) finishing the copy in progress (it lets go
-        // as soon as it sees the cancel).
-        loop {
-            match Arc::try_unwrap(sh) {
-                Ok(s) => return s.state.bufs,
-                Err(again) => {
-                    sh = again;
-                    std::thread::sleep(Duration::from_micros(50));
-                }
-            }
-        }
+        // as soon as it sees the cancel). Whichever reference goes last hands the buffers
+        // back from its drop (`Drop for Shared`).
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        *self.sh.give_back.lock().expect("lock") = Some(tx);
+        drop(self);
+        rx.recv()
+            .expect("the load's state hands its buffers back when its last reference drops")
     }
 
     /// Stops every task of this load and waits for them (also run on drop).

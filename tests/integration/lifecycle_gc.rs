@@ -201,12 +201,13 @@ fn capacity_evicts_least_recently_used_and_spares_leased() {
         Duration::ZERO,
     ));
     let e = eng(s.clone(), "lru");
+    // Each save finishes before the next starts, so the uses are ordered without sleeping
+    // between them: an entry's last use is the later of its logged use (the system clock,
+    // nanoseconds) and its files' mtime (the kernel's coarse clock, never ahead of the system
+    // clock), and both of B's come before C's logged use.
     let pa = save(&e, 2, 10);
-    std::thread::sleep(Duration::from_millis(20));
     let pb = save(&e, 2, 11);
-    std::thread::sleep(Duration::from_millis(20));
     let pc = save(&e, 2, 12);
-    std::thread::sleep(Duration::from_millis(20));
     // A is used again: now B is the least recently used.
     assert_eq!(check(&e, &pa), 2);
     let r = rt();
