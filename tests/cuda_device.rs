@@ -1,5 +1,5 @@
 //! Device destinations (feature `cuda`): a load lands in pinned staging, is verified there,
-//! and is copied to device memory layer by layer (`objectcache::cuda::DeviceLoad`).
+//! and is copied to device memory layer by layer (`objectcache::connector::DeviceLoad`).
 //!
 //! Needs an NVIDIA GPU and driver for the round trip; without one the round trip prints
 //! SKIP (or fails when `OBJECTCACHE_REQUIRE_CUDA` is set), and the no-driver test checks
@@ -9,9 +9,10 @@
 mod common;
 
 use common::*;
+use objectcache::connector::DeviceLoad;
 use objectcache::connector::{LayerBuffers, LayerStatus, LoadRequest};
 use objectcache::cuda::cudarc::driver::DevicePtr;
-use objectcache::cuda::{Device, DeviceLoad, LayerCopy};
+use objectcache::cuda::{Device, LayerCopy};
 use objectcache::store::MemoryStore;
 use objectcache::{Dtype, KvGeometry};
 use std::sync::Arc;

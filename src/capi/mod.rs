@@ -20,8 +20,8 @@ mod types;
 pub use types::*;
 
 use crate::connector::{
-    ChunkStatus, Engine, EngineConfig, LayerBuffers, LayerStatus, LayerTiming, LoadHandle,
-    LoadHints, LoadRequest,
+    ChunkStatus, Engine, EngineConfig, LayerStatus, LayerTiming, LoadHints, LoadRequest,
+    MemoryKind, RegionId, RegisteredLoad,
 };
 use crate::error::{Error, LayerError, StoreError};
 use crate::hash::{chunk_hashes, HashParams};
@@ -94,6 +94,8 @@ fn error_code(e: &Error) -> objectcache_status {
         Error::Store(_) => OBJECTCACHE_ERR_STORE,
         Error::Layer(l) => layer_code(l),
         Error::Io(_) => OBJECTCACHE_ERR_IO,
+        Error::Busy(_) => OBJECTCACHE_ERR_BUSY,
+        Error::Unsupported(_) => OBJECTCACHE_ERR_UNSUPPORTED,
         // `Error` is `#[non_exhaustive]` (objectcache-core): a kind added there reads as
         // internal until it gets a code of its own; the message names it.
         _ => OBJECTCACHE_ERR_INTERNAL,
@@ -267,43 +269,31 @@ fn need_out<T>(p: *mut T, what: &str) -> Result<(), CErr> {
 struct EngineObj {
     engine: Engine,
     live_transfers: AtomicUsize,
-    regions: Mutex<Vec<Arc<RegionObj>>>,
+    /// Tokens of the regions registered with this engine.
+    regions: Mutex<Vec<usize>>,
 }
 
+/// A region handle: the engine it was registered with (its token) and the engine's id of it.
 struct RegionObj {
-    id: usize,
-    addr: usize,
-    len: usize,
-    /// Unreleased transfers writing into this region.
-    users: AtomicUsize,
-    /// Device memory: the device and the pinned host staging that loads land in first.
-    #[cfg(feature = "cuda")]
-    device: Option<(crate::cuda::Device, crate::cuda::PinnedStaging)>,
+    engine: usize,
+    id: RegionId,
 }
 
-/// One transfer's hold on its engine and on the regions it writes into: while it lives,
-/// deregistering those regions and destroying the engine are refused. Dropping it lets them
-/// go, so it must drop only once the load can no longer touch the memory.
+/// One transfer's hold on its engine: while it lives, destroying the engine is refused.
+/// (The regions a transfer writes into are held by its [`RegisteredLoad`].)
 struct Busy {
     engine: Arc<EngineObj>,
-    regions: Vec<Arc<RegionObj>>,
 }
 
 impl Busy {
-    fn new(engine: Arc<EngineObj>, regions: Vec<Arc<RegionObj>>) -> Busy {
-        for r in &regions {
-            r.users.fetch_add(1, Ordering::AcqRel);
-        }
+    fn new(engine: Arc<EngineObj>) -> Busy {
         engine.live_transfers.fetch_add(1, Ordering::AcqRel);
-        Busy { engine, regions }
+        Busy { engine }
     }
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        for r in &self.regions {
-            r.users.fetch_sub(1, Ordering::AcqRel);
-        }
         self.engine.live_transfers.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -322,15 +312,11 @@ impl Drop for Released {
 }
 
 /// A load started through the C ABI. Its fields drop in this order, which is the order
-/// release needs: the device copies (dropping them waits for every queued copy to finish
-/// reading the staging memory), then the load (dropping the handle stops every task of the
-/// load and waits until none can touch the destinations), then the hold on the regions and
-/// the engine, and last the signal that the transfer is gone.
+/// release needs: the load (dropping it waits for its device copies, stops every task of
+/// the load and waits until none can touch the destinations, then lets the regions go),
+/// then the hold on the engine, and last the signal that the transfer is gone.
 struct TransferObj {
-    /// Copies of the layers whose destination is device memory (none: all host).
-    #[cfg(feature = "cuda")]
-    device: Option<crate::cuda::DeviceLoad>,
-    handle: Arc<LoadHandle>,
+    load: RegisteredLoad,
     /// Held for its drop.
     _busy: Busy,
     request_id: u64,
@@ -773,10 +759,10 @@ pub unsafe extern "C" fn objectcache_engine_destroy(
         }
         // Lock order everywhere: an engine's region list before the registry, never both
         // the other way round.
-        let regions: Vec<Arc<RegionObj>> = lock(&e.regions).drain(..).collect();
+        let regions: Vec<usize> = lock(&e.regions).drain(..).collect();
         let mut reg = registry();
         for r in regions {
-            reg.remove(&r.id);
+            reg.remove(&r);
         }
         drop(reg);
         // The engine itself drops with the last reference (here, or in a call still running
@@ -802,59 +788,26 @@ pub unsafe extern "C" fn objectcache_register_memory(
     guard("objectcache_register_memory", || {
         let e = get_engine(engine)?;
         need_out(out, "out")?;
-        match kind {
-            OBJECTCACHE_MEM_HOST => {}
-            #[cfg(not(feature = "cuda"))]
-            OBJECTCACHE_MEM_DEVICE => {
-                return Err(err(
-                    OBJECTCACHE_ERR_UNSUPPORTED,
-                    format!(
-                        "device memory (device {device}): this library was built without the \
-                         cuda feature"
-                    ),
-                ));
-            }
-            #[cfg(feature = "cuda")]
-            OBJECTCACHE_MEM_DEVICE => {}
+        let kind = match kind {
+            OBJECTCACHE_MEM_HOST => MemoryKind::Host,
+            OBJECTCACHE_MEM_DEVICE => MemoryKind::Device { ordinal: device },
             k => {
                 return Err(invalid(format!(
                     "kind {k} is not OBJECTCACHE_MEM_HOST (0) or OBJECTCACHE_MEM_DEVICE (1)"
                 )))
             }
-        }
-        if addr.is_null() {
-            return Err(invalid("addr is NULL"));
-        }
-        if len == 0 {
-            return Err(invalid("len is 0"));
-        }
-        if addr.addr().checked_add(len).is_none() || len > isize::MAX as usize {
-            return Err(invalid(format!("addr {addr:p} + len {len} overflows")));
-        }
-        #[cfg(feature = "cuda")]
-        let device_region = if kind == OBJECTCACHE_MEM_DEVICE {
-            let on = |x: Error| format!("device memory (device {device}): {x}");
-            let dev = crate::cuda::Device::open(device)
-                .map_err(|x| err(OBJECTCACHE_ERR_UNSUPPORTED, on(x)))?;
-            dev.check_device_range(addr.addr(), len)
-                .map_err(|x| invalid(on(x)))?;
-            let staging = dev.staging(len).map_err(|x| invalid(on(x)))?;
-            Some((dev, staging))
-        } else {
-            None
         };
+        // Lock order everywhere: an engine's region list before the registry.
         let mut regions = lock(&e.regions);
-        let id = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
-        let r = Arc::new(RegionObj {
-            id,
-            addr: addr.addr(),
-            len,
-            users: AtomicUsize::new(0),
-            #[cfg(feature = "cuda")]
-            device: device_region,
-        });
-        regions.push(r.clone());
-        registry().insert(id, Obj::Region(r));
+        // SAFETY: the header's contract: the memory stays valid and writable until
+        // deregistered, and the caller does not touch a transfer's destinations until it is
+        // released (which is `register_memory`'s contract).
+        let rid = unsafe { e.engine.register_memory(addr.cast::<u8>(), len, kind)? };
+        let id = insert(Obj::Region(Arc::new(RegionObj {
+            engine: engine.addr(),
+            id: rid,
+        })));
+        regions.push(id);
         drop(regions);
         // SAFETY: checked by need_out above.
         unsafe { out_val(out, token(id), "out")? };
@@ -877,26 +830,17 @@ pub unsafe extern "C" fn objectcache_deregister_memory(
             (_, Obj::Region(r)) => r,
             (id, o) => return Err(wrong_kind(id, &o, "a memory region")),
         };
-        let mut regions = lock(&e.regions);
-        let Some(pos) = regions.iter().position(|x| x.id == r.id) else {
+        if r.engine != engine.addr() {
             return Err(err(
                 OBJECTCACHE_ERR_INVALID_HANDLE,
-                format!("region {:#x} belongs to another engine", r.id),
-            ));
-        };
-        let users = r.users.load(Ordering::Acquire);
-        if users > 0 {
-            return Err(err(
-                OBJECTCACHE_ERR_BUSY,
-                format!("{users} unreleased transfer(s) write into this region"),
+                format!("region {:#x} belongs to another engine", region.addr()),
             ));
         }
-        regions.remove(pos);
-        registry().remove(&r.id);
+        let mut regions = lock(&e.regions);
+        e.engine.deregister_memory(r.id)?;
+        regions.retain(|&t| t != region.addr());
+        registry().remove(&region.addr());
         drop(regions);
-        // No registration of the memory (RDMA) may outlive the caller's promise.
-        let (p, n) = landing_area(&r)?;
-        e.engine.forget_memory(p, n);
         Ok(OBJECTCACHE_OK)
     })
 }
@@ -923,7 +867,7 @@ pub unsafe extern "C" fn objectcache_metrics_get(
             lookup_probes: m.lookup_probes,
             bytes_saved: m.bytes_saved,
             live_transfers: e.live_transfers.load(Ordering::Acquire) as u64,
-            registered_regions: lock(&e.regions).len() as u64,
+            registered_regions: e.engine.registered_regions() as u64,
         };
         // SAFETY: the header's contract on `out`.
         unsafe { out_struct(out, v, "out")? };
@@ -1169,9 +1113,12 @@ pub unsafe extern "C" fn objectcache_load(
             ranges.push(vec![(d.addr.cast::<u8>(), len)]);
         }
         let hints = load_hints(p.priority, p.deadline_ms, p.compute_us_per_layer, g.layers);
-        let id = post_load(e, rid, g, hs, hints, ranges, &|l, _| {
-            format!("params->layers[{l}]")
-        })?;
+        let req = LoadRequest {
+            hints,
+            geometry: g,
+            hashes: hs,
+        };
+        let id = post_load(e, rid, req, ranges)?;
         // SAFETY: checked by need_out above.
         unsafe { out_val(out, token(id), "out")? };
         Ok(OBJECTCACHE_OK)
@@ -1211,10 +1158,12 @@ pub unsafe extern "C" fn objectcache_load_paged(
         }
         .map_err(ctx)?;
         let hints = load_hints(p.priority, p.deadline_ms, p.compute_us_per_layer, g.layers);
-        let rpl = p.ranges_per_layer;
-        let id = post_load(e, rid, g, hs, hints, ranges, &|l, i| {
-            format!("params->ranges[{}] (layer {l} range {i})", l * rpl + i)
-        })?;
+        let req = LoadRequest {
+            hints,
+            geometry: g,
+            hashes: hs,
+        };
+        let id = post_load(e, rid, req, ranges)?;
         // SAFETY: checked by need_out above.
         unsafe { out_val(out, token(id), "out")? };
         Ok(OBJECTCACHE_OK)
@@ -1303,166 +1252,26 @@ unsafe fn paged_ranges(
     Ok(out)
 }
 
-/// Starts a load into `ranges` (per layer, `(pointer, length)` ranges taken in order as the
-/// layer's logical buffer; `label(l, i)` names range `i` of layer `l` in messages) and
-/// registers its transfer. Every range must lie inside one memory region registered with
-/// `e`, and no two ranges may share a byte. Device ranges (`cuda` builds) land in their
-/// region's staging twin and are copied to the device layer by layer.
-#[allow(clippy::too_many_arguments)]
+/// Starts a load into registered memory (`ranges`: per layer, `(pointer, length)` ranges
+/// taken in order as the layer's logical buffer; [`Engine::load_registered`] checks them) and
+/// registers its transfer.
 fn post_load(
     e: Arc<EngineObj>,
     rid: u64,
-    g: KvGeometry,
-    hs: Vec<ChunkHash>,
-    hints: LoadHints,
+    req: LoadRequest,
     ranges: Vec<Vec<(*mut u8, usize)>>,
-    label: &dyn Fn(usize, usize) -> String,
 ) -> Result<usize, CErr> {
-    let ctx = |m: String| invalid(format!("request {rid}: {m}"));
-    let regions = lock(&e.regions).clone();
-    // Where the bytes land (host memory: the range itself; device memory: its staging twin).
-    let mut raw: Vec<Vec<(*mut u8, usize)>> = Vec::with_capacity(ranges.len());
-    let mut used: Vec<Arc<RegionObj>> = Vec::new();
-    // (address, length, (layer, index)) of every range as named, and as landed.
-    let mut named = Vec::new();
-    let mut landed = Vec::new();
-    // Per layer: the host-to-device copies of device ranges (staging -> device).
-    #[cfg(feature = "cuda")]
-    let mut copies: Vec<Vec<crate::cuda::LayerCopy>> = Vec::with_capacity(ranges.len());
-    #[cfg(feature = "cuda")]
-    let mut load_device: Option<crate::cuda::Device> = None;
-    for (l, rs) in ranges.iter().enumerate() {
-        let mut layer_raw = Vec::with_capacity(rs.len());
-        #[cfg(feature = "cuda")]
-        let mut layer_copies = Vec::new();
-        for (i, &(p, len)) in rs.iter().enumerate() {
-            let a = p.addr();
-            let end = a
-                .checked_add(len)
-                .ok_or_else(|| ctx(format!("{} overflows", label(l, i))))?;
-            let Some(r) = regions
-                .iter()
-                .find(|r| a >= r.addr && end <= r.addr + r.len)
-            else {
-                return Err(ctx(format!(
-                    "{} ({a:#x}, {len} bytes) is not inside memory registered with this engine",
-                    label(l, i)
-                )));
-            };
-            if !used.iter().any(|u| u.id == r.id) {
-                used.push(r.clone());
-            }
-            named.push((a, len, (l, i)));
-            #[cfg(feature = "cuda")]
-            if let Some((dev, staging)) = &r.device {
-                match &load_device {
-                    Some(ld) if ld.ordinal() != dev.ordinal() => {
-                        return Err(ctx(format!(
-                            "{} is on device {}, other destinations on device {}: one load \
-                             writes to one device",
-                            label(l, i),
-                            dev.ordinal(),
-                            ld.ordinal()
-                        )))
-                    }
-                    Some(_) => {}
-                    None => load_device = Some(dev.clone()),
-                }
-                // The load lands in the staging bytes at the same offset as the device range.
-                let src = staging.as_mut_ptr()?.wrapping_add(a - r.addr);
-                layer_copies.push(crate::cuda::LayerCopy {
-                    dst: a as u64,
-                    src: src.addr(),
-                    len,
-                });
-                landed.push((src.addr(), len, (l, i)));
-                layer_raw.push((src, len));
-                continue;
-            }
-            landed.push((a, len, (l, i)));
-            layer_raw.push((p, len));
-        }
-        #[cfg(feature = "cuda")]
-        copies.push(layer_copies);
-        raw.push(layer_raw);
-    }
-    for set in [&mut named, &mut landed] {
-        if let Some(((l1, i1), (l2, i2))) = crate::connector::first_overlap(set) {
-            return Err(ctx(format!(
-                "{} and {} overlap",
-                label(l1, i1),
-                label(l2, i2)
-            )));
-        }
-    }
-    // The memory areas the ranges land in: each used host region, or a device region's
-    // staging twin. (Addresses only: RDMA registers them; nothing dereferences these.)
-    let mut memory: Vec<(*mut u8, usize)> = Vec::with_capacity(used.len());
-    for r in &used {
-        memory.push(landing_area(r)?);
-    }
-    // SAFETY: every range lies in memory the caller registered (and so promised valid and
-    // writable until deregistered, which is refused while this transfer holds it) or in the
-    // staging twin of a registered device range (owned by that region); no two ranges share
-    // a byte (checked above, as named and as landed); and the caller promises not to touch
-    // them until the transfer is released (release waits for every in-flight copy). Each
-    // range lies in one of `memory` (found above), which stays mapped until the region is
-    // deregistered, and deregistering calls `Engine::forget_memory` for it first.
-    let bufs = unsafe { LayerBuffers::from_raw_ranges(&raw, &memory) };
-    // Held from here; an error below drops it after the load it guards.
-    let busy = Busy::new(e.clone(), used);
-    let handle = e
+    let busy = Busy::new(e.clone());
+    let load = e
         .engine
-        .load(
-            LoadRequest {
-                hints,
-                geometry: g,
-                hashes: hs,
-            },
-            bufs,
-        )
+        .load_registered(req, ranges)
         .map_err(|x| err(error_code(&x), format!("request {rid}: {x}")))?;
-    let handle = Arc::new(handle);
-    #[cfg(feature = "cuda")]
-    let device = match load_device {
-        None => None,
-        // SAFETY: every copy's source is the staging twin of a registered device range
-        // (pinned, owned by a region this transfer holds busy until released, and written
-        // only by this load); every destination is that device range, checked at
-        // registration; release drops the DeviceLoad (waiting for its copies) before
-        // letting the regions go.
-        Some(dev) => {
-            match unsafe { crate::cuda::DeviceLoad::start(&dev, handle.clone(), copies) } {
-                Ok(d) => Some(d),
-                Err(x) => {
-                    handle.cancel();
-                    // The load (its last reference) drops before `busy`.
-                    drop(handle);
-                    drop(busy);
-                    return Err(err(error_code(&x), format!("request {rid}: {x}")));
-                }
-            }
-        }
-    };
     Ok(insert(Obj::Transfer(Arc::new(TransferObj {
-        #[cfg(feature = "cuda")]
-        device,
-        handle,
+        load,
         _busy: busy,
         request_id: rid,
         released: Released(Arc::new((Mutex::new(false), Condvar::new()))),
     }))))
-}
-
-/// Where loads into region `r` land: the region itself (host memory) or its pinned staging
-/// twin (device memory, `cuda` builds), as `(address, length)`. The address is only passed
-/// to memory registration (RDMA), never dereferenced through this pointer.
-fn landing_area(r: &RegionObj) -> Result<(*mut u8, usize), CErr> {
-    #[cfg(feature = "cuda")]
-    if let Some((_, staging)) = &r.device {
-        return Ok((staging.as_mut_ptr()?, staging.len()));
-    }
-    Ok((std::ptr::without_provenance_mut(r.addr), r.len))
 }
 
 /// The scheduling hints of `objectcache_load_params` as the Rust API's [`LoadHints`]:
@@ -1498,7 +1307,7 @@ fn load_hints(
 }
 
 fn check_layer(t: &TransferObj, layer: u32) -> Result<usize, CErr> {
-    let n = t.handle.layers();
+    let n = t.load.handle().layers();
     let l = layer as usize;
     if l >= n {
         return Err(invalid(format!(
@@ -1511,20 +1320,12 @@ fn check_layer(t: &TransferObj, layer: u32) -> Result<usize, CErr> {
 impl TransferObj {
     /// Layer `l`'s status as the caller sees it: on the device for device destinations.
     fn poll(&self, l: usize) -> LayerStatus {
-        #[cfg(feature = "cuda")]
-        if let Some(d) = &self.device {
-            return d.poll_layer(l);
-        }
-        self.handle.poll_layer(l)
+        self.load.poll_layer(l)
     }
 
-    /// Blocking wait for layer `l` (see [`LoadHandle::wait_layer_blocking`]).
+    /// Blocking wait for layer `l` (see [`RegisteredLoad::wait_layer_blocking`]).
     fn wait(&self, l: usize, to: Option<Duration>) -> Result<(), LayerError> {
-        #[cfg(feature = "cuda")]
-        if let Some(d) = &self.device {
-            return d.wait_layer_blocking(l, to);
-        }
-        self.handle.wait_layer_blocking(l, to)
+        self.load.wait_layer_blocking(l, to)
     }
 }
 
@@ -1600,7 +1401,7 @@ pub unsafe extern "C" fn objectcache_transfer_wait_all(
     guard("objectcache_transfer_wait_all", || {
         let t = get_transfer(transfer)?;
         let deadline = timeout(timeout_ms)?.map(|d| Instant::now() + d);
-        for l in 0..t.handle.layers() {
+        for l in 0..t.load.handle().layers() {
             let s = wait_one(&t, l, deadline)?;
             if s != OBJECTCACHE_OK {
                 return Ok(s);
@@ -1624,7 +1425,7 @@ pub unsafe extern "C" fn objectcache_transfer_chunk_status(
     guard("objectcache_transfer_chunk_status", || {
         let t = get_transfer(transfer)?;
         need_out(n, "n")?;
-        let st = t.handle.chunk_status();
+        let st = t.load.handle().chunk_status();
         // SAFETY: checked by need_out above.
         unsafe { out_val(n, st.len(), "n")? };
         if cap < st.len() {
@@ -1669,10 +1470,10 @@ pub unsafe extern "C" fn objectcache_transfer_stats_get(
 ) -> objectcache_status {
     guard("objectcache_transfer_stats_get", || {
         let t = get_transfer(transfer)?;
-        let ready = (0..t.handle.layers())
+        let ready = (0..t.load.handle().layers())
             .filter(|&l| t.poll(l) == LayerStatus::Ready)
             .count();
-        let s = t.handle.stats();
+        let s = t.load.handle().stats();
         let v = objectcache_transfer_stats {
             struct_size: 0,
             layers_ready: ready as u32,
@@ -1712,7 +1513,7 @@ pub unsafe extern "C" fn objectcache_transfer_stall_advice(
             // SAFETY: as above.
             unsafe { cstr(p.kernels, "params->kernels")? }
         };
-        let m = stall_model(
+        let m = crate::sched::ComputeModel::from_settings(
             model,
             gpu,
             kernels,
@@ -1721,16 +1522,17 @@ pub unsafe extern "C" fn objectcache_transfer_stall_advice(
             p.load_tokens,
             p.new_tokens,
         )
-        .map_err(|e| invalid(e.to_string()))?;
+        .map_err(|e| invalid(format!("params: {e}")))?;
         let advice = t
-            .handle
+            .load
+            .handle()
             .stall_advice(&m, p.load_tokens, p.new_tokens)
             .map_err(|e| invalid(e.to_string()))?;
         let v = match advice {
             crate::sched::Fallback::Wait { finish_s } => objectcache_stall_advice {
                 struct_size: 0,
                 recompute: 0,
-                from_layer: t.handle.layers() as u32,
+                from_layer: t.load.handle().layers() as u32,
                 _reserved: 0,
                 recompute_tokens: 0,
                 finish_s,
@@ -1757,52 +1559,6 @@ pub unsafe extern "C" fn objectcache_transfer_stall_advice(
     })
 }
 
-/// The compute model of `objectcache_stall_params`: the analytic model of `model` on `gpu`
-/// (`kernels`, TP `tp`), or, with `compute_us_per_layer` > 0, that measured time for every
-/// layer at (`new_tokens` new after `load_tokens` cached), scaled by the analytic model.
-fn stall_model(
-    model: &str,
-    gpu: &str,
-    kernels: &str,
-    tp: u32,
-    compute_us_per_layer: u64,
-    load_tokens: u64,
-    new_tokens: u64,
-) -> Result<crate::sched::ComputeModel, Error> {
-    use crate::sched::{
-        AnalyticModel, ComputeModel, GpuKind, KernelClass, MeasuredModel, ModelShape,
-    };
-    let a = AnalyticModel::new(
-        ModelShape::preset(model)?,
-        GpuKind::parse(gpu)?,
-        KernelClass::parse(kernels)?,
-        tp,
-    )?;
-    if compute_us_per_layer == 0 {
-        return Ok(ComputeModel::Analytic(a));
-    }
-    if new_tokens == 0 {
-        return Err(Error::InvalidArgument(
-            "params->compute_us_per_layer is the time for params->new_tokens, which is 0".into(),
-        ));
-    }
-    if compute_us_per_layer > u64::from(u32::MAX) {
-        return Err(Error::InvalidArgument(format!(
-            "params->compute_us_per_layer {compute_us_per_layer} is above {} us (as in objectcache_load_params)",
-            u32::MAX
-        )));
-    }
-    let n = a.shape.layers as usize;
-    let fixed = a.fixed_s;
-    Ok(ComputeModel::Measured(MeasuredModel::new(
-        vec![compute_us_per_layer as f64 * 1e-6; n],
-        fixed,
-        new_tokens,
-        load_tokens,
-        a,
-    )?))
-}
-
 /// Cancels a transfer. See the header.
 ///
 /// # Safety
@@ -1812,7 +1568,7 @@ pub unsafe extern "C" fn objectcache_transfer_cancel(
     transfer: *mut objectcache_transfer,
 ) -> objectcache_status {
     guard("objectcache_transfer_cancel", || {
-        get_transfer(transfer)?.handle.cancel();
+        get_transfer(transfer)?.load.handle().cancel();
         Ok(OBJECTCACHE_OK)
     })
 }
@@ -1846,7 +1602,7 @@ pub unsafe extern "C" fn objectcache_transfer_release(
         // Wake waiters on other threads (their layers fail with Cancelled), let go of the
         // transfer, and wait until it is dropped whole (by whichever thread holds it last:
         // `TransferObj`'s fields drop in the order that makes the memory free).
-        t.handle.cancel();
+        t.load.handle().cancel();
         let released = t.released.0.clone();
         drop(t);
         let (done, cv) = &*released;

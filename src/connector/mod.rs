@@ -27,21 +27,27 @@
 
 mod buffers;
 mod config;
+#[cfg(feature = "cuda")]
+mod device;
 mod flight;
 mod gather;
 mod load;
+mod memory;
 #[cfg(feature = "rdma")]
 mod rdma;
 mod status;
 
-pub(crate) use buffers::first_overlap;
+use buffers::first_overlap;
 pub use buffers::{LayerBuffers, LayerStatus};
 pub use config::{
     default_cache_dir, EngineConfig, StallTimeout, Transport, CONFIG_KEYS, LOAD_DEADLINE_FLOOR,
     STALL_FIRST_BYTE, STALL_FLOOR,
 };
+#[cfg(feature = "cuda")]
+pub use device::DeviceLoad;
 pub use gather::GatherStatus;
 pub use load::{LayerTiming, LoadHandle, LoadHints, LoadRequest, LoadStats, MAX_ADVICE_TOKENS};
+pub use memory::{MemoryKind, RegionId, RegisteredLoad};
 pub use status::ChunkStatus;
 
 use crate::error::{Error, StoreError};
@@ -142,6 +148,8 @@ pub struct Engine {
     leases: Arc<crate::lifecycle::LeaseTable>,
     /// Last load of each entry, for [`Engine::gc`]'s least-recently-used eviction.
     access: Arc<crate::lifecycle::AccessLog>,
+    /// Memory registered for loads ([`Engine::register_memory`]).
+    memory: memory::Registry,
 }
 
 impl std::fmt::Debug for Engine {
@@ -274,6 +282,7 @@ impl Engine {
             fetched: Arc::new(AtomicU64::new(0)),
             leases: crate::lifecycle::LeaseTable::new(),
             access: Arc::new(crate::lifecycle::AccessLog::new()),
+            memory: memory::Registry::default(),
         };
         e.start_gather_probe();
         e.start_store_warm();

@@ -1,10 +1,12 @@
-//! CUDA destinations (cargo feature `cuda`): loads whose destination is GPU memory.
+//! CUDA driver shell (cargo feature `cuda`): devices, pinned host staging, and
+//! host-to-device copies on a stream. The connector builds loads into GPU memory on it
+//! (`connector::DeviceLoad`); nothing here knows about loads.
 //!
 //! A load always lands in host memory first: the transports (ranged GETs, TCP gather, RDMA)
 //! write each slice into a [`PinnedStaging`] buffer (page-locked, so the copy engine reads
 //! it by DMA), the connector verifies every slice's CRC32C there, and only then does
-//! [`DeviceLoad`] copy the layer to the device with `cuMemcpyHtoDAsync` on its own CUDA
-//! stream. Layer `l` is reported ready once its copy's CUDA event has completed, so a
+//! the connector's device load copy the layer to the device with `cuMemcpyHtoDAsync` on
+//! its own [`CopyStream`]. Layer `l` is reported ready once its copy's CUDA event has completed, so a
 //! caller that waits for layer `l` before running layer `l`'s attention sees exactly the
 //! verified bytes, while layer `l + 1` is still arriving and layer `l`'s copy overlaps it.
 //! This is the "per-layer copies from a pinned host buffer on a CUDA stream" path; GPUDirect
@@ -23,12 +25,9 @@
 
 pub use cudarc;
 
-use crate::connector::{LayerStatus, LoadHandle};
-use crate::{Error, LayerError, Result};
+use crate::{Error, Result};
 use cudarc::driver::{result as cu, sys, CudaContext, CudaEvent, CudaStream, PinnedHostSlice};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
 
 /// One CUDA device (its primary context), opened for copies into its memory.
 #[derive(Clone)]
@@ -152,7 +151,7 @@ impl Device {
             return Err(Error::InvalidArgument("CUDA: staging length is 0".into()));
         }
         // SAFETY: the bytes start uninitialised; they are only read by the copy engine after
-        // a load has written and verified them (DeviceLoad copies ready layers only).
+        // a load has written and verified them (the device load copies ready layers only).
         // Flags: portable (usable from every context), not write-combined, because the
         // connector reads every slice back to check its CRC32C.
         let buf = unsafe {
@@ -192,7 +191,7 @@ impl PinnedStaging {
         self.len == 0
     }
 
-    /// The buffer's first byte, for building [`crate::connector::LayerBuffers`] over it.
+    /// The buffer's first byte, for building the connector's `LayerBuffers` over it.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if the driver reports the buffer unusable.
@@ -213,245 +212,100 @@ pub struct LayerCopy {
     pub len: usize,
 }
 
-enum Slot {
-    /// The layer has not landed in host memory yet.
-    Waiting,
-    /// Its copy is queued on the stream; done when the event completes.
-    Copying(CudaEvent),
-    /// On the device (or it had nothing to copy).
-    Ready,
-    /// A miss.
-    Failed(LayerError),
-}
-
-struct Shared {
-    slots: Mutex<Vec<Slot>>,
-    cv: Condvar,
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Vec<Slot>> {
-        self.slots.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// A load whose layers end in device memory: wraps a [`LoadHandle`] writing into pinned
-/// staging, and copies each layer to the device as soon as it is ready in host memory.
-///
-/// Layer status follows [`LoadHandle`]'s: `Ready` only after the layer's bytes are on the
-/// device; a layer that failed on the host side fails here with the same error; a failed
-/// copy fails the layer with [`LayerError::Device`]. Dropping it cancels the load and waits
-/// for every queued copy, so the staging buffers may be freed afterwards.
-pub struct DeviceLoad {
-    handle: Arc<LoadHandle>,
-    shared: Arc<Shared>,
+/// A CUDA stream of this device that queues host-to-device copies in order.
+pub struct CopyStream {
     stream: Arc<CudaStream>,
-    copier: Option<JoinHandle<()>>,
 }
 
-impl std::fmt::Debug for DeviceLoad {
+impl std::fmt::Debug for CopyStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceLoad")
-            .field("layers", &self.handle.layers())
-            .finish_non_exhaustive()
+        f.debug_struct("CopyStream")
+            .field("ordinal", &self.stream.context().ordinal())
+            .finish()
     }
 }
 
-impl DeviceLoad {
-    /// Starts copying: `copies[l]` are layer `l`'s copies (empty for a layer whose
-    /// destination is host memory).
-    ///
-    /// # Safety
-    /// Every `src..src+len` lies in the staging memory `handle` writes layer `l` into and
-    /// stays valid until this value is dropped; every `dst..dst+len` is device memory of
-    /// `device` (see [`Device::check_device_range`]) that stays allocated, and is not used
-    /// by the caller, until the layer is reported ready or this value is dropped.
+impl Device {
+    /// A new stream for copies into this device's memory.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if `copies` does not have one entry per layer or the
-    /// driver refuses a stream.
-    pub unsafe fn start(
-        device: &Device,
-        handle: Arc<LoadHandle>,
-        copies: Vec<Vec<LayerCopy>>,
-    ) -> Result<Self> {
-        if copies.len() != handle.layers() {
-            return Err(Error::InvalidArgument(format!(
-                "CUDA: {} layer copy lists for a load of {} layers",
-                copies.len(),
-                handle.layers()
-            )));
-        }
-        let stream = device
+    /// [`Error::InvalidArgument`] if the driver refuses a stream.
+    pub fn copy_stream(&self) -> Result<CopyStream> {
+        let stream = self
             .ctx
             .new_stream()
             .map_err(|e| cuda_err("create stream", e))?;
-        let shared = Arc::new(Shared {
-            slots: Mutex::new((0..copies.len()).map(|_| Slot::Waiting).collect()),
-            cv: Condvar::new(),
-        });
-        let (h, sh, st) = (handle.clone(), shared.clone(), stream.clone());
-        let copier = std::thread::Builder::new()
-            .name("objectcache-cuda-copy".into())
-            .spawn(move || copy_layers(&h, &sh, &st, &copies))
-            .map_err(Error::Io)?;
-        Ok(Self {
-            handle,
-            shared,
-            stream,
-            copier: Some(copier),
-        })
+        Ok(CopyStream { stream })
     }
+}
 
-    /// Number of layers.
-    pub fn layers(&self) -> usize {
-        self.handle.layers()
-    }
-
-    /// The host-side load (chunk status, statistics, cancel).
-    pub fn host(&self) -> &LoadHandle {
-        &self.handle
-    }
-
-    /// Non-blocking status of layer `l`: `Ready` once its bytes are on the device.
+impl CopyStream {
+    /// Queues `copies` (`cuMemcpyHtoDAsync` each, in order) and returns the event that
+    /// completes once all of them have.
     ///
-    /// # Panics
-    /// If `l >= layers()`.
-    pub fn poll_layer(&self, l: usize) -> LayerStatus {
-        let mut slots = self.shared.lock();
-        settle(&mut slots[l], l)
-    }
-
-    /// Waits until layer `l` is on the device, at most `timeout` (none: no limit).
+    /// # Safety
+    /// Every `src..src+len` is pinned host memory that holds the bytes to copy and stays
+    /// valid and unwritten until the returned event has completed or [`CopyStream::synchronize`]
+    /// has returned; every `dst..dst+len` is device memory of this stream's device that stays
+    /// allocated until then.
     ///
     /// # Errors
-    /// The layer's [`LayerError`]; [`LayerError::Timeout`] when `timeout` passes first (the
-    /// load goes on).
+    /// [`Error::InvalidArgument`] naming the driver call that failed.
+    pub unsafe fn queue(&self, copies: &[LayerCopy]) -> Result<CopyDone> {
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| cuda_err("bind context", e))?;
+        for c in copies {
+            // SAFETY: this function's contract: `src..src+len` is valid host memory until
+            // the copy has completed, `dst..dst+len` device memory of this context.
+            unsafe {
+                let src = std::slice::from_raw_parts(c.src as *const u8, c.len);
+                cu::memcpy_htod_async(c.dst as sys::CUdeviceptr, src, self.stream.cu_stream())
+            }
+            .map_err(|e| cuda_err(&format!("cuMemcpyHtoDAsync of {} bytes", c.len), e))?;
+        }
+        let ev = self
+            .stream
+            .record_event(None)
+            .map_err(|e| cuda_err("record event", e))?;
+        Ok(CopyDone(ev))
+    }
+
+    /// Waits until every copy queued so far has completed.
     ///
-    /// # Panics
-    /// If `l >= layers()`.
-    pub fn wait_layer_blocking(
-        &self,
-        l: usize,
-        timeout: Option<Duration>,
-    ) -> Result<(), LayerError> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        let mut slots = self.shared.lock();
-        loop {
-            match &slots[l] {
-                Slot::Waiting => {
-                    slots = match deadline {
-                        None => self
-                            .shared
-                            .cv
-                            .wait(slots)
-                            .unwrap_or_else(|p| p.into_inner()),
-                        Some(d) => {
-                            let left = d.saturating_duration_since(Instant::now());
-                            if left.is_zero() {
-                                return Err(LayerError::Timeout { layer: l });
-                            }
-                            self.shared
-                                .cv
-                                .wait_timeout(slots, left)
-                                .unwrap_or_else(|p| p.into_inner())
-                                .0
-                        }
-                    };
-                }
-                Slot::Copying(ev) => {
-                    // Blocks in the driver until the copy is done (the event was recorded
-                    // right after this layer's copies on the stream).
-                    let r = ev.synchronize();
-                    slots[l] = match r {
-                        Ok(()) => Slot::Ready,
-                        Err(e) => Slot::Failed(LayerError::Device {
-                            layer: l,
-                            message: format!("copy to device: {e}"),
-                        }),
-                    };
-                }
-                Slot::Ready => return Ok(()),
-                Slot::Failed(e) => return Err(e.clone()),
-            }
-        }
-    }
-
-    /// Cancels the load; layers not yet on the device fail with [`LayerError::Cancelled`].
-    pub fn cancel(&self) {
-        self.handle.cancel();
+    /// # Errors
+    /// [`Error::InvalidArgument`] with the driver's error (a copy failed).
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| cuda_err("synchronize stream", e))
     }
 }
 
-/// Turns a finished copy into `Ready` (or `Failed`), without blocking.
-fn settle(slot: &mut Slot, layer: usize) -> LayerStatus {
-    if let Slot::Copying(ev) = slot {
-        match ev.try_is_complete() {
-            Ok(true) => *slot = Slot::Ready,
-            Ok(false) => return LayerStatus::Pending,
-            Err(e) => {
-                *slot = Slot::Failed(LayerError::Device {
-                    layer,
-                    message: format!("copy to device: {e}"),
-                })
-            }
-        }
-    }
-    match slot {
-        Slot::Waiting | Slot::Copying(_) => LayerStatus::Pending,
-        Slot::Ready => LayerStatus::Ready,
-        Slot::Failed(e) => LayerStatus::Failed(e.clone()),
+/// The completion of copies queued by [`CopyStream::queue`].
+pub struct CopyDone(CudaEvent);
+
+impl std::fmt::Debug for CopyDone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CopyDone").finish_non_exhaustive()
     }
 }
 
-/// The copier thread: layer by layer, in the order the model consumes them, waits for the
-/// layer to be verified in host memory and queues its copies.
-fn copy_layers(h: &LoadHandle, sh: &Shared, stream: &CudaStream, copies: &[Vec<LayerCopy>]) {
-    for (l, cs) in copies.iter().enumerate() {
-        let next = match h.wait_layer_blocking(l, None) {
-            Err(e) => Slot::Failed(e),
-            Ok(()) if cs.is_empty() => Slot::Ready,
-            Ok(()) => match queue_copies(stream, cs) {
-                Ok(ev) => Slot::Copying(ev),
-                Err(e) => Slot::Failed(LayerError::Device {
-                    layer: l,
-                    message: e.to_string(),
-                }),
-            },
-        };
-        sh.lock()[l] = next;
-        sh.cv.notify_all();
+impl CopyDone {
+    /// Whether the copies have completed, without blocking.
+    ///
+    /// # Errors
+    /// The driver's error text when a copy failed.
+    pub fn is_complete(&self) -> std::result::Result<bool, String> {
+        self.0.try_is_complete().map_err(|e| e.to_string())
     }
-}
 
-fn queue_copies(stream: &CudaStream, cs: &[LayerCopy]) -> Result<CudaEvent> {
-    stream
-        .context()
-        .bind_to_thread()
-        .map_err(|e| cuda_err("bind context", e))?;
-    for c in cs {
-        // SAFETY: DeviceLoad::start's contract: `src..src+len` is staging memory holding this
-        // layer's verified bytes, valid until the DeviceLoad is dropped (which synchronises
-        // the stream first), and `dst..dst+len` is device memory of this context.
-        unsafe {
-            let src = std::slice::from_raw_parts(c.src as *const u8, c.len);
-            cu::memcpy_htod_async(c.dst as sys::CUdeviceptr, src, stream.cu_stream())
-        }
-        .map_err(|e| cuda_err(&format!("cuMemcpyHtoDAsync of {} bytes", c.len), e))?;
-    }
-    stream
-        .record_event(None)
-        .map_err(|e| cuda_err("record event", e))
-}
-
-impl Drop for DeviceLoad {
-    fn drop(&mut self) {
-        // Stop the host-side load: the copier's waits then end (as misses) and it exits.
-        self.handle.cancel();
-        if let Some(t) = self.copier.take() {
-            let _ = t.join();
-        }
-        // No queued copy may read staging memory after this value is gone.
-        let _ = self.stream.synchronize();
+    /// Blocks until the copies have completed.
+    ///
+    /// # Errors
+    /// The driver's error text when a copy failed.
+    pub fn wait(&self) -> std::result::Result<(), String> {
+        self.0.synchronize().map_err(|e| e.to_string())
     }
 }

@@ -438,3 +438,121 @@ fn bad_paged_buffers_are_refused_by_name() {
         .to_string();
     assert!(err.contains("layer 2 ranges add up to 8000 bytes"), "{err}");
 }
+
+/// Registered memory through the Rust API (`Engine::register_memory`, `load_registered`;
+/// the C ABI's register and load calls are these): a paged load lands byte-exact in
+/// scattered blocks of the registered pool and nowhere else; ranges outside registered
+/// memory and overlapping ranges are refused by name; an area is busy while a load into it
+/// lives and deregisters once it is dropped; device memory needs the `cuda` feature.
+#[test]
+fn loads_into_registered_memory_are_checked_held_and_byte_exact() {
+    use objectcache::connector::MemoryKind;
+    use objectcache::Error;
+    let g = geometry();
+    let e = engine_on(Arc::new(MemoryStore::new()), "regmem", &[]);
+    let p = Pool::of(&g, 40);
+    let chunks = 3;
+    let (src, dst) = ([3usize, 9, 1, 20, 5, 6], [30usize, 2, 17, 8, 11, 39]);
+    let hs = hashes(&g, chunks * g.tokens_per_chunk as usize, 77);
+    let pool = filled(&p, 77);
+    let parts: Vec<Vec<&[u8]>> = p
+        .ranges(&src)
+        .iter()
+        .map(|rs| rs.iter().map(|&(o, n)| &pool[o..o + n]).collect())
+        .collect();
+    assert_eq!(
+        e.save_paged_blocking(&g, &hs, &parts).unwrap().written,
+        chunks
+    );
+
+    let mut kv = vec![SENTINEL; p.len()];
+    let base = kv.as_mut_ptr();
+    // SAFETY: `kv` outlives every load into it (each is dropped or finished below, before
+    // `kv` is read) and is only read once those loads are gone.
+    let id = unsafe { e.register_memory(base, kv.len(), MemoryKind::Host) }.unwrap();
+    assert_eq!(e.registered_regions(), 1);
+    let at = |ranges: Vec<Vec<(usize, usize)>>| -> Vec<Vec<(*mut u8, usize)>> {
+        ranges
+            .into_iter()
+            .map(|rs| {
+                rs.into_iter()
+                    .map(|(o, n)| (base.wrapping_add(o), n))
+                    .collect()
+            })
+            .collect()
+    };
+    let req = || LoadRequest::new(g.clone(), hs.clone());
+
+    // Refused by name: a range outside registered memory, and two that overlap.
+    let mut outside = vec![0u8; p.block_bytes];
+    let mut bad = at(p.ranges(&dst));
+    bad[1][2] = (outside.as_mut_ptr(), p.block_bytes);
+    let err = e.load_registered(req(), bad).unwrap_err().to_string();
+    assert!(
+        err.contains("layer 1 range 2") && err.contains("not inside"),
+        "{err}"
+    );
+    let mut bad = at(p.ranges(&dst));
+    bad[3][0] = bad[0][4];
+    let err = e.load_registered(req(), bad).unwrap_err().to_string();
+    assert!(
+        err.contains("layer 0 range 4")
+            && err.contains("layer 3 range 0")
+            && err.contains("overlap"),
+        "{err}"
+    );
+
+    // A load holds its area: deregistering is refused until the load is dropped.
+    let load = e.load_registered(req(), at(p.ranges(&dst))).unwrap();
+    for l in 0..p.layers {
+        load.wait_layer_blocking(l, None).unwrap();
+        assert_eq!(load.poll_layer(l), LayerStatus::Ready);
+    }
+    assert!(load
+        .handle()
+        .chunk_status()
+        .iter()
+        .all(|s| *s == ChunkStatus::Ok));
+    assert!(matches!(e.deregister_memory(id), Err(Error::Busy(_))));
+    drop(load);
+    e.deregister_memory(id).unwrap();
+    assert_eq!(e.registered_regions(), 0);
+    assert!(matches!(
+        e.deregister_memory(id),
+        Err(Error::InvalidArgument(_))
+    ));
+    // Deregistered memory takes no load.
+    let err = e
+        .load_registered(req(), at(p.ranges(&dst)))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not inside memory registered"), "{err}");
+
+    for l in 0..p.layers {
+        for b in 0..p.blocks {
+            let blk = &kv[p.at(l, b)..][..p.block_bytes];
+            match dst.iter().position(|&d| d == b) {
+                Some(i) => assert!(
+                    blk == &pool[p.at(l, src[i])..][..p.block_bytes],
+                    "layer {l} block {b}"
+                ),
+                None => assert!(
+                    blk.iter().all(|&x| x == SENTINEL),
+                    "layer {l} block {b} written"
+                ),
+            }
+        }
+    }
+    assert!(outside.iter().all(|&x| x == 0));
+
+    // Device memory: refused as unsupported without the cuda feature (and, with it, where
+    // no CUDA driver is present or the range is host memory).
+    // SAFETY: refused before anything would be written.
+    let r = unsafe { e.register_memory(base, kv.len(), MemoryKind::Device { ordinal: 0 }) };
+    match r {
+        Err(Error::Unsupported(m)) | Err(Error::InvalidArgument(m)) => {
+            assert!(m.contains("device"), "{m}")
+        }
+        other => panic!("host memory registered as device memory: {other:?}"),
+    }
+}

@@ -199,6 +199,14 @@ pub enum Error {
     /// An I/O error outside any store (e.g. binding a socket).
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
+    /// The object is in use and cannot be changed now (registered memory that a load still
+    /// writes into); the message says by what.
+    #[error("busy: {0}")]
+    Busy(String),
+    /// Not supported by this build or machine (device memory without the `cuda` feature or
+    /// without a CUDA driver); the message says what is missing.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
 }
 
 /// Crate-level result.

@@ -395,6 +395,57 @@ impl ComputeModel {
         )?))
     }
 
+    /// The compute model an engine's caller names: the analytic model of the preset `model`
+    /// on `gpu` (`GpuKind::parse`) with `kernels` (`KernelClass::parse`) at TP `tp`; or, when
+    /// `measured_us_per_layer` > 0, that measured time (microseconds, the same for every
+    /// layer) for a prefill of `new_tokens` new tokens after `cached_tokens` cached, scaled by
+    /// the analytic model to other token counts ([`MeasuredModel`]). The C ABI's stall advice
+    /// (`objectcache_stall_params`) is built this way.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an unknown model, GPU or kernel class, TP 0, a measured
+    /// time with `new_tokens` 0, or a measured time above `u32::MAX` microseconds (the load
+    /// hints' bound).
+    pub fn from_settings(
+        model: &str,
+        gpu: &str,
+        kernels: &str,
+        tp: u32,
+        measured_us_per_layer: u64,
+        cached_tokens: u64,
+        new_tokens: u64,
+    ) -> Result<Self, Error> {
+        let a = AnalyticModel::new(
+            ModelShape::preset(model)?,
+            GpuKind::parse(gpu)?,
+            KernelClass::parse(kernels)?,
+            tp,
+        )?;
+        if measured_us_per_layer == 0 {
+            return Ok(ComputeModel::Analytic(a));
+        }
+        if new_tokens == 0 {
+            return Err(Error::InvalidArgument(
+                "a measured compute time per layer is the time for new_tokens, which is 0".into(),
+            ));
+        }
+        if measured_us_per_layer > u64::from(u32::MAX) {
+            return Err(Error::InvalidArgument(format!(
+                "measured compute time per layer {measured_us_per_layer} us is above {} us",
+                u32::MAX
+            )));
+        }
+        let per_layer = vec![measured_us_per_layer as f64 * 1e-6; a.shape.layers as usize];
+        let fixed = a.fixed_s;
+        Ok(ComputeModel::Measured(MeasuredModel::new(
+            per_layer,
+            fixed,
+            new_tokens,
+            cached_tokens,
+            a,
+        )?))
+    }
+
     /// Number of layers.
     pub fn layers(&self) -> usize {
         match self {
@@ -614,6 +665,39 @@ mod tests {
         assert!(close(mm.prefill_time(4096, 0), 0.068, 1e-9));
         assert!(MeasuredModel::new(vec![0.1; 3], 0.0, 1, 0, a.clone()).is_err());
         assert!(MeasuredModel::new(vec![f64::NAN; 32], 0.0, 1, 0, a).is_err());
+    }
+
+    #[test]
+    fn settings_name_an_analytic_or_a_measured_model() {
+        let a = ComputeModel::from_settings("8b", "h100", "tuned", 1, 0, 4096, 128).unwrap();
+        assert_eq!(
+            a,
+            ComputeModel::preset("8b", GpuKind::H100, KernelClass::Tuned).unwrap()
+        );
+        // 2,000 us per layer, measured for 128 new tokens after 4,096 cached.
+        let m = ComputeModel::from_settings("8b", "h200", "tuned", 1, 2000, 4096, 128).unwrap();
+        assert!(matches!(m, ComputeModel::Measured(_)));
+        assert_eq!(m.layers(), 32);
+        assert!(close(m.layer_time(31, 128, 4096), 0.002, 1e-12));
+        let bad = |r: Result<ComputeModel, Error>| r.unwrap_err().to_string();
+        assert!(bad(ComputeModel::from_settings(
+            "8b", "h100", "tuned", 1, 2000, 4096, 0
+        ))
+        .contains("new_tokens"));
+        assert!(bad(ComputeModel::from_settings(
+            "8b",
+            "h100",
+            "tuned",
+            1,
+            1 << 40,
+            4096,
+            1
+        ))
+        .contains("above"));
+        assert!(bad(ComputeModel::from_settings(
+            "8b", "v100", "tuned", 1, 0, 0, 1
+        ))
+        .contains("v100"));
     }
 
     #[test]
