@@ -135,6 +135,11 @@ pub struct Record {
     pub bytes_loaded: Option<u64>,
     /// Whether every run's greedy output equals `recompute`'s for the same prompt.
     pub output_identical: Option<bool>,
+    /// Whether every run's greedy output equals `apc`'s for the same request (`None` for
+    /// `recompute` and `apc`, or when `apc` did not run): a request served from a cached
+    /// prefix can differ from a full computation by numerics alone, as vLLM's own prefix
+    /// cache does at long prefixes; a connector whose output equals `apc`'s adds nothing.
+    pub output_matches_apc: Option<bool>,
     /// Timed runs.
     pub runs: usize,
     /// TTFT over a full recompute: the paired ratio where there is one, else TTFT over
@@ -218,6 +223,7 @@ pub fn run(a: VllmArgs) -> Result<()> {
         rt: &rt,
         prompts: &prompts,
         reference: HashMap::new(),
+        apc_reference: HashMap::new(),
         records: Vec::new(),
         replicas: Vec::new(),
         tmp: tmp.path().to_path_buf(),
@@ -314,6 +320,7 @@ fn empty(method: &str, p: u32, new: u32, why: &str) -> Record {
         local_hit_tokens: None,
         bytes_loaded: None,
         output_identical: None,
+        output_matches_apc: None,
         runs: 0,
         ttft_miss_s: None,
         paired_ratio: None,
@@ -820,6 +827,8 @@ struct Bench<'a> {
     prompts: &'a Prompts,
     /// recompute's output text per (prefix, run).
     reference: HashMap<(u32, usize), String>,
+    /// `apc`'s outputs, by (prefix, run).
+    apc_reference: HashMap<(u32, usize), String>,
     records: Vec<Record>,
     replicas: Vec<Replica>,
     tmp: PathBuf,
@@ -895,6 +904,7 @@ impl Bench<'_> {
             let (mut ttfts, mut ext, mut local, mut bytes) = (vec![], vec![], vec![], vec![]);
             let (mut misses, mut ratios) = (vec![], vec![]);
             let mut identical = Some(true);
+            let mut matches_apc = (method != "recompute" && method != "apc").then_some(true);
             for r in 0..runs {
                 let before = self.rt.block_on(http::metrics(v.port))?;
                 let c = self
@@ -926,6 +936,9 @@ impl Bench<'_> {
                 if let Some(b) = LOADED_BYTES.iter().find(|n| after.contains_key(**n)) {
                     bytes.push((after[*b] - before.get(*b).copied().unwrap_or(0.0)) as u64);
                 }
+                if method == "apc" {
+                    self.apc_reference.insert((p, r), c.text.clone());
+                }
                 if method == "recompute" {
                     self.reference.insert((p, r), c.text.clone());
                 } else {
@@ -956,6 +969,10 @@ impl Bench<'_> {
                     (Some(i), Some(want)) => Some(i && *want == c.text),
                     _ => None,
                 };
+                matches_apc = match (matches_apc, self.apc_reference.get(&(p, r))) {
+                    (Some(i), Some(want)) => Some(i && *want == c.text),
+                    _ => None,
+                };
                 pb.inc(1);
             }
             self.records.push(Record {
@@ -970,6 +987,7 @@ impl Bench<'_> {
                 local_hit_tokens: (!local.is_empty()).then(|| median_u(&local)),
                 bytes_loaded: (!bytes.is_empty()).then(|| median_u(&bytes)),
                 output_identical: identical,
+                output_matches_apc: matches_apc,
                 runs,
                 vs_recompute: None,
                 vs_recompute_process: None,
@@ -1199,8 +1217,9 @@ fn print_table(records: &[Record], runs: usize) {
     println!();
     println!("TTFT in vLLM at the client, median of {runs} (cross-replica for connectors);");
     println!("x recomp: over the paired full computation in the same process (recompute: 1)");
+    println!("identical: greedy output equals recompute's; =apc: equals apc's (same request)");
     println!(
-        "{:<22} {:>6} {:>9} {:>9} {:>8} {:>6} {:>8} {:>11} {:>9}",
+        "{:<22} {:>6} {:>9} {:>9} {:>8} {:>6} {:>8} {:>11} {:>9} {:>5}",
         "method",
         "prefix",
         "TTFT ms",
@@ -1209,12 +1228,14 @@ fn print_table(records: &[Record], runs: usize) {
         "x apc",
         "ext hits",
         "bytes",
-        "identical"
+        "identical",
+        "=apc"
     );
     for r in records {
         let f = |x: Option<f64>, d: usize| x.map_or("-".to_string(), |v| format!("{v:.d$}"));
+        let yes_no = |v: Option<bool>| v.map_or("-", |v| if v { "yes" } else { "NO" });
         println!(
-            "{:<22} {:>6} {:>9} {:>9} {:>8} {:>6} {:>8} {:>11} {:>9}",
+            "{:<22} {:>6} {:>9} {:>9} {:>8} {:>6} {:>8} {:>11} {:>9} {:>5}",
             r.method,
             r.prefix_tokens,
             f(r.ttft_s.map(|t| t * 1000.0), 1),
@@ -1223,8 +1244,8 @@ fn print_table(records: &[Record], runs: usize) {
             f(r.vs_apc, 2),
             r.external_hit_tokens.map_or("-".into(), |v| v.to_string()),
             r.bytes_loaded.map_or("-".into(), |v| v.to_string()),
-            r.output_identical
-                .map_or("-", |v| if v { "yes" } else { "NO" }),
+            yes_no(r.output_identical),
+            yes_no(r.output_matches_apc),
         );
     }
     let mut notes: Vec<(&str, &str)> = Vec::new();
