@@ -3,11 +3,12 @@
 #
 # 1. installs the system packages (QEMU, busybox, kmod, cpio, rdma-core and the verbs
 #    headers, libclang for bindgen) when missing;
-# 2. builds every test with `cargo test --release --features rdma --no-run`;
+# 2. builds every test with `cargo test --release --features rdma-standalone --no-run` (the
+#    feature `rdma` plus the standalone server that tests/rdma_loopback.rs drives);
 # 3. boots the soft-RoCE VM once (scripts/rxe-vm/run.sh: Debian's kernel under QEMU, rxe0 on
 #    loopback) and runs the RDMA test binaries (tests/rdma_*.rs and the unit tests under
 #    transport::rdma) inside it, where OBJECTCACHE_REQUIRE_RDMA=1 turns any SKIP into a failure;
-# 4. runs clippy on every target with the feature, warnings as errors.
+# 4. runs clippy on every target with `rdma` and with `rdma-standalone`, warnings as errors.
 # Exits non-zero when anything fails. Guest memory: RXE_VM_MEM (default 2G here: every RDMA
 # gather session pins a 64 MiB staging arena, and the tests run several servers at once).
 set -euo pipefail
@@ -28,11 +29,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-echo "ci-rdma: building tests with --features rdma"
+echo "ci-rdma: building tests with --features rdma-standalone"
 json="$(mktemp)"; trap 'rm -f "$json"' EXIT
 targets=(--lib)
 for f in tests/rdma_*.rs; do targets+=(--test "$(basename "$f" .rs)"); done
-cargo test --release --features rdma --no-run "${targets[@]}" --message-format=json-render-diagnostics > "$json"
+cargo test --release --features rdma-standalone --no-run "${targets[@]}" --message-format=json-render-diagnostics > "$json"
 # test executables: integration tests named rdma_* and the library's unit tests
 exe() { sed -n 's/.*"executable":"\([^"]*\)".*/\1/p'; }
 mapfile -t rdma_tests < <(grep '"kind":\["test"\]' "$json" | grep -E '"name":"rdma_[A-Za-z0-9_]*"' | exe || true)
@@ -48,8 +49,9 @@ scripts/rxe-vm/run.sh bash -c "$script" || rc=$?
 # Lints of the feature's code (CI's clippy gate builds without it, and the verbs headers are
 # only installed here): warnings are errors, as in the gate.
 if cargo clippy --version >/dev/null 2>&1; then
-  echo "ci-rdma: cargo clippy --features rdma --all-targets -D warnings"
+  echo "ci-rdma: cargo clippy --features rdma (and rdma-standalone) --all-targets -D warnings"
   cargo clippy --features rdma --all-targets --quiet -- -D warnings || rc=1
+  cargo clippy --features rdma-standalone --all-targets --quiet -- -D warnings || rc=1
 fi
 echo "ci-rdma: exit $rc after $(( $(date +%s) - start )) s"
 exit $rc

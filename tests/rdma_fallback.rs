@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use objectcache::store::MemoryStore;
 use objectcache::transport::rdma::{
-    self, select_transport, ClientConfig, DeviceSelector, RdmaClient, RdmaError, RdmaServer,
-    ServerConfig, StoreSliceSource, TransportChoice,
+    self, select_transport, ClientConfig, DeviceSelector, RdmaClient, RdmaError, ServerConfig,
+    SessionRegistry, TransportChoice,
 };
 
 #[test]
@@ -22,8 +22,9 @@ fn missing_device_falls_back_to_tcp_with_a_reason() {
         }
         other => panic!("expected the TCP fallback, got {other:?}"),
     }
-    // the client refuses before touching the network
-    let err = RdmaClient::connect(
+    // The client refuses before touching the network, and so does a server's session
+    // registry (its gather port then serves TCP only).
+    let err = RdmaClient::connect_gather(
         "127.0.0.1:9",
         ClientConfig {
             device: sel.clone(),
@@ -32,20 +33,12 @@ fn missing_device_falls_back_to_tcp_with_a_reason() {
     )
     .unwrap_err();
     assert!(matches!(err, RdmaError::NoDevice(_)), "{err}");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    let src = Arc::new(StoreSliceSource::new(
-        Arc::new(MemoryStore::new()),
-        rt.handle().clone(),
-    ));
-    let err = RdmaServer::bind(
-        "127.0.0.1:0",
-        src,
+    let err = SessionRegistry::open(
         ServerConfig {
             device: sel,
             ..ServerConfig::default()
         },
+        1 << 20,
     )
     .unwrap_err();
     assert!(matches!(err, RdmaError::NoDevice(_)), "{err}");

@@ -2,7 +2,7 @@
 //!
 //! Every test needs an RDMA device. Without one it prints SKIP, unless
 //! `OBJECTCACHE_REQUIRE_RDMA=1` (set inside the VM) makes it fail.
-#![cfg(feature = "rdma")]
+#![cfg(feature = "rdma-standalone")]
 
 mod common;
 

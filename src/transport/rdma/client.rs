@@ -14,13 +14,14 @@ use crate::protocol::{RdmaRegion, RdmaSegments};
 use crate::transport::LayerSink;
 
 use super::context::{Context, DeviceSelector};
-use super::control::{self, LayerTarget, LoadSpec, Msg};
-use super::cq::{Completion, CompletionQueue};
+use super::control::{self, Msg};
+#[cfg(feature = "rdma-standalone")]
+use super::control::{LayerTarget, LoadSpec};
+use super::cq::{backoff, Completion, CompletionQueue};
 use super::imm::Imm;
 use super::mr::{HostBuffer, MemoryRegion, RegistrationCache};
 use super::pd::ProtectionDomain;
 use super::qp::{QpCaps, QueuePair, Rts};
-use super::server::backoff;
 use super::{RdmaError, Result};
 
 /// Client settings.
@@ -420,7 +421,7 @@ impl Shared {
                     if lp.state == LayerState::Pending {
                         lp.state = LayerState::Failed;
                         let chunk = lp.seen.iter().position(|s| !s).unwrap_or(0);
-                        let err = if ld.cancel_sent && why == super::server::CANCELLED {
+                        let err = if ld.cancel_sent && why == control::CANCELLED {
                             LayerError::Cancelled
                         } else {
                             LayerError::Storage {
@@ -469,6 +470,7 @@ impl RdmaClient {
     /// [`RdmaError::NoDevice`] when this host has no usable RDMA device (use the TCP gather
     /// path), [`RdmaError::Io`] when the server cannot be reached, [`RdmaError::Protocol`]
     /// when it refuses, [`RdmaError::Verbs`] when bring-up fails.
+    #[cfg(feature = "rdma-standalone")]
     pub fn connect(addr: impl ToSocketAddrs, cfg: ClientConfig) -> Result<Self> {
         Self::connect_inner(addr, cfg, false)
     }
@@ -587,6 +589,7 @@ impl RdmaClient {
     /// [`RdmaError::InvalidArgument`] when the destinations do not match the spec (naming the
     /// layer) or 64 loads are already running; [`RdmaError::Broken`] when the connection has
     /// failed (reconnect); registration or control-channel errors.
+    #[cfg(feature = "rdma-standalone")]
     pub fn load(
         &self,
         spec: LoadSpec,

@@ -16,6 +16,10 @@ use super::{RdmaError, Result};
 /// JSON frames below follow.
 pub const PREFACE: [u8; 8] = *b"OCRDMA01";
 
+/// Reason a server gives in [`Msg::Done`] for layers it stopped on a client's
+/// [`Msg::Cancel`].
+pub const CANCELLED: &str = "cancelled by the client";
+
 /// Control protocol version sent in [`Msg::Hello`].
 pub const VERSION: u32 = 1;
 /// Largest control frame in bytes (16 MiB).

@@ -4,6 +4,7 @@ use std::ffi::CStr;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::Arc;
+use std::time::Duration;
 
 use rdma_sys as ffi;
 
@@ -135,5 +136,16 @@ impl Drop for CompletionQueue {
     fn drop(&mut self) {
         // SAFETY: created by `ibv_create_cq`; every QP using it holds an `Arc`, so none remain.
         unsafe { ffi::ibv_destroy_cq(self.raw.as_ptr()) };
+    }
+}
+
+/// Idle back-off for CQ polling: a few yields, then sleeps growing to 1 ms (polling must not
+/// starve a software RDMA device of CPU).
+pub(crate) fn backoff(idle: &mut u32) {
+    *idle += 1;
+    if *idle < 16 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(u64::from((*idle - 15).min(20)) * 50));
     }
 }

@@ -11,9 +11,12 @@
 //! - [`qp`]: RC queue pairs with a typestate bring-up (`Reset → Init → Rtr → Rts`);
 //! - [`imm`]: the 32-bit immediate that names (load slot, layer, unit) — pure code;
 //! - [`control`]: the TCP control channel (QP numbers, GIDs, PSNs, per-layer targets);
-//! - [`client`] / [`server`]: the two ends of the data path on its own control channel;
-//! - [`session`] / [`gather`]: the same data path under the gather protocol (server and
-//!   client end): set-up on the gather port, loads as gather descriptors with an RDMA target.
+//! - [`session`] / [`gather`]: the data path under the gather protocol (server and client
+//!   end): set-up on the gather port, loads as gather descriptors with an RDMA target;
+//!   [`client`]: the client's queue pairs, registrations and completions;
+//! - `server` and `RdmaClient::connect`/`load` (feature `rdma-standalone`, tests only): a
+//!   standalone server with loads on its own control channel (`Msg::Load`), which
+//!   tests/rdma_loopback.rs uses to drive the verbs objects without a gather server.
 //!
 //! Failure model: a QP error, a remote disconnect or a load deadline turns every layer that
 //! is not complete into a miss through [`crate::transport::LayerSink::fail`]; no call waits
@@ -31,6 +34,7 @@ pub mod imm;
 pub mod mr;
 pub mod pd;
 pub mod qp;
+#[cfg(feature = "rdma-standalone")]
 pub mod server;
 pub mod session;
 
@@ -43,8 +47,9 @@ pub use imm::Imm;
 pub use mr::{HostBuffer, MemoryRegion, RegistrationCache};
 pub use pd::ProtectionDomain;
 pub use qp::{Init, QueuePair, Reset, Rtr, Rts};
-pub use server::{RdmaServer, ServerConfig, ServerHandle, SliceSource, StoreSliceSource};
-pub use session::{GatherSession, SessionRegistry};
+#[cfg(feature = "rdma-standalone")]
+pub use server::{RdmaServer, ServerHandle, SliceSource, StoreSliceSource};
+pub use session::{GatherSession, ServerConfig, SessionRegistry};
 
 /// What the RDMA layer reports.
 #[derive(Debug, thiserror::Error)]

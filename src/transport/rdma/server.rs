@@ -1,6 +1,9 @@
-//! The server end: accepts RDMA clients on a TCP control port, brings up one RC QP per client
-//! QP, and serves each load by reading slices into a bounded, registered staging arena and
-//! posting one RDMA_WRITE_WITH_IMM per delivery unit into the client's memory.
+//! The standalone server end (feature `rdma-standalone`, for tests/rdma_loopback.rs): accepts
+//! RDMA clients on a TCP control port of its own, brings up one RC QP per client QP, and
+//! serves each load (`Msg::Load`) by reading slices into a bounded, registered staging arena
+//! and posting one RDMA_WRITE_WITH_IMM per delivery unit into the client's memory. The
+//! ObjectCache server does not use it: its loads arrive as gather descriptors
+//! ([`super::session`]).
 
 use std::collections::{HashMap, HashSet};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -13,13 +16,14 @@ use crate::error::LayerError;
 use crate::layout::{slice_range, verify_slice};
 use crate::store::{Store, StoreExt};
 
-use super::context::{Context, DeviceSelector};
-use super::control::{self, LayerTarget, LoadSpec, Msg};
-use super::cq::{Completion, CompletionQueue};
+use super::context::Context;
+use super::control::{self, LayerTarget, LoadSpec, Msg, CANCELLED};
+use super::cq::{backoff, Completion, CompletionQueue};
 use super::imm::Imm;
 use super::mr::{Access, HostBuffer, MemoryRegion};
 use super::pd::ProtectionDomain;
-use super::qp::{QpCaps, QueuePair, Rts};
+use super::qp::{QueuePair, Rts};
+use super::session::ServerConfig;
 use super::{RdmaError, Result};
 
 /// Where the server reads delivery units from.
@@ -102,35 +106,6 @@ impl SliceSource for StoreSliceSource {
         }
         dst.copy_from_slice(&bytes[..dst.len()]);
         Ok(())
-    }
-}
-
-/// Server settings.
-#[derive(Debug, Clone)]
-pub struct ServerConfig {
-    /// Device, port and GID.
-    pub device: DeviceSelector,
-    /// Bytes of the registered staging arena per connection (default 64 MiB). One slot holds
-    /// one unit (one slice); slots are reused when their write completes, so this bounds the
-    /// server's memory per connection whatever the load size.
-    pub arena_bytes: usize,
-    /// QP queue sizes.
-    pub caps: QpCaps,
-    /// Most QPs a client may ask for (default 16).
-    pub max_qps: usize,
-    /// How long one load may wait for a free slot or its last completions (default 30 s).
-    pub op_timeout: Duration,
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        ServerConfig {
-            device: DeviceSelector::default(),
-            arena_bytes: 64 << 20,
-            caps: QpCaps::default(),
-            max_qps: 16,
-            op_timeout: Duration::from_secs(30),
-        }
     }
 }
 
@@ -641,9 +616,6 @@ impl Conn {
     }
 }
 
-/// Reason the server gives for layers it stopped on a client's Cancel.
-pub(crate) const CANCELLED: &str = "cancelled by the client";
-
 /// Checks a load request against the immediate's ranges and the targets' lengths.
 fn validate(
     slot: u32,
@@ -683,15 +655,4 @@ fn validate(
         }
     }
     Ok(())
-}
-
-/// Idle back-off for CQ polling: a few yields, then sleeps growing to 1 ms (polling must not
-/// starve a software RDMA device of CPU).
-pub(crate) fn backoff(idle: &mut u32) {
-    *idle += 1;
-    if *idle < 16 {
-        std::thread::yield_now();
-    } else {
-        std::thread::sleep(Duration::from_micros(u64::from((*idle - 15).min(20)) * 50));
-    }
 }

@@ -22,14 +22,42 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{oneshot, Semaphore};
 
-use super::context::Context;
+use super::context::{Context, DeviceSelector};
 use super::control::{self, Msg};
-use super::cq::{Completion, CompletionQueue};
+use super::cq::{backoff, Completion, CompletionQueue};
 use super::mr::{Access, HostBuffer, MemoryRegion};
 use super::pd::ProtectionDomain;
-use super::qp::{QueuePair, Rts};
-use super::server::{backoff, ServerConfig};
+use super::qp::{QpCaps, QueuePair, Rts};
 use super::{RdmaError, Result};
+
+/// RDMA settings of a server (its gather sessions).
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Device, port and GID.
+    pub device: DeviceSelector,
+    /// Bytes of the registered staging arena per connection (default 64 MiB). One slot holds
+    /// one unit (one slice); slots are reused when their write completes, so this bounds the
+    /// server's memory per connection whatever the load size.
+    pub arena_bytes: usize,
+    /// QP queue sizes.
+    pub caps: QpCaps,
+    /// Most QPs a client may ask for (default 16).
+    pub max_qps: usize,
+    /// How long one load may wait for a free slot or its last completions (default 30 s).
+    pub op_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            device: DeviceSelector::default(),
+            arena_bytes: 64 << 20,
+            caps: QpCaps::default(),
+            max_qps: 16,
+            op_timeout: Duration::from_secs(30),
+        }
+    }
+}
 
 /// Result of one posted write, delivered when its completion is polled.
 pub type WriteResult = std::result::Result<(), String>;
