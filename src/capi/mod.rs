@@ -1522,7 +1522,10 @@ pub unsafe extern "C" fn objectcache_transfer_stall_advice(
             p.load_tokens,
             p.new_tokens,
         )
-        .map_err(|e| invalid(format!("params: {e}")))?;
+        .map_err(|e| match e {
+            Error::InvalidArgument(m) => invalid(format!("params: {m}")),
+            other => CErr::from(other),
+        })?;
         let advice = t
             .load
             .handle()

@@ -397,7 +397,7 @@ impl ComputeModel {
 
     /// The compute model an engine's caller names: the analytic model of the preset `model`
     /// on `gpu` (`GpuKind::parse`) with `kernels` (`KernelClass::parse`) at TP `tp`; or, when
-    /// `measured_us_per_layer` > 0, that measured time (microseconds, the same for every
+    /// `compute_us_per_layer` > 0, that measured time (microseconds, the same for every
     /// layer) for a prefill of `new_tokens` new tokens after `cached_tokens` cached, scaled by
     /// the analytic model to other token counts ([`MeasuredModel`]). The C ABI's stall advice
     /// (`objectcache_stall_params`) is built this way.
@@ -411,7 +411,7 @@ impl ComputeModel {
         gpu: &str,
         kernels: &str,
         tp: u32,
-        measured_us_per_layer: u64,
+        compute_us_per_layer: u64,
         cached_tokens: u64,
         new_tokens: u64,
     ) -> Result<Self, Error> {
@@ -421,21 +421,21 @@ impl ComputeModel {
             KernelClass::parse(kernels)?,
             tp,
         )?;
-        if measured_us_per_layer == 0 {
+        if compute_us_per_layer == 0 {
             return Ok(ComputeModel::Analytic(a));
         }
         if new_tokens == 0 {
             return Err(Error::InvalidArgument(
-                "a measured compute time per layer is the time for new_tokens, which is 0".into(),
+                "compute_us_per_layer is the time for new_tokens, which is 0".into(),
             ));
         }
-        if measured_us_per_layer > u64::from(u32::MAX) {
+        if compute_us_per_layer > u64::from(u32::MAX) {
             return Err(Error::InvalidArgument(format!(
-                "measured compute time per layer {measured_us_per_layer} us is above {} us",
+                "compute_us_per_layer {compute_us_per_layer} is above {} us",
                 u32::MAX
             )));
         }
-        let per_layer = vec![measured_us_per_layer as f64 * 1e-6; a.shape.layers as usize];
+        let per_layer = vec![compute_us_per_layer as f64 * 1e-6; a.shape.layers as usize];
         let fixed = a.fixed_s;
         Ok(ComputeModel::Measured(MeasuredModel::new(
             per_layer,
@@ -693,7 +693,7 @@ mod tests {
             4096,
             1
         ))
-        .contains("above"));
+        .contains("is above"));
         assert!(bad(ComputeModel::from_settings(
             "8b", "v100", "tuned", 1, 0, 0, 1
         ))
