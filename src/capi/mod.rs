@@ -1113,12 +1113,7 @@ pub unsafe extern "C" fn objectcache_load(
             ranges.push(vec![(d.addr.cast::<u8>(), len)]);
         }
         let hints = load_hints(p.priority, p.deadline_ms, p.compute_us_per_layer, g.layers);
-        let req = LoadRequest {
-            hints,
-            geometry: g,
-            hashes: hs,
-        };
-        let id = post_load(e, rid, req, ranges)?;
+        let id = post_load(e, rid, g, hs, hints, ranges)?;
         // SAFETY: checked by need_out above.
         unsafe { out_val(out, token(id), "out")? };
         Ok(OBJECTCACHE_OK)
@@ -1158,12 +1153,7 @@ pub unsafe extern "C" fn objectcache_load_paged(
         }
         .map_err(ctx)?;
         let hints = load_hints(p.priority, p.deadline_ms, p.compute_us_per_layer, g.layers);
-        let req = LoadRequest {
-            hints,
-            geometry: g,
-            hashes: hs,
-        };
-        let id = post_load(e, rid, req, ranges)?;
+        let id = post_load(e, rid, g, hs, hints, ranges)?;
         // SAFETY: checked by need_out above.
         unsafe { out_val(out, token(id), "out")? };
         Ok(OBJECTCACHE_OK)
@@ -1258,10 +1248,17 @@ unsafe fn paged_ranges(
 fn post_load(
     e: Arc<EngineObj>,
     rid: u64,
-    req: LoadRequest,
+    geometry: KvGeometry,
+    hashes: Vec<ChunkHash>,
+    hints: LoadHints,
     ranges: Vec<Vec<(*mut u8, usize)>>,
 ) -> Result<usize, CErr> {
     let busy = Busy::new(e.clone());
+    let req = LoadRequest {
+        hints,
+        geometry,
+        hashes,
+    };
     let load = e
         .engine
         .load_registered(req, ranges)

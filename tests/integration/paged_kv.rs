@@ -86,6 +86,29 @@ fn geometry() -> KvGeometry {
 
 const SENTINEL: u8 = 0xAB;
 
+/// Saves `chunks` chunks (hashes from `hash_seed`) from blocks `src` of a pool filled from
+/// `pool_seed`, checking that every one was written; returns the hashes and the pool.
+fn save_blocks(
+    e: &Engine,
+    g: &KvGeometry,
+    p: &Pool,
+    chunks: usize,
+    src: &[usize],
+    hash_seed: u32,
+    pool_seed: u64,
+) -> (Vec<objectcache::ChunkHash>, Vec<u8>) {
+    let hs = hashes(g, chunks * g.tokens_per_chunk as usize, hash_seed);
+    let pool = filled(p, pool_seed);
+    let parts: Vec<Vec<&[u8]>> = p
+        .ranges(src)
+        .iter()
+        .map(|rs| rs.iter().map(|&(o, n)| &pool[o..o + n]).collect())
+        .collect();
+    let rep = e.save_paged_blocking(g, &hs, &parts).unwrap();
+    assert_eq!(rep.written, chunks);
+    (hs, pool)
+}
+
 /// Saves chunks from blocks `src` of a filled pool, loads them into blocks `dst` of a
 /// sentinel-filled pool, and checks every loaded block byte for byte, that nothing else was
 /// written, that the contiguous view of the saved objects is the blocks' concatenation, and
@@ -94,15 +117,7 @@ fn round_trip(e: &Engine, g: &KvGeometry, chunks: usize, src: &[usize], dst: &[u
     let p = Pool::of(g, 40);
     assert_eq!(src.len(), dst.len());
     assert_eq!(src.len() * p.block_bytes, chunks * g.slice_bytes() as usize);
-    let hs = hashes(g, chunks * g.tokens_per_chunk as usize, src[0] as u32 + 7);
-    let pool = filled(&p, src[0] as u64);
-    let parts: Vec<Vec<&[u8]>> = p
-        .ranges(src)
-        .iter()
-        .map(|rs| rs.iter().map(|&(o, n)| &pool[o..o + n]).collect())
-        .collect();
-    let rep = e.save_paged_blocking(g, &hs, &parts).unwrap();
-    assert_eq!(rep.written, chunks);
+    let (hs, pool) = save_blocks(e, g, &p, chunks, src, src[0] as u32 + 7, src[0] as u64);
     assert_eq!(e.lookup_blocking(g, &hs).unwrap(), chunks);
 
     // Paged load into other, scattered blocks of a second pool.
@@ -153,7 +168,10 @@ fn round_trip(e: &Engine, g: &KvGeometry, chunks: usize, src: &[usize], dst: &[u
         .unwrap();
     for l in 0..p.layers {
         h.wait_layer_blocking(l, None).unwrap();
-        let want: Vec<u8> = parts[l].concat();
+        let want: Vec<u8> = p.ranges(src)[l]
+            .iter()
+            .flat_map(|&(o, n)| pool[o..o + n].iter().copied())
+            .collect();
         assert!(
             h.layer(l).unwrap() == want.as_slice(),
             "layer {l}: contiguous view differs"
@@ -453,17 +471,7 @@ fn loads_into_registered_memory_are_checked_held_and_byte_exact() {
     let p = Pool::of(&g, 40);
     let chunks = 3;
     let (src, dst) = ([3usize, 9, 1, 20, 5, 6], [30usize, 2, 17, 8, 11, 39]);
-    let hs = hashes(&g, chunks * g.tokens_per_chunk as usize, 77);
-    let pool = filled(&p, 77);
-    let parts: Vec<Vec<&[u8]>> = p
-        .ranges(&src)
-        .iter()
-        .map(|rs| rs.iter().map(|&(o, n)| &pool[o..o + n]).collect())
-        .collect();
-    assert_eq!(
-        e.save_paged_blocking(&g, &hs, &parts).unwrap().written,
-        chunks
-    );
+    let (hs, pool) = save_blocks(&e, &g, &p, chunks, &src, 77, 77);
 
     let mut kv = vec![SENTINEL; p.len()];
     let base = kv.as_mut_ptr();
