@@ -208,10 +208,14 @@ pub(crate) struct Shared {
     /// What arrived when, for the stall watchdog.
     pub(crate) progress: Progress,
     /// Per (chunk, layer), `chunk * layers + layer`: the CRC32C the slice was verified with
-    /// (`1 << 32 | crc`), or 0 while unknown. Followers of this load check their copies
-    /// against it (`flight.rs`).
+    /// (`1 << 32 | crc`), `2 << 32` when the slice is in place and was checked by the server
+    /// but no CRC is known here (an RDMA write), or 0 while not in place. Followers of this
+    /// load check their copies against the CRC (`flight.rs`).
     slice_crcs: Vec<AtomicU64>,
     layers: usize,
+    /// Bytes of one chunk's slice of one layer (a layer's destination is `chunks x
+    /// slice_bytes`).
+    pub(crate) slice_bytes: u64,
     /// Set by [`LoadHandle::into_buffers`]: where the last reference's drop hands the
     /// buffers back.
     give_back: Mutex<Option<std::sync::mpsc::SyncSender<LayerBuffers>>>,
@@ -383,6 +387,7 @@ impl Shared {
         Shared {
             slice_crcs: (0..chunks * layers).map(|_| AtomicU64::new(0)).collect(),
             layers,
+            slice_bytes: expected / chunks.max(1) as u64,
             state: LoadState::new(bufs, expected),
             chunk_status: (0..chunks).map(|_| AtomicU8::new(0)).collect(),
             requests: AtomicU64::new(0),
@@ -402,6 +407,21 @@ impl Shared {
         if let Some(a) = self.slice_crcs.get(c * self.layers + l) {
             a.store(1 << 32 | crc as u64, Ordering::Release);
         }
+    }
+
+    /// Records that chunk `c`'s slice of layer `l` is in place and was checked before it was
+    /// sent, with no CRC known here (an RDMA write); a recorded CRC is kept.
+    pub(crate) fn record_slice_landed(&self, c: usize, l: usize) {
+        if let Some(a) = self.slice_crcs.get(c * self.layers + l) {
+            let _ = a.compare_exchange(0, 2 << 32, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+
+    /// Whether chunk `c`'s slice of layer `l` is in place and verified (its CRC known or not).
+    pub(crate) fn slice_in_place(&self, c: usize, l: usize) -> bool {
+        self.slice_crcs
+            .get(c * self.layers + l)
+            .is_some_and(|a| a.load(Ordering::Acquire) != 0)
     }
 
     /// The CRC32C chunk `c`'s slice of layer `l` was verified with, if known.
@@ -1087,16 +1107,17 @@ impl LoadHandle {
     /// verified: the hit to use. All of them once every layer is ready; after a miss, the
     /// chunks before the first chunk with a slice missing, bad or not yet arrived. So
     /// `loaded_chunks() x tokens_per_chunk` is exactly the prefix tokens whose KV is in the
-    /// destination, verified (never more); the rest is to recompute. (A chunk whose slices
-    /// came in units of several slices, which happens only for slices under 4 KiB, counts only
-    /// once every layer is ready.)
+    /// destination, verified (never more); the rest is to recompute. (On the TCP gather path
+    /// a chunk whose slices came in units of several slices, which happens only for slices
+    /// under 4 KiB, counts only once every layer is ready; on the RDMA path every unit's
+    /// slices count as they land.)
     pub fn loaded_chunks(&self) -> usize {
         let layers = self.layers();
         if (0..layers).all(|l| self.sh.state.status(l) == LayerStatus::Ready) {
             return self.sh.chunk_status.len();
         }
         (0..self.sh.chunk_status.len())
-            .take_while(|&c| (0..layers).all(|l| self.sh.slice_crc(c, l).is_some()))
+            .take_while(|&c| (0..layers).all(|l| self.sh.slice_in_place(c, l)))
             .count()
     }
 

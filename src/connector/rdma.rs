@@ -33,8 +33,10 @@ pub(crate) enum Probe {
     Unknown,
     /// No RDMA (no device here, the server does not offer it, or set-up failed).
     Off,
-    /// A load is setting the session up; others wait for it (one session per engine).
-    Connecting,
+    /// A load is setting the session up; others wait for it (one session per engine) until
+    /// this receiver's sender, held by that load, is dropped (set-up done, failed, or the
+    /// load dropped).
+    Connecting(tokio::sync::watch::Receiver<()>),
     /// A live session and idle gather connections for RDMA-target requests.
     On {
         client: Arc<RdmaClient>,
@@ -54,6 +56,16 @@ impl LayerSink for SinkRef {
     }
     fn complete(&self, layer: u32, bytes: u64) {
         self.0.state.complete(layer, bytes)
+    }
+    fn landed(&self, layer: u32, offset: u64, len: u64) {
+        // Every slice the range covers whole (units hold whole slices, or one piece of a
+        // slice larger than a unit, which counts when the layer is ready).
+        let slice = self.0.slice_bytes.max(1);
+        let first = offset.div_ceil(slice);
+        let end = (offset + len) / slice;
+        for c in first..end {
+            self.0.record_slice_landed(c as usize, layer as usize);
+        }
     }
     fn fail(&self, layer: u32, err: LayerError) {
         self.0.state.fail(layer, err)
@@ -108,26 +120,28 @@ pub(crate) async fn try_rdma(
         return Outcome::Fallback;
     }
     let taken = loop {
-        {
+        let mut wait = {
             let mut p = probe.lock().expect("lock");
             match &mut *p {
                 Probe::Off => return Outcome::Fallback,
                 Probe::On { client, pool } if client.broken().is_none() => {
-                    break Some((client.clone(), pool.pop()))
+                    break Ok((client.clone(), pool.pop()))
                 }
-                Probe::Connecting => {}
+                Probe::Connecting(rx) => rx.clone(),
                 Probe::On { .. } | Probe::Unknown => {
-                    *p = Probe::Connecting;
-                    break None;
+                    let (tx, rx) = tokio::sync::watch::channel(());
+                    *p = Probe::Connecting(rx);
+                    break Err(tx);
                 }
             }
-        }
-        // Another load is setting the session up (bounded by its connect timeouts).
-        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        };
+        // Another load is setting the session up (bounded by its connect timeouts): wait
+        // until it is done (its sender dropped), then look again.
+        let _ = wait.changed().await;
     };
     let (client, conn) = match taken {
-        Some((c, Some(conn))) => (c, conn),
-        Some((c, None)) => {
+        Ok((c, Some(conn))) => (c, conn),
+        Ok((c, None)) => {
             match GatherConn::connect(target.addr.as_str(), target.credentials.clone()).await {
                 Ok(conn) => (c, conn),
                 Err(why) => {
@@ -136,18 +150,24 @@ pub(crate) async fn try_rdma(
                 }
             }
         }
-        None => {
-            let guard = ConnectingGuard(probe);
+        Err(done) => {
+            // Dropped (waking the waiters) after the probe's new state is set, or when this
+            // load is dropped mid-way (then the state goes back to `Unknown` first).
+            let mut guard = ConnectingGuard {
+                probe,
+                _done: done,
+                armed: true,
+            };
             let connected = connect(&target.addr, target.credentials.clone()).await;
-            std::mem::forget(guard);
-            match connected {
+            guard.armed = false;
+            let next = match connected {
                 Ok((c, conn)) => {
                     tracing::info!(addr = %target.addr, session = format!("{:016x}", c.session()), "loads use RDMA");
                     *probe.lock().expect("lock") = Probe::On {
                         client: c.clone(),
                         pool: Vec::new(),
                     };
-                    (c, conn)
+                    Ok((c, conn))
                 }
                 Err(why) => {
                     if transport == Transport::Rdma {
@@ -156,8 +176,13 @@ pub(crate) async fn try_rdma(
                         tracing::info!(addr = %target.addr, %why, "no RDMA; using TCP gather");
                     }
                     *probe.lock().expect("lock") = Probe::Off;
-                    return Outcome::Fallback;
+                    Err(())
                 }
+            };
+            drop(guard);
+            match next {
+                Ok(v) => v,
+                Err(()) => return Outcome::Fallback,
             }
         }
     };
@@ -237,12 +262,11 @@ pub(crate) async fn try_rdma(
 }
 
 /// Gives every chunk its final status once an RDMA load has ended (no chunk stays
-/// `Pending`). A failed layer's error names its chunk, which gets the status it implies. The
-/// other chunks are whole only if every layer is ready: an RDMA write carries the slices of
-/// many chunks of one layer (units of up to 16 MiB), so when a layer failed, the other
-/// chunks' slices in its failed unit never landed. They are `Error` (not delivered), never
-/// `Ok`. (Chunks are left alone when every layer is ready: `LoadHandle::chunk_status` reads
-/// them as `Ok`.)
+/// `Pending`). A failed layer's error names its chunk, which gets the status it implies. Each
+/// other chunk is `Ok` when every one of its slices landed (the server writes the good slices
+/// of a unit that a bad slice cut one by one), else `Error` (not delivered), never `Ok`.
+/// (Chunks are left alone when every layer is ready: `LoadHandle::chunk_status` reads them
+/// as `Ok`.)
 fn settle_chunks(sh: &Shared) {
     let mut all_ready = true;
     for l in 0..sh.state.layers() {
@@ -260,20 +284,30 @@ fn settle_chunks(sh: &Shared) {
     if !all_ready {
         for c in 0..sh.chunk_status.len() {
             if sh.chunk(c) == ChunkStatus::Pending {
-                sh.set_chunk(c, ChunkStatus::Error);
+                let whole = (0..sh.state.layers()).all(|l| sh.slice_in_place(c, l));
+                sh.set_chunk(c, if whole { ChunkStatus::Ok } else { ChunkStatus::Error });
             }
         }
     }
 }
 
-/// Resets [`Probe::Connecting`] to [`Probe::Unknown`] if the load setting the session up is
-/// dropped mid-way (its deadline), so other loads do not wait for it forever.
-struct ConnectingGuard<'a>(&'a Mutex<Probe>);
+/// Held by the load that sets the RDMA session up. Dropping it wakes the loads waiting in
+/// [`Probe::Connecting`] (its sender goes); while `armed` (the load was dropped mid-way, its
+/// deadline) it first resets [`Probe::Connecting`] to [`Probe::Unknown`], so that the next
+/// load tries again.
+struct ConnectingGuard<'a> {
+    probe: &'a Mutex<Probe>,
+    _done: tokio::sync::watch::Sender<()>,
+    armed: bool,
+}
 
 impl Drop for ConnectingGuard<'_> {
     fn drop(&mut self) {
-        let mut p = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if matches!(*p, Probe::Connecting) {
+        if !self.armed {
+            return;
+        }
+        let mut p = self.probe.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(*p, Probe::Connecting(_)) {
             *p = Probe::Unknown;
         }
     }

@@ -1192,47 +1192,60 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
                     }
                 }
                 let layer = f.plan.layer;
-                // Runs of consecutive good pieces become units (a bad chunk splits a unit).
-                let mut run: Option<(u64, Vec<Part>, u32, u64)> = None;
-                let mut out: Vec<(u64, Vec<Part>, u32, u64)> = Vec::new();
+                // The good pieces (chunk, offset, len, parts, CRC32C), in destination order;
+                // `cut` when a bad chunk or slice left one out.
+                let mut good: Vec<(u32, u64, u64, Vec<Part>, u32)> = Vec::new();
+                let mut cut = false;
                 let mut at = f.plan.offset;
                 for (p, r) in f.plan.pieces.iter().zip(f.pieces) {
                     let len = p.range.end - p.range.start;
                     let off = at;
                     at += len;
                     if bad.contains(&p.chunk) {
-                        out.extend(run.take());
+                        cut = true;
                         continue;
                     }
                     match r {
-                        Ok((parts, crc)) => {
-                            let (_, ps, c, l) = run.get_or_insert_with(|| (off, Vec::new(), 0, 0));
-                            *c = if *l == 0 { crc } else { crate::layout::crc::crc32c_combine(*c, crc, len) };
-                            *l += len;
-                            ps.extend(parts);
-                        }
+                        Ok((parts, crc)) => good.push((p.chunk, off, len, parts, crc)),
                         Err(m) => {
                             // This (chunk, layer) slice misses; the chunk's other layers and
                             // the other chunks of this layer are still delivered.
-                            out.extend(run.take());
+                            cut = true;
                             sh.metrics.error("miss");
                             io.conn.send_miss(m.chunk, layer..layer + 1, m.reason, &m.message);
                         }
                     }
                 }
-                out.extend(run.take());
-                // RDMA target: the client counts the planned units, so only a whole planned
-                // unit is written; one cut by a bad chunk or slice is not (that chunk's Miss
-                // already made the layer a miss on the client, which misses whole layers).
+                #[cfg(not(feature = "rdma"))]
+                let _ = cut;
+                // RDMA target: a whole planned unit is one write, which the client counts by its
+                // unit index. A unit cut by a bad chunk or slice is written slice by slice, each
+                // named by its chunk (in a unit of several pieces each piece is a whole slice):
+                // the bad chunk's Miss fails the layer, and the other chunks' slices are in place.
                 #[cfg(feature = "rdma")]
                 if let Some(d) = rdma.as_mut() {
-                    let whole = out.len() == 1 && out[0].0 == f.plan.offset && out[0].3 == f.plan.len;
-                    let cut = std::mem::take(&mut out);
-                    if whole && !rdma_failed.contains(&layer) {
-                        let (_, parts, _, len) = cut.into_iter().next().expect("one unit");
+                    let writes: Vec<(Option<u32>, u64, u64, Vec<Part>)> = if !cut {
+                        let parts = good.into_iter().flat_map(|g| g.3).collect();
+                        vec![(None, f.plan.offset, f.plan.len, parts)]
+                    } else if f.plan.pieces.len() > 1 {
+                        good.into_iter().map(|(c, off, len, parts, _)| (Some(c), off, len, parts)).collect()
+                    } else {
+                        Vec::new()
+                    };
+                    good = Vec::new();
+                    for (chunk, off, len, parts) in writes {
+                        if rdma_failed.contains(&layer) {
+                            break;
+                        }
                         // RDMA loads never get file ranges (`files` is for the TCP stream).
                         let parts = into_mem(parts).map_err(|_| "file range on the RDMA path".to_string());
-                        match async { d.unit(&f.plan, parts?).await }.await {
+                        let posted = async {
+                            match chunk {
+                                None => d.unit(&f.plan, parts?).await,
+                                Some(c) => d.slice(layer, c, off, len, parts?).await,
+                            }
+                        };
+                        match posted.await {
                             Ok(()) => {
                                 units += 1;
                                 bytes += len;
@@ -1241,10 +1254,22 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
                             Err(msg) => {
                                 sh.metrics.error("rdma");
                                 rdma_failed.insert(layer);
-                                let c = f.plan.pieces.first().map_or(0, |p| p.chunk);
+                                let c = chunk.or(f.plan.pieces.first().map(|p| p.chunk)).unwrap_or(0);
                                 io.conn.send_miss(c, layer..layer + 1, MissReason::Storage, &msg);
                             }
                         }
+                    }
+                }
+                // Runs of consecutive good pieces become units (a bad chunk splits a unit).
+                let mut out: Vec<(u64, Vec<Part>, u32, u64)> = Vec::new();
+                for (_, off, len, parts, crc) in good {
+                    match out.last_mut() {
+                        Some((o, ps, c, l)) if *o + *l == off => {
+                            *c = crate::layout::crc::crc32c_combine(*c, crc, len);
+                            *l += len;
+                            ps.extend(parts);
+                        }
+                        _ => out.push((off, parts, crc, len)),
                     }
                 }
                 for (offset, parts, crc, len) in out {

@@ -11,7 +11,9 @@
 //!   registered arena and written to its place in the layer's destination (the segment pieces
 //!   of [`RdmaSegments::pieces`]: one `RDMA_WRITE` per piece but the last, then
 //!   `RDMA_WRITE_WITH_IMM` of the last, on one queue pair) with the immediate
-//!   `slot | layer | unit index`. Before `End`, [`Delivery::finish`] waits for every
+//!   `slot | layer | unit index`. A unit cut by a bad slice is not written whole: each of its
+//!   good slices is written alone with a slice immediate (`slot | layer | chunk index`,
+//!   [`Imm::slice`]), so only the bad chunk's slice is missing. Before `End`, [`Delivery::finish`] waits for every
 //!   write's completion: a failed write (QP error, remote gone, timeout) becomes a `Miss` of its
 //!   layer, and `End` reports only the writes that completed, which the client counts.
 //!
@@ -199,31 +201,49 @@ impl Delivery {
     /// # Errors
     /// A message when the write could not be posted; the caller makes the layer a miss.
     pub(crate) async fn unit(&mut self, u: &UnitPlan, parts: Vec<Bytes>) -> Result<(), String> {
+        let unit = *self
+            .index
+            .get(&(u.layer, u.offset))
+            .ok_or("unit not in the plan")?;
+        let imm = Imm::new(self.slot, u.layer, unit).ok_or("immediate out of range")?;
+        self.write(imm, u.offset, u.len, parts).await
+    }
+
+    /// Stages and posts chunk `chunk`'s whole slice of `layer` alone, `len` bytes at `offset`
+    /// of the layer's destination (its bytes in `parts`), with a slice immediate
+    /// ([`Imm::slice`]): the good slices of a unit that a bad slice cut. Returns once the
+    /// write is posted.
+    ///
+    /// # Errors
+    /// A message when the chunk index does not fit the immediate or the write could not be
+    /// posted; the caller makes the layer a miss.
+    pub(crate) async fn slice(
+        &mut self,
+        layer: u32,
+        chunk: u32,
+        offset: u64,
+        len: u64,
+        parts: Vec<Bytes>,
+    ) -> Result<(), String> {
+        let imm = Imm::slice(self.slot, layer, chunk)
+            .ok_or_else(|| format!("chunk {chunk} does not fit a slice immediate"))?;
+        self.write(imm, offset, len, parts).await
+    }
+
+    async fn write(&mut self, imm: Imm, offset: u64, len: u64, parts: Vec<Bytes>) -> Result<(), String> {
         self.reap_ready();
-        let layer = u.layer;
+        let layer = u32::from(imm.layer);
         let i = layer
             .checked_sub(self.layer0)
             .ok_or("unit of a layer outside the request")? as usize;
-        let unit = *self
-            .index
-            .get(&(layer, u.offset))
-            .ok_or("unit not in the plan")?;
-        let imm = Imm::new(self.slot, layer, unit)
-            .ok_or("immediate out of range")?
-            .encode();
-        // One piece for a contiguous destination; one per segment the unit spans otherwise.
+        // One piece for a contiguous destination; one per segment the range spans otherwise.
         let pieces = self
             .layers
             .get(i)
-            .and_then(|l| l.pieces(u.offset, u.len))
-            .ok_or_else(|| {
-                format!(
-                    "unit at {}+{} is past layer {layer}'s destination",
-                    u.offset, u.len
-                )
-            })?;
+            .and_then(|l| l.pieces(offset, len))
+            .ok_or_else(|| format!("unit at {offset}+{len} is past layer {layer}'s destination"))?;
         let remote: Vec<(u64, u32, u64)> = pieces.iter().map(|p| (p.addr, p.rkey, p.len)).collect();
-        let rx = self.session.write_pieces(imm, &parts, &remote).await?;
+        let rx = self.session.write_pieces(imm.encode(), &parts, &remote).await?;
         let timeout = self.session.op_timeout();
         let session = self.session.clone();
         self.inflight.push(

@@ -104,6 +104,14 @@ pub trait LayerSink: Send + Sync {
     fn verified(&self, layer: u32, offset: u64, len: u64, crc: u32) {
         let _ = (layer, offset, len, crc);
     }
+    /// The `len` bytes at `offset` of layer `layer` were placed by the transport and checked
+    /// before they were sent, with no CRC known here (RDMA: the server checked each slice's
+    /// CRC32C before its write; called after [`LayerSink::placed`] succeeded, before
+    /// [`LayerSink::complete`]). Lets the connector count the chunks whose every slice is in
+    /// place when a layer is a miss for another chunk. Default: nothing.
+    fn landed(&self, layer: u32, offset: u64, len: u64) {
+        let _ = (layer, offset, len);
+    }
     /// The transport is alive: `bytes` bytes arrived from the server, or 0 for a sign of
     /// life without data (a `Held` frame: the server holds the load on purpose). Feeds the
     /// connector's per-load stall watchdog; called from any thread, as often as the

@@ -133,6 +133,21 @@ impl LayerDest {
     }
 }
 
+/// Where one layer's writes land, for [`RdmaClient::expect_gather`].
+#[derive(Debug, Clone)]
+pub struct LayerPlan {
+    /// The layer's destination.
+    pub dest: LayerDest,
+    /// `(offset, len)` in bytes, in `dest`, of each planned unit, by unit index (the
+    /// immediate's `unit`; [`crate::protocol::plan_units`] and
+    /// [`crate::protocol::unit_indices`] give them).
+    pub units: Vec<(u64, u64)>,
+    /// `(chunk, offset, len)` in bytes, in `dest`, of each chunk's slice that shares a unit
+    /// with other slices: when another slice of that unit is bad, the server writes the
+    /// good ones alone, each with a slice immediate ([`Imm::slice`]) naming its chunk.
+    pub slices: Vec<(u32, u64, u64)>,
+}
+
 /// How a load ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadOutcome {
@@ -156,6 +171,9 @@ struct LayerProg {
     /// (the whole unit for a contiguous destination).
     imm_len: Vec<u64>,
     seen: Vec<bool>,
+    /// Chunk index -> `(offset, len, last write's len)` of each slice a server may write alone
+    /// (a slice immediate), and whether it has arrived.
+    slices: HashMap<u16, (u64, u64, u64, bool)>,
     got: u32,
     state: LayerState,
 }
@@ -188,7 +206,7 @@ impl LoadState {
 enum Action {
     /// `placed(layer, offset, len)` then `complete(layer, len)`: the bytes were written by
     /// the NIC and verified by the server's CRC32C check before they were sent (RoCE's ICRC
-    /// protects them on the wire).
+    /// protects them on the wire). The sink also hears [`LayerSink::landed`] for them.
     Placed(Arc<dyn LayerSink>, u32, u64, u64),
     Fail(Arc<dyn LayerSink>, u32, LayerError),
 }
@@ -197,7 +215,10 @@ fn run(actions: Vec<Action>) {
     for a in actions {
         match a {
             Action::Placed(s, l, off, len) => match s.placed(l, off, len) {
-                Ok(()) => s.complete(l, len),
+                Ok(()) => {
+                    s.landed(l, off, len);
+                    s.complete(l, len)
+                }
                 Err(e) => s.fail(l, e),
             },
             Action::Fail(s, l, e) => s.fail(l, e),
@@ -381,6 +402,31 @@ impl Shared {
                 "write for layer {layer}, which load slot {slot} did not ask for"
             ));
         };
+        if imm.slice {
+            // One chunk's whole slice, written alone because another slice of its unit was
+            // bad: it lands even though the layer is (or will be) a miss, so the chunk's
+            // other layers still count (`LayerSink::landed`).
+            let chunk = imm.unit;
+            let Some(sl) = lp.slices.get_mut(&chunk) else {
+                return Err(format!(
+                    "slice write for chunk {chunk} of layer {layer}, which no unit of several slices holds"
+                ));
+            };
+            if sl.3 {
+                return Err(format!("repeated slice write for chunk {chunk} of layer {layer}"));
+            }
+            if u64::from(wc.byte_len) != sl.2 {
+                return Err(format!(
+                    "the slice of chunk {chunk} of layer {layer} carried {} bytes in its last write, want {}",
+                    wc.byte_len, sl.2
+                ));
+            }
+            sl.3 = true;
+            actions.push(Action::Placed(ld.sink.clone(), layer, sl.0, sl.1));
+            ld.sink_pending += 1;
+            touched.push(slot);
+            return Ok(());
+        }
         let unit = usize::from(imm.unit);
         if unit >= lp.seen.len() || lp.seen[unit] {
             return Err(format!(
@@ -627,11 +673,17 @@ impl RdmaClient {
                 )));
             }
         }
-        let plan: Vec<(LayerDest, Vec<(u64, u64)>)> =
-            dests.iter().map(|d| (d.clone(), table.clone())).collect();
+        let plan: Vec<LayerPlan> = dests
+            .iter()
+            .map(|d| LayerPlan {
+                dest: d.clone(),
+                units: table.clone(),
+                slices: Vec::new(),
+            })
+            .collect();
         if plan
             .iter()
-            .any(|(d, _)| matches!(d.mem, DestMem::Ranges { .. }))
+            .any(|p| matches!(p.dest.mem, DestMem::Ranges { .. }))
         {
             return Err(RdmaError::InvalidArgument(
                 "scattered destinations go through gather loads (expect_gather)".into(),
@@ -670,8 +722,10 @@ impl RdmaClient {
         })
     }
 
-    /// Registers a gather load on this session: layer `d.layer()` of each `(d, units)` lands
-    /// in `d`, unit `i` (the `unit` of the immediate) at `units[i] = (offset, len)` of it.
+    /// Registers a gather load on this session: layer `p.dest.layer()` of each [`LayerPlan`]
+    /// `p` lands in `p.dest`, unit `i` (the `unit` of the immediate) at `p.units[i] = (offset,
+    /// len)` of it, and a slice written alone (a slice immediate naming its chunk) at its
+    /// entry of `p.slices`.
     /// Returns the handle, the load slot and each layer's destination segments (in the given
     /// order) for the gather descriptor's RDMA target: one segment for a contiguous
     /// destination, the coalesced ranges of a scattered one. Completions are counted per
@@ -683,7 +737,7 @@ impl RdmaClient {
     /// destination lies in none of its memory areas.
     pub fn expect_gather(
         &self,
-        layers: &[(LayerDest, Vec<(u64, u64)>)],
+        layers: &[LayerPlan],
         sink: Arc<dyn LayerSink>,
     ) -> Result<(LoadHandle, u32, Vec<Vec<RdmaRegion>>)> {
         let (slot, segments) = self.register_load(layers, sink)?;
@@ -787,13 +841,14 @@ impl RdmaClient {
 
     fn register_load(
         &self,
-        plan: &[(LayerDest, Vec<(u64, u64)>)],
+        plan: &[LayerPlan],
         sink: Arc<dyn LayerSink>,
     ) -> Result<(u32, Vec<Vec<RdmaRegion>>)> {
         let mut targets = Vec::with_capacity(plan.len());
         let mut mrs = Vec::new();
         let mut layers = HashMap::new();
-        for (d, table) in plan {
+        for p in plan {
+            let (d, table) = (&p.dest, &p.units);
             let l = d.layer;
             if l >= Imm::MAX_LAYERS
                 || table.is_empty()
@@ -812,19 +867,31 @@ impl RdmaClient {
             let index = RdmaSegments::new(segs.clone()).ok_or_else(|| {
                 RdmaError::InvalidArgument(format!("layer {l}: segment lengths overflow"))
             })?;
+            let last_len = |o: u64, n: u64| {
+                index
+                    .pieces(o, n)
+                    .and_then(|p| p.last().map(|x| x.len))
+                    .ok_or_else(|| {
+                        RdmaError::InvalidArgument(format!(
+                            "layer {l}: unit at {o}+{n} is past the destination"
+                        ))
+                    })
+            };
             let imm_len = table
                 .iter()
-                .map(|&(o, n)| {
-                    index
-                        .pieces(o, n)
-                        .and_then(|p| p.last().map(|x| x.len))
-                        .ok_or_else(|| {
-                            RdmaError::InvalidArgument(format!(
-                                "layer {l}: unit at {o}+{n} is past the destination"
-                            ))
-                        })
-                })
+                .map(|&(o, n)| last_len(o, n))
                 .collect::<Result<Vec<u64>>>()?;
+            let mut slices = HashMap::with_capacity(p.slices.len());
+            for &(c, o, n) in &p.slices {
+                let chunk = u16::try_from(c)
+                    .ok()
+                    .filter(|&c| u32::from(c) < Imm::MAX_UNITS);
+                // A chunk past the immediate's range is never written alone (the server
+                // cannot name it): its layer's unit is then all or nothing, as before.
+                if let Some(chunk) = chunk {
+                    slices.insert(chunk, (o, n, last_len(o, n)?, false));
+                }
+            }
             if layers
                 .insert(
                     l,
@@ -832,6 +899,7 @@ impl RdmaClient {
                         units: table.clone(),
                         imm_len,
                         seen: vec![false; table.len()],
+                        slices,
                         got: 0,
                         state: LayerState::Pending,
                     },

@@ -25,7 +25,7 @@ use crate::protocol::{
 };
 use crate::transport::LayerSink;
 
-use super::client::{LayerDest, RdmaClient};
+use super::client::{LayerDest, LayerPlan, RdmaClient};
 
 /// Why a gather-over-RDMA load did not run.
 #[derive(Debug, thiserror::Error)]
@@ -170,7 +170,24 @@ impl GatherConn {
             debug_assert_eq!(t.len(), i as usize);
             t.push((u.offset, u.len));
         }
-        let layers: Vec<(LayerDest, Vec<(u64, u64)>)> = dests.iter().cloned().zip(tables).collect();
+        // The slices of units that hold several: written alone when another slice of their
+        // unit is bad (in such a unit every piece is a whole slice).
+        let mut slices: Vec<Vec<(u32, u64, u64)>> = vec![Vec::new(); nl];
+        for u in plan.iter().filter(|u| u.pieces.len() > 1) {
+            let mut at = u.offset;
+            for p in &u.pieces {
+                let len = p.range.end - p.range.start;
+                slices[(u.layer - req.layers.start) as usize].push((p.chunk, at, len));
+                at += len;
+            }
+        }
+        let layers: Vec<LayerPlan> = dests
+            .iter()
+            .cloned()
+            .zip(tables)
+            .zip(slices)
+            .map(|((dest, units), slices)| LayerPlan { dest, units, slices })
+            .collect();
         let (handle, slot, segments) = rdma
             .expect_gather(&layers, sink.clone())
             .map_err(|e| refused(e.to_string()))?;

@@ -38,7 +38,7 @@ pub mod qp;
 pub mod server;
 pub mod session;
 
-pub use client::{ClientConfig, LayerDest, LoadHandle, LoadOutcome, RdmaClient};
+pub use client::{ClientConfig, LayerDest, LayerPlan, LoadHandle, LoadOutcome, RdmaClient};
 pub use context::{devices, select_transport, Context, DeviceSelector, TransportChoice};
 pub use control::{Endpoint, LayerTarget, LoadSpec};
 pub use cq::{Completion, CompletionQueue};
