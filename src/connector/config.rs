@@ -60,6 +60,14 @@ pub struct EngineConfig {
     pub save_concurrency: usize,
     /// `worker_threads`: threads of the engine's own async runtime. Default 2.
     pub worker_threads: usize,
+    /// `cpus`: the CPUs the engine's own threads (its runtime's workers and blocking
+    /// threads, and the threads they start) may run on, as a list such as `1` or `0,2-3`;
+    /// empty (default, or `inherit`): those of the thread that creates the engine. An engine
+    /// created inside an inference engine's compute thread, which is pinned to its compute
+    /// cores (vLLM on the CPU binds its OpenMP threads), otherwise copies and checks KV on
+    /// those same cores while the forward pass needs them. CPUs the process may not use are
+    /// left out by the kernel; a list with none it may use is logged and ignored.
+    pub cpus: Vec<usize>,
     /// `gather`: `auto` (default) loads through the gather protocol when the store's S3
     /// endpoint is an ObjectCache server (probed once), ranged GETs otherwise; `off` always
     /// uses ranged GETs.
@@ -153,6 +161,7 @@ impl Default for EngineConfig {
             stall_timeout: StallTimeout::Auto,
             save_concurrency: 16,
             worker_threads: 2,
+            cpus: Vec::new(),
             gather: true,
             gather_streams: 2,
             single_flight: true,
@@ -199,6 +208,7 @@ pub const CONFIG_KEYS: &[&str] = &[
     "stall_timeout_ms",
     "save_concurrency",
     "worker_threads",
+    "cpus",
     "gather",
     "gather_streams",
     "single_flight",
@@ -206,6 +216,40 @@ pub const CONFIG_KEYS: &[&str] = &[
     "scheduler",
     "bandwidth_cap_bytes_per_s",
 ];
+
+/// Largest CPU index the `cpus` setting accepts, plus one (`CPU_SETSIZE` of Linux's
+/// `cpu_set_t`).
+pub const MAX_CPUS: usize = 1024;
+
+/// Parses a CPU list (`cpus`): comma-separated indices and inclusive ranges (`0,2-3`), as in
+/// Linux's `cpuset` and `taskset -c`; empty or `inherit` is the empty list.
+///
+/// # Errors
+/// [`Error::Config`] naming the part that is not an index or range below [`MAX_CPUS`].
+pub fn parse_cpu_list(value: &str) -> Result<Vec<usize>, Error> {
+    let v = value.trim();
+    if v.is_empty() || v == "inherit" {
+        return Ok(Vec::new());
+    }
+    let bad = |part: &str| {
+        Error::Config(format!(
+            "cpus: {part:?} in {value:?} is not a CPU index or range below {MAX_CPUS} (e.g. 1 or 0,2-3)"
+        ))
+    };
+    let mut out = Vec::new();
+    for part in v.split(',') {
+        let part = part.trim();
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b) = match (a.trim().parse::<usize>(), b.trim().parse::<usize>()) {
+            (Ok(a), Ok(b)) if a <= b && b < MAX_CPUS => (a, b),
+            _ => return Err(bad(part)),
+        };
+        out.extend(a..=b);
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
 
 impl EngineConfig {
     /// Applies one `key = value` setting.
@@ -273,6 +317,7 @@ impl EngineConfig {
             }
             "save_concurrency" => self.save_concurrency = pos(value)? as usize,
             "worker_threads" => self.worker_threads = pos(value)? as usize,
+            "cpus" => self.cpus = parse_cpu_list(value)?,
             "gather" => {
                 self.gather = match value {
                     "auto" | "on" | "true" | "1" => true,
@@ -398,6 +443,20 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(e.contains("gather_streams"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn cpu_lists_parse_and_errors_name_the_part() {
+        let c = |v: &str| EngineConfig::from_pairs([("cpus", v)]).map(|c| c.cpus);
+        assert_eq!(EngineConfig::default().cpus, Vec::<usize>::new());
+        assert_eq!(c("1").unwrap(), vec![1]);
+        assert_eq!(c(" 3-5, 0,4 ").unwrap(), vec![0, 3, 4, 5]);
+        assert_eq!(c("inherit").unwrap(), Vec::<usize>::new());
+        assert_eq!(c("").unwrap(), Vec::<usize>::new());
+        for (bad, part) in [("1,x", "x"), ("5-2", "5-2"), ("1024", "1024"), ("-1", "-1")] {
+            let e = c(bad).unwrap_err().to_string();
+            assert!(e.contains("cpus") && e.contains(&format!("{part:?}")), "{bad}: {e}");
         }
     }
 

@@ -25,6 +25,7 @@
 //! reader never sees a prefix half written and a crash between the phases leaves unreferenced
 //! data objects that garbage collection can find.
 
+mod affinity;
 mod buffers;
 mod config;
 #[cfg(feature = "cuda")]
@@ -260,11 +261,24 @@ impl Engine {
             0 => None,
             cap => Some(crate::link::Link::new(policy, cap as f64)?),
         };
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(cfg.worker_threads.max(1))
+        let mut rt = tokio::runtime::Builder::new_multi_thread();
+        rt.worker_threads(cfg.worker_threads.max(1))
             .thread_name("objectcache")
-            .enable_all()
-            .build()?;
+            .enable_all();
+        if !cfg.cpus.is_empty() {
+            // Every thread of the runtime (workers and blocking threads) is pinned as it
+            // starts; the threads they start (RDMA pollers) inherit the mask.
+            let cpus = cfg.cpus.clone();
+            let warned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            rt.on_thread_start(move || {
+                if let Err(e) = affinity::pin_current_thread(&cpus) {
+                    if !warned.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(?cpus, error = %e, "cpus: the engine's threads keep the CPUs of the thread that created the engine");
+                    }
+                }
+            });
+        }
+        let rt = rt.build()?;
         let handle = rt.handle().clone();
         let e = Engine {
             store,

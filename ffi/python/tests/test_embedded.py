@@ -2,6 +2,7 @@
 ABI's, the bytes are compared byte for byte, errors carry the C ABI's names and messages."""
 
 import json
+import os
 import pathlib
 import threading
 
@@ -59,6 +60,37 @@ def test_unknown_setting_is_a_config_error_naming_it(tmp_path):
         oc.Engine(store=str(tmp_path), gather_streams=17)
     # Python values are passed as the library's strings.
     oc.Engine(store=str(tmp_path), gather=False, load_timeout_ms=500).close()
+
+
+def test_config_keys_are_the_librarys(tmp_path):
+    """CONFIG_KEYS (which the vLLM connector uses to route kv_connector_extra_config) lists
+    exactly the settings the library knows: its refusal of an unknown key names them all."""
+    with pytest.raises(oc.ConfigError) as e:
+        oc.Engine(store=str(tmp_path), no_such_setting=1)
+    known = e.value.message.split("known settings: ", 1)[1]
+    assert [k.strip() for k in known.split(",")] == list(oc.CONFIG_KEYS)
+
+
+def test_cpus_pins_the_engines_threads(tmp_path):
+    """``cpus`` pins the engine's own threads (named ``objectcache``) and leaves the caller's
+    thread alone; a malformed list is a ConfigError naming ``cpus``."""
+    mine = os.sched_getaffinity(0)
+    cpu = max(mine)
+    with oc.Engine(store=str(tmp_path), cpus=str(cpu), worker_threads=2):
+        pinned = []
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    name = f.read().strip()
+            except OSError:
+                continue
+            if name.startswith("objectcache"):
+                pinned.append(os.sched_getaffinity(int(tid)))
+        assert len(pinned) >= 2, "the engine's runtime threads"
+        assert all(p == {cpu} for p in pinned), pinned
+        assert os.sched_getaffinity(0) == mine
+    with pytest.raises(oc.ConfigError, match="cpus"):
+        oc.Engine(store=str(tmp_path), cpus="1-x")
 
 
 def test_bad_geometry_is_refused_by_the_library():

@@ -64,10 +64,14 @@ CONFIG_KEYS = (
     "lookup_fanout",
     "lookup_cache_ttl_ms",
     "load_timeout_ms",
+    "load_min_rate_bytes_per_s",
+    "stall_timeout_ms",
     "save_concurrency",
     "worker_threads",
+    "cpus",
     "gather",
     "gather_streams",
+    "single_flight",
     "transport",
     "scheduler",
     "bandwidth_cap_bytes_per_s",
@@ -512,8 +516,9 @@ class Engine:
     :data:`CONFIG_KEYS` and docs/c-abi.md): ``store`` (a directory, ``file:///path``,
     ``memory://`` or ``s3://bucket/prefix?endpoint=...``), ``namespace``, ``hash_algo``,
     ``window_bytes``, ``max_requests``, ``coalesce_bytes``, ``lookup_fanout``,
-    ``lookup_cache_ttl_ms``, ``load_timeout_ms``, ``save_concurrency``, ``worker_threads``,
-    ``gather``, ``gather_streams``, ``transport``, ``scheduler``,
+    ``lookup_cache_ttl_ms``, ``load_timeout_ms``, ``load_min_rate_bytes_per_s``,
+    ``stall_timeout_ms``, ``save_concurrency``, ``worker_threads``, ``cpus``, ``gather``,
+    ``gather_streams``, ``single_flight``, ``transport``, ``scheduler``,
     ``bandwidth_cap_bytes_per_s``. Values may be ``str``, ``int`` or ``bool``; unset keys keep
     the library's defaults. An unknown key or a bad value raises :class:`ConfigError` naming
     it.

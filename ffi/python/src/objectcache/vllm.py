@@ -183,6 +183,37 @@ class _Settings:
     tp_world: int
 
 
+def _cpu_list(text):
+    """Parses a Linux CPU list (``0,2-3``) into a set of ints."""
+    out = set()
+    for part in text.strip().split(","):
+        if part:
+            a, _, b = part.partition("-")
+            out.update(range(int(a), int(b or a) + 1))
+    return out
+
+
+def _spare_cpus():
+    """The CPUs this process may use that its calling thread is not bound to, sorted; empty
+    when the thread may use them all. vLLM on the CPU binds each worker's OpenMP threads,
+    the worker's main thread among them, to its compute cores and leaves the reserved cores
+    (``VLLM_CPU_NUM_OF_RESERVED_CPU``) to other work; threads started later inherit the
+    binding. Without a ``cpus`` setting the engine's threads, which copy and check the KV
+    of loads, would run on the compute cores and slow the forward pass they feed."""
+    try:
+        mine = os.sched_getaffinity(0)
+        with open("/sys/devices/system/cpu/online") as f:
+            usable = _cpu_list(f.read())
+        try:
+            with open("/sys/fs/cgroup/cpuset.cpus.effective") as f:
+                usable &= _cpu_list(f.read()) or usable
+        except OSError:
+            pass
+    except (AttributeError, OSError, ValueError):
+        return []
+    return sorted(usable - mine)
+
+
 def _settings(vllm_config, kv_cache_config):
     ktc = vllm_config.kv_transfer_config
     extra = dict(ktc.kv_connector_extra_config or {})
@@ -200,6 +231,15 @@ def _settings(vllm_config, kv_cache_config):
                 f"{', '.join(oc.CONFIG_KEYS)}"
             )
     engine.setdefault("load_timeout_ms", _DEFAULT_LOAD_TIMEOUT_MS)
+    if "cpus" not in engine:
+        spare = _spare_cpus()
+        if spare:
+            engine["cpus"] = ",".join(str(c) for c in spare)
+            logger.info(
+                "ObjectCacheConnector: the engine's threads run on CPUs %s (this thread, "
+                "vLLM's compute, is bound to %s)", engine["cpus"],
+                sorted(os.sched_getaffinity(0)),
+            )
 
     groups = kv_cache_config.kv_cache_groups
     if len(groups) != 1:
