@@ -387,6 +387,7 @@ impl Shared {
         Shared {
             slice_crcs: (0..chunks * layers).map(|_| AtomicU64::new(0)).collect(),
             layers,
+            #[cfg(feature = "rdma")]
             slice_bytes: expected / chunks.max(1) as u64,
             state: LoadState::new(bufs, expected),
             chunk_status: (0..chunks).map(|_| AtomicU8::new(0)).collect(),
@@ -411,6 +412,7 @@ impl Shared {
 
     /// Records that chunk `c`'s slice of layer `l` is in place and was checked before it was
     /// sent, with no CRC known here (an RDMA write); a recorded CRC is kept.
+    #[cfg(feature = "rdma")]
     pub(crate) fn record_slice_landed(&self, c: usize, l: usize) {
         if let Some(a) = self.slice_crcs.get(c * self.layers + l) {
             let _ = a.compare_exchange(0, 2 << 32, Ordering::AcqRel, Ordering::Acquire);
