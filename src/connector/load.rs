@@ -215,6 +215,7 @@ pub(crate) struct Shared {
     layers: usize,
     /// Bytes of one chunk's slice of one layer (a layer's destination is `chunks x
     /// slice_bytes`).
+    #[cfg(feature = "rdma")]
     pub(crate) slice_bytes: u64,
     /// Set by [`LoadHandle::into_buffers`]: where the last reference's drop hands the
     /// buffers back.
