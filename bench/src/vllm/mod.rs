@@ -111,6 +111,11 @@ pub struct VllmArgs {
     /// process would compute on twice the cores of `recompute`'s and `apc`'s.
     #[arg(long, default_value_t = 1)]
     pub reserved_cpus: u32,
+    /// `KEY=VALUE` added to every ObjectCache connector's `kv_connector_extra_config`
+    /// (connector or engine settings, docs/vllm.md), e.g. `cpus=inherit` or
+    /// `gather_streams=1`; repeatable.
+    #[arg(long = "connector-setting", value_name = "KEY=VALUE")]
+    pub connector_settings: Vec<String>,
 }
 
 /// One method at one prefix length.
@@ -1025,6 +1030,20 @@ impl Bench<'_> {
     /// The ObjectCache methods: one saver replica writes every store (MultiConnector), then a
     /// fresh replica per store times B.
     fn objectcache(&mut self, stores: &[(String, String)], async_file: bool) -> Result<()> {
+        // `--connector-setting KEY=VALUE`, added to every ObjectCache connector's settings.
+        let mut extra = serde_json::Map::new();
+        for kv in &self.a.connector_settings {
+            let (k, v) = kv
+                .split_once('=')
+                .with_context(|| format!("--connector-setting {kv:?} is not KEY=VALUE"))?;
+            extra.insert(k.trim().to_string(), serde_json::Value::from(v.trim()));
+        }
+        let settings = |mut base: serde_json::Value| {
+            if let Some(m) = base.as_object_mut() {
+                m.extend(extra.clone());
+            }
+            base
+        };
         let subs: Vec<serde_json::Value> = stores
             .iter()
             .map(|(_, url)| {
@@ -1032,7 +1051,7 @@ impl Bench<'_> {
                     "kv_connector": "ObjectCacheConnector",
                     "kv_connector_module_path": "objectcache.vllm",
                     "kv_role": "kv_both",
-                    "kv_connector_extra_config": {"store": url, "namespace": NAMESPACE},
+                    "kv_connector_extra_config": settings(serde_json::json!({"store": url, "namespace": NAMESPACE})),
                 })
             })
             .collect();
@@ -1073,8 +1092,8 @@ impl Bench<'_> {
                 "kv_connector": "ObjectCacheConnector",
                 "kv_connector_module_path": "objectcache.vllm",
                 "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-                "kv_connector_extra_config": {"store": url, "namespace": NAMESPACE,
-                                              "load_mode": mode, "save": false},
+                "kv_connector_extra_config": settings(serde_json::json!({"store": url, "namespace": NAMESPACE,
+                                              "load_mode": mode, "save": false})),
             });
             let v = self.start(&m, false, Some(&cfg))?;
             self.time_b(&v, &m, None)?;
