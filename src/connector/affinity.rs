@@ -22,9 +22,8 @@ pub(crate) fn pin_current_thread(cpus: &[usize]) -> std::io::Result<()> {
         }
         // SAFETY: `set` is a valid, initialised `cpu_set_t` of the size passed; pid 0 is the
         // calling thread; the call only reads `set`.
-        let rc = unsafe {
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-        };
+        let rc =
+            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
         if rc == 0 {
             Ok(())
         } else {
@@ -47,11 +46,12 @@ pub(crate) fn pin_current_thread(cpus: &[usize]) -> std::io::Result<()> {
 fn current_thread_cpus() -> Option<Vec<usize>> {
     #[cfg(target_os = "linux")]
     {
-        // SAFETY: as in `pin_current_thread`; the call writes `set`, whose size is passed.
+        // SAFETY: `cpu_set_t` is a plain bit array for which all zeroes is the empty set.
         let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        let rc = unsafe {
-            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set)
-        };
+        // SAFETY: `set` is a valid `cpu_set_t` of the size passed, which the call writes; pid
+        // 0 is the calling thread.
+        let rc =
+            unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
         if rc != 0 {
             return None;
         }

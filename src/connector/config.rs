@@ -456,7 +456,10 @@ mod tests {
         assert_eq!(c("").unwrap(), Vec::<usize>::new());
         for (bad, part) in [("1,x", "x"), ("5-2", "5-2"), ("1024", "1024"), ("-1", "-1")] {
             let e = c(bad).unwrap_err().to_string();
-            assert!(e.contains("cpus") && e.contains(&format!("{part:?}")), "{bad}: {e}");
+            assert!(
+                e.contains("cpus") && e.contains(&format!("{part:?}")),
+                "{bad}: {e}"
+            );
         }
     }
 

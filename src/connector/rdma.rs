@@ -285,7 +285,14 @@ fn settle_chunks(sh: &Shared) {
         for c in 0..sh.chunk_status.len() {
             if sh.chunk(c) == ChunkStatus::Pending {
                 let whole = (0..sh.state.layers()).all(|l| sh.slice_in_place(c, l));
-                sh.set_chunk(c, if whole { ChunkStatus::Ok } else { ChunkStatus::Error });
+                sh.set_chunk(
+                    c,
+                    if whole {
+                        ChunkStatus::Ok
+                    } else {
+                        ChunkStatus::Error
+                    },
+                );
             }
         }
     }

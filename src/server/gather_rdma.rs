@@ -230,7 +230,13 @@ impl Delivery {
         self.write(imm, offset, len, parts).await
     }
 
-    async fn write(&mut self, imm: Imm, offset: u64, len: u64, parts: Vec<Bytes>) -> Result<(), String> {
+    async fn write(
+        &mut self,
+        imm: Imm,
+        offset: u64,
+        len: u64,
+        parts: Vec<Bytes>,
+    ) -> Result<(), String> {
         self.reap_ready();
         let layer = u32::from(imm.layer);
         let i = layer
@@ -243,7 +249,10 @@ impl Delivery {
             .and_then(|l| l.pieces(offset, len))
             .ok_or_else(|| format!("unit at {offset}+{len} is past layer {layer}'s destination"))?;
         let remote: Vec<(u64, u32, u64)> = pieces.iter().map(|p| (p.addr, p.rkey, p.len)).collect();
-        let rx = self.session.write_pieces(imm.encode(), &parts, &remote).await?;
+        let rx = self
+            .session
+            .write_pieces(imm.encode(), &parts, &remote)
+            .await?;
         let timeout = self.session.op_timeout();
         let session = self.session.clone();
         self.inflight.push(

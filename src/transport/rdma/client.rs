@@ -413,7 +413,9 @@ impl Shared {
                 ));
             };
             if sl.3 {
-                return Err(format!("repeated slice write for chunk {chunk} of layer {layer}"));
+                return Err(format!(
+                    "repeated slice write for chunk {chunk} of layer {layer}"
+                ));
             }
             if u64::from(wc.byte_len) != sl.2 {
                 return Err(format!(

@@ -186,7 +186,11 @@ impl GatherConn {
             .cloned()
             .zip(tables)
             .zip(slices)
-            .map(|((dest, units), slices)| LayerPlan { dest, units, slices })
+            .map(|((dest, units), slices)| LayerPlan {
+                dest,
+                units,
+                slices,
+            })
             .collect();
         let (handle, slot, segments) = rdma
             .expect_gather(&layers, sink.clone())
