@@ -189,6 +189,19 @@ struct Report<'a> {
 /// start, a failed request. A peer connector that cannot run is a record with a note, not an
 /// error.
 pub fn run(a: VllmArgs) -> Result<()> {
+    // The benchmark's own server takes these credentials (`s3_credentials`), and its checks
+    // that saves were published read them from the AWS environment: without them the AWS SDK
+    // would look for an instance metadata service. Set only where unset, here, before this
+    // process starts any thread.
+    if std::env::var_os("AWS_ACCESS_KEY_ID").is_none() {
+        let (ak, sk) = s3_credentials();
+        std::env::set_var("AWS_ACCESS_KEY_ID", ak);
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", sk);
+        std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
+    }
+    if std::env::var_os("AWS_REGION").is_none() {
+        std::env::set_var("AWS_REGION", "us-east-1");
+    }
     let (py, model) = locate(&a)?;
     let chosen: Vec<String> = a
         .methods
