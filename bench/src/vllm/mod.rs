@@ -777,11 +777,20 @@ impl Vllm {
                 File::options().append(true).open(&log)?
             }))
             .stderr(Stdio::from(File::options().append(true).open(&log)?));
+        // Its own process group: vLLM's engine core and workers are processes of their own,
+        // which outlive a killed API server; the group is stopped whole (`Drop for Vllm`).
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let t0 = Instant::now();
-        let mut child = cmd.spawn().context("start vLLM")?;
+        // Dropped on every early return below: the whole group stops.
+        let mut v = Vllm {
+            child: cmd.spawn().context("start vLLM")?,
+            port,
+            label: label.into(),
+            startup_s: 0.0,
+        };
         let s = spinner(&env.mp, format!("starting vLLM ({label})"));
         loop {
-            if let Some(st) = child.try_wait()? {
+            if let Some(st) = v.child.try_wait()? {
                 s.finish_and_clear();
                 bail!(
                     "vLLM ({label}) exited with {st} while starting:\n{}",
@@ -792,7 +801,6 @@ impl Vllm {
                 break;
             }
             if t0.elapsed() > Duration::from_secs(900) {
-                let _ = child.kill();
                 s.finish_and_clear();
                 bail!("vLLM ({label}) not ready after 900 s:\n{}", tail(&log, 30));
             }
@@ -800,15 +808,10 @@ impl Vllm {
             std::thread::sleep(Duration::from_millis(500));
         }
         s.finish_and_clear();
-        let startup_s = t0.elapsed().as_secs_f64();
+        v.startup_s = t0.elapsed().as_secs_f64();
         env.mp
-            .println(format!("vLLM ({label}) ready in {startup_s:.1} s"))?;
-        Ok(Vllm {
-            child,
-            port,
-            label: label.into(),
-            startup_s,
-        })
+            .println(format!("vLLM ({label}) ready in {:.1} s", v.startup_s))?;
+        Ok(v)
     }
 
     /// SIGTERM, then waits (vLLM shuts its engine and workers down; connectors flush).
@@ -830,11 +833,28 @@ impl Vllm {
 }
 
 impl Drop for Vllm {
+    /// Stops the whole process group (the API server, its engine core and workers): SIGTERM,
+    /// up to 30 s, then SIGKILL. A benchmark that fails half-way leaves no vLLM behind.
     fn drop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let signal = |sig: &str| {
+            let _ = Command::new("kill")
+                .args([sig, "--", &group])
+                .stderr(Stdio::null())
+                .status();
+        };
         if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+            signal("-TERM");
+            let t0 = Instant::now();
+            while matches!(self.child.try_wait(), Ok(None))
+                && t0.elapsed() < Duration::from_secs(30)
+            {
+                std::thread::sleep(Duration::from_millis(200));
+            }
         }
+        // Whatever of the group is left (also after `stop`: a worker that outlived its server).
+        signal("-KILL");
+        let _ = self.child.wait();
     }
 }
 
