@@ -278,7 +278,7 @@ def _settings(vllm_config, kv_cache_config):
         block_size=block_size,
         blocks_per_chunk=tpc // block_size,
         model_id=str(own["model_id"] or mc.model),
-        layout=str(own["layout"] or _default_layout(vllm_config, kv_cache_config)),
+        layout=str(own["layout"] or _default_layout(vllm_config, kv_cache_config, spec)),
         load_mode=load_mode,
         save=save,
         load=load,
@@ -293,11 +293,15 @@ def _settings(vllm_config, kv_cache_config):
     )
 
 
-def _default_layout(vllm_config, kv_cache_config):
-    """``vllm<major.minor>/<device>/<KV cache layout>``, e.g. ``vllm0.32/cpu/LBHNC``: the
-    vLLM version is part of it, since an engine may change the meaning of its blocks between
-    versions. The KV cache layout is the one vLLM resolved for this model (the same in the
-    scheduler and the workers)."""
+def _default_layout(vllm_config, kv_cache_config, spec):
+    """``vllm<major.minor>/<device>/<KV cache layout>``, e.g. ``vllm0.32/cuda/NHD``; on the CPU
+    the device part names vLLM's CPU attention ISA too, e.g. ``vllm0.32/cpu-vec/LBHNC``: the
+    CPU backend packs each block's bytes for its attention kernel (its
+    ``cpu_attn_reshape_and_cache`` takes the ISA: ``amx``, ``vec``, ``vec16``, ``neon``, ...),
+    so an AMX machine and an AVX2 machine at the same block size write blocks of different
+    meaning and must not share entries. The vLLM version is part of the name, since an engine
+    may change the meaning of its blocks between versions. The KV cache layout is the one vLLM
+    resolved for this model (the same in the scheduler and the workers)."""
     import vllm
     from vllm.platforms import current_platform
 
@@ -309,7 +313,30 @@ def _default_layout(vllm_config, kv_cache_config):
             "ObjectCacheConnector: vLLM has not resolved its KV cache layout; set "
             "\"layout\" in kv_connector_extra_config"
         )
-    return f"vllm{ver}/{current_platform.device_type}/{kv_layout}"
+    device = str(current_platform.device_type)
+    if device == "cpu":
+        device = f"cpu-{_cpu_attn_isa(vllm_config, spec)}"
+    return f"vllm{ver}/{device}/{kv_layout}"
+
+
+def _cpu_attn_isa(vllm_config, spec):
+    """The ISA vLLM's CPU attention backend packs KV blocks for (``amx``, ``vec``, ``vec16``,
+    ``neon``, ...), asked of the backend itself; where this vLLM has no such function, the
+    machine's architecture and its x86 matrix/vector extensions, which decide the ISA."""
+    head_size = int(vllm_config.model_config.get_head_size())
+    kv_dtype = getattr(vllm_config.cache_config, "cache_dtype", None)
+    try:
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+        return str(_get_attn_isa(spec.dtype, int(spec.block_size), head_size, kv_dtype))
+    except (ImportError, AttributeError, TypeError):
+        import platform
+
+        import torch
+
+        ext = [n for n, has in (("amx", torch.cpu._is_amx_tile_supported),
+                                ("avx512", torch.cpu._is_avx512_supported)) if has()]
+        return "-".join([platform.machine()] + ext)
 
 
 def _geometry(s, tp_rank):
