@@ -98,7 +98,8 @@ pub struct VllmArgs {
     /// present).
     #[arg(long, value_name = "DIR")]
     pub package_src: Option<PathBuf>,
-    /// Keep the vLLM and server logs in this directory (default: a temporary one, removed).
+    /// Keep the logs in this directory (default: a temporary one, removed): one per vLLM
+    /// (`METHOD.log`), and the storage server's (`storage-server.log`).
     #[arg(long, value_name = "DIR")]
     pub logs: Option<PathBuf>,
     /// KV cache of each vLLM process, GiB (`VLLM_CPU_KVCACHE_SPACE`).
@@ -526,7 +527,7 @@ impl ObjectCacheServer {
             .arg(dir)
             .args(["--access-key", &format!("{ak}:{sk}")])
             .stdout(Stdio::piped())
-            .stderr(File::create(logs.join("objectcache-server.log"))?)
+            .stderr(File::create(logs.join("storage-server.log"))?)
             .spawn()?;
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line)?;
@@ -537,7 +538,10 @@ impl ObjectCacheServer {
             .unwrap_or_default()
             .to_string();
         if addr.is_empty() {
-            bail!("objectcache serve did not start (see {})", logs.display());
+            bail!(
+                "objectcache serve did not start (see {})",
+                logs.join("storage-server.log").display()
+            );
         }
         Ok(ObjectCacheServer { child, addr })
     }
