@@ -151,8 +151,9 @@ pub(crate) async fn try_rdma(
             }
         }
         Err(done) => {
-            // Dropped (waking the waiters) after the probe's new state is set, or when this
-            // load is dropped mid-way (then the state goes back to `Unknown` first).
+            // Dropped at the end of this arm (waking the waiters), after the probe's new state
+            // is set; or, still armed, when this load is dropped mid-way (the probe then goes
+            // back to `Unknown` first).
             let mut guard = ConnectingGuard {
                 probe,
                 _done: done,
@@ -160,14 +161,14 @@ pub(crate) async fn try_rdma(
             };
             let connected = connect(&target.addr, target.credentials.clone()).await;
             guard.armed = false;
-            let next = match connected {
+            match connected {
                 Ok((c, conn)) => {
                     tracing::info!(addr = %target.addr, session = format!("{:016x}", c.session()), "loads use RDMA");
                     *probe.lock().expect("lock") = Probe::On {
                         client: c.clone(),
                         pool: Vec::new(),
                     };
-                    Ok((c, conn))
+                    (c, conn)
                 }
                 Err(why) => {
                     if transport == Transport::Rdma {
@@ -176,13 +177,8 @@ pub(crate) async fn try_rdma(
                         tracing::info!(addr = %target.addr, %why, "no RDMA; using TCP gather");
                     }
                     *probe.lock().expect("lock") = Probe::Off;
-                    Err(())
+                    return Outcome::Fallback;
                 }
-            };
-            drop(guard);
-            match next {
-                Ok(v) => v,
-                Err(()) => return Outcome::Fallback,
             }
         }
     };
