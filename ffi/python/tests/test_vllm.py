@@ -336,20 +336,34 @@ def baseline(model, logdir):
         hit = r.generate([B], salts=["probe"])[0]
         assert hit["num_cached_tokens"] >= 7 * BLOCK, hit["num_cached_tokens"]
         full = single[B]
-        exact = (hit["token_ids"] == full["token_ids"]
-                 and sorted(hit["first_logprobs"].values()) == sorted(full["first_logprobs"].values()))
+        dev = logprob_distance(hit, full)
+        exact = hit["token_ids"] == full["token_ids"] and dev == 0.0
+        tol = max(TOLERANCE_FLOOR, 3 * dev)
         print(f"vLLM's own prefix cache on this CPU ({DTYPE}): B with {hit['num_cached_tokens']} cached "
               f"tokens {'equals' if exact else 'differs from'} B computed in full "
               f"({hit['text']!r}, top log-probabilities {top_logprobs(hit)} vs "
-              f"{full['text']!r}, {top_logprobs(full)}); outputs are compared "
-              f"{'to the last bit' if exact else f'by first-token tolerance {TOLERANCE}'}")
-        yield {"tokens": tok, "single": single, "batch": batch, "exact": exact}
+              f"{full['text']!r}, {top_logprobs(full)}: {dev:.2e} apart); outputs are compared "
+              f"{'to the last bit' if exact else f'by first token and log-probabilities within {tol:.2e}'}")
+        yield {"tokens": tok, "single": single, "batch": batch, "exact": exact, "tol": tol}
     finally:
         r.close()
 
 
 def top_logprobs(out, k=3):
     return [round(v, 6) for v in sorted(out["first_logprobs"].values(), reverse=True)[:k]]
+
+
+def logprob_distance(a, b):
+    """The largest difference between two outputs' first-token top log-probabilities, rank by
+    rank."""
+    x = sorted(a["first_logprobs"].values(), reverse=True)
+    y = sorted(b["first_logprobs"].values(), reverse=True)
+    return max(abs(p - q) for p, q in zip(x, y))
+
+
+# Without a bit-exact prefix cache, a load may move the first token's top log-probabilities by
+# at most 3x what vLLM's own prefix cache moves them in the probe, and by at least this much.
+TOLERANCE_FLOOR = 1e-3
 
 
 TOLERANCE = 0.05  # first-token log-probability, when outputs differ from the baseline
@@ -403,13 +417,14 @@ def saved(model, logdir, stores, baseline):
     return out
 
 
-def assert_same_output(got, want, what, exact):
+def assert_same_output(got, want, what, ref):
     """A load's output against the same engine's full computation. Where vLLM's own prefix
-    cache is bit-exact (`baseline["exact"]`), the texts (and token ids) and the first token's
-    top log-probabilities are equal to the last bit: the loaded KV was the computed KV. Where
-    it is not, the first token is the same and its log-probability within TOLERANCE: KV of
-    another layout, or bytes of other blocks, move it far more."""
-    if exact:
+    cache is bit-exact (`ref["exact"]`, from the baseline's probe), the texts (and token ids)
+    and the first token's top log-probabilities are equal to the last bit: the loaded KV was
+    the computed KV. Where it is not, the first token is the same and its top log-probabilities
+    are within `ref["tol"]` rank by rank (3x the probe's own distance): KV of another layout, or
+    bytes of other blocks, move them far more."""
+    if ref["exact"]:
         assert got["text"] == want["text"] and got.get("token_ids") == want.get("token_ids"), (
             f"{what}: output differs from the engine's own full computation:\n"
             f"  loaded:   {got['text']!r}\n  computed: {want['text']!r}")
@@ -417,12 +432,13 @@ def assert_same_output(got, want, what, exact):
         return
     g, w = got["first_logprobs"], want["first_logprobs"]
     g_top, w_top = max(g, key=g.get), max(w, key=w.get)
+    dist = logprob_distance(got, want)
     print(f"  {what}: loaded {got['text']!r}, top log-probabilities {top_logprobs(got)}; "
-          f"computed {want['text']!r}, {top_logprobs(want)}")
+          f"computed {want['text']!r}, {top_logprobs(want)}: {dist:.2e} apart")
     assert g_top == w_top, f"{what}: first token {g_top} after a load, {w_top} computed"
-    assert abs(g[g_top] - w[w_top]) <= TOLERANCE, (
-        f"{what}: first-token log-probability {g[g_top]:.6f} after a load, {w[w_top]:.6f} "
-        f"computed (tolerance {TOLERANCE})")
+    assert dist <= ref["tol"], (
+        f"{what}: first-token top log-probabilities {top_logprobs(got, 5)} after a load, "
+        f"{top_logprobs(want, 5)} computed: {dist:.2e} apart (tolerance {ref['tol']:.2e})")
 
 
 def assert_logprobs_equal(got, want, what):
@@ -468,7 +484,7 @@ def test_api_server_cross_replica_salts_concurrency_and_corruption(model, logdir
         assert srv.metric("vllm:external_prefix_cache_hits_total") >= hit_b
         y = srv.complete(B, salt="tenant-y")
         assert y["cached_tokens"] == 0 and y["kv_transfer_params"] is None
-        assert_same_output(b, y, "B", baseline["exact"])
+        assert_same_output(b, y, "B", baseline)
         compare_baseline(b["text"], b["first_logprobs"], baseline["single"][B], "B")
 
         # 2. Two cache salts (C15): tenant-x saved A under its salt and hits; tenant-y never
@@ -477,7 +493,7 @@ def test_api_server_cross_replica_salts_concurrency_and_corruption(model, logdir
         print(f"salt tenant-x: {x['cached_tokens']} cached; tenant-y: {y['cached_tokens']}")
         assert x["cached_tokens"] == hit_b
         assert x["kv_transfer_params"] == {"objectcache_hit_tokens": hit_b}
-        assert_same_output(x, y, "B, salt tenant-x", baseline["exact"])
+        assert_same_output(x, y, "B, salt tenant-x", baseline)
 
         # 3. Eight concurrent requests sharing the document.
         import concurrent.futures as cf
@@ -511,7 +527,7 @@ def test_api_server_cross_replica_salts_concurrency_and_corruption(model, logdir
         print(f"corrupted store: {failed} blocks reported failed, text {c['text']!r}")
         assert failed >= hit_b // BLOCK
         # Recomputed in full: the output is this server's own full computation of B.
-        assert_same_output(c, y, "B, store corrupted", baseline["exact"])
+        assert_same_output(c, y, "B, store corrupted", baseline)
     finally:
         srv.close()
 
@@ -537,7 +553,7 @@ def test_cross_replica_on_each_store(model, logdir, stores, baseline, saved, sto
     assert out["num_cached_tokens"] == hit_b
     assert out["kv_transfer_params"] == {"objectcache_hit_tokens": hit_b}
     assert own["num_cached_tokens"] == 0
-    assert_same_output(out, own, store, baseline["exact"])
+    assert_same_output(out, own, store, baseline)
     compare_baseline(out["text"], out["first_logprobs"], baseline["single"][B], store)
     # The layout in the keys names vLLM's CPU attention ISA (blocks are packed for it).
     log = r.logpath.read_text()
