@@ -5,6 +5,7 @@ import json
 import os
 import pathlib
 import threading
+import time
 
 import pytest
 
@@ -73,19 +74,33 @@ def test_config_keys_are_the_librarys(tmp_path):
 
 def test_cpus_pins_the_engines_threads(tmp_path):
     """``cpus`` pins the engine's own threads (named ``objectcache``) and leaves the caller's
-    thread alone; a malformed list is a ConfigError naming ``cpus``."""
+    thread alone; a malformed list is a ConfigError naming ``cpus``.
+
+    Each runtime thread names and pins itself as it starts, which may be just after the
+    constructor returns, so the test looks until both workers have done so (10 s at most)."""
     mine = os.sched_getaffinity(0)
     cpu = max(mine)
-    with oc.Engine(store=str(tmp_path), cpus=str(cpu), worker_threads=2):
-        pinned = []
+
+    def engine_threads():
+        found = []
         for tid in os.listdir("/proc/self/task"):
             try:
                 with open(f"/proc/self/task/{tid}/comm") as f:
                     name = f.read().strip()
+                if name.startswith("objectcache"):
+                    found.append(os.sched_getaffinity(int(tid)))
             except OSError:
-                continue
-            if name.startswith("objectcache"):
-                pinned.append(os.sched_getaffinity(int(tid)))
+                continue  # the thread ended meanwhile
+        return found
+
+    with oc.Engine(store=str(tmp_path), cpus=str(cpu), worker_threads=2):
+        deadline = time.monotonic() + 10
+        pinned = engine_threads()
+        while time.monotonic() < deadline and not (
+            len(pinned) >= 2 and all(p == {cpu} for p in pinned)
+        ):
+            time.sleep(0.01)
+            pinned = engine_threads()
         assert len(pinned) >= 2, "the engine's runtime threads"
         assert all(p == {cpu} for p in pinned), pinned
         assert os.sched_getaffinity(0) == mine
