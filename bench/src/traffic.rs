@@ -20,7 +20,9 @@
 //! the unique bytes requested, fetches per chunk (loads that fetched, weighted by their chunks,
 //! per distinct chunk), and the simulator's prediction for the same arrivals
 //! (`objectcache::sim` under the same policy and cap, with the engine's rule for which loads
-//! share a fetch applied to the simulated progress) beside the measured figures.
+//! share a fetch applied to the simulated progress) beside the measured figures. After the
+//! timing, every load's bytes are compared with the saved ones, byte for byte; a difference
+//! or a miss fails the run.
 
 use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest};
 use objectcache::sched::{ComputeModel, GpuKind, KernelClass, PolicyKind};
@@ -499,7 +501,24 @@ fn run_one(
         }
     }
     let span = t0.elapsed().as_secs_f64();
-    drop(handles);
+    // Every load's bytes against the saved ones, byte for byte (after the timing).
+    let mut want: HashMap<&ChunkHash, Vec<Vec<u8>>> = HashMap::new();
+    for (i, (h, r)) in handles.into_iter().zip(reqs).enumerate() {
+        let got = h
+            .into_buffers()
+            .into_vecs()
+            .ok_or_else(|| anyhow::anyhow!("{name}/{policy}: load {i} has no owned buffers"))?;
+        let slice = g.slice_bytes() as usize;
+        for (l, layer) in got.iter().enumerate() {
+            for (c, hash) in r.hashes.iter().enumerate() {
+                let w = want.entry(hash).or_insert_with(|| chunk_layers(g, hash));
+                anyhow::ensure!(
+                    layer[c * slice..(c + 1) * slice] == w[l][..],
+                    "{name}/{policy}: load {i}, layer {l}, chunk {c}: the loaded bytes differ from the saved ones"
+                );
+            }
+        }
+    }
     let moved = m.bytes_total("gather_out") - b0;
     let followed = e.metrics().loads_followed - followed0;
     drop(e);
