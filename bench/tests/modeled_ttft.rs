@@ -7,6 +7,8 @@
 //! When `OBJECTCACHE_NIXL_VENV` names a virtual environment with nixl-cu12, the `nixl-obj`
 //! method must be present too (the benchmark reads the variable itself).
 
+mod support;
+
 use serde_json::Value;
 use std::process::Command;
 
@@ -42,48 +44,34 @@ fn f(r: &Value, k: &str) -> f64 {
 
 #[test]
 fn modeled_grid_point_end_to_end() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("modeled.json");
-    let svg = dir.path().join("svg");
-    let out = Command::new(env!("CARGO_BIN_EXE_objectcache-bench"))
-        .args([
-            "ttft",
-            "--mode",
-            "modeled",
-            "--models",
-            "llama-3.1-8b",
-            "--contexts",
-            "4096",
-            "--new-tokens",
-            "1024",
-            "--gpu",
-            "h100",
-            "--runs",
-            "1",
-            "--max-load-mib",
-            "64",
-            "--concurrency",
-            "4",
-            "--policies",
-            "fifo,stall-aware",
-        ])
-        .arg("--json")
-        .arg(&json)
-        .arg("--svg")
-        .arg(&svg)
-        .output()
-        .expect("run objectcache-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "bench failed:\n{stdout}\n{stderr}");
+    let run = support::run_bench(&[
+        "ttft",
+        "--mode",
+        "modeled",
+        "--models",
+        "llama-3.1-8b",
+        "--contexts",
+        "4096",
+        "--new-tokens",
+        "1024",
+        "--gpu",
+        "h100",
+        "--runs",
+        "1",
+        "--max-load-mib",
+        "64",
+        "--concurrency",
+        "4",
+        "--policies",
+        "fifo,stall-aware",
+    ]);
+    let (stdout, recs, svg) = (&run.stdout, &run.records[..], run.svg());
     assert!(
         stdout.contains("goal gather-tcp within 5% of the pipeline bound"),
         "{stdout}"
     );
 
-    let recs: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap())
-        .expect("JSON is a list of records");
-    for r in &recs {
+    for r in recs {
         for k in REQUIRED {
             assert!(r.get(*k).is_some(), "record lacks {k}: {r}");
         }
@@ -101,12 +89,12 @@ fn modeled_grid_point_end_to_end() {
         methods.push("nixl-obj");
     } else {
         assert!(
-            find(&recs, "nixl-obj", 1).is_empty(),
+            find(recs, "nixl-obj", 1).is_empty(),
             "nixl-obj without a venv"
         );
     }
     let one = |m: &str| {
-        let v = find(&recs, m, 1);
+        let v = find(recs, m, 1);
         assert_eq!(v.len(), 1, "one single-request record of {m}: {v:?}");
         v[0]
     };
@@ -151,7 +139,7 @@ fn modeled_grid_point_end_to_end() {
     assert!(f(gather, "time_scale") > 0.0);
 
     for p in ["fifo", "stall-aware"] {
-        let v: Vec<_> = find(&recs, "gather-tcp", 4)
+        let v: Vec<_> = find(recs, "gather-tcp", 4)
             .into_iter()
             .filter(|r| r["policy"] == p)
             .collect();

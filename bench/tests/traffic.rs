@@ -4,9 +4,10 @@
 //! or a loaded byte differs from the saved one; this test checks the records' structure and
 //! the truths that hold whatever the timing, never timings against fixed numbers.
 
+mod support;
+
 use serde_json::Value;
 use std::collections::HashSet;
-use std::process::Command;
 
 fn f(r: &Value, path: &[&str]) -> f64 {
     let mut v = r;
@@ -19,33 +20,19 @@ fn f(r: &Value, path: &[&str]) -> f64 {
 
 #[test]
 fn traffic_runs_every_workload_and_policy_byte_exact_with_a_prediction() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("traffic.json");
-    let svg = dir.path().join("svg");
-    let out = Command::new(env!("CARGO_BIN_EXE_objectcache-bench"))
-        .args([
-            "traffic",
-            "--policies",
-            "fifo,stall-aware",
-            "--workloads",
-            "burst,poisson,trace",
-            "--requests",
-            "8",
-        ])
-        .arg("--json")
-        .arg(&json)
-        .arg("--svg")
-        .arg(&svg)
-        .output()
-        .expect("run objectcache-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "bench failed:\n{stdout}\n{stderr}");
-    println!("{stdout}");
-    assert!(stdout.contains("m/sim"), "the table: {stdout}");
+    let run = support::run_bench(&[
+        "traffic",
+        "--policies",
+        "fifo,stall-aware",
+        "--workloads",
+        "burst,poisson,trace",
+        "--requests",
+        "8",
+    ]);
+    let (recs, svg) = (&run.records, run.svg());
+    println!("{}", run.stdout);
+    assert!(run.stdout.contains("m/sim"), "the table: {}", run.stdout);
 
-    let recs: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap())
-        .expect("JSON is a list of records");
     let runs: HashSet<(String, String)> = recs
         .iter()
         .map(|r| {
@@ -62,7 +49,7 @@ fn traffic_runs_every_workload_and_policy_byte_exact_with_a_prediction() {
         }
         assert!(svg.join(format!("traffic-{w}.svg")).is_file(), "{w}'s plot");
     }
-    for r in &recs {
+    for r in recs {
         let n = r["requests"].as_u64().unwrap();
         if r["workload"] != "trace" {
             assert_eq!(n, 8, "{r}");
