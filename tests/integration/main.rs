@@ -1,6 +1,6 @@
 //! ObjectCache's integration tests, one test binary.
 //!
-//! Each file here is one area's tests (`cargo test --release --test integration traffic_stall::`
+//! Each file here is one area's tests (`cargo test --release --test integration paged_kv::`
 //! runs one file's; any test name or module path works as a filter). They share one binary so
 //! that the dependencies' generic code (tokio, hyper, the AWS SDK, s3s) is compiled and linked
 //! once, not once per file: on a 2-core machine that is most of the test build.
@@ -12,8 +12,9 @@
 //!   CUDA (`--features cuda`);
 //! - they compare measured times with a model or ride out a storage failure on a deadline, so
 //!   they must not share the two cores with the rest: the scheduler accuracy tests
-//!   (`sched_loopback`, `sched_client_loopback`), the multi-host bed (`bed`), the
-//!   single-flight tests (`traffic_flight`: concurrent loads must overlap to share reads),
+//!   (`sched_loopback`, `sched_client_loopback`), the multi-host bed (`bed`), the tests
+//!   that hold deadlines (`timing`: stall limits, the server's cap and its closing of hostile
+//!   connections, single-flight loads that must overlap, gateway failover; one at a time),
 //!   and the vLLM connector tests (each runs whole vLLM engines).
 //!
 //! Helpers shared with those binaries live in `tests/` beside them.
@@ -40,13 +41,9 @@ mod fault_fs_writes;
 mod fault_markers;
 mod fault_s3;
 mod fault_s3_retry;
-mod fault_server;
 mod fault_soak;
-mod gateways;
 mod gather_cases;
-mod gather_front;
 mod gather_tcp;
-mod hostile_server;
 mod layerwise_load;
 mod lifecycle_gc;
 mod paged_kv;
@@ -66,5 +63,3 @@ mod sim_determinism;
 mod store_conformance;
 mod traffic_misses;
 mod traffic_promises;
-mod traffic_stall;
-mod traffic_striped;

@@ -82,6 +82,7 @@ async fn budget_back(server: &objectcache::server::ServerHandle) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handshakes_must_finish_and_idle_connections_close() {
+    let _alone = crate::alone();
     let server = start(Arc::new(MemoryStore::new()), cfg()).await;
     let addr = server.local_addr();
     let bound = Duration::from_secs(LIMIT + 3);
@@ -150,6 +151,7 @@ fn save_request(g: &KvGeometry, seed: u64, n: usize) -> SaveRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_save_that_stalls_or_drips_is_dropped_and_writes_nothing() {
+    let _alone = crate::alone();
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap());
     let server = start(store.clone(), cfg()).await;
@@ -245,6 +247,7 @@ async fn a_save_that_stalls_or_drips_is_dropped_and_writes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_load_whose_client_stops_reading_is_dropped_and_its_read_ahead_freed() {
+    let _alone = crate::alone();
     let server = start(Arc::new(MemoryStore::new()), cfg()).await;
     let addr = server.local_addr();
     let g = KvGeometry::llama31_8b();
@@ -295,6 +298,7 @@ async fn a_load_whose_client_stops_reading_is_dropped_and_its_read_ahead_freed()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn save_requests_past_the_limits_are_refused_before_any_data() {
+    let _alone = crate::alone();
     let server = start(Arc::new(MemoryStore::new()), cfg()).await;
     let addr = server.local_addr();
     let g = KvGeometry::llama31_8b();

@@ -15,7 +15,7 @@
 //! gone the same engine loads everything again (over gather where it was offered).
 //!
 //! Each case prints a `FAULT|server|...` line for docs/reliability.md
-//! (`cargo test --release --test integration fault_server:: -- --nocapture --test-threads 1 | grep '^FAULT|'`).
+//! (`cargo test --release --test timing fault_server:: -- --nocapture --test-threads 1 | grep '^FAULT|'`).
 #![cfg(feature = "s3")]
 
 use crate::common;
@@ -298,6 +298,7 @@ fn raw_case(r: &Rig, case: &str, fault: RawFault, expect_all_ready: bool, gather
 
 #[test]
 fn gather_truncated_stream_is_a_miss_or_fallback() {
+    let _alone = crate::alone();
     let server = mem_server();
     let r = rig(server.local_addr(), "trunc", 1, Duration::from_secs(20));
     let lay = r.stream_layout(server_info(server.local_addr()));
@@ -324,6 +325,7 @@ fn gather_truncated_stream_is_a_miss_or_fallback() {
 
 #[test]
 fn gather_flipped_bytes_never_become_kv() {
+    let _alone = crate::alone();
     let server = mem_server();
     let r = rig(server.local_addr(), "flip", 2, Duration::from_secs(20));
     let lay = r.stream_layout(server_info(server.local_addr()));
@@ -384,6 +386,7 @@ fn gather_flipped_bytes_never_become_kv() {
 
 #[test]
 fn gather_reset_mid_stream_is_a_miss() {
+    let _alone = crate::alone();
     let server = mem_server();
     let r = rig(server.local_addr(), "reset", 3, Duration::from_secs(20));
     let lay = r.stream_layout(server_info(server.local_addr()));
@@ -421,6 +424,7 @@ fn reset_cases(r: &Rig, what: &str, points: &[(&str, u64)]) {
 /// byte-exact over gather again.
 #[test]
 fn gather_striped_reset_is_a_miss() {
+    let _alone = crate::alone();
     let server = mem_server();
     let r = rig_with(
         server.local_addr(),
@@ -450,6 +454,7 @@ fn gather_striped_reset_is_a_miss() {
 /// fault it says to wait (nothing is missing).
 #[test]
 fn stalled_gather_load_advises_recompute() {
+    let _alone = crate::alone();
     use objectcache::sched::{ComputeModel, Fallback, GpuKind, KernelClass};
     let server = mem_server();
     let g = KvGeometry::llama31_8b();
@@ -513,6 +518,7 @@ fn stalled_gather_load_advises_recompute() {
 
 #[test]
 fn gather_stall_with_connection_open_ends_by_deadline() {
+    let _alone = crate::alone();
     let server = mem_server();
     let deadline = Duration::from_secs(3);
     let r = rig(server.local_addr(), "stall", 4, deadline);
@@ -540,6 +546,7 @@ fn gather_stall_with_connection_open_ends_by_deadline() {
 
 #[test]
 fn gather_slow_drip_completes_or_misses_by_deadline() {
+    let _alone = crate::alone();
     let server = mem_server();
     // 36 MiB at 64 KiB per 2 ms (about 32 MB/s): completes inside a 30 s deadline.
     let r = rig(server.local_addr(), "drip", 5, Duration::from_secs(30));
@@ -577,6 +584,7 @@ fn spawn_server(dir: &std::path::Path, listen: &str) -> (ServeProcess, SocketAdd
 
 #[test]
 fn server_killed_mid_load_then_restarted() {
+    let _alone = crate::alone();
     let dir = tempfile::tempdir().unwrap();
     let (mut p, addr) = spawn_server(dir.path(), "127.0.0.1:0");
     let deadline = Duration::from_secs(10);
@@ -658,6 +666,7 @@ fn server_killed_mid_load_then_restarted() {
 /// The server's S3 API with gather off (ranged GETs) through the HTTP fault proxy.
 #[test]
 fn s3_api_of_the_server_under_http_faults() {
+    let _alone = crate::alone();
     let dir = tempfile::tempdir().unwrap();
     let backend: Arc<dyn Store> = Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap());
     let server = rt().block_on(start(backend, config()));

@@ -110,6 +110,7 @@ fn client_store(
 
 #[test]
 fn s3_requests_fail_over_and_a_gateway_that_comes_back_is_used_again() {
+    let _alone = crate::alone();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let backing: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let mut a = Gateway::start(backing.clone(), "127.0.0.1:0".parse().unwrap(), 0);
@@ -181,6 +182,7 @@ fn save(
 
 #[test]
 fn a_gather_load_fails_over_mid_load_byte_exact_and_the_gateway_is_used_again() {
+    let _alone = crate::alone();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let backing: Arc<dyn Store> = Arc::new(MemoryStore::new());
     // 40 MB/s per gateway: an 8-chunk SmolLM2 prefix (47 MB) takes about a second.
@@ -260,6 +262,7 @@ fn a_gather_load_fails_over_mid_load_byte_exact_and_the_gateway_is_used_again() 
 
 #[test]
 fn loads_spread_over_the_gateways_by_prefix() {
+    let _alone = crate::alone();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let backing: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let a = Gateway::start(backing.clone(), "127.0.0.1:0".parse().unwrap(), 0);

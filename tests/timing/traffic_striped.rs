@@ -26,7 +26,7 @@ use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadHandle, Loa
 use objectcache::server::ServerHandle;
 use objectcache::store::{MemoryStore, Store};
 use objectcache::{ChunkHash, Dtype, KvGeometry};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 /// The cap of every test server, bytes/s.
@@ -35,12 +35,6 @@ const CAP: f64 = 80e6;
 fn rt() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap())
-}
-
-/// One policy at a time: the figures are throughput ratios on a shared 2-core machine.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static M: Mutex<()> = Mutex::new(());
-    M.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// 16 layers x 256 KiB slices: 4 MiB per chunk.
@@ -250,7 +244,6 @@ fn short_behind_long(f: &Fixture, policy: &str) -> (f64, f64, f64) {
 }
 
 fn policy(name: &str) {
-    let _one = serial();
     let f = fixture(name);
     // Warm: the engine has learnt that gather is offered, and its pool holds connections.
     let w = f.save(2, 1);
@@ -285,25 +278,30 @@ fn policy(name: &str) {
 
 #[test]
 fn striped_loads_fifo() {
+    let _alone = crate::alone();
     policy("fifo");
 }
 
 #[test]
 fn striped_loads_priority() {
+    let _alone = crate::alone();
     policy("priority");
 }
 
 #[test]
 fn striped_loads_equal() {
+    let _alone = crate::alone();
     policy("equal");
 }
 
 #[test]
 fn striped_loads_byte_prop() {
+    let _alone = crate::alone();
     policy("byte-prop");
 }
 
 #[test]
 fn striped_loads_stall_aware() {
+    let _alone = crate::alone();
     policy("stall-aware");
 }

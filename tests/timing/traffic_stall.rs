@@ -128,6 +128,7 @@ fn assert_stalled(h: &LoadHandle, l: usize, e: &LayerError, store: &str, what: &
 
 #[test]
 fn gather_stream_stopped_mid_load_gives_up_within_the_stall_limit() {
+    let _alone = crate::alone();
     let g = geometry();
     let srv = server(0, "fifo");
     // The capabilities probe and the pooled connections pass; every gather connection stops
@@ -176,6 +177,7 @@ fn gather_stream_stopped_mid_load_gives_up_within_the_stall_limit() {
 
 #[test]
 fn ranged_get_body_stalled_gives_up_within_the_stall_limit() {
+    let _alone = crate::alone();
     let g = geometry();
     let srv = server(0, "fifo");
     let direct = engine_on(&srv.endpoint(), "stall-ranged", &[("gather", "off")]);
@@ -222,6 +224,7 @@ fn ranged_get_body_stalled_gives_up_within_the_stall_limit() {
 /// C19: a server that sends response headers and nothing else for 30 s.
 #[test]
 fn c19_a_silent_server_fails_the_load_within_5_s_naming_it() {
+    let _alone = crate::alone();
     let g = geometry();
     let srv = server(0, "fifo");
     let direct = engine_on(&srv.endpoint(), "c19-silent", &[("gather", "off")]);
@@ -268,6 +271,7 @@ fn c19_a_silent_server_fails_the_load_within_5_s_naming_it() {
 /// C19: a consumer that reads 1 MiB pieces 120 ms apart is slow, not stalled.
 #[test]
 fn c19_a_slow_reader_is_not_a_stall() {
+    let _alone = crate::alone();
     let g = geometry();
     let srv = server(0, "fifo");
     let direct = engine_on(&srv.endpoint(), "c19-slow", &[("gather", "off")]);
@@ -321,6 +325,7 @@ fn c19_a_slow_reader_is_not_a_stall() {
 /// C19: a ranged-GET load the engine's own bandwidth scheduler holds back for over 3 s.
 #[test]
 fn c19_a_load_paused_by_the_engine_scheduler_is_not_a_stall() {
+    let _alone = crate::alone();
     let g = geometry();
     let srv = server(0, "fifo");
     // 10 MB/s, fifo: the second load waits for the first (40 MiB, about 4 s).
@@ -363,6 +368,7 @@ fn c19_a_load_paused_by_the_engine_scheduler_is_not_a_stall() {
 /// and says so (`Held` frames).
 #[test]
 fn c19_a_gather_load_paused_by_the_server_is_not_a_stall() {
+    let _alone = crate::alone();
     let g = geometry();
     let srv = server(10_000_000, "fifo");
     let e = engine_on(&srv.endpoint(), "c19-held", &[]);

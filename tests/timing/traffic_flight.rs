@@ -13,12 +13,9 @@
 //! The server is capped (12.5 MB/s) so that a load's time is the link's: 50 loads' copies
 //! (and checksums) then need 625 MB/s of the engine's threads, not more (on a busy 2-core
 //! machine, 1.25 GB/s of copies already took 1.38x a load's time).
-#![cfg(feature = "s3")]
-
-mod common;
-#[path = "common/fault_proxy.rs"]
-mod fault_proxy;
-mod gather_util;
+use crate::common;
+use crate::fault_proxy;
+use crate::gather_util;
 
 use common::{hashes, kv, unique_ns};
 use fault_proxy::{Fault, FaultProxy};
@@ -27,7 +24,7 @@ use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadHandle, Loa
 use objectcache::server::ServerHandle;
 use objectcache::store::MemoryStore;
 use objectcache::{ChunkHash, Dtype, KvGeometry};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 const CAP: u64 = 12_500_000;
@@ -35,11 +32,6 @@ const CAP: u64 = 12_500_000;
 fn rt() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap())
-}
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static M: Mutex<()> = Mutex::new(());
-    M.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// 16 layers x 32 KiB slices: 512 KiB per chunk, 20 MiB for 40 chunks.
@@ -115,7 +107,7 @@ impl Fixture {
 
 #[test]
 fn fifty_loads_of_one_prefix_share_one_fetch() {
-    let _one = serial();
+    let _alone = crate::alone();
     let f = fixture(40, &[]);
     let one = 40 * f.g.slice_bytes() * f.g.layers as u64;
     // One load alone (after a warm-up that opens the engine's connections).
@@ -156,7 +148,7 @@ fn fifty_loads_of_one_prefix_share_one_fetch() {
 
 #[test]
 fn a_follower_of_fewer_chunks_waits_for_nothing_more() {
-    let _one = serial();
+    let _alone = crate::alone();
     let f = fixture(40, &[]);
     f.check(&f.load(2), 2, "warm-up");
     let leader = f.load(40);
@@ -184,7 +176,7 @@ fn a_follower_of_fewer_chunks_waits_for_nothing_more() {
 
 #[test]
 fn a_cancelled_leader_does_not_fail_its_followers() {
-    let _one = serial();
+    let _alone = crate::alone();
     let f = fixture(40, &[]);
     f.check(&f.load(2), 2, "warm-up");
     let leader = f.load(40);
@@ -215,7 +207,7 @@ fn a_cancelled_leader_does_not_fail_its_followers() {
 
 #[test]
 fn single_flight_off_fetches_every_load() {
-    let _one = serial();
+    let _alone = crate::alone();
     let f = fixture(8, &[("single_flight", "off")]);
     let one = 8 * f.g.slice_bytes() * f.g.layers as u64;
     f.check(&f.load(2), 2, "warm-up");
@@ -236,7 +228,7 @@ fn single_flight_off_fetches_every_load() {
 /// reads, not four (reads in flight are joined, `server/reads.rs`).
 #[test]
 fn the_gateway_server_reads_each_slice_once_for_concurrent_loads() {
-    let _one = serial();
+    let _alone = crate::alone();
     let g = geometry();
     let upstream = rt().block_on(start(Arc::new(MemoryStore::new()), config()));
     let proxy = FaultProxy::http(upstream.local_addr(), |r| {
