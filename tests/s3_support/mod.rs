@@ -129,7 +129,9 @@ impl ScriptedServer {
     }
 
     /// Store settings pointing at this server: path-style, fixed keys, `attempts` attempts
-    /// with 10 to 40 ms backoff, 500 ms read timeout.
+    /// with 10 to 40 ms backoff, 2 s read timeout (long enough that a test thread starved on a
+    /// busy machine does not turn an immediate answer into a timeout and an extra attempt,
+    /// which the tests count; short enough that the stalled-body test ends in seconds).
     pub fn config(&self, attempts: u32) -> S3Config {
         let mut c = S3Config::new("bucket");
         c.endpoint = Some(self.endpoint.clone());
@@ -142,7 +144,7 @@ impl ScriptedServer {
         c.max_attempts = attempts;
         c.initial_backoff = Duration::from_millis(10);
         c.max_backoff = Duration::from_millis(40);
-        c.read_timeout = Duration::from_millis(500);
+        c.read_timeout = Duration::from_secs(2);
         c
     }
 }
