@@ -1,0 +1,170 @@
+//! Conversions of the caller's structs to the Rust API's types: geometry, chunk hashes,
+//! hash parameters, timeouts.
+
+use super::*;
+
+/// A caller's geometry. Its `struct_size` is `sizeof(objectcache_geometry)`, or
+/// [`GEOMETRY_SIZE_NO_LAYOUT`] for a caller built before the layout fields existed (then only
+/// that many bytes are read, and there is no layout).
+///
+/// # Safety
+/// `g` is NULL or points to at least 4 readable bytes, and to a whole struct of the size they
+/// hold if that is one of the two accepted sizes; `g.model` (and `g.layout`) NULL or a
+/// NUL-terminated string.
+pub(super) unsafe fn geometry(g: *const objectcache_geometry) -> Result<KvGeometry, CErr> {
+    if g.is_null() {
+        return Err(invalid("geometry is NULL"));
+    }
+    if !g.is_aligned() {
+        return Err(invalid("geometry is not aligned"));
+    }
+    // SAFETY: non-NULL and aligned; every version of the struct starts with a u32.
+    let size = unsafe { std::ptr::read(g as *const u32) } as usize;
+    let full = std::mem::size_of::<objectcache_geometry>();
+    let (v1, layout) = if size == full {
+        // SAFETY: checked non-NULL, aligned and of the full size.
+        let g = unsafe { &*g };
+        let v1 = objectcache_geometry_no_layout {
+            struct_size: g.struct_size,
+            layers: g.layers,
+            kv_heads: g.kv_heads,
+            head_dim: g.head_dim,
+            dtype: g.dtype,
+            tokens_per_chunk: g.tokens_per_chunk,
+            tp_rank: g.tp_rank,
+            tp_world: g.tp_world,
+            model: g.model,
+        };
+        if g._reserved != 0 {
+            return Err(invalid(format!(
+                "geometry->_reserved is {}, must be 0",
+                g._reserved
+            )));
+        }
+        let layout = if g.layout.is_null() {
+            if g.block_size != 0 {
+                return Err(invalid(format!(
+                    "geometry->block_size is {} but geometry->layout is NULL (a block size \
+                     belongs to a named layout)",
+                    g.block_size
+                )));
+            }
+            None
+        } else {
+            // SAFETY: non-NULL, NUL-terminated by contract.
+            let name = unsafe { cstr(g.layout, "geometry->layout")? };
+            Some(crate::layout::KvLayout {
+                name: name.to_string(),
+                block_size: g.block_size,
+            })
+        };
+        (v1, layout)
+    } else if size == GEOMETRY_SIZE_NO_LAYOUT {
+        // SAFETY: non-NULL, aligned (the prefix struct's alignment is at most the full
+        // struct's), and the caller's struct_size says it holds this many bytes.
+        (
+            unsafe { std::ptr::read(g as *const objectcache_geometry_no_layout) },
+            None,
+        )
+    } else {
+        return Err(err(
+            OBJECTCACHE_ERR_ABI_MISMATCH,
+            format!(
+                "geometry->struct_size is {size}, this library (ABI version {}) expects \
+                 sizeof(objectcache_geometry) = {full} (or {GEOMETRY_SIZE_NO_LAYOUT}, the size \
+                 before the layout fields); rebuild against the installed objectcache.h",
+                OBJECTCACHE_ABI_VERSION
+            ),
+        ));
+    };
+    // SAFETY: forwarded contract.
+    let model = unsafe { cstr(v1.model, "geometry->model")? };
+    let dtype = u8::try_from(v1.dtype)
+        .ok()
+        .and_then(Dtype::from_code)
+        .ok_or_else(|| {
+            invalid(format!(
+                "geometry->dtype {} is not an OBJECTCACHE_DTYPE_* value (1..4)",
+                v1.dtype
+            ))
+        })?;
+    let kv = KvGeometry {
+        model: model.to_string(),
+        layers: v1.layers,
+        kv_heads: v1.kv_heads,
+        head_dim: v1.head_dim,
+        dtype,
+        tokens_per_chunk: v1.tokens_per_chunk,
+        tp_rank: v1.tp_rank,
+        tp_world: v1.tp_world,
+        layout,
+    };
+    kv.validate()?;
+    Ok(kv)
+}
+
+/// # Safety
+/// `p` valid for `n x hash_len` bytes when `n > 0`.
+pub(super) unsafe fn hashes(
+    p: *const u8,
+    hash_len: usize,
+    n: usize,
+) -> Result<Vec<ChunkHash>, CErr> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if hash_len == 0 || hash_len > 64 {
+        return Err(invalid(format!("hash_len {hash_len} is not 1..64 bytes")));
+    }
+    let total = n
+        .checked_mul(hash_len)
+        .ok_or_else(|| invalid(format!("{n} hashes of {hash_len} bytes overflow")))?;
+    // SAFETY: forwarded contract.
+    let b = unsafe { slice(p, total, "hashes")? };
+    b.chunks_exact(hash_len)
+        .map(|h| ChunkHash::new(h).map_err(CErr::from))
+        .collect()
+}
+
+/// # Safety
+/// `p` as for [`in_struct`]; its strings NULL or NUL-terminated.
+pub(super) unsafe fn hash_params(
+    p: *const objectcache_hash_params,
+    tokens_per_chunk: Option<u32>,
+) -> Result<HashParams, CErr> {
+    // SAFETY: forwarded contract.
+    let p = unsafe { in_struct(p, "params")? };
+    let bs = match (p.block_size, tokens_per_chunk) {
+        (0, Some(t)) => t,
+        (0, None) => return Err(invalid("params->block_size is 0")),
+        (b, Some(t)) if b != t => {
+            return Err(invalid(format!(
+                "params->block_size {b} differs from geometry->tokens_per_chunk {t}: one chunk \
+                 object holds one hashed block"
+            )))
+        }
+        (b, _) => b,
+    };
+    let mut hp = HashParams::new(bs as usize);
+    if !p.seed.is_null() {
+        // SAFETY: non-NULL, NUL-terminated by contract.
+        hp.seed = unsafe { cstr(p.seed, "params->seed")? }.to_string();
+    }
+    if !p.salt.is_null() {
+        // SAFETY: non-NULL, NUL-terminated by contract.
+        hp = hp.with_salt(unsafe { cstr(p.salt, "params->salt")? });
+    }
+    Ok(hp)
+}
+
+pub(super) fn timeout(ms: i64) -> Result<Option<Duration>, CErr> {
+    match ms {
+        OBJECTCACHE_WAIT_FOREVER_I64 => Ok(None),
+        m if m < 0 => Err(invalid(format!(
+            "timeout_ms {m} is negative (use OBJECTCACHE_WAIT_FOREVER = -1 to wait without limit)"
+        ))),
+        m => Ok(Some(Duration::from_millis(m as u64))),
+    }
+}
+
+pub(super) const OBJECTCACHE_WAIT_FOREVER_I64: i64 = OBJECTCACHE_WAIT_FOREVER as i64;

@@ -1,0 +1,191 @@
+//! Lookup and save exports.
+
+use super::*;
+
+/// Longest cached prefix of chunk hashes. See the header.
+///
+/// # Safety
+/// Pointers as the header states.
+#[no_mangle]
+pub unsafe extern "C" fn objectcache_lookup(
+    engine: *mut objectcache_engine,
+    geometry: *const objectcache_geometry,
+    hashes: *const u8,
+    hash_len: usize,
+    n_chunks: usize,
+    hit_chunks: *mut usize,
+) -> objectcache_status {
+    guard("objectcache_lookup", || {
+        let e = get_engine(engine)?;
+        need_out(hit_chunks, "hit_chunks")?;
+        // SAFETY: the header's contract on `geometry`.
+        let g = unsafe { self::geometry(geometry)? };
+        // SAFETY: the header's contract on `hashes`.
+        let hs = unsafe { self::hashes(hashes, hash_len, n_chunks)? };
+        let hit = e.engine.lookup_blocking(&g, &hs)?;
+        // SAFETY: checked by need_out above.
+        unsafe { out_val(hit_chunks, hit, "hit_chunks")? };
+        Ok(OBJECTCACHE_OK)
+    })
+}
+
+/// Longest cached prefix of token ids. See the header.
+///
+/// # Safety
+/// Pointers as the header states.
+#[no_mangle]
+pub unsafe extern "C" fn objectcache_lookup_tokens(
+    engine: *mut objectcache_engine,
+    geometry: *const objectcache_geometry,
+    params: *const objectcache_hash_params,
+    tokens: *const u32,
+    n_tokens: usize,
+    hit_chunks: *mut usize,
+) -> objectcache_status {
+    guard("objectcache_lookup_tokens", || {
+        let e = get_engine(engine)?;
+        need_out(hit_chunks, "hit_chunks")?;
+        // SAFETY: the header's contract on `geometry`.
+        let g = unsafe { self::geometry(geometry)? };
+        // SAFETY: the header's contract on `params`.
+        let hp = unsafe { hash_params(params, Some(g.tokens_per_chunk))? };
+        // SAFETY: the header's contract on `tokens`.
+        let toks = unsafe { slice(tokens, n_tokens, "tokens")? };
+        let hs = chunk_hashes(toks, &hp)?;
+        let hit = e.engine.lookup_blocking(&g, &hs)?;
+        // SAFETY: checked by need_out above.
+        unsafe { out_val(hit_chunks, hit, "hit_chunks")? };
+        Ok(OBJECTCACHE_OK)
+    })
+}
+
+/// Saves a prefix's KV (blocking). See the header.
+///
+/// # Safety
+/// Pointers as the header states.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn objectcache_save(
+    engine: *mut objectcache_engine,
+    geometry: *const objectcache_geometry,
+    hashes: *const u8,
+    hash_len: usize,
+    n_chunks: usize,
+    layers: *const *const c_void,
+    n_layers: usize,
+    bytes_per_layer: u64,
+    report: *mut objectcache_save_report,
+) -> objectcache_status {
+    guard("objectcache_save", || {
+        let e = get_engine(engine)?;
+        if !report.is_null() {
+            // SAFETY: the header's contract on `report` (checked before the work).
+            unsafe { checked_struct(report as *const objectcache_save_report, "report")? };
+        }
+        // SAFETY: the header's contract on `geometry`.
+        let g = unsafe { self::geometry(geometry)? };
+        if n_chunks == 0 {
+            return Err(invalid("n_chunks is 0"));
+        }
+        // SAFETY: the header's contract on `hashes`.
+        let hs = unsafe { self::hashes(hashes, hash_len, n_chunks)? };
+        if n_layers != g.layers as usize {
+            return Err(invalid(format!(
+                "n_layers is {n_layers}, geometry has {} layers",
+                g.layers
+            )));
+        }
+        let need = n_chunks as u64 * g.slice_bytes();
+        if bytes_per_layer != need {
+            return Err(invalid(format!(
+                "bytes_per_layer is {bytes_per_layer}, expected {n_chunks} chunks x {} bytes \
+                 = {need}",
+                g.slice_bytes()
+            )));
+        }
+        let len = usize::try_from(bytes_per_layer)
+            .map_err(|_| invalid("bytes_per_layer does not fit in memory"))?;
+        // SAFETY: the header's contract: n_layers pointers.
+        let ptrs = unsafe { slice(layers, n_layers, "layers")? };
+        let mut bufs: Vec<&[u8]> = Vec::with_capacity(n_layers);
+        for (l, &p) in ptrs.iter().enumerate() {
+            // SAFETY: the header's contract: each layer pointer holds bytes_per_layer bytes,
+            // borrowed for the call.
+            bufs.push(unsafe { slice(p as *const u8, len, &format!("layers[{l}]"))? });
+        }
+        let r = e.engine.save_blocking(&g, &hs, &bufs)?;
+        if !report.is_null() {
+            let v = objectcache_save_report {
+                struct_size: 0,
+                _reserved: 0,
+                written: r.written as u64,
+                already_present: r.already_present as u64,
+                bytes: r.bytes,
+            };
+            // SAFETY: checked above; the caller owns it writable.
+            unsafe { out_struct(report, v, "report")? };
+        }
+        Ok(OBJECTCACHE_OK)
+    })
+}
+
+/// Saves a prefix's KV from paged memory (blocking). See the header.
+///
+/// # Safety
+/// Pointers as the header states.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn objectcache_save_paged(
+    engine: *mut objectcache_engine,
+    geometry: *const objectcache_geometry,
+    hashes: *const u8,
+    hash_len: usize,
+    n_chunks: usize,
+    ranges: *const objectcache_range,
+    ranges_per_layer: usize,
+    n_layers: usize,
+    report: *mut objectcache_save_report,
+) -> objectcache_status {
+    guard("objectcache_save_paged", || {
+        let e = get_engine(engine)?;
+        if !report.is_null() {
+            // SAFETY: the header's contract on `report` (checked before the work).
+            unsafe { checked_struct(report as *const objectcache_save_report, "report")? };
+        }
+        // SAFETY: the header's contract on `geometry`.
+        let g = unsafe { self::geometry(geometry)? };
+        if n_chunks == 0 {
+            return Err(invalid("n_chunks is 0"));
+        }
+        // SAFETY: the header's contract on `hashes`.
+        let hs = unsafe { self::hashes(hashes, hash_len, n_chunks)? };
+        let need = n_chunks as u64 * g.slice_bytes();
+        // SAFETY: the header's contract: n_layers x ranges_per_layer ranges.
+        let rs = unsafe { paged_ranges(ranges, ranges_per_layer, n_layers, g.layers, need, true) }
+            .map_err(invalid)?;
+        let mut bufs: Vec<Vec<&[u8]>> = Vec::with_capacity(rs.len());
+        for layer in &rs {
+            bufs.push(
+                layer
+                    .iter()
+                    // SAFETY: the header's contract: each range is readable for its length and
+                    // borrowed for the call (checked non-NULL, non-empty, not overflowing).
+                    .map(|&(p, n)| unsafe { std::slice::from_raw_parts(p as *const u8, n) })
+                    .collect(),
+            );
+        }
+        let r = e.engine.save_paged_blocking(&g, &hs, &bufs)?;
+        if !report.is_null() {
+            let v = objectcache_save_report {
+                struct_size: 0,
+                _reserved: 0,
+                written: r.written as u64,
+                already_present: r.already_present as u64,
+                bytes: r.bytes,
+            };
+            // SAFETY: checked above; the caller owns it writable.
+            unsafe { out_struct(report, v, "report")? };
+        }
+        Ok(OBJECTCACHE_OK)
+    })
+}
