@@ -72,7 +72,7 @@ thread_local! {
     pub(super) static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 
-pub(super) fn set_last_error(msg: &str) {
+fn set_last_error(msg: &str) {
     let c = CString::new(msg.replace('\0', "\\0")).unwrap_or_default();
     LAST_ERROR.with(|l| *l.borrow_mut() = c);
 }

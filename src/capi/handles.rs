@@ -76,9 +76,9 @@ impl Obj {
     }
 }
 
-pub(super) static REGISTRY: LazyLock<Mutex<HashMap<usize, Obj>>> = LazyLock::new(Default::default);
+static REGISTRY: LazyLock<Mutex<HashMap<usize, Obj>>> = LazyLock::new(Default::default);
 /// Next handle token; tokens are never reused, so a stale handle is always detected.
-pub(super) static NEXT_TOKEN: AtomicUsize = AtomicUsize::new(0x10);
+static NEXT_TOKEN: AtomicUsize = AtomicUsize::new(0x10);
 
 pub(super) fn registry() -> MutexGuard<'static, HashMap<usize, Obj>> {
     REGISTRY.lock().unwrap_or_else(|e| e.into_inner())

@@ -100,7 +100,7 @@ pub unsafe extern "C" fn objectcache_load_paged(
 ///
 /// # Safety
 /// As [`geometry`] and [`hashes`].
-pub(super) unsafe fn load_what(
+unsafe fn load_what(
     rid: u64,
     geometry: *const objectcache_geometry,
     hashes: *const u8,
@@ -181,7 +181,7 @@ pub(super) unsafe fn paged_ranges(
 /// Starts a load into registered memory (`ranges`: per layer, `(pointer, length)` ranges
 /// taken in order as the layer's logical buffer; [`Engine::load_registered`] checks them) and
 /// registers its transfer.
-pub(super) fn post_load(
+fn post_load(
     e: Arc<EngineObj>,
     rid: u64,
     geometry: KvGeometry,
@@ -239,7 +239,7 @@ pub(super) fn load_hints(
     LoadHints { timing, priority }
 }
 
-pub(super) fn check_layer(t: &TransferObj, layer: u32) -> Result<usize, CErr> {
+fn check_layer(t: &TransferObj, layer: u32) -> Result<usize, CErr> {
     let n = t.load.handle().layers();
     let l = layer as usize;
     if l >= n {
@@ -262,11 +262,7 @@ impl TransferObj {
     }
 }
 
-pub(super) fn layer_result(
-    t: &TransferObj,
-    l: usize,
-    s: LayerStatus,
-) -> Result<objectcache_status, CErr> {
+fn layer_result(t: &TransferObj, l: usize, s: LayerStatus) -> Result<objectcache_status, CErr> {
     match s {
         LayerStatus::Ready => Ok(OBJECTCACHE_OK),
         LayerStatus::Pending => Ok(OBJECTCACHE_PENDING),
@@ -278,7 +274,7 @@ pub(super) fn layer_result(
 }
 
 /// Waits for layer `l` until `deadline`; `PENDING` if it passes first.
-pub(super) fn wait_one(
+fn wait_one(
     t: &TransferObj,
     l: usize,
     deadline: Option<Instant>,
@@ -385,7 +381,7 @@ pub unsafe extern "C" fn objectcache_transfer_chunk_status(
     })
 }
 
-pub(super) fn chunk_code(s: ChunkStatus) -> u8 {
+fn chunk_code(s: ChunkStatus) -> u8 {
     (match s {
         ChunkStatus::Pending => OBJECTCACHE_CHUNK_PENDING,
         ChunkStatus::Ok => OBJECTCACHE_CHUNK_OK,
