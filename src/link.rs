@@ -1,7 +1,7 @@
 //! The link scheduler: the tokio shell around the pure [`crate::sched::Scheduler`], shared by
 //! the two sides that move KV bytes over one NIC under a bandwidth cap:
 //! - the server (one per server, one NIC): it paces the gather units it writes to the socket
-//!   (`server/gather.rs`);
+//!   (`server/gather/`);
 //! - the client (one per [`crate::connector::Engine`], the host NIC share of its GPUs): it
 //!   paces the ranged GETs of the stock-S3 path (`connector/load.rs`).
 //!

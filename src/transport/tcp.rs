@@ -13,11 +13,10 @@
 use super::LayerSink;
 use crate::error::LayerError;
 use crate::protocol::{
-    ClientConnection, ClientEvent, ErrorCode, GatherRequest, MissReason, ProtocolError,
-    SaveRequest, ServerInfo, UnitHeader, FRAME_HEADER_LEN, MAX_UNIT_BYTES,
+    ClientConnection, ClientEvent, ErrorCode, GatherRequest, LoadTracker, MissReason,
+    ProtocolError, SaveRequest, ServerInfo, UnitHeader, FRAME_HEADER_LEN, MAX_UNIT_BYTES,
 };
 use bytes::{Buf, Bytes, BytesMut};
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs};
@@ -378,35 +377,17 @@ impl GatherClient {
         sink: &dyn LayerSink,
     ) -> Result<LoadReport, GatherError> {
         let t0 = Instant::now();
-        let slice_full = req.geometry.slice_len(req.geometry.tokens_per_chunk).max(1);
-        let layer_bytes = req.layer_bytes();
-        let mut got: HashMap<u32, u64> = HashMap::new();
-        let mut failed: Vec<u32> = Vec::new();
-        let mut report = LoadReport {
-            units: 0,
-            bytes: 0,
-            failed_layers: Vec::new(),
-            missed_chunks: Vec::new(),
-            ttfl: None,
-            elapsed: Duration::ZERO,
-        };
+        // Which layers are misses, and why, is the tracker's (sans-IO) decision; this loop
+        // reads the stream, writes the sink and reports those decisions to it.
+        let mut track = LoadTracker::new(req);
+        let mut ttfl: Option<Duration> = None;
         let mut cancelled = false;
         let mut begun: Option<u32> = None;
-        // `broken`: the server or the connection stopped the load (the sink may fetch the
-        // rest elsewhere) rather than a layer being a miss.
-        let fail_rest =
-            |failed: &mut Vec<u32>, got: &HashMap<u32, u64>, err: LayerError, broken: bool| {
-                for l in req.layers.clone() {
-                    if !failed.contains(&l) && got.get(&l).copied().unwrap_or(0) < layer_bytes {
-                        if broken {
-                            sink.broken(l, err.clone());
-                        } else {
-                            sink.fail(l, err.clone());
-                        }
-                        failed.push(l);
-                    }
-                }
-            };
+        let fail = |layer: u32, err: Option<LayerError>| {
+            if let Some(e) = err {
+                sink.fail(layer, e);
+            }
+        };
         let result = loop {
             if let Err(e) = self.flush().await {
                 break Err(GatherError::Io(e));
@@ -435,31 +416,13 @@ impl GatherClient {
                                 // The CRC first: the unit may make its layer ready.
                                 sink.verified(layer, h.offset, h.len as u64, h.crc32c);
                                 sink.complete(layer, h.len as u64);
-                                *got.entry(layer).or_default() += h.len as u64;
-                                report.units += 1;
-                                report.bytes += h.len as u64;
-                                report.ttfl.get_or_insert_with(|| t0.elapsed());
+                                track.delivered(layer, h.len as u64);
+                                ttfl.get_or_insert_with(|| t0.elapsed());
                             }
                             UnitFate::Corrupt { expected, computed } => {
-                                if !failed.contains(&layer) {
-                                    sink.fail(
-                                        layer,
-                                        LayerError::ChecksumMismatch {
-                                            chunk: (h.offset / slice_full) as usize,
-                                            layer: layer as usize,
-                                            stored: expected,
-                                            computed,
-                                        },
-                                    );
-                                    failed.push(layer);
-                                }
+                                fail(layer, track.corrupt(layer, h.offset, expected, computed));
                             }
-                            UnitFate::Refused(LayerError::Cancelled) => {}
-                            UnitFate::Refused(_) if failed.contains(&layer) => {}
-                            UnitFate::Refused(e) => {
-                                sink.fail(layer, e);
-                                failed.push(layer);
-                            }
+                            UnitFate::Refused(e) => fail(layer, track.refused(layer, e)),
                         }
                         // Frames after the unit may already be buffered: decode them now,
                         // not after the next socket read (which may never come).
@@ -482,17 +445,10 @@ impl GatherClient {
                         match sink.write(layer, offset, &data) {
                             Ok(()) => {
                                 sink.complete(layer, data.len() as u64);
-                                *got.entry(layer).or_default() += data.len() as u64;
-                                report.units += 1;
-                                report.bytes += data.len() as u64;
-                                report.ttfl.get_or_insert_with(|| t0.elapsed());
+                                track.delivered(layer, data.len() as u64);
+                                ttfl.get_or_insert_with(|| t0.elapsed());
                             }
-                            Err(LayerError::Cancelled) => {}
-                            Err(_) if failed.contains(&layer) => {}
-                            Err(e) => {
-                                sink.fail(layer, e);
-                                failed.push(layer);
-                            }
+                            Err(e) => fail(layer, track.refused(layer, e)),
                         }
                     }
                     ClientEvent::Corrupt {
@@ -500,38 +456,16 @@ impl GatherClient {
                         offset,
                         expected,
                         computed,
-                    } => {
-                        if !failed.contains(&layer) {
-                            let chunk = (offset / slice_full) as usize;
-                            sink.fail(
-                                layer,
-                                LayerError::ChecksumMismatch {
-                                    chunk,
-                                    layer: layer as usize,
-                                    stored: expected,
-                                    computed,
-                                },
-                            );
-                            failed.push(layer);
-                        }
-                    }
+                    } => fail(layer, track.corrupt(layer, offset, expected, computed)),
                     ClientEvent::Miss {
                         chunk,
                         layers,
                         reason,
                         message,
                     } => {
-                        if !report.missed_chunks.iter().any(|m| m.0 == chunk) {
-                            report.missed_chunks.push((chunk, reason));
-                        }
-                        for l in layers {
-                            if failed.contains(&l) {
-                                continue;
-                            }
-                            let c = chunk as usize;
-                            let key = req.chunks.key(c).unwrap_or_default();
-                            sink.fail(l, reason.layer_error(c, key, &message));
-                            failed.push(l);
+                        let key = req.chunks.key(chunk as usize).unwrap_or_default();
+                        for (l, e) in track.miss(chunk, layers, reason, &message, &key) {
+                            sink.fail(l, e);
                         }
                     }
                     // Held on purpose by the server (admission, bandwidth pacing): alive.
@@ -577,42 +511,51 @@ impl GatherClient {
                 Err(e) => break Err(GatherError::Io(e)),
             }
         };
-        report.elapsed = t0.elapsed();
+        let elapsed = t0.elapsed();
         match result {
             Ok(()) if cancelled => {
-                fail_rest(&mut failed, &got, LayerError::Cancelled, false);
+                for l in track.unfinished() {
+                    sink.fail(l, LayerError::Cancelled);
+                }
                 Err(GatherError::Cancelled)
             }
             Ok(()) => {
-                fail_rest(
-                    &mut failed,
-                    &got,
-                    LayerError::Storage {
-                        chunk: 0,
-                        message: "the server ended the load with this layer incomplete".into(),
-                    },
-                    false,
-                );
-                failed.sort_unstable();
-                report.failed_layers = failed;
-                report.missed_chunks.sort_unstable_by_key(|m| m.0);
-                Ok(report)
-            }
-            Err(e) => {
-                let cancelled = cancelled || matches!(e, GatherError::Cancelled);
-                fail_rest(
-                    &mut failed,
-                    &got,
-                    if cancelled {
-                        LayerError::Cancelled
-                    } else {
+                for l in track.unfinished() {
+                    sink.fail(
+                        l,
                         LayerError::Storage {
                             chunk: 0,
-                            message: e.to_string(),
-                        }
-                    },
-                    !cancelled,
-                );
+                            message: "the server ended the load with this layer incomplete".into(),
+                        },
+                    );
+                }
+                let o = track.outcome();
+                Ok(LoadReport {
+                    units: o.units,
+                    bytes: o.bytes,
+                    failed_layers: o.failed_layers,
+                    missed_chunks: o.missed_chunks,
+                    ttfl,
+                    elapsed,
+                })
+            }
+            Err(e) => {
+                // `broken`: the server or the connection stopped the load (the sink may fetch
+                // the rest elsewhere) rather than a layer being a miss.
+                let cancelled = cancelled || matches!(e, GatherError::Cancelled);
+                for l in track.unfinished() {
+                    if cancelled {
+                        sink.fail(l, LayerError::Cancelled);
+                    } else {
+                        sink.broken(
+                            l,
+                            LayerError::Storage {
+                                chunk: 0,
+                                message: e.to_string(),
+                            },
+                        );
+                    }
+                }
                 Err(e)
             }
         }

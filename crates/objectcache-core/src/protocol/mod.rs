@@ -11,17 +11,23 @@
 //! [`ServerConnection`] take bytes in (`handle_bytes`), hand bytes out (`poll_transmit`) and
 //! report what happened (`poll_event`), in the vocabulary of `quinn-proto`. The tokio drivers
 //! live in the `objectcache` crate: `objectcache::transport::tcp` (client) and
-//! `objectcache::server` (server).
+//! `objectcache::server` (server). What one load sends and what it makes of it is decided here
+//! too: [`ServerLoad`] (the server's per-load state: header results, units cut around misses
+//! with their CRC32Cs combined, the RDMA unit rule, per-layer counts) and [`LoadTracker`] (the
+//! client's: which layers are misses and why).
 #![forbid(unsafe_code)]
 
 pub mod auth;
 mod client;
+mod client_load;
 mod descriptor;
 mod frame;
 mod server;
+mod server_load;
 mod wire;
 
 pub use client::{ClientConnection, ClientEvent};
+pub use client_load::{LoadOutcome, LoadTracker};
 pub use descriptor::{
     plan_units, rdma_pieces, unit_indices, ChunkKeys, DeliveryOrder, GatherRequest, LoadGroup,
     RdmaRegion, RdmaSegments, RdmaTarget, SaveChunk, SaveRequest, SchedHints, SlicePiece,
@@ -34,6 +40,7 @@ pub use frame::{
     UNIT_HEADER_LEN, UNIT_PREFIX_LEN,
 };
 pub use server::{ServerConnection, ServerEvent, ServerLimits, MAX_HANDSHAKE_BODY_BYTES};
+pub use server_load::{CutUnit, GoodPiece, MissFrame, PieceMiss, PieceRead, RdmaWrite, ServerLoad};
 
 /// The 8 bytes a client sends first on a gather connection. They cannot begin an HTTP/1
 /// request, so one listening port can serve both S3 (HTTP) and gather.

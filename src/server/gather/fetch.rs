@@ -1,0 +1,510 @@
+//! A load's reads: chunk headers checked in chunk order, unit pieces read from the store
+//! (joined with other loads' reads of the same bytes) or from local files, ahead of the socket
+//! under the memory budget.
+
+use super::permits_for;
+use crate::server::Shared;
+
+use crate::error::StoreError;
+use crate::layout::{slice_range, ChunkHeader, HEADER_LEN};
+use crate::protocol::{MissReason, PieceMiss, PieceRead, UnitPlan};
+use crate::store::GetOptions;
+use bytes::Bytes;
+use futures::{stream, StreamExt};
+use std::sync::Arc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+pub(super) fn miss_of(chunk: u32, e: &StoreError) -> PieceMiss {
+    let reason = match e {
+        StoreError::NotFound { .. } => MissReason::NotFound,
+        StoreError::InvalidRange { .. } => MissReason::GeometryMismatch,
+        _ => MissReason::Storage,
+    };
+    PieceMiss {
+        chunk,
+        reason,
+        message: e.to_string(),
+    }
+}
+
+/// Memory held by a unit between backend read and socket write.
+pub(super) struct MemoryHold {
+    _permit: OwnedSemaphorePermit,
+    bytes: i64,
+    sh: Arc<Shared>,
+}
+impl Drop for MemoryHold {
+    fn drop(&mut self) {
+        self.sh.metrics.inflight_bytes.dec_by(self.bytes);
+    }
+}
+
+/// A byte range of an object's open local file ([`crate::store::Store::open_local`]), sent
+/// to the socket with `sendfile(2)`: the kernel hands page-cache pages to the socket, with no
+/// copy through user space.
+pub(super) struct FileRange {
+    pub(super) file: Arc<std::fs::File>,
+    pub(super) offset: u64,
+    pub(super) len: u64,
+}
+
+/// Payload bytes of a unit: the backend's buffers (no copy), or a range of a local file.
+pub(super) enum Part {
+    Mem(Bytes),
+    File(FileRange),
+}
+
+/// `parts` as buffers, if none is a file range.
+pub(super) fn into_mem(parts: Vec<Part>) -> Result<Vec<Bytes>, Vec<Part>> {
+    if parts.iter().all(|p| matches!(p, Part::Mem(_))) {
+        Ok(parts
+            .into_iter()
+            .filter_map(|p| match p {
+                Part::Mem(b) => Some(b),
+                Part::File(_) => None,
+            })
+            .collect())
+    } else {
+        Err(parts)
+    }
+}
+
+/// One piece of a unit, read: its payload and its CRC32C.
+type PieceResult = PieceRead<Part>;
+
+/// Per chunk of a load, its object opened as a local file by the load's opener
+/// ([`open_chunks`], chunk order); `opened` counts the chunks it has got to. A chunk's cell
+/// holds `None` when the backend keeps no local files or the open failed (the ranged read
+/// then says why).
+#[derive(Clone)]
+pub(super) struct LocalFiles {
+    cells: Arc<Vec<std::sync::OnceLock<Option<Arc<LocalChunk>>>>>,
+    opened: tokio::sync::watch::Receiver<usize>,
+}
+
+impl LocalFiles {
+    /// Starts the opener of `keys` (chunk `i`'s slices `slice_lens[i]` bytes, `layers`
+    /// requested) on the blocking pool.
+    pub(super) fn open(
+        store: Arc<dyn crate::store::Store>,
+        keys: Arc<Vec<String>>,
+        layers: std::ops::Range<u32>,
+        slice_lens: Vec<u64>,
+    ) -> Self {
+        let cells: Arc<Vec<_>> = Arc::new(
+            (0..keys.len())
+                .map(|_| std::sync::OnceLock::new())
+                .collect(),
+        );
+        let (tx, opened) = tokio::sync::watch::channel(0usize);
+        let c = cells.clone();
+        tokio::task::spawn_blocking(move || {
+            open_chunks(&*store, &keys, layers, &slice_lens, &c, &tx)
+        });
+        Self { cells, opened }
+    }
+
+    /// Chunk `i` as a local file, once the opener has got to it; `None`: read it from the
+    /// store instead.
+    async fn get(&self, i: usize) -> Option<Arc<LocalChunk>> {
+        let mut rx = self.opened.clone();
+        rx.wait_for(|&n| n > i).await.ok()?;
+        self.cells.get(i)?.get()?.clone()
+    }
+}
+
+/// A load's opener: opens its chunk files one after another, in chunk order (the order the
+/// first layer's units leave in), on one blocking thread, and publishes each as it is done.
+/// One trip to the blocking pool per load rather than one or two per chunk: on a busy host
+/// each trip waits for a thread, and the first unit waits for chunk 0 (time to first layer).
+/// Stops early once nobody waits (the load ended).
+fn open_chunks(
+    store: &dyn crate::store::Store,
+    keys: &[String],
+    layers: std::ops::Range<u32>,
+    slice_lens: &[u64],
+    cells: &[std::sync::OnceLock<Option<Arc<LocalChunk>>>],
+    opened: &tokio::sync::watch::Sender<usize>,
+) {
+    for (i, key) in keys.iter().enumerate() {
+        if opened.is_closed() {
+            return;
+        }
+        let _ = cells[i].set(open_local_chunk(store, key, layers.clone(), slice_lens[i]));
+        opened.send_replace(i + 1);
+    }
+}
+
+pub(super) struct Fetched {
+    pub(super) plan: UnitPlan,
+    /// Per piece of `plan.pieces`, in order.
+    pub(super) pieces: Vec<PieceResult>,
+    pub(super) _hold: MemoryHold,
+}
+
+/// `range` of the concatenation of `parts`, as slices of the same buffers (no copy).
+fn sub_parts(parts: &[Bytes], range: std::ops::Range<u64>) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut at = 0u64;
+    for p in parts {
+        let (s, e) = (at, at + p.len() as u64);
+        at = e;
+        let (a, b) = (range.start.max(s), range.end.min(e));
+        if a < b {
+            out.push(p.slice((a - s) as usize..(b - s) as usize));
+        }
+    }
+    out
+}
+
+fn crc_of(parts: &[Bytes]) -> u32 {
+    parts
+        .iter()
+        .fold(0, |c, p| crate::layout::crc::crc32c_append(c, p))
+}
+
+/// Reads one slice piece: the slice and its CRC trailer in one ranged read, streamed as the
+/// backend's buffers (never concatenated).
+async fn fetch_piece(
+    sh: &Shared,
+    key: &str,
+    layer: u32,
+    p: &crate::protocol::SlicePiece,
+    verify: bool,
+) -> PieceResult {
+    let range = slice_range(layer, p.slice_len);
+    let want = range.end - range.start;
+    // Joins a read of the same bytes in flight for another load (reads.rs).
+    let (read, joined) = sh.reads.read(&sh.store, key, range);
+    sh.metrics.request(if joined {
+        "backend_read_joined"
+    } else {
+        "backend_read"
+    });
+    let out = read.await;
+    let parts: Vec<Bytes> = out.map_err(|e| miss_of(p.chunk, &e))?.as_ref().clone();
+    let got: u64 = parts.iter().map(|b| b.len() as u64).sum();
+    if got != want {
+        return Err(PieceMiss {
+            chunk: p.chunk,
+            reason: MissReason::Storage,
+            message: format!("{key}: layer {layer} slice read returned {got} of {want} bytes"),
+        });
+    }
+    let sl = p.slice_len;
+    let trailer: Vec<u8> = sub_parts(&parts, sl..sl + 4)
+        .iter()
+        .flat_map(|b| b.iter().copied())
+        .collect();
+    let stored = u32::from_le_bytes(trailer[..4].try_into().expect("4 bytes"));
+    let data = sub_parts(&parts, 0..sl);
+    let whole = p.range.start == 0 && p.range.end == sl;
+    // Verified here, or passed through: the client checks the unit CRC either way.
+    if verify || !whole {
+        let computed = crc_of(&data);
+        if computed != stored {
+            return Err(PieceMiss {
+                chunk: p.chunk,
+                reason: MissReason::ChecksumMismatch,
+                message: format!(
+                    "{key}: layer {layer} slice CRC32C {computed:#010x}, stored {stored:#010x}"
+                ),
+            });
+        }
+    }
+    let mem = |v: Vec<Bytes>| v.into_iter().map(Part::Mem).collect();
+    if whole {
+        Ok((mem(data), stored))
+    } else {
+        let piece = sub_parts(&data, p.range.clone());
+        let c = crc_of(&piece);
+        Ok((mem(piece), c))
+    }
+}
+
+/// A chunk object opened as a local file: its size and header bytes (for the header check,
+/// so a chunk is opened once per load), and the layers the load requested (`layers`).
+struct LocalChunk {
+    file: Arc<std::fs::File>,
+    /// Object size in bytes, from the open file.
+    size: u64,
+    /// The first [`HEADER_LEN`] bytes, or why they could not be read.
+    header: Result<[u8; HEADER_LEN as usize], String>,
+    layers: std::ops::Range<u32>,
+}
+
+impl LocalChunk {
+    /// The stored CRC32C trailer of layer `layer`'s slice (`slice_len` bytes), read now: one
+    /// 4-byte read from a page [`advise_slice`] asked the kernel for a layer earlier.
+    fn trailer(&self, layer: u32, slice_len: u64) -> Result<u32, String> {
+        use std::os::unix::fs::FileExt;
+        if !self.layers.contains(&layer) {
+            return Err(format!("layer {layer} outside the request"));
+        }
+        let mut t = [0u8; 4];
+        self.file
+            .read_exact_at(&mut t, slice_range(layer, slice_len).start + slice_len)
+            .map(|()| u32::from_le_bytes(t))
+            .map_err(|e| format!("layer {layer} slice CRC read: {e}"))
+    }
+}
+
+/// Opens chunk `key` as a local file, if the backend keeps one, and reads its header, on the
+/// calling (blocking) thread; asks the kernel to read the first requested layer's slice
+/// (with its CRC trailer) ahead ([`advise_slice`]; each later slice is advised when the slice
+/// before it is queued), so the `sendfile`s and trailer reads find their pages in the page
+/// cache. One open and one read per chunk: on objects not in the page cache each read is a
+/// device read, and the load's opener opens its chunks one after another. The header check
+/// ([`check_header`]) and the unit reads share this open through the load's [`LocalFiles`].
+fn open_local_chunk(
+    store: &dyn crate::store::Store,
+    key: &str,
+    layers: std::ops::Range<u32>,
+    slice_len: u64,
+) -> Option<Arc<LocalChunk>> {
+    use std::os::unix::fs::FileExt;
+    let o = store.open_local_blocking(key).ok().flatten()?;
+    let (f, size) = (o.file, o.meta.size);
+    advise_slice(&f, layers.start, slice_len);
+    let mut h = [0u8; HEADER_LEN as usize];
+    let header = f
+        .read_exact_at(&mut h, 0)
+        .map(|()| h)
+        .map_err(|e| format!("header read: {e}"));
+    Some(Arc::new(LocalChunk {
+        file: Arc::new(f),
+        size,
+        header,
+        layers,
+    }))
+}
+
+/// Asks the kernel to start reading layer `layer`'s slice of a chunk file into the page
+/// cache (`POSIX_FADV_WILLNEED`; it does not wait for the read). Per slice, one layer ahead
+/// of the send, rather than the whole object at open: advising a whole 8 MiB object walks
+/// 2,048 pages per chunk (for 128 chunks at 32K tokens) while the first layer is being sent,
+/// per slice spreads that work over the load; on cold objects the next slice's read still
+/// overlaps the current one's send. (On the 2-core build machine, with objects cached,
+/// whole-object, per-slice and no advice measured alike within its run-to-run noise.)
+/// Advice only: a failure costs a slower send, not correctness.
+fn advise_slice(f: &std::fs::File, layer: u32, slice_len: u64) {
+    let r = slice_range(layer, slice_len);
+    let _ = rustix::fs::fadvise(
+        f,
+        r.start,
+        std::num::NonZeroU64::new(slice_len + crate::layout::SLICE_CRC_LEN),
+        rustix::fs::Advice::WillNeed,
+    );
+}
+
+/// A whole slice of a local file, unverified: its bytes are named in the file (sent with
+/// `sendfile`), its CRC is the stored trailer (the client checks the payload against it, end
+/// to end).
+fn piece_local(
+    c: &LocalChunk,
+    key: &str,
+    layer: u32,
+    p: &crate::protocol::SlicePiece,
+) -> PieceResult {
+    let trailer = c.trailer(layer, p.slice_len);
+    // The next layer's slice of this chunk is sent a layer later: start reading it now.
+    if c.layers.contains(&(layer + 1)) {
+        advise_slice(&c.file, layer + 1, p.slice_len);
+    }
+    match trailer {
+        Ok(crc) => Ok((
+            vec![Part::File(FileRange {
+                file: c.file.clone(),
+                offset: slice_range(layer, p.slice_len).start,
+                len: p.slice_len,
+            })],
+            crc,
+        )),
+        Err(m) => Err(PieceMiss {
+            chunk: p.chunk,
+            reason: MissReason::Storage,
+            message: format!("{key}: {m}"),
+        }),
+    }
+}
+
+async fn fetch_unit(
+    sh: Arc<Shared>,
+    keys: Arc<Vec<String>>,
+    reads: Arc<Semaphore>,
+    plan: UnitPlan,
+    verify: bool,
+    files: Option<LocalFiles>,
+) -> Fetched {
+    let permit = sh
+        .memory
+        .clone()
+        .acquire_many_owned(permits_for(plan.len))
+        .await
+        .expect("memory semaphore is never closed");
+    sh.metrics.add_inflight(plan.len as i64);
+    let hold = MemoryHold {
+        _permit: permit,
+        bytes: plan.len as i64,
+        sh: sh.clone(),
+    };
+    let layer = plan.layer;
+    let pieces = futures::future::join_all(plan.pieces.iter().map(|p| {
+        let (sh, keys, reads, files) = (sh.clone(), keys.clone(), reads.clone(), files.clone());
+        async move {
+            let _r = reads
+                .acquire()
+                .await
+                .expect("read semaphore is never closed");
+            let key = &keys[p.chunk as usize];
+            // Whole unverified slices of local files are sent from the file (sendfile).
+            if let Some(files) = files.filter(|_| p.range.start == 0 && p.range.end == p.slice_len)
+            {
+                if let Some(c) = files.get(p.chunk as usize).await {
+                    return piece_local(&c, key, layer, p);
+                }
+            }
+            fetch_piece(&sh, key, layer, p, verify).await
+        }
+    }))
+    .await;
+    Fetched {
+        plan,
+        pieces,
+        _hold: hold,
+    }
+}
+
+/// Aborts a spawned task when dropped (a load that ends early stops its reads at once).
+pub(super) struct AbortOnDrop<T>(pub(super) tokio::task::JoinHandle<T>);
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Reads and checks each chunk object's header, `read_concurrency` at a time, and sends each
+/// result to `out` in chunk order as soon as it and those before it are known.
+pub(super) async fn check_headers(
+    sh: Arc<Shared>,
+    tokens: Vec<u32>,
+    g: crate::protocol::WireGeometry,
+    keys: Arc<Vec<String>>,
+    files: Option<LocalFiles>,
+    out: tokio::sync::mpsc::UnboundedSender<Result<(), PieceMiss>>,
+) {
+    let n = keys.len();
+    let conc = sh.cfg.read_concurrency;
+    let mut checks = stream::iter(0..n)
+        .map(move |i| check_header(sh.clone(), keys.clone(), files.clone(), i, tokens[i], g))
+        .buffered(conc);
+    while let Some(r) = checks.next().await {
+        if out.send(r).is_err() {
+            return;
+        }
+    }
+}
+
+/// Checks chunk `i`'s header against the request: from the load's local open of the chunk
+/// when the backend keeps files (`files`), else with a ranged read of its first
+/// [`HEADER_LEN`] bytes.
+async fn check_header(
+    sh: Arc<Shared>,
+    keys: Arc<Vec<String>>,
+    files: Option<LocalFiles>,
+    i: usize,
+    tokens: u32,
+    g: crate::protocol::WireGeometry,
+) -> Result<(), PieceMiss> {
+    let c = i as u32;
+    let key = &keys[i];
+    let local = match &files {
+        Some(files) => files.get(i).await,
+        None => None,
+    };
+    let (size, b) = match local {
+        Some(lc) => match &lc.header {
+            Ok(h) => (lc.size, Bytes::copy_from_slice(h)),
+            Err(m) => {
+                return Err(PieceMiss {
+                    chunk: c,
+                    reason: MissReason::Storage,
+                    message: format!("{key}: {m}"),
+                })
+            }
+        },
+        None => {
+            let r = sh
+                .store
+                .get_opts(
+                    key,
+                    GetOptions {
+                        range: Some(0..HEADER_LEN),
+                    },
+                )
+                .await
+                .map_err(|e| miss_of(c, &e))?;
+            let size = r.meta.size;
+            (size, r.bytes().await.map_err(|e| miss_of(c, &e))?)
+        }
+    };
+    let geo = |message: String| PieceMiss {
+        chunk: c,
+        reason: MissReason::GeometryMismatch,
+        message,
+    };
+    let h = ChunkHeader::decode(&b).map_err(|e| geo(format!("{key}: {e}")))?;
+    g.check_header(&h, tokens)
+        .map_err(|m| geo(format!("{key}: {m}")))?;
+    if size != h.object_len() {
+        return Err(geo(format!(
+            "{key}: object has {size} bytes, its header says {}",
+            h.object_len()
+        )));
+    }
+    Ok(())
+}
+
+/// Starts a load's reads in their own task, ahead of the socket: `plan`'s units are read in
+/// order, at most `depth` at a time (and `read_concurrency` backend reads), and sent to the
+/// returned receiver in plan order. The first layer's units are read alone, with every read
+/// slot, before any read-ahead starts: layer 0 is pure stall for the client (time to first
+/// layer). Dropping the returned task stops the reads.
+pub(super) fn start_reads(
+    sh: &Arc<Shared>,
+    plan: Vec<UnitPlan>,
+    keys: Arc<Vec<String>>,
+    verify: bool,
+    files: Option<LocalFiles>,
+    depth: usize,
+) -> (tokio::sync::mpsc::Receiver<Fetched>, AbortOnDrop<()>) {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Fetched>(depth);
+    let reads = Arc::new(Semaphore::new(sh.cfg.read_concurrency));
+    let sh = sh.clone();
+    let task = AbortOnDrop(tokio::spawn(async move {
+        let first = plan.first().map(|u| u.layer);
+        let split = plan.iter().take_while(|u| Some(u.layer) == first).count();
+        let mut plan = plan;
+        let rest = plan.split_off(split);
+        let fetch = |u| {
+            fetch_unit(
+                sh.clone(),
+                keys.clone(),
+                reads.clone(),
+                u,
+                verify,
+                files.clone(),
+            )
+        };
+        let mut fetches = stream::iter(plan)
+            .map(fetch)
+            .buffered(depth)
+            .chain(stream::iter(rest).map(fetch).buffered(depth));
+        while let Some(f) = fetches.next().await {
+            if tx.send(f).await.is_err() {
+                return;
+            }
+        }
+    }));
+    (rx, task)
+}
