@@ -168,6 +168,18 @@ fn layer_bytes_of(plan: &[UnitPlan]) -> Vec<u64> {
 /// A refused gather request: the error code and the message the client gets.
 type Refusal = (ErrorCode, String);
 
+/// Refuses a request for a bucket that does not exist (or that the backend cannot look up).
+async fn bucket_exists(sh: &Shared, bucket: &str) -> Result<(), Refusal> {
+    match sh.buckets.exists(bucket).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err((
+            ErrorCode::NoSuchBucket,
+            format!("bucket {bucket} does not exist"),
+        )),
+        Err(e) => Err((ErrorCode::Storage, e.to_string())),
+    }
+}
+
 /// Checks a gather request before the load starts: a transport target this build offers, no
 /// object larger than `max_object_bytes` (refused before any I/O), the bucket, every object
 /// key. Returns the chunks' keys with the bucket in front, in chunk order.
@@ -196,16 +208,7 @@ async fn check_request(req: &GatherRequest, sh: &Shared) -> Result<Arc<Vec<Strin
             ),
         ));
     }
-    match sh.buckets.exists(&req.bucket).await {
-        Ok(true) => {}
-        Ok(false) => {
-            return Err((
-                ErrorCode::NoSuchBucket,
-                format!("bucket {} does not exist", req.bucket),
-            ))
-        }
-        Err(e) => return Err((ErrorCode::Storage, e.to_string())),
-    }
+    bucket_exists(sh, &req.bucket).await?;
     let mut keys = Vec::with_capacity(req.chunks.len());
     for i in 0..req.chunks.len() {
         let k = req.chunks.key(i).expect("in range");

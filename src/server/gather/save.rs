@@ -31,22 +31,10 @@ pub(super) async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) ->
         tracing::info!(request = id, code = code.label(), "save failed: {msg}");
         io.conn.close_with(code, &msg);
     };
-    match sh.buckets.exists(&req.bucket).await {
-        Ok(true) => {}
-        Ok(false) => {
-            fail(
-                io,
-                ErrorCode::NoSuchBucket,
-                format!("bucket {} does not exist", req.bucket),
-            );
-            let _ = io.flush(sh).await;
-            return Err(Abort::Gone);
-        }
-        Err(e) => {
-            fail(io, ErrorCode::Storage, e.to_string());
-            let _ = io.flush(sh).await;
-            return Err(Abort::Gone);
-        }
+    if let Err((code, msg)) = super::bucket_exists(sh, &req.bucket).await {
+        fail(io, code, msg);
+        let _ = io.flush(sh).await;
+        return Err(Abort::Gone);
     }
     let base = format!("{}/{}", req.bucket, req.prefix);
     // Every key the save writes is checked before any byte is taken.
