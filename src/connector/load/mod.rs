@@ -5,7 +5,7 @@
 //! By concern: what a load asks for and reports (`request.rs`), the state a load's handle
 //! and tasks share (`shared.rs`), the stall watchdog (`watchdog.rs`), the ranged-GET path
 //! (`ranged.rs`) and the caller's handle (`handle.rs`). The gather and RDMA paths
-//! (`connector/gather.rs`, `connector/rdma.rs`) deliver through the same [`Shared`] state.
+//! (`connector/gather/`, `connector/rdma.rs`) deliver through the same [`Shared`] state.
 
 mod handle;
 mod ranged;
