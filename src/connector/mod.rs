@@ -28,7 +28,7 @@
 //! By concern: the engine, its construction and counters here; [`Engine::save`] in
 //! `save.rs`, [`Engine::lookup`] in `lookup.rs`, [`Engine::load`] and the load's parts in
 //! `load/` (the gather path in `gather/`, RDMA in `rdma.rs`, following a load in flight in
-//! `flight.rs`); destination buffers (`buffers.rs`), registered memory (`memory.rs`),
+//! `flight.rs`); destination buffers (`buffers/`), registered memory (`memory.rs`),
 //! settings (`config.rs`).
 
 mod affinity;
