@@ -1,5 +1,5 @@
 //! Fault injection against the ObjectCache server itself, through the fault-injecting TCP
-//! proxy on loopback (tests/common/fault_proxy.rs):
+//! proxy on loopback (tests/common/fault_proxy/):
 //!
 //! - the **gather path**: the connector's one-request load streams layer-major units over the
 //!   proxy in raw mode; the server-to-client stream is truncated, has a byte flipped (in the
