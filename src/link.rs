@@ -3,7 +3,7 @@
 //! - the server (one per server, one NIC): it paces the gather units it writes to the socket
 //!   (`server/gather/`);
 //! - the client (one per [`crate::connector::Engine`], the host NIC share of its GPUs): it
-//!   paces the ranged GETs of the stock-S3 path (`connector/load.rs`).
+//!   paces the ranged GETs of the stock-S3 path (`connector/load/ranged.rs`).
 //!
 //! Every load that is sending registers with its per-layer bytes and its scheduling
 //! hints ([`Link::register`]) and leaves when it ends or is cancelled (dropping its

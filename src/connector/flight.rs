@@ -357,7 +357,7 @@ fn copy_layer(
                 return Ok(());
             }
         };
-        let mut src_pieces = super::sub_parts(&parts, c * slice, slice).into_iter();
+        let mut src_pieces = super::save::sub_parts(&parts, c * slice, slice).into_iter();
         let mut cur: &[u8] = src_pieces.next().unwrap_or_default();
         let mut crc = 0u32;
         for d in dest {

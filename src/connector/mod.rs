@@ -24,6 +24,12 @@
 //! once all are durable, one small publish marker per chunk; lookup reads only markers, so a
 //! reader never sees a prefix half written and a crash between the phases leaves unreferenced
 //! data objects that garbage collection can find.
+//!
+//! By concern: the engine, its construction and counters here; [`Engine::save`] in
+//! `save.rs`, [`Engine::lookup`] in `lookup.rs`, [`Engine::load`] and the load's parts in
+//! `load/` (the gather path in `gather/`, RDMA in `rdma.rs`, following a load in flight in
+//! `flight.rs`); destination buffers (`buffers/`), registered memory (`memory.rs`),
+//! settings (`config.rs`).
 
 mod affinity;
 mod buffers;
@@ -33,9 +39,11 @@ mod device;
 mod flight;
 mod gather;
 mod load;
+mod lookup;
 mod memory;
 #[cfg(feature = "rdma")]
 mod rdma;
+mod save;
 mod status;
 
 use buffers::first_overlap;
@@ -51,11 +59,9 @@ pub use load::{LayerTiming, LoadHandle, LoadHints, LoadRequest, LoadStats, MAX_A
 pub use memory::{MemoryKind, RegionId, RegisteredLoad};
 pub use status::ChunkStatus;
 
-use crate::error::{Error, StoreError};
-use crate::layout::{object_len, ChunkHash, KeyBuilder, KvGeometry};
-use crate::store::{PutIfAbsent, Store, StoreExt};
-use bytes::Bytes;
-use futures::StreamExt;
+use crate::error::Error;
+use crate::layout::{KeyBuilder, KvGeometry};
+use crate::store::Store;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -405,176 +411,6 @@ impl Engine {
         }
     }
 
-    /// Saves a prefix's KV: `layers[l]` holds layer `l` of every chunk, chunk `c`'s slice
-    /// (K of its `tokens_per_chunk` tokens, then V) at `c x slice_bytes`. Writes every chunk
-    /// object create-only, then the publish markers.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if `layers.len() != geometry.layers` or a buffer is not
-    /// `hashes.len() x slice_bytes` bytes; the store's error if a write fails (then no marker
-    /// of this call is written past the failure, and nothing stored before is touched).
-    pub async fn save(
-        &self,
-        g: &KvGeometry,
-        hashes: &[ChunkHash],
-        layers: &[&[u8]],
-    ) -> Result<SaveReport, Error> {
-        let paged: Vec<Vec<&[u8]>> = layers.iter().map(|b| vec![*b]).collect();
-        self.save_paged(g, hashes, &paged).await
-    }
-
-    /// Saves a prefix's KV from paged memory: `layers[l]` lists layer `l`'s source ranges in
-    /// order, and their concatenation holds chunk `c`'s slice at `c x slice_bytes` (for an
-    /// engine that keeps KV in blocks: one range per engine block of the chunks' tokens, in
-    /// token order; with a [`crate::layout::KvLayout`] in the geometry the blocks are stored
-    /// as they are). The ranges are only read, and may lie anywhere. As [`Engine::save`]
-    /// otherwise.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if `layers.len() != geometry.layers` or a layer's ranges do
-    /// not add up to `hashes.len() x slice_bytes` bytes (naming the layer); as
-    /// [`Engine::save`] otherwise.
-    pub async fn save_paged(
-        &self,
-        g: &KvGeometry,
-        hashes: &[ChunkHash],
-        layers: &[Vec<&[u8]>],
-    ) -> Result<SaveReport, Error> {
-        let keys = self.keys(g)?;
-        let slice = g.slice_bytes() as usize;
-        if layers.len() != g.layers as usize {
-            return Err(Error::InvalidArgument(format!(
-                "save: {} layer buffers given, geometry {} has {} layers",
-                layers.len(),
-                g.model,
-                g.layers
-            )));
-        }
-        for (l, parts) in layers.iter().enumerate() {
-            let n: usize = parts.iter().map(|p| p.len()).sum();
-            if n != hashes.len() * slice {
-                return Err(Error::InvalidArgument(format!(
-                    "save: layer {l} {} {n} bytes, expected {} chunks x {slice} bytes = {}",
-                    if parts.len() == 1 {
-                        "buffer has"
-                    } else {
-                        "ranges add up to"
-                    },
-                    hashes.len(),
-                    hashes.len() * slice
-                )));
-            }
-        }
-        // Phase 1: data objects, create-only.
-        let mut objects = Vec::with_capacity(hashes.len());
-        for (c, h) in hashes.iter().enumerate() {
-            let obj = crate::layout::encode_chunk_parts(g, g.tokens_per_chunk, |l| {
-                sub_parts(&layers[l as usize], c * slice, slice)
-            })?;
-            objects.push((keys.data(h), Bytes::from(obj)));
-        }
-        let store = self.store.clone();
-        let conc = self.cfg.save_concurrency;
-        let data = self.spawn(async move {
-            let results: Vec<Result<(PutIfAbsent, u64), StoreError>> =
-                futures::stream::iter(objects)
-                    .map(|(k, b)| {
-                        let store = store.clone();
-                        async move {
-                            let n = b.len() as u64;
-                            store.put_if_absent(&k, b).await.map(|r| (r, n))
-                        }
-                    })
-                    .buffered(conc.max(1))
-                    .collect()
-                    .await;
-            results
-        });
-        let mut report = SaveReport::default();
-        for r in data.await? {
-            match r? {
-                (PutIfAbsent::Written, n) => {
-                    report.written += 1;
-                    report.bytes += n;
-                }
-                (PutIfAbsent::AlreadyPresent, _) => report.already_present += 1,
-            }
-        }
-        // Phase 2: publish markers, after every data object is durable.
-        let len = object_len(g.layers, g.slice_bytes());
-        let marker = Bytes::copy_from_slice(&crate::layout::encode_marker(len));
-        let mkeys: Vec<String> = hashes.iter().map(|h| keys.marker(h)).collect();
-        let store = self.store.clone();
-        let mk2 = mkeys.clone();
-        let published = self.spawn(async move {
-            futures::stream::iter(mk2)
-                .map(|k| {
-                    let store = store.clone();
-                    let m = marker.clone();
-                    async move { store.put_if_absent(&k, m).await }
-                })
-                .buffered(conc.max(1))
-                .collect::<Vec<_>>()
-                .await
-        });
-        for r in published.await? {
-            if r? == PutIfAbsent::Written {
-                report.bytes += 16;
-            }
-        }
-        let now = Instant::now();
-        let mut cache = self.lookup_cache.lock().expect("lock");
-        for k in mkeys {
-            cache.insert(k, (true, now));
-        }
-        drop(cache);
-        self.counters.saves.fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .bytes_saved
-            .fetch_add(report.bytes, Ordering::Relaxed);
-        Ok(report)
-    }
-
-    /// Blocking form of [`Engine::save`].
-    ///
-    /// # Errors
-    /// As [`Engine::save`].
-    pub fn save_blocking(
-        &self,
-        g: &KvGeometry,
-        hashes: &[ChunkHash],
-        layers: &[&[u8]],
-    ) -> Result<SaveReport, Error> {
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let h = self.handle.clone();
-                h.block_on(self.save(g, hashes, layers))
-            })
-            .join()
-            .expect("save panicked")
-        })
-    }
-
-    /// Blocking form of [`Engine::save_paged`].
-    ///
-    /// # Errors
-    /// As [`Engine::save_paged`].
-    pub fn save_paged_blocking(
-        &self,
-        g: &KvGeometry,
-        hashes: &[ChunkHash],
-        layers: &[Vec<&[u8]>],
-    ) -> Result<SaveReport, Error> {
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let h = self.handle.clone();
-                h.block_on(self.save_paged(g, hashes, layers))
-            })
-            .join()
-            .expect("save panicked")
-        })
-    }
-
     fn spawn<T: Send + 'static>(
         &self,
         f: impl std::future::Future<Output = T> + Send + 'static,
@@ -585,316 +421,13 @@ impl Engine {
                 .map_err(|e| Error::Io(std::io::Error::other(format!("engine task failed: {e}"))))
         }
     }
-
-    /// How many leading chunks of `hashes` are published. Costs at most
-    /// ceil(log_{fanout+1}(n+1)) sequential round trips (a k-ary search over publish markers,
-    /// which are published in prefix order), stops at the first missing chunk, and reuses
-    /// answers younger than `lookup_cache_ttl` (hits and misses; a save by this engine marks
-    /// its chunks present at once).
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for a bad geometry; a store error other than not-found.
-    pub async fn lookup_report(
-        &self,
-        g: &KvGeometry,
-        hashes: &[ChunkHash],
-    ) -> Result<LookupReport, Error> {
-        self.keys(g)?;
-        // Every tensor-parallel rank's marker: a chunk is a hit only when every rank has it,
-        // so the ranks of one engine group agree on every hit (case C16).
-        let ranks: Vec<KeyBuilder> = (0..g.tp_world.max(1))
-            .map(|r| {
-                let mut gr = g.clone();
-                gr.tp_rank = r;
-                KeyBuilder::new(&self.cfg.namespace, &gr, self.cfg.hash_algo)
-            })
-            .collect::<Result<_, _>>()?;
-        let mkeys: Vec<Vec<String>> = hashes
-            .iter()
-            .map(|h| ranks.iter().map(|k| k.marker(h)).collect())
-            .collect();
-        let ttl = self.cfg.lookup_cache_ttl;
-        // A position's state from per-key answers: present if every rank's marker is, absent
-        // if one is absent, else unknown.
-        let state = |answers: &dyn Fn(&str) -> Option<bool>, keys: &[String]| -> Option<bool> {
-            let mut all = true;
-            for k in keys {
-                match answers(k) {
-                    Some(false) => return Some(false),
-                    Some(true) => {}
-                    None => all = false,
-                }
-            }
-            all.then_some(true)
-        };
-        // Known state per position from the cache: Some(true/false) or None.
-        let mut known: Vec<Option<bool>> = {
-            let mut cache = self.lookup_cache.lock().expect("lock");
-            cache.retain(|_, (_, t)| t.elapsed() < ttl);
-            let cached = |k: &str| cache.get(k).map(|(p, _)| *p);
-            mkeys.iter().map(|ks| state(&cached, ks)).collect()
-        };
-        // Answers of this lookup's probes, per marker key.
-        let mut probed: HashMap<String, bool> = HashMap::new();
-        // Markers are monotone along the prefix (published in order): find the boundary.
-        let mut lo = 0usize; // every position < lo is present
-        let mut hi = hashes.len(); // every position >= hi is absent (or beyond)
-        let tighten = |known: &[Option<bool>], lo: &mut usize, hi: &mut usize| {
-            while *lo < *hi && known[*lo] == Some(true) {
-                *lo += 1;
-            }
-            if let Some(p) = known[*lo..*hi].iter().position(|k| *k == Some(false)) {
-                *hi = *lo + p;
-            }
-        };
-        tighten(&known, &mut lo, &mut hi);
-        let mut report = LookupReport::default();
-        let fanout = self.cfg.lookup_fanout.max(1);
-        while lo < hi {
-            // Probe up to `fanout` positions spread over [lo, hi), always including lo (every
-            // rank's marker of each, in the same round trip).
-            let span = hi - lo;
-            let n = fanout.min(span);
-            let mut probes: Vec<usize> = (0..n).map(|i| lo + i * span / n).collect();
-            probes.dedup();
-            let store = self.store.clone();
-            let pk: Vec<String> = probes
-                .iter()
-                .flat_map(|&i| mkeys[i].iter().cloned())
-                .filter(|k| !probed.contains_key(k))
-                .collect();
-            let asked = pk.clone();
-            let answers = self
-                .spawn(async move {
-                    futures::future::join_all(pk.into_iter().map(|k| {
-                        let store = store.clone();
-                        async move { store.exists(&k).await }
-                    }))
-                    .await
-                })
-                .await?;
-            report.round_trips += 1;
-            report.probes += asked.len();
-            for (k, a) in asked.into_iter().zip(answers) {
-                probed.insert(k, a?);
-            }
-            for &i in &probes {
-                let p = |k: &str| probed.get(k).copied();
-                known[i] = state(&p, &mkeys[i]);
-            }
-            // Monotonicity: a present marker implies all before it are present; an absent one
-            // that all after it are absent.
-            // An absent marker bounds the answer even if a later one is present (markers that
-            // are not a prefix: a marker phase that failed part way, a chunk evicted).
-            if let Some(&first_absent) = probes.iter().filter(|&&i| known[i] == Some(false)).min() {
-                hi = hi.min(first_absent);
-            }
-            if let Some(&last_present) = probes
-                .iter()
-                .filter(|&&i| i < hi && known[i] == Some(true))
-                .max()
-            {
-                lo = lo.max(last_present + 1);
-            }
-            tighten(&known, &mut lo, &mut hi);
-        }
-        report.chunks = lo;
-        {
-            let now = Instant::now();
-            let mut cache = self.lookup_cache.lock().expect("lock");
-            for (k, &p) in &probed {
-                cache.entry(k.clone()).or_insert((p, now));
-            }
-            for (i, ks) in mkeys.iter().enumerate() {
-                if i < lo {
-                    for k in ks {
-                        cache.insert(k.clone(), (true, now));
-                    }
-                }
-            }
-        }
-        self.counters.lookups.fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .lookup_hit_chunks
-            .fetch_add(lo as u64, Ordering::Relaxed);
-        self.counters
-            .lookup_probes
-            .fetch_add(report.probes as u64, Ordering::Relaxed);
-        Ok(report)
-    }
-
-    /// Leading published chunks of `hashes` (see [`Engine::lookup_report`]).
-    ///
-    /// # Errors
-    /// As [`Engine::lookup_report`].
-    pub async fn lookup(&self, g: &KvGeometry, hashes: &[ChunkHash]) -> Result<usize, Error> {
-        Ok(self.lookup_report(g, hashes).await?.chunks)
-    }
-
-    /// Blocking form of [`Engine::lookup`].
-    ///
-    /// # Errors
-    /// As [`Engine::lookup_report`].
-    pub fn lookup_blocking(&self, g: &KvGeometry, hashes: &[ChunkHash]) -> Result<usize, Error> {
-        std::thread::scope(|s| {
-            s.spawn(|| self.handle.block_on(self.lookup(g, hashes)))
-                .join()
-                .expect("lookup panicked")
-        })
-    }
-
-    /// Forgets whatever this engine keeps about caller memory `ptr..ptr+len`: the RDMA
-    /// registration of a memory area given to [`LayerBuffers::from_raw_ranges`] (kept for
-    /// later loads until now). Call it before that memory is freed or remapped (the C ABI
-    /// calls it when a region is deregistered). A load still writing into the memory keeps
-    /// its registration until it ends. No-op for memory the engine never saw, and in builds
-    /// without RDMA.
-    pub fn forget_memory(&self, ptr: *mut u8, len: usize) {
-        #[cfg(feature = "rdma")]
-        rdma::forget(&self.rdma, ptr, len);
-        #[cfg(not(feature = "rdma"))]
-        let _ = (ptr, len);
-    }
-
-    /// Starts a layer-ordered load of `req.hashes` into `dest` and returns at once.
-    ///
-    /// `dest` must have `geometry.layers` buffers of at least `hashes.len() x slice_bytes`
-    /// bytes; only that many bytes of each are written, never more. A layer's buffer may be
-    /// a list of ranges (paged KV, [`LayerBuffers::paged`], [`LayerBuffers::from_raw_ranges`]):
-    /// the bytes land straight in the ranges on every path, chunk `c`'s slice at logical
-    /// offset `c x slice_bytes` of their concatenation. Reads are issued in layer
-    /// order (layer 0 of every chunk first), at most `window_bytes` and `max_requests` in
-    /// flight, each verified by its slice CRC32C before its layer can become ready.
-    ///
-    /// `req.hints` (per-layer compute times or deadlines, priority) go to the gather server
-    /// with the request, and under `bandwidth_cap_bytes_per_s` to this engine's link, which
-    /// paces the ranged GETs of all its loads under `scheduler`.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for an empty request, a wrong number of layer buffers or a
-    /// buffer too small (the message names the layer and the sizes), or hints that do not fit
-    /// the geometry ([`LoadHints::validate`]).
-    pub fn load(&self, req: LoadRequest, dest: LayerBuffers) -> Result<LoadHandle, Error> {
-        let g = &req.geometry;
-        let keys = self.keys(g)?;
-        if req.hashes.is_empty() {
-            return Err(Error::InvalidArgument("load: no chunks requested".into()));
-        }
-        req.hints.validate(g.layers)?;
-        if dest.layers() != g.layers as usize {
-            return Err(Error::InvalidArgument(format!(
-                "load: {} destination buffers given, geometry {} has {} layers",
-                dest.layers(),
-                g.model,
-                g.layers
-            )));
-        }
-        let need = req.hashes.len() as u64 * g.slice_bytes();
-        for l in 0..dest.layers() {
-            if (dest.layer_len(l) as u64) < need {
-                return Err(Error::InvalidArgument(format!(
-                    "load: layer {l} buffer has {} bytes, needs {} chunks x {} bytes = {need}",
-                    dest.layer_len(l),
-                    req.hashes.len(),
-                    g.slice_bytes()
-                )));
-            }
-        }
-        let sh = Arc::new(load::Shared::new(dest, need, req.hashes.len()));
-        // The load holds its entries until it ends (completed, failed, cancelled, dropped, or
-        // with the process): this engine's collection never deletes them under it. A lookup
-        // holds nothing.
-        let data_keys: Vec<String> = req.hashes.iter().map(|h| keys.data(h)).collect();
-        let now = std::time::SystemTime::now();
-        for k in &data_keys {
-            self.access.record(k, now);
-        }
-        let lease = self.leases.acquire(data_keys);
-        let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
-        let fetcher = Arc::new(self.fetcher());
-        let prefix = keys.prefix().to_string();
-        let total_bytes = need * g.layers as u64;
-        // One fetch for many requests: follow a load of the same chunks in flight (flight.rs).
-        let leader = if self.cfg.single_flight {
-            self.flights.leader_for(&prefix, &req.hashes, total_bytes)
-        } else {
-            None
-        };
-        match leader {
-            Some(leader) => {
-                let timeout = self.cfg.load_deadline(total_bytes);
-                let sh2 = sh.clone();
-                let follow = flight::follow(leader, sh.clone(), fetcher, req, keys, request_id);
-                let task = self.handle.spawn(async move {
-                    let _lease = lease;
-                    match timeout {
-                        None => follow.await,
-                        Some(t) => {
-                            if tokio::time::timeout(t, follow).await.is_err() {
-                                for l in 0..sh2.state.layers() {
-                                    sh2.state.fail_impl(
-                                        l as u32,
-                                        crate::error::LayerError::Timeout { layer: l },
-                                    );
-                                }
-                                sh2.state.cancel();
-                            }
-                        }
-                    }
-                });
-                sh.tasks.lock().expect("lock").push(task);
-                self.counters.loads_followed.fetch_add(1, Ordering::Relaxed);
-            }
-            None => {
-                if self.cfg.single_flight {
-                    self.flights.register(&prefix, &req.hashes, &sh);
-                }
-                fetcher.start(req, keys, sh.clone(), request_id, Some(lease));
-            }
-        }
-        self.counters.loads.fetch_add(1, Ordering::Relaxed);
-        Ok(LoadHandle {
-            sh,
-            rt: self.handle.clone(),
-        })
-    }
-}
-
-/// The pieces of `parts` (taken in order as one buffer) that hold bytes `start..start+len`;
-/// the caller has checked that the parts hold at least `start + len` bytes.
-fn sub_parts<'a>(parts: &[&'a [u8]], start: usize, len: usize) -> Vec<&'a [u8]> {
-    let mut out = Vec::new();
-    let (mut at, end) = (0usize, start + len);
-    for p in parts {
-        let (a, b) = (at, at + p.len());
-        at = b;
-        if b <= start || p.is_empty() {
-            continue;
-        }
-        if a >= end {
-            break;
-        }
-        out.push(&p[start.max(a) - a..end.min(b) - a]);
-    }
-    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::ChunkHash;
     use std::time::Duration;
-
-    #[test]
-    fn sub_parts_cut_a_range_out_of_scattered_parts() {
-        let (a, b, c) = ([1u8, 2, 3], [4u8], [5u8, 6, 7, 8]);
-        let parts: Vec<&[u8]> = vec![&a, &[], &b, &c];
-        let flat = |v: Vec<&[u8]>| v.concat();
-        assert_eq!(flat(sub_parts(&parts, 0, 8)), vec![1, 2, 3, 4, 5, 6, 7, 8]);
-        assert_eq!(flat(sub_parts(&parts, 2, 3)), vec![3, 4, 5]);
-        assert_eq!(sub_parts(&parts, 3, 1), vec![&[4u8][..]]);
-        assert_eq!(flat(sub_parts(&parts, 5, 3)), vec![6, 7, 8]);
-        assert!(sub_parts(&parts, 4, 0).is_empty());
-    }
 
     /// Waits (up to 10 s, a liveness bound, not a speed goal) until `f` holds.
     fn eventually(what: &str, f: impl Fn() -> bool) {

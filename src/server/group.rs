@@ -14,11 +14,11 @@
 //!   layers before `l`, paying each unit from the load's one credit.
 //!
 //! So the stripes share one allocation and advance together. The client's lockstep
-//! (`connector/gather.rs`: no stripe starts layer 1 before all finished layer 0, then at
-//! most one layer ahead of the slowest) never waits for a stripe the server holds back: the
-//! stripe furthest behind is never held back by either side. (Scheduled per connection, a
-//! `fifo` or `stall-aware` server gave one stripe the whole cap while the client waited for
-//! the other stripe's layer 0: no progress until the client timeout.)
+//! (`connector/gather/stripe.rs`: no stripe starts layer 1 before all finished layer 0,
+//! then at most one layer ahead of the slowest) never waits for a stripe the server holds
+//! back: the stripe furthest behind is never held back by either side. (Scheduled per
+//! connection, a `fifo` or `stall-aware` server gave one stripe the whole cap while the
+//! client waited for the other stripe's layer 0: no progress until the client timeout.)
 //!
 //! A stripe that arrives late joins the load where it is and catches up first (the others
 //! wait for it at the next layer); a stripe that never comes holds nobody back, since only

@@ -12,8 +12,12 @@
 //! `shutdown_grace_secs`, then aborts them with a `ShuttingDown` error frame.
 //!
 //! Built with feature `server` (on by default).
+//!
+//! Here: the state every connection shares, load admission and the [`ServerHandle`]; starting
+//! in `start.rs`, the accept loop in `accept.rs`, the HTTP side in `http.rs`.
 #![cfg(feature = "server")]
 
+mod accept;
 mod budget;
 pub mod config;
 mod conn;
@@ -21,30 +25,30 @@ mod gather;
 #[cfg(feature = "rdma")]
 mod gather_rdma;
 mod group;
+mod http;
 pub mod metrics;
 mod reads;
 pub mod s3;
 pub mod sched;
+mod start;
 pub mod tenant;
 pub mod tls;
 
 pub use config::{AccessKey, ServerConfig};
+pub use http::MAX_PRESIGNED_EXPIRES_SECS;
+pub use start::{open_backend, start, start_with_store};
 
-use crate::protocol::{ServerInfo, ServerLimits, PROTOCOL_VERSION};
-use crate::store::{FsStore, FsyncPolicy, MemoryStore, Store};
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use crate::protocol::{ServerInfo, ServerLimits};
+use crate::store::Store;
 use metrics::Metrics;
-use s3::{Buckets, S3Frontend};
+use s3::Buckets;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::net::TcpListener;
 use tokio::sync::{oneshot, Semaphore};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 /// Why a request stopped early.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -281,456 +285,10 @@ impl ServerHandle {
     }
 }
 
-/// Opens the store named by `cfg.store`: `memory:`/`memory://`, `file://PATH` or a path
-/// (with `cfg.fsync`), or any URL [`crate::store::open_store`] accepts, e.g.
-/// `s3://BUCKET/PREFIX?endpoint=URL` for gateway mode (credentials from `AWS_ACCESS_KEY_ID`
-/// and `AWS_SECRET_ACCESS_KEY` or a profile).
-///
-/// # Errors
-/// The store's error, naming the URL.
-pub async fn open_backend(cfg: &ServerConfig) -> crate::Result<Arc<dyn Store>> {
-    let url = cfg.store.trim();
-    if url == "memory:" {
-        return Ok(Arc::new(MemoryStore::new()));
-    }
-    let fsync = if cfg.fsync {
-        FsyncPolicy::Always
-    } else {
-        FsyncPolicy::Never
-    };
-    if let Some(p) = url.strip_prefix("file://") {
-        return Ok(Arc::new(FsStore::new(p, fsync)?));
-    }
-    if !url.contains("://") && !url.is_empty() {
-        return Ok(Arc::new(FsStore::new(url, fsync)?));
-    }
-    Ok(crate::store::open_store(url).await?)
-}
-
-/// Opens the configured store and starts the server.
-///
-/// # Errors
-/// As [`open_backend`] and [`start_with_store`].
-pub async fn start(cfg: ServerConfig) -> crate::Result<ServerHandle> {
-    let store = open_backend(&cfg).await?;
-    start_with_store(cfg, store).await
-}
-
-/// Starts a server over `store`: validates `cfg`, creates `cfg.buckets`, binds `cfg.listen`
-/// (port 0 picks a free port; see [`ServerHandle::local_addr`]) and serves until shut down.
-///
-/// # Errors
-/// [`crate::Error::Config`] for inconsistent settings; [`crate::Error::Io`] if the address
-/// cannot be bound; a store error while loading buckets.
-pub async fn start_with_store(
-    cfg: ServerConfig,
-    store: Arc<dyn Store>,
-) -> crate::Result<ServerHandle> {
-    cfg.validate()?;
-    reclaim_orphaned_writes(store.as_ref()).await;
-    let buckets = Arc::new(Buckets::load(store.clone()).await?);
-    for b in &cfg.buckets {
-        buckets.create(b).await?;
-    }
-    let metrics = Arc::new(Metrics::new());
-    let listener = TcpListener::bind(cfg.listen).await?;
-    let addr = listener.local_addr()?;
-    let queue = sched::admission(crate::sched::SchedulerSetting::parse(&cfg.scheduler)?);
-    let link = shared_link(&cfg)?;
-    let memory = Arc::new(Semaphore::new(
-        gather::permits_for(cfg.memory_budget_bytes) as usize
-    ));
-    // Each connection is a descriptor: stay well below the open-file limit.
-    let nofile = conn::raise_nofile_limit().unwrap_or(u64::MAX);
-    let max_conns = cfg
-        .max_connections
-        .min((nofile / 2).min(usize::MAX as u64) as usize)
-        .max(1);
-    if max_conns < cfg.max_connections {
-        tracing::warn!(
-            max_connections = cfg.max_connections,
-            open_file_limit = nofile,
-            capped = max_conns,
-            "max_connections capped at half the open-file limit"
-        );
-    }
-    let leases = crate::lifecycle::LeaseTable::new();
-    let access = Arc::new(crate::lifecycle::AccessLog::new());
-    let shared = Arc::new(Shared {
-        link,
-        budget: budget::Budget::new(memory.clone(), metrics.clone()),
-        conns: conn::ConnLimits::new(max_conns, cfg.max_connections_per_ip, metrics.clone()),
-        memory,
-        admission: Mutex::new(Admission {
-            active: 0,
-            queue,
-            waiting: HashMap::new(),
-        }),
-        next_id: AtomicU64::new(1),
-        loads: group::Loads::default(),
-        reads: reads::Reads::default(),
-        leases: leases.clone(),
-        access: access.clone(),
-        shutdown: CancellationToken::new(),
-        buckets: buckets.clone(),
-        metrics: metrics.clone(),
-        store: store.clone(),
-        cfg,
-        #[cfg(feature = "rdma")]
-        rdma: gather_rdma::open(),
-    });
-    let tenants = tenant::Tenants::new(&shared.cfg.tenants).map_err(crate::Error::Config)?;
-    let tls = match (&shared.cfg.tls_cert, &shared.cfg.tls_key) {
-        (Some(c), Some(k)) => Some(tls::acceptor(c, k)?),
-        _ => None,
-    };
-    let mut builder = s3s::service::S3ServiceBuilder::new(
-        S3Frontend::new(
-            // Reads of the S3 API record their entry's use and renew its soft lease; a
-            // lookup's HEAD does neither (lookups never pin).
-            Arc::new(crate::lifecycle::TrackedStore::new(
-                store.clone(),
-                access,
-                leases,
-                S3_READ_LEASE,
-            )),
-            buckets,
-            shared.cfg.max_object_bytes,
-            metrics,
-        )
-        .with_tenants(Arc::new(tenants))
-        .with_budget(
-            shared.budget.clone(),
-            Duration::from_secs(shared.cfg.client_timeout_secs),
-        ),
-    );
-    // XML request bodies (DeleteObjects, tagging, ...) are read whole by s3s: keep them
-    // small (each is also counted in the memory budget as it arrives).
-    let mut s3cfg = s3s::config::S3Config::default();
-    s3cfg.xml_max_body_size = 1 << 20;
-    s3cfg.form_max_fields_size = 1 << 20;
-    s3cfg.post_object_max_file_size = shared.cfg.max_object_bytes;
-    builder.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(
-        s3cfg,
-    ))));
-    if !shared.cfg.access_keys.is_empty() || !shared.cfg.tenants.is_empty() {
-        let mut auth = s3s::auth::SimpleAuth::new();
-        for k in &shared.cfg.access_keys {
-            auth.register(k.access_key.clone(), k.secret_key.clone().into());
-        }
-        for t in &shared.cfg.tenants {
-            auth.register(t.access_key.clone(), t.secret_key.clone().into());
-        }
-        builder.set_auth(auth);
-    }
-    let s3 = builder.build();
-    tracing::info!(%addr, store = store.name(), scheduler = %shared.cfg.scheduler, "objectcache server listening");
-    let sh = shared.clone();
-    let join = tokio::spawn(async move { accept_loop(listener, sh, s3, tls).await });
-    Ok(ServerHandle { addr, shared, join })
-}
-
-/// Deletes the incomplete writes whose writer is gone ([`Store::list_partial`]: temporary
-/// files of a killed process), so a restart gives their space back; younger ones of live
-/// writers are left to them, and `objectcache gc` reclaims whatever outlives its grace.
-async fn reclaim_orphaned_writes(store: &dyn Store) {
-    let found = match store.list_partial("").await {
-        Ok(v) => v,
-        Err(e) => {
-            tracing::warn!(error = %e, "could not list incomplete writes");
-            return;
-        }
-    };
-    let (mut n, mut bytes) = (0u64, 0u64);
-    for p in found.iter().filter(|p| p.orphaned) {
-        match store.delete_partial(p).await {
-            Ok(()) => {
-                n += 1;
-                bytes += p.size;
-            }
-            Err(e) => {
-                tracing::warn!(partial = %p.id, error = %e, "could not reclaim an incomplete write")
-            }
-        }
-    }
-    if n > 0 {
-        tracing::info!(
-            files = n,
-            bytes,
-            "reclaimed incomplete writes of processes that are gone"
-        );
-    }
-}
-
-/// The link scheduler of `cfg`: `None` when uncapped.
-fn shared_link(cfg: &ServerConfig) -> crate::Result<Option<Arc<crate::link::Link>>> {
-    if cfg.bandwidth_cap_bytes_per_s == 0 {
-        return Ok(None);
-    }
-    let kind = crate::sched::SchedulerSetting::parse(&cfg.scheduler)?.policy;
-    Ok(Some(crate::link::Link::new(
-        kind,
-        cfg.bandwidth_cap_bytes_per_s as f64,
-    )?))
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    sh: Arc<Shared>,
-    s3: s3s::service::S3Service,
-    tls: Option<tokio_rustls::TlsAcceptor>,
-) {
-    let tracker = TaskTracker::new();
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    loop {
-        let (stream, peer) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = sh.shutdown.cancelled() => break,
-        };
-        // Past a cap the connection is closed before anything is read from it.
-        let guard = match sh.conns.admit(peer.ip()) {
-            Ok(g) => g,
-            Err(cap) => {
-                tracing::debug!(%peer, cap, "connection refused: too many open");
-                drop(stream);
-                continue;
-            }
-        };
-        let sh2 = sh.clone();
-        let s3 = s3.clone();
-        let watcher = graceful.watcher();
-        let tls = tls.clone();
-        // Sniffing happens in the connection's own task: an idle connection (a client's
-        // pooled spare) never holds up the accept loop.
-        tracker.spawn(async move {
-            let _guard = guard;
-            let deadline =
-                tokio::time::Instant::now() + Duration::from_secs(sh2.cfg.handshake_timeout_secs);
-            if let Some(acc) = tls {
-                // TLS: the S3 API only (gather is not offered over TLS yet, see tls.rs).
-                let stream = tokio::select! {
-                    s = tls::accept(&acc, stream) => s,
-                    _ = sh2.shutdown.cancelled() => None,
-                };
-                if let Some(stream) = stream {
-                    let _ = stream.get_ref().0.set_nodelay(true);
-                    let io = conn::Prefixed::new(&[], stream, client_floor(&sh2.cfg));
-                    serve_http(io, sh2, s3, watcher, peer).await;
-                }
-                return;
-            }
-            let mut stream = stream;
-            let sniffed = tokio::select! {
-                s = conn::sniff(&mut stream, deadline, rdma_offered(&sh2)) => s,
-                _ = sh2.shutdown.cancelled() => None,
-            };
-            let Some(first) = sniffed else {
-                // Closed, or no protocol told in time: nothing was held but 8 bytes.
-                sh2.metrics.error("handshake");
-                return;
-            };
-            match first.protocol {
-                // Gather loads are not confined to a tenant's namespace: with tenants it
-                // is refused (connectors fall back to ranged GETs).
-                conn::Protocol::Gather if !sh2.cfg.tenants.is_empty() => {
-                    tenant::refuse_gather(stream).await
-                }
-                conn::Protocol::Gather => gather::serve(stream, sh2, first.head(), deadline).await,
-                #[cfg(feature = "rdma")]
-                conn::Protocol::Rdma if sh2.rdma.is_some() => {
-                    let reg = sh2.rdma.clone().expect("checked");
-                    gather_rdma::serve_control(stream, reg).await;
-                }
-                conn::Protocol::Rdma | conn::Protocol::Http => {
-                    let _ = stream.set_nodelay(true);
-                    let io = conn::Prefixed::new(first.head(), stream, client_floor(&sh2.cfg));
-                    serve_http(io, sh2, s3, watcher, peer).await;
-                }
-            }
-        });
-    }
-    drop(listener);
-    #[cfg(feature = "rdma")]
-    if let Some(r) = &sh.rdma {
-        r.shutdown();
-    }
-    tracker.close();
-    let grace = Duration::from_secs(sh.cfg.shutdown_grace_secs + 1);
-    let _ = tokio::time::timeout(grace, graceful.shutdown()).await;
-    let _ = tokio::time::timeout(grace, tracker.wait()).await;
-    tracing::info!("objectcache server stopped");
-}
-
-/// Whether RDMA set-up channels are offered on this server's port.
-fn rdma_offered(_sh: &Shared) -> bool {
-    #[cfg(feature = "rdma")]
-    if _sh.rdma.is_some() {
-        return true;
-    }
-    false
-}
-
 /// The progress a client owes while the server waits on it ([`conn::RateFloor`]).
 pub(crate) fn client_floor(cfg: &ServerConfig) -> conn::RateFloor {
     conn::RateFloor::new(
         Duration::from_secs(cfg.client_timeout_secs),
         cfg.min_client_bytes_per_s,
     )
-}
-
-/// Bytes of a connection's HTTP read buffer at most (request heads, body pieces): part of
-/// the fixed per-connection memory outside the budget.
-const HTTP_BUF_BYTES: usize = 64 << 10;
-
-/// Serves HTTP/1.1 on one connection: request heads must arrive within
-/// `client_timeout_secs` (idle keep-alive connections close after it too), responses the
-/// client does not read fast enough end the connection ([`conn::Prefixed`]), request bodies
-/// are metered ([`s3::metered_body`]).
-async fn serve_http<I>(
-    io: I,
-    sh: Arc<Shared>,
-    s3: s3s::service::S3Service,
-    watcher: hyper_util::server::graceful::Watcher,
-    peer: SocketAddr,
-) where
-    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let sh3 = sh.clone();
-    let svc = service_fn(move |req| http_route(req, sh3.clone(), s3.clone()));
-    let mut b = hyper::server::conn::http1::Builder::new();
-    b.keep_alive(true)
-        .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(sh.cfg.client_timeout_secs))
-        .max_buf_size(HTTP_BUF_BYTES);
-    let conn = b.serve_connection(TokioIo::new(io), svc);
-    if let Err(e) = watcher.watch(conn).await {
-        tracing::debug!(%peer, error = %e, "http connection ended");
-    }
-}
-
-type HttpResp = hyper::Response<s3s::Body>;
-
-async fn http_route(
-    req: hyper::Request<hyper::body::Incoming>,
-    sh: Arc<Shared>,
-    s3: s3s::service::S3Service,
-) -> Result<HttpResp, std::convert::Infallible> {
-    let path = req.uri().path();
-    let text = |status: u16, ct: &str, body: String| {
-        hyper::Response::builder()
-            .status(status)
-            .header("content-type", ct)
-            .body(s3s::Body::from(body))
-            .expect("valid response")
-    };
-    if req.method() == hyper::Method::GET && path.starts_with("/_objectcache/") {
-        return Ok(match path {
-            "/_objectcache/health" => {
-                if sh.shutdown.is_cancelled() {
-                    text(503, "text/plain", "shutting down\n".into())
-                } else {
-                    text(200, "text/plain", "ok\n".into())
-                }
-            }
-            "/_objectcache/metrics" => text(
-                200,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                sh.metrics.encode(),
-            ),
-            "/_objectcache/capabilities" => {
-                let l = sh.limits();
-                let body = serde_json::json!({
-                    "service": "objectcache",
-                    "version": env!("CARGO_PKG_VERSION"),
-                    "gather": {
-                        "protocol_versions": [PROTOCOL_VERSION],
-                        "transports": if l.features & ServerInfo::FEATURE_RDMA != 0 { vec!["tcp", "rdma"] } else { vec!["tcp"] },
-                        "same_port": true,
-                        "batched_save": true,
-                        // Striped loads are admitted and paced as one (descriptor flag bit 2).
-                        "load_groups": true,
-                        // Held frames while a load waits on purpose (descriptor flag bit 3).
-                        "held_frames": true,
-                        "max_descriptor_bytes": l.max_descriptor_bytes,
-                        "max_chunks": l.max_chunks,
-                        "max_request_bytes": l.max_request_bytes,
-                        "max_unit_bytes": crate::protocol::MAX_UNIT_BYTES,
-                        // Access keys configured: connections answer an HMAC-SHA256 challenge.
-                        "authentication": if sh.cfg.access_keys.is_empty() { "none" } else { "hmac-sha256" },
-                    }
-                });
-                text(200, "application/json", body.to_string())
-            }
-            _ => text(404, "text/plain", "unknown objectcache endpoint\n".into()),
-        });
-    }
-    if let Some(r) = presigned_expiry_refusal(req.uri()) {
-        return Ok(r);
-    }
-    // Request bodies are metered (memory budget, progress, per-request bound); why one was
-    // cut off travels in the request's extensions to the handler.
-    let (mut parts, body) = req.into_parts();
-    let (body, fault) = s3::MeteredBody::new(
-        body,
-        s3::BodyLimits {
-            budget: sh.budget.clone(),
-            wait: Duration::from_secs(sh.cfg.client_timeout_secs),
-            floor: client_floor(&sh.cfg),
-            max_request_bytes: sh.cfg.max_request_bytes,
-        },
-    );
-    parts.extensions.insert(fault);
-    let req = hyper::Request::from_parts(parts, s3s::Body::http_body_unsync(body));
-    match s3.call(req).await {
-        Ok(r) => Ok(r),
-        Err(e) => {
-            sh.metrics.error("http");
-            tracing::warn!(error = ?e, "S3 request failed inside the HTTP layer");
-            Ok(s3_error_response(
-                500,
-                "InternalError",
-                "internal error (logged by the server)",
-            ))
-        }
-    }
-}
-
-/// Longest validity of a presigned URL, seconds: 7 days, as AWS S3 allows.
-pub const MAX_PRESIGNED_EXPIRES_SECS: u64 = 7 * 24 * 3600;
-
-/// AWS S3's answer to a presigned URL whose `X-Amz-Expires` is above 7 days (or not a
-/// number): `400 AuthorizationQueryParametersError`, before the signature is looked at.
-fn presigned_expiry_refusal(uri: &hyper::Uri) -> Option<HttpResp> {
-    let q = uri.query()?;
-    let v = q.split('&').find_map(|kv| {
-        let (k, v) = kv.split_once('=')?;
-        k.eq_ignore_ascii_case("X-Amz-Expires").then_some(v)
-    })?;
-    match v.parse::<u64>() {
-        Ok(s) if s <= MAX_PRESIGNED_EXPIRES_SECS => None,
-        _ => Some(s3_error_response(
-            400,
-            "AuthorizationQueryParametersError",
-            "X-Amz-Expires must be less than a week (in seconds) that is 604800",
-        )),
-    }
-}
-
-/// An S3 error document (`<Error><Code>..</Code><Message>..</Message></Error>`).
-fn s3_error_response(status: u16, code: &str, message: &str) -> HttpResp {
-    let body = format!(
-        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{code}</Code><Message>{message}</Message></Error>"
-    );
-    hyper::Response::builder()
-        .status(status)
-        .header("content-type", "application/xml")
-        .body(s3s::Body::from(body))
-        .expect("valid response")
 }

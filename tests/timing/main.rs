@@ -18,7 +18,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
-#[path = "../common/fault_proxy.rs"]
+#[path = "../common/fault_proxy/mod.rs"]
 mod fault_proxy;
 #[path = "../gather_util/mod.rs"]
 mod gather_util;

@@ -16,7 +16,9 @@ pub mod modeled;
 pub mod modeled_link;
 pub mod modeled_nixl;
 pub mod modeled_plot;
+pub mod modeled_points;
 pub mod modeled_record;
+pub mod modeled_table;
 pub mod real;
 pub mod tokenizer;
 

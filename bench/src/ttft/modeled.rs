@@ -29,17 +29,20 @@
 //! - **Concurrency**: records with `concurrency > 1` come from the simulator
 //!   (`objectcache::sim`), bursts of 8B loads sharing the link at the measured gather rate,
 //!   one record per scheduling policy (server-side policies are not driven here).
+//!
+//! Here: the arguments, the measured loads and the run; the records of each point are made in
+//! [`super::modeled_points`], the table is printed by [`super::modeled_table`].
 
 use super::modeled_link as link;
 use super::modeled_nixl as nixl;
-use super::modeled_record::{Modeled, Record};
+use super::modeled_points::{concurrent_records, point_records, timeline_plot};
+use super::modeled_table::{print_goals, print_table};
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use objectcache::layout::KvGeometry;
 use objectcache::sched::model::{AnalyticModel, GpuKind, KernelClass, ModelShape};
-use objectcache::sched::planner::{self, PlanInput};
-use objectcache::sched::{timeline, ComputeModel};
-use objectcache::sim::{self, Instance, Request, SimConfig, SimPolicy, Workload};
+use objectcache::sched::ComputeModel;
+use objectcache::sim::SimPolicy;
 use objectcache::store::StoreExt;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -103,11 +106,11 @@ pub struct ModeledArgs {
 
 /// The measured loads of one (model, context): median runs per method.
 #[derive(Debug, Clone)]
-struct PointLoads {
-    chunks_full: usize,
-    chunks_measured: usize,
-    loads: Vec<(String, link::Measured, usize)>,
-    nixl_note: Option<String>,
+pub(super) struct PointLoads {
+    pub(super) chunks_full: usize,
+    pub(super) chunks_measured: usize,
+    pub(super) loads: Vec<(String, link::Measured, usize)>,
+    pub(super) nixl_note: Option<String>,
 }
 
 fn median_run(mut runs: Vec<link::Measured>) -> link::Measured {
@@ -115,40 +118,19 @@ fn median_run(mut runs: Vec<link::Measured>) -> link::Measured {
     runs.swap_remove(runs.len() / 2)
 }
 
-/// Per-layer GPU arrival with a pipelined host-to-device copy.
-fn to_gpu(host_ready: &[f64], h2d_layer_s: f64) -> Vec<f64> {
-    let mut prev = 0.0f64;
-    host_ready
-        .iter()
-        .map(|a| {
-            prev = prev.max(*a) + h2d_layer_s;
-            prev
-        })
-        .collect()
-}
-
-fn model_request(host_ready: &[f64], h2d_layer_s: f64, compute: &[f64], fixed: f64) -> Modeled {
-    let gpu_ready = to_gpu(host_ready, h2d_layer_s);
-    let tl = timeline::consume(0.0, &gpu_ready, compute);
-    Modeled {
-        ttft_s: tl.finish(0.0) + fixed,
-        timeline: tl,
-    }
-}
-
 /// Resolved configuration after `--quick` and parsing.
-struct Plan {
-    models: Vec<String>,
-    contexts: Vec<u64>,
-    new_tokens: Vec<u64>,
-    gpus: Vec<GpuKind>,
-    kernels: KernelClass,
-    concurrency: Vec<usize>,
-    policies: Vec<SimPolicy>,
-    runs: usize,
-    link: f64,
-    cap: f64,
-    max_load: u64,
+pub(super) struct Plan {
+    pub(super) models: Vec<String>,
+    pub(super) contexts: Vec<u64>,
+    pub(super) new_tokens: Vec<u64>,
+    pub(super) gpus: Vec<GpuKind>,
+    pub(super) kernels: KernelClass,
+    pub(super) concurrency: Vec<usize>,
+    pub(super) policies: Vec<SimPolicy>,
+    pub(super) runs: usize,
+    pub(super) link: f64,
+    pub(super) cap: f64,
+    pub(super) max_load: u64,
 }
 
 fn resolve(a: &ModeledArgs, runs: usize) -> Result<Plan> {
@@ -203,7 +185,7 @@ fn resolve(a: &ModeledArgs, runs: usize) -> Result<Plan> {
     Ok(p)
 }
 
-fn compute_model(
+pub(super) fn compute_model(
     model: &str,
     g: &KvGeometry,
     gpu: GpuKind,
@@ -452,457 +434,4 @@ pub fn run(a: &ModeledArgs, runs: usize, json: Option<&std::path::Path>) -> Resu
     drop(eng_gather);
     drop(eng_ranged);
     Ok(())
-}
-
-struct Ctx<'a> {
-    plan: &'a Plan,
-    g: &'a KvGeometry,
-    gpu: GpuKind,
-    ctx_tokens: u64,
-    pl: &'a PointLoads,
-}
-
-impl Ctx<'_> {
-    fn bpt(&self) -> u64 {
-        self.g.bytes_per_token_per_layer()
-    }
-    fn layer_bytes(&self) -> u64 {
-        self.ctx_tokens * self.bpt()
-    }
-    fn prefix_bytes(&self) -> u64 {
-        self.layer_bytes() * self.g.layers as u64
-    }
-    fn h2d_layer_s(&self, tokens: u64) -> f64 {
-        (tokens * self.bpt()) as f64 / self.gpu.h2d_bytes_per_s()
-    }
-    fn measured_bytes(&self) -> u64 {
-        self.pl.chunks_measured as u64 * self.g.slice_bytes() * self.g.layers as u64
-    }
-    fn time_scale(&self) -> f64 {
-        self.prefix_bytes() as f64 / self.measured_bytes() as f64 * self.plan.cap / self.plan.link
-    }
-}
-
-fn ctx_tokens(g: &KvGeometry, pl: &PointLoads) -> u64 {
-    pl.chunks_full as u64 * g.tokens_per_chunk as u64
-}
-
-#[allow(clippy::too_many_arguments)]
-fn timeline_plot(
-    plan: &Plan,
-    model: &str,
-    g: &KvGeometry,
-    gpu: GpuKind,
-    cm: &ComputeModel,
-    _ctx: u64,
-    new: u64,
-    pl: &PointLoads,
-) -> Option<super::modeled_plot::TimelinePlot> {
-    let c = Ctx {
-        plan,
-        g,
-        gpu,
-        ctx_tokens: ctx_tokens(g, pl),
-        pl,
-    };
-    let compute = cm.layer_times(new, c.ctx_tokens);
-    let s = c.time_scale();
-    let h2d = c.h2d_layer_s(c.ctx_tokens);
-    let mut series = Vec::new();
-    let local = model_request(&vec![0.0; g.layers as usize], h2d, &compute, cm.fixed_s());
-    series.push((
-        "local-layerwise".to_string(),
-        vec![0.0; g.layers as usize],
-        local,
-    ));
-    for (name, m, _) in &pl.loads {
-        if name == "gather-tcp" || name == "s3-layerwise" {
-            let host: Vec<f64> = m.ready_s.iter().map(|r| r * s).collect();
-            let md = model_request(&host, h2d, &compute, cm.fixed_s());
-            series.push((name.clone(), host, md));
-        }
-    }
-    Some(super::modeled_plot::TimelinePlot {
-        title: format!(
-            "{model}, {} cached + {new} new tokens, {}, link {:.0} Gb/s",
-            c.ctx_tokens,
-            gpu.name(),
-            plan.link * 8.0 / 1e9
-        ),
-        bound_ready: timeline::ready_at_rate(
-            0.0,
-            &vec![c.layer_bytes(); g.layers as usize],
-            plan.link,
-        ),
-        series,
-    })
-}
-
-#[allow(clippy::too_many_arguments)]
-fn point_records(
-    plan: &Plan,
-    model: &str,
-    g: &KvGeometry,
-    gpu: GpuKind,
-    cm: &ComputeModel,
-    _ctx: u64,
-    new: u64,
-    pl: &PointLoads,
-) -> Result<Vec<Record>> {
-    let c = Ctx {
-        plan,
-        g,
-        gpu,
-        ctx_tokens: ctx_tokens(g, pl),
-        pl,
-    };
-    let layers = g.layers as usize;
-    let compute = cm.layer_times(new, c.ctx_tokens);
-    let fixed = cm.fixed_s();
-    let h2d = c.h2d_layer_s(c.ctx_tokens);
-    let s = c.time_scale();
-    let link_bytes = vec![c.layer_bytes(); layers];
-    let bound = timeline::pipeline_ttft(&compute, &link_bytes, plan.link, fixed);
-    let xfer_stage = vec![c.layer_bytes() as f64 / plan.link; layers];
-    let bound_h2d =
-        timeline::flow_shop_makespan(&[xfer_stage, vec![h2d; layers], compute.clone()]) + fixed;
-    let local = model_request(&vec![0.0; layers], h2d, &compute, fixed).ttft_s;
-    let recompute = cm.recompute_time(c.ctx_tokens, new);
-    let pure = c.prefix_bytes() as f64 / plan.link;
-    let base =
-        |method: &str, ttft: f64, transfer: f64, loaded: u64, measured_s: f64, note: String| {
-            let added = ttft - local;
-            Record {
-                method: method.into(),
-                model: model.into(),
-                gpu: gpu.name().into(),
-                context_tokens: c.ctx_tokens,
-                new_tokens: new,
-                concurrency: 1,
-                policy: "single".into(),
-                ttft_s: ttft,
-                added_ttft_s: added,
-                added_ttft_pct: added / local * 100.0,
-                transfer_time_s: transfer,
-                bound_ttft_s: Some(bound),
-                bound_h2d_ttft_s: Some(bound_h2d),
-                ttft_over_bound: Some(ttft / bound),
-                local_ttft_s: local,
-                recompute_ttft_s: recompute,
-                pure_transfer_s: pure,
-                added_over_pure_transfer: added / pure,
-                loaded_tokens: loaded,
-                prefix_bytes: c.prefix_bytes(),
-                measured_bytes: c.measured_bytes(),
-                measured_load_s: measured_s,
-                time_scale: s,
-                link_bytes_per_s: plan.link,
-                loopback_cap_bytes_per_s: plan.cap,
-                h2d_bytes_per_s: gpu.h2d_bytes_per_s(),
-                kernels: format!("{:?}", plan.kernels).to_lowercase(),
-                tp: g.tp_world,
-                p99_ttft_s: None,
-                note,
-            }
-        };
-    let mut out = vec![base(
-        "local-layerwise",
-        local,
-        0.0,
-        c.ctx_tokens,
-        0.0,
-        "prefix KV in host memory, copied per layer at the h2d rate".into(),
-    )];
-    let mut gather_host: Option<Vec<f64>> = None;
-    for (name, m, _) in &pl.loads {
-        let host: Vec<f64> = m.ready_s.iter().map(|r| r * s).collect();
-        let md = model_request(&host, h2d, &compute, fixed);
-        let transfer = host.iter().copied().fold(0.0, f64::max);
-        let note = match name.as_str() {
-            "gather-tcp" => format!(
-                "connector engine, gather over TCP, {} request(s)",
-                m.requests
-            ),
-            "s3-layerwise" => format!(
-                "connector engine, ranged GETs in layer order, {} requests",
-                m.requests
-            ),
-            "chunkwise" => format!(
-                "{} whole-object GETs, 16 in flight; compute after the last",
-                m.requests
-            ),
-            "nixl-obj" => pl.nixl_note.clone().unwrap_or_default(),
-            _ => String::new(),
-        };
-        out.push(base(
-            name,
-            md.ttft_s,
-            transfer,
-            c.ctx_tokens,
-            m.last(),
-            note,
-        ));
-        if name == "gather-tcp" {
-            gather_host = Some(host);
-        }
-    }
-    if let Some(gh) = gather_host {
-        let transfer = gh.iter().copied().fold(0.0, f64::max);
-        let rate = c.prefix_bytes() as f64 / transfer;
-        let p = planner::plan(
-            cm,
-            &PlanInput {
-                prefix_tokens: c.ctx_tokens,
-                new_tokens: new,
-                chunk_tokens: g.tokens_per_chunk as u64,
-                kv_bytes_per_token_per_layer: c.bpt(),
-                rate,
-                h2d_rate: Some(c.gpu.h2d_bytes_per_s()),
-            },
-        )
-        .map_err(|e| anyhow!("planner: {e}"))?;
-        let k = p.load_tokens;
-        let (ttft, tr) = if k == 0 {
-            (recompute, 0.0)
-        } else {
-            let f = k as f64 / c.ctx_tokens as f64;
-            let host: Vec<f64> = gh.iter().map(|t| t * f).collect();
-            let comp = cm.layer_times(c.ctx_tokens - k + new, k);
-            (
-                model_request(&host, c.h2d_layer_s(k), &comp, fixed).ttft_s,
-                transfer * f,
-            )
-        };
-        out.push(base(
-            "gather-tcp+planner",
-            ttft,
-            tr,
-            k,
-            0.0,
-            format!(
-                "planner at the measured gather rate {:.2} GB/s: {p}",
-                rate / 1e9
-            ),
-        ));
-    }
-    out.push(base(
-        "recompute",
-        recompute,
-        0.0,
-        0,
-        0.0,
-        "full prefill of prefix + new tokens (compute model)".into(),
-    ));
-    Ok(out)
-}
-
-fn concurrent_records(
-    plan: &Plan,
-    model: &str,
-    g: &KvGeometry,
-    points: &[(u64, PointLoads)],
-) -> Result<Vec<Record>> {
-    let mut out = Vec::new();
-    if plan.concurrency.is_empty() || plan.policies.is_empty() {
-        return Ok(out);
-    }
-    // The gather path's efficiency against the loopback cap, at the largest measured point.
-    let Some((_, pl)) = points.iter().max_by_key(|(_, p)| p.chunks_measured) else {
-        return Ok(out);
-    };
-    let Some((_, m, n)) = pl.loads.iter().find(|(name, _, _)| name == "gather-tcp") else {
-        return Ok(out);
-    };
-    let real_bytes = *n as u64 * g.slice_bytes() * g.layers as u64;
-    let eff = (real_bytes as f64 / m.last() / plan.cap).min(1.0);
-    let capacity = plan.link * eff;
-    let gpu = plan.gpus[0];
-    let cm = compute_model(model, g, gpu, plan.kernels)?;
-    let new = if plan.new_tokens.contains(&1024) {
-        1024
-    } else {
-        plan.new_tokens[0]
-    };
-    for &conc in &plan.concurrency {
-        let reqs: Vec<Request> = (0..conc)
-            .map(|i| Request {
-                arrival_s: 0.0,
-                prefix_tokens: points[i % points.len()].1.chunks_full as u64
-                    * g.tokens_per_chunk as u64,
-                new_tokens: new,
-            })
-            .collect();
-        let mean_ctx = reqs.iter().map(|r| r.prefix_tokens).sum::<u64>() / conc as u64;
-        let wl = Workload {
-            name: format!("burst-{conc}"),
-            concurrency: conc,
-            instances: vec![Instance {
-                requests: reqs.clone(),
-            }],
-        };
-        let cfg = SimConfig {
-            model: cm.clone(),
-            kv_bytes_per_token_per_layer: g.bytes_per_token_per_layer(),
-            chunk_tokens: g.tokens_per_chunk as u64,
-            capacity,
-            max_rate_per_load: f64::INFINITY,
-        };
-        let spec = sim::RunSpec {
-            workload: &wl,
-            config: &cfg,
-            cap_fraction: eff,
-            policies: &plan.policies,
-            model,
-            gpu: gpu.name(),
-            seed: 0,
-            bound_max_states: 0,
-        };
-        let local: f64 = reqs
-            .iter()
-            .map(|r| cm.prefill_time(r.new_tokens, r.prefix_tokens))
-            .sum::<f64>()
-            / conc as f64;
-        let pure: f64 = reqs
-            .iter()
-            .map(|r| (r.prefix_tokens * g.bytes_per_token_per_layer() * g.layers as u64) as f64)
-            .sum::<f64>()
-            / plan.link;
-        let recs = sim::run(&spec).map_err(|e| anyhow!("simulator: {e}"))?;
-        for (r, pol) in recs.into_iter().zip(&plan.policies) {
-            let outs = sim::simulate(&wl, &cfg, *pol).map_err(|e| anyhow!("simulator: {e}"))?;
-            let transfer = outs.iter().map(|o| o.load_end_s - o.arrival_s).sum::<f64>()
-                / outs.len().max(1) as f64;
-            out.push(Record {
-                method: "gather-tcp".into(),
-                model: model.into(),
-                gpu: gpu.name().into(),
-                context_tokens: mean_ctx,
-                new_tokens: new,
-                concurrency: conc,
-                policy: r.policy.clone(),
-                ttft_s: r.summary.mean_ttft_s,
-                added_ttft_s: r.summary.mean_added_ttft_s,
-                added_ttft_pct: r.summary.mean_added_ttft_s / local * 100.0,
-                transfer_time_s: transfer,
-                bound_ttft_s: None,
-                bound_h2d_ttft_s: None,
-                ttft_over_bound: None,
-                local_ttft_s: local,
-                recompute_ttft_s: r.summary.mean_recompute_ttft_s,
-                pure_transfer_s: pure,
-                added_over_pure_transfer: r.summary.mean_added_ttft_s / pure,
-                loaded_tokens: (r.summary.loaded_fraction * reqs.iter().map(|x| x.prefix_tokens).sum::<u64>() as f64) as u64,
-                prefix_bytes: (pure * plan.link) as u64,
-                measured_bytes: real_bytes,
-                measured_load_s: m.last(),
-                time_scale: f64::NAN,
-                link_bytes_per_s: plan.link,
-                loopback_cap_bytes_per_s: plan.cap,
-                h2d_bytes_per_s: gpu.h2d_bytes_per_s(),
-                kernels: format!("{:?}", plan.kernels).to_lowercase(),
-                tp: g.tp_world,
-                p99_ttft_s: Some(r.summary.p99_ttft_s),
-                note: format!(
-                    "simulator: burst of {conc} loads (prefixes cycling over the grid's contexts), link at the measured gather efficiency {:.1}% of the cap; no h2d stage; added TTFT over all KV on the GPU",
-                    eff * 100.0
-                ),
-            });
-        }
-    }
-    Ok(out)
-}
-
-fn ms(x: f64) -> String {
-    if x.is_finite() {
-        format!("{:.1}", x * 1e3)
-    } else {
-        "-".into()
-    }
-}
-
-fn print_table(records: &[Record]) {
-    println!(
-        "{:<18} {:<20} {:>5} {:>7} {:>6} {:>4} {:<20} {:>10} {:>10} {:>8} {:>10} {:>10} {:>8}",
-        "method",
-        "model",
-        "gpu",
-        "context",
-        "new",
-        "conc",
-        "policy",
-        "TTFT ms",
-        "added ms",
-        "added %",
-        "xfer ms",
-        "bound ms",
-        "/bound"
-    );
-    for r in records {
-        println!(
-            "{:<18} {:<20} {:>5} {:>7} {:>6} {:>4} {:<20} {:>10} {:>10} {:>8.1} {:>10} {:>10} {:>8}",
-            r.method,
-            r.model,
-            r.gpu,
-            r.context_tokens,
-            r.new_tokens,
-            r.concurrency,
-            r.policy,
-            ms(r.ttft_s),
-            ms(r.added_ttft_s),
-            r.added_ttft_pct,
-            ms(r.transfer_time_s),
-            r.bound_ttft_s.map(ms).unwrap_or_else(|| "-".into()),
-            r.ttft_over_bound.map(|x| format!("{x:.3}")).unwrap_or_else(|| "-".into()),
-        );
-    }
-}
-
-fn print_goals(records: &[Record]) {
-    let single = |m: &'static str| {
-        records
-            .iter()
-            .filter(move |r| r.method == m && r.concurrency == 1)
-    };
-    if let Some(w) = single("gather-tcp").max_by(|a, b| {
-        a.ttft_over_bound
-            .unwrap_or(0.0)
-            .total_cmp(&b.ttft_over_bound.unwrap_or(0.0))
-    }) {
-        println!(
-            "goal gather-tcp within 5% of the pipeline bound: worst {:.3}x ({} {} ctx {} new {}) -> {}",
-            w.ttft_over_bound.unwrap_or(f64::NAN),
-            w.model,
-            w.gpu,
-            w.context_tokens,
-            w.new_tokens,
-            if w.ttft_over_bound.unwrap_or(f64::INFINITY) <= 1.05 { "met" } else { "not met" }
-        );
-    }
-    for r in single("gather-tcp").filter(|r| r.context_tokens == 65536 && r.model.contains("8b")) {
-        let ideal = r
-            .bound_h2d_ttft_s
-            .map_or(f64::NAN, |b| (b - r.local_ttft_s) / r.local_ttft_s * 100.0);
-        println!(
-            "goal 64K added TTFT <= 3% over local layerwise: {} {} new {}: {:.1}% ({:.1} ms; the link+h2d pipeline bound itself: {ideal:.1}%) -> {}",
-            r.model,
-            r.gpu,
-            r.new_tokens,
-            r.added_ttft_pct,
-            r.added_ttft_s * 1e3,
-            if r.added_ttft_pct <= 3.0 { "met" } else { "not met" }
-        );
-    }
-    for r in single("gather-tcp+planner").filter(|r| r.context_tokens == 4096) {
-        println!(
-            "goal 4K added TTFT <= 0.8x pure transfer ({:.1} ms) through the planner: {} {} new {}: {:.1} ms = {:.2}x (loads {} tokens) -> {}",
-            r.pure_transfer_s * 1e3,
-            r.model,
-            r.gpu,
-            r.new_tokens,
-            r.added_ttft_s * 1e3,
-            r.added_over_pure_transfer,
-            r.loaded_tokens,
-            if r.added_over_pure_transfer <= 0.8 { "met" } else { "not met" }
-        );
-    }
 }

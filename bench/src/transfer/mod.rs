@@ -5,19 +5,29 @@
 //! GET per chunk). Each record carries `raw_tcp_bytes_per_s`, a plain loopback TCP stream
 //! measured in the same run, so throughput reads as a fraction of what the machine moves.
 //! Goals (issue 3): gather throughput >= 0.8 x raw; TTFL <= 1.5 x (one layer's bytes / raw).
+//!
+//! Here: the arguments and the run; the record of a load and the median of runs in
+//! `record.rs`, the CPU and raw-TCP baselines in `measure.rs`, the chunk data in `data.rs`,
+//! the server and stores in `target.rs`.
+
+mod data;
+mod measure;
+mod record;
+mod target;
+
+use data::{hashes, object, touched};
+use measure::{per_gib, process_cpu_s, raw_tcp};
+use record::{median_of, Record};
+use target::{s3_store, target};
 
 use bytes::Bytes;
 use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadRequest};
-use objectcache::layout::{
-    decode_chunk, encode_chunk, ChunkHash, HashAlgo, KeyBuilder, KvGeometry,
-};
+use objectcache::layout::{decode_chunk, HashAlgo, KeyBuilder, KvGeometry};
 use objectcache::protocol::{SaveChunk, SaveRequest, WireGeometry};
-use objectcache::store::{Addressing, S3Config, S3Credentials, S3Store, Store, StoreExt};
+use objectcache::store::StoreExt;
 use objectcache::transport::tcp::GatherClient;
-use serde::Serialize;
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const NAMESPACE: &str = "bench";
 
@@ -85,227 +95,6 @@ pub struct TransferArgs {
     /// Write the records as a JSON array here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
-}
-
-/// One measured load (field names are stable; see docs/benchmarks.md).
-#[derive(Debug, Serialize)]
-struct Record {
-    path: String,
-    model: String,
-    context_tokens: u64,
-    bytes: u64,
-    /// One-way delay added by the proxy, milliseconds (`None`: no proxy).
-    delay_ms: Option<u64>,
-    requests: u64,
-    /// Request waves at the least: gather 1; ranged GETs `requests / peak in flight` rounded
-    /// up; chunkwise `requests / 16`.
-    round_trips: u64,
-    /// Most requests in flight at once (the connector's ranged-GET path; else 0).
-    peak_requests_in_flight: u64,
-    /// Most bytes asked for and not yet received at once (ranged-GET path; else 0).
-    peak_bytes_in_flight: u64,
-    /// Time to first layer, seconds: the median over `runs` loads.
-    ttfl_s: f64,
-    /// Time to last layer, seconds: the median over `runs` loads.
-    ttll_s: f64,
-    /// Fastest and slowest TTFL of the runs, seconds.
-    ttfl_s_range: [f64; 2],
-    /// Fastest and slowest TTLL of the runs, seconds.
-    ttll_s_range: [f64; 2],
-    /// Measured loads behind the medians (`--runs`).
-    runs: u32,
-    /// `bytes / ttll_s` (the median load's throughput).
-    throughput_bytes_per_s: f64,
-    raw_tcp_bytes_per_s: f64,
-    /// CPU seconds this process spent per GiB moved during the load (all threads: the client
-    /// and, without `--store`, the in-process server); `None` where not measurable. Unlike
-    /// the throughput, it barely moves when other work competes for the cores.
-    cpu_s_per_gib: Option<f64>,
-    /// The same for the raw loopback TCP stream (sender and receiver).
-    raw_tcp_cpu_s_per_gib: Option<f64>,
-}
-
-/// CPU time of this process so far, in seconds: the sum over its threads of
-/// `/proc/self/task/*/schedstat`'s run time (ns). `None` off Linux.
-fn process_cpu_s() -> Option<f64> {
-    let mut ns = 0u64;
-    for t in std::fs::read_dir("/proc/self/task").ok()? {
-        let p = t.ok()?.path().join("schedstat");
-        // A thread may exit between the listing and the read.
-        if let Ok(s) = std::fs::read_to_string(p) {
-            ns += s.split_whitespace().next()?.parse::<u64>().ok()?;
-        }
-    }
-    Some(ns as f64 / 1e9)
-}
-
-/// CPU seconds per GiB between two [`process_cpu_s`] readings.
-fn per_gib(before: Option<f64>, after: Option<f64>, bytes: u64) -> Option<f64> {
-    Some((after? - before?) / (bytes as f64 / (1u64 << 30) as f64))
-}
-
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-fn hashes(n: usize, salt: u64) -> Vec<ChunkHash> {
-    (0..n)
-        .map(|c| {
-            let mut d = [0u8; 32];
-            for (k, w) in d.chunks_mut(8).enumerate() {
-                w.copy_from_slice(&splitmix(salt ^ (c as u64 * 4 + k as u64)).to_le_bytes());
-            }
-            ChunkHash::from_digest(d)
-        })
-        .collect()
-}
-
-fn object(g: &KvGeometry, c: usize) -> Bytes {
-    let sl = g.slice_bytes() as usize;
-    let data: Vec<Vec<u8>> = (0..g.layers)
-        .map(|l| {
-            let mut v = vec![0u8; sl];
-            let s = splitmix((c as u64) << 32 | l as u64);
-            for (i, w) in v.chunks_mut(8).enumerate() {
-                let x = splitmix(s ^ i as u64).to_le_bytes();
-                w.copy_from_slice(&x[..w.len()]);
-            }
-            v
-        })
-        .collect();
-    Bytes::from(encode_chunk(g, g.tokens_per_chunk, |l| &data[l as usize]).expect("encode"))
-}
-
-fn touched(n: usize) -> Vec<u8> {
-    let mut v = vec![0u8; n];
-    v.iter_mut().step_by(4096).for_each(|b| *b = 1);
-    v
-}
-
-/// Raw loopback TCP: `bytes` through one connection in 16 MiB writes into a reused 16 MiB
-/// read buffer; bytes per second.
-async fn raw_tcp(bytes: u64) -> std::io::Result<(f64, Option<f64>)> {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = l.local_addr()?;
-    let reader = tokio::spawn(async move {
-        let (mut s, _) = l.accept().await?;
-        let mut buf = vec![0u8; 16 << 20];
-        let mut got = 0u64;
-        loop {
-            let n = s.read(&mut buf).await?;
-            if n == 0 {
-                return Ok::<u64, std::io::Error>(got);
-            }
-            got += n as u64;
-        }
-    });
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
-    s.set_nodelay(true)?;
-    let buf = vec![7u8; 16 << 20];
-    let cpu0 = process_cpu_s();
-    let t0 = Instant::now();
-    let mut sent = 0u64;
-    while sent < bytes {
-        let n = (bytes - sent).min(buf.len() as u64) as usize;
-        s.write_all(&buf[..n]).await?;
-        sent += n as u64;
-    }
-    s.shutdown().await?;
-    let got = reader.await.expect("reader task")?;
-    let secs = t0.elapsed().as_secs_f64();
-    Ok((got as f64 / secs, per_gib(cpu0, process_cpu_s(), got)))
-}
-
-struct Target {
-    addr: std::net::SocketAddr,
-    endpoint: String,
-    bucket: String,
-    /// Access key pair: S3 SigV4 and gather authentication.
-    creds: (String, String),
-    _server: Option<objectcache::server::ServerHandle>,
-    _dir: Option<tempfile::TempDir>,
-}
-
-impl Target {
-    fn credentials(&self) -> Option<(String, String)> {
-        Some(self.creds.clone())
-    }
-}
-
-async fn target(args: &TransferArgs) -> Result<Target, String> {
-    if let Some(url) = &args.store {
-        let rest = url
-            .strip_prefix("http://")
-            .ok_or_else(|| format!("--store {url:?}: expected http://HOST:PORT/BUCKET"))?;
-        let (hostport, bucket) = rest
-            .split_once('/')
-            .ok_or_else(|| format!("--store {url:?}: no bucket"))?;
-        let addr = tokio::net::lookup_host(hostport)
-            .await
-            .map_err(|e| format!("{hostport}: {e}"))?
-            .next()
-            .ok_or("no address")?;
-        return Ok(Target {
-            addr,
-            endpoint: format!("http://{hostport}"),
-            bucket: bucket.trim_end_matches('/').into(),
-            creds: (args.access_key.clone(), args.secret_key.clone()),
-            _server: None,
-            _dir: None,
-        });
-    }
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let cfg = objectcache::server::ServerConfig {
-        listen: "127.0.0.1:0".parse().expect("addr"),
-        store: args
-            .server_backend
-            .clone()
-            .unwrap_or_else(|| dir.path().display().to_string()),
-        fsync: false,
-        access_keys: vec![objectcache::server::AccessKey {
-            access_key: args.access_key.clone(),
-            secret_key: args.secret_key.clone(),
-        }],
-        buckets: vec!["kv-bench".into()],
-        log_filter: "warn".into(),
-        ..Default::default()
-    };
-    let server = objectcache::server::start(cfg)
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(Target {
-        addr: server.local_addr(),
-        endpoint: server.endpoint(),
-        bucket: "kv-bench".into(),
-        creds: (args.access_key.clone(), args.secret_key.clone()),
-        _server: Some(server),
-        _dir: Some(dir),
-    })
-}
-
-async fn s3_store(
-    t: &Target,
-    args: &TransferArgs,
-    via: Option<std::net::SocketAddr>,
-) -> Result<Arc<dyn Store>, String> {
-    let mut cfg = S3Config::new(t.bucket.clone());
-    cfg.endpoint = Some(match via {
-        Some(a) => format!("http://{a}"),
-        None => t.endpoint.clone(),
-    });
-    cfg.region = Some("us-east-1".into());
-    cfg.addressing = Some(Addressing::Path);
-    cfg.credentials = S3Credentials::Static {
-        access_key: args.access_key.clone(),
-        secret_key: args.secret_key.clone(),
-        session_token: None,
-    };
-    Ok(Arc::new(
-        S3Store::new(cfg).await.map_err(|e| e.to_string())?,
-    ))
 }
 
 /// Runs the benchmark.
@@ -864,32 +653,4 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
         std::fs::write(p, s).map_err(|e| format!("{}: {e}", p.display()))?;
     }
     Ok(())
-}
-
-/// Merges the runs of one path and size into one record: the median TTFL, TTLL and CPU per
-/// byte (each taken on its own; the upper median for an even count), their ranges, and the
-/// throughput of the median TTLL.
-fn median_of(mut runs: Vec<Record>) -> Record {
-    fn median(mut v: Vec<f64>) -> f64 {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    }
-    fn range(v: &[f64]) -> [f64; 2] {
-        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        [lo, hi]
-    }
-    let ttfl: Vec<f64> = runs.iter().map(|r| r.ttfl_s).collect();
-    let ttll: Vec<f64> = runs.iter().map(|r| r.ttll_s).collect();
-    let cpu: Option<Vec<f64>> = runs.iter().map(|r| r.cpu_s_per_gib).collect();
-    let n = runs.len() as u32;
-    let mut r = runs.swap_remove(0);
-    r.ttfl_s = median(ttfl.clone());
-    r.ttll_s = median(ttll.clone());
-    r.ttfl_s_range = range(&ttfl);
-    r.ttll_s_range = range(&ttll);
-    r.runs = n;
-    r.throughput_bytes_per_s = r.bytes as f64 / r.ttll_s;
-    r.cpu_s_per_gib = cpu.map(median);
-    r
 }

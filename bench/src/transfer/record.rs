@@ -1,0 +1,70 @@
+//! One measured load ([`Record`], the JSON fields of `docs/benchmarks.md`) and the merge of
+//! a path's runs into one record ([`median_of`]).
+
+use serde::Serialize;
+
+/// One measured load (field names are stable; see docs/benchmarks.md).
+#[derive(Debug, Serialize)]
+pub(super) struct Record {
+    pub(super) path: String,
+    pub(super) model: String,
+    pub(super) context_tokens: u64,
+    pub(super) bytes: u64,
+    /// One-way delay added by the proxy, milliseconds (`None`: no proxy).
+    pub(super) delay_ms: Option<u64>,
+    pub(super) requests: u64,
+    /// Request waves at the least: gather 1; ranged GETs `requests / peak in flight` rounded
+    /// up; chunkwise `requests / 16`.
+    pub(super) round_trips: u64,
+    /// Most requests in flight at once (the connector's ranged-GET path; else 0).
+    pub(super) peak_requests_in_flight: u64,
+    /// Most bytes asked for and not yet received at once (ranged-GET path; else 0).
+    pub(super) peak_bytes_in_flight: u64,
+    /// Time to first layer, seconds: the median over `runs` loads.
+    pub(super) ttfl_s: f64,
+    /// Time to last layer, seconds: the median over `runs` loads.
+    pub(super) ttll_s: f64,
+    /// Fastest and slowest TTFL of the runs, seconds.
+    pub(super) ttfl_s_range: [f64; 2],
+    /// Fastest and slowest TTLL of the runs, seconds.
+    pub(super) ttll_s_range: [f64; 2],
+    /// Measured loads behind the medians (`--runs`).
+    pub(super) runs: u32,
+    /// `bytes / ttll_s` (the median load's throughput).
+    pub(super) throughput_bytes_per_s: f64,
+    pub(super) raw_tcp_bytes_per_s: f64,
+    /// CPU seconds this process spent per GiB moved during the load (all threads: the client
+    /// and, without `--store`, the in-process server); `None` where not measurable. Unlike
+    /// the throughput, it barely moves when other work competes for the cores.
+    pub(super) cpu_s_per_gib: Option<f64>,
+    /// The same for the raw loopback TCP stream (sender and receiver).
+    pub(super) raw_tcp_cpu_s_per_gib: Option<f64>,
+}
+
+/// Merges the runs of one path and size into one record: the median TTFL, TTLL and CPU per
+/// byte (each taken on its own; the upper median for an even count), their ranges, and the
+/// throughput of the median TTLL.
+pub(super) fn median_of(mut runs: Vec<Record>) -> Record {
+    fn median(mut v: Vec<f64>) -> f64 {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    }
+    fn range(v: &[f64]) -> [f64; 2] {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        [lo, hi]
+    }
+    let ttfl: Vec<f64> = runs.iter().map(|r| r.ttfl_s).collect();
+    let ttll: Vec<f64> = runs.iter().map(|r| r.ttll_s).collect();
+    let cpu: Option<Vec<f64>> = runs.iter().map(|r| r.cpu_s_per_gib).collect();
+    let n = runs.len() as u32;
+    let mut r = runs.swap_remove(0);
+    r.ttfl_s = median(ttfl.clone());
+    r.ttll_s = median(ttll.clone());
+    r.ttfl_s_range = range(&ttfl);
+    r.ttll_s_range = range(&ttll);
+    r.runs = n;
+    r.throughput_bytes_per_s = r.bytes as f64 / r.ttll_s;
+    r.cpu_s_per_gib = cpu.map(median);
+    r
+}

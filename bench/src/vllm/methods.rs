@@ -1,0 +1,389 @@
+//! The timed runs of each method ([`Bench`]): request A served (and saved) in one vLLM
+//! process, request B and its paired miss timed in a fresh one, for `recompute`, `apc`, the
+//! ObjectCache stores and the peer connectors; one record per method and prefix.
+
+use super::process::{Env, Vllm};
+use super::prompts::Prompts;
+use super::setup::spinner;
+use super::{empty, http, Record, Replica, VllmArgs, BLOCK, NAMESPACE};
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use objectcache::store::open_store;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+pub(super) struct Bench<'a> {
+    pub(super) a: &'a VllmArgs,
+    pub(super) env: &'a mut Env,
+    pub(super) rt: &'a tokio::runtime::Runtime,
+    pub(super) prompts: &'a Prompts,
+    /// recompute's output text per (prefix, run).
+    pub(super) reference: HashMap<(u32, usize), String>,
+    /// `apc`'s outputs, by (prefix, run).
+    pub(super) apc_reference: HashMap<(u32, usize), String>,
+    pub(super) records: Vec<Record>,
+    pub(super) replicas: Vec<Replica>,
+    pub(super) tmp: PathBuf,
+    pub(super) methods: Vec<String>,
+}
+
+/// Prometheus counters that count a connector's loaded bytes.
+const LOADED_BYTES: &[&str] = &[
+    "vllm:objectcache_loaded_bytes_total",
+    "vllm:kv_offload_load_bytes_total",
+];
+
+impl Bench<'_> {
+    fn start(&mut self, label: &str, apc: bool, kv: Option<&serde_json::Value>) -> Result<Vllm> {
+        let v = Vllm::start(self.env, self.rt, label, apc, kv)?;
+        self.replicas.push(Replica {
+            label: label.into(),
+            startup_s: v.startup_s,
+        });
+        // The first request of a fresh process pays one-time costs: not timed.
+        self.rt
+            .block_on(http::complete(
+                v.port,
+                &self.model(),
+                &self.prompts.warmup,
+                2,
+            ))
+            .with_context(|| format!("warm-up request to vLLM ({label})"))?;
+        Ok(v)
+    }
+
+    fn model(&self) -> String {
+        self.env.model.display().to_string()
+    }
+
+    /// Serves request A of every prefix (computed, and saved by a connector if any).
+    fn serve_a(&mut self, v: &Vllm) -> Result<()> {
+        let pb = self.bar(self.a.prefixes.len(), &format!("{}: request A", v.label));
+        for &p in &self.a.prefixes.clone() {
+            self.rt
+                .block_on(http::complete(
+                    v.port,
+                    &self.model(),
+                    &self.prompts.a(p),
+                    self.a.max_tokens,
+                ))
+                .with_context(|| format!("request A ({p} tokens) to vLLM ({})", v.label))?;
+            pb.inc(1);
+        }
+        pb.finish_and_clear();
+        Ok(())
+    }
+
+    fn bar(&self, n: usize, msg: &str) -> ProgressBar {
+        let pb = self.env.mp.add(ProgressBar::new(n as u64));
+        pb.set_style(
+            ProgressStyle::with_template("{msg:<40} [{bar:30}] {pos}/{len} {elapsed}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        pb.set_message(msg.to_string());
+        pb
+    }
+
+    /// Times request B of every prefix and run on `v`; one record per prefix.
+    fn time_b(&mut self, v: &Vllm, method: &str, note: Option<String>) -> Result<()> {
+        let runs = self.a.runs;
+        let pb = self.bar(
+            self.a.prefixes.len() * runs,
+            &format!("{method}: request B (and a miss)"),
+        );
+        for &p in &self.a.prefixes.clone() {
+            let (mut ttfts, mut ext, mut local, mut bytes) = (vec![], vec![], vec![], vec![]);
+            let (mut misses, mut ratios) = (vec![], vec![]);
+            let mut identical = Some(true);
+            let mut matches_apc = (method != "recompute" && method != "apc").then_some(true);
+            for r in 0..runs {
+                let before = self.rt.block_on(http::metrics(v.port))?;
+                let c = self
+                    .rt
+                    .block_on(http::complete(
+                        v.port,
+                        &self.model(),
+                        &self.prompts.b(p, r),
+                        self.a.max_tokens,
+                    ))
+                    .with_context(|| format!("request B ({p} tokens) to vLLM ({})", v.label))?;
+                let after = self.rt.block_on(http::metrics(v.port))?;
+                let sent = self.prompts.b(p, r).len() as u64;
+                if c.prompt_tokens != Some(sent) {
+                    bail!(
+                        "vLLM ({}) counted {:?} prompt tokens for a prompt of {sent}",
+                        v.label,
+                        c.prompt_tokens
+                    );
+                }
+                ttfts.push(c.ttft_s);
+                let cached = c.cached_tokens.unwrap_or(0);
+                if method == "apc" {
+                    local.push(cached);
+                    ext.push(0);
+                } else {
+                    ext.push(cached);
+                }
+                if let Some(b) = LOADED_BYTES.iter().find(|n| after.contains_key(**n)) {
+                    bytes.push((after[*b] - before.get(*b).copied().unwrap_or(0.0)) as u64);
+                }
+                if method == "apc" {
+                    self.apc_reference.insert((p, r), c.text.clone());
+                }
+                if method == "recompute" {
+                    self.reference.insert((p, r), c.text.clone());
+                } else {
+                    // The paired full computation in the same process, right after: a prompt
+                    // of the same length whose first token differs (a miss for every cache).
+                    let m = self
+                        .rt
+                        .block_on(http::complete(
+                            v.port,
+                            &self.model(),
+                            &self.prompts.miss(p, r, method),
+                            self.a.max_tokens,
+                        ))
+                        .with_context(|| {
+                            format!("paired miss ({p} tokens) to vLLM ({})", v.label)
+                        })?;
+                    if m.cached_tokens.unwrap_or(0) != 0 {
+                        bail!(
+                            "vLLM ({}): the paired miss hit {:?} cached tokens",
+                            v.label,
+                            m.cached_tokens
+                        );
+                    }
+                    misses.push(m.ttft_s);
+                    ratios.push(c.ttft_s / m.ttft_s);
+                }
+                identical = match (identical, self.reference.get(&(p, r))) {
+                    (Some(i), Some(want)) => Some(i && *want == c.text),
+                    _ => None,
+                };
+                matches_apc = match (matches_apc, self.apc_reference.get(&(p, r))) {
+                    (Some(i), Some(want)) => Some(i && *want == c.text),
+                    _ => None,
+                };
+                pb.inc(1);
+            }
+            self.records.push(Record {
+                method: method.into(),
+                prefix_tokens: p,
+                new_tokens: self.a.new_tokens,
+                ttft_s: Some(median_f(&ttfts)),
+                ttft_runs_s: ttfts,
+                ttft_miss_s: (!misses.is_empty()).then(|| median_f(&misses)),
+                paired_ratio: (!ratios.is_empty()).then(|| median_f(&ratios)),
+                external_hit_tokens: Some(median_u(&ext)),
+                local_hit_tokens: (!local.is_empty()).then(|| median_u(&local)),
+                bytes_loaded: (!bytes.is_empty()).then(|| median_u(&bytes)),
+                output_identical: identical,
+                output_matches_apc: matches_apc,
+                runs,
+                vs_recompute: None,
+                vs_recompute_process: None,
+                vs_apc: None,
+                note: note.clone(),
+            });
+        }
+        pb.finish_and_clear();
+        Ok(())
+    }
+
+    /// `recompute` (no connector, no prefix cache) or `apc` (vLLM's prefix cache, A first).
+    pub(super) fn plain(&mut self, method: &str, apc: bool) -> Result<()> {
+        let v = self.start(method, apc, None)?;
+        if apc {
+            self.serve_a(&v)?;
+        }
+        self.time_b(&v, method, None)?;
+        v.stop()
+    }
+
+    /// The ObjectCache methods: one saver replica writes every store (MultiConnector), then a
+    /// fresh replica per store times B.
+    pub(super) fn objectcache(
+        &mut self,
+        stores: &[(String, String)],
+        async_file: bool,
+    ) -> Result<()> {
+        // `--connector-setting KEY=VALUE`, added to every ObjectCache connector's settings.
+        let mut extra = serde_json::Map::new();
+        for kv in &self.a.connector_settings {
+            let (k, v) = kv
+                .split_once('=')
+                .with_context(|| format!("--connector-setting {kv:?} is not KEY=VALUE"))?;
+            extra.insert(k.trim().to_string(), serde_json::Value::from(v.trim()));
+        }
+        let settings = |mut base: serde_json::Value| {
+            if let Some(m) = base.as_object_mut() {
+                m.extend(extra.clone());
+            }
+            base
+        };
+        let subs: Vec<serde_json::Value> = stores
+            .iter()
+            .map(|(_, url)| {
+                serde_json::json!({
+                    "kv_connector": "ObjectCacheConnector",
+                    "kv_connector_module_path": "objectcache.vllm",
+                    "kv_role": "kv_both",
+                    "kv_connector_extra_config": settings(serde_json::json!({"store": url, "namespace": NAMESPACE})),
+                })
+            })
+            .collect();
+        let saver_cfg = serde_json::json!({
+            "kv_connector": "MultiConnector", "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {"connectors": subs},
+        });
+        let saver = self.start("objectcache-saver", false, Some(&saver_cfg))?;
+        self.serve_a(&saver)?;
+        // Saves run in the background after each forward pass: wait until every store
+        // publishes every chunk of every prefix.
+        let want: usize = self.a.prefixes.iter().map(|p| (p / BLOCK) as usize).sum();
+        for (m, url) in stores {
+            let s = spinner(
+                &self.env.mp,
+                format!("{m}: waiting for {want} chunks to be published"),
+            );
+            let r = self.rt.block_on(wait_published(url, want));
+            s.finish_and_clear();
+            r.with_context(|| format!("{m}: saves"))?;
+        }
+        saver.stop()?;
+        let mut timed: Vec<(String, String, &str)> = Vec::new();
+        for (m, url) in stores {
+            if m == "objectcache-file" && !self.methods.iter().any(|x| x == m) {
+                continue; // saved only for objectcache-file-async
+            }
+            timed.push((m.clone(), url.clone(), "layerwise"));
+        }
+        if async_file {
+            if let Some((_, url)) = stores.iter().find(|(m, _)| m == "objectcache-file") {
+                timed.push(("objectcache-file-async".into(), url.clone(), "async"));
+            }
+        }
+        for (m, url, mode) in timed {
+            let cfg = serde_json::json!({
+                "kv_connector": "ObjectCacheConnector",
+                "kv_connector_module_path": "objectcache.vllm",
+                "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+                "kv_connector_extra_config": settings(serde_json::json!({"store": url, "namespace": NAMESPACE,
+                                              "load_mode": mode, "save": false})),
+            });
+            let v = self.start(&m, false, Some(&cfg))?;
+            self.time_b(&v, &m, None)?;
+            v.stop()?;
+        }
+        Ok(())
+    }
+
+    /// A peer connector: saver and timed replica with the same configuration. A peer that
+    /// does not start, or fails a request (vLLM's ExampleConnector fails prefixes longer than
+    /// one prefill step on the CPU), becomes a record saying why for every prefix it has no
+    /// figure for; the run goes on with the other methods.
+    fn peer(&mut self, method: &str, cfg: serde_json::Value, note: Option<String>) -> Result<()> {
+        let before = self.records.len();
+        if let Err(e) = self.peer_run(method, cfg, note) {
+            let why = format!("fails on this CPU vLLM: {}", one_line(&e));
+            eprintln!("objectcache-bench: {method}: {why}");
+            let done: Vec<u32> = self.records[before..]
+                .iter()
+                .filter(|r| r.method == method)
+                .map(|r| r.prefix_tokens)
+                .collect();
+            for &p in &self.a.prefixes.clone() {
+                if !done.contains(&p) {
+                    self.records.push(empty(method, p, self.a.new_tokens, &why));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn peer_run(
+        &mut self,
+        method: &str,
+        cfg: serde_json::Value,
+        note: Option<String>,
+    ) -> Result<()> {
+        let saver = self.start(&format!("{method}-saver"), false, Some(&cfg))?;
+        self.serve_a(&saver)?;
+        saver.stop()?;
+        let v = self.start(method, false, Some(&cfg))?;
+        self.time_b(&v, method, note)?;
+        v.stop()
+    }
+
+    pub(super) fn cpu_offload(&mut self) -> Result<()> {
+        let cfg = serde_json::json!({
+            "kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"cpu_bytes_to_use": 1u64 << 30},
+        });
+        self.peer(
+            "vllm-cpu-offload",
+            cfg,
+            Some("vLLM's CPU offloading keeps KV in its own process's memory: a fresh replica has none of it".into()),
+        )
+    }
+
+    pub(super) fn example(&mut self) -> Result<()> {
+        let dir = self.tmp.join("example-connector");
+        std::fs::create_dir_all(&dir)?;
+        let cfg = serde_json::json!({
+            "kv_connector": "ExampleConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"shared_storage_path": dir},
+        });
+        self.peer(
+            "vllm-example",
+            cfg,
+            Some("vLLM's ExampleConnector: one safetensors file per layer and prompt prefix, loaded whole before the forward pass".into()),
+        )
+    }
+}
+
+fn one_line(e: &anyhow::Error) -> String {
+    let s = format!("{e:#}");
+    let err = s
+        .lines()
+        .rev()
+        .find(|l| l.contains("Error") || l.contains("error"))
+        .unwrap_or_else(|| s.lines().next().unwrap_or(""));
+    err.chars().take(300).collect()
+}
+
+/// Waits until at least `want` chunks are published under the benchmark's namespace.
+async fn wait_published(url: &str, want: usize) -> Result<()> {
+    let store = open_store(url).await?;
+    let t0 = Instant::now();
+    loop {
+        let n = store
+            .list(&format!("{NAMESPACE}/"), usize::MAX)
+            .await?
+            .iter()
+            .filter(|m| m.key.contains("/pub/"))
+            .count();
+        if n >= want {
+            return Ok(());
+        }
+        if t0.elapsed() > Duration::from_secs(600) {
+            bail!("{n} of {want} chunks published after 600 s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn median_f(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    s[s.len() / 2]
+}
+
+fn median_u(v: &[u64]) -> u64 {
+    let mut s = v.to_vec();
+    s.sort_unstable();
+    s[s.len() / 2]
+}

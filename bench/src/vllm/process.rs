@@ -1,0 +1,209 @@
+//! One vLLM OpenAI-compatible server process: what every process is started with ([`Env`]),
+//! its start (until healthy), stop, and the stop of its whole process group on drop.
+
+use super::setup::{s3_credentials, spinner};
+use super::{http, VllmArgs};
+use anyhow::{bail, Context, Result};
+use indicatif::MultiProgress;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// What every vLLM process is started with.
+pub(super) struct Env {
+    py: PathBuf,
+    pub(super) model: PathBuf,
+    site: PathBuf,
+    logs: PathBuf,
+    kv_gib: u32,
+    reserved_cpus: u32,
+    pub(super) mp: MultiProgress,
+}
+
+impl Env {
+    pub(super) fn new(
+        py: &Path,
+        model: &Path,
+        site: &Path,
+        logs: &Path,
+        a: &VllmArgs,
+        mp: MultiProgress,
+    ) -> Self {
+        Env {
+            py: py.into(),
+            model: model.into(),
+            site: site.into(),
+            logs: logs.into(),
+            kv_gib: a.kv_cache_gib,
+            reserved_cpus: a.reserved_cpus,
+            mp,
+        }
+    }
+}
+
+/// One vLLM OpenAI-compatible server process.
+pub(super) struct Vllm {
+    child: Child,
+    pub(super) port: u16,
+    pub(super) label: String,
+    pub(super) startup_s: f64,
+}
+
+impl Vllm {
+    pub(super) fn start(
+        env: &Env,
+        rt: &tokio::runtime::Runtime,
+        label: &str,
+        apc: bool,
+        kv: Option<&serde_json::Value>,
+    ) -> Result<Vllm> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let log = env.logs.join(format!("{label}.log"));
+        let (ak, sk) = s3_credentials();
+        let mut cmd = Command::new(&env.py);
+        cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
+            .arg(&env.model)
+            .args([
+                "--dtype",
+                "bfloat16",
+                "--enforce-eager",
+                "--max-model-len",
+                "8192",
+            ])
+            .args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--seed",
+                "0",
+            ])
+            .args([
+                "--enable-prompt-tokens-details",
+                "--prefix-caching-hash-algo",
+                "sha256_cbor",
+            ])
+            .arg(if apc {
+                "--enable-prefix-caching"
+            } else {
+                "--no-enable-prefix-caching"
+            });
+        if let Some(kv) = kv {
+            cmd.args(["--kv-transfer-config", &kv.to_string()]);
+        }
+        cmd.env("PYTHONPATH", &env.site)
+            .env("HF_HUB_OFFLINE", "1")
+            .env("TRANSFORMERS_OFFLINE", "1")
+            .env("VLLM_TARGET_DEVICE", "cpu")
+            .env("VLLM_CPU_KVCACHE_SPACE", env.kv_gib.to_string())
+            .env(
+                "VLLM_CPU_NUM_OF_RESERVED_CPU",
+                env.reserved_cpus.to_string(),
+            )
+            .env("AWS_ACCESS_KEY_ID", ak)
+            .env("AWS_SECRET_ACCESS_KEY", sk)
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            // Emptied once, then both streams in append mode: a stdout opened without
+            // append wrote over stderr's lines.
+            .stdout(Stdio::from({
+                File::create(&log)?;
+                File::options().append(true).open(&log)?
+            }))
+            .stderr(Stdio::from(File::options().append(true).open(&log)?));
+        // Its own process group: vLLM's engine core and workers are processes of their own,
+        // which outlive a killed API server; the group is stopped whole (`Drop for Vllm`).
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let t0 = Instant::now();
+        // Dropped on every early return below: the whole group stops.
+        let mut v = Vllm {
+            child: cmd.spawn().context("start vLLM")?,
+            port,
+            label: label.into(),
+            startup_s: 0.0,
+        };
+        let s = spinner(&env.mp, format!("starting vLLM ({label})"));
+        loop {
+            if let Some(st) = v.child.try_wait()? {
+                s.finish_and_clear();
+                bail!(
+                    "vLLM ({label}) exited with {st} while starting:\n{}",
+                    tail(&log, 30)
+                );
+            }
+            if rt.block_on(http::healthy(port)) {
+                break;
+            }
+            if t0.elapsed() > Duration::from_secs(900) {
+                s.finish_and_clear();
+                bail!("vLLM ({label}) not ready after 900 s:\n{}", tail(&log, 30));
+            }
+            s.set_message(format!("starting vLLM ({label}): {}", last_line(&log)));
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        s.finish_and_clear();
+        v.startup_s = t0.elapsed().as_secs_f64();
+        env.mp
+            .println(format!("vLLM ({label}) ready in {:.1} s", v.startup_s))?;
+        Ok(v)
+    }
+
+    /// SIGTERM, then waits (vLLM shuts its engine and workers down; connectors flush).
+    pub(super) fn stop(mut self) -> Result<()> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let t0 = Instant::now();
+        while self.child.try_wait()?.is_none() {
+            if t0.elapsed() > Duration::from_secs(120) {
+                let _ = self.child.kill();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let _ = self.child.wait();
+        Ok(())
+    }
+}
+
+impl Drop for Vllm {
+    /// Stops the whole process group (the API server, its engine core and workers): SIGTERM,
+    /// up to 30 s, then SIGKILL. A benchmark that fails half-way leaves no vLLM behind.
+    fn drop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let signal = |sig: &str| {
+            let _ = Command::new("kill")
+                .args([sig, "--", &group])
+                .stderr(Stdio::null())
+                .status();
+        };
+        if let Ok(None) = self.child.try_wait() {
+            signal("-TERM");
+            let t0 = Instant::now();
+            while matches!(self.child.try_wait(), Ok(None))
+                && t0.elapsed() < Duration::from_secs(30)
+            {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+        // Whatever of the group is left (also after `stop`: a worker that outlived its server).
+        signal("-KILL");
+        let _ = self.child.wait();
+    }
+}
+
+fn last_line(log: &Path) -> String {
+    let s = std::fs::read_to_string(log).unwrap_or_default();
+    let l = s.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+    let l: String = l.chars().take(90).collect();
+    l
+}
+
+fn tail(log: &Path, n: usize) -> String {
+    let s = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}

@@ -1,0 +1,222 @@
+//! What a run needs besides vLLM: the venv's Python and the model, the `objectcache` package
+//! installed from `ffi/python`, the S3 credentials and stores, and our own server
+//! (`objectcache serve`) over a directory store; a progress spinner.
+
+use super::{VllmArgs, SERVER_BUCKET};
+use anyhow::{anyhow, bail, Context, Result};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use objectcache::store::{S3Config, S3Store};
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// The venv's Python and the model folder.
+pub(super) fn locate(a: &VllmArgs) -> Result<(PathBuf, PathBuf)> {
+    let d = &a.venv;
+    let (py, model) = if d.join("venv/bin/python").is_file() {
+        (d.join("venv/bin/python"), d.join("models/smollm2-135m-hf"))
+    } else if d.join("bin/python").is_file() {
+        let m = a.model.clone().ok_or_else(|| {
+            anyhow!(
+                "--venv {} is a virtual environment: give --model",
+                d.display()
+            )
+        })?;
+        (d.join("bin/python"), m)
+    } else {
+        bail!(
+            "no vLLM venv at {} (make one with scripts/vllm-setup.sh {})",
+            d.display(),
+            d.display()
+        );
+    };
+    let model = a.model.clone().unwrap_or(model);
+    if !model.join("config.json").is_file() {
+        bail!(
+            "no model folder at {} (scripts/vllm-setup.sh makes it)",
+            model.display()
+        );
+    }
+    Ok((
+        std::fs::canonicalize(py.parent().unwrap())?.join("python"),
+        std::fs::canonicalize(model)?,
+    ))
+}
+
+pub(super) fn spinner(mp: &MultiProgress, msg: String) -> ProgressBar {
+    let s = mp.add(ProgressBar::new_spinner());
+    s.set_style(
+        ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    s.set_message(msg);
+    s.enable_steady_tick(Duration::from_millis(200));
+    s
+}
+
+/// `pip install --target` of `ffi/python` into `tmp/site`; returns the directory.
+pub(super) fn install_package(
+    py: &Path,
+    a: &VllmArgs,
+    tmp: &Path,
+    mp: &MultiProgress,
+) -> Result<PathBuf> {
+    let src = a
+        .package_src
+        .clone()
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../ffi/python"));
+    let site = tmp.join("site");
+    let s = spinner(
+        mp,
+        format!("installing the objectcache package from {}", src.display()),
+    );
+    let mut cmd = Command::new(py);
+    cmd.args([
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--no-build-isolation",
+        "--target",
+    ])
+    .arg(&site)
+    .arg(&src);
+    let exe = std::env::current_exe()?;
+    if let Some(lib) = exe
+        .parent()
+        .map(|d| d.join("libobjectcache.so"))
+        .filter(|l| l.is_file())
+    {
+        cmd.env("OBJECTCACHE_CDYLIB", lib);
+    }
+    let out = cmd.output().context("run pip")?;
+    s.finish_and_clear();
+    if !out.status.success() {
+        bail!(
+            "pip install {} failed:\n{}{}",
+            src.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(site)
+}
+
+pub(super) fn python_out(py: &Path, code: &str, site: &Path) -> Result<String> {
+    let out = Command::new(py)
+        .args(["-c", code])
+        .env("PYTHONPATH", site)
+        .output()?;
+    if !out.status.success() {
+        bail!("{}: {}", py.display(), String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The S3 store of `objectcache-s3`: `--s3`, or the test endpoint (bucket created) when it
+/// answers; `Ok(Err(why))` when there is none.
+pub(super) fn s3_store(
+    a: &VllmArgs,
+    rt: &tokio::runtime::Runtime,
+) -> Result<std::result::Result<String, String>> {
+    if let Some(u) = &a.s3 {
+        return Ok(Ok(u.clone()));
+    }
+    let c = S3Config::from_test_env();
+    match rt.block_on(S3Store::from_test_env("bench-vllm")) {
+        Ok(Some((_, prefix))) => Ok(Ok(format!(
+            "s3://{}/{prefix}?endpoint={}&region={}&addressing=path",
+            c.bucket,
+            c.endpoint.clone().unwrap_or_default(),
+            c.region.clone().unwrap_or_else(|| "us-east-1".into())
+        ))),
+        Ok(None) => Ok(Err(format!(
+            "not run: no S3 endpoint at {} (give --s3 URL, or start scripts/ceph-rgw/start.sh)",
+            c.endpoint.unwrap_or_default()
+        ))),
+        Err(e) => Err(anyhow!("the test S3 endpoint refused its bucket: {e}")),
+    }
+}
+
+/// `(access key, secret key)` for the S3 stores: the test S3 credentials.
+pub(super) fn s3_credentials() -> (String, String) {
+    let var = |k: &str, d: &str| {
+        std::env::var(k)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| d.into())
+    };
+    (
+        var("OBJECTCACHE_TEST_S3_ACCESS_KEY", "cephtestak"),
+        var(
+            "OBJECTCACHE_TEST_S3_SECRET_KEY",
+            "cephtestsecretkey0123456789",
+        ),
+    )
+}
+
+/// Our server (`objectcache serve`, next to this executable) over a directory store.
+pub(super) struct ObjectCacheServer {
+    child: Child,
+    addr: String,
+}
+
+impl ObjectCacheServer {
+    pub(super) fn start(dir: &Path, logs: &Path) -> Result<Self> {
+        let exe = std::env::current_exe()?;
+        let bin = exe.with_file_name("objectcache");
+        if !bin.is_file() {
+            bail!(
+                "no server binary at {} (cargo build --release)",
+                bin.display()
+            );
+        }
+        let (ak, sk) = s3_credentials();
+        let mut child = Command::new(&bin)
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--bucket",
+                SERVER_BUCKET,
+                "--store",
+            ])
+            .arg(dir)
+            .args(["--access-key", &format!("{ak}:{sk}")])
+            .stdout(Stdio::piped())
+            .stderr(File::create(logs.join("storage-server.log"))?)
+            .spawn()?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line)?;
+        let addr = line
+            .trim()
+            .rsplit(' ')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        if addr.is_empty() {
+            bail!(
+                "objectcache serve did not start (see {})",
+                logs.join("storage-server.log").display()
+            );
+        }
+        Ok(ObjectCacheServer { child, addr })
+    }
+
+    pub(super) fn url(&self) -> String {
+        format!(
+            "s3://{SERVER_BUCKET}/vllm?endpoint=http://{}&region=us-east-1&addressing=path",
+            self.addr
+        )
+    }
+}
+
+impl Drop for ObjectCacheServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

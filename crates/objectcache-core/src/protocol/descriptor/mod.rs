@@ -1,0 +1,43 @@
+//! Gather and save request descriptors, their codecs, and the pure delivery-unit planner.
+//!
+//! By concern: the wire geometry (`geometry.rs`), the gather request (`gather.rs`) and its
+//! RDMA destinations (`rdma.rs`), the batched save request (`save.rs`), and the unit planner
+//! (`plan.rs`). Bucket and key limits, shared by both requests, are here.
+
+mod gather;
+mod geometry;
+mod plan;
+mod rdma;
+mod save;
+
+pub use gather::{
+    ChunkKeys, DeliveryOrder, GatherRequest, LoadGroup, SchedHints, TransportTarget, MAX_STRIPES,
+};
+pub use geometry::WireGeometry;
+pub use plan::{plan_units, unit_indices, SlicePiece, UnitPlan};
+pub use rdma::{
+    rdma_pieces, RdmaRegion, RdmaSegments, RdmaTarget, RDMA_MAX_LAYERS, RDMA_MAX_SEGMENTS,
+    RDMA_MAX_UNITS_PER_LAYER, RDMA_SLOTS,
+};
+pub use save::{SaveChunk, SaveRequest};
+
+use crate::protocol::ProtocolError;
+
+/// Longest bucket name (S3's limit).
+const MAX_BUCKET_LEN: usize = 63;
+/// Longest object key (S3's limit).
+const MAX_KEY_LEN: usize = 1024;
+
+fn validate_bucket(b: &str) -> Result<(), ProtocolError> {
+    let ok = (3..=MAX_BUCKET_LEN).contains(&b.len())
+        && b.bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'.' || c == b'-')
+        && b.as_bytes()[0].is_ascii_alphanumeric();
+    if !ok {
+        return Err(ProtocolError::invalid(
+            "bucket",
+            format!("{b:?} is not an S3 bucket name (3..=63 of a-z 0-9 . -, starting with a letter or digit)"),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,20 @@
+//! A layer-ordered load, by concern: what a load asks for and reports (`request.rs`), its
+//! start by [`Engine::load`](crate::connector::Engine::load) (`start.rs`), the state its
+//! handle and tasks share (`shared.rs`), the stall watchdog (`watchdog.rs`), the caller's
+//! handle (`handle.rs`), and the stock-S3 path (`ranged.rs`): ranged GETs issued in layer
+//! order within a bounded look-ahead window, each body streamed straight into the caller's
+//! destination and verified slice by slice. The gather and RDMA paths (`connector/gather/`,
+//! `connector/rdma.rs`) deliver through the same [`Shared`] state.
+
+mod handle;
+mod ranged;
+mod request;
+mod shared;
+mod start;
+mod watchdog;
+
+pub use handle::LoadHandle;
+pub(crate) use ranged::run_store_load;
+pub use request::{LayerTiming, LoadHints, LoadRequest, LoadStats, MAX_ADVICE_TOKENS};
+pub(crate) use shared::Shared;
+pub(crate) use watchdog::watchdog;

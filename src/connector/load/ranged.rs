@@ -1,0 +1,522 @@
+//! The stock-S3 path of a load: ranged GETs issued in layer order within a bounded
+//! look-ahead window ([`Flight`]), paced by the engine's link under a bandwidth cap, each body
+//! streamed straight into the caller's destination and verified slice by slice.
+
+use super::{LoadRequest, Shared};
+use crate::connector::buffers::LayerStatus;
+use crate::connector::status::ChunkStatus;
+use crate::error::{LayerError, StoreError};
+use crate::layout::{
+    object_len, plan_layer_major, ChunkHeader, KeyBuilder, KvGeometry, RangeRead, HEADER_LEN,
+    SLICE_CRC_LEN,
+};
+use crate::link::Link;
+use crate::store::{GetOptions, Store};
+use futures::StreamExt;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+/// Maps a store error on chunk `c` to its chunk status and layer error.
+fn classify(c: usize, key: &str, e: &StoreError) -> (ChunkStatus, LayerError) {
+    match e {
+        StoreError::NotFound { .. } => (
+            ChunkStatus::Missing,
+            LayerError::Missing {
+                chunk: c,
+                key: key.to_string(),
+            },
+        ),
+        StoreError::InvalidRange { size, .. } => (
+            ChunkStatus::WrongGeometry,
+            LayerError::GeometryMismatch {
+                chunk: c,
+                reason: format!("object {key} has {size} bytes, too short for this geometry"),
+            },
+        ),
+        other => (
+            ChunkStatus::Error,
+            LayerError::Storage {
+                chunk: c,
+                message: other.to_string(),
+            },
+        ),
+    }
+}
+
+/// Bytes a ranged read moves: its range, with the header for a layer-0 read.
+fn read_len(r: &RangeRead) -> u64 {
+    if r.layers.start == 0 {
+        r.bytes.end
+    } else {
+        r.bytes.end - r.bytes.start
+    }
+}
+
+/// Requests and bytes in flight of one ranged-GET load, and what it has measured of the
+/// path: the shortest time to response headers (the round trip, plus the server's time) and
+/// the bytes received since the first one arrived (the delivery rate).
+///
+/// A read may go out when the bytes in flight stay within `window_bytes` (one read larger
+/// than the window goes alone) and, except for first-layer reads, the requests in flight
+/// stay below the request cap: `max(max_requests, ceil(target / mean read))`, where the
+/// target is twice the measured bandwidth-delay product (rate x shortest round trip; the
+/// rate is the bytes received since the first one over at least one round trip), bounded
+/// by `window_bytes`. On a short round trip the cap is `max_requests`; on a long one
+/// it grows with each round trip's deliveries until the bytes in flight cover the product
+/// (or fill the window). First-layer reads (one per chunk) all go out at once within the
+/// window: layer 0 is needed first, so its reads gain nothing from waiting, and a long
+/// round trip is paid once for all of them.
+struct Flight {
+    st: Mutex<FlightState>,
+    changed: tokio::sync::Notify,
+    window: u64,
+    max_requests: usize,
+    mean_read: f64,
+    start: std::time::Instant,
+}
+
+#[derive(Default)]
+struct FlightState {
+    requests: usize,
+    bytes: u64,
+    /// Shortest time from sending a request to its response headers, seconds.
+    min_rtt_s: Option<f64>,
+    /// When the first body byte arrived, seconds since `start`.
+    first_byte_s: Option<f64>,
+    received: u64,
+}
+
+impl Flight {
+    fn cap(&self, st: &FlightState) -> usize {
+        let now = self.start.elapsed().as_secs_f64();
+        let bdp = match (st.min_rtt_s, st.first_byte_s) {
+            // The rate over at least one round trip: a burst that was in flight together
+            // does not read as a fast link (so the target at most doubles per round trip).
+            (Some(rtt), Some(t0)) => st.received as f64 / (now - t0).max(rtt).max(1e-6) * rtt,
+            _ => 0.0,
+        };
+        let target = (2.0 * bdp).min(self.window as f64);
+        self.max_requests
+            .max((target / self.mean_read.max(1.0)).ceil() as usize)
+    }
+
+    /// Waits until a read of `n` bytes may go out, and counts it in flight.
+    async fn admit(self: &Arc<Self>, n: u64, first_layer: bool, sh: &Shared) -> FlightPermit {
+        loop {
+            let notified = self.changed.notified();
+            {
+                let mut st = self.st.lock().expect("lock");
+                let fits = st.bytes == 0 || st.bytes + n <= self.window;
+                if fits && (first_layer || st.requests < self.cap(&st)) {
+                    st.requests += 1;
+                    st.bytes += n;
+                    sh.peak_requests
+                        .fetch_max(st.requests as u64, Ordering::Relaxed);
+                    sh.peak_bytes.fetch_max(st.bytes, Ordering::Relaxed);
+                    return FlightPermit {
+                        flight: self.clone(),
+                        left: n,
+                    };
+                }
+            }
+            notified.await;
+        }
+    }
+
+    fn headers(&self, rtt_s: f64) {
+        let mut st = self.st.lock().expect("lock");
+        st.min_rtt_s = Some(st.min_rtt_s.map_or(rtt_s, |m| m.min(rtt_s)));
+    }
+
+    /// Waits until no read is in flight.
+    async fn drained(&self) {
+        loop {
+            let notified = self.changed.notified();
+            if self.st.lock().expect("lock").requests == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// One read in flight; received bytes leave the window as they arrive, the rest when it
+/// ends (or is dropped: failed, cancelled, aborted).
+struct FlightPermit {
+    flight: Arc<Flight>,
+    left: u64,
+}
+
+impl FlightPermit {
+    fn received(&mut self, n: u64) {
+        let n = n.min(self.left);
+        self.left -= n;
+        let f = &self.flight;
+        let mut st = f.st.lock().expect("lock");
+        if st.first_byte_s.is_none() {
+            st.first_byte_s = Some(f.start.elapsed().as_secs_f64());
+        }
+        st.received += n;
+        st.bytes -= n;
+        drop(st);
+        f.changed.notify_one();
+    }
+}
+
+impl Drop for FlightPermit {
+    fn drop(&mut self) {
+        let f = &self.flight;
+        let mut st = f.st.lock().expect("lock");
+        st.requests -= 1;
+        st.bytes -= self.left;
+        drop(st);
+        f.changed.notify_one();
+    }
+}
+
+/// Runs the stock-S3 layer-ordered load to completion (or failure of every pending layer).
+///
+/// Under the engine's `link` (a bandwidth cap) the load registers its bytes per layer and
+/// hints, reads one layer slice per request in layer-major order, and issues each read once
+/// its credit covers the read's bytes; it leaves the link when every read is issued, or when
+/// the load is cancelled, times out or is dropped (the future, and its `LinkLoad`, dropped).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn run_store_load(
+    store: Arc<dyn Store>,
+    keys: KeyBuilder,
+    req: LoadRequest,
+    sh: Arc<Shared>,
+    window_bytes: u64,
+    max_requests: usize,
+    coalesce_bytes: u64,
+    link: Option<Arc<Link>>,
+) {
+    let g = &req.geometry;
+    let slice = g.slice_bytes();
+    let tokens = g.tokens_per_chunk;
+    let full_len = object_len(g.layers, slice);
+    // Paced reads are single layer slices so that layers land in the order the link plans.
+    let coalesce = if link.is_some() { 0 } else { coalesce_bytes };
+    let plan = plan_layer_major(req.hashes.len(), g.layers, slice, coalesce);
+    let paced = link.and_then(|link| {
+        let mut per_layer = vec![0u64; g.layers as usize];
+        for r in &plan {
+            per_layer[r.layers.start as usize] += read_len(r);
+        }
+        link.register(per_layer, &req.hints.sched_hints())
+            .map_err(|e| tracing::warn!(error = %e, "load not paced by the engine's link"))
+            .ok()
+    });
+    let mean_read = if plan.is_empty() {
+        1.0
+    } else {
+        plan.iter().map(read_len).sum::<u64>() as f64 / plan.len() as f64
+    };
+    let flight = Arc::new(Flight {
+        st: Mutex::new(FlightState::default()),
+        changed: tokio::sync::Notify::new(),
+        window: window_bytes.max(1),
+        max_requests: max_requests.max(1),
+        mean_read,
+        start: std::time::Instant::now(),
+    });
+    for read in plan {
+        if sh.state.is_cancelled() {
+            break;
+        }
+        let c = read.chunk;
+        if matches!(
+            sh.chunk(c),
+            ChunkStatus::Missing | ChunkStatus::WrongGeometry
+        ) {
+            // This chunk is unusable (no object, or another geometry): all its layers are
+            // failed; don't read more of it (the link counts the bytes as done, so the load's
+            // later layers can complete). A corrupt or unreadable slice fails only its own
+            // layers: the chunk's other layers are still read.
+            if let Some(p) = &paced {
+                p.sent(read_len(&read));
+            }
+            continue;
+        }
+        if let Some(p) = &paced {
+            // Issued when a fluid transfer at the allocated rate would have finished it. The
+            // link holds the load on purpose meanwhile: not a stall.
+            let n = read_len(&read);
+            let _held = sh.progress.hold();
+            p.pace(n).await;
+            p.sent(n);
+        }
+        // Layer 0's read also fetches the header, so geometry is checked before any byte lands.
+        let with_header = read.layers.start == 0;
+        let range = if with_header {
+            0..read.bytes.end
+        } else {
+            read.bytes.clone()
+        };
+        let permit = flight
+            .admit(range.end - range.start, with_header, &sh)
+            .await;
+        let store = store.clone();
+        let key = keys.data(&req.hashes[c]);
+        let sh2 = sh.clone();
+        let g = g.clone();
+        let task = tokio::spawn(async move {
+            let mut permit = permit;
+            sh2.requests.fetch_add(1, Ordering::Relaxed);
+            let r = fetch_range(
+                &*store,
+                &key,
+                range,
+                c,
+                read.layers.clone(),
+                with_header,
+                &g,
+                tokens,
+                full_len,
+                &sh2,
+                &mut permit,
+            )
+            .await;
+            if let Err(f) = r {
+                sh2.set_chunk(c, f.status);
+                // The layers this failure touches are misses (every layer when the chunk is
+                // unusable); the chunk's other layers and the other chunks are unaffected.
+                for l in f.layers {
+                    sh2.state.fail_impl(l, f.err.clone());
+                }
+            }
+        });
+        sh.tasks.lock().expect("lock").push(task);
+    }
+    // Every read is issued: the load leaves the link.
+    drop(paced);
+    // Every read holds its permit until it ends.
+    flight.drained().await;
+    for c in 0..req.hashes.len() {
+        sh.set_chunk(c, ChunkStatus::Ok);
+    }
+}
+
+/// A failed ranged read: the chunk status it implies, the layer error, and the layers it
+/// fails (all of the chunk's when the object is missing or of another geometry; otherwise
+/// only the layers of this read that did not arrive verified).
+struct ReadFailure {
+    status: ChunkStatus,
+    err: LayerError,
+    layers: std::ops::Range<u32>,
+}
+
+/// Reads `range` of chunk `chunk`'s object (layers `layers`, with the header when
+/// `with_header`) straight into the destination, verifying each slice's CRC32C. A slice whose
+/// CRC does not match fails its layer only (named in the chunk status) and the read goes on
+/// with the next slice; a later layer's slice completes only once the chunk's header (read
+/// with layer 0) matched the request.
+#[allow(clippy::too_many_arguments)]
+async fn fetch_range(
+    store: &dyn Store,
+    key: &str,
+    range: std::ops::Range<u64>,
+    chunk: usize,
+    layers: std::ops::Range<u32>,
+    with_header: bool,
+    g: &KvGeometry,
+    tokens: u32,
+    full_len: u64,
+    sh: &Shared,
+    permit: &mut FlightPermit,
+) -> Result<(), ReadFailure> {
+    let r = fetch_range_inner(
+        store,
+        key,
+        range,
+        chunk,
+        layers,
+        with_header,
+        g,
+        tokens,
+        full_len,
+        sh,
+        permit,
+    )
+    .await;
+    if with_header {
+        // The header is known by now unless the read failed before it arrived: then the
+        // chunk's geometry cannot be checked, and its other layers are not trusted.
+        sh.set_header(chunk, false);
+    }
+    r
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn fetch_range_inner(
+    store: &dyn Store,
+    key: &str,
+    range: std::ops::Range<u64>,
+    chunk: usize,
+    layers: std::ops::Range<u32>,
+    with_header: bool,
+    g: &KvGeometry,
+    tokens: u32,
+    full_len: u64,
+    sh: &Shared,
+    permit: &mut FlightPermit,
+) -> Result<(), ReadFailure> {
+    let all = 0..g.layers;
+    let fail = |status, err, layers| ReadFailure {
+        status,
+        err,
+        layers,
+    };
+    let geometry = |reason: String| {
+        fail(
+            ChunkStatus::WrongGeometry,
+            LayerError::GeometryMismatch { chunk, reason },
+            all.clone(),
+        )
+    };
+    let slice = g.slice_bytes();
+    let sent = std::time::Instant::now();
+    let res = store
+        .get_opts(
+            key,
+            GetOptions {
+                range: Some(range.clone()),
+            },
+        )
+        .await
+        .map_err(|e| {
+            let (status, err) = classify(chunk, key, &e);
+            // No object, or too short for this geometry: the whole chunk; a storage error
+            // (after the store's retries): this read's layers.
+            let touched = match status {
+                ChunkStatus::Missing | ChunkStatus::WrongGeometry => all.clone(),
+                _ => layers.clone(),
+            };
+            fail(status, err, touched)
+        })?;
+    permit.flight.headers(sent.elapsed().as_secs_f64());
+    if res.meta.size != full_len {
+        return Err(geometry(format!(
+            "object {key} has {} bytes, expected {full_len} for this geometry",
+            res.meta.size
+        )));
+    }
+    let mut body = res.body;
+    // Demultiplex the body: [header] then per layer [slice bytes][crc32c].
+    let mut header = Vec::with_capacity(if with_header { HEADER_LEN as usize } else { 0 });
+    let mut layer = layers.start;
+    let mut in_slice: u64 = 0; // bytes of the current slice consumed
+    let mut crc: u32 = 0;
+    let mut trailer = [0u8; 4];
+    let mut tn = 0usize;
+    let dest_off = chunk as u64 * slice;
+    let mut received: u64 = 0;
+    // The current slice's layer was already failed by another chunk: its bytes are dropped.
+    let mut unneeded = false;
+    // This read's layers from `l` on did not arrive.
+    let rest = |l: u32, status, err| fail(status, err, l..layers.end);
+    while let Some(piece) = body.next().await {
+        if sh.state.is_cancelled() {
+            return Err(rest(layer, ChunkStatus::Error, LayerError::Cancelled));
+        }
+        let piece = piece.map_err(|e| {
+            let (_, err) = classify(chunk, key, &e);
+            rest(layer, ChunkStatus::Error, err)
+        })?;
+        sh.progress.arrived(piece.len() as u64);
+        received += piece.len() as u64;
+        permit.received(piece.len() as u64);
+        let mut p: &[u8] = &piece;
+        while !p.is_empty() {
+            if with_header && header.len() < HEADER_LEN as usize {
+                let n = p.len().min(HEADER_LEN as usize - header.len());
+                header.extend_from_slice(&p[..n]);
+                p = &p[n..];
+                if header.len() == HEADER_LEN as usize {
+                    let h = ChunkHeader::decode(&header).map_err(|e| geometry(e.to_string()))?;
+                    h.check(g, tokens).map_err(|e| geometry(e.to_string()))?;
+                    sh.set_header(chunk, true);
+                }
+                continue;
+            }
+            if layer >= layers.end {
+                return Err(rest(
+                    layer,
+                    ChunkStatus::Corrupt,
+                    LayerError::Storage {
+                        chunk,
+                        message: format!("body of {key} is longer than the range asked for"),
+                    },
+                ));
+            }
+            if in_slice < slice {
+                let n = (p.len() as u64).min(slice - in_slice) as usize;
+                crc = crate::layout::crc::crc32c_append(crc, &p[..n]);
+                if !unneeded {
+                    if let Err(e) = sh.state.write_impl(layer, dest_off + in_slice, &p[..n]) {
+                        if e == LayerError::Cancelled
+                            || !matches!(sh.state.status(layer as usize), LayerStatus::Failed(_))
+                        {
+                            return Err(rest(layer, ChunkStatus::Error, e));
+                        }
+                        // Another chunk's slice already failed this layer: this chunk's
+                        // slice of it is not needed (and not this chunk's failure); the
+                        // read goes on with the next layer.
+                        unneeded = true;
+                    }
+                }
+                in_slice += n as u64;
+                p = &p[n..];
+            } else {
+                let n = p.len().min(4 - tn);
+                trailer[tn..tn + n].copy_from_slice(&p[..n]);
+                tn += n;
+                p = &p[n..];
+                if tn == 4 {
+                    let stored = u32::from_le_bytes(trailer);
+                    if unneeded {
+                        // Dropped: see above.
+                    } else if stored != crc {
+                        // This slice is bad: its layer is a miss naming the chunk. The
+                        // chunk's next slices in this body are framed alike and still used.
+                        sh.set_chunk(chunk, ChunkStatus::Corrupt);
+                        sh.state.fail_impl(
+                            layer,
+                            LayerError::ChecksumMismatch {
+                                chunk,
+                                layer: layer as usize,
+                                stored,
+                                computed: crc,
+                            },
+                        );
+                    } else if with_header || sh.header_ok(chunk).await {
+                        sh.record_slice_crc(chunk, layer as usize, stored);
+                        sh.state.complete_impl(layer, slice);
+                    } else {
+                        return Err(geometry(format!(
+                            "the header of {key} (read with layer 0) did not match or could not be read"
+                        )));
+                    }
+                    layer += 1;
+                    in_slice = 0;
+                    crc = 0;
+                    tn = 0;
+                    unneeded = false;
+                }
+            }
+        }
+    }
+    let want = range.end - range.start;
+    if received != want || layer != layers.end {
+        return Err(rest(
+            layer,
+            ChunkStatus::Corrupt,
+            LayerError::Storage {
+                chunk,
+                message: format!("body of {key} was truncated: {received} of {want} bytes"),
+            },
+        ));
+    }
+    let _ = SLICE_CRC_LEN;
+    Ok(())
+}

@@ -1,0 +1,170 @@
+//! Lookup ([`Engine::lookup_report`], [`Engine::lookup`]): how many leading chunks of a
+//! prefix are published, by a k-ary search over the publish markers of every tensor-parallel
+//! rank, with answers cached for `lookup_cache_ttl`.
+
+use super::{Engine, LookupReport};
+use crate::error::Error;
+use crate::layout::{ChunkHash, KeyBuilder, KvGeometry};
+use crate::store::StoreExt;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+impl Engine {
+    /// How many leading chunks of `hashes` are published. Costs at most
+    /// ceil(log_{fanout+1}(n+1)) sequential round trips (a k-ary search over publish markers,
+    /// which are published in prefix order), stops at the first missing chunk, and reuses
+    /// answers younger than `lookup_cache_ttl` (hits and misses; a save by this engine marks
+    /// its chunks present at once).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a bad geometry; a store error other than not-found.
+    pub async fn lookup_report(
+        &self,
+        g: &KvGeometry,
+        hashes: &[ChunkHash],
+    ) -> Result<LookupReport, Error> {
+        self.keys(g)?;
+        // Every tensor-parallel rank's marker: a chunk is a hit only when every rank has it,
+        // so the ranks of one engine group agree on every hit (case C16).
+        let ranks: Vec<KeyBuilder> = (0..g.tp_world.max(1))
+            .map(|r| {
+                let mut gr = g.clone();
+                gr.tp_rank = r;
+                KeyBuilder::new(&self.cfg.namespace, &gr, self.cfg.hash_algo)
+            })
+            .collect::<Result<_, _>>()?;
+        let mkeys: Vec<Vec<String>> = hashes
+            .iter()
+            .map(|h| ranks.iter().map(|k| k.marker(h)).collect())
+            .collect();
+        let ttl = self.cfg.lookup_cache_ttl;
+        // A position's state from per-key answers: present if every rank's marker is, absent
+        // if one is absent, else unknown.
+        let state = |answers: &dyn Fn(&str) -> Option<bool>, keys: &[String]| -> Option<bool> {
+            let mut all = true;
+            for k in keys {
+                match answers(k) {
+                    Some(false) => return Some(false),
+                    Some(true) => {}
+                    None => all = false,
+                }
+            }
+            all.then_some(true)
+        };
+        // Known state per position from the cache: Some(true/false) or None.
+        let mut known: Vec<Option<bool>> = {
+            let mut cache = self.lookup_cache.lock().expect("lock");
+            cache.retain(|_, (_, t)| t.elapsed() < ttl);
+            let cached = |k: &str| cache.get(k).map(|(p, _)| *p);
+            mkeys.iter().map(|ks| state(&cached, ks)).collect()
+        };
+        // Answers of this lookup's probes, per marker key.
+        let mut probed: HashMap<String, bool> = HashMap::new();
+        // Markers are monotone along the prefix (published in order): find the boundary.
+        let mut lo = 0usize; // every position < lo is present
+        let mut hi = hashes.len(); // every position >= hi is absent (or beyond)
+        let tighten = |known: &[Option<bool>], lo: &mut usize, hi: &mut usize| {
+            while *lo < *hi && known[*lo] == Some(true) {
+                *lo += 1;
+            }
+            if let Some(p) = known[*lo..*hi].iter().position(|k| *k == Some(false)) {
+                *hi = *lo + p;
+            }
+        };
+        tighten(&known, &mut lo, &mut hi);
+        let mut report = LookupReport::default();
+        let fanout = self.cfg.lookup_fanout.max(1);
+        while lo < hi {
+            // Probe up to `fanout` positions spread over [lo, hi), always including lo (every
+            // rank's marker of each, in the same round trip).
+            let span = hi - lo;
+            let n = fanout.min(span);
+            let mut probes: Vec<usize> = (0..n).map(|i| lo + i * span / n).collect();
+            probes.dedup();
+            let store = self.store.clone();
+            let pk: Vec<String> = probes
+                .iter()
+                .flat_map(|&i| mkeys[i].iter().cloned())
+                .filter(|k| !probed.contains_key(k))
+                .collect();
+            let asked = pk.clone();
+            let answers = self
+                .spawn(async move {
+                    futures::future::join_all(pk.into_iter().map(|k| {
+                        let store = store.clone();
+                        async move { store.exists(&k).await }
+                    }))
+                    .await
+                })
+                .await?;
+            report.round_trips += 1;
+            report.probes += asked.len();
+            for (k, a) in asked.into_iter().zip(answers) {
+                probed.insert(k, a?);
+            }
+            for &i in &probes {
+                let p = |k: &str| probed.get(k).copied();
+                known[i] = state(&p, &mkeys[i]);
+            }
+            // Monotonicity: a present marker implies all before it are present; an absent one
+            // that all after it are absent.
+            // An absent marker bounds the answer even if a later one is present (markers that
+            // are not a prefix: a marker phase that failed part way, a chunk evicted).
+            if let Some(&first_absent) = probes.iter().filter(|&&i| known[i] == Some(false)).min() {
+                hi = hi.min(first_absent);
+            }
+            if let Some(&last_present) = probes
+                .iter()
+                .filter(|&&i| i < hi && known[i] == Some(true))
+                .max()
+            {
+                lo = lo.max(last_present + 1);
+            }
+            tighten(&known, &mut lo, &mut hi);
+        }
+        report.chunks = lo;
+        {
+            let now = Instant::now();
+            let mut cache = self.lookup_cache.lock().expect("lock");
+            for (k, &p) in &probed {
+                cache.entry(k.clone()).or_insert((p, now));
+            }
+            for (i, ks) in mkeys.iter().enumerate() {
+                if i < lo {
+                    for k in ks {
+                        cache.insert(k.clone(), (true, now));
+                    }
+                }
+            }
+        }
+        self.counters.lookups.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .lookup_hit_chunks
+            .fetch_add(lo as u64, Ordering::Relaxed);
+        self.counters
+            .lookup_probes
+            .fetch_add(report.probes as u64, Ordering::Relaxed);
+        Ok(report)
+    }
+
+    /// Leading published chunks of `hashes` (see [`Engine::lookup_report`]).
+    ///
+    /// # Errors
+    /// As [`Engine::lookup_report`].
+    pub async fn lookup(&self, g: &KvGeometry, hashes: &[ChunkHash]) -> Result<usize, Error> {
+        Ok(self.lookup_report(g, hashes).await?.chunks)
+    }
+
+    /// Blocking form of [`Engine::lookup`].
+    ///
+    /// # Errors
+    /// As [`Engine::lookup_report`].
+    pub fn lookup_blocking(&self, g: &KvGeometry, hashes: &[ChunkHash]) -> Result<usize, Error> {
+        std::thread::scope(|s| {
+            s.spawn(|| self.handle.block_on(self.lookup(g, hashes)))
+                .join()
+                .expect("lookup panicked")
+        })
+    }
+}

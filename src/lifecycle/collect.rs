@@ -1,0 +1,325 @@
+//! One collection pass ([`collect`]) under a [`Policy`]: incomplete writes, unreferenced
+//! data, orphan markers, TTL and capacity eviction (the rules of the module documentation),
+//! with the [`GcReport`] of what was deleted and why ([`Reason`]).
+
+use super::inventory::{data_key, marker_key};
+use super::{AccessLog, Entry, Inventory, LeaseTable};
+use crate::error::StoreError;
+use crate::store::{Store, StoreExt};
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, SystemTime};
+
+/// Settings of [`collect`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    /// Only keys under this prefix are considered (empty: all).
+    pub prefix: String,
+    /// Most objects listed (a bound on memory; collection stops with an error above it).
+    pub max_objects: usize,
+    /// Unreferenced data younger than this is kept (a save in progress). Default 1 hour.
+    pub grace: Duration,
+    /// Published entries unused for this long are deleted. Default none.
+    pub ttl: Option<Duration>,
+    /// Bytes the collected prefix may hold; LRU entries are evicted above it. Default none.
+    pub capacity_bytes: Option<u64>,
+    /// Key prefixes exempt from TTL and capacity eviction.
+    pub pinned: Vec<String>,
+    /// Report what would be deleted, delete nothing.
+    pub dry_run: bool,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            prefix: String::new(),
+            max_objects: 10_000_000,
+            grace: Duration::from_secs(3600),
+            ttl: None,
+            capacity_bytes: None,
+            pinned: Vec::new(),
+            dry_run: false,
+        }
+    }
+}
+
+/// Why an object was deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Reason {
+    /// Data object without a marker, older than the grace period.
+    Unreferenced,
+    /// Marker without a data object.
+    OrphanMarker,
+    /// Unused for longer than the TTL.
+    Expired,
+    /// Evicted to get under the capacity limit.
+    Evicted,
+    /// An incomplete write (a temporary file) whose writer is gone or that is older than
+    /// the grace period.
+    PartialWrite,
+    /// A tensor-parallel chunk published for some ranks only (another rank's entry missing),
+    /// older than the grace period: every rank's entry goes, so ranks never disagree on it.
+    IncompleteTp,
+}
+
+/// Outcome of [`collect`].
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct GcReport {
+    /// Objects listed.
+    pub scanned: u64,
+    /// Bytes held before.
+    pub bytes_before: u64,
+    /// Bytes held after (as planned, in a dry run).
+    pub bytes_after: u64,
+    /// Deleted (or, in a dry run, to delete) keys with the reason.
+    pub deleted: Vec<(String, Reason)>,
+    /// Entries kept because leased.
+    pub kept_leased: u64,
+    /// Entries exempt from TTL and capacity because pinned.
+    pub kept_pinned: u64,
+    /// Unreferenced data and incomplete writes kept because younger than the grace period.
+    pub kept_young: u64,
+    /// Deletes that failed (key, error); collection goes on past them.
+    pub errors: Vec<(String, String)>,
+}
+
+impl GcReport {
+    /// Deleted objects with this reason.
+    pub fn count(&self, r: Reason) -> usize {
+        self.deleted.iter().filter(|(_, x)| *x == r).count()
+    }
+}
+
+/// Runs one collection pass over `store` (rules in the module documentation) at time `now`.
+///
+/// `access` gives last-access times (LRU); without it last use is the write time. `leases`
+/// protects entries being read.
+///
+/// # Errors
+/// The listing's error, or [`StoreError::Other`] if more than `policy.max_objects` objects are
+/// listed (nothing is deleted then). A failed delete is recorded in the report, not returned.
+pub async fn collect(
+    store: &dyn Store,
+    policy: &Policy,
+    now: SystemTime,
+    access: Option<&AccessLog>,
+    leases: Option<&LeaseTable>,
+) -> Result<GcReport, StoreError> {
+    let limit = policy.max_objects.saturating_add(1);
+    let inv = Inventory::scan(store, &policy.prefix, limit).await?;
+    let scanned = inv
+        .entries
+        .values()
+        .map(|e| e.data.is_some() as u64 + e.marker.is_some() as u64)
+        .sum::<u64>()
+        + inv.other.len() as u64;
+    if scanned > policy.max_objects as u64 {
+        return Err(StoreError::Other {
+            backend: "gc",
+            message: format!(
+                "more than {} objects under {:?}: raise max_objects or collect a narrower prefix",
+                policy.max_objects, policy.prefix
+            ),
+        });
+    }
+    let mut rep = GcReport {
+        scanned,
+        bytes_before: inv.stats().bytes,
+        ..GcReport::default()
+    };
+    let mut held = rep.bytes_before;
+
+    let leased = |id: &str| leases.is_some_and(|l| l.is_leased(id));
+    let pinned = |id: &str| policy.pinned.iter().any(|p| id.starts_with(p.as_str()));
+    let age = |t: Option<SystemTime>| {
+        t.and_then(|t| now.duration_since(t).ok())
+            .unwrap_or_default()
+    };
+    for p in &inv.partial {
+        let reclaim = p.orphaned || age(p.last_modified) >= policy.grace;
+        if !reclaim {
+            rep.kept_young += 1;
+            continue;
+        }
+        if !policy.dry_run {
+            if let Err(e) = store.delete_partial(p).await {
+                rep.errors.push((p.id.clone(), e.to_string()));
+                continue;
+            }
+        }
+        held -= p.size;
+        rep.deleted.push((p.id.clone(), Reason::PartialWrite));
+    }
+    let mut plan: Vec<(String, u64, Reason, String)> = Vec::new(); // key, bytes, reason, id
+    let mut live: Vec<&Entry> = Vec::new();
+    for e in inv.entries.values() {
+        match (&e.data, &e.marker) {
+            (Some(d), None) => {
+                if age(d.last_modified) < policy.grace {
+                    rep.kept_young += 1;
+                } else if leased(&e.id) {
+                    rep.kept_leased += 1;
+                } else {
+                    plan.push((d.key.clone(), d.size, Reason::Unreferenced, e.id.clone()));
+                }
+            }
+            (None, Some(m)) => {
+                plan.push((m.key.clone(), m.size, Reason::OrphanMarker, e.id.clone()))
+            }
+            (Some(_), Some(_)) => live.push(e),
+            (None, None) => {}
+        }
+    }
+    let last_use = |e: &Entry| -> Option<SystemTime> {
+        let a = access.and_then(|a| a.last_use(&e.id));
+        match (a, e.written()) {
+            (Some(a), Some(w)) => Some(a.max(w)),
+            (a, w) => a.or(w),
+        }
+    };
+    for (_, bytes, _, _) in &plan {
+        held -= bytes;
+    }
+    // A chunk's tensor-parallel ranks are one unit: evicted, expired and kept together, and
+    // a chunk published for some ranks only is removed whole once older than `grace`.
+    let mut groups: BTreeMap<String, (u32, Vec<&Entry>)> = BTreeMap::new();
+    for e in live {
+        let (gid, world) = tp_group(&e.id);
+        groups.entry(gid).or_insert((world, Vec::new())).1.push(e);
+    }
+    // The newest write of any object of a group (a rank still saving keeps it young).
+    let mut group_written: HashMap<String, SystemTime> = HashMap::new();
+    for e in inv.entries.values() {
+        if let Some(w) = e.written() {
+            let g = group_written.entry(tp_group(&e.id).0).or_insert(w);
+            *g = (*g).max(w);
+        }
+    }
+    let mut units: Vec<Vec<&Entry>> = Vec::new();
+    for (gid, (world, es)) in groups {
+        if (es.len() as u32) < world {
+            let young = age(group_written.get(&gid).copied()) < policy.grace;
+            if young {
+                rep.kept_young += es.len() as u64;
+            } else if es.iter().any(|e| leased(&e.id)) {
+                rep.kept_leased += es.len() as u64;
+            } else {
+                for e in es {
+                    held -= e.bytes();
+                    push_entry(&mut plan, e, Reason::IncompleteTp);
+                }
+            }
+            continue;
+        }
+        units.push(es);
+    }
+    let unit_use = |u: &[&Entry]| u.iter().map(|e| last_use(e)).max().flatten();
+    // Oldest use first; ties broken by id for a deterministic order.
+    units.sort_by(|a, b| {
+        unit_use(a)
+            .cmp(&unit_use(b))
+            .then_with(|| a[0].id.cmp(&b[0].id))
+    });
+    let unit_leased = |u: &[&Entry]| u.iter().any(|e| leased(&e.id));
+    let mut remaining: Vec<Vec<&Entry>> = Vec::new();
+    for u in units {
+        if u.iter().any(|e| pinned(&e.id)) {
+            rep.kept_pinned += u.len() as u64;
+            continue;
+        }
+        let expired = policy.ttl.is_some_and(|ttl| age(unit_use(&u)) >= ttl);
+        if expired {
+            if unit_leased(&u) {
+                rep.kept_leased += u.len() as u64;
+                continue;
+            }
+            for e in u {
+                held -= e.bytes();
+                push_entry(&mut plan, e, Reason::Expired);
+            }
+        } else {
+            remaining.push(u);
+        }
+    }
+    if let Some(cap) = policy.capacity_bytes {
+        for u in remaining {
+            if held <= cap {
+                break;
+            }
+            if unit_leased(&u) {
+                rep.kept_leased += u.len() as u64;
+                continue;
+            }
+            for e in u {
+                held -= e.bytes();
+                push_entry(&mut plan, e, Reason::Evicted);
+            }
+        }
+    }
+    rep.bytes_after = held;
+    for (key, _, reason, id) in plan {
+        if !policy.dry_run {
+            // Re-check the lease right before deleting: a reader may have arrived.
+            if reason != Reason::OrphanMarker && leased(&id) {
+                rep.kept_leased += 1;
+                continue;
+            }
+            // A listing is not a snapshot: a save may have written the other half of the
+            // entry since (data before its marker). Re-check before deleting a half entry.
+            let other_half = match reason {
+                Reason::OrphanMarker => Some(data_key(&id)),
+                Reason::Unreferenced => Some(marker_key(&id)),
+                _ => None,
+            };
+            if let Some(k) = other_half {
+                match store.exists(&k).await {
+                    Ok(false) => {}
+                    Ok(true) => continue,
+                    Err(e) => {
+                        rep.errors.push((key, e.to_string()));
+                        continue;
+                    }
+                }
+            }
+            if let Err(e) = store.delete(&key).await {
+                rep.errors.push((key, e.to_string()));
+                continue;
+            }
+            if let Some(a) = access {
+                if reason != Reason::Unreferenced {
+                    a.forget(&id);
+                }
+            }
+        }
+        rep.deleted.push((key, reason));
+    }
+    Ok(rep)
+}
+
+/// The tensor-parallel group of an entry id (its `tp{rank}-{world}` key component with the
+/// rank replaced by `*`: the same chunk on every rank) and the group's size (1 without one).
+fn tp_group(id: &str) -> (String, u32) {
+    let mut world = 1;
+    let parts: Vec<String> = id
+        .split('/')
+        .map(|p| {
+            if let Some((r, w)) = p.strip_prefix("tp").and_then(|x| x.split_once('-')) {
+                if let (Ok(_), Ok(w)) = (r.parse::<u32>(), w.parse::<u32>()) {
+                    world = w.max(1);
+                    return format!("tp*-{w}");
+                }
+            }
+            p.to_string()
+        })
+        .collect();
+    (parts.join("/"), world)
+}
+
+/// Marker first, then data (see the module documentation).
+fn push_entry(plan: &mut Vec<(String, u64, Reason, String)>, e: &Entry, r: Reason) {
+    if let Some(m) = &e.marker {
+        plan.push((m.key.clone(), m.size, r, e.id.clone()));
+    }
+    if let Some(d) = &e.data {
+        plan.push((d.key.clone(), d.size, r, e.id.clone()));
+    }
+}

@@ -1,0 +1,128 @@
+//! [`TrackedStore`]: a store wrapper that records reads in an [`AccessLog`] and renews soft
+//! leases in a [`LeaseTable`]; everything else passes through.
+
+use super::{AccessLog, LeaseTable};
+use crate::error::StoreError;
+use crate::store::{
+    ByteStream, EndpointEvent, GatherTarget, GetOptions, GetResult, LocalObject, ObjectMeta,
+    PartialWrite, PutOptions, PutResult, Store,
+};
+use async_trait::async_trait;
+use bytes::Bytes;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// A store wrapper that records reads in an [`AccessLog`] and renews soft leases in a
+/// [`LeaseTable`] on every read of an object's bytes (not on a lookup's `HEAD`: probes never
+/// pin); everything else passes through.
+#[derive(Debug)]
+pub struct TrackedStore {
+    inner: Arc<dyn Store>,
+    access: Arc<AccessLog>,
+    leases: Arc<LeaseTable>,
+    soft_lease: Duration,
+}
+
+impl TrackedStore {
+    /// Wraps `inner`; every get of a data object or marker records an access and renews its
+    /// entry's lease for `soft_lease` (use the load deadline, e.g. 30 s).
+    pub fn new(
+        inner: Arc<dyn Store>,
+        access: Arc<AccessLog>,
+        leases: Arc<LeaseTable>,
+        soft_lease: Duration,
+    ) -> Self {
+        TrackedStore {
+            inner,
+            access,
+            leases,
+            soft_lease,
+        }
+    }
+    fn note(&self, key: &str) {
+        self.access.record(key, SystemTime::now());
+        self.leases.touch(key, self.soft_lease);
+    }
+}
+
+#[async_trait]
+impl Store for TrackedStore {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    // The data paths of the wrapped store pass through: without these, a wrapped `fs` store
+    // loses sendfile and a wrapped S3 store loses gather (the trait's defaults say "none").
+    fn gather_target(&self) -> Option<GatherTarget> {
+        self.inner.gather_target()
+    }
+    fn gather_route(&self, route: u64) -> Vec<GatherTarget> {
+        self.inner.gather_route(route)
+    }
+    fn endpoint_event(&self, addr: &str, event: EndpointEvent) {
+        self.inner.endpoint_event(addr, event)
+    }
+    async fn open_local(&self, key: &str) -> Result<Option<LocalObject>, StoreError> {
+        let r = self.inner.open_local(key).await;
+        if matches!(r, Ok(Some(_))) {
+            self.note(key);
+        }
+        r
+    }
+    fn open_local_blocking(&self, key: &str) -> Result<Option<LocalObject>, StoreError> {
+        let r = self.inner.open_local_blocking(key);
+        if matches!(r, Ok(Some(_))) {
+            self.note(key);
+        }
+        r
+    }
+    async fn get_opts(&self, key: &str, opts: GetOptions) -> Result<GetResult, StoreError> {
+        self.note(key);
+        self.inner.get_opts(key, opts).await
+    }
+    async fn put_opts(
+        &self,
+        key: &str,
+        data: Bytes,
+        opts: PutOptions,
+    ) -> Result<PutResult, StoreError> {
+        let r = self.inner.put_opts(key, data, opts).await;
+        if r.is_ok() {
+            self.access.record(key, SystemTime::now());
+        }
+        r
+    }
+    /// A lookup's probe: passed through, neither an access nor a lease. Lookups never pin:
+    /// what a probe found may be evicted until a load reads it (a lookup that loaded nothing
+    /// must not keep entries from eviction, case C13).
+    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+        self.inner.head(key).await
+    }
+    async fn put_stream(
+        &self,
+        key: &str,
+        body: ByteStream,
+        len: Option<u64>,
+        opts: PutOptions,
+    ) -> Result<PutResult, StoreError> {
+        let r = self.inner.put_stream(key, body, len, opts).await;
+        if r.is_ok() {
+            self.access.record(key, SystemTime::now());
+        }
+        r
+    }
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.inner.delete(key).await
+    }
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<ObjectMeta>, StoreError> {
+        self.inner.list(prefix, limit).await
+    }
+    async fn warm(&self, connections: usize) -> usize {
+        self.inner.warm(connections).await
+    }
+    async fn list_partial(&self, prefix: &str) -> Result<Vec<PartialWrite>, StoreError> {
+        self.inner.list_partial(prefix).await
+    }
+    async fn delete_partial(&self, partial: &PartialWrite) -> Result<(), StoreError> {
+        self.inner.delete_partial(partial).await
+    }
+}

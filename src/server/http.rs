@@ -1,0 +1,164 @@
+//! The HTTP side of the port: one connection served with hyper ([`serve_http`]), and the
+//! routing of each request ([`http_route`]): `/_objectcache/health`, `metrics` and
+//! `capabilities` answered here, presigned URLs of too long validity refused, everything else
+//! to the S3 API.
+
+use super::{client_floor, s3, Shared};
+use crate::protocol::{ServerInfo, PROTOCOL_VERSION};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Bytes of a connection's HTTP read buffer at most (request heads, body pieces): part of
+/// the fixed per-connection memory outside the budget.
+const HTTP_BUF_BYTES: usize = 64 << 10;
+
+/// Serves HTTP/1.1 on one connection: request heads must arrive within
+/// `client_timeout_secs` (idle keep-alive connections close after it too), responses the
+/// client does not read fast enough end the connection ([`conn::Prefixed`]), request bodies
+/// are metered ([`s3::metered_body`]).
+///
+/// [`conn::Prefixed`]: super::conn::Prefixed
+pub(super) async fn serve_http<I>(
+    io: I,
+    sh: Arc<Shared>,
+    s3: s3s::service::S3Service,
+    watcher: hyper_util::server::graceful::Watcher,
+    peer: SocketAddr,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let sh3 = sh.clone();
+    let svc = service_fn(move |req| http_route(req, sh3.clone(), s3.clone()));
+    let mut b = hyper::server::conn::http1::Builder::new();
+    b.keep_alive(true)
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(sh.cfg.client_timeout_secs))
+        .max_buf_size(HTTP_BUF_BYTES);
+    let conn = b.serve_connection(TokioIo::new(io), svc);
+    if let Err(e) = watcher.watch(conn).await {
+        tracing::debug!(%peer, error = %e, "http connection ended");
+    }
+}
+
+type HttpResp = hyper::Response<s3s::Body>;
+
+async fn http_route(
+    req: hyper::Request<hyper::body::Incoming>,
+    sh: Arc<Shared>,
+    s3: s3s::service::S3Service,
+) -> Result<HttpResp, std::convert::Infallible> {
+    let path = req.uri().path();
+    let text = |status: u16, ct: &str, body: String| {
+        hyper::Response::builder()
+            .status(status)
+            .header("content-type", ct)
+            .body(s3s::Body::from(body))
+            .expect("valid response")
+    };
+    if req.method() == hyper::Method::GET && path.starts_with("/_objectcache/") {
+        return Ok(match path {
+            "/_objectcache/health" => {
+                if sh.shutdown.is_cancelled() {
+                    text(503, "text/plain", "shutting down\n".into())
+                } else {
+                    text(200, "text/plain", "ok\n".into())
+                }
+            }
+            "/_objectcache/metrics" => text(
+                200,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                sh.metrics.encode(),
+            ),
+            "/_objectcache/capabilities" => {
+                let l = sh.limits();
+                let body = serde_json::json!({
+                    "service": "objectcache",
+                    "version": env!("CARGO_PKG_VERSION"),
+                    "gather": {
+                        "protocol_versions": [PROTOCOL_VERSION],
+                        "transports": if l.features & ServerInfo::FEATURE_RDMA != 0 { vec!["tcp", "rdma"] } else { vec!["tcp"] },
+                        "same_port": true,
+                        "batched_save": true,
+                        // Striped loads are admitted and paced as one (descriptor flag bit 2).
+                        "load_groups": true,
+                        // Held frames while a load waits on purpose (descriptor flag bit 3).
+                        "held_frames": true,
+                        "max_descriptor_bytes": l.max_descriptor_bytes,
+                        "max_chunks": l.max_chunks,
+                        "max_request_bytes": l.max_request_bytes,
+                        "max_unit_bytes": crate::protocol::MAX_UNIT_BYTES,
+                        // Access keys configured: connections answer an HMAC-SHA256 challenge.
+                        "authentication": if sh.cfg.access_keys.is_empty() { "none" } else { "hmac-sha256" },
+                    }
+                });
+                text(200, "application/json", body.to_string())
+            }
+            _ => text(404, "text/plain", "unknown objectcache endpoint\n".into()),
+        });
+    }
+    if let Some(r) = presigned_expiry_refusal(req.uri()) {
+        return Ok(r);
+    }
+    // Request bodies are metered (memory budget, progress, per-request bound); why one was
+    // cut off travels in the request's extensions to the handler.
+    let (mut parts, body) = req.into_parts();
+    let (body, fault) = s3::MeteredBody::new(
+        body,
+        s3::BodyLimits {
+            budget: sh.budget.clone(),
+            wait: Duration::from_secs(sh.cfg.client_timeout_secs),
+            floor: client_floor(&sh.cfg),
+            max_request_bytes: sh.cfg.max_request_bytes,
+        },
+    );
+    parts.extensions.insert(fault);
+    let req = hyper::Request::from_parts(parts, s3s::Body::http_body_unsync(body));
+    match s3.call(req).await {
+        Ok(r) => Ok(r),
+        Err(e) => {
+            sh.metrics.error("http");
+            tracing::warn!(error = ?e, "S3 request failed inside the HTTP layer");
+            Ok(s3_error_response(
+                500,
+                "InternalError",
+                "internal error (logged by the server)",
+            ))
+        }
+    }
+}
+
+/// Longest validity of a presigned URL, seconds: 7 days, as AWS S3 allows.
+pub const MAX_PRESIGNED_EXPIRES_SECS: u64 = 7 * 24 * 3600;
+
+/// AWS S3's answer to a presigned URL whose `X-Amz-Expires` is above 7 days (or not a
+/// number): `400 AuthorizationQueryParametersError`, before the signature is looked at.
+fn presigned_expiry_refusal(uri: &hyper::Uri) -> Option<HttpResp> {
+    let q = uri.query()?;
+    let v = q.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        k.eq_ignore_ascii_case("X-Amz-Expires").then_some(v)
+    })?;
+    match v.parse::<u64>() {
+        Ok(s) if s <= MAX_PRESIGNED_EXPIRES_SECS => None,
+        _ => Some(s3_error_response(
+            400,
+            "AuthorizationQueryParametersError",
+            "X-Amz-Expires must be less than a week (in seconds) that is 604800",
+        )),
+    }
+}
+
+/// An S3 error document (`<Error><Code>..</Code><Message>..</Message></Error>`).
+fn s3_error_response(status: u16, code: &str, message: &str) -> HttpResp {
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{code}</Code><Message>{message}</Message></Error>"
+    );
+    hyper::Response::builder()
+        .status(status)
+        .header("content-type", "application/xml")
+        .body(s3s::Body::from(body))
+        .expect("valid response")
+}
