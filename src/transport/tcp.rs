@@ -111,8 +111,10 @@ enum UnitFate {
 #[derive(Debug)]
 pub struct GatherClient {
     stream: TcpStream,
-    conn: ClientConnection,
-    buf: BytesMut,
+    /// The protocol state; the RDMA driver (`transport/rdma/gather.rs`) runs its loads on it.
+    pub(super) conn: ClientConnection,
+    /// Bytes read and not yet handled by `conn`.
+    pub(super) buf: BytesMut,
     info: ServerInfo,
     /// While a load runs, read only small control reads into `buf`: unit payloads are read
     /// by [`GatherClient::recv_unit`] straight into their destination.
@@ -220,14 +222,16 @@ impl GatherClient {
         self.info
     }
 
-    async fn flush(&mut self) -> std::io::Result<()> {
+    /// Sends everything the protocol has queued.
+    pub(super) async fn flush(&mut self) -> std::io::Result<()> {
         while let Some(b) = self.conn.poll_transmit() {
             self.stream.write_all(&b).await?;
         }
         Ok(())
     }
 
-    async fn read_more(&mut self) -> std::io::Result<usize> {
+    /// Reads more of the stream into `buf`; `Ok(0)` when the server closed it.
+    pub(super) async fn read_more(&mut self) -> std::io::Result<usize> {
         if self.direct {
             // Frame headers and small control frames only: a unit's payload is read by
             // `recv_unit` into its destination, so at most this much of it is copied twice.

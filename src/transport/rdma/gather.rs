@@ -12,17 +12,15 @@
 //! stream breaks the RDMA session too, so no late write can land after the call returns.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpStream, ToSocketAddrs};
+use tokio::net::ToSocketAddrs;
 
 use crate::error::LayerError;
 use crate::protocol::{
-    plan_units, unit_indices, ClientConnection, ClientEvent, GatherRequest, MissReason,
-    ProtocolError, RdmaTarget, ServerInfo, TransportTarget,
+    plan_units, unit_indices, ClientEvent, GatherRequest, LoadTracker, MissReason, ProtocolError,
+    RdmaTarget, ServerInfo, TransportTarget,
 };
+use crate::transport::tcp::GatherClient;
 use crate::transport::LayerSink;
 
 use super::client::{LayerDest, LayerPlan, RdmaClient};
@@ -41,13 +39,11 @@ pub enum RdmaGatherError {
     Failed(String),
 }
 
-/// A gather connection used for RDMA-target requests.
+/// A gather connection used for RDMA-target requests: a [`GatherClient`] (its hello,
+/// authentication, stream and protocol state) whose loads name an RDMA target.
 #[derive(Debug)]
 pub struct GatherConn {
-    stream: TcpStream,
-    conn: ClientConnection,
-    buf: BytesMut,
-    info: ServerInfo,
+    c: GatherClient,
 }
 
 impl GatherConn {
@@ -61,71 +57,18 @@ impl GatherConn {
         addr: impl ToSocketAddrs,
         credentials: Option<(String, String)>,
     ) -> Result<Self, String> {
-        let stream = TcpStream::connect(addr)
+        let c = GatherClient::connect_with(addr, credentials)
             .await
-            .map_err(|e| format!("connect: {e}"))?;
-        let _ = stream.set_nodelay(true);
-        let mut c = GatherConn {
-            stream,
-            conn: ClientConnection::with_credentials(credentials),
-            buf: BytesMut::with_capacity(64 << 10),
-            info: ServerInfo {
-                version: 0,
-                features: 0,
-                max_descriptor_bytes: 0,
-                max_chunks: 0,
-                max_request_bytes: 0,
-            },
-        };
-        c.flush().await.map_err(|e| format!("send hello: {e}"))?;
-        let info = tokio::time::timeout(Duration::from_secs(10), async {
-            loop {
-                if let Some(ev) = c.conn.poll_event() {
-                    return match ev {
-                        ClientEvent::Connected(i) => Ok(i),
-                        other => Err(format!("no gather hello: {other:?}")),
-                    };
-                }
-                match c.read_more().await {
-                    Ok(0) => {
-                        return Err("the server closed the connection after the preface".to_string())
-                    }
-                    Ok(_) => c
-                        .conn
-                        .handle_bytes(&mut c.buf)
-                        .map_err(|e| format!("not a gather server: {e}"))?,
-                    Err(e) => return Err(format!("read hello: {e}")),
-                }
-                // The answer to an authentication challenge, if one came.
-                c.flush().await.map_err(|e| format!("send auth: {e}"))?;
-            }
-        })
-        .await
-        .map_err(|_| "no gather hello within 10 s".to_string())??;
-        if info.features & ServerInfo::FEATURE_RDMA == 0 {
+            .map_err(|e| e.to_string())?;
+        if c.server_info().features & ServerInfo::FEATURE_RDMA == 0 {
             return Err("the server does not offer the RDMA target".into());
         }
-        c.info = info;
-        Ok(c)
+        Ok(GatherConn { c })
     }
 
     /// The server's hello.
     pub fn server_info(&self) -> ServerInfo {
-        self.info
-    }
-
-    async fn flush(&mut self) -> std::io::Result<()> {
-        while let Some(b) = self.conn.poll_transmit() {
-            self.stream.write_all(&b).await?;
-        }
-        Ok(())
-    }
-
-    async fn read_more(&mut self) -> std::io::Result<usize> {
-        if self.buf.capacity() - self.buf.len() < (16 << 10) {
-            self.buf.reserve(64 << 10);
-        }
-        self.stream.read_buf(&mut self.buf).await
+        self.c.server_info()
     }
 
     /// Runs `req` (its target is replaced by an RDMA target on `rdma`'s session) into `dests`,
@@ -204,19 +147,21 @@ impl GatherConn {
             slot: slot as u8,
             layers: segments,
         });
-        if let Err(e) = self.conn.start_gather(&req) {
+        if let Err(e) = self.c.conn.start_gather(&req) {
             handle.forget();
             return Err(refused(e.to_string()));
         }
         let mut accepted = false;
         let mut cancelled = false;
-        let mut missed: Vec<(usize, MissReason)> = Vec::new();
+        // Which layers the server's `Miss` frames fail, and with what error (the units
+        // themselves are counted by the session's completion bookkeeping).
+        let mut track = LoadTracker::new(&req);
         let result: Result<(), String> = loop {
-            if let Err(e) = self.flush().await {
+            if let Err(e) = self.c.flush().await {
                 break Err(format!("gather stream: {e}"));
             }
             let mut end = None;
-            while let Some(ev) = self.conn.poll_event() {
+            while let Some(ev) = self.c.conn.poll_event() {
                 match ev {
                     ClientEvent::Accepted { .. } => accepted = true,
                     ClientEvent::Miss {
@@ -225,17 +170,8 @@ impl GatherConn {
                         reason,
                         message,
                     } => {
-                        let c = chunk as usize;
-                        if !missed.iter().any(|&(m, _)| m == c) {
-                            missed.push((c, reason));
-                        }
-                        let errs: Vec<(u32, LayerError)> = layers
-                            .map(|l| {
-                                let key = req.chunks.key(c).unwrap_or_default();
-                                (l, reason.layer_error(c, key, &message))
-                            })
-                            .collect();
-                        handle.fail_layers(&errs);
+                        let key = req.chunks.key(chunk as usize).unwrap_or_default();
+                        handle.fail_layers(&track.miss(chunk, layers, reason, &message, &key));
                     }
                     ClientEvent::End { units, .. } => {
                         end = Some(Ok(units));
@@ -266,13 +202,13 @@ impl GatherConn {
             }
             if !cancelled && sink.is_cancelled() {
                 cancelled = true;
-                self.conn.cancel(req.request_id);
+                self.c.conn.cancel(req.request_id);
                 continue;
             }
-            match self.read_more().await {
+            match self.c.read_more().await {
                 Ok(0) => break Err("the server closed the gather stream mid-load".into()),
                 Ok(_) => {
-                    if let Err(e) = self.conn.handle_bytes(&mut self.buf) {
+                    if let Err(e) = self.c.conn.handle_bytes(&mut self.c.buf) {
                         break Err(ProtocolError::to_string(&e));
                     }
                 }
@@ -285,9 +221,7 @@ impl GatherConn {
             handle.abort(&format!("gather stream failed: {why}"));
         }
         // Wait (bounded by the session's load deadline, enforced by its poller) for every write.
-        while !handle.is_finished() {
-            tokio::time::sleep(Duration::from_micros(200)).await;
-        }
+        handle.finished().await;
         handle.finish();
         let result = match (result, rdma.broken()) {
             // Layers cut off by a broken session are already misses; say so to the caller.
@@ -299,7 +233,10 @@ impl GatherConn {
                 sink.fail(l, LayerError::Cancelled);
             }
         }
-        result.map(|()| missed).map_err(RdmaGatherError::Failed)
+        let missed = track.outcome().missed_chunks;
+        result
+            .map(|()| missed.into_iter().map(|(c, r)| (c as usize, r)).collect())
+            .map_err(RdmaGatherError::Failed)
     }
 }
 

@@ -95,6 +95,22 @@ impl LoadHandle {
             .is_none_or(|s| self.shared.lock().loads.get(&s).is_none_or(|l| l.finished))
     }
 
+    /// Returns once [`LoadHandle::is_finished`] is true, without blocking a thread: woken when
+    /// a load of the session finishes (the session's poller finishes loads that pass its load
+    /// deadline, so this is bounded by it).
+    pub async fn finished(&self) {
+        loop {
+            let woken = self.shared.finished.notified();
+            tokio::pin!(woken);
+            // Registered before the check, so a load finishing in between still wakes it.
+            woken.as_mut().enable();
+            if self.is_finished() {
+                return;
+            }
+            woken.await;
+        }
+    }
+
     /// Asks the server to stop this load: units not yet posted are skipped and their layers
     /// become [`LayerError::Cancelled`] misses once the server confirms (the destination may
     /// still receive writes until then, so keep it until [`LoadHandle::wait`] returns). A

@@ -180,6 +180,7 @@ impl RdmaClient {
                 free_slots: (0..Imm::SLOTS).rev().collect(),
             }),
             cv: Condvar::new(),
+            finished: tokio::sync::Notify::new(),
             stop: AtomicBool::new(false),
             cfg,
             gather,

@@ -92,6 +92,8 @@ pub(super) struct Shared {
     pub(super) writer: Mutex<TcpStream>,
     pub(super) state: Mutex<ConnState>,
     pub(super) cv: Condvar,
+    /// Woken (with `cv`) whenever a load finishes: async waiters ([`super::LoadHandle::finished`]).
+    pub(super) finished: tokio::sync::Notify,
     pub(super) stop: AtomicBool,
     pub(super) cfg: ClientConfig,
     /// A gather session: cancels go through the gather protocol, not this channel.
@@ -205,6 +207,7 @@ impl Shared {
         drop(st);
         if any {
             self.cv.notify_all();
+            self.finished.notify_waiters();
         }
     }
 
