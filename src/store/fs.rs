@@ -50,7 +50,6 @@ pub enum FsyncPolicy {
 pub struct FsStore {
     root: PathBuf,
     fsync: FsyncPolicy,
-    seq: AtomicU64,
     /// Writes to files in progress at once, at most (one per core): a flood of puts takes
     /// turns on the disk and the CPU rather than one blocking thread each, so reads keep
     /// their share.
@@ -165,7 +164,6 @@ impl FsStore {
         Ok(FsStore {
             root,
             fsync,
-            seq: AtomicU64::new(0),
             writers: std::sync::Arc::new(tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(2, |n| n.get()),
             )),
@@ -194,13 +192,15 @@ impl FsStore {
         Ok(self.root.join(key))
     }
 
-    /// A fresh temporary file path in `dir`.
+    /// A fresh temporary file path in `dir`: the sequence number is process-wide, so that
+    /// two stores on one root in one process never pick the same name.
     fn tmp_path(&self, dir: &Path) -> PathBuf {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
         dir.join(format!(
             "{TMP_PREFIX}{}-{}-{}",
             writer_token(),
             std::process::id(),
-            self.seq.fetch_add(1, Ordering::Relaxed)
+            SEQ.fetch_add(1, Ordering::Relaxed)
         ))
     }
 }
@@ -256,7 +256,15 @@ impl Drop for TmpFile {
 impl TmpFile {
     fn create(path: PathBuf, dir: &Path, key: &str) -> Result<Self, StoreError> {
         create_parent(dir, key)?;
-        let file = std::fs::File::create(&path).map_err(|e| io_err(key, e))?;
+        // A new file or none (`O_EXCL`): an existing name is never opened for writing, let
+        // alone truncated. A create-only put's temporary name stays linked to the committed
+        // object until it is removed, so truncating a file of that name would rewrite the
+        // object in place.
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| io_err(key, e))?;
         Ok(TmpFile {
             path,
             file,
