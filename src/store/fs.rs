@@ -6,6 +6,13 @@
 //! `link(2)` from the temporary file, which fails atomically if the key exists. Streamed
 //! puts ([`Store::put_stream`]) write each piece to the temporary file as it arrives.
 //!
+//! An object's file is never written once it is committed: nothing opens it for writing
+//! (temporary files are created with `O_EXCL`, so not even a name collision reopens one), and
+//! it is replaced only by renaming another file over its path. Readers rely on it: the server
+//! sends objects with `sendfile(2)` and maps them into memory for S3 GETs
+//! (`server/s3/mapped.rs`), which is sound only while the mapped file never changes or
+//! shrinks ([`super::LocalObject`]).
+//!
 //! A write that fails or is cancelled removes its temporary file. One whose process was
 //! killed leaves it behind: [`Store::list_partial`] reports such files (with their size, so
 //! `objectcache stat` counts them), marking as orphaned those whose writer was a process of

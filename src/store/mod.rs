@@ -190,8 +190,13 @@ pub struct PutResult {
 }
 
 /// An object opened as a local file ([`Store::open_local`]): a server can send its bytes to a
-/// socket with `sendfile(2)`, with no copy through user space. Objects are immutable once
-/// written (puts replace them by rename), so the open file keeps the bytes it had.
+/// socket with `sendfile(2)`, with no copy through user space, or map them into memory (its
+/// S3 GET bodies). Objects are immutable once written (puts replace them by rename), so the
+/// open file keeps the bytes it had.
+///
+/// The contract every store that hands out local files keeps, which memory-mapping them
+/// relies on for soundness: the file is never written to, truncated or otherwise shortened
+/// after it was handed out (nor while it is the object's file at all).
 #[derive(Debug)]
 pub struct LocalObject {
     /// The open file (read-only).

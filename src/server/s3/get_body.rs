@@ -29,7 +29,7 @@ impl futures::Stream for SyncStream {
 }
 
 /// Bytes of a GET body held under the memory budget at a time: one store read (the
-/// filesystem store reads 4 MiB pieces).
+/// filesystem store reads 4 MiB pieces), or one piece of a local file's body.
 pub(super) const GET_PIECE_BYTES: u64 = 4 << 20;
 
 /// `503 SlowDown`: the server's memory budget is spent; the client retries after a backoff.

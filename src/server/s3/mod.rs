@@ -6,6 +6,7 @@
 mod buckets;
 mod errors;
 mod get_body;
+mod mapped;
 mod request_body;
 
 pub use buckets::Buckets;
@@ -14,9 +15,10 @@ pub(crate) use request_body::{BodyLimits, MeteredBody};
 
 use super::budget::Budget;
 use crate::error::StoreError;
-use crate::store::{validate_key, GetOptions, PutMode, PutOptions, Store};
+use crate::store::{validate_key, GetOptions, GetResult, PutMode, PutOptions, Store};
 use futures::{StreamExt, TryStreamExt};
 use get_body::{metered_stream, slow_down, SyncStream, GET_PIECE_BYTES};
+use mapped::local_file_body;
 use request_body::BodyFault;
 use s3s::dto::*;
 use s3s::{s3_error, S3Request, S3Response, S3Result, S3};
@@ -312,22 +314,33 @@ impl S3 for S3Frontend {
         let input = req.input;
         self.bucket(&input.bucket).await?;
         let shown = input.key.as_str();
+        // An object in a local file (the filesystem backend) is sent from the page cache
+        // (`local_file_body`); the open file also gives the size a range is checked against.
+        let local = self
+            .store
+            .open_local(&key)
+            .await
+            .map_err(|e| map_err_as(e, shown))?;
         let range = match input.range {
             None => None,
             Some(r) => {
-                let size = self
-                    .store
-                    .head(&key)
-                    .await
-                    .map_err(|e| map_err_as(e, shown))?
-                    .size;
+                let size = match &local {
+                    Some(o) => o.meta.size,
+                    None => {
+                        self.store
+                            .head(&key)
+                            .await
+                            .map_err(|e| map_err_as(e, shown))?
+                            .size
+                    }
+                };
                 Some(r.check(size).map_err(|_| {
                     s3_error!(InvalidRange, "range is outside the object of {size} bytes")
                 })?)
             }
         };
         let partial = range.is_some();
-        // The first piece's memory is had before the object is opened: past the budget the
+        // The first piece's memory is had before the object is read: past the budget the
         // answer is 503 SlowDown, before any byte is read.
         let first = match &self.budget {
             Some((b, wait)) => Some(
@@ -337,11 +350,21 @@ impl S3 for S3Frontend {
             ),
             None => None,
         };
-        let mut g = self
-            .store
-            .get_opts(&key, GetOptions { range })
-            .await
-            .map_err(|e| map_err_as(e, shown))?;
+        let mut g = match local {
+            Some(o) => {
+                let range = range.unwrap_or(0..o.meta.size);
+                GetResult {
+                    meta: o.meta.clone(),
+                    body: local_file_body(o, range.clone(), key),
+                    range,
+                }
+            }
+            None => self
+                .store
+                .get_opts(&key, GetOptions { range })
+                .await
+                .map_err(|e| map_err_as(e, shown))?,
+        };
         let len = g.range.end - g.range.start;
         if let Some((b, wait)) = &self.budget {
             g.body = metered_stream(g.body, b.clone(), *wait, len, first);
