@@ -132,8 +132,9 @@ impl Drop for Mapping {
 }
 
 /// Mappings start and end at multiples of this file offset where the file allows: a 2 MiB
-/// folio of the page cache (what a file written with large writes is cached in) is mapped
-/// with one page-table entry when the mapping covers all of it, with 512 otherwise.
+/// folio of the page cache (what a file written in large steps is cached in: `store/fs.rs`,
+/// `WRITE_STEP`) is mapped with one page-table entry when the mapping covers all of it, with
+/// 512 otherwise.
 const MAP_ALIGN: u64 = 2 << 20;
 
 /// `len` bytes of `file` (of `size` bytes) from byte `at`, mapped read-only. The mapping
