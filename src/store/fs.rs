@@ -403,15 +403,19 @@ fn meta_of(key: &str, m: &std::fs::Metadata) -> ObjectMeta {
 }
 
 /// Opens the object file at `path` (for `key`) with its metadata; a directory is `NotFound`.
+#[allow(unsafe_code)] // `LocalObject::new`: this store never writes a committed object's file
 fn open_file(path: &Path, key: &str) -> Result<Option<super::LocalObject>, StoreError> {
     let file = std::fs::File::open(path).map_err(|e| io_err(key, e))?;
     let m = file.metadata().map_err(|e| io_err(key, e))?;
     if !m.is_file() {
         return Err(StoreError::NotFound { key: key.into() });
     }
-    Ok(Some(super::LocalObject {
-        meta: meta_of(key, &m),
-        file,
+    // SAFETY: the filesystem store never writes to a committed object's file: every put
+    // writes a temporary file it created with `O_EXCL` (`TmpFile`) and renames or links it
+    // over the key's path, and a delete unlinks the name; `file` is read-only and `meta`'s
+    // size is its length (`meta_of`).
+    Ok(Some(unsafe {
+        super::LocalObject::new(file, meta_of(key, &m))
     }))
 }
 

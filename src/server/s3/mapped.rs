@@ -36,21 +36,21 @@ const MAP_MIN_BYTES: u64 = 64 << 10;
 /// [`GET_PIECE_BYTES`](super::get_body::GET_PIECE_BYTES), each made on the blocking pool when
 /// the previous one has been taken: a piece of at least [`MAP_MIN_BYTES`] is the file's pages
 /// themselves, mapped ([`map`]), so the socket write is the only copy of its bytes; a smaller
-/// one is read. A range reaching past `obj.meta.size` (the size of this open file) is an
+/// one is read. A range reaching past `obj.meta().size` (the size of this open file) is an
 /// error.
 pub(super) fn local_file_body(obj: LocalObject, range: Range<u64>, key: String) -> ByteStream {
-    if range.start > range.end || range.end > obj.meta.size {
+    let size = obj.meta().size;
+    if range.start > range.end || range.end > size {
         let e = StoreError::InvalidRange {
             key,
             start: range.start,
             end: range.end,
-            size: obj.meta.size,
+            size,
         };
         return futures::stream::once(async move { Err(e) }).boxed();
     }
-    let size = obj.meta.size;
     let st = (
-        Arc::new(obj.file),
+        Arc::new(obj.into_parts().0),
         range.start,
         range.end,
         Arc::<str>::from(key),
@@ -76,11 +76,9 @@ fn local_piece(file: &File, size: u64, at: u64, n: usize, key: &str) -> Result<B
         StoreError::other("fs", format!("{what} {n} bytes of {key} at {at}: {e}"))
     };
     if n as u64 >= MAP_MIN_BYTES {
-        // SAFETY: `file` is a `LocalObject`'s (`local_file_body`), under its contract: its
-        // bytes never change and it is never shortened (the filesystem store, the one store
-        // with local files, writes every object to a new temporary file created with
-        // `O_EXCL` and renames or links it into place: `store/fs.rs`, `TmpFile`). `at + n`
-        // is at most `size`, the size of this open file (checked by `local_file_body`).
+        // SAFETY: `file` is a `LocalObject`'s (`local_file_body`), under the contract of
+        // `LocalObject::new`: its bytes never change and it is never shortened. `at + n` is
+        // at most `size`, the size of this open file (checked by `local_file_body`).
         return unsafe { map(file, at, n, size) }.map_err(|e| failed("map", e));
     }
     let mut buf = vec![0u8; n];

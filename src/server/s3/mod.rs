@@ -325,7 +325,7 @@ impl S3 for S3Frontend {
             None => None,
             Some(r) => {
                 let size = match &local {
-                    Some(o) => o.meta.size,
+                    Some(o) => o.meta().size,
                     None => {
                         self.store
                             .head(&key)
@@ -352,9 +352,9 @@ impl S3 for S3Frontend {
         };
         let mut g = match local {
             Some(o) => {
-                let range = range.unwrap_or(0..o.meta.size);
+                let range = range.unwrap_or(0..o.meta().size);
                 GetResult {
-                    meta: o.meta.clone(),
+                    meta: o.meta().clone(),
                     body: local_file_body(o, range.clone(), key),
                     range,
                 }
