@@ -5,7 +5,7 @@
 //!
 //! The one rule that makes this sound is the [`LocalObject`] contract: a store never changes
 //! or shortens a file it handed out. The filesystem store keeps it by never writing to an
-//! object's file once it is committed (`store/fs.rs`: every put writes a temporary file it
+//! object's file once it is committed (`store/fs/`: every put writes a temporary file it
 //! created with `O_EXCL`, then renames it over the key's path or links it there; nothing
 //! opens an object's file for writing). A committed object is
 //! replaced by a rename, which gives the path a new inode and leaves the mapped one as it was;
@@ -130,7 +130,7 @@ impl Drop for Mapping {
 }
 
 /// Mappings start and end at multiples of this file offset where the file allows: a 2 MiB
-/// folio of the page cache (what a file written in large steps is cached in: `store/fs.rs`,
+/// folio of the page cache (what a file written in large steps is cached in: `store/fs/tmp.rs`,
 /// `WRITE_STEP`) is mapped with one page-table entry when the mapping covers all of it, with
 /// 512 otherwise.
 const MAP_ALIGN: u64 = 2 << 20;
