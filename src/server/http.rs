@@ -18,7 +18,7 @@ const HTTP_BUF_BYTES: usize = 64 << 10;
 /// Serves HTTP/1.1 on one connection: request heads must arrive within
 /// `client_timeout_secs` (idle keep-alive connections close after it too), responses the
 /// client does not read fast enough end the connection ([`conn::Prefixed`]), request bodies
-/// are metered ([`s3::metered_body`]).
+/// are metered ([`s3::MeteredBody`]).
 ///
 /// [`conn::Prefixed`]: super::conn::Prefixed
 pub(super) async fn serve_http<I>(

@@ -226,11 +226,11 @@ pub async fn local_file(s: &dyn Store, p: &str) {
     for o in opened {
         match o {
             None => assert!(!local, "open_local and open_local_blocking disagree"),
-            Some(mut o) => {
+            Some(o) => {
                 assert!(local, "open_local and open_local_blocking disagree");
-                assert_eq!(o.meta.size, d.len() as u64);
+                assert_eq!(o.meta().size, d.len() as u64);
                 let mut got = Vec::new();
-                o.file.read_to_end(&mut got).unwrap();
+                o.file().read_to_end(&mut got).unwrap();
                 assert!(got == d[..], "local file differs from the object");
             }
         }

@@ -190,14 +190,48 @@ pub struct PutResult {
 }
 
 /// An object opened as a local file ([`Store::open_local`]): a server can send its bytes to a
-/// socket with `sendfile(2)`, with no copy through user space. Objects are immutable once
-/// written (puts replace them by rename), so the open file keeps the bytes it had.
+/// socket with `sendfile(2)`, with no copy through user space, or map them into memory (its
+/// S3 GET bodies). Objects are immutable once written (puts replace them by rename), so the
+/// open file keeps the bytes it had.
+///
+/// Made only by [`LocalObject::new`], whose contract (the file never changes or shrinks) is
+/// what memory-mapping it relies on for soundness.
 #[derive(Debug)]
 pub struct LocalObject {
+    file: std::fs::File,
+    meta: ObjectMeta,
+}
+
+impl LocalObject {
+    /// An object's open file and its metadata.
+    ///
+    /// # Safety
+    /// `file` (opened read-only) is never written to, truncated or otherwise shortened while
+    /// this value or anything taken from it lives: a server maps its pages into memory and
+    /// lends them out as immutable bytes. `meta.size` is the file's length in bytes. A store
+    /// keeps this by never opening an object's file for writing once it is committed
+    /// (replacing an object renames a new file over its name, deleting unlinks the name; the
+    /// open inode keeps its bytes), and owns its directory: no other program rewrites it.
+    #[allow(unsafe_code)] // the contract above; nothing unsafe is done here
+    pub unsafe fn new(file: std::fs::File, meta: ObjectMeta) -> Self {
+        LocalObject { file, meta }
+    }
+
     /// The open file (read-only).
-    pub file: std::fs::File,
+    pub fn file(&self) -> &std::fs::File {
+        &self.file
+    }
+
     /// The object's metadata; `size` is the file's length in bytes.
-    pub meta: ObjectMeta,
+    pub fn meta(&self) -> &ObjectMeta {
+        &self.meta
+    }
+
+    /// The file and the metadata. The file is still under [`LocalObject::new`]'s contract:
+    /// code that maps it takes the `LocalObject`, never a bare file.
+    pub fn into_parts(self) -> (std::fs::File, ObjectMeta) {
+        (self.file, self.meta)
+    }
 }
 
 /// An object store. Every method is cancel-safe: dropping its future leaves either the old or

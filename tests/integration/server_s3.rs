@@ -1,6 +1,8 @@
 //! The server's S3 API: the storage conformance suite through `S3Store` against an
-//! in-process server; SigV4 with wrong keys; gateway mode (a server whose backend is another
-//! server's S3 API) serving gather byte-exact.
+//! in-process server (on the memory backend, and on the filesystem backend, whose GET bodies
+//! are mapped from the object files); a GET body keeps the bytes of the object it started on
+//! while the object is replaced and deleted; SigV4 with wrong keys; gateway mode (a server
+//! whose backend is another server's S3 API) serving gather byte-exact.
 #![cfg(feature = "s3")]
 
 use crate::common;
@@ -9,7 +11,8 @@ use crate::gather_util;
 use gather_util::*;
 use objectcache::layout::KvGeometry;
 use objectcache::store::{
-    Addressing, MemoryStore, S3Config, S3Credentials, S3Store, Store, StoreExt,
+    Addressing, FsStore, FsyncPolicy, GetOptions, MemoryStore, S3Config, S3Credentials, S3Store,
+    Store, StoreExt,
 };
 use objectcache::transport::tcp::GatherClient;
 use std::sync::atomic::Ordering;
@@ -39,6 +42,70 @@ async fn served() -> Option<(S3Store, String)> {
 
 mod conformance_through_server {
     objectcache::conformance_tests!(super::served());
+}
+
+/// The conformance suite through a server on the filesystem backend: its GET bodies are the
+/// object files' pages, mapped (pieces of 64 KiB and more), or read (smaller ones).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_through_a_server_on_files() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = FsStore::new(dir.path(), FsyncPolicy::Never).expect("store");
+    let server = start(Arc::new(store), config()).await;
+    let s = s3_client(&server.endpoint(), BUCKET, SECRET).await;
+    objectcache::store::conformance::run_all(&s, "conf").await;
+    server.shutdown().await;
+}
+
+/// A GET body from the filesystem backend is the object as it was when the GET opened it:
+/// replacing the object and then deleting it while the body is being read changes none of
+/// the bytes that arrive (the server maps its pieces from the file it opened, whose inode
+/// outlives both the rename over its name and the unlink).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_body_from_files_survives_replacement_and_deletion() {
+    use futures::StreamExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = FsStore::new(dir.path(), FsyncPolicy::Never).expect("store");
+    let server = start(Arc::new(store), config()).await;
+    let s = s3_client(&server.endpoint(), BUCKET, SECRET).await;
+    let n = 40 << 20;
+    let old: Vec<u8> = (0..n).map(|i: usize| (i * 31 + i / 8191) as u8).collect();
+    s.put("swap/obj", bytes::Bytes::from(old.clone()))
+        .await
+        .unwrap();
+    for range in [None, Some(3..(n as u64 - 5))] {
+        let g = s
+            .get_opts(
+                "swap/obj",
+                GetOptions {
+                    range: range.clone(),
+                },
+            )
+            .await
+            .unwrap();
+        let want = match &range {
+            Some(r) => &old[r.start as usize..r.end as usize],
+            None => &old[..],
+        };
+        let mut body = g.body;
+        let mut got = Vec::with_capacity(want.len());
+        got.extend_from_slice(&body.next().await.unwrap().unwrap());
+        // Replaced (a rename over its name), then deleted, with most of the body unread.
+        s.put("swap/obj", bytes::Bytes::from(vec![0xA5u8; n]))
+            .await
+            .unwrap();
+        s.delete("swap/obj").await.unwrap();
+        while let Some(piece) = body.next().await {
+            got.extend_from_slice(&piece.unwrap());
+        }
+        assert!(
+            got == want,
+            "range {range:?}: the body changed under the reader"
+        );
+        s.put("swap/obj", bytes::Bytes::from(old.clone()))
+            .await
+            .unwrap();
+    }
+    server.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

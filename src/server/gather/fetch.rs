@@ -264,7 +264,8 @@ fn open_local_chunk(
 ) -> Option<Arc<LocalChunk>> {
     use std::os::unix::fs::FileExt;
     let o = store.open_local_blocking(key).ok().flatten()?;
-    let (f, size) = (o.file, o.meta.size);
+    let size = o.meta().size;
+    let (f, _) = o.into_parts();
     advise_slice(&f, layers.start, slice_len);
     let mut h = [0u8; HEADER_LEN as usize];
     let header = f

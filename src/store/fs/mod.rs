@@ -4,7 +4,15 @@
 //! (`.tmp-{writer}-{pid}-{seq}`, never listed as an object), which is then renamed over the
 //! key's path, so a reader sees the old object or the new one. Create-only puts use
 //! `link(2)` from the temporary file, which fails atomically if the key exists. Streamed
-//! puts ([`Store::put_stream`]) write each piece to the temporary file as it arrives.
+//! puts ([`Store::put_stream`]) write the pieces to the temporary file as they arrive, in
+//! 2 MiB-aligned steps (so that the file is cached in large folios).
+//!
+//! An object's file is never written once it is committed: nothing opens it for writing
+//! (temporary files are created with `O_EXCL`, so not even a name collision reopens one), and
+//! it is replaced only by renaming another file over its path. Readers rely on it: the server
+//! sends objects with `sendfile(2)` and maps them into memory for S3 GETs
+//! (`server/s3/mapped.rs`), which is sound only while the mapped file never changes or
+//! shrinks ([`super::LocalObject`]).
 //!
 //! A write that fails or is cancelled removes its temporary file. One whose process was
 //! killed leaves it behind: [`Store::list_partial`] reports such files (with their size, so
@@ -25,7 +33,7 @@
 
 use super::{
     check_stream_len, resolve_range, validate_key, ByteStream, GetOptions, GetResult, ObjectMeta,
-    PartialWrite, PutMode, PutOptions, PutResult, Store,
+    PartialWrite, PutOptions, PutResult, Store,
 };
 use crate::error::StoreError;
 use async_trait::async_trait;
@@ -34,6 +42,12 @@ use futures::StreamExt;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+mod read_pool;
+mod tmp;
+
+use read_pool::{into_bytes, read_buffer, READ_CHUNK};
+use tmp::{orphaned, take_bytes, write_pieces, writer_token, TmpFile, TMP_PREFIX, WRITE_STEP};
 
 /// When the filesystem store calls `fsync`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -50,108 +64,14 @@ pub enum FsyncPolicy {
 pub struct FsStore {
     root: PathBuf,
     fsync: FsyncPolicy,
-    seq: AtomicU64,
     /// Writes to files in progress at once, at most (one per core): a flood of puts takes
     /// turns on the disk and the CPU rather than one blocking thread each, so reads keep
     /// their share.
     writers: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
-const TMP_PREFIX: &str = ".tmp-";
 /// Longest path segment most filesystems hold (`NAME_MAX`), bytes.
 const MAX_SEGMENT_LEN: usize = 255;
-/// A temporary file's writer is this process's kin when its token is [`writer_token`]: same
-/// boot and PID namespace, so its PID can be checked.
-fn writer_token() -> &'static str {
-    static T: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    T.get_or_init(|| {
-        use sha2::Digest;
-        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-        let ns = std::fs::read_link("/proc/self/ns/pid")
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        if boot.is_empty() || ns.is_empty() {
-            // Without both, no writer's liveness can be judged: grace periods only.
-            return "nohost00".into();
-        }
-        let d = sha2::Sha256::digest(format!("{boot}|{ns}").as_bytes());
-        hex::encode(&d[..4])
-    })
-}
-
-/// Whether the temporary file `name` belongs to a writer of this host that no longer runs.
-fn orphaned(name: &str) -> bool {
-    let mut it = name.strip_prefix(TMP_PREFIX).unwrap_or("").split('-');
-    let (Some(tok), Some(pid)) = (it.next(), it.next()) else {
-        return false;
-    };
-    let me = writer_token();
-    if tok != me || me == "nohost00" || !cfg!(target_os = "linux") {
-        return false;
-    }
-    match pid.parse::<u32>() {
-        Ok(pid) if pid != std::process::id() => !Path::new("/proc").join(pid.to_string()).exists(),
-        _ => false,
-    }
-}
-/// Bytes read per body chunk.
-const READ_CHUNK: usize = 4 << 20;
-
-/// Reads of at least this many bytes use pooled [`READ_CHUNK`] buffers ([`read_buffer`]).
-const POOLED_READ_MIN: usize = 256 << 10;
-
-/// Most pooled read buffers kept between reads, process-wide (8 x 4 MiB = 32 MiB).
-const POOLED_READS_KEPT: usize = 8;
-
-/// Read buffers kept for the next read. A load reads tens of MiB in pieces of up to
-/// [`READ_CHUNK`]; with a fresh buffer per piece, the allocator hands each one back to the
-/// OS when the piece is dropped, and the next read faults the pages in again, zeroed by the
-/// kernel. Measured on a 94 MB load from the file store (30 layers x 32 chunks of
-/// SmolLM2-135M, through the C ABI): 55-59 ms of CPU against 36 ms with glibc told to keep
-/// freed memory (`GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824`),
-/// which this pool does for read buffers only.
-static READ_POOL: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
-
-/// An empty buffer for a read of `n` bytes: a pooled [`READ_CHUNK`] one for large reads,
-/// else a fresh one of capacity `n`.
-fn read_buffer(n: usize) -> Vec<u8> {
-    if !(POOLED_READ_MIN..=READ_CHUNK).contains(&n) {
-        return Vec::with_capacity(n);
-    }
-    let pooled = READ_POOL.lock().unwrap_or_else(|e| e.into_inner()).pop();
-    let mut v = pooled.unwrap_or_else(|| Vec::with_capacity(READ_CHUNK));
-    v.clear();
-    v
-}
-
-/// A read's bytes; a pooled buffer goes back to [`READ_POOL`] when the last `Bytes` of it
-/// is dropped.
-fn into_bytes(buf: Vec<u8>) -> Bytes {
-    if buf.capacity() == READ_CHUNK {
-        Bytes::from_owner(PooledRead(buf))
-    } else {
-        Bytes::from(buf)
-    }
-}
-
-/// A pooled read buffer lent to `Bytes`.
-struct PooledRead(Vec<u8>);
-
-impl AsRef<[u8]> for PooledRead {
-    fn as_ref(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-impl Drop for PooledRead {
-    fn drop(&mut self) {
-        let v = std::mem::take(&mut self.0);
-        let mut pool = READ_POOL.lock().unwrap_or_else(|e| e.into_inner());
-        if pool.len() < POOLED_READS_KEPT {
-            pool.push(v);
-        }
-    }
-}
 
 impl FsStore {
     /// Opens (creating if needed) a store rooted at `root`.
@@ -165,7 +85,6 @@ impl FsStore {
         Ok(FsStore {
             root,
             fsync,
-            seq: AtomicU64::new(0),
             writers: std::sync::Arc::new(tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(2, |n| n.get()),
             )),
@@ -194,13 +113,15 @@ impl FsStore {
         Ok(self.root.join(key))
     }
 
-    /// A fresh temporary file path in `dir`.
+    /// A fresh temporary file path in `dir`: the sequence number is process-wide, so that
+    /// two stores on one root in one process never pick the same name.
     fn tmp_path(&self, dir: &Path) -> PathBuf {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
         dir.join(format!(
             "{TMP_PREFIX}{}-{}-{}",
             writer_token(),
             std::process::id(),
-            self.seq.fetch_add(1, Ordering::Relaxed)
+            SEQ.fetch_add(1, Ordering::Relaxed)
         ))
     }
 }
@@ -238,82 +159,6 @@ fn create_parent(dir: &Path, key: &str) -> Result<(), StoreError> {
     })
 }
 
-/// A write's temporary file: removed when dropped, unless committed.
-struct TmpFile {
-    path: PathBuf,
-    file: std::fs::File,
-    committed: bool,
-}
-
-impl Drop for TmpFile {
-    fn drop(&mut self) {
-        if !self.committed {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
-}
-
-impl TmpFile {
-    fn create(path: PathBuf, dir: &Path, key: &str) -> Result<Self, StoreError> {
-        create_parent(dir, key)?;
-        let file = std::fs::File::create(&path).map_err(|e| io_err(key, e))?;
-        Ok(TmpFile {
-            path,
-            file,
-            committed: false,
-        })
-    }
-
-    /// Makes the written bytes the object at `path` (see the module documentation).
-    fn commit(
-        mut self,
-        path: &Path,
-        mode: PutMode,
-        fsync: FsyncPolicy,
-        key: &str,
-    ) -> Result<PutResult, StoreError> {
-        if fsync == FsyncPolicy::Always {
-            self.file.sync_all().map_err(|e| io_err(key, e))?;
-        }
-        let r = match mode {
-            PutMode::Overwrite => std::fs::rename(&self.path, path),
-            PutMode::Create => std::fs::hard_link(&self.path, path),
-        };
-        match r {
-            Ok(()) => {
-                // Renamed: nothing left to remove. Linked: the temporary name goes on drop.
-                self.committed = mode == PutMode::Overwrite;
-            }
-            Err(e) => {
-                use std::io::ErrorKind as K;
-                let dir_there = std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir());
-                return Err(match e.kind() {
-                    _ if dir_there => StoreError::InvalidKey {
-                        key: key.into(),
-                        reason: OVER_KEYS,
-                    },
-                    K::AlreadyExists => StoreError::AlreadyExists { key: key.into() },
-                    K::NotADirectory => StoreError::InvalidKey {
-                        key: key.into(),
-                        reason: UNDER_OBJECT,
-                    },
-                    _ => io_err(key, e),
-                });
-            }
-        }
-        let dir = path.parent().expect("key has a parent under root");
-        if fsync == FsyncPolicy::Always {
-            std::fs::File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| io_err(key, e))?;
-        }
-        let m = std::fs::metadata(path).map_err(|e| io_err(key, e))?;
-        Ok(PutResult {
-            etag: meta_of(key, &m).etag,
-        })
-    }
-}
-
 fn meta_of(key: &str, m: &std::fs::Metadata) -> ObjectMeta {
     let t = m.modified().ok();
     let etag = t
@@ -328,15 +173,19 @@ fn meta_of(key: &str, m: &std::fs::Metadata) -> ObjectMeta {
 }
 
 /// Opens the object file at `path` (for `key`) with its metadata; a directory is `NotFound`.
+#[allow(unsafe_code)] // `LocalObject::new`: this store never writes a committed object's file
 fn open_file(path: &Path, key: &str) -> Result<Option<super::LocalObject>, StoreError> {
     let file = std::fs::File::open(path).map_err(|e| io_err(key, e))?;
     let m = file.metadata().map_err(|e| io_err(key, e))?;
     if !m.is_file() {
         return Err(StoreError::NotFound { key: key.into() });
     }
-    Ok(Some(super::LocalObject {
-        meta: meta_of(key, &m),
-        file,
+    // SAFETY: the filesystem store never writes to a committed object's file: every put
+    // writes a temporary file it created with `O_EXCL` (`TmpFile`) and renames or links it
+    // over the key's path, and a delete unlinks the name; `file` is read-only and `meta`'s
+    // size is its length (`meta_of`).
+    Ok(Some(unsafe {
+        super::LocalObject::new(file, meta_of(key, &m))
     }))
 }
 
@@ -471,32 +320,56 @@ impl Store for FsStore {
             move || TmpFile::create(tmp, &dir, &key)
         })
         .await?;
-        // Pieces already received go to the file in one trip to the blocking pool; each is
-        // dropped (its memory given back) once written. An error or a dropped future drops
-        // the temporary file, which removes it.
+        // Pieces go to the file in 2 MiB-aligned steps ([`WRITE_STEP`]): one `writev(2)` on
+        // the blocking pool as soon as the pieces received cover the next step boundary, the
+        // rest kept for the next one (so at most a step and the pieces that arrived together
+        // are held). Each piece is dropped (its memory given back) once written. An error or
+        // a dropped future drops the temporary file, which removes it.
         let mut got = 0u64;
+        let mut written = 0u64;
+        let mut pending: Vec<Bytes> = Vec::new();
         let mut body = body.ready_chunks(64);
-        while let Some(pieces) = body.next().await {
-            let pieces = pieces.into_iter().collect::<Result<Vec<Bytes>, _>>()?;
-            got += pieces.iter().map(|p| p.len() as u64).sum::<u64>();
-            if len.is_some_and(|n| got > n) {
-                check_stream_len(&key, got, len)?;
-            }
-            let k = key.clone();
-            let turn = self
-                .writers
-                .clone()
-                .acquire_owned()
-                .await
-                .expect("never closed");
-            t = blocking(move || {
-                let _turn = turn;
+        loop {
+            let next = body.next().await;
+            let end = next.is_none();
+            if let Some(pieces) = next {
                 for p in pieces {
-                    t.file.write_all(&p).map_err(|e| io_err(&k, e))?;
+                    let p = p?;
+                    got += p.len() as u64;
+                    if !p.is_empty() {
+                        pending.push(p);
+                    }
                 }
-                Ok(t)
-            })
-            .await?;
+                if len.is_some_and(|n| got > n) {
+                    check_stream_len(&key, got, len)?;
+                }
+            }
+            // Whole steps now; everything at the end.
+            let upto = if end {
+                got
+            } else {
+                got / WRITE_STEP * WRITE_STEP
+            };
+            if upto > written {
+                let now = take_bytes(&mut pending, upto - written);
+                let k = key.clone();
+                let turn = self
+                    .writers
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("never closed");
+                t = blocking(move || {
+                    let _turn = turn;
+                    write_pieces(&mut t.file, &now).map_err(|e| io_err(&k, e))?;
+                    Ok(t)
+                })
+                .await?;
+                written = upto;
+            }
+            if end {
+                break;
+            }
         }
         check_stream_len(&key, got, len)?;
         blocking(move || t.commit(&path, opts.mode, fsync, &key)).await
@@ -680,243 +553,4 @@ fn walk(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::StoreExt;
-
-    fn store() -> (tempfile::TempDir, FsStore) {
-        let d = tempfile::tempdir().unwrap();
-        let s = FsStore::new(d.path(), FsyncPolicy::Never).unwrap();
-        (d, s)
-    }
-
-    /// Pooled read buffers carry only their own read's bytes: objects of other contents and
-    /// sizes read one after another (each buffer back in the pool before the next read) and
-    /// while the body pieces of earlier reads are still held come back byte-exact.
-    #[tokio::test]
-    async fn pooled_read_buffers_carry_only_their_own_read() {
-        async fn pieces(s: &FsStore, key: &str, range: Option<std::ops::Range<u64>>) -> Vec<Bytes> {
-            let mut body = s.get_opts(key, GetOptions { range }).await.unwrap().body;
-            let mut v = Vec::new();
-            while let Some(b) = body.next().await {
-                v.push(b.unwrap());
-            }
-            v
-        }
-        let (_d, s) = store();
-        let sizes = [READ_CHUNK + 12_345, 300 << 10, 2 * READ_CHUNK, 1 << 20];
-        let objs: Vec<Vec<u8>> = sizes
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| (0..n).map(|j| (j * 31 + i * 7 + j / 4099) as u8).collect())
-            .collect();
-        for (i, o) in objs.iter().enumerate() {
-            s.put(&format!("b/pool/{i}"), Bytes::from(o.clone()))
-                .await
-                .unwrap();
-        }
-        let mut held = Vec::new();
-        for round in 0..3 {
-            for (i, o) in objs.iter().enumerate() {
-                let key = format!("b/pool/{i}");
-                let whole = pieces(&s, &key, None).await;
-                assert!(whole.concat() == o[..], "round {round}, object {i}");
-                // A ranged read inside the object, off the buffer boundaries.
-                let r = 1000..(o.len() as u64 - 77);
-                let part = pieces(&s, &key, Some(r.clone())).await;
-                assert!(
-                    part.concat() == o[r.start as usize..r.end as usize],
-                    "round {round}, range of object {i}"
-                );
-                if round == 1 {
-                    held.push((i, whole));
-                }
-            }
-        }
-        for (i, b) in held {
-            assert!(
-                b.concat() == objs[i][..],
-                "held pieces of object {i} changed"
-            );
-        }
-        let kept = READ_POOL.lock().unwrap().len();
-        assert!(kept <= POOLED_READS_KEPT, "{kept} buffers kept");
-    }
-
-    #[tokio::test]
-    async fn keys_the_filesystem_cannot_hold_are_invalid_keys_never_os_errors() {
-        let (_d, s) = store();
-        let long = format!("b/{}/x", "s".repeat(300));
-        let e = s.put(&long, Bytes::from_static(b"v")).await.unwrap_err();
-        assert!(
-            matches!(e, StoreError::InvalidKey { reason, .. } if reason.contains("255 bytes")),
-            "{e:?}"
-        );
-        // Below an object: refused; reading it is a miss.
-        s.put("b/a/obj", Bytes::from_static(b"v")).await.unwrap();
-        let e = s
-            .put("b/a/obj/under", Bytes::from_static(b"v"))
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(
-                e,
-                StoreError::InvalidKey {
-                    reason: UNDER_OBJECT,
-                    ..
-                }
-            ),
-            "{e:?}"
-        );
-        assert!(matches!(
-            s.get_bytes("b/a/obj/under").await,
-            Err(StoreError::NotFound { .. })
-        ));
-        assert!(matches!(
-            s.head("b/a/obj/under").await,
-            Err(StoreError::NotFound { .. })
-        ));
-        s.delete("b/a/obj/under").await.unwrap();
-        // A prefix of other keys: refused, overwrite and create-only alike (never "already
-        // exists": a directory is not an object).
-        s.put("b/p/q/r", Bytes::from_static(b"v")).await.unwrap();
-        for mode in [PutMode::Overwrite, PutMode::Create] {
-            let e = s
-                .put_opts("b/p/q", Bytes::from_static(b"v"), PutOptions { mode })
-                .await
-                .unwrap_err();
-            assert!(
-                matches!(
-                    e,
-                    StoreError::InvalidKey {
-                        reason: OVER_KEYS,
-                        ..
-                    }
-                ),
-                "{mode:?}: {e:?}"
-            );
-        }
-        assert_eq!(
-            s.get_bytes("b/p/q/r").await.unwrap(),
-            Bytes::from_static(b"v")
-        );
-        // None of the refused writes left a temporary file.
-        assert!(s.list_partial("").await.unwrap().is_empty());
-    }
-
-    #[tokio::test]
-    async fn temporary_files_of_gone_writers_are_found_and_reclaimed() {
-        let (d, s) = store();
-        s.put("b/kv/0a", Bytes::from_static(b"v")).await.unwrap();
-        let dir = d.path().join("b/kv");
-        // A writer of this host that no longer runs (a child that exited), one that still
-        // runs (this process), one of another host: only the first is orphaned.
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let dead = child.id();
-        child.wait().unwrap();
-        let me = writer_token();
-        let files = [
-            (format!(".tmp-{me}-{dead}-7"), 5000usize),
-            (format!(".tmp-{me}-{}-8", std::process::id()), 300),
-            (".tmp-0badc0de-1-9".to_string(), 70),
-        ];
-        for (n, len) in &files {
-            std::fs::write(dir.join(n), vec![1u8; *len]).unwrap();
-        }
-        let found = s.list_partial("b/").await.unwrap();
-        assert_eq!(found.len(), 3, "{found:?}");
-        assert_eq!(found.iter().map(|p| p.size).sum::<u64>(), 5370);
-        let orphaned: Vec<_> = found
-            .iter()
-            .filter(|p| p.orphaned)
-            .map(|p| p.id.clone())
-            .collect();
-        if cfg!(target_os = "linux") {
-            assert_eq!(orphaned, vec![format!("b/kv/{}", files[0].0)]);
-        }
-        // Objects never include them; deleting one deletes exactly it.
-        assert_eq!(s.list("b/", 100).await.unwrap().len(), 1);
-        s.delete_partial(&found[0]).await.unwrap();
-        assert_eq!(s.list_partial("").await.unwrap().len(), 2);
-        // Only temporary files can be deleted this way.
-        for id in ["b/kv/0a", "../x/.tmp-1", "b/../../.tmp-1"] {
-            let p = PartialWrite {
-                id: id.into(),
-                size: 0,
-                last_modified: None,
-                orphaned: true,
-            };
-            assert!(s.delete_partial(&p).await.is_err(), "{id}");
-        }
-        assert!(s.exists("b/kv/0a").await.unwrap());
-    }
-
-    #[tokio::test]
-    async fn a_streamed_put_writes_as_it_receives_and_leaves_nothing_when_cut() {
-        let (d, s) = store();
-        // The temporary file grows while the body is still arriving.
-        let (tx, rx) = futures::channel::mpsc::unbounded::<Result<Bytes, StoreError>>();
-        let put = tokio::spawn({
-            let s = FsStore::new(d.path(), FsyncPolicy::Never).unwrap();
-            async move {
-                s.put_stream("b/kv/1", rx.boxed(), Some(3 << 20), PutOptions::default())
-                    .await
-            }
-        });
-        tx.unbounded_send(Ok(Bytes::from(vec![3u8; 2 << 20])))
-            .unwrap();
-        let grown = loop {
-            let p = s.list_partial("b/").await.unwrap();
-            if let Some(p) = p.first().filter(|p| p.size == 2 << 20) {
-                break p.clone();
-            }
-            tokio::task::yield_now().await;
-        };
-        assert!(!grown.orphaned, "its writer runs");
-        assert!(matches!(
-            s.head("b/kv/1").await,
-            Err(StoreError::NotFound { .. })
-        ));
-        // The client goes away: the put fails and its temporary file goes with it.
-        tx.unbounded_send(Err(StoreError::other("test", "client gone")))
-            .unwrap();
-        assert!(put.await.unwrap().is_err());
-        assert!(s.list_partial("").await.unwrap().is_empty());
-        assert!(matches!(
-            s.head("b/kv/1").await,
-            Err(StoreError::NotFound { .. })
-        ));
-        // A dropped (cancelled) put leaves nothing either.
-        let (tx, rx) = futures::channel::mpsc::unbounded::<Result<Bytes, StoreError>>();
-        tx.unbounded_send(Ok(Bytes::from(vec![3u8; 1 << 20])))
-            .unwrap();
-        let put = tokio::spawn({
-            let s = FsStore::new(d.path(), FsyncPolicy::Never).unwrap();
-            async move {
-                s.put_stream("b/kv/2", rx.boxed(), None, PutOptions::default())
-                    .await
-            }
-        });
-        while !s
-            .list_partial("")
-            .await
-            .unwrap()
-            .iter()
-            .any(|p| p.size == 1 << 20)
-        {
-            tokio::task::yield_now().await;
-        }
-        put.abort();
-        assert!(put.await.unwrap_err().is_cancelled());
-        // (The file goes when the put's last blocking write returns, if one was running.)
-        let t0 = std::time::Instant::now();
-        while !s.list_partial("").await.unwrap().is_empty() {
-            assert!(
-                t0.elapsed().as_secs() < 10,
-                "a cancelled put left its temporary file"
-            );
-            tokio::task::yield_now().await;
-        }
-        drop(tx);
-    }
-}
+mod tests;

@@ -1,0 +1,313 @@
+//! The [`Store`] operations of [`S3Store`]: each one S3 request (or a few), its answer
+//! checked and its errors mapped.
+
+use super::body::{body_stream, to_system_time, total_from_content_range, SyncBody};
+use super::errors::Op;
+use super::{S3Store, BACKEND};
+use crate::error::StoreError;
+use crate::store::{
+    check_stream_len, resolve_range, validate_key, ByteStream, GetOptions, GetResult, ObjectMeta,
+    PutMode, PutOptions, PutResult, Store,
+};
+use async_trait::async_trait;
+use aws_sdk_s3::error::SdkError;
+use aws_smithy_types::error::display::DisplayErrorContext;
+use bytes::Bytes;
+use futures::StreamExt;
+use std::ops::Range;
+
+#[async_trait]
+impl Store for S3Store {
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    /// The endpoint's `host:port` when an endpoint is configured (an ObjectCache server or
+    /// any S3 server: the connector's probe tells them apart); `None` for AWS S3.
+    fn gather_target(&self) -> Option<crate::store::GatherTarget> {
+        let u = url::Url::parse(&self.endpoint).ok()?;
+        // Gather is plaintext TCP: an `https://` endpoint is reached by ranged GETs only.
+        if u.scheme() != "http" {
+            return None;
+        }
+        let addr = format!("{}:{}", u.host_str()?, u.port_or_known_default()?);
+        Some(crate::store::GatherTarget {
+            addr,
+            bucket: self.bucket.clone(),
+            key_prefix: self.prefix.clone(),
+            credentials: self.gather_credentials.clone(),
+        })
+    }
+
+    /// `connections` concurrent `HeadBucket` requests (at most 1,024): each answer, whatever
+    /// its status, leaves a connection idle in the pool (up to
+    /// [`S3Config::max_idle_connections`]). Transport failures are logged at debug level
+    /// and not counted.
+    async fn warm(&self, connections: usize) -> usize {
+        let n = connections.min(1024);
+        let answered = futures::future::join_all((0..n).map(|_| async {
+            match self.client.head_bucket().bucket(&self.bucket).send().await {
+                Ok(_) => true,
+                // An HTTP answer (403, 404, 301, ...) still pooled its connection.
+                Err(SdkError::ServiceError(_)) => true,
+                Err(e) => {
+                    tracing::debug!(endpoint = %self.endpoint, error = %DisplayErrorContext(&e), "warming the S3 connection pool");
+                    false
+                }
+            }
+        }))
+        .await;
+        answered.into_iter().filter(|a| *a).count()
+    }
+
+    async fn get_opts(&self, key: &str, opts: GetOptions) -> Result<GetResult, StoreError> {
+        validate_key(key)?;
+        let full = self.full_key(key);
+        if let Some(r) = &opts.range {
+            if r.start >= r.end {
+                // HTTP cannot ask for zero bytes: check the range against the size instead.
+                let meta = self.head(key).await?;
+                let range = resolve_range(key, Some(r.clone()), meta.size)?;
+                return Ok(GetResult {
+                    meta,
+                    range,
+                    body: futures::stream::empty().boxed(),
+                });
+            }
+        }
+        let mut req = self.client.get_object().bucket(&self.bucket).key(&full);
+        if let Some(r) = &opts.range {
+            req = req.range(format!("bytes={}-{}", r.start, r.end - 1));
+        }
+        let out = match req.send().await {
+            Ok(o) => o,
+            Err(e) => {
+                return Err(match self.map_err(Op::Get, key, e) {
+                    StoreError::InvalidRange { .. } => {
+                        let size = self.head(key).await?.size;
+                        let r = opts.range.clone().unwrap_or(0..0);
+                        StoreError::InvalidRange {
+                            key: key.to_string(),
+                            start: r.start,
+                            end: r.end,
+                            size,
+                        }
+                    }
+                    other => other,
+                })
+            }
+        };
+        let len = out.content_length().unwrap_or(0).max(0) as u64;
+        let size = match (
+            &opts.range,
+            out.content_range().and_then(total_from_content_range),
+        ) {
+            (_, Some(total)) => total,
+            (None, None) => len,
+            (Some(_), None) => {
+                // A server that ignored the Range header sent the whole object.
+                len
+            }
+        };
+        let meta = ObjectMeta {
+            key: key.to_string(),
+            size,
+            last_modified: to_system_time(out.last_modified()),
+            etag: out.e_tag().map(str::to_string),
+        };
+        let range: Range<u64> = resolve_range(key, opts.range.clone(), size)?;
+        let served = match out.content_range() {
+            Some(cr) => cr
+                .trim_start_matches("bytes ")
+                .split_once('/')
+                .and_then(|(r, _)| r.split_once('-'))
+                .and_then(|(a, b)| {
+                    Some((
+                        a.trim().parse::<u64>().ok()?,
+                        b.trim().parse::<u64>().ok()? + 1,
+                    ))
+                }),
+            None => Some((0, len)),
+        };
+        if served != Some((range.start, range.end)) || len != range.end - range.start {
+            return Err(StoreError::Other {
+                backend: BACKEND,
+                message: format!(
+                    "GET {key}: asked for bytes {}..{}, server sent {:?} ({len} bytes)",
+                    range.start,
+                    range.end,
+                    out.content_range()
+                ),
+            });
+        }
+        let body = body_stream(key.to_string(), out.body, len, self.read_timeout);
+        Ok(GetResult { meta, range, body })
+    }
+
+    async fn put_opts(
+        &self,
+        key: &str,
+        data: Bytes,
+        opts: PutOptions,
+    ) -> Result<PutResult, StoreError> {
+        validate_key(key)?;
+        if opts.mode == PutMode::Create {
+            self.check_conditional_put().await?;
+        }
+        let full = self.full_key(key);
+        let mut req = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(&full)
+            .body(data.into());
+        let op = match opts.mode {
+            PutMode::Overwrite => Op::Put,
+            PutMode::Create => {
+                req = req.if_none_match("*");
+                Op::PutCreate
+            }
+        };
+        let out = req.send().await.map_err(|e| self.map_err(op, key, e))?;
+        Ok(PutResult {
+            etag: out.e_tag().map(str::to_string),
+        })
+    }
+
+    /// With `len` known, the body goes upstream as it arrives (one PUT with that
+    /// `Content-Length`, signed `UNSIGNED-PAYLOAD`; not retried, since a stream cannot be
+    /// replayed); without it, it is collected first (the default).
+    async fn put_stream(
+        &self,
+        key: &str,
+        body: ByteStream,
+        len: Option<u64>,
+        opts: PutOptions,
+    ) -> Result<PutResult, StoreError> {
+        let Some(n) = len else {
+            let mut parts = Vec::new();
+            let mut body = body;
+            let mut got = 0u64;
+            while let Some(p) = futures::StreamExt::next(&mut body).await {
+                let p = p?;
+                got += p.len() as u64;
+                parts.push(p);
+            }
+            check_stream_len(key, got, len)?;
+            let mut v = Vec::with_capacity(got as usize);
+            parts.iter().for_each(|p| v.extend_from_slice(p));
+            return self.put_opts(key, Bytes::from(v), opts).await;
+        };
+        validate_key(key)?;
+        let full = self.full_key(key);
+        // The stream's length is checked as it passes: a body of another length fails the
+        // upload instead of writing a different object.
+        let k = key.to_string();
+        let counted = futures::StreamExt::scan(body, 0u64, move |got, p| {
+            let r = p.and_then(|p| {
+                *got += p.len() as u64;
+                if *got > n {
+                    check_stream_len(&k, *got, Some(n))?;
+                }
+                Ok(p)
+            });
+            futures::future::ready(Some(r.map(http_body::Frame::data)))
+        });
+        let sdk_body = aws_smithy_types::body::SdkBody::from_body_1_x(
+            http_body_util::StreamBody::new(SyncBody(std::sync::Mutex::new(Box::pin(counted)))),
+        );
+        let mut req = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(&full)
+            .content_length(n as i64)
+            .body(aws_sdk_s3::primitives::ByteStream::new(sdk_body));
+        let op = match opts.mode {
+            PutMode::Overwrite => Op::Put,
+            PutMode::Create => {
+                req = req.if_none_match("*");
+                Op::PutCreate
+            }
+        };
+        let out = req.send().await.map_err(|e| self.map_err(op, key, e))?;
+        Ok(PutResult {
+            etag: out.e_tag().map(str::to_string),
+        })
+    }
+
+    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+        validate_key(key)?;
+        let out = self
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(self.full_key(key))
+            .send()
+            .await
+            .map_err(|e| self.map_err(Op::Head, key, e))?;
+        Ok(ObjectMeta {
+            key: key.to_string(),
+            size: out.content_length().unwrap_or(0).max(0) as u64,
+            last_modified: to_system_time(out.last_modified()),
+            etag: out.e_tag().map(str::to_string),
+        })
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        validate_key(key)?;
+        match self
+            .client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(self.full_key(key))
+            .send()
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) => match self.map_err(Op::Delete, key, e) {
+                StoreError::NotFound { .. } => Ok(()),
+                other => Err(other),
+            },
+        }
+    }
+
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<ObjectMeta>, StoreError> {
+        let full_prefix = self.full_key(prefix);
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        while out.len() < limit {
+            let page_size = (limit - out.len()).min(1000) as i32;
+            let mut req = self
+                .client
+                .list_objects_v2()
+                .bucket(&self.bucket)
+                .prefix(&full_prefix)
+                .max_keys(page_size);
+            if let Some(t) = token.take() {
+                req = req.continuation_token(t);
+            }
+            let page = req
+                .send()
+                .await
+                .map_err(|e| self.map_err(Op::List, prefix, e))?;
+            for o in page.contents() {
+                let Some(k) = o.key() else { continue };
+                out.push(ObjectMeta {
+                    key: self.strip_prefix(k).to_string(),
+                    size: o.size().unwrap_or(0).max(0) as u64,
+                    last_modified: to_system_time(o.last_modified()),
+                    etag: o.e_tag().map(str::to_string),
+                });
+                if out.len() == limit {
+                    break;
+                }
+            }
+            match page.next_continuation_token() {
+                Some(t) if page.is_truncated() == Some(true) => token = Some(t.to_string()),
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+}
