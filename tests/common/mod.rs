@@ -4,8 +4,36 @@
 use objectcache::connector::{Engine, EngineConfig};
 use objectcache::hash::{chunk_hashes, HashParams};
 use objectcache::store::Store;
-use objectcache::{ChunkHash, KvGeometry};
+use objectcache::{ChunkHash, Dtype, KvGeometry};
 use std::sync::Arc;
+
+/// A small fp16 geometry of model `model`: `layers` layers of 2 KV heads of 16 dimensions,
+/// 16 tokens a chunk (2 KiB a chunk-layer slice).
+pub fn small_geometry(model: &str, layers: u32) -> KvGeometry {
+    let mut g = KvGeometry::new(model, layers, 2, 16, Dtype::Fp16).unwrap();
+    g.tokens_per_chunk = 16;
+    g
+}
+
+/// A single-threaded tokio runtime with I/O and timers, for blocking on a store's futures.
+pub fn current_thread_rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Runs `cmd` to its end and returns its output, asserting it exited 0 (its stderr is the
+/// failure message).
+pub fn run_ok(cmd: &mut std::process::Command) -> std::process::Output {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
 
 /// Deterministic KV bytes of layer `l` for `chunks` chunks: every chunk's slice differs and
 /// depends on (seed, chunk, layer), so a misplaced slice is detected.

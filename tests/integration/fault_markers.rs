@@ -9,14 +9,12 @@ use crate::common;
 use common::*;
 use objectcache::connector::{EngineConfig, LayerBuffers, LoadRequest};
 use objectcache::store::{FsStore, FsyncPolicy, Store, StoreExt};
-use objectcache::{Dtype, KvGeometry};
+use objectcache::KvGeometry;
 use std::sync::Arc;
 use std::time::Duration;
 
 fn small() -> KvGeometry {
-    let mut g = KvGeometry::new("test/markers", 4, 2, 16, Dtype::Fp16).unwrap();
-    g.tokens_per_chunk = 16;
-    g
+    small_geometry("test/markers", 4)
 }
 
 #[test]

@@ -7,13 +7,11 @@ use common::*;
 use objectcache::connector::{ChunkStatus, Engine, LayerBuffers, LayerStatus, LoadRequest};
 use objectcache::layout::{slice_range, KeyBuilder};
 use objectcache::store::{FsStore, FsyncPolicy, MemoryStore, Store, StoreExt};
-use objectcache::{Dtype, KvGeometry, LayerError};
+use objectcache::{KvGeometry, LayerError};
 use std::sync::Arc;
 
 fn small() -> KvGeometry {
-    let mut g = KvGeometry::new("test/small", 6, 2, 16, Dtype::Fp16).unwrap();
-    g.tokens_per_chunk = 16;
-    g
+    small_geometry("test/small", 6)
 }
 
 /// The S3 endpoint of the test environment (Ceph RGW in CI), when one answers.

@@ -2,6 +2,7 @@
 //! visible, its temporary file is counted by `objectcache stat` while it lies there, and it
 //! is reclaimed by `objectcache gc` or at the server's next start.
 
+use crate::common::run_ok;
 use crate::gather_util;
 use crate::hostile_util;
 
@@ -39,15 +40,7 @@ fn tmp_files(dir: &std::path::Path) -> Vec<(std::path::PathBuf, u64)> {
 }
 
 fn cli(args: &[&str]) -> serde_json::Value {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_objectcache"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_ok(std::process::Command::new(env!("CARGO_BIN_EXE_objectcache")).args(args));
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
