@@ -78,6 +78,17 @@ pub fn engine(store: Arc<dyn Store>, ns: &str) -> Engine {
     Engine::with_store(store, cfg).unwrap()
 }
 
+/// An engine over `store` in namespace `ns` that caches no lookup (every lookup asks the
+/// store).
+pub fn uncached_engine(store: Arc<dyn Store>, ns: &str) -> Engine {
+    let cfg = EngineConfig {
+        namespace: ns.to_string(),
+        lookup_cache_ttl: std::time::Duration::ZERO,
+        ..EngineConfig::default()
+    };
+    Engine::with_store(store, cfg).unwrap()
+}
+
 /// A unique namespace for one test run.
 pub fn unique_ns(test: &str) -> String {
     let t = std::time::SystemTime::now()

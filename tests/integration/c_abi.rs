@@ -141,16 +141,7 @@ fn c_lifecycle_against_the_embedded_store() {
     let exe = compile(&cc, "tests/c/lifecycle.c", tmp.path());
     let store = tmp.path().join("store");
     let stdout = run(&exe, &store);
-    let summary = stdout
-        .lines()
-        .find(|l| l.starts_with("c_abi: "))
-        .expect("summary line");
-    assert!(summary.ends_with(" 0 failed"), "{summary}");
-    let passed: usize = summary
-        .split_whitespace()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .expect("passed count");
+    let (summary, passed) = summary(&stdout, "c_abi");
     assert!(passed > 150, "only {passed} checks ran: {summary}");
     // The store on disk holds what the C program saved: 3 + 64 chunk objects, each with a
     // publish marker.
@@ -216,16 +207,7 @@ fn c_paged_against_the_embedded_store() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let exe = compile(&cc, "tests/c/paged.c", tmp.path());
     let stdout = run(&exe, &tmp.path().join("store"));
-    let summary = stdout
-        .lines()
-        .find(|l| l.starts_with("c_paged: "))
-        .expect("summary line");
-    assert!(summary.ends_with(" 0 failed"), "{summary}");
-    let passed: usize = summary
-        .split_whitespace()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .expect("passed count");
+    let (summary, passed) = summary(&stdout, "c_paged");
     assert!(passed > 60, "only {passed} checks ran: {summary}");
 }
 
@@ -248,6 +230,22 @@ fn c_example_in_the_docs_runs() {
         "{stdout}"
     );
     assert_eq!(stdout.matches("bytes match").count(), 2, "{stdout}");
+}
+
+/// A C test program's summary line (`<program>: <passed> passed, 0 failed`) in its `stdout`,
+/// asserted to count no failure, and its number of checks passed.
+fn summary<'a>(stdout: &'a str, program: &str) -> (&'a str, usize) {
+    let summary = stdout
+        .lines()
+        .find(|l| l.starts_with(&format!("{program}: ")))
+        .expect("summary line");
+    assert!(summary.ends_with(" 0 failed"), "{summary}");
+    let passed: usize = summary
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .expect("passed count");
+    (summary, passed)
 }
 
 fn walk(p: &Path) -> usize {

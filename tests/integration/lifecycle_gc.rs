@@ -7,7 +7,7 @@ use crate::common;
 
 use common::current_thread_rt as rt;
 use common::*;
-use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadRequest};
+use objectcache::connector::{Engine, LayerBuffers, LoadRequest};
 use objectcache::lifecycle::{
     collect, AccessLog, GcReport, Inventory, LeaseTable, Policy, Reason, Stats, TrackedStore,
 };
@@ -27,15 +27,7 @@ fn fs() -> (tempfile::TempDir, Arc<dyn Store>) {
 }
 
 fn eng(store: Arc<dyn Store>, ns: &str) -> Engine {
-    Engine::with_store(
-        store,
-        EngineConfig {
-            namespace: ns.into(),
-            lookup_cache_ttl: Duration::ZERO,
-            ..EngineConfig::default()
-        },
-    )
-    .unwrap()
+    uncached_engine(store, ns)
 }
 
 struct Prefix {

@@ -55,15 +55,7 @@ impl Store for Counting {
 }
 
 fn tenant(store: Arc<dyn Store>, ns: &str) -> Engine {
-    Engine::with_store(
-        store,
-        EngineConfig {
-            namespace: ns.into(),
-            lookup_cache_ttl: Duration::ZERO,
-            ..EngineConfig::default()
-        },
-    )
-    .unwrap()
+    uncached_engine(store, ns)
 }
 
 fn prompt(n: usize) -> Vec<u32> {

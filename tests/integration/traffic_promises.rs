@@ -11,7 +11,7 @@
 use crate::common;
 use crate::gather_util;
 
-use common::{hashes, kv, unique_ns};
+use common::{hashes, kv, uncached_engine, unique_ns};
 use gather_util::{config, start};
 use objectcache::connector::{
     ChunkStatus, Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest,
@@ -243,17 +243,7 @@ fn c16_tensor_parallel_ranks_agree() {
         g
     };
     let engines: Vec<Engine> = (0..4)
-        .map(|_| {
-            Engine::with_store(
-                store.clone(),
-                EngineConfig {
-                    namespace: ns.clone(),
-                    lookup_cache_ttl: Duration::ZERO,
-                    ..Default::default()
-                },
-            )
-            .unwrap()
-        })
+        .map(|_| uncached_engine(store.clone(), &ns))
         .collect();
     let prefixes: Vec<Prefix> = (0..4)
         .map(|r| {
