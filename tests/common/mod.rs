@@ -1,9 +1,9 @@
 //! Shared test fixtures: deterministic KV bytes, stores under test, environment gates.
 #![allow(dead_code)]
 
-use objectcache::connector::{Engine, EngineConfig};
+use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest};
 use objectcache::hash::{chunk_hashes, HashParams};
-use objectcache::store::Store;
+use objectcache::store::{FsStore, FsyncPolicy, Store};
 use objectcache::{ChunkHash, Dtype, KvGeometry};
 use std::sync::Arc;
 
@@ -67,6 +67,53 @@ pub fn hashes(g: &KvGeometry, tokens: usize, seed: u32) -> Vec<ChunkHash> {
         .map(|i| i.wrapping_mul(2_654_435_761).wrapping_add(seed) % 128_000)
         .collect();
     chunk_hashes(&t, &HashParams::new(g.tokens_per_chunk as usize)).unwrap()
+}
+
+/// Saves a prefix of `chunks` chunks through `e`: seeded hashes ([`hashes`] of `chunks` whole
+/// chunks of tokens) and seeded KV bytes ([`kv`]); returns the hashes and each layer's bytes.
+pub fn save_prefix(
+    e: &Engine,
+    g: &KvGeometry,
+    chunks: usize,
+    seed: u64,
+) -> (Vec<ChunkHash>, Vec<Vec<u8>>) {
+    let hs = hashes(g, chunks * g.tokens_per_chunk as usize, seed as u32);
+    let data = kv(g, chunks, seed);
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    e.save_blocking(g, &hs, &refs).unwrap();
+    (hs, data)
+}
+
+/// Starts a load through `e` of the chunks `hs` (geometry `g`, no hints) into fresh buffers of
+/// `layer_bytes` bytes per layer.
+pub fn start_load(
+    e: &Engine,
+    g: &KvGeometry,
+    hs: Vec<ChunkHash>,
+    layer_bytes: usize,
+) -> LoadHandle {
+    e.load(
+        LoadRequest::new(g.clone(), hs),
+        LayerBuffers::allocate(g.layers as usize, layer_bytes),
+    )
+    .unwrap()
+}
+
+/// Waits for every layer of `h` in order and asserts each is ready and holds `data`'s bytes
+/// for that layer.
+pub fn assert_layers_exact(h: &LoadHandle, data: &[Vec<u8>]) {
+    for (l, want) in data.iter().enumerate() {
+        h.wait_layer_blocking(l, None).unwrap();
+        assert!(h.layer(l).unwrap() == &want[..], "layer {l}");
+    }
+}
+
+/// An FS store (no fsync) in a new temporary directory; the store is usable while the
+/// directory is kept.
+pub fn temp_fs_store() -> (tempfile::TempDir, Arc<dyn Store>) {
+    let dir = tempfile::tempdir().unwrap();
+    let s: Arc<dyn Store> = Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap());
+    (dir, s)
 }
 
 /// An engine over `store` with a unique namespace.

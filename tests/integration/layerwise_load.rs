@@ -59,20 +59,8 @@ fn round_trip(e: &Engine, g: &KvGeometry, chunks: usize, seed: u64) {
     let rep = e.save_blocking(g, &hs, &refs).unwrap();
     assert_eq!(rep.written, chunks);
     assert_eq!(e.lookup_blocking(g, &hs).unwrap(), chunks);
-    let h = e
-        .load(
-            LoadRequest {
-                geometry: g.clone(),
-                hashes: hs.clone(),
-                hints: Default::default(),
-            },
-            LayerBuffers::allocate(g.layers as usize, data[0].len()),
-        )
-        .unwrap();
-    for l in 0..g.layers as usize {
-        h.wait_layer_blocking(l, None).unwrap();
-        assert_eq!(h.layer(l).unwrap(), &data[l][..], "layer {l}");
-    }
+    let h = start_load(e, g, hs.clone(), data[0].len());
+    assert_layers_exact(&h, &data);
     assert!(
         h.chunk_status().iter().all(|s| *s == ChunkStatus::Ok),
         "{:?} on {}: {:?}",
@@ -101,11 +89,8 @@ fn round_trip_small_geometry_every_backend() {
 #[test]
 fn round_trip_llama8b_4k_tokens_fs() {
     // 4K tokens at Llama-3.1-8B geometry: 16 chunks x 32 layers x 1 MiB = 512 MiB.
-    let dir = tempfile::tempdir().unwrap();
-    let e = engine(
-        Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap()),
-        "rt8b",
-    );
+    let (_dir, s) = temp_fs_store();
+    let e = engine(s, "rt8b");
     round_trip(&e, &KvGeometry::llama31_8b(), 16, 42);
 }
 
@@ -128,16 +113,7 @@ fn partial_hit_and_missing_middle_chunk() {
         let keys = e.keys(&g).unwrap();
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(s.delete(&keys.data(&hs[2]))).unwrap();
-        let h = e
-            .load(
-                LoadRequest {
-                    geometry: g.clone(),
-                    hashes: hs[..5].to_vec(),
-                    hints: Default::default(),
-                },
-                LayerBuffers::allocate(6, refs[0].len()),
-            )
-            .unwrap();
+        let h = start_load(&e, &g, hs[..5].to_vec(), refs[0].len());
         for l in 0..6 {
             let err = h.wait_layer_blocking(l, None).unwrap_err();
             assert!(
@@ -155,10 +131,7 @@ fn flipped_byte_is_a_miss_not_data() {
     for (name, s) in stores() {
         let g = small();
         let e = engine(s.clone(), &unique_ns(name));
-        let hs = hashes(&g, 3 * 16, 4);
-        let data = kv(&g, 3, 4);
-        let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-        e.save_blocking(&g, &hs, &refs).unwrap();
+        let (hs, data) = save_prefix(&e, &g, 3, 4);
         let keys = e.keys(&g).unwrap();
         let rt = tokio::runtime::Runtime::new().unwrap();
         let k = keys.data(&hs[1]);
@@ -166,16 +139,7 @@ fn flipped_byte_is_a_miss_not_data() {
         let r = slice_range(4, g.slice_bytes());
         obj[r.start as usize + 17] ^= 0x40;
         rt.block_on(s.put(&k, obj.into())).unwrap();
-        let h = e
-            .load(
-                LoadRequest {
-                    geometry: g.clone(),
-                    hashes: hs.clone(),
-                    hints: Default::default(),
-                },
-                LayerBuffers::allocate(6, refs[0].len()),
-            )
-            .unwrap();
+        let h = start_load(&e, &g, hs.clone(), data[0].len());
         // Layer 4 of chunk 1 is corrupt: layer 4 is a miss naming chunk 1, and only layer 4
         // (issue 19: a bad slice fails only the layers it belongs to).
         let _ = h.wait_layer_blocking(4, None);
@@ -300,16 +264,7 @@ fn concurrent_writers_first_wins() {
         );
         // Every chunk loads intact (from whichever writer won it) and verifies.
         let e = &engines[0];
-        let h = e
-            .load(
-                LoadRequest {
-                    geometry: g.clone(),
-                    hashes: hs.clone(),
-                    hints: Default::default(),
-                },
-                LayerBuffers::allocate(6, a[0].len()),
-            )
-            .unwrap();
+        let h = start_load(e, &g, hs.clone(), a[0].len());
         h.wait_all_blocking().unwrap();
         let slice = g.slice_bytes() as usize;
         for l in 0..6 {
@@ -359,14 +314,7 @@ fn lookup_of_long_prefix_is_logarithmic() {
     let data = kv(&g, 250, 10);
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
     e.save_blocking(&g, &hs[..250], &refs).unwrap();
-    let fresh = Engine::with_store(
-        e.store().clone(),
-        objectcache::connector::EngineConfig {
-            namespace: "logl".into(),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let fresh = engine(e.store().clone(), "logl");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let r = rt.block_on(fresh.lookup_report(&g, &hs)).unwrap();
     assert_eq!(r.chunks, 250);
@@ -502,25 +450,10 @@ fn bad_input_is_named() {
 #[test]
 fn cancel_stops_and_fails_pending_layers() {
     let g = KvGeometry::llama31_8b();
-    let dir = tempfile::tempdir().unwrap();
-    let e = engine(
-        Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap()),
-        "cancel",
-    );
-    let hs = hashes(&g, 8 * 256, 13);
-    let data = kv(&g, 8, 13);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    e.save_blocking(&g, &hs, &refs).unwrap();
-    let h = e
-        .load(
-            LoadRequest {
-                geometry: g.clone(),
-                hashes: hs,
-                hints: Default::default(),
-            },
-            LayerBuffers::allocate(32, data[0].len()),
-        )
-        .unwrap();
+    let (_dir, s) = temp_fs_store();
+    let e = engine(s, "cancel");
+    let (hs, data) = save_prefix(&e, &g, 8, 13);
+    let h = start_load(&e, &g, hs, data[0].len());
     h.cancel();
     let mut failed = 0;
     for l in 0..32 {
