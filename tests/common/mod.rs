@@ -99,6 +99,14 @@ pub fn start_load(
     .unwrap()
 }
 
+/// Loads the first `hit` chunks of the prefix `hs` through `e` (buffers of `hit` slices per
+/// layer) and waits until the whole load has ended, every layer ready.
+pub fn load_first(e: &Engine, g: &KvGeometry, hs: &[ChunkHash], hit: usize) -> LoadHandle {
+    let h = start_load(e, g, hs[..hit].to_vec(), hit * g.slice_bytes() as usize);
+    h.wait_all_blocking().unwrap();
+    h
+}
+
 /// Waits for every layer of `h` in order and asserts each is ready and holds `data`'s bytes
 /// for that layer.
 pub fn assert_layers_exact(h: &LoadHandle, data: &[Vec<u8>]) {

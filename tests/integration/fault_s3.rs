@@ -314,17 +314,7 @@ fn interrupted_save_leaves_no_visible_partial_prefix() {
                 assert_eq!(hit, published, "{mode} at PUT {k}: lookup says {hit}");
             }
             if hit > 0 {
-                let h = fresh
-                    .load(
-                        LoadRequest {
-                            geometry: g.clone(),
-                            hashes: hs[..hit].to_vec(),
-                            hints: Default::default(),
-                        },
-                        LayerBuffers::allocate(g.layers as usize, hit * g.slice_bytes() as usize),
-                    )
-                    .unwrap();
-                h.wait_all_blocking().unwrap();
+                let h = load_first(&fresh, &g, &hs, hit);
                 for l in 0..g.layers as usize {
                     let want = &data[l][..hit * g.slice_bytes() as usize];
                     assert_eq!(h.layer(l).unwrap(), want, "{mode} at PUT {k}: layer {l}");

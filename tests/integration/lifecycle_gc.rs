@@ -7,7 +7,7 @@ use crate::common;
 
 use common::current_thread_rt as rt;
 use common::*;
-use objectcache::connector::{Engine, LayerBuffers, LoadRequest};
+use objectcache::connector::Engine;
 use objectcache::lifecycle::{
     collect, AccessLog, GcReport, Inventory, LeaseTable, Policy, Reason, Stats, TrackedStore,
 };
@@ -50,17 +50,7 @@ fn check(e: &Engine, p: &Prefix) -> usize {
     let hit = e.lookup_blocking(&g, &p.hs).unwrap();
     if hit > 0 {
         let n = hit * g.slice_bytes() as usize;
-        let h = e
-            .load(
-                LoadRequest {
-                    geometry: g.clone(),
-                    hashes: p.hs[..hit].to_vec(),
-                    hints: Default::default(),
-                },
-                LayerBuffers::allocate(g.layers as usize, n),
-            )
-            .unwrap();
-        h.wait_all_blocking().unwrap();
+        let h = load_first(e, &g, &p.hs, hit);
         for l in 0..g.layers as usize {
             assert_eq!(h.layer(l).unwrap(), &p.data[l][..n], "layer {l}");
         }
