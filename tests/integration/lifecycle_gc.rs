@@ -36,11 +36,7 @@ struct Prefix {
 }
 
 fn save(e: &Engine, n: usize, seed: u64) -> Prefix {
-    let g = g();
-    let hs = hashes(&g, n * 16, seed as u32);
-    let data = kv(&g, n, seed);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    e.save_blocking(&g, &hs, &refs).unwrap();
+    let (hs, data) = save_prefix(e, &g(), n, seed);
     Prefix { hs, data }
 }
 

@@ -40,10 +40,7 @@ struct Prefix {
 }
 
 fn save(e: &Engine, g: &KvGeometry, n: usize, seed: u64) -> Prefix {
-    let hs = hashes(g, n * g.tokens_per_chunk as usize, seed as u32);
-    let data = kv(g, n, seed);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    e.save_blocking(g, &hs, &refs).unwrap();
+    let (hs, data) = common::save_prefix(e, g, n, seed);
     Prefix { hs, data }
 }
 

@@ -19,7 +19,7 @@ use crate::common;
 use crate::fault_proxy;
 use crate::gather_util;
 
-use common::{hashes, kv, unique_ns};
+use common::{save_prefix, unique_ns};
 use fault_proxy::{Fault, FaultProxy, RawFault};
 use gather_util::{config, start};
 use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest};
@@ -73,10 +73,7 @@ struct Prefix {
 }
 
 fn save(e: &Engine, g: &KvGeometry, chunks: usize, seed: u64) -> Prefix {
-    let hashes = hashes(g, chunks * g.tokens_per_chunk as usize, seed as u32);
-    let data = kv(g, chunks, seed);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    e.save_blocking(g, &hashes, &refs).unwrap();
+    let (hashes, data) = save_prefix(e, g, chunks, seed);
     Prefix { hashes, data }
 }
 
