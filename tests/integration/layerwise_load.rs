@@ -373,16 +373,7 @@ fn c9_two_models_one_bucket() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let obj = rt.block_on(s.get_bytes(&ka.data(&ha[0]))).unwrap();
     rt.block_on(s.put(&kb.data(&hb[0]), obj)).unwrap();
-    let h = e
-        .load(
-            LoadRequest {
-                geometry: b.clone(),
-                hashes: vec![hb[0].clone()],
-                hints: Default::default(),
-            },
-            LayerBuffers::allocate(b.layers as usize, b.slice_bytes() as usize),
-        )
-        .unwrap();
+    let h = start_load(&e, &b, vec![hb[0].clone()], b.slice_bytes() as usize);
     assert!(matches!(
         h.wait_layer_blocking(0, None),
         Err(LayerError::GeometryMismatch { .. })
@@ -394,54 +385,26 @@ fn bad_input_is_named() {
     let g = small();
     let e = engine(Arc::new(MemoryStore::new()), "bad");
     let hs = hashes(&g, 32, 1);
-    let err = e
-        .load(
-            LoadRequest {
-                geometry: g.clone(),
-                hashes: hs.clone(),
-                hints: Default::default(),
-            },
-            LayerBuffers::allocate(5, 10),
+    // The error of a load of `hashes` at geometry `geometry` into `layers` buffers of 10 bytes.
+    let refused = |geometry: &KvGeometry, hashes: Vec<objectcache::ChunkHash>, layers: usize| {
+        e.load(
+            LoadRequest::new(geometry.clone(), hashes),
+            LayerBuffers::allocate(layers, 10),
         )
-        .unwrap_err();
+        .unwrap_err()
+    };
+    let err = refused(&g, hs.clone(), 5);
     assert!(err.to_string().contains("5 destination buffers"), "{err}");
-    let err = e
-        .load(
-            LoadRequest {
-                geometry: g.clone(),
-                hashes: hs.clone(),
-                hints: Default::default(),
-            },
-            LayerBuffers::allocate(6, 10),
-        )
-        .unwrap_err();
+    let err = refused(&g, hs.clone(), 6);
     assert!(
         err.to_string().contains("layer 0 buffer has 10 bytes"),
         "{err}"
     );
-    let err = e
-        .load(
-            LoadRequest {
-                geometry: g.clone(),
-                hashes: vec![],
-                hints: Default::default(),
-            },
-            LayerBuffers::allocate(6, 10),
-        )
-        .unwrap_err();
+    let err = refused(&g, vec![], 6);
     assert!(err.to_string().contains("no chunks"), "{err}");
     let mut zero = g.clone();
     zero.layers = 0;
-    let err = e
-        .load(
-            LoadRequest {
-                geometry: zero,
-                hashes: hs.clone(),
-                hints: Default::default(),
-            },
-            LayerBuffers::allocate(0, 10),
-        )
-        .unwrap_err();
+    let err = refused(&zero, hs.clone(), 0);
     assert!(err.to_string().contains("layers"), "{err}");
     let err = e.save_blocking(&g, &hs, &[&[0u8; 3]]).unwrap_err();
     assert!(err.to_string().contains("1 layer buffers"), "{err}");
