@@ -1,11 +1,39 @@
 //! Shared test fixtures: deterministic KV bytes, stores under test, environment gates.
 #![allow(dead_code)]
 
-use objectcache::connector::{Engine, EngineConfig};
+use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest};
 use objectcache::hash::{chunk_hashes, HashParams};
-use objectcache::store::Store;
-use objectcache::{ChunkHash, KvGeometry};
+use objectcache::store::{FsStore, FsyncPolicy, Store};
+use objectcache::{ChunkHash, Dtype, KvGeometry};
 use std::sync::Arc;
+
+/// A small fp16 geometry of model `model`: `layers` layers of 2 KV heads of 16 dimensions,
+/// 16 tokens a chunk (2 KiB a chunk-layer slice).
+pub fn small_geometry(model: &str, layers: u32) -> KvGeometry {
+    let mut g = KvGeometry::new(model, layers, 2, 16, Dtype::Fp16).unwrap();
+    g.tokens_per_chunk = 16;
+    g
+}
+
+/// A single-threaded tokio runtime with I/O and timers, for blocking on a store's futures.
+pub fn current_thread_rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Runs `cmd` to its end and returns its output, asserting it exited 0 (its stderr is the
+/// failure message).
+pub fn run_ok(cmd: &mut std::process::Command) -> std::process::Output {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
 
 /// Deterministic KV bytes of layer `l` for `chunks` chunks: every chunk's slice differs and
 /// depends on (seed, chunk, layer), so a misplaced slice is detected.
@@ -41,10 +69,76 @@ pub fn hashes(g: &KvGeometry, tokens: usize, seed: u32) -> Vec<ChunkHash> {
     chunk_hashes(&t, &HashParams::new(g.tokens_per_chunk as usize)).unwrap()
 }
 
+/// Saves a prefix of `chunks` chunks through `e`: seeded hashes ([`hashes`] of `chunks` whole
+/// chunks of tokens) and seeded KV bytes ([`kv`]); returns the hashes and each layer's bytes.
+pub fn save_prefix(
+    e: &Engine,
+    g: &KvGeometry,
+    chunks: usize,
+    seed: u64,
+) -> (Vec<ChunkHash>, Vec<Vec<u8>>) {
+    let hs = hashes(g, chunks * g.tokens_per_chunk as usize, seed as u32);
+    let data = kv(g, chunks, seed);
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    e.save_blocking(g, &hs, &refs).unwrap();
+    (hs, data)
+}
+
+/// Starts a load through `e` of the chunks `hs` (geometry `g`, no hints) into fresh buffers of
+/// `layer_bytes` bytes per layer.
+pub fn start_load(
+    e: &Engine,
+    g: &KvGeometry,
+    hs: Vec<ChunkHash>,
+    layer_bytes: usize,
+) -> LoadHandle {
+    e.load(
+        LoadRequest::new(g.clone(), hs),
+        LayerBuffers::allocate(g.layers as usize, layer_bytes),
+    )
+    .unwrap()
+}
+
+/// Loads the first `hit` chunks of the prefix `hs` through `e` (buffers of `hit` slices per
+/// layer) and waits until the whole load has ended, every layer ready.
+pub fn load_first(e: &Engine, g: &KvGeometry, hs: &[ChunkHash], hit: usize) -> LoadHandle {
+    let h = start_load(e, g, hs[..hit].to_vec(), hit * g.slice_bytes() as usize);
+    h.wait_all_blocking().unwrap();
+    h
+}
+
+/// Waits for every layer of `h` in order and asserts each is ready and holds `data`'s bytes
+/// for that layer.
+pub fn assert_layers_exact(h: &LoadHandle, data: &[Vec<u8>]) {
+    for (l, want) in data.iter().enumerate() {
+        h.wait_layer_blocking(l, None).unwrap();
+        assert!(h.layer(l).unwrap() == &want[..], "layer {l}");
+    }
+}
+
+/// An FS store (no fsync) in a new temporary directory; the store is usable while the
+/// directory is kept.
+pub fn temp_fs_store() -> (tempfile::TempDir, Arc<dyn Store>) {
+    let dir = tempfile::tempdir().unwrap();
+    let s: Arc<dyn Store> = Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap());
+    (dir, s)
+}
+
 /// An engine over `store` with a unique namespace.
 pub fn engine(store: Arc<dyn Store>, ns: &str) -> Engine {
     let cfg = EngineConfig {
         namespace: ns.to_string(),
+        ..EngineConfig::default()
+    };
+    Engine::with_store(store, cfg).unwrap()
+}
+
+/// An engine over `store` in namespace `ns` that caches no lookup (every lookup asks the
+/// store).
+pub fn uncached_engine(store: Arc<dyn Store>, ns: &str) -> Engine {
+    let cfg = EngineConfig {
+        namespace: ns.to_string(),
+        lookup_cache_ttl: std::time::Duration::ZERO,
         ..EngineConfig::default()
     };
     Engine::with_store(store, cfg).unwrap()

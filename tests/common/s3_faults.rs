@@ -3,13 +3,14 @@
 //! fault case makes.
 #![allow(dead_code)]
 
+pub use super::common::current_thread_rt as rt;
 use super::common::*;
 use super::fault_proxy::{Fault, FaultProxy, Request};
 use objectcache::connector::{
     ChunkStatus, Engine, EngineConfig, LayerBuffers, LayerStatus, LoadRequest,
 };
 use objectcache::store::{S3Config, S3Credentials, S3Store, Store};
-use objectcache::{ChunkHash, Dtype, KvGeometry};
+use objectcache::{ChunkHash, KvGeometry};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,16 +20,7 @@ pub const MAX_ATTEMPTS: u32 = 3;
 pub const CHUNKS: usize = 4;
 
 pub fn geometry() -> KvGeometry {
-    let mut g = KvGeometry::new("test/fault", 6, 2, 16, Dtype::Fp16).unwrap();
-    g.tokens_per_chunk = 16;
-    g
-}
-
-pub fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
+    small_geometry("test/fault", 6)
 }
 
 /// The test endpoint's address and a unique prefix, or `None` (SKIP) when it is down.

@@ -286,6 +286,11 @@ pub fn creds() -> Option<(String, String)> {
     Some((ACCESS.into(), SECRET.into()))
 }
 
+/// A gather client of the server at `addr`, authenticated with the test access key.
+pub async fn gather_client(addr: std::net::SocketAddr) -> GatherClient {
+    GatherClient::connect_with(addr, creds()).await.unwrap()
+}
+
 /// `objectcache serve` running as a child process; killed and reaped when dropped.
 pub struct ServeProcess(pub std::process::Child);
 

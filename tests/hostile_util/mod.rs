@@ -225,3 +225,21 @@ pub fn median_p90(v: &mut [Duration]) -> (f64, f64) {
         ms(v[(v.len() * 9 / 10).min(v.len() - 1)]),
     )
 }
+
+/// The filesystem store's temporary files (`.tmp-*`) under `dir`, at any depth, with their
+/// sizes in bytes (0 where a file vanished before its size was read).
+pub fn tmp_files(dir: &std::path::Path) -> Vec<(std::path::PathBuf, u64)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if e.file_name().to_string_lossy().starts_with(".tmp-") {
+                out.push((p, e.metadata().map(|m| m.len()).unwrap_or(0)));
+            }
+        }
+    }
+    out
+}

@@ -117,18 +117,20 @@ fn compile_with(cc: &str, src: &str, out_dir: &Path, flags: &[&str]) -> PathBuf 
 }
 
 fn run(exe: &Path, arg: &Path) -> String {
-    let out = Command::new(exe)
-        .arg(arg)
-        .output()
-        .expect("run the C program");
+    run_c(Command::new(exe).arg(arg), &exe.display().to_string())
+}
+
+/// Runs the C program `cmd`, echoes its stdout and stderr, asserts it exited 0 (`what` names
+/// it in the failure message) and returns its stdout.
+fn run_c(cmd: &mut Command, what: &str) -> String {
+    let out = cmd.output().expect("run the C program");
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     print!("{stdout}");
     eprint!("{stderr}");
     assert!(
         out.status.success(),
-        "{} exited with {:?}:\n{stdout}{stderr}",
-        exe.display(),
+        "{what} exited with {:?}:\n{stdout}{stderr}",
         out.status
     );
     stdout
@@ -141,16 +143,7 @@ fn c_lifecycle_against_the_embedded_store() {
     let exe = compile(&cc, "tests/c/lifecycle.c", tmp.path());
     let store = tmp.path().join("store");
     let stdout = run(&exe, &store);
-    let summary = stdout
-        .lines()
-        .find(|l| l.starts_with("c_abi: "))
-        .expect("summary line");
-    assert!(summary.ends_with(" 0 failed"), "{summary}");
-    let passed: usize = summary
-        .split_whitespace()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .expect("passed count");
+    let (summary, passed) = summary(&stdout, "c_abi");
     assert!(passed > 150, "only {passed} checks ran: {summary}");
     // The store on disk holds what the C program saved: 3 + 64 chunk objects, each with a
     // publish marker.
@@ -216,16 +209,7 @@ fn c_paged_against_the_embedded_store() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let exe = compile(&cc, "tests/c/paged.c", tmp.path());
     let stdout = run(&exe, &tmp.path().join("store"));
-    let summary = stdout
-        .lines()
-        .find(|l| l.starts_with("c_paged: "))
-        .expect("summary line");
-    assert!(summary.ends_with(" 0 failed"), "{summary}");
-    let passed: usize = summary
-        .split_whitespace()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .expect("passed count");
+    let (summary, passed) = summary(&stdout, "c_paged");
     assert!(passed > 60, "only {passed} checks ran: {summary}");
 }
 
@@ -250,6 +234,28 @@ fn c_example_in_the_docs_runs() {
     assert_eq!(stdout.matches("bytes match").count(), 2, "{stdout}");
 }
 
+/// A C test program's summary line (`<program>: <passed> passed, 0 failed`) in its `stdout`,
+/// asserted to count no failure.
+fn summary_line<'a>(stdout: &'a str, program: &str) -> &'a str {
+    let summary = stdout
+        .lines()
+        .find(|l| l.starts_with(&format!("{program}: ")))
+        .expect("summary line");
+    assert!(summary.ends_with(" 0 failed"), "{summary}");
+    summary
+}
+
+/// [`summary_line`] and the number of checks it says passed.
+fn summary<'a>(stdout: &'a str, program: &str) -> (&'a str, usize) {
+    let summary = summary_line(stdout, program);
+    let passed: usize = summary
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .expect("passed count");
+    (summary, passed)
+}
+
 fn walk(p: &Path) -> usize {
     let mut n = 0;
     if let Ok(rd) = std::fs::read_dir(p) {
@@ -271,18 +277,18 @@ fn walk(p: &Path) -> usize {
 #[cfg(feature = "s3")]
 #[test]
 fn c_lifecycle_against_the_server() {
-    c_program_against_the_server("tests/c/lifecycle.c", "c_abi: ");
+    c_program_against_the_server("tests/c/lifecycle.c", "c_abi");
 }
 
 /// See [`c_lifecycle_against_the_server`].
 #[cfg(feature = "s3")]
 #[test]
 fn c_paged_against_the_server() {
-    c_program_against_the_server("tests/c/paged.c", "c_paged: ");
+    c_program_against_the_server("tests/c/paged.c", "c_paged");
 }
 
 #[cfg(feature = "s3")]
-fn c_program_against_the_server(src: &str, summary_prefix: &str) {
+fn c_program_against_the_server(src: &str, program: &str) {
     let Some(cc) = cc() else { return };
     let tmp = tempfile::tempdir().expect("temp dir");
     let exe = compile(&cc, src, tmp.path());
@@ -300,26 +306,14 @@ fn c_program_against_the_server(src: &str, summary_prefix: &str) {
         gather_util::BUCKET,
         server.endpoint()
     );
-    let out = Command::new(&exe)
-        .arg(&url)
-        .env("AWS_ACCESS_KEY_ID", gather_util::ACCESS)
-        .env("AWS_SECRET_ACCESS_KEY", gather_util::SECRET)
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .output()
-        .expect("run the C program");
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    print!("{stdout}");
-    eprint!("{stderr}");
-    assert!(
-        out.status.success(),
-        "C program against the server exited with {:?}:\n{stdout}{stderr}",
-        out.status
+    let stdout = run_c(
+        Command::new(&exe)
+            .arg(&url)
+            .env("AWS_ACCESS_KEY_ID", gather_util::ACCESS)
+            .env("AWS_SECRET_ACCESS_KEY", gather_util::SECRET)
+            .env("AWS_EC2_METADATA_DISABLED", "true"),
+        "C program against the server",
     );
-    let summary = stdout
-        .lines()
-        .find(|l| l.starts_with(summary_prefix))
-        .expect("summary line");
-    assert!(summary.ends_with(" 0 failed"), "{summary}");
+    summary_line(&stdout, program);
     rt.block_on(server.shutdown());
 }

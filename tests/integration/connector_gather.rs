@@ -6,10 +6,11 @@
 use crate::common;
 use crate::gather_util;
 
-use common::{hashes, kv, unique_ns};
+use common::{assert_layers_exact, hashes, save_prefix, start_load, temp_fs_store, unique_ns};
 use gather_util::{config, start, BUCKET};
 use objectcache::connector::{ChunkStatus, Engine, EngineConfig, LayerBuffers, LoadRequest};
-use objectcache::store::{FsStore, FsyncPolicy, S3Store, Store};
+use objectcache::server::ServerHandle;
+use objectcache::store::{S3Store, Store};
 use objectcache::KvGeometry;
 use std::sync::{Arc, OnceLock};
 
@@ -23,51 +24,26 @@ fn s3_on(endpoint: &str) -> Arc<dyn Store> {
     rt().block_on(gather_util::s3_store_on(endpoint))
 }
 
-/// Saves `chunks` chunks through `e`, loads them back, checks every byte; returns requests.
 /// An engine with default settings (gather on) over `store`, in a fresh namespace.
 fn engine(store: Arc<dyn Store>, ns: &str) -> Engine {
-    Engine::with_store(
-        store,
-        EngineConfig {
-            namespace: unique_ns(ns),
-            ..Default::default()
-        },
-    )
-    .unwrap()
+    common::engine(store, &unique_ns(ns))
 }
 
-/// Saves a `chunks`-chunk prefix of seeded KV through `e`; returns its hashes and each
-/// layer's bytes.
-fn save_prefix(
-    e: &Engine,
-    g: &KvGeometry,
-    chunks: usize,
-    seed: u64,
-) -> (Vec<objectcache::ChunkHash>, Vec<Vec<u8>>) {
-    let hs = hashes(g, chunks * g.tokens_per_chunk as usize, seed as u32);
-    let data = kv(g, chunks, seed);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    e.save_blocking(g, &hs, &refs).unwrap();
-    (hs, data)
+/// A server over an FS store in a new temporary directory (kept as long as the server runs)
+/// and an S3 store on it.
+fn fs_server() -> (tempfile::TempDir, ServerHandle, Arc<dyn Store>) {
+    let (dir, backend) = temp_fs_store();
+    let server = rt().block_on(start(backend, config()));
+    let store = s3_on(&server.endpoint());
+    (dir, server, store)
 }
 
+/// Saves `chunks` chunks through `e`, loads them back, checks every byte; returns requests.
 fn save_and_load(e: &Engine, g: &KvGeometry, chunks: usize, seed: u64) -> u64 {
     let (hs, data) = save_prefix(e, g, chunks, seed);
     assert_eq!(e.lookup_blocking(g, &hs).unwrap(), chunks);
-    let h = e
-        .load(
-            LoadRequest {
-                geometry: g.clone(),
-                hashes: hs,
-                hints: Default::default(),
-            },
-            LayerBuffers::allocate(g.layers as usize, data[0].len()),
-        )
-        .unwrap();
-    for l in 0..g.layers as usize {
-        h.wait_layer_blocking(l, None).unwrap();
-        assert_eq!(h.layer(l).unwrap(), &data[l][..], "layer {l}");
-    }
+    let h = start_load(e, g, hs, data[0].len());
+    assert_layers_exact(&h, &data);
     assert!(h.chunk_status().iter().all(|s| *s == ChunkStatus::Ok));
     let st = h.stats();
     assert_eq!(st.bytes, chunks as u64 * g.slice_bytes() * g.layers as u64);
@@ -103,10 +79,7 @@ fn assert_only_chunk_2_bad(h: &objectcache::connector::LoadHandle, bad: ChunkSta
 
 #[test]
 fn gather_where_offered_ranged_gets_where_off() {
-    let dir = tempfile::tempdir().unwrap();
-    let backend: Arc<dyn Store> = Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap());
-    let server = rt().block_on(start(backend, config()));
-    let store = s3_on(&server.endpoint());
+    let (_dir, server, store) = fs_server();
     let g = KvGeometry::llama31_8b();
     // 1K tokens at 8B geometry: 4 chunks x 32 layers.
     let ns = unique_ns("gather");
@@ -170,14 +143,7 @@ fn stock_s3_falls_back_to_ranged_gets() {
         store.gather_target().is_some(),
         "an endpoint is configured, so the connector probes it"
     );
-    let e = Engine::with_store(
-        store,
-        EngineConfig {
-            namespace: unique_ns("fallback"),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let e = engine(store, "fallback");
     let mut g = KvGeometry::smollm2_135m();
     g.tokens_per_chunk = 16;
     let n = save_and_load(&e, &g, 3, 3);
@@ -200,16 +166,7 @@ fn gather_missing_chunk_is_a_per_chunk_miss() {
     let (hs, data) = save_prefix(&e, &g, 4, 7);
     let keys = e.keys(&g).unwrap();
     rt().block_on(store.delete(&keys.data(&hs[2]))).unwrap();
-    let h = e
-        .load(
-            LoadRequest {
-                geometry: g.clone(),
-                hashes: hs.clone(),
-                hints: Default::default(),
-            },
-            LayerBuffers::allocate(g.layers as usize, data[0].len()),
-        )
-        .unwrap();
+    let h = start_load(&e, &g, hs.clone(), data[0].len());
     for l in 0..g.layers as usize {
         let err = h.wait_layer_blocking(l, None).unwrap_err();
         assert!(
@@ -230,10 +187,7 @@ fn gather_missing_chunk_is_a_per_chunk_miss() {
 /// misses, naming the chunk; every other layer arrives byte-exact; no fallback.
 #[test]
 fn gather_corrupt_slice_in_a_file_is_a_miss_naming_its_chunk() {
-    let dir = tempfile::tempdir().unwrap();
-    let backend: Arc<dyn Store> = Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap());
-    let server = rt().block_on(start(backend, config()));
-    let store = s3_on(&server.endpoint());
+    let (dir, server, store) = fs_server();
     let g = KvGeometry::llama31_8b();
     let e = engine(store, "gcorrupt");
     let (hs, data) = save_prefix(&e, &g, 4, 9);
@@ -244,12 +198,7 @@ fn gather_corrupt_slice_in_a_file_is_a_miss_naming_its_chunk() {
     let mut obj = std::fs::read(&path).unwrap();
     obj[objectcache::layout::slice_range(5, g.slice_bytes()).start as usize + 10] ^= 0x40;
     std::fs::write(&path, obj).unwrap();
-    let h = e
-        .load(
-            LoadRequest::new(g.clone(), hs),
-            LayerBuffers::allocate(g.layers as usize, data[0].len()),
-        )
-        .unwrap();
+    let h = start_load(&e, &g, hs, data[0].len());
     for l in 0..g.layers as usize {
         match h.wait_layer_blocking(l, None) {
             Ok(()) => {

@@ -14,7 +14,6 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use common::*;
 use futures::StreamExt;
-use objectcache::connector::{LayerBuffers, LoadRequest};
 use objectcache::error::StoreError;
 use objectcache::layout::{decode_chunk, ChunkHash};
 use objectcache::lifecycle::{collect, Inventory, Policy, Reason};
@@ -78,17 +77,7 @@ fn lookup_and_load(store: &Arc<dyn Store>, g: &KvGeometry) -> usize {
     let e = engine(store.clone(), NS);
     let hit = e.lookup_blocking(g, &hs).unwrap();
     if hit > 0 {
-        let h = e
-            .load(
-                LoadRequest {
-                    geometry: g.clone(),
-                    hashes: hs[..hit].to_vec(),
-                    hints: Default::default(),
-                },
-                LayerBuffers::allocate(g.layers as usize, hit * g.slice_bytes() as usize),
-            )
-            .unwrap();
-        h.wait_all_blocking().unwrap();
+        let h = load_first(&e, g, &hs, hit);
         for l in 0..g.layers as usize {
             assert!(
                 h.layer(l).unwrap() == &data[l][..hit * g.slice_bytes() as usize],

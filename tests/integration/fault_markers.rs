@@ -7,16 +7,14 @@
 use crate::common;
 
 use common::*;
-use objectcache::connector::{EngineConfig, LayerBuffers, LoadRequest};
+use objectcache::connector::EngineConfig;
 use objectcache::store::{FsStore, FsyncPolicy, Store, StoreExt};
-use objectcache::{Dtype, KvGeometry};
+use objectcache::KvGeometry;
 use std::sync::Arc;
 use std::time::Duration;
 
 fn small() -> KvGeometry {
-    let mut g = KvGeometry::new("test/markers", 4, 2, 16, Dtype::Fp16).unwrap();
-    g.tokens_per_chunk = 16;
-    g
+    small_geometry("test/markers", 4)
 }
 
 #[test]
@@ -50,20 +48,7 @@ fn lookup_stops_at_a_missing_middle_marker() {
                     "n={n} gap={gap} fanout={fanout}: lookup reports {hit} chunks across a missing one"
                 );
                 if hit > 0 {
-                    let h = fresh
-                        .load(
-                            LoadRequest {
-                                geometry: g.clone(),
-                                hashes: hs[..hit].to_vec(),
-                                hints: Default::default(),
-                            },
-                            LayerBuffers::allocate(
-                                g.layers as usize,
-                                hit * g.slice_bytes() as usize,
-                            ),
-                        )
-                        .unwrap();
-                    h.wait_all_blocking().unwrap();
+                    let h = load_first(&fresh, &g, &hs, hit);
                     for l in 0..g.layers as usize {
                         assert_eq!(
                             h.layer(l).unwrap(),

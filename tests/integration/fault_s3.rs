@@ -106,16 +106,10 @@ fn slow_drip_never_yields_garbage() {
     let Some((addr, ns)) = endpoint() else { return };
     // Every GET drips 64 bytes per 20 ms; the deadline cuts the load short.
     let f = fixture(addr, &ns, 11, Duration::from_secs(3));
-    f.proxy.set_rule(|r| {
-        if r.method == "GET" {
-            Fault::Drip {
-                bytes: 64,
-                every: Duration::from_millis(20),
-            }
-        } else {
-            Fault::Pass
-        }
-    });
+    f.proxy.set_rule(Fault::on_gets(Fault::Drip {
+        bytes: 64,
+        every: Duration::from_millis(20),
+    }));
     // Two requests in flight: the drip makes the load outlast its deadline part way.
     let slow = Engine::with_store(
         s3(&f.proxy.url()),
@@ -205,16 +199,10 @@ fn proxy_killed_mid_load_is_a_miss() {
     let mut f = fixture(addr, &ns, 19, Duration::from_secs(10));
     // Slow the reads down, start the load, then kill the proxy (every connection drops,
     // further connects are refused).
-    f.proxy.set_rule(|r| {
-        if r.method == "GET" {
-            Fault::Drip {
-                bytes: 64,
-                every: Duration::from_millis(50),
-            }
-        } else {
-            Fault::Pass
-        }
-    });
+    f.proxy.set_rule(Fault::on_gets(Fault::Drip {
+        bytes: 64,
+        every: Duration::from_millis(50),
+    }));
     f.proxy.clear_log();
     let per_layer = CHUNKS * f.g.slice_bytes() as usize;
     let h = f
@@ -326,17 +314,7 @@ fn interrupted_save_leaves_no_visible_partial_prefix() {
                 assert_eq!(hit, published, "{mode} at PUT {k}: lookup says {hit}");
             }
             if hit > 0 {
-                let h = fresh
-                    .load(
-                        LoadRequest {
-                            geometry: g.clone(),
-                            hashes: hs[..hit].to_vec(),
-                            hints: Default::default(),
-                        },
-                        LayerBuffers::allocate(g.layers as usize, hit * g.slice_bytes() as usize),
-                    )
-                    .unwrap();
-                h.wait_all_blocking().unwrap();
+                let h = load_first(&fresh, &g, &hs, hit);
                 for l in 0..g.layers as usize {
                     let want = &data[l][..hit * g.slice_bytes() as usize];
                     assert_eq!(h.layer(l).unwrap(), want, "{mode} at PUT {k}: layer {l}");
@@ -514,13 +492,7 @@ fn c18_checksum_headers_refused_or_never_returned() {
             "{name}: no request carried checksum headers"
         );
         // Our own CRC32C still guards every layer: flip one byte of every GET body.
-        proxy.set_rule(|r| {
-            if r.method == "GET" {
-                Fault::Flip(0.5)
-            } else {
-                Fault::Pass
-            }
-        });
+        proxy.set_rule(Fault::on_gets(Fault::Flip(0.5)));
         let h = load(&e);
         assert!(
             (0..g.layers as usize).any(|l| !matches!(h.poll_layer(l), LayerStatus::Ready)),

@@ -57,13 +57,7 @@ fn slowdown_storm_is_absorbed_by_bounded_retries() {
     );
     // A storm on every attempt: every layer missed, still bounded.
     f.proxy.clear_log();
-    f.proxy.set_rule(|r| {
-        if r.method == "GET" {
-            Fault::slowdown()
-        } else {
-            Fault::Pass
-        }
-    });
+    f.proxy.set_rule(Fault::on_gets(Fault::slowdown()));
     let o = load_and_check(&f, "503 storm on every try");
     assert_eq!(o.ready, 0);
     let att = attempts(&f.proxy, |_| true);

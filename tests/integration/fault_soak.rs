@@ -10,7 +10,7 @@
 use crate::common;
 
 use common::*;
-use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadRequest};
+use objectcache::connector::{LayerBuffers, LoadRequest};
 use objectcache::store::Store;
 use objectcache::{Dtype, KvGeometry};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -64,17 +64,7 @@ fn soak_concurrent_saves_and_loads() {
     let mut g = KvGeometry::new("soak/small", 8, 2, 64, Dtype::Fp16).unwrap();
     g.tokens_per_chunk = 32;
     let ns = unique_ns("soak");
-    let engine = Arc::new(
-        Engine::with_store(
-            store,
-            EngineConfig {
-                namespace: ns,
-                lookup_cache_ttl: Duration::ZERO,
-                ..EngineConfig::default()
-            },
-        )
-        .unwrap(),
-    );
+    let engine = Arc::new(uncached_engine(store, &ns));
     // A pool of prompts shared by the workers (so saves race on the same chunks).
     let prompts = 32usize;
     let stop = Arc::new(AtomicBool::new(false));

@@ -6,7 +6,6 @@ use crate::gather_util;
 use gather_util::*;
 use objectcache::layout::{plan_layer_major, KvGeometry};
 use objectcache::store::{MemoryStore, Store};
-use objectcache::transport::tcp::GatherClient;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -30,7 +29,7 @@ async fn c4_burst_of_100_cache_hits_under_a_2gib_budget() {
     let addr = server.local_addr();
     let tokens = vec![256u32; 16];
     // Two hot prefixes (the burst hits them over and over).
-    let mut c = GatherClient::connect_with(addr, creds()).await.unwrap();
+    let mut c = gather_client(addr).await;
     for s in [41, 42] {
         save_prefix(&mut c, &g, s, &tokens).await;
     }
@@ -40,7 +39,7 @@ async fn c4_burst_of_100_cache_hits_under_a_2gib_budget() {
         .map(|i| {
             let (g, tokens) = (g.clone(), tokens.clone());
             tokio::spawn(async move {
-                let mut c = GatherClient::connect_with(addr, creds()).await.unwrap();
+                let mut c = gather_client(addr).await;
                 let s = 41 + i % 2;
                 let sink = VerifySink::new(&g, s, &tokens);
                 let r = c.load(&request(&g, s, &tokens), &sink).await.unwrap();
@@ -89,9 +88,7 @@ async fn c4_burst_of_100_cache_hits_under_a_2gib_budget() {
 async fn c5_many_layers_many_ranks_one_request_per_rank() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let server = start(store.clone(), config()).await;
-    let mut c = GatherClient::connect_with(server.local_addr(), creds())
-        .await
-        .unwrap();
+    let mut c = gather_client(server.local_addr()).await;
     let tokens = vec![256u32; 128];
     let mut objects_written = 0;
     for rank in 0..8 {

@@ -2,6 +2,7 @@
 //! Llama-3.1-8B geometry, batched save layout, misses, corruption, concurrency, malformed and
 //! oversized descriptors, disconnects, fallback detection.
 
+use crate::common::temp_fs_store;
 use crate::gather_util;
 
 use bytes::{BufMut, BytesMut};
@@ -10,7 +11,7 @@ use objectcache::layout::{slice_range, KvGeometry};
 use objectcache::protocol::{
     encode_frame_header, ErrorCode, Frame, FrameType, GatherRequest, MAX_UNIT_BYTES, PREFACE,
 };
-use objectcache::store::{FsStore, FsyncPolicy, MemoryStore, Store, StoreExt};
+use objectcache::store::{MemoryStore, Store, StoreExt};
 use objectcache::transport::tcp::{GatherClient, GatherError};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -19,9 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 async fn roundtrip(store: Arc<dyn Store>, chunks: usize) {
     let g = KvGeometry::llama31_8b();
     let server = start(store.clone(), config()).await;
-    let mut c = GatherClient::connect_with(server.local_addr(), creds())
-        .await
-        .unwrap();
+    let mut c = gather_client(server.local_addr()).await;
     let tokens = vec![256u32; chunks];
     let saved = save_prefix(&mut c, &g, 1, &tokens).await;
     assert_eq!(saved.written as usize, chunks);
@@ -63,12 +62,8 @@ async fn gather_roundtrip_4k_tokens_8b_byte_exact() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gather_roundtrip_32k_tokens_8b_byte_exact() {
-    let dir = tempfile::tempdir().unwrap();
-    roundtrip(
-        Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap()),
-        128,
-    )
-    .await;
+    let (_dir, store) = temp_fs_store();
+    roundtrip(store, 128).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -78,9 +73,7 @@ async fn batched_save_layout_matches_the_connector() {
     let g = KvGeometry::smollm2_135m();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let server = start(store.clone(), config()).await;
-    let mut c = GatherClient::connect_with(server.local_addr(), creds())
-        .await
-        .unwrap();
+    let mut c = gather_client(server.local_addr()).await;
     let tokens = [256u32, 256, 256];
     save_prefix(&mut c, &g, 9, &tokens).await;
     let kb = key_builder(&g);
@@ -125,9 +118,7 @@ async fn batched_save_layout_matches_the_connector() {
 async fn partial_last_chunk_and_layer_subrange() {
     let g = KvGeometry::smollm2_135m();
     let server = start(Arc::new(MemoryStore::new()), config()).await;
-    let mut c = GatherClient::connect_with(server.local_addr(), creds())
-        .await
-        .unwrap();
+    let mut c = gather_client(server.local_addr()).await;
     let tokens = [256u32, 256, 100];
     save_prefix(&mut c, &g, 3, &tokens).await;
     let mut req = request(&g, 3, &tokens);
@@ -153,19 +144,14 @@ async fn missing_chunk_and_corrupt_slice_are_misses_never_data() {
 /// chunk file and sends unverified slices straight from the files (`sendfile`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_chunk_and_corrupt_slice_are_misses_never_data_on_files() {
-    let dir = tempfile::tempdir().unwrap();
-    misses_never_data(Arc::new(
-        FsStore::new(dir.path(), FsyncPolicy::Never).unwrap(),
-    ))
-    .await;
+    let (_dir, store) = temp_fs_store();
+    misses_never_data(store).await;
 }
 
 async fn misses_never_data(store: Arc<dyn Store>) {
     let g = KvGeometry::smollm2_135m();
     let server = start(store.clone(), config()).await;
-    let mut c = GatherClient::connect_with(server.local_addr(), creds())
-        .await
-        .unwrap();
+    let mut c = gather_client(server.local_addr()).await;
     let tokens = [256u32; 4];
     save_prefix(&mut c, &g, 5, &tokens).await;
     let kb = key_builder(&g);
@@ -283,9 +269,7 @@ async fn concurrent_loads_with_admission_queue() {
     cfg.max_concurrent_loads = 2;
     let server = start(Arc::new(MemoryStore::new()), cfg).await;
     let tokens = vec![256u32; 4];
-    let mut c = GatherClient::connect_with(server.local_addr(), creds())
-        .await
-        .unwrap();
+    let mut c = gather_client(server.local_addr()).await;
     for s in 0..3 {
         save_prefix(&mut c, &g, 100 + s, &tokens).await;
     }
@@ -294,7 +278,7 @@ async fn concurrent_loads_with_admission_queue() {
         .map(|i| {
             let (g, tokens) = (g.clone(), tokens.clone());
             tokio::spawn(async move {
-                let mut c = GatherClient::connect_with(addr, creds()).await.unwrap();
+                let mut c = gather_client(addr).await;
                 let s = 100 + i % 3;
                 let sink = VerifySink::new(&g, s, &tokens);
                 c.load(&request(&g, s, &tokens), &sink).await.unwrap();
@@ -411,7 +395,7 @@ async fn malformed_and_oversized_descriptors_get_clear_errors_and_the_server_sta
     );
 
     // The client library refuses it locally with the same words.
-    let mut c = GatherClient::connect_with(addr, creds()).await.unwrap();
+    let mut c = gather_client(addr).await;
     let e = c
         .load(&request(&g, 1, &tokens), &VerifySink::new(&g, 1, &tokens))
         .await
@@ -494,7 +478,7 @@ async fn malformed_and_oversized_descriptors_get_clear_errors_and_the_server_sta
     );
 
     // A missing bucket is a request-level error; the connection stays usable.
-    let mut c = GatherClient::connect_with(addr, creds()).await.unwrap();
+    let mut c = gather_client(addr).await;
     let mut req = request(&g, 1, &[256]);
     req.bucket = "no-such-bucket".into();
     match c.load(&req, &VerifySink::new(&g, 1, &[256])).await {
@@ -520,7 +504,7 @@ async fn client_disconnecting_mid_stream_frees_resources() {
     let server = start(Arc::new(MemoryStore::new()), config()).await;
     let addr = server.local_addr();
     let tokens = vec![256u32; 32]; // 8K tokens: 32 MiB per layer, 1 GiB per load
-    let mut c = GatherClient::connect_with(addr, creds()).await.unwrap();
+    let mut c = gather_client(addr).await;
     save_prefix(&mut c, &g, 7, &tokens).await;
     // A raw client that reads a little and then vanishes.
     let mut s = raw_conn(addr).await;
@@ -649,7 +633,7 @@ async fn gather_connection_needs_a_valid_access_key() {
     }
     assert!(saw_error, "the server answered an unauthenticated request");
     // The right key pair: connected, authenticated, and a save and a load work.
-    let mut c = GatherClient::connect_with(addr, creds()).await.unwrap();
+    let mut c = gather_client(addr).await;
     assert_ne!(
         c.server_info().features & objectcache::protocol::ServerInfo::FEATURE_AUTH,
         0

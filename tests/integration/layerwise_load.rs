@@ -7,13 +7,11 @@ use common::*;
 use objectcache::connector::{ChunkStatus, Engine, LayerBuffers, LayerStatus, LoadRequest};
 use objectcache::layout::{slice_range, KeyBuilder};
 use objectcache::store::{FsStore, FsyncPolicy, MemoryStore, Store, StoreExt};
-use objectcache::{Dtype, KvGeometry, LayerError};
+use objectcache::{KvGeometry, LayerError};
 use std::sync::Arc;
 
 fn small() -> KvGeometry {
-    let mut g = KvGeometry::new("test/small", 6, 2, 16, Dtype::Fp16).unwrap();
-    g.tokens_per_chunk = 16;
-    g
+    small_geometry("test/small", 6)
 }
 
 /// The S3 endpoint of the test environment (Ceph RGW in CI), when one answers.
@@ -61,20 +59,8 @@ fn round_trip(e: &Engine, g: &KvGeometry, chunks: usize, seed: u64) {
     let rep = e.save_blocking(g, &hs, &refs).unwrap();
     assert_eq!(rep.written, chunks);
     assert_eq!(e.lookup_blocking(g, &hs).unwrap(), chunks);
-    let h = e
-        .load(
-            LoadRequest {
-                geometry: g.clone(),
-                hashes: hs.clone(),
-                hints: Default::default(),
-            },
-            LayerBuffers::allocate(g.layers as usize, data[0].len()),
-        )
-        .unwrap();
-    for l in 0..g.layers as usize {
-        h.wait_layer_blocking(l, None).unwrap();
-        assert_eq!(h.layer(l).unwrap(), &data[l][..], "layer {l}");
-    }
+    let h = start_load(e, g, hs.clone(), data[0].len());
+    assert_layers_exact(&h, &data);
     assert!(
         h.chunk_status().iter().all(|s| *s == ChunkStatus::Ok),
         "{:?} on {}: {:?}",
@@ -103,11 +89,8 @@ fn round_trip_small_geometry_every_backend() {
 #[test]
 fn round_trip_llama8b_4k_tokens_fs() {
     // 4K tokens at Llama-3.1-8B geometry: 16 chunks x 32 layers x 1 MiB = 512 MiB.
-    let dir = tempfile::tempdir().unwrap();
-    let e = engine(
-        Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap()),
-        "rt8b",
-    );
+    let (_dir, s) = temp_fs_store();
+    let e = engine(s, "rt8b");
     round_trip(&e, &KvGeometry::llama31_8b(), 16, 42);
 }
 
@@ -130,16 +113,7 @@ fn partial_hit_and_missing_middle_chunk() {
         let keys = e.keys(&g).unwrap();
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(s.delete(&keys.data(&hs[2]))).unwrap();
-        let h = e
-            .load(
-                LoadRequest {
-                    geometry: g.clone(),
-                    hashes: hs[..5].to_vec(),
-                    hints: Default::default(),
-                },
-                LayerBuffers::allocate(6, refs[0].len()),
-            )
-            .unwrap();
+        let h = start_load(&e, &g, hs[..5].to_vec(), refs[0].len());
         for l in 0..6 {
             let err = h.wait_layer_blocking(l, None).unwrap_err();
             assert!(
@@ -157,10 +131,7 @@ fn flipped_byte_is_a_miss_not_data() {
     for (name, s) in stores() {
         let g = small();
         let e = engine(s.clone(), &unique_ns(name));
-        let hs = hashes(&g, 3 * 16, 4);
-        let data = kv(&g, 3, 4);
-        let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-        e.save_blocking(&g, &hs, &refs).unwrap();
+        let (hs, data) = save_prefix(&e, &g, 3, 4);
         let keys = e.keys(&g).unwrap();
         let rt = tokio::runtime::Runtime::new().unwrap();
         let k = keys.data(&hs[1]);
@@ -168,16 +139,7 @@ fn flipped_byte_is_a_miss_not_data() {
         let r = slice_range(4, g.slice_bytes());
         obj[r.start as usize + 17] ^= 0x40;
         rt.block_on(s.put(&k, obj.into())).unwrap();
-        let h = e
-            .load(
-                LoadRequest {
-                    geometry: g.clone(),
-                    hashes: hs.clone(),
-                    hints: Default::default(),
-                },
-                LayerBuffers::allocate(6, refs[0].len()),
-            )
-            .unwrap();
+        let h = start_load(&e, &g, hs.clone(), data[0].len());
         // Layer 4 of chunk 1 is corrupt: layer 4 is a miss naming chunk 1, and only layer 4
         // (issue 19: a bad slice fails only the layers it belongs to).
         let _ = h.wait_layer_blocking(4, None);
@@ -302,16 +264,7 @@ fn concurrent_writers_first_wins() {
         );
         // Every chunk loads intact (from whichever writer won it) and verifies.
         let e = &engines[0];
-        let h = e
-            .load(
-                LoadRequest {
-                    geometry: g.clone(),
-                    hashes: hs.clone(),
-                    hints: Default::default(),
-                },
-                LayerBuffers::allocate(6, a[0].len()),
-            )
-            .unwrap();
+        let h = start_load(e, &g, hs.clone(), a[0].len());
         h.wait_all_blocking().unwrap();
         let slice = g.slice_bytes() as usize;
         for l in 0..6 {
@@ -361,14 +314,7 @@ fn lookup_of_long_prefix_is_logarithmic() {
     let data = kv(&g, 250, 10);
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
     e.save_blocking(&g, &hs[..250], &refs).unwrap();
-    let fresh = Engine::with_store(
-        e.store().clone(),
-        objectcache::connector::EngineConfig {
-            namespace: "logl".into(),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let fresh = engine(e.store().clone(), "logl");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let r = rt.block_on(fresh.lookup_report(&g, &hs)).unwrap();
     assert_eq!(r.chunks, 250);
@@ -427,16 +373,7 @@ fn c9_two_models_one_bucket() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let obj = rt.block_on(s.get_bytes(&ka.data(&ha[0]))).unwrap();
     rt.block_on(s.put(&kb.data(&hb[0]), obj)).unwrap();
-    let h = e
-        .load(
-            LoadRequest {
-                geometry: b.clone(),
-                hashes: vec![hb[0].clone()],
-                hints: Default::default(),
-            },
-            LayerBuffers::allocate(b.layers as usize, b.slice_bytes() as usize),
-        )
-        .unwrap();
+    let h = start_load(&e, &b, vec![hb[0].clone()], b.slice_bytes() as usize);
     assert!(matches!(
         h.wait_layer_blocking(0, None),
         Err(LayerError::GeometryMismatch { .. })
@@ -448,54 +385,26 @@ fn bad_input_is_named() {
     let g = small();
     let e = engine(Arc::new(MemoryStore::new()), "bad");
     let hs = hashes(&g, 32, 1);
-    let err = e
-        .load(
-            LoadRequest {
-                geometry: g.clone(),
-                hashes: hs.clone(),
-                hints: Default::default(),
-            },
-            LayerBuffers::allocate(5, 10),
+    // The error of a load of `hashes` at geometry `geometry` into `layers` buffers of 10 bytes.
+    let refused = |geometry: &KvGeometry, hashes: Vec<objectcache::ChunkHash>, layers: usize| {
+        e.load(
+            LoadRequest::new(geometry.clone(), hashes),
+            LayerBuffers::allocate(layers, 10),
         )
-        .unwrap_err();
+        .unwrap_err()
+    };
+    let err = refused(&g, hs.clone(), 5);
     assert!(err.to_string().contains("5 destination buffers"), "{err}");
-    let err = e
-        .load(
-            LoadRequest {
-                geometry: g.clone(),
-                hashes: hs.clone(),
-                hints: Default::default(),
-            },
-            LayerBuffers::allocate(6, 10),
-        )
-        .unwrap_err();
+    let err = refused(&g, hs.clone(), 6);
     assert!(
         err.to_string().contains("layer 0 buffer has 10 bytes"),
         "{err}"
     );
-    let err = e
-        .load(
-            LoadRequest {
-                geometry: g.clone(),
-                hashes: vec![],
-                hints: Default::default(),
-            },
-            LayerBuffers::allocate(6, 10),
-        )
-        .unwrap_err();
+    let err = refused(&g, vec![], 6);
     assert!(err.to_string().contains("no chunks"), "{err}");
     let mut zero = g.clone();
     zero.layers = 0;
-    let err = e
-        .load(
-            LoadRequest {
-                geometry: zero,
-                hashes: hs.clone(),
-                hints: Default::default(),
-            },
-            LayerBuffers::allocate(0, 10),
-        )
-        .unwrap_err();
+    let err = refused(&zero, hs.clone(), 0);
     assert!(err.to_string().contains("layers"), "{err}");
     let err = e.save_blocking(&g, &hs, &[&[0u8; 3]]).unwrap_err();
     assert!(err.to_string().contains("1 layer buffers"), "{err}");
@@ -504,25 +413,10 @@ fn bad_input_is_named() {
 #[test]
 fn cancel_stops_and_fails_pending_layers() {
     let g = KvGeometry::llama31_8b();
-    let dir = tempfile::tempdir().unwrap();
-    let e = engine(
-        Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap()),
-        "cancel",
-    );
-    let hs = hashes(&g, 8 * 256, 13);
-    let data = kv(&g, 8, 13);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    e.save_blocking(&g, &hs, &refs).unwrap();
-    let h = e
-        .load(
-            LoadRequest {
-                geometry: g.clone(),
-                hashes: hs,
-                hints: Default::default(),
-            },
-            LayerBuffers::allocate(32, data[0].len()),
-        )
-        .unwrap();
+    let (_dir, s) = temp_fs_store();
+    let e = engine(s, "cancel");
+    let (hs, data) = save_prefix(&e, &g, 8, 13);
+    let h = start_load(&e, &g, hs, data[0].len());
     h.cancel();
     let mut failed = 0;
     for l in 0..32 {

@@ -5,27 +5,19 @@
 
 use crate::common;
 
+use common::current_thread_rt as rt;
 use common::*;
-use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadRequest};
+use objectcache::connector::Engine;
 use objectcache::lifecycle::{
-    collect, AccessLog, Inventory, LeaseTable, Policy, Reason, TrackedStore,
+    collect, AccessLog, GcReport, Inventory, LeaseTable, Policy, Reason, Stats, TrackedStore,
 };
 use objectcache::store::{FsStore, FsyncPolicy, Store};
-use objectcache::{ChunkHash, Dtype, KvGeometry};
+use objectcache::{ChunkHash, KvGeometry};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 fn g() -> KvGeometry {
-    let mut g = KvGeometry::new("test/lifecycle", 4, 2, 16, Dtype::Fp16).unwrap();
-    g.tokens_per_chunk = 16;
-    g
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
+    small_geometry("test/lifecycle", 4)
 }
 
 fn fs() -> (tempfile::TempDir, Arc<dyn Store>) {
@@ -35,15 +27,7 @@ fn fs() -> (tempfile::TempDir, Arc<dyn Store>) {
 }
 
 fn eng(store: Arc<dyn Store>, ns: &str) -> Engine {
-    Engine::with_store(
-        store,
-        EngineConfig {
-            namespace: ns.into(),
-            lookup_cache_ttl: Duration::ZERO,
-            ..EngineConfig::default()
-        },
-    )
-    .unwrap()
+    uncached_engine(store, ns)
 }
 
 struct Prefix {
@@ -52,11 +36,7 @@ struct Prefix {
 }
 
 fn save(e: &Engine, n: usize, seed: u64) -> Prefix {
-    let g = g();
-    let hs = hashes(&g, n * 16, seed as u32);
-    let data = kv(&g, n, seed);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    e.save_blocking(&g, &hs, &refs).unwrap();
+    let (hs, data) = save_prefix(e, &g(), n, seed);
     Prefix { hs, data }
 }
 
@@ -66,17 +46,7 @@ fn check(e: &Engine, p: &Prefix) -> usize {
     let hit = e.lookup_blocking(&g, &p.hs).unwrap();
     if hit > 0 {
         let n = hit * g.slice_bytes() as usize;
-        let h = e
-            .load(
-                LoadRequest {
-                    geometry: g.clone(),
-                    hashes: p.hs[..hit].to_vec(),
-                    hints: Default::default(),
-                },
-                LayerBuffers::allocate(g.layers as usize, n),
-            )
-            .unwrap();
-        h.wait_all_blocking().unwrap();
+        let h = load_first(e, &g, &p.hs, hit);
         for l in 0..g.layers as usize {
             assert_eq!(h.layer(l).unwrap(), &p.data[l][..n], "layer {l}");
         }
@@ -86,6 +56,65 @@ fn check(e: &Engine, p: &Prefix) -> usize {
 
 fn later(d: Duration) -> SystemTime {
     SystemTime::now() + d
+}
+
+/// The inventory counts of everything in `s`.
+fn scan_stats(r: &tokio::runtime::Runtime, s: &dyn Store) -> Stats {
+    r.block_on(Inventory::scan(s, "", 1000)).unwrap().stats()
+}
+
+/// One collection pass over `s` under `pol` as of `now`, with no access log and no leases.
+fn collect_at(
+    r: &tokio::runtime::Runtime,
+    s: &dyn Store,
+    pol: &Policy,
+    now: SystemTime,
+) -> GcReport {
+    r.block_on(collect(s, pol, now, None, None)).unwrap()
+}
+
+/// An FS store and the tracked store over it that logs its uses and leases what a load reads
+/// for `lease_for`.
+struct Tracked {
+    _dir: tempfile::TempDir,
+    raw: Arc<dyn Store>,
+    access: Arc<AccessLog>,
+    leases: Arc<LeaseTable>,
+    store: Arc<dyn Store>,
+}
+
+impl Tracked {
+    fn new(lease_for: Duration) -> Tracked {
+        let (_dir, raw) = fs();
+        let access = Arc::new(AccessLog::new());
+        let leases = LeaseTable::new();
+        let store: Arc<dyn Store> = Arc::new(TrackedStore::new(
+            raw.clone(),
+            access.clone(),
+            leases.clone(),
+            lease_for,
+        ));
+        Tracked {
+            _dir,
+            raw,
+            access,
+            leases,
+            store,
+        }
+    }
+
+    /// One collection pass over the FS store under `pol` now, with the tracked store's access
+    /// log and leases.
+    fn collect(&self, r: &tokio::runtime::Runtime, pol: &Policy) -> GcReport {
+        r.block_on(collect(
+            self.raw.as_ref(),
+            pol,
+            SystemTime::now(),
+            Some(&self.access),
+            Some(&self.leases),
+        ))
+        .unwrap()
+    }
 }
 
 #[test]
@@ -100,19 +129,14 @@ fn gc_removes_interrupted_saves_after_grace_and_orphan_markers_at_once() {
     r.block_on(s.delete(&keys.marker(&p.hs[4]))).unwrap();
     r.block_on(s.delete(&keys.marker(&p.hs[5]))).unwrap();
     r.block_on(s.delete(&keys.data(&p.hs[3]))).unwrap();
-    let st = r
-        .block_on(Inventory::scan(s.as_ref(), "", 1000))
-        .unwrap()
-        .stats();
+    let st = scan_stats(&r, s.as_ref());
     assert_eq!(
         (st.published, st.unreferenced_data, st.orphan_markers),
         (3, 2, 1)
     );
 
     let pol = Policy::default();
-    let rep = r
-        .block_on(collect(s.as_ref(), &pol, SystemTime::now(), None, None))
-        .unwrap();
+    let rep = collect_at(&r, s.as_ref(), &pol, SystemTime::now());
     assert_eq!(rep.count(Reason::OrphanMarker), 1);
     assert_eq!(
         rep.count(Reason::Unreferenced),
@@ -122,21 +146,10 @@ fn gc_removes_interrupted_saves_after_grace_and_orphan_markers_at_once() {
     assert_eq!(rep.kept_young, 2);
     assert_eq!(check(&e, &p), 3);
 
-    let rep = r
-        .block_on(collect(
-            s.as_ref(),
-            &pol,
-            later(Duration::from_secs(7200)),
-            None,
-            None,
-        ))
-        .unwrap();
+    let rep = collect_at(&r, s.as_ref(), &pol, later(Duration::from_secs(7200)));
     assert_eq!(rep.count(Reason::Unreferenced), 2);
     assert_eq!(rep.deleted.len(), 2);
-    let st = r
-        .block_on(Inventory::scan(s.as_ref(), "", 1000))
-        .unwrap()
-        .stats();
+    let st = scan_stats(&r, s.as_ref());
     assert_eq!(
         (st.published, st.unreferenced_data, st.orphan_markers),
         (3, 0, 0)
@@ -158,19 +171,9 @@ fn ttl_expires_unpinned_entries_only() {
         pinned: vec!["tenant-a/".into()],
         ..Policy::default()
     };
-    let rep = r
-        .block_on(collect(s.as_ref(), &pol, SystemTime::now(), None, None))
-        .unwrap();
+    let rep = collect_at(&r, s.as_ref(), &pol, SystemTime::now());
     assert!(rep.deleted.is_empty());
-    let rep = r
-        .block_on(collect(
-            s.as_ref(),
-            &pol,
-            later(Duration::from_secs(120)),
-            None,
-            None,
-        ))
-        .unwrap();
+    let rep = collect_at(&r, s.as_ref(), &pol, later(Duration::from_secs(120)));
     assert_eq!(
         rep.count(Reason::Expired),
         6,
@@ -191,16 +194,8 @@ fn ttl_expires_unpinned_entries_only() {
 
 #[test]
 fn capacity_evicts_least_recently_used_and_spares_leased() {
-    let (_d, raw) = fs();
-    let access = Arc::new(AccessLog::new());
-    let leases = LeaseTable::new();
-    let s: Arc<dyn Store> = Arc::new(TrackedStore::new(
-        raw.clone(),
-        access.clone(),
-        leases.clone(),
-        Duration::ZERO,
-    ));
-    let e = eng(s.clone(), "lru");
+    let t = Tracked::new(Duration::ZERO);
+    let e = eng(t.store.clone(), "lru");
     // Each save finishes before the next starts, so the uses are ordered without sleeping
     // between them: an entry's last use is the later of its logged use (the system clock,
     // nanoseconds) and its files' mtime (the kernel's coarse clock, never ahead of the system
@@ -211,25 +206,13 @@ fn capacity_evicts_least_recently_used_and_spares_leased() {
     // A is used again: now B is the least recently used.
     assert_eq!(check(&e, &pa), 2);
     let r = rt();
-    let total = r
-        .block_on(Inventory::scan(raw.as_ref(), "", 1000))
-        .unwrap()
-        .stats()
-        .bytes;
+    let total = scan_stats(&r, t.raw.as_ref()).bytes;
     let per_prefix = total / 3;
     let pol = Policy {
         capacity_bytes: Some(2 * per_prefix),
         ..Policy::default()
     };
-    let rep = r
-        .block_on(collect(
-            raw.as_ref(),
-            &pol,
-            SystemTime::now(),
-            Some(&access),
-            Some(&leases),
-        ))
-        .unwrap();
+    let rep = t.collect(&r, &pol);
     assert_eq!(rep.count(Reason::Evicted), 4, "{:?}", rep.deleted);
     assert!(rep.bytes_after <= 2 * per_prefix);
     assert_eq!(check(&e, &pb), 0, "B was the least recently used");
@@ -238,50 +221,27 @@ fn capacity_evicts_least_recently_used_and_spares_leased() {
 
     // Capacity 0 with C leased (a reader holds it): only A goes.
     let keys = e.keys(&g()).unwrap();
-    let lease = leases.acquire(pc.hs.iter().map(|h| keys.data(h)));
+    let lease = t.leases.acquire(pc.hs.iter().map(|h| keys.data(h)));
     let pol0 = Policy {
         capacity_bytes: Some(0),
         ..Policy::default()
     };
-    let rep = r
-        .block_on(collect(
-            raw.as_ref(),
-            &pol0,
-            SystemTime::now(),
-            Some(&access),
-            Some(&leases),
-        ))
-        .unwrap();
+    let rep = t.collect(&r, &pol0);
     assert_eq!(rep.kept_leased, 2);
     assert_eq!(check(&e, &pc), 2, "a leased entry was evicted");
     assert_eq!(check(&e, &pa), 0);
     drop(lease);
-    r.block_on(collect(
-        raw.as_ref(),
-        &pol0,
-        SystemTime::now(),
-        Some(&access),
-        Some(&leases),
-    ))
-    .unwrap();
+    t.collect(&r, &pol0);
     assert_eq!(check(&e, &pc), 0);
     println!("LIFECYCLE|capacity LRU + lease|1|least recently used prefix evicted first; leased prefix kept until released; survivors byte-exact");
 }
 
 #[test]
 fn soft_lease_keeps_an_object_under_its_reader() {
-    let (_d, raw) = fs();
-    let access = Arc::new(AccessLog::new());
-    let leases = LeaseTable::new();
-    let s: Arc<dyn Store> = Arc::new(TrackedStore::new(
-        raw.clone(),
-        access.clone(),
-        leases.clone(),
-        Duration::from_secs(30),
-    ));
-    let e = eng(s.clone(), "soft");
+    let t = Tracked::new(Duration::from_secs(30));
+    let e = eng(t.store.clone(), "soft");
     let p = save(&e, 3, 20);
-    let other = eng(raw.clone(), "other");
+    let other = eng(t.raw.clone(), "other");
     let q = save(&other, 3, 21);
     // A load through the tracked store leases what it reads for 30 s.
     assert_eq!(check(&e, &p), 3);
@@ -291,15 +251,7 @@ fn soft_lease_keeps_an_object_under_its_reader() {
         ..Policy::default()
     };
     let r = rt();
-    let rep = r
-        .block_on(collect(
-            raw.as_ref(),
-            &pol,
-            SystemTime::now(),
-            Some(&access),
-            Some(&leases),
-        ))
-        .unwrap();
+    let rep = t.collect(&r, &pol);
     assert!(rep.kept_leased >= 3, "{rep:?}");
     assert_eq!(check(&e, &p), 3);
     assert_eq!(check(&other, &q), 0);
@@ -319,9 +271,7 @@ fn collection_during_saves_never_breaks_a_published_prefix() {
         };
         let mut passes = 0;
         while !st2.load(std::sync::atomic::Ordering::Relaxed) {
-            let rep = r
-                .block_on(collect(s2.as_ref(), &pol, SystemTime::now(), None, None))
-                .unwrap();
+            let rep = collect_at(&r, s2.as_ref(), &pol, SystemTime::now());
             assert_eq!(rep.count(Reason::Unreferenced), 0, "{rep:?}");
             passes += 1;
         }
@@ -349,15 +299,7 @@ fn stat_and_gc_commands() {
     rt().block_on(s.delete(&keys.marker(&p.hs[2]))).unwrap();
     let bin = env!("CARGO_BIN_EXE_objectcache");
     let url = format!("file://{}", d.path().display());
-    let out = std::process::Command::new(bin)
-        .args(["stat", "--store", &url, "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_ok(std::process::Command::new(bin).args(["stat", "--store", &url, "--json"]));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["total"]["published"], 2);
     assert_eq!(v["total"]["unreferenced_data"], 1);

@@ -10,9 +10,9 @@ use crate::gather_util;
 
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_s3::primitives::ByteStream;
-use common::{hashes, kv, unique_ns};
+use common::{save_prefix, start_load, unique_ns};
 use gather_util::{config, start, ACCESS, BUCKET};
-use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadRequest};
+use objectcache::connector::{Engine, EngineConfig};
 use objectcache::server::tenant::TenantConfig;
 use objectcache::server::{ServerConfig, ServerHandle};
 use objectcache::store::{
@@ -308,24 +308,12 @@ fn tenants_connectors_are_apart_and_fall_back_from_gather() {
         .unwrap()
     };
     let (ea, eb) = (eng(A.0, A.1), eng(B.0, B.1));
-    let hs = hashes(&g, 4 * g.tokens_per_chunk as usize, 3);
-    let data = kv(&g, 4, 3);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    ea.save_blocking(&g, &hs, &refs).unwrap();
+    let (hs, data) = save_prefix(&ea, &g, 4, 3);
     // Same namespace setting, same tokens, same hashes: B sees nothing of A's.
     assert_eq!(ea.lookup_blocking(&g, &hs).unwrap(), 4);
     assert_eq!(eb.lookup_blocking(&g, &hs).unwrap(), 0);
     let load = |e: &Engine| {
-        let h = e
-            .load(
-                LoadRequest {
-                    geometry: g.clone(),
-                    hashes: hs.clone(),
-                    hints: Default::default(),
-                },
-                LayerBuffers::allocate(g.layers as usize, data[0].len()),
-            )
-            .unwrap();
+        let h = start_load(e, &g, hs.clone(), data[0].len());
         let mut ready = 0;
         for l in 0..g.layers as usize {
             if h.wait_layer_blocking(l, None).is_ok() {

@@ -7,9 +7,8 @@
 use crate::common;
 use crate::gather_util;
 
-use common::{hashes, kv, unique_ns};
+use common::{assert_layers_exact, engine, save_prefix, start_load, unique_ns};
 use gather_util::{config, start, ACCESS, BUCKET, SECRET};
-use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadRequest};
 use objectcache::server::ServerHandle;
 use objectcache::store::{
     Addressing, MemoryStore, S3Config, S3Credentials, S3Store, Store, StoreExt,
@@ -99,33 +98,11 @@ fn s3_api_round_trip_over_tls_and_connector_load() {
     // The connector over https: ranged GETs (gather is not probed on https endpoints).
     let store: Arc<dyn Store> = Arc::new(st);
     assert!(store.gather_target().is_none());
-    let e = Engine::with_store(
-        store,
-        EngineConfig {
-            namespace: unique_ns("tls"),
-            ..EngineConfig::default()
-        },
-    )
-    .unwrap();
+    let e = engine(store, &unique_ns("tls"));
     let g = KvGeometry::smollm2_135m();
-    let hs = hashes(&g, 3 * g.tokens_per_chunk as usize, 9);
-    let data = kv(&g, 3, 9);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    e.save_blocking(&g, &hs, &refs).unwrap();
-    let h = e
-        .load(
-            LoadRequest {
-                geometry: g.clone(),
-                hashes: hs,
-                hints: Default::default(),
-            },
-            LayerBuffers::allocate(g.layers as usize, data[0].len()),
-        )
-        .unwrap();
-    for l in 0..g.layers as usize {
-        h.wait_layer_blocking(l, None).unwrap();
-        assert!(h.layer(l).unwrap() == &data[l][..], "layer {l}");
-    }
+    let (hs, data) = save_prefix(&e, &g, 3, 9);
+    let h = start_load(&e, &g, hs, data[0].len());
+    assert_layers_exact(&h, &data);
     println!(
         "SECURITY|tls|S3 PUT/GET/ranged GET/LIST over https with a self-signed CA; connector save + load of 3 chunks x {} layers|1|byte-exact ({} requests)",
         g.layers,

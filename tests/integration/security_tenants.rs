@@ -6,28 +6,20 @@ use crate::common;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use common::current_thread_rt as rt;
 use common::*;
 use objectcache::connector::{Engine, EngineConfig};
 use objectcache::hash::{chunk_hashes, HashParams};
 use objectcache::store::{
     FsStore, FsyncPolicy, GetOptions, GetResult, ObjectMeta, PutOptions, PutResult, Store, StoreExt,
 };
-use objectcache::{ChunkHash, Dtype, KvGeometry, StoreError};
+use objectcache::{ChunkHash, KvGeometry, StoreError};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 fn g() -> KvGeometry {
-    let mut g = KvGeometry::new("test/security", 4, 2, 16, Dtype::Fp16).unwrap();
-    g.tokens_per_chunk = 16;
-    g
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
+    small_geometry("test/security", 4)
 }
 
 /// Counts the requests reaching a real store (every call is forwarded).
@@ -63,15 +55,7 @@ impl Store for Counting {
 }
 
 fn tenant(store: Arc<dyn Store>, ns: &str) -> Engine {
-    Engine::with_store(
-        store,
-        EngineConfig {
-            namespace: ns.into(),
-            lookup_cache_ttl: Duration::ZERO,
-            ..EngineConfig::default()
-        },
-    )
-    .unwrap()
+    uncached_engine(store, ns)
 }
 
 fn prompt(n: usize) -> Vec<u32> {

@@ -3,6 +3,7 @@
 //! client sent it (never another namespace's); presigned URLs valid for more than 7 days
 //! refused as AWS S3 refuses them; `serve --print-config` without secrets.
 
+use crate::common::run_ok;
 use crate::gather_util;
 use crate::hostile_util;
 
@@ -178,21 +179,16 @@ fn print_config_shows_no_secret() {
         "[[tenants]]\naccess_key = \"ak-t\"\nsecret_key = \"tenant-secret-xyz\"\nnamespace = \"team\"\nsalt = \"salt-xyz\"\n",
     )
     .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_objectcache"))
-        .args([
-            "serve",
-            "--print-config",
-            "--access-key",
-            "AKOPS:operator-secret-xyz",
-            "--config",
-        ])
-        .arg(&f)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        std::process::Command::new(env!("CARGO_BIN_EXE_objectcache"))
+            .args([
+                "serve",
+                "--print-config",
+                "--access-key",
+                "AKOPS:operator-secret-xyz",
+                "--config",
+            ])
+            .arg(&f),
     );
     let text = String::from_utf8_lossy(&out.stdout);
     for secret in ["operator-secret-xyz", "tenant-secret-xyz", "salt-xyz"] {

@@ -2,6 +2,7 @@
 //! visible, its temporary file is counted by `objectcache stat` while it lies there, and it
 //! is reclaimed by `objectcache gc` or at the server's next start.
 
+use crate::common::run_ok;
 use crate::gather_util;
 use crate::hostile_util;
 
@@ -21,33 +22,8 @@ fn server(dir: &std::path::Path) -> (ServeProcess, SocketAddr) {
     )
 }
 
-/// Temporary files under `dir` and their sizes.
-fn tmp_files(dir: &std::path::Path) -> Vec<(std::path::PathBuf, u64)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if e.file_name().to_string_lossy().starts_with(".tmp-") {
-                out.push((p, e.metadata().map(|m| m.len()).unwrap_or(0)));
-            }
-        }
-    }
-    out
-}
-
 fn cli(args: &[&str]) -> serde_json::Value {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_objectcache"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_ok(std::process::Command::new(env!("CARGO_BIN_EXE_objectcache")).args(args));
     serde_json::from_slice(&out.stdout).unwrap()
 }
 

@@ -5,7 +5,6 @@ use crate::gather_util;
 
 use gather_util::*;
 use objectcache::layout::KvGeometry;
-use objectcache::transport::tcp::GatherClient;
 use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
 
@@ -22,7 +21,7 @@ async fn serve_as_a_process_gathers_and_shuts_down_gracefully() {
     let (mut p, addr) = spawn_server(&["--log-format", "json"]);
     let g = KvGeometry::llama31_8b();
     let tokens = vec![256u32; 16];
-    let mut c = GatherClient::connect_with(addr, creds()).await.unwrap();
+    let mut c = gather_client(addr).await;
     save_prefix(&mut c, &g, 31, &tokens).await;
     let sink = VerifySink::new(&g, 31, &tokens);
     c.load(&request(&g, 31, &tokens), &sink).await.unwrap();

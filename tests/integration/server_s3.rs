@@ -14,7 +14,6 @@ use objectcache::store::{
     Addressing, FsStore, FsyncPolicy, GetOptions, MemoryStore, S3Config, S3Credentials, S3Store,
     Store, StoreExt,
 };
-use objectcache::transport::tcp::GatherClient;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -149,9 +148,7 @@ async fn gateway_mode_over_an_upstream_s3_endpoint() {
     let gateway = start(backend, config()).await;
     let g = KvGeometry::llama31_8b();
     let tokens = vec![256u32; 16];
-    let mut c = GatherClient::connect_with(gateway.local_addr(), creds())
-        .await
-        .unwrap();
+    let mut c = gather_client(gateway.local_addr()).await;
     save_prefix(&mut c, &g, 21, &tokens).await;
     // The bytes live upstream.
     let kb = key_builder(&g);
@@ -198,9 +195,7 @@ async fn gateway_mode_in_front_of_ceph_rgw() {
     let gateway = start(backend.clone(), cfg).await;
     let g = KvGeometry::smollm2_135m();
     let tokens = vec![256u32, 256, 256, 100];
-    let mut c = GatherClient::connect_with(gateway.local_addr(), creds())
-        .await
-        .unwrap();
+    let mut c = gather_client(gateway.local_addr()).await;
     let save = objectcache::protocol::SaveRequest {
         request_id: 31,
         bucket: bucket.clone(),

@@ -1,6 +1,7 @@
 //! The simulator is deterministic: same inputs and seed, same output; and `objectcache sim`
 //! writes the documented JSON records and an SVG.
 
+use crate::common::run_ok;
 use objectcache::sched::{ComputeModel, GpuKind, KernelClass};
 use objectcache::sim::{run, workload, RunSpec, SimConfig, SimPolicy};
 use std::process::Command;
@@ -87,28 +88,23 @@ fn cli_writes_json_records_and_svg() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("sim.json");
     let svg = dir.path().join("sim.svg");
-    let out = Command::new(env!("CARGO_BIN_EXE_objectcache"))
-        .args([
-            "sim",
-            "--concurrency",
-            "2,4",
-            "--cap",
-            "0.5",
-            "--instances",
-            "2",
-            "--seed",
-            "3",
-            "--json",
-        ])
-        .arg(&json)
-        .arg("--svg")
-        .arg(&svg)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        Command::new(env!("CARGO_BIN_EXE_objectcache"))
+            .args([
+                "sim",
+                "--concurrency",
+                "2,4",
+                "--cap",
+                "0.5",
+                "--instances",
+                "2",
+                "--seed",
+                "3",
+                "--json",
+            ])
+            .arg(&json)
+            .arg("--svg")
+            .arg(&svg),
     );
     let table = String::from_utf8(out.stdout).unwrap();
     assert!(

@@ -11,7 +11,7 @@
 use crate::common;
 use crate::gather_util;
 
-use common::{hashes, kv, unique_ns};
+use common::{hashes, kv, uncached_engine, unique_ns};
 use gather_util::{config, start};
 use objectcache::connector::{
     ChunkStatus, Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest,
@@ -40,10 +40,7 @@ struct Prefix {
 }
 
 fn save(e: &Engine, g: &KvGeometry, n: usize, seed: u64) -> Prefix {
-    let hs = hashes(g, n * g.tokens_per_chunk as usize, seed as u32);
-    let data = kv(g, n, seed);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    e.save_blocking(g, &hs, &refs).unwrap();
+    let (hs, data) = common::save_prefix(e, g, n, seed);
     Prefix { hs, data }
 }
 
@@ -243,17 +240,7 @@ fn c16_tensor_parallel_ranks_agree() {
         g
     };
     let engines: Vec<Engine> = (0..4)
-        .map(|_| {
-            Engine::with_store(
-                store.clone(),
-                EngineConfig {
-                    namespace: ns.clone(),
-                    lookup_cache_ttl: Duration::ZERO,
-                    ..Default::default()
-                },
-            )
-            .unwrap()
-        })
+        .map(|_| uncached_engine(store.clone(), &ns))
         .collect();
     let prefixes: Vec<Prefix> = (0..4)
         .map(|r| {

@@ -8,8 +8,8 @@
 use crate::common;
 
 use bytes::Bytes;
-use common::{hashes, kv, unique_ns};
-use objectcache::connector::{ChunkStatus, Engine, EngineConfig, LayerBuffers, LoadRequest};
+use common::{engine, save_prefix, start_load, unique_ns};
+use objectcache::connector::ChunkStatus;
 use objectcache::sched::placement::{route_key, Placement};
 use objectcache::server::{AccessKey, ServerConfig};
 use objectcache::store::{
@@ -166,20 +166,6 @@ fn s3_requests_fail_over_and_a_gateway_that_comes_back_is_used_again() {
     drop(a2);
 }
 
-/// Saves a prefix through `e`; returns its hashes and layers.
-fn save(
-    e: &Engine,
-    g: &KvGeometry,
-    chunks: usize,
-    seed: u64,
-) -> (Vec<objectcache::ChunkHash>, Vec<Vec<u8>>) {
-    let hs = hashes(g, chunks * g.tokens_per_chunk as usize, seed as u32);
-    let data = kv(g, chunks, seed);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    e.save_blocking(g, &hs, &refs).unwrap();
-    (hs, data)
-}
-
 #[test]
 fn a_gather_load_fails_over_mid_load_byte_exact_and_the_gateway_is_used_again() {
     let _alone = crate::alone();
@@ -192,16 +178,9 @@ fn a_gather_load_fails_over_mid_load_byte_exact_and_the_gateway_is_used_again() 
         .collect();
     let store = client_store(&rt, &gws.iter().collect::<Vec<_>>(), Placement::Hash);
     let g = KvGeometry::smollm2_135m();
-    let e = Engine::with_store(
-        store.clone(),
-        EngineConfig {
-            namespace: unique_ns("gw-failover"),
-            ..EngineConfig::default()
-        },
-    )
-    .unwrap();
+    let e = engine(store.clone(), &unique_ns("gw-failover"));
     let chunks = 8;
-    let (hs, data) = save(&e, &g, chunks, 11);
+    let (hs, data) = save_prefix(&e, &g, chunks, 11);
     let first = store.gather_route(route_key(hs[0].as_bytes()))[0]
         .addr
         .clone();
@@ -210,13 +189,7 @@ fn a_gather_load_fails_over_mid_load_byte_exact_and_the_gateway_is_used_again() 
         .position(|gw| gw.addr.to_string() == first)
         .unwrap();
 
-    let load = || {
-        e.load(
-            LoadRequest::new(g.clone(), hs.clone()),
-            LayerBuffers::allocate(g.layers as usize, data[0].len()),
-        )
-        .unwrap()
-    };
+    let load = || start_load(&e, &g, hs.clone(), data[0].len());
     let h = load();
     h.wait_layer_blocking(4, None).unwrap();
     assert!(
@@ -269,23 +242,11 @@ fn loads_spread_over_the_gateways_by_prefix() {
     let b = Gateway::start(backing.clone(), "127.0.0.1:0".parse().unwrap(), 0);
     let store = client_store(&rt, &[&a, &b], Placement::Hash);
     let g = KvGeometry::smollm2_135m();
-    let e = Engine::with_store(
-        store.clone(),
-        EngineConfig {
-            namespace: unique_ns("gw-spread"),
-            ..EngineConfig::default()
-        },
-    )
-    .unwrap();
+    let e = engine(store.clone(), &unique_ns("gw-spread"));
     // Many prefixes: each lands on its rendezvous gateway; both serve some.
     for seed in 0..12u64 {
-        let (hs, data) = save(&e, &g, 1, 100 + seed);
-        let h = e
-            .load(
-                LoadRequest::new(g.clone(), hs),
-                LayerBuffers::allocate(g.layers as usize, data[0].len()),
-            )
-            .unwrap();
+        let (hs, data) = save_prefix(&e, &g, 1, 100 + seed);
+        let h = start_load(&e, &g, hs, data[0].len());
         h.wait_all_blocking().unwrap();
         assert_eq!(h.layer(0).unwrap(), &data[0][..]);
     }

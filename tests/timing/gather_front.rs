@@ -230,9 +230,7 @@ async fn a_save_that_stalls_or_drips_is_dropped_and_writes_nothing() {
         );
     }
     // A whole save still works, and held at most what was in flight, never the whole object.
-    let mut c = objectcache::transport::tcp::GatherClient::connect_with(addr, creds())
-        .await
-        .unwrap();
+    let mut c = gather_client(addr).await;
     let tokens = [256u32; 4];
     save_prefix(&mut c, &g, 77, &tokens).await;
     let sink = VerifySink::new(&g, 77, &tokens);
@@ -252,9 +250,7 @@ async fn a_load_whose_client_stops_reading_is_dropped_and_its_read_ahead_freed()
     let addr = server.local_addr();
     let g = KvGeometry::llama31_8b();
     let tokens = [256u32; 4]; // 128 MiB per load
-    let mut c = objectcache::transport::tcp::GatherClient::connect_with(addr, creds())
-        .await
-        .unwrap();
+    let mut c = gather_client(addr).await;
     save_prefix(&mut c, &g, 9, &tokens).await;
     drop(c);
     let (mut s, mut c) = authenticated(addr).await;
@@ -287,9 +283,7 @@ async fn a_load_whose_client_stops_reading_is_dropped_and_its_read_ahead_freed()
         .is_some());
     println!("GATHERFRONT|load of 128 MiB whose client never reads|dropped {:.1} s after the request; read-ahead memory given back", t0s.as_secs_f64());
     // The connection slot went back too: a new load runs.
-    let mut c = objectcache::transport::tcp::GatherClient::connect_with(addr, creds())
-        .await
-        .unwrap();
+    let mut c = gather_client(addr).await;
     let sink = VerifySink::new(&g, 9, &tokens);
     c.load(&request(&g, 9, &tokens), &sink).await.unwrap();
     assert_eq!(sink.complete_layers(), 32);

@@ -415,7 +415,7 @@ async fn hostile_clients_are_dropped_and_the_server_stays_within_its_limits() {
         assert!(o.body.collect().await.unwrap().into_bytes()[..] == flood_body[..]);
     }
     // Nothing of the cut PUTs is left behind.
-    let partial: Vec<_> = walk_tmp(dir.path());
+    let partial: Vec<_> = tmp_files(dir.path()).into_iter().map(|(p, _)| p).collect();
     assert!(partial.is_empty(), "temporary files left: {partial:?}");
 
     let rss_limit = rss0 + (BUDGET >> 10) + (64 << 10);
@@ -527,21 +527,4 @@ async fn settle(addr: SocketAddr) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// Temporary files under `dir` (the filesystem store's `.tmp-*`).
-fn walk_tmp(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if e.file_name().to_string_lossy().starts_with(".tmp-") {
-                out.push(p);
-            }
-        }
-    }
-    out
 }

@@ -19,7 +19,7 @@ use crate::common;
 use crate::fault_proxy;
 use crate::gather_util;
 
-use common::{hashes, kv, unique_ns};
+use common::{save_prefix, unique_ns};
 use fault_proxy::{Fault, FaultProxy, RawFault};
 use gather_util::{config, start};
 use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest};
@@ -47,11 +47,24 @@ fn server(cap: u64, scheduler: &str) -> ServerHandle {
     rt().block_on(start(Arc::new(MemoryStore::new()), cfg))
 }
 
-fn engine_on(endpoint: &str, ns: &str, pairs: &[(&str, &str)]) -> Engine {
+/// An engine over the S3 store at `endpoint` with the settings `pairs`, in `namespace`.
+fn engine_in(endpoint: &str, namespace: String, pairs: &[(&str, &str)]) -> Engine {
     let store = rt().block_on(gather_util::s3_store_on(endpoint));
     let mut cfg = EngineConfig::from_pairs(pairs.iter().copied()).unwrap();
-    cfg.namespace = unique_ns(ns);
+    cfg.namespace = namespace;
     Engine::with_store(store, cfg).unwrap()
+}
+
+/// An engine over the S3 store at `endpoint` with the settings `pairs`, in a namespace of its
+/// own named after `ns`.
+fn engine_on(endpoint: &str, ns: &str, pairs: &[(&str, &str)]) -> Engine {
+    engine_in(endpoint, unique_ns(ns), pairs)
+}
+
+/// An engine through `proxy_url` with the settings `pairs` that reads what `direct` saved
+/// (its namespace).
+fn engine_through(proxy_url: &str, direct: &Engine, pairs: &[(&str, &str)]) -> Engine {
+    engine_in(proxy_url, direct.config().namespace.clone(), pairs)
 }
 
 struct Prefix {
@@ -60,11 +73,23 @@ struct Prefix {
 }
 
 fn save(e: &Engine, g: &KvGeometry, chunks: usize, seed: u64) -> Prefix {
-    let hashes = hashes(g, chunks * g.tokens_per_chunk as usize, seed as u32);
-    let data = kv(g, chunks, seed);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    e.save_blocking(g, &hashes, &refs).unwrap();
+    let (hashes, data) = save_prefix(e, g, chunks, seed);
     Prefix { hashes, data }
+}
+
+/// A `fifo` server with no cap, an engine on it in a namespace named after `ns` (settings
+/// `pairs`) and a prefix of `chunks` chunks (seed `seed`) it saved there.
+fn saved_on_a_server(
+    g: &KvGeometry,
+    ns: &str,
+    pairs: &[(&str, &str)],
+    chunks: usize,
+    seed: u64,
+) -> (ServerHandle, Engine, Prefix) {
+    let srv = server(0, "fifo");
+    let direct = engine_on(&srv.endpoint(), ns, pairs);
+    let p = save(&direct, g, chunks, seed);
+    (srv, direct, p)
 }
 
 fn load(e: &Engine, g: &KvGeometry, p: &Prefix) -> LoadHandle {
@@ -85,6 +110,15 @@ fn check_all(h: &LoadHandle, p: &Prefix, what: &str) {
             "{what}: layer {l} differs"
         );
     }
+}
+
+/// How many GETs passed through `proxy`.
+fn gets(proxy: &FaultProxy) -> usize {
+    proxy
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET")
+        .count()
 }
 
 /// Waits for the first layer that is not ready; returns it, its error and when it came.
@@ -130,12 +164,10 @@ fn assert_stalled(h: &LoadHandle, l: usize, e: &LayerError, store: &str, what: &
 fn gather_stream_stopped_mid_load_gives_up_within_the_stall_limit() {
     let _alone = crate::alone();
     let g = geometry();
-    let srv = server(0, "fifo");
+    let (srv, direct, p) = saved_on_a_server(&g, "stall-gather", &[], 8, 11);
     // The capabilities probe and the pooled connections pass; every gather connection stops
     // forwarding after 6 MiB of its stream (of 16 MiB: two stripes of an 8-chunk load).
     let proxy = FaultProxy::raw(srv.local_addr(), |_| RawFault::StallAfter(6 << 20));
-    let direct = engine_on(&srv.endpoint(), "stall-gather", &[]);
-    let p = save(&direct, &g, 8, 11);
     for (pairs, limit) in [
         (
             vec![("stall_timeout_ms", "1000"), ("load_timeout_ms", "0")],
@@ -144,15 +176,7 @@ fn gather_stream_stopped_mid_load_gives_up_within_the_stall_limit() {
         // Default settings: the automatic limit, 1 s once bytes flow on loopback.
         (vec![("load_timeout_ms", "0")], 1.0),
     ] {
-        let e = engine_on(&proxy.url(), "stall-gather", &pairs);
-        let e = Engine::with_store(
-            e.store().clone(),
-            EngineConfig {
-                namespace: direct.config().namespace.clone(),
-                ..e.config().clone()
-            },
-        )
-        .unwrap();
+        let e = engine_through(&proxy.url(), &direct, &pairs);
         let before = proxy.stalls().len();
         let h = load(&e, &g, &p);
         let (l, err, failed_at) = first_failure(&h);
@@ -179,9 +203,7 @@ fn gather_stream_stopped_mid_load_gives_up_within_the_stall_limit() {
 fn ranged_get_body_stalled_gives_up_within_the_stall_limit() {
     let _alone = crate::alone();
     let g = geometry();
-    let srv = server(0, "fifo");
-    let direct = engine_on(&srv.endpoint(), "stall-ranged", &[("gather", "off")]);
-    let p = save(&direct, &g, 4, 12);
+    let (srv, direct, p) = saved_on_a_server(&g, "stall-ranged", &[("gather", "off")], 4, 12);
     // Ranged GETs through an HTTP proxy: the 5th GET (the first of the coalesced reads of
     // layers 1..16, after the four layer-0 reads) sends its headers and half its body, then
     // nothing.
@@ -194,19 +216,11 @@ fn ranged_get_body_stalled_gives_up_within_the_stall_limit() {
             Fault::Pass
         }
     });
-    let e = engine_on(
+    let e = engine_through(
         &proxy.url(),
-        "stall-ranged",
+        &direct,
         &[("gather", "off"), ("load_timeout_ms", "0")],
     );
-    let e = Engine::with_store(
-        e.store().clone(),
-        EngineConfig {
-            namespace: direct.config().namespace.clone(),
-            ..e.config().clone()
-        },
-    )
-    .unwrap();
     let h = load(&e, &g, &p);
     let (l, err, failed_at) = first_failure(&h);
     let stalled = proxy.stalls().first().copied().expect("the proxy stalled");
@@ -226,25 +240,9 @@ fn ranged_get_body_stalled_gives_up_within_the_stall_limit() {
 fn c19_a_silent_server_fails_the_load_within_5_s_naming_it() {
     let _alone = crate::alone();
     let g = geometry();
-    let srv = server(0, "fifo");
-    let direct = engine_on(&srv.endpoint(), "c19-silent", &[("gather", "off")]);
-    let p = save(&direct, &g, 2, 13);
-    let proxy = FaultProxy::http(srv.local_addr(), |r| {
-        if r.method == "GET" {
-            Fault::Stall(0.0)
-        } else {
-            Fault::Pass
-        }
-    });
-    let e = engine_on(&proxy.url(), "c19-silent", &[("gather", "off")]);
-    let e = Engine::with_store(
-        e.store().clone(),
-        EngineConfig {
-            namespace: direct.config().namespace.clone(),
-            ..e.config().clone()
-        },
-    )
-    .unwrap();
+    let (srv, direct, p) = saved_on_a_server(&g, "c19-silent", &[("gather", "off")], 2, 13);
+    let proxy = FaultProxy::http(srv.local_addr(), Fault::on_gets(Fault::Stall(0.0)));
+    let e = engine_through(&proxy.url(), &direct, &[("gather", "off")]);
     let t0 = Instant::now();
     let h = load(&e, &g, &p);
     let (l, err, failed_at) = first_failure(&h);
@@ -258,11 +256,7 @@ fn c19_a_silent_server_fails_the_load_within_5_s_naming_it() {
         secs <= 5.0,
         "the silent server failed the load after {secs:.3} s"
     );
-    let gets = proxy
-        .requests()
-        .iter()
-        .filter(|r| r.method == "GET")
-        .count();
+    let gets = gets(&proxy);
     assert!(gets <= 2 * g.layers as usize, "no retry storm: {gets} GETs");
     drop(proxy);
     rt().block_on(srv.shutdown());
@@ -273,45 +267,28 @@ fn c19_a_silent_server_fails_the_load_within_5_s_naming_it() {
 fn c19_a_slow_reader_is_not_a_stall() {
     let _alone = crate::alone();
     let g = geometry();
-    let srv = server(0, "fifo");
-    let direct = engine_on(&srv.endpoint(), "c19-slow", &[("gather", "off")]);
-    let p = save(&direct, &g, 2, 14);
-    let proxy = FaultProxy::http(srv.local_addr(), |r| {
-        if r.method == "GET" {
-            Fault::Drip {
-                bytes: 1 << 20,
-                every: Duration::from_millis(120),
-            }
-        } else {
-            Fault::Pass
-        }
-    });
+    let (srv, direct, p) = saved_on_a_server(&g, "c19-slow", &[("gather", "off")], 2, 14);
+    let proxy = FaultProxy::http(
+        srv.local_addr(),
+        Fault::on_gets(Fault::Drip {
+            bytes: 1 << 20,
+            every: Duration::from_millis(120),
+        }),
+    );
     // One GET per 2 MiB (coalesced slices): each takes two pieces, 240 ms.
-    let e = engine_on(
+    let e = engine_through(
         &proxy.url(),
-        "c19-slow",
+        &direct,
         &[
             ("gather", "off"),
             ("coalesce_bytes", "2097152"),
             ("max_requests", "1"),
         ],
     );
-    let e = Engine::with_store(
-        e.store().clone(),
-        EngineConfig {
-            namespace: direct.config().namespace.clone(),
-            ..e.config().clone()
-        },
-    )
-    .unwrap();
     let t0 = Instant::now();
     let h = load(&e, &g, &p);
     check_all(&h, &p, "C19 slow reader");
-    let gets = proxy
-        .requests()
-        .iter()
-        .filter(|r| r.method == "GET")
-        .count() as u64;
+    let gets = gets(&proxy) as u64;
     println!(
         "C19|slow reader (1 MiB / 120 ms)|{:.3} s, {gets} GETs for {} requests|no error",
         t0.elapsed().as_secs_f64(),
@@ -320,6 +297,41 @@ fn c19_a_slow_reader_is_not_a_stall() {
     assert_eq!(gets, h.stats().requests, "one GET per read: no retries");
     drop(proxy);
     rt().block_on(srv.shutdown());
+}
+
+/// C19's pause: saves two prefixes through `e` (`[(chunks, seed); 2]`: a long first, a short
+/// second), loads the first and, once its layer 0 is in, the second, which `e`'s link or its
+/// server must hold back behind the first. Checks both loads byte-exact (the second's as
+/// `what`), prints how long the second waited for its first layer (`path` says which load,
+/// `unit` what its requests are) and asserts it waited over 3 s. Returns the second load.
+fn held_behind_a_first_load(
+    e: &Engine,
+    g: &KvGeometry,
+    prefixes: [(usize, u64); 2],
+    what: &str,
+    path: &str,
+    unit: &str,
+) -> LoadHandle {
+    let [(first_chunks, first_seed), (second_chunks, second_seed)] = prefixes;
+    let first = save(e, g, first_chunks, first_seed);
+    let second = save(e, g, second_chunks, second_seed);
+    let a = load(e, g, &first);
+    a.wait_layer_blocking(0, None).unwrap();
+    let t0 = Instant::now();
+    let b = load(e, g, &second);
+    check_all(&b, &second, what);
+    let waited = b.stats().ttfl_s.unwrap();
+    check_all(&a, &first, "C19 first load");
+    println!(
+        "C19|{path}|first layer after {waited:.3} s, done in {:.3} s, {} {unit}|no error",
+        t0.elapsed().as_secs_f64(),
+        b.stats().requests
+    );
+    assert!(
+        waited > 3.0,
+        "the load was held back for {waited:.3} s only"
+    );
+    b
 }
 
 /// C19: a ranged-GET load the engine's own bandwidth scheduler holds back for over 3 s.
@@ -338,23 +350,13 @@ fn c19_a_load_paused_by_the_engine_scheduler_is_not_a_stall() {
             ("bandwidth_cap_bytes_per_s", "10000000"),
         ],
     );
-    let first = save(&e, &g, 10, 15);
-    let second = save(&e, &g, 1, 16);
-    let a = load(&e, &g, &first);
-    a.wait_layer_blocking(0, None).unwrap();
-    let t0 = Instant::now();
-    let b = load(&e, &g, &second);
-    check_all(&b, &second, "C19 paused (engine)");
-    let waited = b.stats().ttfl_s.unwrap();
-    check_all(&a, &first, "C19 first load");
-    println!(
-        "C19|ranged GETs paused by the engine's fifo link|first layer after {waited:.3} s, done in {:.3} s, {} GETs|no error",
-        t0.elapsed().as_secs_f64(),
-        b.stats().requests
-    );
-    assert!(
-        waited > 3.0,
-        "the load was held back for {waited:.3} s only"
+    let b = held_behind_a_first_load(
+        &e,
+        &g,
+        [(10, 15), (1, 16)],
+        "C19 paused (engine)",
+        "ranged GETs paused by the engine's fifo link",
+        "GETs",
     );
     assert_eq!(
         b.stats().requests,
@@ -372,23 +374,13 @@ fn c19_a_gather_load_paused_by_the_server_is_not_a_stall() {
     let g = geometry();
     let srv = server(10_000_000, "fifo");
     let e = engine_on(&srv.endpoint(), "c19-held", &[]);
-    let first = save(&e, &g, 10, 17);
-    let second = save(&e, &g, 2, 18);
-    let a = load(&e, &g, &first);
-    a.wait_layer_blocking(0, None).unwrap();
-    let t0 = Instant::now();
-    let b = load(&e, &g, &second);
-    check_all(&b, &second, "C19 paused (server)");
-    let waited = b.stats().ttfl_s.unwrap();
-    check_all(&a, &first, "C19 first load");
-    println!(
-        "C19|gather load held by a capped fifo server|first layer after {waited:.3} s, done in {:.3} s, {} requests|no error",
-        t0.elapsed().as_secs_f64(),
-        b.stats().requests
-    );
-    assert!(
-        waited > 3.0,
-        "the load was held back for {waited:.3} s only"
+    let b = held_behind_a_first_load(
+        &e,
+        &g,
+        [(10, 17), (2, 18)],
+        "C19 paused (server)",
+        "gather load held by a capped fifo server",
+        "requests",
     );
     assert_eq!(
         b.stats().requests,

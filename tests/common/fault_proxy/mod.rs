@@ -74,6 +74,17 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// A rule that answers every GET with `fault` and passes every other request.
+    pub fn on_gets(fault: Fault) -> impl Fn(&Request) -> Fault + Send + Sync + 'static {
+        move |r| {
+            if r.method == "GET" {
+                fault.clone()
+            } else {
+                Fault::Pass
+            }
+        }
+    }
+
     /// A 500 InternalError.
     pub fn e500() -> Fault {
         Fault::Status(500, "InternalError")
