@@ -510,3 +510,55 @@ fn c18_checksum_headers_refused_or_never_returned() {
         "8 MiB chunk saved and loaded byte-exact on both; a flipped byte is still a miss",
     );
 }
+
+/// Case C17's check when the answer to its first create-only PUT is lost after the write
+/// (the proxy forwards it, then resets the connection): the client retries, meets the
+/// object its first try made and gets 412. The endpoint does honour `If-None-Match`, so the
+/// check must pass (it looks for the object) and saves go ahead; before, such a retry
+/// refused every save of the store as "conditional PUTs are broken".
+#[test]
+fn c17_check_survives_a_lost_answer_to_its_first_put() {
+    let Some((addr, ns)) = endpoint() else { return };
+    let g = geometry();
+    let hs = hashes(&g, CHUNKS * g.tokens_per_chunk as usize, 171);
+    let data = kv(&g, CHUNKS, 171);
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    let probe_puts = Arc::new(Mutex::new(0u32));
+    let seen = probe_puts.clone();
+    let proxy = FaultProxy::http(addr, move |r| {
+        if r.method == "PUT" && r.path().contains("_objectcache/conditional-put-check") {
+            let mut n = seen.lock().unwrap();
+            *n += 1;
+            if *n == 1 {
+                return Fault::ResetMidBody(0.0);
+            }
+        }
+        Fault::Pass
+    });
+    let e = engine_on(
+        s3(&proxy.url()),
+        &format!("{ns}-lost-probe"),
+        Duration::from_secs(20),
+    );
+    e.save_blocking(&g, &hs, &refs).unwrap();
+    let puts = *probe_puts.lock().unwrap();
+    assert!(puts >= 2, "the lost PUT was retried ({puts} probe PUTs)");
+    assert_eq!(e.lookup_blocking(&g, &hs).unwrap(), CHUNKS);
+    let h = load_first(&e, &g, &hs, CHUNKS);
+    for l in 0..g.layers as usize {
+        assert!(h.layer(l).unwrap() == &data[l][..], "layer {l}");
+    }
+    // The probe object is removed.
+    assert!(
+        proxy
+            .requests()
+            .iter()
+            .any(|r| r.method == "DELETE" && r.path().contains("conditional-put-check")),
+        "no DELETE of the probe object"
+    );
+    report(
+        "C17 check with its first PUT's answer lost",
+        1,
+        "the retry's 412 is told from a broken endpoint; saves go ahead",
+    );
+}

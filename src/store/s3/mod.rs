@@ -304,8 +304,10 @@ impl S3Store {
 
     /// Checks once per store that the endpoint honours `If-None-Match: *` on PUT, which
     /// first-writer-wins publication relies on (case C17): a create-only PUT of a new key
-    /// must succeed and a second one must be refused with 412. The probe object lives under
-    /// `_objectcache/conditional-put-check/` and is deleted afterwards. Three requests, once.
+    /// must succeed and a second one must be refused with 412 (a 412 for the first is checked
+    /// against the object: a retried PUT whose first try landed meets its own object). The
+    /// probe object lives under `_objectcache/conditional-put-check/` and is deleted
+    /// afterwards. Three or four requests, once.
     ///
     /// # Errors
     /// [`StoreError::Incompatible`] naming the behaviour seen (cached: every later
@@ -315,13 +317,17 @@ impl S3Store {
         let verdict = self
             .conditional_put
             .get_or_try_init(|| async {
+                // Unique per check: a process-wide sequence number beside the time, so two
+                // stores of one process never probe the same key.
+                static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
                 let nanos = SystemTime::now()
                     .duration_since(SystemTime::UNIX_EPOCH)
                     .map(|d| d.as_nanos())
                     .unwrap_or(0);
                 let key = format!(
-                    "_objectcache/conditional-put-check/{}-{nanos}",
-                    std::process::id()
+                    "_objectcache/conditional-put-check/{}-{nanos}-{}",
+                    std::process::id(),
+                    SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
                 );
                 let put = || async {
                     self.client
@@ -334,21 +340,37 @@ impl S3Store {
                         .await
                         .map_err(|e| self.map_err(Op::PutCreate, &key, e))
                 };
-                let first = put().await;
-                let verdict = match first {
-                    Err(StoreError::AlreadyExists { .. }) | Err(StoreError::Precondition { .. }) => {
-                        Err(format!(
-                            "it refused a create-only PUT (If-None-Match: *) of a new key with                              412 Precondition Failed; conditional PUTs are broken at {}, so                              ObjectCache cannot publish entries there safely",
+                let refused = |e: &StoreError| {
+                    matches!(
+                        e,
+                        StoreError::AlreadyExists { .. } | StoreError::Precondition { .. }
+                    )
+                };
+                let verdict = match put().await {
+                    // 412 for a key nobody else writes: either the endpoint refuses every
+                    // create-only PUT, or the client's retry of our own PUT (its first try's
+                    // answer lost or late, its write done) met the object it made. The object
+                    // tells them apart: there only in the second case, which also shows the
+                    // endpoint honouring If-None-Match.
+                    Err(e) if refused(&e) => match self.head(&key).await {
+                        Ok(_) => Ok(()),
+                        Err(StoreError::NotFound { .. }) => Err(format!(
+                            "it refused a create-only PUT (If-None-Match: *) of a new key with \
+                             412 Precondition Failed; conditional PUTs are broken at {}, so \
+                             ObjectCache cannot publish entries there safely",
                             self.endpoint
-                        ))
-                    }
+                        )),
+                        Err(e) => return Err(e),
+                    },
                     Err(e) => return Err(e),
                     Ok(_) => match put().await {
                         Ok(_) => Err(format!(
-                            "it accepted a second create-only PUT (If-None-Match: *) of an                              existing key: {} ignores If-None-Match, so two writers of one chunk                              could not be told apart (first-writer-wins publication needs it)",
+                            "it accepted a second create-only PUT (If-None-Match: *) of an \
+                             existing key: {} ignores If-None-Match, so two writers of one chunk \
+                             could not be told apart (first-writer-wins publication needs it)",
                             self.endpoint
                         )),
-                        Err(StoreError::AlreadyExists { .. }) => Ok(()),
+                        Err(e) if refused(&e) => Ok(()),
                         Err(e) => {
                             let _ = self.delete(&key).await;
                             return Err(e);
