@@ -41,8 +41,8 @@ impl Store for S3Store {
 
     /// `connections` concurrent `HeadBucket` requests (at most 1,024): each answer, whatever
     /// its status, leaves a connection idle in the pool (up to
-    /// [`S3Config::max_idle_connections`]). Transport failures are logged at debug level
-    /// and not counted.
+    /// [`S3Config::max_idle_connections`](super::S3Config::max_idle_connections)). Transport
+    /// failures are logged at debug level and not counted.
     async fn warm(&self, connections: usize) -> usize {
         let n = connections.min(1024);
         let answered = futures::future::join_all((0..n).map(|_| async {
