@@ -226,6 +226,50 @@ fn c3_object_bigger_than_slot_or_truncated() {
     }
 }
 
+/// An object of another geometry at the same byte size (4 KV heads of 8 dimensions where the
+/// request has 2 of 16) is refused by its header, whichever way it is read (the file store's
+/// reads into place, the stream path of the others): every layer is a miss naming the
+/// geometry, none exposes bytes, and the chunk is `WrongGeometry`; the good chunk beside it
+/// lands byte for byte in a load of it alone.
+#[test]
+fn header_of_another_geometry_at_equal_size_is_a_miss() {
+    for (name, s) in stores() {
+        let g = small();
+        let other = KvGeometry {
+            kv_heads: 4,
+            head_dim: 8,
+            ..g.clone()
+        };
+        assert_eq!(other.slice_bytes(), g.slice_bytes(), "equal byte size");
+        let e = engine(s.clone(), &unique_ns(name));
+        let hs = hashes(&g, 2 * 16, 9);
+        let keys = e.keys(&g).unwrap();
+        let rt = current_thread_rt();
+        let good = kv(&g, 1, 9);
+        let obj = objectcache::layout::encode_chunk(&g, 16, |l| &good[l as usize][..]).unwrap();
+        rt.block_on(s.put(&keys.data(&hs[0]), obj.into())).unwrap();
+        let bad = kv(&other, 1, 10);
+        let obj = objectcache::layout::encode_chunk(&other, 16, |l| &bad[l as usize][..]).unwrap();
+        rt.block_on(s.put(&keys.data(&hs[1]), obj.into())).unwrap();
+        let h = start_load(&e, &g, hs.clone(), 2 * g.slice_bytes() as usize);
+        for l in 0..g.layers as usize {
+            let err = h.wait_layer_blocking(l, None).unwrap_err();
+            assert!(
+                matches!(err, LayerError::GeometryMismatch { chunk: 1, .. }),
+                "{name} layer {l}: {err:?}"
+            );
+            assert!(h.layer(l).is_none(), "{name} layer {l} exposes bytes");
+        }
+        assert_eq!(h.chunk_status()[1], ChunkStatus::WrongGeometry, "{name}");
+        let h = start_load(&e, &g, hs[..1].to_vec(), g.slice_bytes() as usize);
+        h.wait_all_blocking()
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        for l in 0..g.layers as usize {
+            assert!(h.layer(l).unwrap() == &good[l][..], "{name} layer {l}");
+        }
+    }
+}
+
 #[test]
 fn concurrent_writers_first_wins() {
     for (name, s) in stores() {

@@ -3,10 +3,12 @@
 //! handle and tasks share (`shared.rs`), the stall watchdog (`watchdog.rs`), the caller's
 //! handle (`handle.rs`), and the stock-S3 path (`ranged.rs`): ranged GETs issued in layer
 //! order within a bounded look-ahead window, each body streamed straight into the caller's
-//! destination and verified slice by slice. The gather and RDMA paths (`connector/gather/`,
+//! destination and verified slice by slice; objects that are local files (the filesystem
+//! store) are read with `pread(2)` straight into the destination instead (`local.rs`). The gather and RDMA paths (`connector/gather/`,
 //! `connector/rdma.rs`) deliver through the same [`Shared`] state.
 
 mod handle;
+mod local;
 mod ranged;
 mod request;
 mod shared;

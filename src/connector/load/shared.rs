@@ -122,6 +122,11 @@ impl Shared {
         self.header_known.notify_waiters();
     }
 
+    /// Whether chunk `c`'s header is known to match the request already (no wait).
+    pub(super) fn header_is_ok(&self, c: usize) -> bool {
+        self.headers[c].load(Ordering::Acquire) == HEADER_OK
+    }
+
     /// Waits until chunk `c`'s header is known; `true` if it matched the request.
     pub(super) async fn header_ok(&self, c: usize) -> bool {
         loop {
