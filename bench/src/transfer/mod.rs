@@ -2,7 +2,9 @@
 //!
 //! Paths: `gather-tcp` (one gather request, units streamed layer-major), `s3-layerwise` (the
 //! connector's stock-S3 load: ranged GETs in layer order), `s3-chunkwise` (one whole-object
-//! GET per chunk). Each record carries `raw_tcp_bytes_per_s`, a plain loopback TCP stream
+//! GET per chunk), `s3-segment` (the segment-object layout experiment), `file-layerwise` (the
+//! same load from the embedded file store on local disk, no network: the connector's default
+//! store, read straight into place). Each record carries `raw_tcp_bytes_per_s`, a plain loopback TCP stream
 //! measured in the same run, so throughput reads as a fraction of what the machine moves.
 //! Goals (issue 3): gather throughput >= 0.8 x raw; TTFL <= 1.5 x (one layer's bytes / raw).
 //!
@@ -198,6 +200,8 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
             }
         }
         eprintln!("  raw loopback TCP: {:.2} GB/s", raw / 1e9);
+        // The file stores of `file-layerwise`, removed at the end of this context.
+        let mut fs_dirs: Vec<tempfile::TempDir> = Vec::new();
         for &delay in &delays {
             // Through a delaying proxy: a store (and, for gather, a target) at the proxy.
             let (proxy, store) = match delay {
@@ -245,7 +249,14 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                     // Both go through the connector's Engine, as an inference server would: with
                     // gather on it sends one request to our server; with gather off it issues
                     // layer-major ranged GETs (the stock-S3 path), even against our server.
-                    "gather-tcp" | "s3-layerwise" => {
+                    "gather-tcp" | "s3-layerwise" | "file-layerwise" => {
+                        let store = if path == "file-layerwise" {
+                            let (d, fs) = file_copy(&rt, &store, &kb, &hs)?;
+                            fs_dirs.push(d);
+                            fs
+                        } else {
+                            store.clone()
+                        };
                         let mut cfg = EngineConfig::default();
                         cfg.set("namespace", NAMESPACE).map_err(|e| e.to_string())?;
                         cfg.gather = path == "gather-tcp";
@@ -573,7 +584,7 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                     }
                     other => {
                         return Err(format!(
-                            "unknown path {other:?}: use gather-tcp, s3-layerwise, s3-chunkwise, s3-segment"
+                            "unknown path {other:?}: use gather-tcp, s3-layerwise, s3-chunkwise, s3-segment, file-layerwise"
                         ))
                     }
                 };
@@ -653,4 +664,31 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
         std::fs::write(p, s).map_err(|e| format!("{}: {e}", p.display()))?;
     }
     Ok(())
+}
+
+/// A file store (in a new temporary folder on local disk, the working directory's file
+/// system) holding copies of the prefix's chunk objects and publish markers read from
+/// `store`, for the `file-layerwise` path.
+fn file_copy(
+    rt: &tokio::runtime::Runtime,
+    store: &Arc<dyn objectcache::store::Store>,
+    kb: &KeyBuilder,
+    hs: &[objectcache::layout::ChunkHash],
+) -> Result<(tempfile::TempDir, Arc<dyn objectcache::store::Store>), String> {
+    let dir = tempfile::Builder::new()
+        .prefix("objectcache-bench-file-")
+        .tempdir_in(".")
+        .map_err(|e| e.to_string())?;
+    let fs = objectcache::store::FsStore::new(dir.path(), objectcache::store::FsyncPolicy::Never)
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        for h in hs {
+            for k in [kb.data(h), kb.marker(h)] {
+                let b = store.get_bytes(&k).await.map_err(|e| e.to_string())?;
+                fs.put(&k, b).await.map_err(|e| e.to_string())?;
+            }
+        }
+        Ok::<_, String>(())
+    })?;
+    Ok((dir, Arc::new(fs)))
 }
