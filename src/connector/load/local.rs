@@ -115,16 +115,7 @@ pub(super) fn read_slices(
         if stored != crc {
             // This slice is bad: its layer is a miss naming the chunk; the chunk's other
             // slices are still read.
-            sh.set_chunk(chunk, ChunkStatus::Corrupt);
-            sh.state.fail_impl(
-                layer,
-                LayerError::ChecksumMismatch {
-                    chunk,
-                    layer: layer as usize,
-                    stored,
-                    computed: crc,
-                },
-            );
+            sh.slice_corrupt(chunk, layer, stored, crc);
         } else if with_header || sh.header_is_ok(chunk) {
             sh.record_slice_crc(chunk, layer as usize, stored);
             sh.state.complete_impl(layer, slice);

@@ -520,16 +520,7 @@ async fn fetch_range_inner(
                     } else if stored != crc {
                         // This slice is bad: its layer is a miss naming the chunk. The
                         // chunk's next slices in this body are framed alike and still used.
-                        sh.set_chunk(chunk, ChunkStatus::Corrupt);
-                        sh.state.fail_impl(
-                            layer,
-                            LayerError::ChecksumMismatch {
-                                chunk,
-                                layer: layer as usize,
-                                stored,
-                                computed: crc,
-                            },
-                        );
+                        sh.slice_corrupt(chunk, layer, stored, crc);
                     } else if with_header || sh.header_ok(chunk).await {
                         sh.record_slice_crc(chunk, layer as usize, stored);
                         sh.state.complete_impl(layer, slice);

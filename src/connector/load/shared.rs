@@ -141,6 +141,22 @@ impl Shared {
         }
     }
 
+    /// Chunk `c`'s slice of `layer` failed its CRC32C (`stored` in the object, `computed` over
+    /// the bytes): the chunk is `Corrupt` and the layer a miss naming it; the chunk's other
+    /// slices are still used.
+    pub(super) fn slice_corrupt(&self, c: usize, layer: u32, stored: u32, computed: u32) {
+        self.set_chunk(c, ChunkStatus::Corrupt);
+        self.state.fail_impl(
+            layer,
+            crate::error::LayerError::ChecksumMismatch {
+                chunk: c,
+                layer: layer as usize,
+                stored,
+                computed,
+            },
+        );
+    }
+
     /// Sets a chunk's status unless it already holds a failure.
     pub(crate) fn set_chunk(&self, c: usize, s: ChunkStatus) {
         if let Some(a) = self.chunk_status.get(c) {
