@@ -3,7 +3,11 @@
 //! ```text
 //! data object:      {namespace}/v1/{fingerprint:016x}/tp{rank}-{world}/{algo}/kv/{hash:hex}
 //! publish marker:   {namespace}/v1/{fingerprint:016x}/tp{rank}-{world}/{algo}/pub/{hash:hex}
+//! segment object:   {namespace}/v1/{fingerprint:016x}/tp{rank}-{world}/{algo}/seg/{digest:hex}
 //! ```
+//! A segment object (format version 2, `docs/object-format.md`) holds several chunks; its
+//! chunks' publish markers name it. Markers keep one key per chunk in both versions, their
+//! magic telling which object holds the chunk.
 //! `v1` is the object format version, `fingerprint` the [`KvGeometry::fingerprint`] (model and
 //! layout), `algo` the block-hash algorithm ([`HashAlgo`]). Two models, two TP layouts, two
 //! hash algorithms or two format versions therefore never share a key.
@@ -142,6 +146,15 @@ impl KeyBuilder {
     pub fn marker(&self, h: &ChunkHash) -> String {
         format!("{}pub/{}", self.prefix, h.to_hex())
     }
+    /// Key of a segment object (format version 2) by its digest
+    /// ([`crate::layout::segment_digest`] of its chunk list).
+    pub fn segment(&self, digest: &[u8; 32]) -> String {
+        format!("{}seg/{}", self.prefix, hex::encode(digest))
+    }
+    /// Prefix under which all segment objects of this builder live.
+    pub fn segment_prefix(&self) -> String {
+        format!("{}seg/", self.prefix)
+    }
     /// Prefix under which all data objects of this builder live.
     pub fn data_prefix(&self) -> String {
         format!("{}kv/", self.prefix)
@@ -173,6 +186,11 @@ mod tests {
         )
         .unwrap();
         assert!(r3.data(&h).contains("/tp3-8/"));
+        // Segments live beside data objects and markers, under the same prefix.
+        let s = a.segment(&[0xcd; 32]);
+        assert_eq!(s, format!("{}seg/{}", a.prefix(), "cd".repeat(32)));
+        assert!(s.starts_with(&a.segment_prefix()));
+        assert!(!s.starts_with(&a.data_prefix()) && !s.starts_with(&a.marker_prefix()));
     }
 
     #[test]

@@ -5,11 +5,15 @@
 #![forbid(unsafe_code)]
 
 pub mod crc;
+mod demux;
 mod format;
 mod geometry;
 mod key;
+mod placement;
 mod ranges;
+mod segment;
 
+pub use demux::{BodyPart, SliceDemux};
 pub use format::{
     decode_chunk, encode_chunk, encode_chunk_parts, encode_marker, object_len, slice_crc,
     slice_range, slices_range, verify_slice, ChunkHeader, FormatError, CHECKSUM_CRC32C,
@@ -19,7 +23,13 @@ pub use geometry::{
     Dtype, KvGeometry, KvLayout, DEFAULT_TOKENS_PER_CHUNK, MAX_LAYOUT_NAME, PRESET_NAMES,
 };
 pub use key::{validate_namespace, ChunkHash, HashAlgo, KeyBuilder};
+pub use placement::{place, Placement, Run, SegmentRun};
 pub use ranges::{plan_layer_major, RangeRead};
+pub use segment::{
+    decode_marker, encode_segment_parts, segment_digest, Marker, SegmentHeader, SegmentLayout,
+    SegmentMarker, MAX_SEGMENT_CHUNKS, SEGMENT_FIXED_LEN, SEGMENT_MAGIC, SEGMENT_MARKER_LEN,
+    SEGMENT_MARKER_MAGIC, SEGMENT_VERSION,
+};
 
 /// The object format specification (`docs/object-format.md`), rendered in rustdoc.
 #[doc = include_str!("../../../../docs/object-format.md")]

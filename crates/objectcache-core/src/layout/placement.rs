@@ -1,0 +1,249 @@
+//! Where each chunk of a load is stored, from the publish markers the load has read: format
+//! version 1 chunk objects, or runs of chunks in version 2 segment objects (`segment.rs`).
+//! Pure planning for the load paths (ranged GETs and the gather server), no I/O; the design
+//! is in `docs/object-format.md`, "Format version 2: segment objects", section "Loads".
+//!
+//! A load knows the markers its lookup read (the lookup's probes, always including the
+//! first chunk) and those it reads later. [`place`] turns them into runs:
+//! - a version 2 marker of position `p` at index `k` of an `n`-chunk segment starts a run
+//!   covering `p .. p + n - k` (block hashes are prefix-chained, so the chunks that follow in
+//!   the segment can only be the prefix's next chunks: the segment's chunk list confirms it
+//!   before a byte is used, see [`SegmentRun::matched`]);
+//! - a version 1 marker starts a run of chunk objects that goes on to the next known marker
+//!   (a prefix saved in version 1 is read with no further marker reads; a chunk object that
+//!   is not there sends the load back to that chunk's marker);
+//! - a known marker always starts a new run (what a chunk's own marker says beats what a
+//!   neighbour's implies);
+//! - a position that no run covers is [`Placement::unknown`]: the load reads its marker and
+//!   places again. Each unknown position is the start of a stretch, so a prefix saved by `s`
+//!   requests costs at most `s` marker reads beyond the lookup's.
+#![forbid(unsafe_code)]
+
+use super::key::ChunkHash;
+use super::segment::{Marker, SegmentLayout};
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+/// A run of a load's chunks (prefix positions `positions`) stored in one segment object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentRun {
+    /// Prefix positions the run serves, consecutive.
+    pub positions: Range<usize>,
+    /// The segment's digest (its key: [`crate::layout::KeyBuilder::segment`]).
+    pub digest: [u8; 32],
+    /// Index in the segment of `positions.start`'s chunk.
+    pub first_index: u32,
+    /// Chunks in the segment and its header length (the slice length is the geometry's).
+    pub chunks: u32,
+    /// The segment's header length in bytes.
+    pub header_len: u32,
+    /// The segment's length in bytes.
+    pub object_len: u64,
+}
+
+impl SegmentRun {
+    /// Indexes in the segment of the run's chunks.
+    pub fn indexes(&self) -> Range<u32> {
+        self.first_index..self.first_index + self.positions.len() as u32
+    }
+
+    /// The segment's layout for slices of `slice_len` bytes.
+    pub fn layout(&self, slice_len: u64) -> SegmentLayout {
+        SegmentLayout {
+            header_len: self.header_len as u64,
+            chunks: self.chunks,
+            slice_len,
+        }
+    }
+
+    /// How many of the run's leading chunks the segment really holds: the longest prefix of
+    /// the run whose hashes (`hashes[positions]`) equal the segment's chunk list (`list`,
+    /// from its header) at the run's indexes. Only those may be served from the segment; the
+    /// rest go back to their own markers.
+    pub fn matched(&self, list: &[ChunkHash], hashes: &[ChunkHash]) -> usize {
+        self.positions
+            .clone()
+            .zip(self.indexes())
+            .take_while(|&(p, i)| {
+                matches!((hashes.get(p), list.get(i as usize)), (Some(a), Some(b)) if a == b)
+            })
+            .count()
+    }
+}
+
+/// Where a stretch of a load's chunks is stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Run {
+    /// Format version 1: each chunk in its own object (`kv/{hash}`).
+    Chunks(Range<usize>),
+    /// Format version 2: a run of chunks in one segment object.
+    Segment(SegmentRun),
+}
+
+impl Run {
+    /// Prefix positions the run serves.
+    pub fn positions(&self) -> Range<usize> {
+        match self {
+            Run::Chunks(r) => r.clone(),
+            Run::Segment(s) => s.positions.clone(),
+        }
+    }
+}
+
+/// What the known markers say of a load's `n` chunks: runs in prefix order, and the positions
+/// whose markers must be read before the chunks from there on can be placed.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Placement {
+    /// Runs in prefix order; they do not overlap.
+    pub runs: Vec<Run>,
+    /// Positions no run covers whose marker the load reads next: each starts a stretch of
+    /// positions that no known marker covers.
+    pub unknown: Vec<usize>,
+}
+
+/// Places a load's `n` chunks from the markers `known` (by prefix position; positions at or
+/// past `n` are ignored). See the module docs for the rules.
+pub fn place(n: usize, known: &BTreeMap<usize, Marker>) -> Placement {
+    let mut out = Placement::default();
+    let mut p = 0usize;
+    while p < n {
+        let next_known = known.range(p + 1..).next().map_or(n, |(&q, _)| q.min(n));
+        match known.get(&p) {
+            None => {
+                out.unknown.push(p);
+                p = next_known;
+            }
+            Some(Marker::Chunk { .. }) => {
+                out.runs.push(Run::Chunks(p..next_known));
+                p = next_known;
+            }
+            Some(Marker::Segment(m)) => {
+                // At least this position (a marker built by hand may claim nothing; a decoded
+                // one has `index < chunks`): the segment's chunk list decides what it serves.
+                let span = (m.chunks.saturating_sub(m.index) as usize).max(1);
+                let seg_end = p.saturating_add(span);
+                let end = seg_end.min(next_known);
+                out.runs.push(Run::Segment(SegmentRun {
+                    positions: p..end,
+                    digest: m.digest,
+                    first_index: m.index,
+                    chunks: m.chunks,
+                    header_len: m.header_len,
+                    object_len: m.object_len,
+                }));
+                p = end;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::segment::SegmentMarker;
+
+    fn seg(tag: u8, chunks: u32, index: u32) -> Marker {
+        Marker::Segment(SegmentMarker {
+            object_len: 1000,
+            chunks,
+            index,
+            header_len: 64 + 33 * chunks + 4,
+            digest: [tag; 32],
+        })
+    }
+
+    fn v1() -> Marker {
+        Marker::Chunk { object_len: 500 }
+    }
+
+    fn spans(p: &Placement) -> Vec<(char, Range<usize>)> {
+        p.runs
+            .iter()
+            .map(|r| match r {
+                Run::Chunks(x) => ('c', x.clone()),
+                Run::Segment(s) => (s.digest[0] as char, s.positions.clone()),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_save_is_one_run_from_the_first_marker() {
+        // A 128-chunk prefix saved by one request: the lookup read markers 0, 32, 64, 96.
+        let known: BTreeMap<usize, Marker> = [0, 32, 64, 96]
+            .map(|p| (p, seg(b'a', 128, p as u32)))
+            .into();
+        let pl = place(128, &known);
+        // Every known marker starts a run, all of one segment, at their own indexes.
+        assert_eq!(
+            spans(&pl),
+            vec![('a', 0..32), ('a', 32..64), ('a', 64..96), ('a', 96..128)]
+        );
+        assert!(pl.unknown.is_empty());
+        // Knowing only the first marker places the whole prefix.
+        let pl = place(128, &[(0, seg(b'a', 128, 0))].into());
+        assert_eq!(spans(&pl), vec![('a', 0..128)]);
+        // A partial hit of 40 chunks reads the first 40 of the segment.
+        let pl = place(40, &[(0, seg(b'a', 128, 0))].into());
+        let Run::Segment(s) = &pl.runs[0] else {
+            panic!("{pl:?}")
+        };
+        assert_eq!((s.positions.clone(), s.indexes()), (0..40, 0..40));
+    }
+
+    #[test]
+    fn later_saves_leave_the_next_segment_start_unknown() {
+        // Saved in two requests: chunks 0..8 (segment a), then 8..20 (segment b).
+        let pl = place(20, &[(0, seg(b'a', 8, 0))].into());
+        assert_eq!(spans(&pl), vec![('a', 0..8)]);
+        assert_eq!(pl.unknown, vec![8]);
+        let pl = place(20, &[(0, seg(b'a', 8, 0)), (8, seg(b'b', 12, 0))].into());
+        assert_eq!(spans(&pl), vec![('a', 0..8), ('b', 8..20)]);
+        assert!(pl.unknown.is_empty());
+        // A probe inside b (lookup's) places b from there; 8..13 stays unknown until read.
+        let pl = place(20, &[(0, seg(b'a', 8, 0)), (13, seg(b'b', 12, 5))].into());
+        assert_eq!(spans(&pl), vec![('a', 0..8), ('b', 13..20)]);
+        assert_eq!(pl.unknown, vec![8]);
+    }
+
+    #[test]
+    fn version_1_runs_go_on_to_the_next_known_marker_and_mix_with_segments() {
+        // Chunks 0..10 saved in version 1, then 10..16 as a segment.
+        let pl = place(16, &[(0, v1()), (10, seg(b'a', 6, 0))].into());
+        assert_eq!(spans(&pl), vec![('c', 0..10), ('a', 10..16)]);
+        // Only version 1 markers known: no marker reads at all.
+        let pl = place(16, &[(0, v1()), (8, v1())].into());
+        assert_eq!(spans(&pl), vec![('c', 0..8), ('c', 8..16)]);
+        assert!(pl.unknown.is_empty());
+        // Nothing known: the first position is read first.
+        let pl = place(16, &BTreeMap::new());
+        assert!(pl.runs.is_empty());
+        assert_eq!(pl.unknown, vec![0]);
+        assert_eq!(place(0, &BTreeMap::new()), Placement::default());
+        // A segment starting mid-way (this chunk at index 3 of 5) covers what is left of it.
+        let pl = place(10, &[(0, seg(b'a', 5, 3))].into());
+        assert_eq!((spans(&pl), pl.unknown), (vec![('a', 0..2)], vec![2]));
+        // Markers past the load's end are ignored.
+        let pl = place(4, &[(0, seg(b'a', 9, 0)), (6, v1())].into());
+        assert_eq!(spans(&pl), vec![('a', 0..4)]);
+    }
+
+    #[test]
+    fn a_segment_serves_only_the_chunks_its_list_holds() {
+        let h = |i: u8| ChunkHash::new(&[i; 32]).unwrap();
+        let hashes: Vec<ChunkHash> = (0..6).map(h).collect();
+        let pl = place(6, &[(2, seg(b'a', 8, 1))].into());
+        let Run::Segment(s) = &pl.runs[0] else {
+            panic!("{pl:?}")
+        };
+        assert_eq!((s.positions.clone(), s.indexes()), (2..6, 1..5));
+        // The segment lists another prompt's chunks after index 2: only 2 of 4 match.
+        let list = vec![h(9), h(2), h(3), h(7), h(8), h(5), h(6), h(6)];
+        assert_eq!(s.matched(&list, &hashes), 2);
+        let list = vec![h(9), h(2), h(3), h(4), h(5), h(0), h(0), h(0)];
+        assert_eq!(s.matched(&list, &hashes), 4);
+        // A list shorter than the run claims (a lying marker) matches only what it holds.
+        assert_eq!(s.matched(&list[..3], &hashes), 2);
+        assert_eq!(s.matched(&[], &hashes), 0);
+    }
+}
