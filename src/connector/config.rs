@@ -24,8 +24,8 @@ pub struct EngineConfig {
     /// `max_requests`: concurrent storage requests of one load on a short round trip (the
     /// cap grows past it, within `window_bytes`, when the measured bandwidth-delay product
     /// needs more; a load's first-layer reads, one per chunk, go out together within the
-    /// window). Also the connections the engine opens to an S3 endpoint when it starts.
-    /// Default 32.
+    /// window; never more than 256 in flight). Also the connections the engine opens to an
+    /// S3 endpoint when it starts. Default 32.
     pub max_requests: usize,
     /// `coalesce_bytes`: a ranged GET after layer 0 spans following layers of the same chunk
     /// up to this size (0 = one slice per request). Default 4 MiB (the paper's amortising

@@ -40,9 +40,12 @@ fn s3_at(rt: &tokio::runtime::Runtime, addr: std::net::SocketAddr) -> Arc<dyn St
     Arc::new(rt.block_on(S3Store::new(s3)).unwrap())
 }
 
-#[test]
-fn ranged_get_loads_through_delays_keep_bytes_warm_the_pool_and_widen_the_window() {
-    let rt = tokio::runtime::Runtime::new().unwrap();
+/// Our server on loopback over memory, serving `BUCKET` to the key pair `AK`/`SK`, with
+/// `base`'s other settings (connection caps, ...).
+fn server(
+    rt: &tokio::runtime::Runtime,
+    base: objectcache::server::ServerConfig,
+) -> objectcache::server::ServerHandle {
     let cfg = objectcache::server::ServerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         allow_anonymous: false,
@@ -53,14 +56,19 @@ fn ranged_get_loads_through_delays_keep_bytes_warm_the_pool_and_widen_the_window
         buckets: vec![BUCKET.into()],
         fsync: false,
         shutdown_grace_secs: 1,
-        ..objectcache::server::ServerConfig::default()
+        ..base
     };
-    let srv = rt
-        .block_on(objectcache::server::start_with_store(
-            cfg,
-            Arc::new(MemoryStore::new()),
-        ))
-        .unwrap();
+    rt.block_on(objectcache::server::start_with_store(
+        cfg,
+        Arc::new(MemoryStore::new()),
+    ))
+    .unwrap()
+}
+
+#[test]
+fn ranged_get_loads_through_delays_keep_bytes_warm_the_pool_and_widen_the_window() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let srv = server(&rt, objectcache::server::ServerConfig::default());
     let g = geometry();
     let chunks = 4;
     let hs = hashes(&g, chunks * g.tokens_per_chunk as usize, 7);
@@ -140,4 +148,67 @@ fn ranged_get_loads_through_delays_keep_bytes_warm_the_pool_and_widen_the_window
         drop(h);
         drop(e);
     }
+}
+
+/// A load of many small chunks (vLLM's 16-token blocks make 2,048 chunks of a 32K-token
+/// prefix) through a 20 ms delay, from a server that closes connections past 300 per client
+/// address: every first-layer read would go out at once (400 connections), and on this
+/// round trip the window's request cap would grow past that too. The load keeps at most 256
+/// requests in flight, so every connection is served and the bytes arrive exact.
+#[test]
+fn many_small_chunks_stay_under_a_servers_connection_cap() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let srv = server(
+        &rt,
+        objectcache::server::ServerConfig {
+            max_connections_per_ip: 300,
+            ..objectcache::server::ServerConfig::default()
+        },
+    );
+    // 2 layers of 512-byte slices: 400 chunks are 800 KiB of KV, 400 first-layer reads.
+    let g = KvGeometry::new("test/many-chunks", 2, 1, 8, Dtype::Fp16)
+        .unwrap()
+        .with_tokens_per_chunk(16)
+        .unwrap();
+    let chunks = 400;
+    let hs = hashes(&g, chunks * g.tokens_per_chunk as usize, 11);
+    let data = kv(&g, chunks, 11);
+    let cfg = EngineConfig {
+        namespace: unique_ns("many-chunks"),
+        gather: false,
+        ..EngineConfig::default()
+    };
+    let direct = Engine::with_store(s3_at(&rt, srv.local_addr()), cfg.clone()).unwrap();
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    assert_eq!(
+        direct.save_blocking(&g, &hs, &refs).unwrap().written,
+        chunks
+    );
+    drop(direct);
+    let proxy = rt
+        .block_on(DelayProxy::start(
+            srv.local_addr(),
+            Duration::from_millis(20),
+        ))
+        .unwrap();
+    let e = Engine::with_store(s3_at(&rt, proxy.local_addr()), cfg).unwrap();
+    let h = e
+        .load(
+            LoadRequest::new(g.clone(), hs.clone()),
+            LayerBuffers::allocate(g.layers as usize, data[0].len()),
+        )
+        .unwrap();
+    h.wait_all_blocking()
+        .unwrap_or_else(|err| panic!("load failed: {err:?}; {:?}", h.stats()));
+    for l in 0..g.layers as usize {
+        assert!(h.layer(l).unwrap() == &data[l][..], "layer {l} differs");
+    }
+    let s = h.stats();
+    // The first layer's burst was cut at the ceiling, not below it.
+    assert_eq!(s.peak_requests_in_flight, 256, "{s:?}");
+    assert!(
+        proxy.connections() <= 300,
+        "{} connections",
+        proxy.connections()
+    );
 }

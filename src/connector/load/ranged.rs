@@ -7,8 +7,8 @@ use crate::connector::buffers::LayerStatus;
 use crate::connector::status::ChunkStatus;
 use crate::error::{LayerError, StoreError};
 use crate::layout::{
-    object_len, plan_layer_major, ChunkHeader, KeyBuilder, KvGeometry, RangeRead, HEADER_LEN,
-    SLICE_CRC_LEN,
+    object_len, plan_layer_major, BodyPart, ChunkHeader, KeyBuilder, KvGeometry, RangeRead,
+    SliceDemux, HEADER_LEN,
 };
 use crate::link::Link;
 use crate::store::{GetOptions, Store};
@@ -52,6 +52,18 @@ fn read_len(r: &RangeRead) -> u64 {
     }
 }
 
+/// Most requests one ranged-GET load has in flight at once, first-layer reads included.
+///
+/// Without it a load of many small chunks (a 32K-token prefix in vLLM's 16-token blocks is
+/// 2,048 chunks) sends every first-layer read at once, and on a long round trip the request
+/// cap grows with the bandwidth-delay product over reads of a few KiB: thousands of
+/// connections to one server, past its per-client limit (ours closes connections beyond
+/// `max_connections_per_ip`, default 512), so reads fail. Measured: a 32K-token load in
+/// 16-token chunks from our server failed with "connection closed before message completed"
+/// (`objectcache-bench transfer --context 32768 --tokens-per-chunk 16`). 256 reads of the
+/// default 4 MiB coalesced size still fill a 1 GiB window.
+pub(crate) const MAX_REQUESTS_IN_FLIGHT: usize = 256;
+
 /// Requests and bytes in flight of one ranged-GET load, and what it has measured of the
 /// path: the shortest time to response headers (the round trip, plus the server's time) and
 /// the bytes received since the first one arrived (the delivery rate).
@@ -65,7 +77,8 @@ fn read_len(r: &RangeRead) -> u64 {
 /// it grows with each round trip's deliveries until the bytes in flight cover the product
 /// (or fill the window). First-layer reads (one per chunk) all go out at once within the
 /// window: layer 0 is needed first, so its reads gain nothing from waiting, and a long
-/// round trip is paid once for all of them.
+/// round trip is paid once for all of them. Whatever the caps, at most
+/// [`MAX_REQUESTS_IN_FLIGHT`] reads are in flight.
 struct Flight {
     st: Mutex<FlightState>,
     changed: tokio::sync::Notify,
@@ -107,7 +120,10 @@ impl Flight {
             {
                 let mut st = self.st.lock().expect("lock");
                 let fits = st.bytes == 0 || st.bytes + n <= self.window;
-                if fits && (first_layer || st.requests < self.cap(&st)) {
+                if fits
+                    && st.requests < MAX_REQUESTS_IN_FLIGHT
+                    && (first_layer || st.requests < self.cap(&st))
+                {
                     st.requests += 1;
                     st.bytes += n;
                     sh.peak_requests
@@ -444,57 +460,57 @@ async fn fetch_range_inner(
     }
     let mut body = res.body;
     // Demultiplex the body: [header] then per layer [slice bytes][crc32c].
-    let mut header = Vec::with_capacity(if with_header { HEADER_LEN as usize } else { 0 });
-    let mut layer = layers.start;
-    let mut in_slice: u64 = 0; // bytes of the current slice consumed
-    let mut crc: u32 = 0;
-    let mut trailer = [0u8; 4];
-    let mut tn = 0usize;
+    let header_len = if with_header { HEADER_LEN as usize } else { 0 };
+    let mut demux = SliceDemux::new(header_len, layers.len(), slice);
+    let layer_of = |d: &SliceDemux| layers.start + d.current_slice() as u32;
     let dest_off = chunk as u64 * slice;
-    let mut received: u64 = 0;
     // The current slice's layer was already failed by another chunk: its bytes are dropped.
     let mut unneeded = false;
     // This read's layers from `l` on did not arrive.
     let rest = |l: u32, status, err| fail(status, err, l..layers.end);
     while let Some(piece) = body.next().await {
         if sh.state.is_cancelled() {
-            return Err(rest(layer, ChunkStatus::Error, LayerError::Cancelled));
+            return Err(rest(
+                layer_of(&demux),
+                ChunkStatus::Error,
+                LayerError::Cancelled,
+            ));
         }
         let piece = piece.map_err(|e| {
             let (_, err) = classify(chunk, key, &e);
-            rest(layer, ChunkStatus::Error, err)
+            rest(layer_of(&demux), ChunkStatus::Error, err)
         })?;
         sh.progress.arrived(piece.len() as u64);
-        received += piece.len() as u64;
         permit.received(piece.len() as u64);
         let mut p: &[u8] = &piece;
-        while !p.is_empty() {
-            if with_header && header.len() < HEADER_LEN as usize {
-                let n = p.len().min(HEADER_LEN as usize - header.len());
-                header.extend_from_slice(&p[..n]);
-                p = &p[n..];
-                if header.len() == HEADER_LEN as usize {
-                    let h = ChunkHeader::decode(&header).map_err(|e| geometry(e.to_string()))?;
+        while let Some(part) = demux.next(&mut p) {
+            match part {
+                BodyPart::Header => {
+                    let h =
+                        ChunkHeader::decode(demux.header()).map_err(|e| geometry(e.to_string()))?;
                     h.check(g, tokens).map_err(|e| geometry(e.to_string()))?;
                     sh.set_header(chunk, true);
                 }
-                continue;
-            }
-            if layer >= layers.end {
-                return Err(rest(
-                    layer,
-                    ChunkStatus::Corrupt,
-                    LayerError::Storage {
-                        chunk,
-                        message: format!("body of {key} is longer than the range asked for"),
-                    },
-                ));
-            }
-            if in_slice < slice {
-                let n = (p.len() as u64).min(slice - in_slice) as usize;
-                crc = crate::layout::crc::crc32c_append(crc, &p[..n]);
-                if !unneeded {
-                    if let Err(e) = sh.state.write_impl(layer, dest_off + in_slice, &p[..n]) {
+                BodyPart::Excess { .. } => {
+                    return Err(rest(
+                        layers.end,
+                        ChunkStatus::Corrupt,
+                        LayerError::Storage {
+                            chunk,
+                            message: format!("body of {key} is longer than the range asked for"),
+                        },
+                    ));
+                }
+                BodyPart::Data {
+                    slice: i,
+                    offset,
+                    bytes,
+                } => {
+                    let layer = layers.start + i as u32;
+                    if unneeded {
+                        continue;
+                    }
+                    if let Err(e) = sh.state.write_impl(layer, dest_off + offset, bytes) {
                         if e == LayerError::Cancelled
                             || !matches!(sh.state.status(layer as usize), LayerStatus::Failed(_))
                         {
@@ -506,21 +522,18 @@ async fn fetch_range_inner(
                         unneeded = true;
                     }
                 }
-                in_slice += n as u64;
-                p = &p[n..];
-            } else {
-                let n = p.len().min(4 - tn);
-                trailer[tn..tn + n].copy_from_slice(&p[..n]);
-                tn += n;
-                p = &p[n..];
-                if tn == 4 {
-                    let stored = u32::from_le_bytes(trailer);
+                BodyPart::SliceEnd {
+                    slice: i,
+                    stored,
+                    computed,
+                } => {
+                    let layer = layers.start + i as u32;
                     if unneeded {
                         // Dropped: see above.
-                    } else if stored != crc {
+                    } else if stored != computed {
                         // This slice is bad: its layer is a miss naming the chunk. The
                         // chunk's next slices in this body are framed alike and still used.
-                        sh.slice_corrupt(chunk, layer, stored, crc);
+                        sh.slice_corrupt(chunk, layer, stored, computed);
                     } else if with_header || sh.header_ok(chunk).await {
                         sh.record_slice_crc(chunk, layer as usize, stored);
                         sh.state.complete_impl(layer, slice);
@@ -529,26 +542,24 @@ async fn fetch_range_inner(
                             "the header of {key} (read with layer 0) did not match or could not be read"
                         )));
                     }
-                    layer += 1;
-                    in_slice = 0;
-                    crc = 0;
-                    tn = 0;
                     unneeded = false;
                 }
             }
         }
     }
     let want = range.end - range.start;
-    if received != want || layer != layers.end {
+    if demux.received() != want || !demux.complete() {
         return Err(rest(
-            layer,
+            layer_of(&demux),
             ChunkStatus::Corrupt,
             LayerError::Storage {
                 chunk,
-                message: format!("body of {key} was truncated: {received} of {want} bytes"),
+                message: format!(
+                    "body of {key} was truncated: {} of {want} bytes",
+                    demux.received()
+                ),
             },
         ));
     }
-    let _ = SLICE_CRC_LEN;
     Ok(())
 }
