@@ -19,7 +19,7 @@ mod target;
 
 use data::{hashes, object, touched};
 use measure::{per_gib, process_cpu_s, raw_tcp};
-use record::{median_of, Record};
+use record::{median_of, Record, USD_PER_1000_GETS, USD_PER_1000_PUTS};
 use target::{s3_store, target};
 
 use bytes::Bytes;
@@ -135,6 +135,8 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
         }
         let tokens = chunks as u64 * g.tokens_per_chunk as u64;
         let hs = hashes(chunks, ctx as u64);
+        // Chunks per segment object of the `s3-segment` path.
+        let seg_chunks = args.segment_chunks.unwrap_or(chunks).clamp(1, chunks);
         let layer_bytes = chunks as u64 * g.slice_bytes();
         let total = layer_bytes * g.layers as u64;
         eprintln!(
@@ -144,8 +146,17 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
             total >> 20
         );
         // Populate through one batched save (objects made as they are sent); a stock S3
-        // server (no gather) gets plain PUTs of the same objects and publish markers.
+        // server (no gather) gets plain PUTs of the same objects and publish markers. The
+        // `s3-segment` path writes its own objects: alone, it needs none of these (a Ceph
+        // RGW in memory then holds one copy of the prefix, not two).
+        let per_chunk_paths = args.paths.iter().any(|p| p != "s3-segment");
         rt.block_on(async {
+            if !per_chunk_paths {
+                return Ok(objectcache::transport::tcp::SaveReport {
+                    written: 0,
+                    already_present: 0,
+                });
+            }
             let mut c = match GatherClient::connect_with(t.addr, t.credentials()).await {
                 Ok(c) => c,
                 Err(objectcache::transport::tcp::GatherError::NotOffered(why)) => {
@@ -224,25 +235,38 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                        peaks: (u64, u64),
                        ttfl: f64,
                        ttll: f64,
-                       cpu: Option<f64>| Record {
-                path: path.into(),
-                model: args.model.clone(),
-                context_tokens: tokens,
-                bytes: total,
-                delay_ms: delay,
-                requests,
-                round_trips,
-                peak_requests_in_flight: peaks.0,
-                peak_bytes_in_flight: peaks.1,
-                ttfl_s: ttfl,
-                ttll_s: ttll,
-                ttfl_s_range: [ttfl, ttfl],
-                ttll_s_range: [ttll, ttll],
-                runs: 1,
-                throughput_bytes_per_s: total as f64 / ttll,
-                raw_tcp_bytes_per_s: raw,
-                cpu_s_per_gib: cpu,
-                raw_tcp_cpu_s_per_gib: raw_cpu,
+                       cpu: Option<f64>| {
+                let segment = path == "s3-segment";
+                let puts = if segment {
+                    (chunks.div_ceil(seg_chunks) + chunks) as u64
+                } else {
+                    2 * chunks as u64
+                };
+                Record {
+                    path: path.into(),
+                    layout: if segment { "segment" } else { "per-chunk" }.into(),
+                    model: args.model.clone(),
+                    context_tokens: tokens,
+                    tokens_per_chunk: g.tokens_per_chunk,
+                    usd_per_1000_loads: requests as f64 * USD_PER_1000_GETS,
+                    puts_per_save: puts,
+                    usd_per_1000_saves: puts as f64 * USD_PER_1000_PUTS,
+                    bytes: total,
+                    delay_ms: delay,
+                    requests,
+                    round_trips,
+                    peak_requests_in_flight: peaks.0,
+                    peak_bytes_in_flight: peaks.1,
+                    ttfl_s: ttfl,
+                    ttll_s: ttll,
+                    ttfl_s_range: [ttfl, ttfl],
+                    ttll_s_range: [ttll, ttll],
+                    runs: 1,
+                    throughput_bytes_per_s: total as f64 / ttll,
+                    raw_tcp_bytes_per_s: raw,
+                    cpu_s_per_gib: cpu,
+                    raw_tcp_cpu_s_per_gib: raw_cpu,
+                }
             };
             for path in &args.paths {
                 let samples: Vec<Record> = match path.as_str() {
@@ -334,7 +358,7 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                     // ranged GET per (segment, layer), issued in layer order within the
                     // engine's default window (256 MiB), each slice verified as it lands.
                     "s3-segment" => {
-                        let per = args.segment_chunks.unwrap_or(chunks).clamp(1, chunks);
+                        let per = seg_chunks;
                         let segs: Vec<std::ops::Range<usize>> = (0..chunks)
                             .step_by(per)
                             .map(|a| a..(a + per).min(chunks))
@@ -616,6 +640,16 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                         r.ttll_s_range[1] * 1e3
                     );
                 }
+                println!(
+                    "{:<13} layout {}, {}-token chunks: {} GETs = ${:.3} per 1,000 loads; {} PUTs per save = ${:.2} per 1,000 saves (S3 list prices)",
+                    "",
+                    r.layout,
+                    r.tokens_per_chunk,
+                    r.requests,
+                    r.usd_per_1000_loads,
+                    r.puts_per_save,
+                    r.usd_per_1000_saves
+                );
                 if let (Some(c), Some(rc)) = (r.cpu_s_per_gib, r.raw_tcp_cpu_s_per_gib) {
                     println!(
                         "{:<13} CPU {c:.3} s/GiB, raw TCP {rc:.3} s/GiB: {:.2}x raw's CPU per byte",

@@ -7,8 +7,13 @@ use serde::Serialize;
 #[derive(Debug, Serialize)]
 pub(super) struct Record {
     pub(super) path: String,
+    /// How the prefix is laid out in objects: `per-chunk` (format version 1, one object per
+    /// chunk) or `segment` (one object per save's chunks, layer-major across them).
+    pub(super) layout: String,
     pub(super) model: String,
     pub(super) context_tokens: u64,
+    /// Tokens per chunk of the geometry (`--tokens-per-chunk`, else the preset's).
+    pub(super) tokens_per_chunk: u32,
     pub(super) bytes: u64,
     /// One-way delay added by the proxy, milliseconds (`None`: no proxy).
     pub(super) delay_ms: Option<u64>,
@@ -16,6 +21,14 @@ pub(super) struct Record {
     /// Request waves at the least: gather 1; ranged GETs `requests / peak in flight` rounded
     /// up; chunkwise `requests / 16`.
     pub(super) round_trips: u64,
+    /// What `requests` GETs cost per 1,000 loads at AWS S3 Standard's list price
+    /// ([`USD_PER_1000_GETS`]); a gather load's requests are priced alike.
+    pub(super) usd_per_1000_loads: f64,
+    /// PUTs one save of the prefix takes in this layout: per chunk a data object and a
+    /// publish marker (`per-chunk`), or per segment one object plus a marker per chunk.
+    pub(super) puts_per_save: u64,
+    /// What `puts_per_save` PUTs cost per 1,000 saves ([`USD_PER_1000_PUTS`]).
+    pub(super) usd_per_1000_saves: f64,
     /// Most requests in flight at once (the connector's ranged-GET path; else 0).
     pub(super) peak_requests_in_flight: u64,
     /// Most bytes asked for and not yet received at once (ranged-GET path; else 0).
@@ -40,6 +53,12 @@ pub(super) struct Record {
     /// The same for the raw loopback TCP stream (sender and receiver).
     pub(super) raw_tcp_cpu_s_per_gib: Option<f64>,
 }
+
+/// AWS S3 Standard list price of 1,000 GET (and HEAD) requests, USD, us-east-1, as quoted in
+/// docs/object-format.md ("Layouts compared").
+pub(super) const USD_PER_1000_GETS: f64 = 0.0004;
+/// AWS S3 Standard list price of 1,000 PUT (COPY, POST, LIST) requests, USD, as above.
+pub(super) const USD_PER_1000_PUTS: f64 = 0.005;
 
 /// Merges the runs of one path and size into one record: the median TTFL, TTLL and CPU per
 /// byte (each taken on its own; the upper median for an even count), their ranges, and the

@@ -85,6 +85,11 @@ pub(super) async fn s3_store(
     });
     cfg.region = Some("us-east-1".into());
     cfg.addressing = Some(Addressing::Path);
+    // Populating writes objects of up to 1 GiB in one PUT (`s3-segment` at 32K tokens); a
+    // Ceph RGW on one disk takes longer than the store's default 60 s per attempt for that.
+    // Loads are measured, not saves: the limits only keep a dead server from hanging the run.
+    cfg.attempt_timeout = std::time::Duration::from_secs(600);
+    cfg.operation_timeout = std::time::Duration::from_secs(1200);
     cfg.credentials = S3Credentials::Static {
         access_key: args.access_key.clone(),
         secret_key: args.secret_key.clone(),
