@@ -138,6 +138,85 @@ pub fn place(n: usize, known: &BTreeMap<usize, Marker>) -> Placement {
     out
 }
 
+/// One planned ranged read of a segment run (see [`plan_segment_reads`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentRead {
+    /// Index of the run in the slice of runs planned.
+    pub run: usize,
+    /// The layer whose slices this read carries.
+    pub layer: u32,
+    /// Prefix positions whose slices of `layer` it carries, consecutive (empty for a read of
+    /// the header alone).
+    pub positions: Range<usize>,
+    /// Byte range in the segment object: from 0 when `with_header`, then the slices of
+    /// `positions` with their CRCs.
+    pub bytes: Range<u64>,
+    /// The read starts with the segment's header and chunk list (`header_len` bytes), which
+    /// must be checked before any slice of the run is used.
+    pub with_header: bool,
+}
+
+/// Plans the reads of segment runs **layer-major**: every run's layer 0 first, then every
+/// run's layer 1, and so on, as the GPU consumes them.
+///
+/// Each (run, layer) range is cut at slice boundaries into at most `pieces` reads of at
+/// least `min_piece_bytes` each (one read when the range is smaller), so the first layer
+/// arrives over several connections at once (the layout sweep in `docs/object-format.md`:
+/// a segment's layer 0 in one GET waits on one connection) while the request count stays
+/// `layers x pieces` per run. A run that starts at index 0 reads its header with its first
+/// layer-0 piece (bytes from 0, nothing skipped); any other run gets a read of the header
+/// alone, first, so it is not made to read the slices before its own.
+pub fn plan_segment_reads(
+    runs: &[SegmentRun],
+    layers: u32,
+    slice_len: u64,
+    pieces: u32,
+    min_piece_bytes: u64,
+) -> Vec<SegmentRead> {
+    let stride = slice_len + super::format::SLICE_CRC_LEN;
+    let mut out = Vec::new();
+    for (r, run) in runs.iter().enumerate() {
+        if run.first_index > 0 && !run.positions.is_empty() {
+            out.push(SegmentRead {
+                run: r,
+                layer: 0,
+                positions: run.positions.start..run.positions.start,
+                bytes: 0..run.header_len as u64,
+                with_header: true,
+            });
+        }
+    }
+    for layer in 0..layers {
+        for (r, run) in runs.iter().enumerate() {
+            let m = run.positions.len() as u64;
+            if m == 0 {
+                continue;
+            }
+            let lay = run.layout(slice_len);
+            let by_size = (m * stride / min_piece_bytes.max(1)).max(1);
+            let n = by_size.min(pieces.max(1) as u64).min(m);
+            let mut at = 0u64;
+            for i in 0..n {
+                // Pieces of floor(m / n) or one more slices, the larger ones first.
+                let len = m / n + u64::from(i < m % n);
+                let first = run.first_index + at as u32;
+                let range = lay.run_range(layer, first..first + len as u32);
+                let with_header = layer == 0 && i == 0 && run.first_index == 0;
+                out.push(SegmentRead {
+                    run: r,
+                    layer,
+                    positions: run.positions.start + at as usize
+                        ..run.positions.start + (at + len) as usize,
+                    bytes: if with_header { 0 } else { range.start }..range.end,
+                    with_header,
+                });
+                at += len;
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,5 +324,75 @@ mod tests {
         // A list shorter than the run claims (a lying marker) matches only what it holds.
         assert_eq!(s.matched(&list[..3], &hashes), 2);
         assert_eq!(s.matched(&[], &hashes), 0);
+    }
+
+    fn run(positions: Range<usize>, first_index: u32, chunks: u32) -> SegmentRun {
+        SegmentRun {
+            positions,
+            digest: [1; 32],
+            first_index,
+            chunks,
+            header_len: 64 + 33 * chunks + 4,
+            object_len: 0,
+        }
+    }
+
+    #[test]
+    fn segment_reads_are_layer_major_cut_in_pieces_and_cover_each_slice_once() {
+        // One save of 128 chunks of 1 MiB, 32 layers, 4 pieces of at least 1 MiB per layer:
+        // the 32K-token 8B load of issue 18 in 128 GETs.
+        let (slice, layers) = (1u64 << 20, 32u32);
+        let runs = [run(0..128, 0, 128)];
+        let plan = plan_segment_reads(&runs, layers, slice, 4, 1 << 20);
+        assert_eq!(plan.len(), 128);
+        assert!(plan.windows(2).all(|w| w[0].layer <= w[1].layer));
+        let lay = runs[0].layout(slice);
+        let mut seen = vec![vec![0u8; 128]; layers as usize];
+        for r in &plan {
+            assert_eq!(r.positions.len(), 32);
+            let first = lay.slice_range(r.layer, r.positions.start as u32).start;
+            let last = lay.slice_range(r.layer, r.positions.end as u32 - 1).end;
+            // Only the very first read carries the header, from byte 0.
+            assert_eq!(r.with_header, r.layer == 0 && r.positions.start == 0);
+            let start = if r.with_header { 0 } else { first };
+            assert_eq!(r.bytes, start..last);
+            for p in r.positions.clone() {
+                seen[r.layer as usize][p] += 1;
+            }
+        }
+        assert!(seen.iter().flatten().all(|&n| n == 1));
+    }
+
+    #[test]
+    fn small_ranges_stay_whole_and_runs_inside_a_segment_read_their_header_alone() {
+        let slice = 1000u64;
+        // 3 chunks of 1,004 bytes with their CRCs: under 4 KiB, one read per layer.
+        let runs = [run(0..3, 0, 3), run(3..5, 2, 9)];
+        let plan = plan_segment_reads(&runs, 2, slice, 4, 4096);
+        // The second run starts at index 2 of its segment: its header comes first, alone.
+        assert_eq!(plan[0].run, 1);
+        assert!(plan[0].with_header && plan[0].positions.is_empty());
+        assert_eq!(plan[0].bytes, 0..runs[1].header_len as u64);
+        let rest: Vec<(usize, u32, Range<usize>, bool)> = plan[1..]
+            .iter()
+            .map(|r| (r.run, r.layer, r.positions.clone(), r.with_header))
+            .collect();
+        assert_eq!(
+            rest,
+            vec![
+                (0, 0, 0..3, true),
+                (1, 0, 3..5, false),
+                (0, 1, 0..3, false),
+                (1, 1, 3..5, false),
+            ]
+        );
+        // The second run's layer-1 range: indexes 2..4 of a 9-chunk segment.
+        let lay = runs[1].layout(slice);
+        assert_eq!(plan[4].bytes, lay.run_range(1, 2..4));
+        // Uneven pieces: 5 slices in 2 pieces are 3 + 2, the larger first.
+        let plan = plan_segment_reads(&[run(0..5, 0, 5)], 1, slice, 2, 1);
+        let sizes: Vec<usize> = plan.iter().map(|r| r.positions.len()).collect();
+        assert_eq!(sizes, vec![3, 2]);
+        assert!(plan_segment_reads(&[], 4, slice, 4, 1).is_empty());
     }
 }
