@@ -5,18 +5,20 @@
 //!
 //! A load knows the markers its lookup read (the lookup's probes, always including the
 //! first chunk) and those it reads later. [`place`] turns them into runs:
-//! - a version 2 marker of position `p` at index `k` of an `n`-chunk segment starts a run
-//!   covering `p .. p + n - k` (block hashes are prefix-chained, so the chunks that follow in
-//!   the segment can only be the prefix's next chunks: the segment's chunk list confirms it
-//!   before a byte is used, see [`SegmentRun::matched`]);
-//! - a version 1 marker starts a run of chunk objects that goes on to the next known marker
-//!   (a prefix saved in version 1 is read with no further marker reads; a chunk object that
-//!   is not there sends the load back to that chunk's marker);
-//! - a known marker always starts a new run (what a chunk's own marker says beats what a
-//!   neighbour's implies);
-//! - a position that no run covers is [`Placement::unknown`]: the load reads its marker and
-//!   places again. Each unknown position is the start of a stretch, so a prefix saved by `s`
-//!   requests costs at most `s` marker reads beyond the lookup's.
+//! - a version 2 marker of position `q` at index `k` of an `n`-chunk segment places
+//!   positions `q - k .. q - k + n` in that segment, as far as they are not placed yet:
+//!   block hashes are prefix-chained, so a chunk's position is fixed by its hash, and the
+//!   chunks around it in the segment can only be the prefix's neighbours (the segment's chunk
+//!   list confirms it before a byte is used, see [`SegmentRun::matched`]);
+//! - a run of a segment ends where a known marker says otherwise (another object, or another
+//!   index); markers that agree (the lookup's probes inside one segment) extend it, so one
+//!   save is one run however many of its markers are known;
+//! - a version 1 marker starts a run of chunk objects that goes on to the next known version
+//!   2 marker (a prefix saved in version 1 is read with no further marker reads; a chunk
+//!   object that is not there sends the load back to that chunk's marker);
+//! - a position nothing places is [`Placement::unknown`]: the load reads its marker and
+//!   places again. Each unknown position starts a stretch, so a prefix saved by `s` requests
+//!   costs at most `s` marker reads beyond the lookup's.
 #![forbid(unsafe_code)]
 
 use super::key::ChunkHash;
@@ -107,31 +109,53 @@ pub fn place(n: usize, known: &BTreeMap<usize, Marker>) -> Placement {
     let mut out = Placement::default();
     let mut p = 0usize;
     while p < n {
-        let next_known = known.range(p + 1..).next().map_or(n, |(&q, _)| q.min(n));
-        match known.get(&p) {
-            None => {
-                out.unknown.push(p);
-                p = next_known;
-            }
-            Some(Marker::Chunk { .. }) => {
-                out.runs.push(Run::Chunks(p..next_known));
-                p = next_known;
-            }
-            Some(Marker::Segment(m)) => {
+        // The first marker known at or after p, inside the load.
+        let next = known.range(p..).next().filter(|(&q, _)| q < n);
+        match next {
+            Some((&q, Marker::Segment(m))) if q - p <= m.index as usize => {
+                // Its segment reaches back to p: p is at index `first` of it.
+                let first = m.index - (q - p) as u32;
                 // At least this position (a marker built by hand may claim nothing; a decoded
                 // one has `index < chunks`): the segment's chunk list decides what it serves.
-                let span = (m.chunks.saturating_sub(m.index) as usize).max(1);
-                let seg_end = p.saturating_add(span);
-                let end = seg_end.min(next_known);
+                let span = (m.chunks.saturating_sub(first) as usize).max(1);
+                let mut end = p.saturating_add(span).min(n);
+                // Known markers inside it that say otherwise end the run.
+                for (&r, mr) in known.range(q + 1..end) {
+                    let agrees = matches!(mr, Marker::Segment(t)
+                        if t.digest == m.digest && t.index as usize == first as usize + (r - p));
+                    if !agrees {
+                        end = r;
+                        break;
+                    }
+                }
                 out.runs.push(Run::Segment(SegmentRun {
                     positions: p..end,
                     digest: m.digest,
-                    first_index: m.index,
+                    first_index: first,
                     chunks: m.chunks,
                     header_len: m.header_len,
                     object_len: m.object_len,
                 }));
                 p = end;
+            }
+            Some((&q, Marker::Chunk { .. })) if q == p => {
+                // Chunk objects up to the next known segment marker.
+                let end = known
+                    .range(p + 1..)
+                    .find(|(_, m)| matches!(m, Marker::Segment(_)))
+                    .map_or(n, |(&r, _)| r.min(n));
+                out.runs.push(Run::Chunks(p..end));
+                p = end;
+            }
+            // Nothing known places p: its marker is read; what follows up to the next known
+            // marker (or as far back as that marker's segment reaches) waits for the answer.
+            other => {
+                out.unknown.push(p);
+                p = match other {
+                    Some((&q, Marker::Segment(m))) => q - (m.index as usize).min(q - p - 1),
+                    Some((&q, _)) => q,
+                    None => n,
+                };
             }
         }
     }
@@ -247,20 +271,16 @@ mod tests {
     }
 
     #[test]
-    fn one_save_is_one_run_from_the_first_marker() {
+    fn one_save_is_one_run_however_many_of_its_markers_are_known() {
         // A 128-chunk prefix saved by one request: the lookup read markers 0, 32, 64, 96.
         let known: BTreeMap<usize, Marker> = [0, 32, 64, 96]
             .map(|p| (p, seg(b'a', 128, p as u32)))
             .into();
         let pl = place(128, &known);
-        // Every known marker starts a run, all of one segment, at their own indexes.
-        assert_eq!(
-            spans(&pl),
-            vec![('a', 0..32), ('a', 32..64), ('a', 64..96), ('a', 96..128)]
-        );
+        assert_eq!(spans(&pl), vec![('a', 0..128)]);
         assert!(pl.unknown.is_empty());
-        // Knowing only the first marker places the whole prefix.
-        let pl = place(128, &[(0, seg(b'a', 128, 0))].into());
+        // Knowing only one marker inside the segment places the whole prefix too.
+        let pl = place(128, &[(40, seg(b'a', 128, 40))].into());
         assert_eq!(spans(&pl), vec![('a', 0..128)]);
         // A partial hit of 40 chunks reads the first 40 of the segment.
         let pl = place(40, &[(0, seg(b'a', 128, 0))].into());
@@ -271,35 +291,49 @@ mod tests {
     }
 
     #[test]
-    fn later_saves_leave_the_next_segment_start_unknown() {
+    fn later_saves_are_placed_from_any_of_their_markers() {
         // Saved in two requests: chunks 0..8 (segment a), then 8..20 (segment b).
         let pl = place(20, &[(0, seg(b'a', 8, 0))].into());
         assert_eq!(spans(&pl), vec![('a', 0..8)]);
         assert_eq!(pl.unknown, vec![8]);
-        let pl = place(20, &[(0, seg(b'a', 8, 0)), (8, seg(b'b', 12, 0))].into());
+        // A marker anywhere in b (the lookup's probe at 13, index 5) places all of b.
+        let pl = place(20, &[(0, seg(b'a', 8, 0)), (13, seg(b'b', 12, 5))].into());
         assert_eq!(spans(&pl), vec![('a', 0..8), ('b', 8..20)]);
         assert!(pl.unknown.is_empty());
-        // A probe inside b (lookup's) places b from there; 8..13 stays unknown until read.
-        let pl = place(20, &[(0, seg(b'a', 8, 0)), (13, seg(b'b', 12, 5))].into());
-        assert_eq!(spans(&pl), vec![('a', 0..8), ('b', 13..20)]);
-        assert_eq!(pl.unknown, vec![8]);
+        let Run::Segment(b) = &pl.runs[1] else {
+            panic!("{pl:?}")
+        };
+        assert_eq!(b.indexes(), 0..12);
+        // Two writers raced: chunk 4's marker names another segment, which ends a's run there.
+        let pl = place(8, &[(0, seg(b'a', 8, 0)), (4, seg(b'c', 4, 0))].into());
+        assert_eq!(spans(&pl), vec![('a', 0..4), ('c', 4..8)]);
+        // The same segment at an index that does not fit is "another" too.
+        let pl = place(8, &[(0, seg(b'a', 8, 0)), (4, seg(b'a', 8, 6))].into());
+        assert_eq!(spans(&pl), vec![('a', 0..4), ('a', 4..6)]);
+        assert_eq!(pl.unknown, vec![6]);
+        // A segment that does not reach back to the start leaves the gap before it unknown.
+        let pl = place(10, &[(6, seg(b'a', 4, 1))].into());
+        assert_eq!((spans(&pl), pl.unknown), (vec![('a', 5..9)], vec![0, 9]));
     }
 
     #[test]
-    fn version_1_runs_go_on_to_the_next_known_marker_and_mix_with_segments() {
+    fn version_1_runs_go_on_to_the_next_segment_marker_and_mix_with_segments() {
         // Chunks 0..10 saved in version 1, then 10..16 as a segment.
-        let pl = place(16, &[(0, v1()), (10, seg(b'a', 6, 0))].into());
+        let pl = place(16, &[(0, v1()), (4, v1()), (10, seg(b'a', 6, 0))].into());
         assert_eq!(spans(&pl), vec![('c', 0..10), ('a', 10..16)]);
-        // Only version 1 markers known: no marker reads at all.
+        // Only version 1 markers known: one run, no marker reads at all.
         let pl = place(16, &[(0, v1()), (8, v1())].into());
-        assert_eq!(spans(&pl), vec![('c', 0..8), ('c', 8..16)]);
+        assert_eq!(spans(&pl), vec![('c', 0..16)]);
         assert!(pl.unknown.is_empty());
+        // A segment marker after a version 1 run places from where it stands.
+        let pl = place(16, &[(0, v1()), (12, seg(b'a', 6, 2))].into());
+        assert_eq!(spans(&pl), vec![('c', 0..12), ('a', 12..16)]);
         // Nothing known: the first position is read first.
         let pl = place(16, &BTreeMap::new());
         assert!(pl.runs.is_empty());
         assert_eq!(pl.unknown, vec![0]);
         assert_eq!(place(0, &BTreeMap::new()), Placement::default());
-        // A segment starting mid-way (this chunk at index 3 of 5) covers what is left of it.
+        // A segment entered at index 3 of 5 covers what is left of it.
         let pl = place(10, &[(0, seg(b'a', 5, 3))].into());
         assert_eq!((spans(&pl), pl.unknown), (vec![('a', 0..2)], vec![2]));
         // Markers past the load's end are ignored.
@@ -311,18 +345,20 @@ mod tests {
     fn a_segment_serves_only_the_chunks_its_list_holds() {
         let h = |i: u8| ChunkHash::new(&[i; 32]).unwrap();
         let hashes: Vec<ChunkHash> = (0..6).map(h).collect();
+        // Chunk 2 is at index 1: the segment reaches back to position 1 (index 0).
         let pl = place(6, &[(2, seg(b'a', 8, 1))].into());
+        assert_eq!(pl.unknown, vec![0]);
         let Run::Segment(s) = &pl.runs[0] else {
             panic!("{pl:?}")
         };
-        assert_eq!((s.positions.clone(), s.indexes()), (2..6, 1..5));
-        // The segment lists another prompt's chunks after index 2: only 2 of 4 match.
-        let list = vec![h(9), h(2), h(3), h(7), h(8), h(5), h(6), h(6)];
+        assert_eq!((s.positions.clone(), s.indexes()), (1..6, 0..5));
+        // The segment lists another prompt's chunks after index 1: only 2 of 5 match.
+        let list = vec![h(1), h(2), h(7), h(8), h(5), h(6), h(6), h(6)];
         assert_eq!(s.matched(&list, &hashes), 2);
-        let list = vec![h(9), h(2), h(3), h(4), h(5), h(0), h(0), h(0)];
-        assert_eq!(s.matched(&list, &hashes), 4);
+        let list = vec![h(1), h(2), h(3), h(4), h(5), h(0), h(0), h(0)];
+        assert_eq!(s.matched(&list, &hashes), 5);
         // A list shorter than the run claims (a lying marker) matches only what it holds.
-        assert_eq!(s.matched(&list[..3], &hashes), 2);
+        assert_eq!(s.matched(&list[..3], &hashes), 3);
         assert_eq!(s.matched(&[], &hashes), 0);
     }
 
