@@ -49,6 +49,9 @@ pub(crate) struct Fetcher {
     pub(crate) rdma: Arc<Mutex<super::rdma::Probe>>,
     /// Bytes received from storage by this engine's fetches (not by followers' copies).
     pub(crate) fetched: Arc<AtomicU64>,
+    /// The publish markers of the load's chunks that its lookup read, by prefix position
+    /// (`Engine::markers_known`): where the ranged-GET path finds segment objects.
+    pub(crate) markers: std::collections::BTreeMap<usize, crate::layout::Marker>,
 }
 
 impl Fetcher {
@@ -102,6 +105,7 @@ impl Fetcher {
             self.probes.clone(),
         );
         let streams = self.cfg.gather_streams;
+        let markers = self.markers.clone();
         let (window, max_req, coalesce) = (
             self.cfg.window_bytes,
             self.cfg.max_requests,
@@ -140,8 +144,10 @@ impl Fetcher {
                     return;
                 }
             }
-            super::load::run_store_load(store, keys, req, sh1, window, max_req, coalesce, link)
-                .await
+            super::load::run_store_load(
+                store, keys, req, sh1, window, max_req, coalesce, link, markers,
+            )
+            .await
         };
         // The overall deadline: fixed, or from the load's size (`load_min_rate_bytes_per_s`).
         let timeout = self.cfg.load_deadline(total_bytes);

@@ -1,14 +1,54 @@
 //! Lookup ([`Engine::lookup_report`], [`Engine::lookup`]): how many leading chunks of a
 //! prefix are published, by a k-ary search over the publish markers of every tensor-parallel
-//! rank, with answers cached for `lookup_cache_ttl`.
+//! rank, with answers cached for `lookup_cache_ttl`. A probe reads the marker (16 or 64
+//! bytes, the same round trip as asking whether it exists), so a load that follows knows
+//! which object holds each probed chunk: its own (format version 1) or a segment (version
+//! 2, `docs/object-format.md`).
 
 use super::{Engine, LookupReport};
 use crate::error::Error;
-use crate::layout::{ChunkHash, KeyBuilder, KvGeometry};
-use crate::store::StoreExt;
+use crate::error::StoreError;
+use crate::layout::{decode_marker, ChunkHash, KeyBuilder, KvGeometry, Marker};
+use crate::store::{Store, StoreExt};
+use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
+
+/// What a lookup learnt of one publish marker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Known {
+    /// Not published (no marker, or one that does not decode: a miss, never bytes).
+    Absent,
+    /// Published; its content was not read (a position implied by the markers after it).
+    Present,
+    /// Published, and this is what it says.
+    Read(Marker),
+}
+
+impl Known {
+    fn present(&self) -> bool {
+        !matches!(self, Known::Absent)
+    }
+}
+
+/// Reads the marker at `key`: `Absent` when there is none or it does not decode.
+///
+/// # Errors
+/// A store error other than not-found.
+async fn read_marker(store: &dyn Store, key: &str) -> Result<Known, StoreError> {
+    match store.get_bytes(key).await {
+        Ok(b) => Ok(match decode_marker(&b) {
+            Ok(m) => Known::Read(m),
+            Err(e) => {
+                tracing::warn!(key, error = %e, "publish marker does not decode: taken as absent");
+                Known::Absent
+            }
+        }),
+        Err(StoreError::NotFound { .. }) => Ok(Known::Absent),
+        Err(e) => Err(e),
+    }
+}
 
 impl Engine {
     /// How many leading chunks of `hashes` are published. Costs at most
@@ -56,11 +96,11 @@ impl Engine {
         let mut known: Vec<Option<bool>> = {
             let mut cache = self.lookup_cache.lock().expect("lock");
             cache.retain(|_, (_, t)| t.elapsed() < ttl);
-            let cached = |k: &str| cache.get(k).map(|(p, _)| *p);
+            let cached = |k: &str| cache.get(k).map(|(p, _)| p.present());
             mkeys.iter().map(|ks| state(&cached, ks)).collect()
         };
         // Answers of this lookup's probes, per marker key.
-        let mut probed: HashMap<String, bool> = HashMap::new();
+        let mut probed: HashMap<String, Known> = HashMap::new();
         // Markers are monotone along the prefix (published in order): find the boundary.
         let mut lo = 0usize; // every position < lo is present
         let mut hi = hashes.len(); // every position >= hi is absent (or beyond)
@@ -93,7 +133,7 @@ impl Engine {
                 .spawn(async move {
                     futures::future::join_all(pk.into_iter().map(|k| {
                         let store = store.clone();
-                        async move { store.exists(&k).await }
+                        async move { read_marker(&*store, &k).await }
                     }))
                     .await
                 })
@@ -104,7 +144,7 @@ impl Engine {
                 probed.insert(k, a?);
             }
             for &i in &probes {
-                let p = |k: &str| probed.get(k).copied();
+                let p = |k: &str| probed.get(k).map(Known::present);
                 known[i] = state(&p, &mkeys[i]);
             }
             // Monotonicity: a present marker implies all before it are present; an absent one
@@ -127,13 +167,17 @@ impl Engine {
         {
             let now = Instant::now();
             let mut cache = self.lookup_cache.lock().expect("lock");
-            for (k, &p) in &probed {
-                cache.entry(k.clone()).or_insert((p, now));
+            for (k, p) in &probed {
+                cache.entry(k.clone()).or_insert((p.clone(), now));
             }
             for (i, ks) in mkeys.iter().enumerate() {
                 if i < lo {
                     for k in ks {
-                        cache.insert(k.clone(), (true, now));
+                        // Published (the search's answer); what a probe read of it is kept.
+                        let e = cache.entry(k.clone()).or_insert((Known::Present, now));
+                        if !e.0.present() {
+                            *e = (Known::Present, now);
+                        }
                     }
                 }
             }
@@ -166,5 +210,27 @@ impl Engine {
                 .join()
                 .expect("lookup panicked")
         })
+    }
+}
+
+impl Engine {
+    /// The markers of `hashes` (this rank's, under `keys`) that a lookup read within
+    /// `lookup_cache_ttl`, by prefix position: what a load starts from to place its chunks
+    /// (`layout::place`).
+    pub(crate) fn markers_known(
+        &self,
+        keys: &KeyBuilder,
+        hashes: &[ChunkHash],
+    ) -> BTreeMap<usize, Marker> {
+        let ttl = self.cfg.lookup_cache_ttl;
+        let cache = self.lookup_cache.lock().expect("lock");
+        hashes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, h)| match cache.get(&keys.marker(h)) {
+                Some((Known::Read(m), t)) if t.elapsed() < ttl => Some((i, m.clone())),
+                _ => None,
+            })
+            .collect()
     }
 }

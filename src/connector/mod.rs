@@ -134,8 +134,8 @@ pub struct Engine {
     cfg: EngineConfig,
     rt: Option<tokio::runtime::Runtime>,
     handle: tokio::runtime::Handle,
-    /// marker key -> (published?, time of the answer)
-    lookup_cache: Mutex<HashMap<String, (bool, Instant)>>,
+    /// marker key -> (what the lookup learnt of it, time of the answer)
+    lookup_cache: Mutex<HashMap<String, (lookup::Known, Instant)>>,
     counters: Counters,
     /// Whether each of the store's endpoints offers gather, and idle gather connections.
     gather: Arc<gather::Probes>,
@@ -321,6 +321,7 @@ impl Engine {
             #[cfg(feature = "rdma")]
             rdma: self.rdma.clone(),
             fetched: self.fetched.clone(),
+            markers: Default::default(),
         }
     }
 

@@ -1,9 +1,10 @@
 //! Saving a prefix's KV ([`Engine::save`], [`Engine::save_paged`] and their blocking forms):
 //! every chunk object written create-only, then the publish markers.
 
+use super::lookup::Known;
 use super::{Engine, SaveReport};
 use crate::error::{Error, StoreError};
-use crate::layout::{object_len, ChunkHash, KvGeometry};
+use crate::layout::{object_len, ChunkHash, KvGeometry, Marker};
 use crate::store::{PutIfAbsent, StoreExt};
 use bytes::Bytes;
 use futures::StreamExt;
@@ -130,8 +131,9 @@ impl Engine {
         }
         let now = Instant::now();
         let mut cache = self.lookup_cache.lock().expect("lock");
+        let written = Marker::Chunk { object_len: len };
         for k in mkeys {
-            cache.insert(k, (true, now));
+            cache.insert(k, (Known::Read(written.clone()), now));
         }
         drop(cache);
         self.counters.saves.fetch_add(1, Ordering::Relaxed);

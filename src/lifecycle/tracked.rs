@@ -1,7 +1,7 @@
 //! [`TrackedStore`]: a store wrapper that records reads in an [`AccessLog`] and renews soft
 //! leases in a [`LeaseTable`]; everything else passes through.
 
-use super::{AccessLog, LeaseTable};
+use super::{classify_key, AccessLog, LeaseTable, ObjectKind};
 use crate::error::StoreError;
 use crate::store::{
     ByteStream, EndpointEvent, GatherTarget, GetOptions, GetResult, LocalObject, ObjectMeta,
@@ -39,7 +39,14 @@ impl TrackedStore {
             soft_lease,
         }
     }
+    /// A read of `key`: a use of its entry and a soft lease on it, unless it is a publish
+    /// marker. Reading a marker is a lookup (lookups read markers to learn which object holds
+    /// a chunk): it neither counts as use nor pins, so a lookup that loads nothing keeps
+    /// nothing from eviction (case C13).
     fn note(&self, key: &str) {
+        if classify_key(key).0 == ObjectKind::Marker {
+            return;
+        }
         self.access.record(key, SystemTime::now());
         self.leases.touch(key, self.soft_lease);
     }

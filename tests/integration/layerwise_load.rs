@@ -36,7 +36,7 @@ fn s3_store() -> Option<Arc<dyn Store>> {
 
 /// Every backend: memory, fs, and S3 (Ceph RGW) when available. Each test uses a unique
 /// namespace, so runs sharing a bucket never see each other's objects.
-fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
+pub(crate) fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
     let dir = tempfile::tempdir().unwrap().keep();
     let mut v: Vec<(&'static str, Arc<dyn Store>)> = vec![
         ("memory", Arc::new(MemoryStore::new())),

@@ -55,6 +55,7 @@ mod security_fuzz_regressions;
 mod security_server_tenants;
 mod security_server_tls;
 mod security_tenants;
+mod segment_load;
 mod server_errors;
 mod server_partial_writes;
 mod server_process;

@@ -11,6 +11,7 @@ mod handle;
 mod local;
 mod ranged;
 mod request;
+mod segment;
 mod shared;
 mod start;
 mod watchdog;

@@ -2,22 +2,23 @@
 //! look-ahead window ([`Flight`]), paced by the engine's link under a bandwidth cap, each body
 //! streamed straight into the caller's destination and verified slice by slice.
 
+use super::segment::Planned;
 use super::{LoadRequest, Shared};
 use crate::connector::buffers::LayerStatus;
 use crate::connector::status::ChunkStatus;
 use crate::error::{LayerError, StoreError};
 use crate::layout::{
-    object_len, plan_layer_major, BodyPart, ChunkHeader, KeyBuilder, KvGeometry, RangeRead,
-    SliceDemux, HEADER_LEN,
+    object_len, BodyPart, ChunkHeader, KeyBuilder, KvGeometry, Marker, SliceDemux, HEADER_LEN,
 };
 use crate::link::Link;
 use crate::store::{GetOptions, Store};
 use futures::StreamExt;
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 /// Maps a store error on chunk `c` to its chunk status and layer error.
-fn classify(c: usize, key: &str, e: &StoreError) -> (ChunkStatus, LayerError) {
+pub(super) fn classify(c: usize, key: &str, e: &StoreError) -> (ChunkStatus, LayerError) {
     match e {
         StoreError::NotFound { .. } => (
             ChunkStatus::Missing,
@@ -40,15 +41,6 @@ fn classify(c: usize, key: &str, e: &StoreError) -> (ChunkStatus, LayerError) {
                 message: other.to_string(),
             },
         ),
-    }
-}
-
-/// Bytes a ranged read moves: its range, with the header for a layer-0 read.
-fn read_len(r: &RangeRead) -> u64 {
-    if r.layers.start == 0 {
-        r.bytes.end
-    } else {
-        r.bytes.end - r.bytes.start
     }
 }
 
@@ -79,7 +71,7 @@ pub(crate) const MAX_REQUESTS_IN_FLIGHT: usize = 256;
 /// window: layer 0 is needed first, so its reads gain nothing from waiting, and a long
 /// round trip is paid once for all of them. Whatever the caps, at most
 /// [`MAX_REQUESTS_IN_FLIGHT`] reads are in flight.
-struct Flight {
+pub(super) struct Flight {
     st: Mutex<FlightState>,
     changed: tokio::sync::Notify,
     window: u64,
@@ -139,7 +131,7 @@ impl Flight {
         }
     }
 
-    fn headers(&self, rtt_s: f64) {
+    pub(super) fn headers(&self, rtt_s: f64) {
         let mut st = self.st.lock().expect("lock");
         st.min_rtt_s = Some(st.min_rtt_s.map_or(rtt_s, |m| m.min(rtt_s)));
     }
@@ -158,13 +150,13 @@ impl Flight {
 
 /// One read in flight; received bytes leave the window as they arrive, the rest when it
 /// ends (or is dropped: failed, cancelled, aborted).
-struct FlightPermit {
-    flight: Arc<Flight>,
+pub(super) struct FlightPermit {
+    pub(super) flight: Arc<Flight>,
     left: u64,
 }
 
 impl FlightPermit {
-    fn received(&mut self, n: u64) {
+    pub(super) fn received(&mut self, n: u64) {
         let n = n.min(self.left);
         self.left -= n;
         let f = &self.flight;
@@ -206,6 +198,7 @@ pub(crate) async fn run_store_load(
     max_requests: usize,
     coalesce_bytes: u64,
     link: Option<Arc<Link>>,
+    markers: BTreeMap<usize, Marker>,
 ) {
     let g = &req.geometry;
     let slice = g.slice_bytes();
@@ -213,11 +206,14 @@ pub(crate) async fn run_store_load(
     let full_len = object_len(g.layers, slice);
     // Paced reads are single layer slices so that layers land in the order the link plans.
     let coalesce = if link.is_some() { 0 } else { coalesce_bytes };
-    let plan = plan_layer_major(req.hashes.len(), g.layers, slice, coalesce);
+    // Chunk objects (format version 1) and runs of segment objects (version 2) as the
+    // lookup's markers place them; every position no segment holds is read as a chunk
+    // object, so a version 1 prefix is planned exactly as before.
+    let (plan, runs) = super::segment::plan(&req, &markers, coalesce);
     let paced = link.and_then(|link| {
         let mut per_layer = vec![0u64; g.layers as usize];
         for r in &plan {
-            per_layer[r.layers.start as usize] += read_len(r);
+            per_layer[r.first_layer() as usize] += r.len();
         }
         link.register(per_layer, &req.hints.sched_hints())
             .map_err(|e| tracing::warn!(error = %e, "load not paced by the engine's link"))
@@ -226,7 +222,7 @@ pub(crate) async fn run_store_load(
     let mean_read = if plan.is_empty() {
         1.0
     } else {
-        plan.iter().map(read_len).sum::<u64>() as f64 / plan.len() as f64
+        plan.iter().map(Planned::len).sum::<u64>() as f64 / plan.len() as f64
     };
     let flight = Arc::new(Flight {
         st: Mutex::new(FlightState::default()),
@@ -240,68 +236,89 @@ pub(crate) async fn run_store_load(
         if sh.state.is_cancelled() {
             break;
         }
-        let c = read.chunk;
-        if matches!(
-            sh.chunk(c),
-            ChunkStatus::Missing | ChunkStatus::WrongGeometry
-        ) {
-            // This chunk is unusable (no object, or another geometry): all its layers are
-            // failed; don't read more of it (the link counts the bytes as done, so the load's
-            // later layers can complete). A corrupt or unreadable slice fails only its own
-            // layers: the chunk's other layers are still read.
+        if read.unusable(&sh) {
+            // Every chunk of this read is unusable (no object, or another geometry): all its
+            // layers are failed; don't read more of it (the link counts the bytes as done,
+            // so the load's later layers can complete). A corrupt or unreadable slice fails
+            // only its own layers: the chunk's other layers are still read.
             if let Some(p) = &paced {
-                p.sent(read_len(&read));
+                p.sent(read.len());
             }
             continue;
         }
         if let Some(p) = &paced {
             // Issued when a fluid transfer at the allocated rate would have finished it. The
             // link holds the load on purpose meanwhile: not a stall.
-            let n = read_len(&read);
+            let n = read.len();
             let _held = sh.progress.hold();
             p.pace(n).await;
             p.sent(n);
         }
-        // Layer 0's read also fetches the header, so geometry is checked before any byte lands.
-        let with_header = read.layers.start == 0;
-        let range = if with_header {
-            0..read.bytes.end
-        } else {
-            read.bytes.clone()
-        };
-        let permit = flight
-            .admit(range.end - range.start, with_header, &sh)
-            .await;
+        let permit = flight.admit(read.len(), read.first_layer() == 0, &sh).await;
         let store = store.clone();
-        let key = keys.data(&req.hashes[c]);
         let sh2 = sh.clone();
         let g = g.clone();
-        let task = tokio::spawn(async move {
-            let mut permit = permit;
-            sh2.requests.fetch_add(1, Ordering::Relaxed);
-            let r = fetch_range(
-                &*store,
-                &key,
-                range,
-                c,
-                read.layers.clone(),
-                with_header,
-                &g,
-                tokens,
-                full_len,
-                &sh2,
-                &mut permit,
-            )
-            .await;
-            if let Err(f) = r {
-                sh2.set_chunk(c, f.status);
-                // The layers this failure touches are misses (every layer when the chunk is
-                // unusable); the chunk's other layers and the other chunks are unaffected.
-                for l in f.layers {
-                    sh2.state.fail_impl(l, f.err.clone());
-                }
+        let task = match read {
+            Planned::Segment(read) => {
+                let run = runs[read.run].clone();
+                let key = keys.segment(&run.digest);
+                let hashes = req.hashes.clone();
+                tokio::spawn(async move {
+                    let mut permit = permit;
+                    sh2.requests.fetch_add(1, Ordering::Relaxed);
+                    super::segment::fetch_segment(
+                        &*store,
+                        &key,
+                        &run,
+                        &read,
+                        &hashes,
+                        &g,
+                        &sh2,
+                        &mut permit,
+                    )
+                    .await;
+                })
             }
-        });
+            Planned::Chunk(read) => {
+                let c = read.chunk;
+                // Layer 0's read also fetches the header, so geometry is checked before any
+                // byte lands.
+                let with_header = read.layers.start == 0;
+                let range = if with_header {
+                    0..read.bytes.end
+                } else {
+                    read.bytes.clone()
+                };
+                let key = keys.data(&req.hashes[c]);
+                tokio::spawn(async move {
+                    let mut permit = permit;
+                    sh2.requests.fetch_add(1, Ordering::Relaxed);
+                    let r = fetch_range(
+                        &*store,
+                        &key,
+                        range,
+                        c,
+                        read.layers.clone(),
+                        with_header,
+                        &g,
+                        tokens,
+                        full_len,
+                        &sh2,
+                        &mut permit,
+                    )
+                    .await;
+                    if let Err(f) = r {
+                        sh2.set_chunk(c, f.status);
+                        // The layers this failure touches are misses (every layer when the
+                        // chunk is unusable); the chunk's other layers and the other chunks
+                        // are unaffected.
+                        for l in f.layers {
+                            sh2.state.fail_impl(l, f.err.clone());
+                        }
+                    }
+                })
+            }
+        };
         sh.tasks.lock().expect("lock").push(task);
     }
     // Every read is issued: the load leaves the link.

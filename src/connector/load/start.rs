@@ -79,7 +79,9 @@ impl Engine {
         }
         let lease = self.leases.acquire(data_keys);
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
-        let fetcher = Arc::new(self.fetcher());
+        let mut fetcher = self.fetcher();
+        fetcher.markers = self.markers_known(&keys, &req.hashes);
+        let fetcher = Arc::new(fetcher);
         let prefix = keys.prefix().to_string();
         let total_bytes = need * g.layers as u64;
         // One fetch for many requests: follow a load of the same chunks in flight (flight.rs).

@@ -1,0 +1,379 @@
+//! Segment objects on the stock-S3 path (object format version 2, `docs/object-format.md`):
+//! which reads a load makes when the lookup's markers place some of its chunks in segments
+//! ([`plan`]), and one read of a segment run, cut into its slices as it arrives and checked
+//! against the segment's header and chunk list ([`fetch_segment`]).
+//!
+//! Engines write format version 1 today; this is the reading side, in place before any
+//! writer (a fleet must read a format before any of it writes it).
+
+use super::ranged::{classify, FlightPermit};
+use super::{LoadRequest, Shared};
+use crate::connector::buffers::LayerStatus;
+use crate::connector::status::ChunkStatus;
+use crate::error::LayerError;
+use crate::layout::{
+    place, plan_layer_major, plan_segment_reads, BodyPart, ChunkHash, KvGeometry, Marker,
+    RangeRead, Run, SegmentHeader, SegmentRead, SegmentRun, SliceDemux,
+};
+use crate::store::{GetOptions, Store};
+use futures::StreamExt;
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+/// Parallel reads a segment run's layer is cut into at most (`plan_segment_reads`): a
+/// one-save 32K-token 8B load then takes 4 x 32 = 128 GETs, the goal of issue 18.
+const SEGMENT_PIECES: u32 = 4;
+/// Smallest such read, bytes: below it a layer's range is read whole.
+const SEGMENT_MIN_PIECE: u64 = 1 << 20;
+
+/// One read of a load on the stock-S3 path.
+pub(super) enum Planned {
+    /// Layers of one chunk object (format version 1).
+    Chunk(RangeRead),
+    /// One layer of a run of chunks in a segment object (format version 2), or its header.
+    Segment(SegmentRead),
+}
+
+impl Planned {
+    /// The first layer the read carries (0 for a segment's header).
+    pub(super) fn first_layer(&self) -> u32 {
+        match self {
+            Planned::Chunk(r) => r.layers.start,
+            Planned::Segment(r) => r.layer,
+        }
+    }
+
+    /// Bytes the read moves (a chunk's layer-0 read also fetches its header).
+    pub(super) fn len(&self) -> u64 {
+        match self {
+            Planned::Chunk(r) if r.layers.start == 0 => r.bytes.end,
+            Planned::Chunk(r) => r.bytes.end - r.bytes.start,
+            Planned::Segment(r) => r.bytes.end - r.bytes.start,
+        }
+    }
+
+    fn header_only(&self) -> bool {
+        matches!(self, Planned::Segment(r) if r.positions.is_empty())
+    }
+
+    /// Whether every chunk this read carries is already known unusable (no object, or
+    /// another geometry), so the read is not worth making.
+    pub(super) fn unusable(&self, sh: &Shared) -> bool {
+        let gone = |c: usize| {
+            matches!(
+                sh.chunk(c),
+                ChunkStatus::Missing | ChunkStatus::WrongGeometry
+            )
+        };
+        match self {
+            Planned::Chunk(r) => gone(r.chunk),
+            Planned::Segment(r) => !r.positions.is_empty() && r.positions.clone().all(gone),
+        }
+    }
+}
+
+/// The reads of `req`, layer-major, and the segment runs they name: positions that
+/// `markers` place in a segment are read from it (`layout::place`, `plan_segment_reads`),
+/// every other position from its chunk object (`plan_layer_major`, coalescing later layers
+/// up to `coalesce` bytes). A segment's header-only reads go first.
+pub(super) fn plan(
+    req: &LoadRequest,
+    markers: &BTreeMap<usize, Marker>,
+    coalesce: u64,
+) -> (Vec<Planned>, Vec<SegmentRun>) {
+    let g = &req.geometry;
+    let n = req.hashes.len();
+    let runs: Vec<SegmentRun> = if markers.values().any(|m| matches!(m, Marker::Segment(_))) {
+        place(n, markers)
+            .runs
+            .into_iter()
+            .filter_map(|r| match r {
+                Run::Segment(s) => Some(s),
+                Run::Chunks(_) => None,
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut in_segment = vec![false; n];
+    for r in &runs {
+        in_segment[r.positions.clone()].fill(true);
+    }
+    let mut plan: Vec<Planned> = plan_layer_major(n, g.layers, g.slice_bytes(), coalesce)
+        .into_iter()
+        .filter(|r| !in_segment[r.chunk])
+        .map(Planned::Chunk)
+        .collect();
+    if !runs.is_empty() {
+        plan.extend(
+            plan_segment_reads(
+                &runs,
+                g.layers,
+                g.slice_bytes(),
+                SEGMENT_PIECES,
+                SEGMENT_MIN_PIECE,
+            )
+            .into_iter()
+            .map(Planned::Segment),
+        );
+        // Stable: within a layer, chunk reads keep their order, then the segments'.
+        plan.sort_by_key(|r| (r.first_layer(), !r.header_only()));
+    }
+    (plan, runs)
+}
+
+/// Marks chunks `chunks` with `status` and fails `layers` with `err` (a miss naming the
+/// first of them; their other layers and the other chunks are unaffected).
+fn fail(
+    sh: &Shared,
+    chunks: Range<usize>,
+    layers: Range<u32>,
+    status: ChunkStatus,
+    err: LayerError,
+) {
+    for c in chunks {
+        sh.set_chunk(c, status);
+    }
+    for l in layers {
+        sh.state.fail_impl(l, err.clone());
+    }
+}
+
+/// Reads `read` of segment `key` (run `run` of the load whose chunk hashes are `hashes`)
+/// straight into the destination, verifying each slice's CRC32C. Nothing of the run is
+/// exposed before its header matched the request: the geometry, the layout the marker gave,
+/// and the chunk list at the run's indexes; a chunk the list does not hold there is a miss
+/// for all its layers (the segment never lends bytes to a chunk it does not hold). Failures
+/// become misses of exactly the layers and chunks they touch.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn fetch_segment(
+    store: &dyn Store,
+    key: &str,
+    run: &SegmentRun,
+    read: &SegmentRead,
+    hashes: &[ChunkHash],
+    g: &KvGeometry,
+    sh: &Arc<Shared>,
+    permit: &mut FlightPermit,
+) {
+    fetch_inner(store, key, run, read, hashes, g, sh, permit).await;
+    if read.with_header {
+        // Known by now unless the read failed before it arrived: then none of the run's
+        // chunks can be trusted (a later read of them fails them).
+        for c in run.positions.clone() {
+            sh.set_header(c, false);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn fetch_inner(
+    store: &dyn Store,
+    key: &str,
+    run: &SegmentRun,
+    read: &SegmentRead,
+    hashes: &[ChunkHash],
+    g: &KvGeometry,
+    sh: &Arc<Shared>,
+    permit: &mut FlightPermit,
+) {
+    let all = 0..g.layers;
+    let layer = read.layer;
+    let slice = g.slice_bytes();
+    let c0 = run.positions.start;
+    let geometry = |reason: String| LayerError::GeometryMismatch { chunk: c0, reason };
+    let sent = std::time::Instant::now();
+    let res = match store
+        .get_opts(
+            key,
+            GetOptions {
+                range: Some(read.bytes.clone()),
+            },
+        )
+        .await
+    {
+        Ok(res) => res,
+        Err(e) => {
+            let (status, err) = classify(c0, key, &e);
+            match status {
+                // No segment, or too short: every chunk it was to serve, every layer.
+                ChunkStatus::Missing | ChunkStatus::WrongGeometry => {
+                    fail(sh, run.positions.clone(), all, status, err)
+                }
+                // A storage error (after the store's retries): this read's slices.
+                _ => fail(sh, read.positions.clone(), layer..layer + 1, status, err),
+            }
+            return;
+        }
+    };
+    permit.flight.headers(sent.elapsed().as_secs_f64());
+    if res.meta.size != run.object_len {
+        let why = format!(
+            "segment {key} has {} bytes, its marker says {}",
+            res.meta.size, run.object_len
+        );
+        fail(
+            sh,
+            run.positions.clone(),
+            all,
+            ChunkStatus::WrongGeometry,
+            geometry(why),
+        );
+        return;
+    }
+    let mut body = res.body;
+    let header_len = if read.with_header {
+        run.header_len as usize
+    } else {
+        0
+    };
+    let mut demux = SliceDemux::new(header_len, read.positions.len(), slice);
+    // The current slice's layer was already failed by another chunk: its bytes are dropped.
+    let mut unneeded = false;
+    // This read's slices from the current one on did not arrive.
+    let rest = |d: &SliceDemux, status, err| {
+        let from = read.positions.start + d.current_slice();
+        fail(sh, from..read.positions.end, layer..layer + 1, status, err);
+    };
+    while let Some(piece) = body.next().await {
+        if sh.state.is_cancelled() {
+            return rest(&demux, ChunkStatus::Error, LayerError::Cancelled);
+        }
+        let piece = match piece {
+            Ok(p) => p,
+            Err(e) => return rest(&demux, ChunkStatus::Error, classify(c0, key, &e).1),
+        };
+        sh.progress.arrived(piece.len() as u64);
+        permit.received(piece.len() as u64);
+        let mut p: &[u8] = &piece;
+        while let Some(part) = demux.next(&mut p) {
+            match part {
+                BodyPart::Header => {
+                    if let Err(why) = check_header(demux.header(), run, hashes, g, key, sh) {
+                        // Failed before the header is marked bad, so that reads waiting on it
+                        // find the layers failed with this reason.
+                        let all = 0..g.layers;
+                        fail(
+                            sh,
+                            run.positions.clone(),
+                            all,
+                            ChunkStatus::WrongGeometry,
+                            geometry(why),
+                        );
+                        for c in run.positions.clone() {
+                            sh.set_header(c, false);
+                        }
+                        return;
+                    }
+                }
+                BodyPart::Excess { .. } => {
+                    let message = format!("body of {key} is longer than the range asked for");
+                    let err = LayerError::Storage { chunk: c0, message };
+                    return rest(&demux, ChunkStatus::Corrupt, err);
+                }
+                BodyPart::Data {
+                    slice: i,
+                    offset,
+                    bytes,
+                } => {
+                    let c = read.positions.start + i;
+                    if unneeded {
+                        continue;
+                    }
+                    if let Err(e) = sh.state.write_impl(layer, c as u64 * slice + offset, bytes) {
+                        if e == LayerError::Cancelled
+                            || !matches!(sh.state.status(layer as usize), LayerStatus::Failed(_))
+                        {
+                            return rest(&demux, ChunkStatus::Error, e);
+                        }
+                        // The layer already failed (another chunk's slice): not needed.
+                        unneeded = true;
+                    }
+                }
+                BodyPart::SliceEnd {
+                    slice: i,
+                    stored,
+                    computed,
+                } => {
+                    let c = read.positions.start + i;
+                    if unneeded {
+                        // Dropped: see above.
+                    } else if stored != computed {
+                        sh.slice_corrupt(c, layer, stored, computed);
+                    } else if sh.header_ok(c).await {
+                        sh.record_slice_crc(c, layer as usize, stored);
+                        sh.state.complete_impl(layer, slice);
+                    } else {
+                        let why = format!(
+                            "the header of {key} did not match, could not be read, or does not \
+                             hold chunk {c}"
+                        );
+                        let err = LayerError::GeometryMismatch {
+                            chunk: c,
+                            reason: why,
+                        };
+                        fail(sh, c..c + 1, 0..g.layers, ChunkStatus::WrongGeometry, err);
+                    }
+                    unneeded = false;
+                }
+            }
+        }
+    }
+    let want = read.bytes.end - read.bytes.start;
+    if demux.received() != want || !demux.complete() {
+        let message = format!(
+            "body of {key} was truncated: {} of {want} bytes",
+            demux.received()
+        );
+        rest(
+            &demux,
+            ChunkStatus::Corrupt,
+            LayerError::Storage { chunk: c0, message },
+        );
+    }
+}
+
+/// Checks a segment's header (`b`: its whole header and chunk list) against the run the
+/// marker promised: the geometry, the chunk count and header length, and the chunk list at
+/// the run's indexes. Chunks of the run the list does not hold are misses (all layers) and
+/// the others' headers are marked good.
+///
+/// # Errors
+/// Why the header does not fit: the whole run is then unusable.
+fn check_header(
+    b: &[u8],
+    run: &SegmentRun,
+    hashes: &[ChunkHash],
+    g: &KvGeometry,
+    key: &str,
+    sh: &Shared,
+) -> Result<(), String> {
+    let h = SegmentHeader::decode(b).map_err(|e| format!("segment {key}: {e}"))?;
+    h.check(g).map_err(|e| format!("segment {key}: {e}"))?;
+    if h.chunks != run.chunks || h.header_len != run.header_len {
+        return Err(format!(
+            "segment {key} holds {} chunks in a {}-byte header, its marker says {} in {}",
+            h.chunks, h.header_len, run.chunks, run.header_len
+        ));
+    }
+    let list = h
+        .decode_chunk_list(b)
+        .map_err(|e| format!("segment {key}: {e}"))?;
+    let matched = run.matched(&list, hashes);
+    for (i, c) in run.positions.clone().enumerate() {
+        if i < matched {
+            sh.set_header(c, true);
+        } else {
+            // Failed first, then marked: a read waiting on this header finds the layers
+            // failed with this reason.
+            let err = LayerError::Missing {
+                chunk: c,
+                key: format!("{key} (its chunk list does not hold chunk {c})"),
+            };
+            fail(sh, c..c + 1, 0..g.layers, ChunkStatus::Missing, err);
+            sh.set_header(c, false);
+        }
+    }
+    Ok(())
+}

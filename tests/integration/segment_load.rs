@@ -1,0 +1,199 @@
+//! Loads of segment objects (object format version 2, `docs/object-format.md`) on the
+//! stock-S3 path, on every backend (memory, fs, and S3 when the test environment has one):
+//! the objects are written here as a version 2 writer would (the segment, then a 64-byte
+//! marker per chunk), looked up and loaded through the `Engine`, and compared byte for byte.
+//! A segment that is corrupt, missing, or does not hold a chunk is a miss for exactly what it
+//! touches, never bytes.
+
+use crate::common;
+use crate::layerwise_load::stores;
+
+use bytes::Bytes;
+use common::*;
+use objectcache::connector::{ChunkStatus, Engine};
+use objectcache::layout::{encode_segment_parts, segment_digest, SegmentMarker};
+use objectcache::store::{Store, StoreExt};
+use objectcache::{ChunkHash, KvGeometry, LayerError};
+use std::ops::Range;
+use std::sync::Arc;
+
+fn small() -> KvGeometry {
+    small_geometry("test/segments", 6)
+}
+
+/// Writes chunks `chunks` of a prefix (`hs`, per-layer bytes `data`) as one segment of the
+/// chunk hashes `listed` (normally `hs[chunks]`), then a marker per chunk of `chunks`. With
+/// `flip`, the byte at that offset of the segment is flipped before it is written; with
+/// `segment` false only the markers are written.
+#[allow(clippy::too_many_arguments)]
+fn write_segment(
+    store: &Arc<dyn Store>,
+    e: &Engine,
+    g: &KvGeometry,
+    hs: &[ChunkHash],
+    data: &[Vec<u8>],
+    chunks: Range<usize>,
+    listed: &[ChunkHash],
+    flip: Option<(u32, usize)>,
+    segment: bool,
+) {
+    let keys = e.keys(g).unwrap();
+    let slice = g.slice_bytes() as usize;
+    let (h, mut obj) = encode_segment_parts(g, listed, |l, i| {
+        let c = chunks.start + i as usize;
+        vec![&data[l as usize][c * slice..(c + 1) * slice]]
+    })
+    .unwrap();
+    if let Some((layer, index)) = flip {
+        let at = h.layout().slice_range(layer, index as u32).start as usize + 5;
+        obj[at] ^= 1;
+    }
+    let digest = segment_digest(listed);
+    // One runtime for every write: an S3 client's pooled connections live on the runtime
+    // that opened them.
+    static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    let rt = RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap());
+    rt.block_on(async {
+        if segment {
+            store
+                .put(&keys.segment(&digest), Bytes::from(obj))
+                .await
+                .unwrap();
+        }
+        for (i, c) in chunks.enumerate() {
+            let m = SegmentMarker::new(&h, i as u32, digest).encode();
+            store
+                .put(&keys.marker(&hs[c]), Bytes::copy_from_slice(&m))
+                .await
+                .unwrap();
+        }
+    });
+}
+
+#[test]
+fn segments_load_byte_for_byte_alone_and_beside_chunk_objects() {
+    for (name, s) in stores() {
+        let g = small();
+        let hs = hashes(&g, 6 * 16, 21);
+        let data = kv(&g, 6, 21);
+        let slice = g.slice_bytes() as usize;
+        let layers = g.layers as u64;
+        // (what is written, GETs the load takes: a segment run reads one range per layer; a
+        // chunk object its layer 0 with the header, then its other layers coalesced)
+        let cases: [(&str, u64); 3] = [
+            ("one segment", layers),
+            ("two segments", 2 * layers),
+            ("chunk objects then a segment", 2 * 2 + layers),
+        ];
+        for (case, gets) in cases {
+            let e = engine(s.clone(), &unique_ns(name));
+            match case {
+                "one segment" => write_segment(&s, &e, &g, &hs, &data, 0..6, &hs, None, true),
+                "two segments" => {
+                    write_segment(&s, &e, &g, &hs, &data, 0..3, &hs[0..3], None, true);
+                    write_segment(&s, &e, &g, &hs, &data, 3..6, &hs[3..6], None, true);
+                }
+                _ => {
+                    let first: Vec<&[u8]> = data.iter().map(|v| &v[..2 * slice]).collect();
+                    e.save_blocking(&g, &hs[..2], &first).unwrap();
+                    write_segment(&s, &e, &g, &hs, &data, 2..6, &hs[2..6], None, true);
+                }
+            }
+            assert_eq!(e.lookup_blocking(&g, &hs).unwrap(), 6, "{name}: {case}");
+            let h = start_load(&e, &g, hs.clone(), 6 * slice);
+            assert_layers_exact(&h, &data);
+            assert!(
+                h.chunk_status().iter().all(|c| *c == ChunkStatus::Ok),
+                "{name}: {case}: {:?}",
+                h.chunk_status()
+            );
+            assert_eq!(h.stats().requests, gets, "{name}: {case}");
+            // A partial hit reads the first chunks of the segment alone.
+            let h = start_load(&e, &g, hs[..4].to_vec(), 4 * slice);
+            let part: Vec<Vec<u8>> = data.iter().map(|v| v[..4 * slice].to_vec()).collect();
+            assert_layers_exact(&h, &part);
+        }
+    }
+}
+
+#[test]
+fn a_segment_is_a_miss_for_exactly_what_it_touches() {
+    for (name, s) in stores() {
+        let g = small();
+        let hs = hashes(&g, 4 * 16, 22);
+        let data = kv(&g, 4, 22);
+        let slice = g.slice_bytes() as usize;
+        let layers = g.layers as usize;
+
+        // A flipped byte in chunk 1's slice of layer 2: layer 2 is a miss naming chunk 1,
+        // every other layer arrives exact.
+        let e = engine(s.clone(), &unique_ns(name));
+        write_segment(&s, &e, &g, &hs, &data, 0..4, &hs, Some((2, 1)), true);
+        assert_eq!(e.lookup_blocking(&g, &hs).unwrap(), 4);
+        let h = start_load(&e, &g, hs.clone(), 4 * slice);
+        for l in 0..layers {
+            match h.wait_layer_blocking(l, None) {
+                Ok(()) => assert!(l != 2 && h.layer(l).unwrap() == &data[l][..], "{name} {l}"),
+                Err(err) => {
+                    assert_eq!(l, 2, "{name}: {err:?}");
+                    assert!(
+                        matches!(
+                            err,
+                            LayerError::ChecksumMismatch {
+                                chunk: 1,
+                                layer: 2,
+                                ..
+                            }
+                        ),
+                        "{name}: {err:?}"
+                    );
+                    assert!(h.layer(l).is_none());
+                }
+            }
+        }
+        assert_eq!(h.chunk_status()[1], ChunkStatus::Corrupt, "{name}");
+
+        // A segment whose chunk list holds another prompt's chunk at index 3 (a lying or
+        // mistaken marker names it for chunk 3): chunk 3 is a miss on every layer, and the
+        // first three chunks still load from it.
+        let e = engine(s.clone(), &unique_ns(name));
+        let mut listed = hs.clone();
+        listed[3] = ChunkHash::new(&[0xee; 32]).unwrap();
+        write_segment(&s, &e, &g, &hs, &data, 0..4, &listed, None, true);
+        assert_eq!(e.lookup_blocking(&g, &hs).unwrap(), 4);
+        let h = start_load(&e, &g, hs.clone(), 4 * slice);
+        for l in 0..layers {
+            let err = h.wait_layer_blocking(l, None).unwrap_err();
+            assert!(
+                matches!(err, LayerError::Missing { chunk: 3, .. }),
+                "{name} layer {l}: {err:?}"
+            );
+            assert!(h.layer(l).is_none(), "{name} layer {l} exposes bytes");
+        }
+        assert_eq!(h.chunk_status()[3], ChunkStatus::Missing, "{name}");
+        drop(h);
+        let h = load_first(&e, &g, &hs, 3);
+        for l in 0..layers {
+            assert!(h.layer(l).unwrap() == &data[l][..3 * slice], "{name} {l}");
+        }
+
+        // Markers without their segment: every chunk a miss, no bytes.
+        let e = engine(s.clone(), &unique_ns(name));
+        write_segment(&s, &e, &g, &hs, &data, 0..4, &hs, None, false);
+        assert_eq!(e.lookup_blocking(&g, &hs).unwrap(), 4);
+        let h = start_load(&e, &g, hs.clone(), 4 * slice);
+        for l in 0..layers {
+            let err = h.wait_layer_blocking(l, None).unwrap_err();
+            assert!(
+                matches!(err, LayerError::Missing { .. }),
+                "{name} layer {l}: {err:?}"
+            );
+            assert!(h.layer(l).is_none(), "{name} layer {l} exposes bytes");
+        }
+        assert!(
+            h.chunk_status().iter().all(|c| *c == ChunkStatus::Missing),
+            "{name}: {:?}",
+            h.chunk_status()
+        );
+    }
+}
