@@ -4,7 +4,6 @@
 
 use super::segment::Planned;
 use super::{LoadRequest, Shared};
-use crate::connector::buffers::LayerStatus;
 use crate::connector::status::ChunkStatus;
 use crate::error::{LayerError, StoreError};
 use crate::layout::{
@@ -266,17 +265,16 @@ pub(crate) async fn run_store_load(
                 tokio::spawn(async move {
                     let mut permit = permit;
                     sh2.requests.fetch_add(1, Ordering::Relaxed);
-                    super::segment::fetch_segment(
-                        &*store,
-                        &key,
-                        &run,
-                        &read,
-                        &hashes,
-                        &g,
-                        &sh2,
-                        &mut permit,
-                    )
-                    .await;
+                    let f = super::segment::SegmentFetch {
+                        store: &*store,
+                        key: &key,
+                        run: &run,
+                        read: &read,
+                        hashes: &hashes,
+                        g: &g,
+                        sh: &sh2,
+                    };
+                    super::segment::fetch_segment(f, &mut permit).await;
                 })
             }
             Planned::Chunk(read) => {
@@ -527,16 +525,11 @@ async fn fetch_range_inner(
                     if unneeded {
                         continue;
                     }
-                    if let Err(e) = sh.state.write_impl(layer, dest_off + offset, bytes) {
-                        if e == LayerError::Cancelled
-                            || !matches!(sh.state.status(layer as usize), LayerStatus::Failed(_))
-                        {
-                            return Err(rest(layer, ChunkStatus::Error, e));
-                        }
-                        // Another chunk's slice already failed this layer: this chunk's
-                        // slice of it is not needed (and not this chunk's failure); the
-                        // read goes on with the next layer.
-                        unneeded = true;
+                    // Not needed once another chunk's slice failed the layer: the read goes
+                    // on with the next layer.
+                    match sh.write_slice_part(layer, dest_off + offset, bytes) {
+                        Ok(needed) => unneeded = !needed,
+                        Err(e) => return Err(rest(layer, ChunkStatus::Error, e)),
                     }
                 }
                 BodyPart::SliceEnd {

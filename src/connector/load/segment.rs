@@ -8,7 +8,6 @@
 
 use super::ranged::{classify, FlightPermit};
 use super::{LoadRequest, Shared};
-use crate::connector::buffers::LayerStatus;
 use crate::connector::status::ChunkStatus;
 use crate::error::LayerError;
 use crate::layout::{
@@ -140,44 +139,46 @@ fn fail(
     }
 }
 
+/// One read of a segment run and what it needs: the store and the segment's key, the run
+/// and the read planned for it, the load's chunk hashes, geometry and shared state.
+#[derive(Clone, Copy)]
+pub(super) struct SegmentFetch<'a> {
+    pub(super) store: &'a dyn Store,
+    pub(super) key: &'a str,
+    pub(super) run: &'a SegmentRun,
+    pub(super) read: &'a SegmentRead,
+    pub(super) hashes: &'a [ChunkHash],
+    pub(super) g: &'a KvGeometry,
+    pub(super) sh: &'a Arc<Shared>,
+}
+
 /// Reads `read` of segment `key` (run `run` of the load whose chunk hashes are `hashes`)
 /// straight into the destination, verifying each slice's CRC32C. Nothing of the run is
 /// exposed before its header matched the request: the geometry, the layout the marker gave,
 /// and the chunk list at the run's indexes; a chunk the list does not hold there is a miss
 /// for all its layers (the segment never lends bytes to a chunk it does not hold). Failures
 /// become misses of exactly the layers and chunks they touch.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn fetch_segment(
-    store: &dyn Store,
-    key: &str,
-    run: &SegmentRun,
-    read: &SegmentRead,
-    hashes: &[ChunkHash],
-    g: &KvGeometry,
-    sh: &Arc<Shared>,
-    permit: &mut FlightPermit,
-) {
-    fetch_inner(store, key, run, read, hashes, g, sh, permit).await;
-    if read.with_header {
+pub(super) async fn fetch_segment(f: SegmentFetch<'_>, permit: &mut FlightPermit) {
+    fetch_inner(f, permit).await;
+    if f.read.with_header {
         // Known by now unless the read failed before it arrived: then none of the run's
         // chunks can be trusted (a later read of them fails them).
-        for c in run.positions.clone() {
-            sh.set_header(c, false);
+        for c in f.run.positions.clone() {
+            f.sh.set_header(c, false);
         }
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn fetch_inner(
-    store: &dyn Store,
-    key: &str,
-    run: &SegmentRun,
-    read: &SegmentRead,
-    hashes: &[ChunkHash],
-    g: &KvGeometry,
-    sh: &Arc<Shared>,
-    permit: &mut FlightPermit,
-) {
+async fn fetch_inner(f: SegmentFetch<'_>, permit: &mut FlightPermit) {
+    let SegmentFetch {
+        store,
+        key,
+        run,
+        read,
+        hashes,
+        g,
+        sh,
+    } = f;
     let all = 0..g.layers;
     let layer = read.layer;
     let slice = g.slice_bytes();
@@ -281,14 +282,9 @@ async fn fetch_inner(
                     if unneeded {
                         continue;
                     }
-                    if let Err(e) = sh.state.write_impl(layer, c as u64 * slice + offset, bytes) {
-                        if e == LayerError::Cancelled
-                            || !matches!(sh.state.status(layer as usize), LayerStatus::Failed(_))
-                        {
-                            return rest(&demux, ChunkStatus::Error, e);
-                        }
-                        // The layer already failed (another chunk's slice): not needed.
-                        unneeded = true;
+                    match sh.write_slice_part(layer, c as u64 * slice + offset, bytes) {
+                        Ok(needed) => unneeded = !needed,
+                        Err(e) => return rest(&demux, ChunkStatus::Error, e),
                     }
                 }
                 BodyPart::SliceEnd {

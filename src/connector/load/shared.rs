@@ -3,8 +3,9 @@
 //! the CRC32C each slice was verified with, counters and the load's tasks.
 
 use super::watchdog::Progress;
-use crate::connector::buffers::{LayerBuffers, LoadState};
+use crate::connector::buffers::{LayerBuffers, LayerStatus, LoadState};
 use crate::connector::status::ChunkStatus;
+use crate::error::LayerError;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 
@@ -148,13 +149,38 @@ impl Shared {
         self.set_chunk(c, ChunkStatus::Corrupt);
         self.state.fail_impl(
             layer,
-            crate::error::LayerError::ChecksumMismatch {
+            LayerError::ChecksumMismatch {
                 chunk: c,
                 layer: layer as usize,
                 stored,
                 computed,
             },
         );
+    }
+
+    /// Writes `bytes` of a slice at `offset` of layer `layer`'s destination. `Ok(false)` when
+    /// the layer already failed (another chunk's slice failed it): this chunk's slice of it
+    /// is then not needed, and not this chunk's failure; the caller drops the rest of it.
+    ///
+    /// # Errors
+    /// [`LayerError::Cancelled`] once the load is cancelled; the destination's error for a
+    /// write that fails otherwise.
+    pub(super) fn write_slice_part(
+        &self,
+        layer: u32,
+        offset: u64,
+        bytes: &[u8],
+    ) -> Result<bool, LayerError> {
+        match self.state.write_impl(layer, offset, bytes) {
+            Ok(()) => Ok(true),
+            Err(e)
+                if e != LayerError::Cancelled
+                    && matches!(self.state.status(layer as usize), LayerStatus::Failed(_)) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Sets a chunk's status unless it already holds a failure.
