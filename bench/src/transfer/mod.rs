@@ -13,11 +13,13 @@
 //! the server and stores in `target.rs`.
 
 mod data;
+mod file;
 mod measure;
 mod record;
 mod target;
 
 use data::{hashes, object, touched};
+use file::file_copy;
 use measure::{per_gib, process_cpu_s, raw_tcp};
 use record::{median_of, Record, USD_PER_1000_GETS, USD_PER_1000_PUTS};
 use target::{s3_store, target};
@@ -698,31 +700,4 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
         std::fs::write(p, s).map_err(|e| format!("{}: {e}", p.display()))?;
     }
     Ok(())
-}
-
-/// A file store (in a new temporary folder on local disk, the working directory's file
-/// system) holding copies of the prefix's chunk objects and publish markers read from
-/// `store`, for the `file-layerwise` path.
-fn file_copy(
-    rt: &tokio::runtime::Runtime,
-    store: &Arc<dyn objectcache::store::Store>,
-    kb: &KeyBuilder,
-    hs: &[objectcache::layout::ChunkHash],
-) -> Result<(tempfile::TempDir, Arc<dyn objectcache::store::Store>), String> {
-    let dir = tempfile::Builder::new()
-        .prefix("objectcache-bench-file-")
-        .tempdir_in(".")
-        .map_err(|e| e.to_string())?;
-    let fs = objectcache::store::FsStore::new(dir.path(), objectcache::store::FsyncPolicy::Never)
-        .map_err(|e| e.to_string())?;
-    rt.block_on(async {
-        for h in hs {
-            for k in [kb.data(h), kb.marker(h)] {
-                let b = store.get_bytes(&k).await.map_err(|e| e.to_string())?;
-                fs.put(&k, b).await.map_err(|e| e.to_string())?;
-            }
-        }
-        Ok::<_, String>(())
-    })?;
-    Ok((dir, Arc::new(fs)))
 }

@@ -1,5 +1,5 @@
 //! Where each chunk of a load is stored, from the publish markers the load has read: format
-//! version 1 chunk objects, or runs of chunks in version 2 segment objects (`segment.rs`).
+//! version 1 chunk objects, or runs of chunks in version 2 segment objects (`segment/`).
 //! Pure planning for the load paths (ranged GETs and the gather server), no I/O; the design
 //! is in `docs/object-format.md`, "Format version 2: segment objects", section "Loads".
 //!
