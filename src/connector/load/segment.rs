@@ -183,7 +183,17 @@ async fn fetch_inner(f: SegmentFetch<'_>, permit: &mut FlightPermit) {
     let layer = read.layer;
     let slice = g.slice_bytes();
     let c0 = run.positions.start;
-    let geometry = |reason: String| LayerError::GeometryMismatch { chunk: c0, reason };
+    // The segment cannot serve this run at all: every chunk of it, every layer.
+    let unusable = |reason: String| {
+        let err = LayerError::GeometryMismatch { chunk: c0, reason };
+        fail(
+            sh,
+            run.positions.clone(),
+            0..g.layers,
+            ChunkStatus::WrongGeometry,
+            err,
+        );
+    };
     let sent = std::time::Instant::now();
     let res = match store
         .get_opts(
@@ -214,13 +224,7 @@ async fn fetch_inner(f: SegmentFetch<'_>, permit: &mut FlightPermit) {
             "segment {key} has {} bytes, its marker says {}",
             res.meta.size, run.object_len
         );
-        fail(
-            sh,
-            run.positions.clone(),
-            all,
-            ChunkStatus::WrongGeometry,
-            geometry(why),
-        );
+        unusable(why);
         return;
     }
     let mut body = res.body;
@@ -254,14 +258,7 @@ async fn fetch_inner(f: SegmentFetch<'_>, permit: &mut FlightPermit) {
                     if let Err(why) = check_header(demux.header(), run, hashes, g, key, sh) {
                         // Failed before the header is marked bad, so that reads waiting on it
                         // find the layers failed with this reason.
-                        let all = 0..g.layers;
-                        fail(
-                            sh,
-                            run.positions.clone(),
-                            all,
-                            ChunkStatus::WrongGeometry,
-                            geometry(why),
-                        );
+                        unusable(why);
                         for c in run.positions.clone() {
                             sh.set_header(c, false);
                         }
