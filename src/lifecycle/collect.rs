@@ -213,12 +213,10 @@ pub async fn collect(
         units.push(es);
     }
     let unit_use = |u: &[&Entry]| u.iter().map(|e| last_use(e)).max().flatten();
-    // Oldest use first; ties broken by id for a deterministic order.
-    units.sort_by(|a, b| {
-        unit_use(a)
-            .cmp(&unit_use(b))
-            .then_with(|| a[0].id.cmp(&b[0].id))
-    });
+    // Oldest use first; ties broken by id for a deterministic order. Each unit's last use is
+    // read once: loads record uses while a collection runs, and a key that moved during the
+    // sort would not be a total order (the standard sort panics on that).
+    units.sort_by_cached_key(|u| (unit_use(u), u[0].id.clone()));
     let unit_leased = |u: &[&Entry]| u.iter().any(|e| leased(&e.id));
     let mut remaining: Vec<Vec<&Entry>> = Vec::new();
     for u in units {
