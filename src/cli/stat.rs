@@ -53,6 +53,12 @@ pub fn run(args: StatArgs) -> crate::Result<()> {
             "{:<60} {:>10} {:>12} {:>8} {:>14}",
             "total", total.published, total.unreferenced_data, total.orphan_markers, total.bytes
         );
+        if total.segments > 0 || total.segment_markers > 0 {
+            println!(
+                "{} segment objects (format v2) holding {} bytes, named by {} markers",
+                total.segments, total.segment_bytes, total.segment_markers
+            );
+        }
         if total.other_objects > 0 {
             println!("{} other objects (not touched by gc)", total.other_objects);
         }

@@ -3,10 +3,11 @@
 //! with the [`GcReport`] of what was deleted and why ([`Reason`]).
 
 use super::inventory::{data_key, marker_key};
-use super::{AccessLog, Entry, Inventory, LeaseTable};
+use super::segments;
+use super::{classify_key, AccessLog, Entry, Inventory, LeaseTable, ObjectKind};
 use crate::error::StoreError;
-use crate::store::{Store, StoreExt};
-use std::collections::{BTreeMap, HashMap};
+use crate::store::Store;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
 /// Settings of [`collect`].
@@ -45,9 +46,10 @@ impl Default for Policy {
 /// Why an object was deleted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum Reason {
-    /// Data object without a marker, older than the grace period.
+    /// Data object without a marker, or segment object no marker names, older than the
+    /// grace period.
     Unreferenced,
-    /// Marker without a data object.
+    /// Marker without a data object, or naming a segment that is missing or of another length.
     OrphanMarker,
     /// Unused for longer than the TTL.
     Expired,
@@ -111,6 +113,7 @@ pub async fn collect(
         .values()
         .map(|e| e.data.is_some() as u64 + e.marker.is_some() as u64)
         .sum::<u64>()
+        + inv.segments.len() as u64
         + inv.other.len() as u64;
     if scanned > policy.max_objects as u64 {
         return Err(StoreError::Other {
@@ -151,7 +154,16 @@ pub async fn collect(
     }
     let mut plan: Vec<(String, u64, Reason, String)> = Vec::new(); // key, bytes, reason, id
     let mut live: Vec<&Entry> = Vec::new();
+    let refs = segments::resolve(store, &inv, &mut rep.errors).await;
+    let mut kept = refs.kept();
     for e in inv.entries.values() {
+        if refs.live_segment(&e.id).is_some() {
+            live.push(e);
+            continue;
+        }
+        if refs.unreadable.contains(&e.id) {
+            continue;
+        }
         match (&e.data, &e.marker) {
             (Some(d), None) => {
                 if age(d.last_modified) < policy.grace {
@@ -169,8 +181,24 @@ pub async fn collect(
             (None, None) => {}
         }
     }
+    // Segments no published chunk names: a save writes its segment before the markers, so
+    // one younger than `grace` may be a save in progress.
+    for (key, m) in &inv.segments {
+        if kept.contains_key(key) {
+            continue;
+        }
+        if age(m.last_modified) < policy.grace {
+            rep.kept_young += 1;
+        } else if leased(key) {
+            rep.kept_leased += 1;
+        } else {
+            plan.push((key.clone(), m.size, Reason::Unreferenced, key.clone()));
+        }
+    }
+    // A read of a segment is a use of every chunk in it.
     let last_use = |e: &Entry| -> Option<SystemTime> {
-        let a = access.and_then(|a| a.last_use(&e.id));
+        let seg = refs.live_segment(&e.id);
+        let a = access.and_then(|a| a.last_use(&e.id).max(seg.and_then(|s| a.last_use(s))));
         match (a, e.written()) {
             (Some(a), Some(w)) => Some(a.max(w)),
             (a, w) => a.or(w),
@@ -206,6 +234,7 @@ pub async fn collect(
                 for e in es {
                     held -= e.bytes();
                     push_entry(&mut plan, e, Reason::IncompleteTp);
+                    held -= release(&mut plan, &refs, &mut kept, &inv, e, Reason::IncompleteTp);
                 }
             }
             continue;
@@ -233,6 +262,7 @@ pub async fn collect(
             for e in u {
                 held -= e.bytes();
                 push_entry(&mut plan, e, Reason::Expired);
+                held -= release(&mut plan, &refs, &mut kept, &inv, e, Reason::Expired);
             }
         } else {
             remaining.push(u);
@@ -250,36 +280,59 @@ pub async fn collect(
             for e in u {
                 held -= e.bytes();
                 push_entry(&mut plan, e, Reason::Evicted);
+                held -= release(&mut plan, &refs, &mut kept, &inv, e, Reason::Evicted);
             }
         }
     }
     rep.bytes_after = held;
+    // Segments named by an entry whose marker was not deleted after all (a reader leased it
+    // meanwhile, or the delete failed): they stay.
+    let mut spared: HashSet<String> = HashSet::new();
     for (key, _, reason, id) in plan {
         if !policy.dry_run {
+            let segment = classify_key(&key).0 == ObjectKind::Segment;
+            let spare = |spared: &mut HashSet<String>| {
+                if let Some(s) = refs.live_segment(&id) {
+                    spared.insert(s.to_string());
+                }
+            };
             // Re-check the lease right before deleting: a reader may have arrived.
-            if reason != Reason::OrphanMarker && leased(&id) {
+            if reason != Reason::OrphanMarker && leased(&id) || segment && spared.contains(&key) {
                 rep.kept_leased += 1;
+                spare(&mut spared);
                 continue;
             }
             // A listing is not a snapshot: a save may have written the other half of the
-            // entry since (data before its marker). Re-check before deleting a half entry.
-            let other_half = match reason {
-                Reason::OrphanMarker => Some(data_key(&id)),
-                Reason::Unreferenced => Some(marker_key(&id)),
-                _ => None,
+            // entry since (data before its marker, a segment before the markers naming it),
+            // or rewritten a segment. Re-check before deleting a half entry or a segment.
+            let recheck = if segment {
+                segments::rewritten(store, inv.segments.get(&key)).await
+            } else {
+                let others = match reason {
+                    Reason::OrphanMarker => [
+                        Some(data_key(&id)),
+                        refs.named_segment(&id).map(str::to_string),
+                    ],
+                    Reason::Unreferenced => [Some(marker_key(&id)), None],
+                    _ => [None, None],
+                };
+                segments::any_exists(store, others.into_iter().flatten()).await
             };
-            if let Some(k) = other_half {
-                match store.exists(&k).await {
-                    Ok(false) => {}
-                    Ok(true) => continue,
-                    Err(e) => {
-                        rep.errors.push((key, e.to_string()));
-                        continue;
-                    }
+            match recheck {
+                Ok(false) => {}
+                Ok(true) => {
+                    spare(&mut spared);
+                    continue;
+                }
+                Err(e) => {
+                    rep.errors.push((key, e.to_string()));
+                    spare(&mut spared);
+                    continue;
                 }
             }
             if let Err(e) = store.delete(&key).await {
                 rep.errors.push((key, e.to_string()));
+                spare(&mut spared);
                 continue;
             }
             if let Some(a) = access {
@@ -310,6 +363,24 @@ fn tp_group(id: &str) -> (String, u32) {
         })
         .collect();
     (parts.join("/"), world)
+}
+
+/// Entry `e` is planned for deletion: plans its segment too (after its marker) if no kept
+/// entry names the segment any more. Returns the bytes that frees.
+fn release(
+    plan: &mut Vec<(String, u64, Reason, String)>,
+    refs: &segments::SegmentRefs,
+    kept: &mut HashMap<String, u32>,
+    inv: &Inventory,
+    e: &Entry,
+    r: Reason,
+) -> u64 {
+    let Some(seg) = segments::release(refs, kept, &e.id) else {
+        return 0;
+    };
+    let size = inv.segments.get(&seg).map_or(0, |m| m.size);
+    plan.push((seg.clone(), size, r, seg));
+    size
 }
 
 /// Marker first, then data (see the module documentation).

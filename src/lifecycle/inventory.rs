@@ -1,8 +1,9 @@
 //! What a store holds, by entry: the kind of object a key names ([`classify_key`]), chunk
-//! entries (a data object and its publish marker, [`Entry`]), the [`Inventory`] of a prefix
-//! and its [`Stats`].
+//! entries (a data object and its publish marker, [`Entry`]), segment objects (format v2),
+//! the [`Inventory`] of a prefix and its [`Stats`].
 
 use crate::error::StoreError;
+use crate::layout::SEGMENT_MARKER_LEN;
 use crate::store::{ObjectMeta, PartialWrite, Store, StoreExt};
 use std::collections::BTreeMap;
 use std::time::SystemTime;
@@ -12,14 +13,18 @@ use std::time::SystemTime;
 pub enum ObjectKind {
     /// A chunk data object (`…/kv/{hash}`).
     Data,
-    /// A publish marker (`…/pub/{hash}`).
+    /// A publish marker (`…/pub/{hash}`): 16 bytes naming the chunk's data object (format
+    /// v1), or 64 naming the chunk's place in a segment object (format v2).
     Marker,
+    /// A segment object (`…/seg/{digest}`, format v2): the chunks of one save, layer-major.
+    /// Its id is its key; it lives while any published chunk's marker names it.
+    Segment,
     /// Anything else (never touched by collection).
     Other,
 }
 
 /// Splits a key into its kind and its entry id (the key with `kv`/`pub` replaced by `*`, the
-/// same for a data object and its marker).
+/// same for a data object and its marker; a segment's id is its key).
 pub fn classify_key(key: &str) -> (ObjectKind, String) {
     let mut parts = key.rsplitn(3, '/');
     let (Some(hash), Some(kind), Some(dir)) = (parts.next(), parts.next(), parts.next()) else {
@@ -28,10 +33,14 @@ pub fn classify_key(key: &str) -> (ObjectKind, String) {
     let k = match kind {
         "kv" => ObjectKind::Data,
         "pub" => ObjectKind::Marker,
+        "seg" => ObjectKind::Segment,
         _ => return (ObjectKind::Other, key.to_string()),
     };
     if hash.is_empty() || !hash.bytes().all(|c| c.is_ascii_hexdigit()) {
         return (ObjectKind::Other, key.to_string());
+    }
+    if k == ObjectKind::Segment {
+        return (k, key.to_string());
     }
     (k, format!("{dir}/*/{hash}"))
 }
@@ -43,6 +52,15 @@ pub(super) fn data_key(id: &str) -> String {
 /// The marker key of an entry id from [`classify_key`].
 pub(super) fn marker_key(id: &str) -> String {
     id.replacen("/*/", "/pub/", 1)
+}
+/// The key of the segment with hex digest `digest` in the key group of entry id `id` (what
+/// `KeyBuilder::segment` gives for the entry's namespace, geometry and rank).
+pub(super) fn segment_key(id: &str, digest: &str) -> String {
+    format!("{}/seg/{digest}", id.split("/*/").next().unwrap_or(""))
+}
+/// The key group of a segment key (what [`Entry::group`] gives for its chunks).
+fn segment_group(key: &str) -> &str {
+    key.rsplitn(3, '/').nth(2).unwrap_or("")
 }
 
 /// One chunk entry found in a store.
@@ -65,6 +83,15 @@ impl Entry {
     pub fn published(&self) -> bool {
         self.data.is_some() && self.marker.is_some()
     }
+    /// A marker of format v2 (its length says so) and no data object: the chunk's bytes are
+    /// in the segment the marker names, published while that segment is present.
+    pub fn in_segment(&self) -> bool {
+        self.data.is_none()
+            && self
+                .marker
+                .as_ref()
+                .is_some_and(|m| m.size == SEGMENT_MARKER_LEN as u64)
+    }
     /// Latest write time of its objects.
     pub fn written(&self) -> Option<SystemTime> {
         [&self.data, &self.marker]
@@ -85,6 +112,8 @@ impl Entry {
 pub struct Inventory {
     /// Chunk entries by id.
     pub entries: BTreeMap<String, Entry>,
+    /// Segment objects (format v2) by key.
+    pub segments: BTreeMap<String, ObjectMeta>,
     /// Objects that are neither data objects nor markers.
     pub other: Vec<ObjectMeta>,
     /// Incomplete writes the store holds besides its objects ([`Store::list_partial`]).
@@ -98,8 +127,15 @@ pub struct Stats {
     pub published: u64,
     /// Data objects without a marker.
     pub unreferenced_data: u64,
-    /// Markers without a data object.
+    /// Markers of format v1 without a data object.
     pub orphan_markers: u64,
+    /// Markers of format v2 (whether the segment each names is present takes a read of the
+    /// marker: `objectcache gc` does it).
+    pub segment_markers: u64,
+    /// Segment objects (format v2).
+    pub segments: u64,
+    /// Bytes of segment objects.
+    pub segment_bytes: u64,
     /// Other objects.
     pub other_objects: u64,
     /// Incomplete writes (temporary files of interrupted or ongoing writes).
@@ -126,7 +162,10 @@ impl Inventory {
             let (kind, id) = classify_key(&m.key);
             match kind {
                 ObjectKind::Other => inv.other.push(m),
-                _ => {
+                ObjectKind::Segment => {
+                    inv.segments.insert(m.key.clone(), m);
+                }
+                ObjectKind::Data | ObjectKind::Marker => {
                     let e = inv.entries.entry(id.clone()).or_insert(Entry {
                         id,
                         data: None,
@@ -154,10 +193,14 @@ impl Inventory {
                     s.published_bytes += e.bytes();
                 }
                 (Some(_), None) => s.unreferenced_data += 1,
+                (None, Some(_)) if e.in_segment() => s.segment_markers += 1,
                 (None, Some(_)) => s.orphan_markers += 1,
                 (None, None) => {}
             }
         }
+        s.segments = self.segments.len() as u64;
+        s.segment_bytes = self.segments.values().map(|m| m.size).sum();
+        s.bytes += s.segment_bytes;
         s.other_objects = self.other.len() as u64;
         s.bytes += self.other.iter().map(|m| m.size).sum::<u64>();
         s.partial_writes = self.partial.len() as u64;
@@ -174,6 +217,12 @@ impl Inventory {
                 .or_default()
                 .entries
                 .insert(e.id.clone(), e.clone());
+        }
+        for (k, m) in &self.segments {
+            by.entry(segment_group(k).to_string())
+                .or_default()
+                .segments
+                .insert(k.clone(), m.clone());
         }
         by.into_iter().map(|(k, v)| (k, v.stats())).collect()
     }

@@ -8,19 +8,30 @@
 //! first**, then the data: a reader never finds a marker whose data is already gone (except a
 //! reader that passed lookup earlier, which leases protect).
 //!
+//! A chunk saved in format v2 has no data object: its marker (64 bytes) names the segment
+//! object (`…/seg/{digest}`) that holds it with the other chunks of its save. Collection reads
+//! each such marker (one GET) and counts the segment **by reference**: the entry is published
+//! while the segment it names is present with the length the marker gives, and the segment
+//! lives while any published entry names it. Deleting the last such entry (TTL, eviction,
+//! an incomplete tensor-parallel chunk) deletes the segment after its marker, with the same
+//! reason; a segment's bytes count as freed only then. A read of a segment is a use of every
+//! chunk in it (LRU), and a lease on a segment key keeps the segment.
+//!
 //! ## Rules of [`collect`] (in this order)
 //! 0. **Incomplete writes** ([`Store::list_partial`]: temporary files a killed writer left)
 //!    are deleted when their writer is known to be gone, or once older than `grace` (a write
 //!    in progress keeps its file's modification time fresh).
-//! 1. **Unreferenced data** (a data object with no marker: a save interrupted between its two
-//!    phases, or a crashed writer) is deleted once older than `grace`, the longest a save may
-//!    take between writing a data object and its marker.
-//! 2. **Orphan markers** (a marker whose data object is missing) are deleted at once: they
-//!    would make lookup report a chunk that cannot load.
+//! 1. **Unreferenced data** (a data object with no marker, or a segment no marker names: a
+//!    save interrupted between its two phases, or a crashed writer) is deleted once older than
+//!    `grace`, the longest a save may take between writing its data and its markers.
+//! 2. **Orphan markers** (a marker whose data object is missing, or that names a segment that
+//!    is missing or of another length) are deleted at once: they would make lookup report a
+//!    chunk that cannot load.
 //!
 //! A listing is not a snapshot (a save may write a data object, then its marker, while the
 //! listing walks past): before deleting half an entry (rules 1 and 2), collection checks again
-//! that the other half is still absent.
+//! that the other half is still absent, and before deleting a segment that it was not written
+//! again since it was listed (its length, write time and entity tag).
 //! 3. **TTL**: a published entry not used for `ttl` (last use = the latest of its last access
 //!    seen by an [`AccessLog`] and its write time) is deleted, unless pinned or leased.
 //! 4. **Capacity**: while the bytes held exceed `capacity_bytes`, the least recently used
@@ -33,7 +44,7 @@
 //! `grace` (reason `IncompleteTp`), so ranks never disagree about a chunk. Lookups check
 //! every rank's marker (`Engine::lookup`), so ranks agree on every hit meanwhile.
 //!
-//! Objects whose keys are not data objects or markers are never touched.
+//! Objects whose keys are not data objects, markers or segments are never touched.
 //!
 //! ## Leases, and the trade-off
 //! Lookups never pin: a lookup's probes (marker `HEAD`s) take no lease and do not count as
@@ -66,13 +77,15 @@
 //!
 //! ## Where things are
 //! Entries and the inventory in `inventory.rs`, access times and leases in `leases.rs`, the
-//! tracking store wrapper in `tracked.rs`, collection in `collect.rs`.
+//! tracking store wrapper in `tracked.rs`, collection in `collect.rs`, segment references in
+//! `segments.rs`.
 //!
 //! [`Store::list_partial`]: crate::store::Store::list_partial
 
 mod collect;
 mod inventory;
 mod leases;
+mod segments;
 #[cfg(test)]
 mod tests;
 mod tracked;

@@ -5,6 +5,7 @@
 
 use crate::common;
 
+use crate::segment_load::write_segment;
 use common::current_thread_rt as rt;
 use common::*;
 use objectcache::connector::Engine;
@@ -374,4 +375,136 @@ fn collection_while_loads_record_uses_completes() {
     let rounds = user.join().unwrap();
     assert_eq!(check(&e, &p), 96, "a dry run deleted something");
     println!("LIFECYCLE|gc while uses are recorded|{passes}|{passes} passes over 96 entries during {rounds} rounds of recorded uses; none panicked, nothing deleted");
+}
+
+/// Saves `n` chunks (seed `seed`) as one segment object (format v2) and a marker per chunk,
+/// as a version 2 writer does.
+fn save_segment(store: &Arc<dyn Store>, e: &Engine, n: usize, seed: u64) -> Prefix {
+    let g = g();
+    let hs = hashes(&g, n * g.tokens_per_chunk as usize, seed as u32);
+    let data = kv(&g, n, seed);
+    write_segment(store, e, &g, &hs, &data, 0..n, &hs, None, true);
+    Prefix { hs, data }
+}
+
+/// [`check`] through a new engine over `t`'s tracked store: its lookup reads the markers and
+/// its load places the chunks from what they say.
+fn check_v2(t: &Tracked, p: &Prefix) -> usize {
+    check(&engine(t.store.clone(), "seg"), p)
+}
+
+/// Collection by reference (format v2): a segment object lives while any published chunk's
+/// marker names it; a segment no marker names goes after `grace`, a marker naming a missing
+/// segment at once; TTL and eviction delete a chunk's marker and the segment with the last one;
+/// leases and pins keep chunks and so their segment. Every chunk lookup still reports loads
+/// byte-exact.
+#[test]
+fn segments_live_while_any_chunk_in_them_is_published() {
+    let t = Tracked::new(Duration::ZERO);
+    let e = eng(t.store.clone(), "seg");
+    let r = rt();
+    let pa = save_segment(&t.raw, &e, 4, 40);
+    let pb = save_segment(&t.raw, &e, 4, 41);
+    let pc = save(&e, 4, 42); // format v1 beside them
+                              // A segment whose save never wrote its markers, and markers whose segment was never
+                              // written.
+    let g = g();
+    let lost = hashes(&g, 3 * g.tokens_per_chunk as usize, 43);
+    let lost_kv = kv(&g, 3, 43);
+    write_segment(&t.raw, &e, &g, &lost, &lost_kv, 0..0, &lost, None, true);
+    let orphan = hashes(&g, 2 * g.tokens_per_chunk as usize, 44);
+    write_segment(
+        &t.raw,
+        &e,
+        &g,
+        &orphan,
+        &kv(&g, 2, 44),
+        0..2,
+        &orphan,
+        None,
+        false,
+    );
+    let st = scan_stats(&r, t.raw.as_ref());
+    assert_eq!(
+        (st.segments, st.segment_markers, st.published),
+        (3, 10, 4),
+        "{st:?}"
+    );
+
+    // Now: the orphan markers go at once, the unnamed segment is young and stays.
+    let rep = collect_at(&r, t.raw.as_ref(), &Policy::default(), SystemTime::now());
+    assert_eq!(rep.count(Reason::OrphanMarker), 2, "{:?}", rep.deleted);
+    assert_eq!(rep.count(Reason::Unreferenced), 0, "{:?}", rep.deleted);
+    assert_eq!(rep.kept_young, 1);
+    // Past the grace period the unnamed segment goes too; everything published stays.
+    let rep = collect_at(
+        &r,
+        t.raw.as_ref(),
+        &Policy::default(),
+        later(Duration::from_secs(7200)),
+    );
+    assert_eq!(rep.deleted.len(), 1, "{:?}", rep.deleted);
+    assert_eq!(rep.count(Reason::Unreferenced), 1);
+    assert!(rep.deleted[0].0.contains("/seg/"), "{:?}", rep.deleted);
+    for p in [&pa, &pb, &pc] {
+        assert_eq!(check_v2(&t, p), 4);
+    }
+
+    // A pinned chunk keeps its segment when the others in it expire.
+    let keys = e.keys(&g).unwrap();
+    // Entry ids: the key with `*` for `kv`/`pub`; a pin is a prefix of ids.
+    let id = |h: &ChunkHash| format!("{}*/{}", keys.prefix(), h.to_hex());
+    let mut pinned = vec![id(&pa.hs[0])];
+    pinned.extend(pc.hs.iter().map(id));
+    let ttl = Policy {
+        ttl: Some(Duration::ZERO),
+        pinned,
+        ..Policy::default()
+    };
+    let lease = t.leases.acquire(pb.hs.iter().map(|h| keys.marker(h)));
+    let rep = t.collect(&r, &ttl);
+    // A's chunks 1-3 expired (their markers; the segment stays for chunk 0); B is leased,
+    // C pinned.
+    assert_eq!(rep.count(Reason::Expired), 3, "{:?}", rep.deleted);
+    assert!(
+        rep.deleted.iter().all(|(k, _)| k.contains("/pub/")),
+        "{:?}",
+        rep.deleted
+    );
+    assert_eq!(
+        check_v2(&t, &pa),
+        1,
+        "chunk 0 of A, pinned, loads from its segment"
+    );
+    assert_eq!(check_v2(&t, &pb), 4);
+    assert_eq!(check_v2(&t, &pc), 4);
+    // Released, B expires whole: its four markers, then its segment.
+    drop(lease);
+    let rep = t.collect(&r, &ttl);
+    assert_eq!(rep.count(Reason::Expired), 5, "{:?}", rep.deleted);
+    let last = &rep.deleted.last().unwrap().0;
+    assert!(
+        last.contains("/seg/"),
+        "the segment goes after its markers: {:?}",
+        rep.deleted
+    );
+    assert_eq!(check_v2(&t, &pb), 0);
+    assert_eq!(check_v2(&t, &pa), 1);
+    let st = scan_stats(&r, t.raw.as_ref());
+    assert_eq!((st.segments, st.segment_markers), (1, 1), "{st:?}");
+
+    // Capacity 0, no pins: A's last chunk goes, and its segment with it; C (v1) too.
+    let rep = t.collect(
+        &r,
+        &Policy {
+            capacity_bytes: Some(0),
+            ..Policy::default()
+        },
+    );
+    assert_eq!(rep.count(Reason::Evicted), 2 + 4 * 2, "{:?}", rep.deleted);
+    assert_eq!(rep.bytes_after, 0);
+    let st = scan_stats(&r, t.raw.as_ref());
+    assert_eq!(st.bytes, 0, "{st:?}");
+    assert_eq!((check_v2(&t, &pa), check_v2(&t, &pc)), (0, 0));
+    println!("LIFECYCLE|segments by reference|1|orphan v2 markers at once, unnamed segment after grace, pinned chunk keeps its segment, leased segment kept, last chunk takes its segment, capacity 0 empties the store");
 }

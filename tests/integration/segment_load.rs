@@ -26,7 +26,7 @@ fn small() -> KvGeometry {
 /// `flip`, the byte at that offset of the segment is flipped before it is written; with
 /// `segment` false only the markers are written.
 #[allow(clippy::too_many_arguments)]
-fn write_segment(
+pub(crate) fn write_segment(
     store: &Arc<dyn Store>,
     e: &Engine,
     g: &KvGeometry,
