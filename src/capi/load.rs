@@ -236,7 +236,11 @@ pub(super) fn load_hints(
             LayerTiming::DeadlinesS((0..n).map(|l| deadline_s + l as f64 * compute_s).collect())
         }
     };
-    LoadHints { timing, priority }
+    LoadHints {
+        timing,
+        priority,
+        ..LoadHints::default()
+    }
 }
 
 fn check_layer(t: &TransferObj, layer: u32) -> Result<usize, CErr> {

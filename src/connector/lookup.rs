@@ -8,7 +8,7 @@
 use super::{Engine, LookupReport};
 use crate::error::Error;
 use crate::error::StoreError;
-use crate::layout::{decode_marker, ChunkHash, KeyBuilder, KvGeometry, Marker};
+use crate::layout::{decode_marker, ChunkHash, KeyBuilder, KvGeometry, Marker, SegmentMarker};
 use crate::store::{Store, StoreExt};
 use std::collections::BTreeMap;
 use std::collections::HashMap;
@@ -214,6 +214,32 @@ impl Engine {
 }
 
 impl Engine {
+    /// The publish markers of format v2 that this engine's lookups of `hashes` read within
+    /// `lookup_cache_ttl`, one per segment (the first position that names it), by prefix
+    /// position: what a load in another process passes as
+    /// [`LoadHints::segment_markers`](crate::connector::LoadHints::segment_markers) to find
+    /// the prefix's chunks in segment objects (vLLM's scheduler process looks up, its workers
+    /// load). Empty for a prefix of chunk objects (format v1), or when nothing was looked up.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a geometry this engine cannot key (as [`Engine::keys`]).
+    pub fn segment_markers(
+        &self,
+        g: &KvGeometry,
+        hashes: &[ChunkHash],
+    ) -> Result<BTreeMap<usize, SegmentMarker>, Error> {
+        let keys = self.keys(g)?;
+        let mut seen = std::collections::HashSet::new();
+        Ok(self
+            .markers_known(&keys, hashes)
+            .into_iter()
+            .filter_map(|(p, m)| match m {
+                Marker::Segment(s) if seen.insert(s.digest) => Some((p, s)),
+                _ => None,
+            })
+            .collect())
+    }
+
     /// The markers of `hashes` (this rank's, under `keys`) that a lookup read within
     /// `lookup_cache_ttl`, by prefix position: what a load starts from to place its chunks
     /// (`layout::place`).

@@ -10,7 +10,7 @@ use crate::layerwise_load::stores;
 
 use bytes::Bytes;
 use common::*;
-use objectcache::connector::{ChunkStatus, Engine};
+use objectcache::connector::{ChunkStatus, Engine, LayerBuffers, LoadRequest};
 use objectcache::layout::{encode_segment_parts, segment_digest, SegmentMarker};
 use objectcache::store::{Store, StoreExt};
 use objectcache::{ChunkHash, KvGeometry, LayerError};
@@ -195,5 +195,59 @@ fn a_segment_is_a_miss_for_exactly_what_it_touches() {
             "{name}: {:?}",
             h.chunk_status()
         );
+    }
+}
+
+/// A lookup in one engine (vLLM's scheduler process) and the load in another (its worker):
+/// the worker's load finds the prefix's chunks in its segments from the markers the lookup
+/// read, passed as `LoadHints::segment_markers` (one per segment), and reads them byte for
+/// byte in one GET per segment and layer. Without them it reads chunk objects, which a
+/// version 2 save does not write: every chunk a miss, never bytes.
+#[test]
+fn a_load_elsewhere_places_chunks_from_the_lookups_markers() {
+    for (name, s) in stores() {
+        let g = small();
+        let hs = hashes(&g, 6 * 16, 23);
+        let data = kv(&g, 6, 23);
+        let slice = g.slice_bytes() as usize;
+        let ns = unique_ns(name);
+        let scheduler = engine(s.clone(), &ns);
+        write_segment(&s, &scheduler, &g, &hs, &data, 0..2, &hs[0..2], None, true);
+        write_segment(&s, &scheduler, &g, &hs, &data, 2..6, &hs[2..6], None, true);
+        assert_eq!(scheduler.lookup_blocking(&g, &hs).unwrap(), 6, "{name}");
+        let markers = scheduler.segment_markers(&g, &hs).unwrap();
+        assert_eq!(
+            markers.len(),
+            2,
+            "{name}: one marker per segment: {markers:?}"
+        );
+
+        let worker = uncached_engine(s.clone(), &ns);
+        let req = LoadRequest::new(g.clone(), hs.clone()).with_segment_markers(markers.clone());
+        let h = worker
+            .load(req, LayerBuffers::allocate(g.layers as usize, 6 * slice))
+            .unwrap();
+        assert_layers_exact(&h, &data);
+        assert_eq!(h.stats().requests, 2 * g.layers as u64, "{name}");
+
+        let h = start_load(&worker, &g, hs.clone(), 6 * slice);
+        for l in 0..g.layers as usize {
+            let err = h.wait_layer_blocking(l, None).unwrap_err();
+            assert!(
+                matches!(err, LayerError::Missing { .. }),
+                "{name} {l}: {err:?}"
+            );
+            assert!(h.layer(l).is_none(), "{name} layer {l} exposes bytes");
+        }
+
+        // A marker past the request is refused, naming it.
+        let far: std::collections::BTreeMap<usize, _> =
+            [(6, markers.values().next().unwrap().clone())].into();
+        let req = LoadRequest::new(g.clone(), hs.clone()).with_segment_markers(far);
+        let err = worker
+            .load(req, LayerBuffers::allocate(g.layers as usize, 6 * slice))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("prefix position 6"), "{name}: {err}");
     }
 }

@@ -1,8 +1,9 @@
 //! What a load asks for and what it reports: [`LoadRequest`], its scheduling inputs
 //! ([`LoadHints`], [`LayerTiming`]) and their checks, and the load's counters ([`LoadStats`]).
 
-use crate::layout::{ChunkHash, KvGeometry};
+use crate::layout::{ChunkHash, KvGeometry, SegmentMarker};
 use crate::protocol::SchedHints;
+use std::collections::BTreeMap;
 
 /// What to load.
 ///
@@ -50,6 +51,13 @@ impl LoadRequest {
         self.hints.priority = priority;
         self
     }
+
+    /// Sets the segment markers a lookup in another process read (see
+    /// [`LoadHints::segment_markers`]).
+    pub fn with_segment_markers(mut self, markers: BTreeMap<usize, SegmentMarker>) -> Self {
+        self.hints.segment_markers = markers;
+        self
+    }
 }
 
 /// When a load's layers are needed (the timeline of `docs/scheduling.md`, section 2: layer
@@ -76,6 +84,14 @@ pub struct LoadHints {
     /// `priority` scheduler admits loads in this order; the bandwidth policies of the links
     /// use the timing only.
     pub priority: u8,
+    /// Publish markers of format v2 that a lookup elsewhere read (the scheduler process of an
+    /// engine whose workers load: `Engine::segment_markers` there), by prefix position: where
+    /// the ranged-GET path finds this prefix's chunks in segment objects. One per segment is
+    /// enough (`layout::place` reaches from it over the segment's other chunks). This
+    /// engine's own lookups within `lookup_cache_ttl` count first; a position no marker
+    /// places is read as a chunk object (format v1). Positions at or past the request's chunk
+    /// count are refused by `Engine::load`. Default: none.
+    pub segment_markers: BTreeMap<usize, SegmentMarker>,
 }
 
 impl Default for LoadHints {
@@ -83,6 +99,7 @@ impl Default for LoadHints {
         LoadHints {
             timing: LayerTiming::None,
             priority: 128,
+            segment_markers: BTreeMap::new(),
         }
     }
 }
@@ -223,7 +240,7 @@ mod tests {
         ] {
             let h = LoadHints {
                 timing,
-                priority: 128,
+                ..LoadHints::default()
             };
             let e = h.validate(g.layers).unwrap_err().to_string();
             assert!(e.contains("load hints") && e.contains(needle), "{e}");

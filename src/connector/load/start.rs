@@ -5,6 +5,7 @@
 use super::{LoadHandle, LoadRequest, Shared};
 use crate::connector::{flight, Engine, LayerBuffers};
 use crate::error::Error;
+use crate::layout::Marker;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -49,6 +50,17 @@ impl Engine {
             return Err(Error::InvalidArgument("load: no chunks requested".into()));
         }
         req.hints.validate(g.layers)?;
+        if let Some(p) = req
+            .hints
+            .segment_markers
+            .keys()
+            .find(|&&p| p >= req.hashes.len())
+        {
+            return Err(Error::InvalidArgument(format!(
+                "load hints: a segment marker at prefix position {p}, the request has {} chunks",
+                req.hashes.len()
+            )));
+        }
         if dest.layers() != g.layers as usize {
             return Err(Error::InvalidArgument(format!(
                 "load: {} destination buffers given, geometry {} has {} layers",
@@ -81,6 +93,12 @@ impl Engine {
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
         let mut fetcher = self.fetcher();
         fetcher.markers = self.markers_known(&keys, &req.hashes);
+        for (p, m) in &req.hints.segment_markers {
+            fetcher
+                .markers
+                .entry(*p)
+                .or_insert(Marker::Segment(m.clone()));
+        }
         let fetcher = Arc::new(fetcher);
         let prefix = keys.prefix().to_string();
         let total_bytes = need * g.layers as u64;
