@@ -8,7 +8,8 @@ use super::Inventory;
 use crate::error::StoreError;
 use crate::layout::{decode_marker, Marker};
 use crate::store::{ObjectMeta, Store, StoreExt};
-use std::collections::HashMap;
+use futures::StreamExt;
+use std::collections::{HashMap, HashSet};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// What the v2 markers of an inventory say.
@@ -21,7 +22,7 @@ pub(super) struct SegmentRefs {
     live: HashMap<String, String>,
     /// Entry ids whose marker could not be read (a store error other than not-found): left
     /// alone this pass.
-    pub unreadable: Vec<String>,
+    pub unreadable: HashSet<String>,
 }
 
 impl SegmentRefs {
@@ -56,8 +57,11 @@ pub(super) fn release(
     (*n == 0).then(|| seg.to_string())
 }
 
+/// Marker reads [`resolve`] keeps in flight.
+const MARKER_READS_IN_FLIGHT: usize = 32;
+
 /// Reads the marker of every entry with a v2 marker and no data object (one GET of 64 bytes
-/// each) and records which segment it names and whether that segment is present with the
+/// each, [`MARKER_READS_IN_FLIGHT`] at a time) and records which segment it names and whether that segment is present with the
 /// length the marker gives.
 ///
 /// A marker that is gone by now, or that does not decode as a v2 marker, names nothing (the
@@ -72,28 +76,41 @@ pub(super) async fn resolve(
     errors: &mut Vec<(String, String)>,
 ) -> SegmentRefs {
     let mut r = SegmentRefs::default();
-    for e in inv.entries.values().filter(|e| e.in_segment()) {
-        let Some(m) = &e.marker else { continue };
-        let bytes = match store.get_bytes(&m.key).await {
+    // Owned (entry id, marker key) pairs: futures that borrow the inventory would not be
+    // `Send` for every lifetime, which a collection spawned on a runtime needs.
+    let wanted: Vec<(String, String)> = inv
+        .entries
+        .values()
+        .filter(|e| e.in_segment())
+        .filter_map(|e| Some((e.id.clone(), e.marker.as_ref()?.key.clone())))
+        .collect();
+    let mut reads = futures::stream::iter(wanted)
+        .map(|(id, key)| async move {
+            let got = store.get_bytes(&key).await;
+            (id, key, got)
+        })
+        .buffer_unordered(MARKER_READS_IN_FLIGHT);
+    while let Some((id, key, got)) = reads.next().await {
+        let bytes = match got {
             Ok(b) => b,
             Err(StoreError::NotFound { .. }) => continue,
             Err(err) => {
-                errors.push((m.key.clone(), err.to_string()));
-                r.unreadable.push(e.id.clone());
+                errors.push((key, err.to_string()));
+                r.unreadable.insert(id);
                 continue;
             }
         };
         let Ok(Marker::Segment(sm)) = decode_marker(&bytes) else {
             continue;
         };
-        let seg = segment_key(&e.id, &hex::encode(sm.digest));
-        r.named.insert(e.id.clone(), seg.clone());
+        let seg = segment_key(&id, &hex::encode(sm.digest));
+        r.named.insert(id.clone(), seg.clone());
         if inv
             .segments
             .get(&seg)
             .is_some_and(|s| s.size == sm.object_len)
         {
-            r.live.insert(e.id.clone(), seg);
+            r.live.insert(id, seg);
         }
     }
     r
