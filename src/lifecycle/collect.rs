@@ -4,7 +4,7 @@
 
 use super::inventory::{data_key, marker_key};
 use super::segments;
-use super::{classify_key, AccessLog, Entry, Inventory, LeaseTable, ObjectKind};
+use super::{AccessLog, Entry, Inventory, LeaseTable};
 use crate::error::StoreError;
 use crate::store::Store;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -290,7 +290,7 @@ pub async fn collect(
     let mut spared: HashSet<String> = HashSet::new();
     for (key, _, reason, id) in plan {
         if !policy.dry_run {
-            let segment = classify_key(&key).0 == ObjectKind::Segment;
+            let segment = inv.segments.contains_key(&key);
             let spare = |spared: &mut HashSet<String>| {
                 if let Some(s) = refs.live_segment(&id) {
                     spared.insert(s.to_string());
@@ -375,11 +375,18 @@ fn release(
     e: &Entry,
     r: Reason,
 ) -> u64 {
-    let Some(seg) = segments::release(refs, kept, &e.id) else {
+    let Some(seg) = refs.live_segment(&e.id) else {
         return 0;
     };
-    let size = inv.segments.get(&seg).map_or(0, |m| m.size);
-    plan.push((seg.clone(), size, r, seg));
+    let Some(n) = kept.get_mut(seg) else {
+        return 0;
+    };
+    *n = n.saturating_sub(1);
+    if *n > 0 {
+        return 0;
+    }
+    let size = inv.segments.get(seg).map_or(0, |m| m.size);
+    plan.push((seg.to_string(), size, r, seg.to_string()));
     size
 }
 

@@ -1,5 +1,5 @@
 //! Segment objects (format v2) in a collection: which chunk entries a segment serves, read
-//! from their markers ([`resolve`]), and when the last of them goes ([`release`]).
+//! from their markers ([`resolve`]), and how many name each segment ([`SegmentRefs::kept`]).
 //! A segment lives while any published chunk names it; its bytes are freed only with the
 //! last one.
 
@@ -34,7 +34,8 @@ impl SegmentRefs {
     pub fn named_segment(&self, id: &str) -> Option<&str> {
         self.named.get(id).map(String::as_str)
     }
-    /// Entries naming each present segment, by segment key: what [`release`] counts down.
+    /// Entries naming each present segment, by segment key: what a collection counts down
+    /// as it plans their deletion.
     pub fn kept(&self) -> HashMap<String, u32> {
         let mut n: HashMap<String, u32> = HashMap::new();
         for seg in self.live.values() {
@@ -42,19 +43,6 @@ impl SegmentRefs {
         }
         n
     }
-}
-
-/// Entry `id` is being deleted: the key of its segment if no kept entry (counted in `kept`,
-/// from [`SegmentRefs::kept`]) names that segment any more.
-pub(super) fn release(
-    refs: &SegmentRefs,
-    kept: &mut HashMap<String, u32>,
-    id: &str,
-) -> Option<String> {
-    let seg = refs.live_segment(id)?;
-    let n = kept.get_mut(seg)?;
-    *n = n.saturating_sub(1);
-    (*n == 0).then(|| seg.to_string())
 }
 
 /// Marker reads [`resolve`] keeps in flight.
