@@ -105,7 +105,33 @@ pub struct EngineConfig {
     /// read is one layer slice (`coalesce_bytes` is not used) and is issued when the load's
     /// credit at its allocated rate covers it. Gather loads are paced by the server's own cap.
     pub bandwidth_cap_bytes_per_s: u64,
+    /// `save_format`: the object format saves write. `v1` (default): one object per chunk
+    /// (`kv/{hash}`) and a 16-byte marker. `v2`: one segment object per save holding its
+    /// chunks layer-major (split at `segment_max_bytes`), and a 64-byte marker per chunk naming
+    /// it, so a load reads one byte range per segment and layer (a few ranged GETs) whatever
+    /// the chunk size (`docs/object-format.md`, "Format version 2"). Loads read both formats
+    /// whatever this says. Version 2 is for the ranged-GET path: the gather server does not
+    /// resolve version 2 markers yet, so a load that knows of a segment skips gather.
+    pub save_format: SaveFormat,
+    /// `segment_max_bytes`: the largest segment object a `v2` save writes, bytes; a larger
+    /// save is cut into segments of whole chunks (each one PUT: at most 5 GiB, the single
+    /// PUT limit of AWS S3). Default 1 GiB: a 32K-token save at 8B geometry (4 GiB) is four
+    /// segments, and a load of it 4 ranged GETs per layer.
+    pub segment_max_bytes: u64,
 }
+
+/// The `save_format` setting of [`EngineConfig`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SaveFormat {
+    /// Format version 1: one chunk object per chunk.
+    #[default]
+    V1,
+    /// Format version 2: segment objects of whole saves.
+    V2,
+}
+
+/// The largest `segment_max_bytes`: 5 GiB, the single PUT limit of AWS S3.
+pub const MAX_SEGMENT_BYTES: u64 = 5 << 30;
 
 /// The `stall_timeout_ms` setting of [`EngineConfig`]: when a load that receives nothing is
 /// given up.
@@ -168,6 +194,8 @@ impl Default for EngineConfig {
             transport: Transport::Auto,
             scheduler: "stall-aware".into(),
             bandwidth_cap_bytes_per_s: 0,
+            save_format: SaveFormat::V1,
+            segment_max_bytes: 1 << 30,
         }
     }
 }
@@ -215,6 +243,8 @@ pub const CONFIG_KEYS: &[&str] = &[
     "transport",
     "scheduler",
     "bandwidth_cap_bytes_per_s",
+    "save_format",
+    "segment_max_bytes",
 ];
 
 /// Largest CPU index the `cpus` setting accepts, plus one (`CPU_SETSIZE` of Linux's
@@ -367,6 +397,22 @@ impl EngineConfig {
                 self.scheduler = value.to_string()
             }
             "bandwidth_cap_bytes_per_s" => self.bandwidth_cap_bytes_per_s = num(value)?,
+            "save_format" => {
+                self.save_format = match value.trim() {
+                    "v1" | "1" => SaveFormat::V1,
+                    "v2" | "2" => SaveFormat::V2,
+                    v => return Err(Error::Config(format!("save_format: {v:?} is not v1 or v2"))),
+                }
+            }
+            "segment_max_bytes" => {
+                let n = pos(value)?;
+                if n > MAX_SEGMENT_BYTES {
+                    return Err(Error::Config(format!(
+                        "segment_max_bytes: {n} is more than {MAX_SEGMENT_BYTES} (5 GiB, one S3 PUT)"
+                    )));
+                }
+                self.segment_max_bytes = n
+            }
             k => {
                 return Err(Error::Config(format!(
                     "unknown setting {k:?}; known settings: {}",

@@ -105,7 +105,10 @@ impl Fetcher {
             self.probes.clone(),
         );
         let streams = self.cfg.gather_streams;
-        let markers = self.markers.clone();
+        let mut markers = self.markers.clone();
+        // Markers of positions nothing known places are read first where a segment may
+        // hold them: this engine writes version 2, or a known marker names a segment.
+        let resolve = self.cfg.save_format == super::SaveFormat::V2 || any_segment(&markers);
         let (window, max_req, coalesce) = (
             self.cfg.window_bytes,
             self.cfg.max_requests,
@@ -115,6 +118,17 @@ impl Fetcher {
         let (rprobe, transport) = (self.rdma.clone(), self.cfg.transport);
         // Gather (one request, server streams layer-major) where offered, else ranged GETs.
         let run = async move {
+            if resolve {
+                super::lookup::resolve_markers(&*store, &keys, &req.hashes, &mut markers, &sh1)
+                    .await;
+            }
+            // The gather server reads chunk objects only: a load that knows of a segment
+            // takes the ranged-GET path (`docs/object-format.md`, "Gather and RDMA").
+            let targets = if any_segment(&markers) {
+                Vec::new()
+            } else {
+                targets
+            };
             if !targets.is_empty() {
                 // Gather with an RDMA target where the first gateway and this host offer it.
                 // (Its bytes land without passing through this process: the watchdog cannot
@@ -179,6 +193,13 @@ impl Fetcher {
         ));
         sh.tasks.lock().expect("lock").push(dog);
     }
+}
+
+/// Whether any of `markers` names a segment object (format version 2).
+fn any_segment(markers: &std::collections::BTreeMap<usize, crate::layout::Marker>) -> bool {
+    markers
+        .values()
+        .any(|m| matches!(m, crate::layout::Marker::Segment(_)))
 }
 
 /// Bytes a follower copies and checksums at a time (well inside a core's L2 cache).

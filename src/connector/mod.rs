@@ -49,8 +49,8 @@ mod status;
 use buffers::first_overlap;
 pub use buffers::{LayerBuffers, LayerStatus};
 pub use config::{
-    default_cache_dir, EngineConfig, StallTimeout, Transport, CONFIG_KEYS, LOAD_DEADLINE_FLOOR,
-    STALL_FIRST_BYTE, STALL_FLOOR,
+    default_cache_dir, EngineConfig, SaveFormat, StallTimeout, Transport, CONFIG_KEYS,
+    LOAD_DEADLINE_FLOOR, MAX_SEGMENT_BYTES, STALL_FIRST_BYTE, STALL_FLOOR,
 };
 #[cfg(feature = "cuda")]
 pub use device::DeviceLoad;
@@ -72,11 +72,14 @@ pub use crate::layout::MARKER_MAGIC;
 /// Outcome of a save.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SaveReport {
-    /// Chunk objects this call wrote.
+    /// Chunks this call stored: format version 1, chunk objects written; version 2 (segment
+    /// objects, `save_format`), chunks whose marker this call published.
     pub written: usize,
-    /// Chunk objects already present (another writer won; not an error).
+    /// Chunks already stored (another writer won; not an error): version 1, chunk objects
+    /// present; version 2, chunks already published (the lookup cache said so, or their
+    /// marker was present).
     pub already_present: usize,
-    /// Bytes written (data objects and markers).
+    /// Bytes written (data or segment objects, and markers).
     pub bytes: u64,
 }
 

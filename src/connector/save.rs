@@ -1,14 +1,20 @@
 //! Saving a prefix's KV ([`Engine::save`], [`Engine::save_paged`] and their blocking forms):
-//! every chunk object written create-only, then the publish markers.
+//! every object written create-only (a chunk object per chunk in format version 1, segment
+//! objects of the save's chunks in version 2, `save_format`), then the publish markers.
 
+use super::config::SaveFormat;
 use super::lookup::Known;
 use super::{Engine, SaveReport};
 use crate::error::{Error, StoreError};
-use crate::layout::{object_len, ChunkHash, KvGeometry, Marker};
-use crate::store::{PutIfAbsent, StoreExt};
+use crate::layout::{
+    encode_segment_parts, object_len, segment_digest, ChunkHash, KeyBuilder, KvGeometry, Marker,
+    SegmentMarker, MAX_SEGMENT_CHUNKS, SEGMENT_FIXED_LEN, SLICE_CRC_LEN,
+};
+use crate::store::{PutIfAbsent, Store, StoreExt};
 use bytes::Bytes;
 use futures::StreamExt;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 
 impl Engine {
@@ -72,68 +78,70 @@ impl Engine {
                 )));
             }
         }
-        // Phase 1: data objects, create-only.
-        let mut objects = Vec::with_capacity(hashes.len());
-        for (c, h) in hashes.iter().enumerate() {
-            let obj = crate::layout::encode_chunk_parts(g, g.tokens_per_chunk, |l| {
-                sub_parts(&layers[l as usize], c * slice, slice)
-            })?;
-            objects.push((keys.data(h), Bytes::from(obj)));
-        }
+        // Format version 2: leading chunks this engine knows are published (its lookup or
+        // save said so within `lookup_cache_ttl`) are not written again, so the segment holds
+        // the save's new chunks only.
+        let v2 = self.cfg.save_format == SaveFormat::V2;
+        let skip = if v2 {
+            self.published_prefix(&keys, hashes)
+        } else {
+            0
+        };
+        let (objects, markers) = if v2 {
+            segment_objects(g, &keys, hashes, layers, skip, self.cfg.segment_max_bytes)?
+        } else {
+            chunk_objects(g, &keys, hashes, layers)?
+        };
         let store = self.store.clone();
-        let conc = self.cfg.save_concurrency;
-        let data = self.spawn(async move {
-            let results: Vec<Result<(PutIfAbsent, u64), StoreError>> =
-                futures::stream::iter(objects)
-                    .map(|(k, b)| {
-                        let store = store.clone();
-                        async move {
-                            let n = b.len() as u64;
-                            store.put_if_absent(&k, b).await.map(|r| (r, n))
-                        }
-                    })
-                    .buffered(conc.max(1))
-                    .collect()
-                    .await;
-            results
-        });
-        let mut report = SaveReport::default();
+        let conc = self.cfg.save_concurrency.max(1);
+        // Phase 1: data objects (version 1) or segments (version 2), create-only.
+        let data = self.spawn(put_all(store.clone(), objects, conc));
+        let mut report = SaveReport {
+            already_present: skip,
+            ..SaveReport::default()
+        };
         for r in data.await? {
             match r? {
                 (PutIfAbsent::Written, n) => {
-                    report.written += 1;
                     report.bytes += n;
+                    if !v2 {
+                        report.written += 1;
+                    }
                 }
-                (PutIfAbsent::AlreadyPresent, _) => report.already_present += 1,
+                (PutIfAbsent::AlreadyPresent, _) if !v2 => report.already_present += 1,
+                (PutIfAbsent::AlreadyPresent, _) => {}
             }
         }
-        // Phase 2: publish markers, after every data object is durable.
-        let len = object_len(g.layers, g.slice_bytes());
-        let marker = Bytes::copy_from_slice(&crate::layout::encode_marker(len));
-        let mkeys: Vec<String> = hashes.iter().map(|h| keys.marker(h)).collect();
-        let store = self.store.clone();
-        let mk2 = mkeys.clone();
-        let published = self.spawn(async move {
-            futures::stream::iter(mk2)
-                .map(|k| {
-                    let store = store.clone();
-                    let m = marker.clone();
-                    async move { store.put_if_absent(&k, m).await }
-                })
-                .buffered(conc.max(1))
-                .collect::<Vec<_>>()
-                .await
-        });
+        // Phase 2: publish markers, after every object they name is durable.
+        let puts: Vec<(String, Bytes)> = markers
+            .iter()
+            .map(|(k, _, b)| (k.clone(), b.clone()))
+            .collect();
+        let published = self.spawn(put_all(store, puts, conc));
+        let mut outcome = Vec::with_capacity(markers.len());
         for r in published.await? {
-            if r? == PutIfAbsent::Written {
-                report.bytes += 16;
+            let (w, n) = r?;
+            if w == PutIfAbsent::Written {
+                report.bytes += n;
             }
+            if v2 {
+                match w {
+                    PutIfAbsent::Written => report.written += 1,
+                    PutIfAbsent::AlreadyPresent => report.already_present += 1,
+                }
+            }
+            outcome.push(w);
         }
+        // What this save wrote is known; a marker another writer published first is present,
+        // its content unread (it may name another object).
         let now = Instant::now();
         let mut cache = self.lookup_cache.lock().expect("lock");
-        let written = Marker::Chunk { object_len: len };
-        for k in mkeys {
-            cache.insert(k, (Known::Read(written.clone()), now));
+        for ((k, m, _), w) in markers.into_iter().zip(outcome) {
+            let known = match w {
+                PutIfAbsent::Written => Known::Read(m),
+                PutIfAbsent::AlreadyPresent => Known::Present,
+            };
+            cache.insert(k, (known, now));
         }
         drop(cache);
         self.counters.saves.fetch_add(1, Ordering::Relaxed);
@@ -141,6 +149,20 @@ impl Engine {
             .bytes_saved
             .fetch_add(report.bytes, Ordering::Relaxed);
         Ok(report)
+    }
+
+    /// How many leading chunks of `hashes` this engine knows to be published under `keys`
+    /// (its lookup cache, answers younger than `lookup_cache_ttl`).
+    fn published_prefix(&self, keys: &KeyBuilder, hashes: &[ChunkHash]) -> usize {
+        let ttl = self.cfg.lookup_cache_ttl;
+        let cache = self.lookup_cache.lock().expect("lock");
+        hashes
+            .iter()
+            .take_while(|h| {
+                matches!(cache.get(&keys.marker(h)),
+                    Some((k, t)) if t.elapsed() < ttl && !matches!(k, Known::Absent))
+            })
+            .count()
     }
 
     /// Blocking form of [`Engine::save`].
@@ -182,6 +204,93 @@ impl Engine {
             .expect("save panicked")
         })
     }
+}
+
+/// Objects to write and, after them, markers to publish (key, what it says, its bytes).
+type SavePlan = (Vec<(String, Bytes)>, Vec<(String, Marker, Bytes)>);
+
+/// Format version 1: one chunk object per chunk, and a 16-byte marker naming it.
+fn chunk_objects(
+    g: &KvGeometry,
+    keys: &KeyBuilder,
+    hashes: &[ChunkHash],
+    layers: &[Vec<&[u8]>],
+) -> Result<SavePlan, Error> {
+    let slice = g.slice_bytes() as usize;
+    let mut objects = Vec::with_capacity(hashes.len());
+    for (c, h) in hashes.iter().enumerate() {
+        let obj = crate::layout::encode_chunk_parts(g, g.tokens_per_chunk, |l| {
+            sub_parts(&layers[l as usize], c * slice, slice)
+        })?;
+        objects.push((keys.data(h), Bytes::from(obj)));
+    }
+    let len = object_len(g.layers, g.slice_bytes());
+    let bytes = Bytes::copy_from_slice(&crate::layout::encode_marker(len));
+    let markers = hashes
+        .iter()
+        .map(|h| {
+            let m = Marker::Chunk { object_len: len };
+            (keys.marker(h), m, bytes.clone())
+        })
+        .collect();
+    Ok((objects, markers))
+}
+
+/// Format version 2: chunks `skip..` of `hashes` as segment objects of consecutive chunks, each
+/// at most `max_bytes` long (at least one chunk), and a 64-byte marker per chunk naming its
+/// segment and index (`docs/object-format.md`, "Format version 2").
+fn segment_objects(
+    g: &KvGeometry,
+    keys: &KeyBuilder,
+    hashes: &[ChunkHash],
+    layers: &[Vec<&[u8]>],
+    skip: usize,
+    max_bytes: u64,
+) -> Result<SavePlan, Error> {
+    let slice = g.slice_bytes() as usize;
+    // A chunk's share of a segment: its slices with their CRCs, and its entry in the chunk
+    // list (at most 65 bytes); the fixed header and the list's CRC are 68 bytes.
+    let per_chunk = g.layers as u64 * (g.slice_bytes() + SLICE_CRC_LEN) + 65;
+    let per_segment = (max_bytes.saturating_sub(SEGMENT_FIXED_LEN + 4) / per_chunk)
+        .clamp(1, MAX_SEGMENT_CHUNKS as u64) as usize;
+    let (mut objects, mut markers) = (Vec::new(), Vec::new());
+    let mut start = skip;
+    while start < hashes.len() {
+        let end = (start + per_segment).min(hashes.len());
+        let listed = &hashes[start..end];
+        let (h, obj) = encode_segment_parts(g, listed, |l, i| {
+            sub_parts(&layers[l as usize], (start + i as usize) * slice, slice)
+        })?;
+        let digest = segment_digest(listed);
+        objects.push((keys.segment(&digest), Bytes::from(obj)));
+        for (i, hash) in listed.iter().enumerate() {
+            let m = SegmentMarker::new(&h, i as u32, digest);
+            let bytes = Bytes::copy_from_slice(&m.encode());
+            markers.push((keys.marker(hash), Marker::Segment(m), bytes));
+        }
+        start = end;
+    }
+    Ok((objects, markers))
+}
+
+/// Writes every object create-only, `conc` at a time, in order; each result with the bytes
+/// of its object.
+async fn put_all(
+    store: Arc<dyn Store>,
+    objects: Vec<(String, Bytes)>,
+    conc: usize,
+) -> Vec<Result<(PutIfAbsent, u64), StoreError>> {
+    futures::stream::iter(objects)
+        .map(|(k, b)| {
+            let store = store.clone();
+            async move {
+                let n = b.len() as u64;
+                store.put_if_absent(&k, b).await.map(|r| (r, n))
+            }
+        })
+        .buffered(conc)
+        .collect()
+        .await
 }
 
 /// The pieces of `parts` (taken in order as one buffer) that hold bytes `start..start+len`;

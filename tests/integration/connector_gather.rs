@@ -130,6 +130,37 @@ fn gather_where_offered_ranged_gets_where_off() {
 }
 
 #[test]
+fn version_2_saves_load_by_ranged_gets_and_version_1_prefixes_still_gather() {
+    let (_dir, _server, store) = fs_server();
+    let g = KvGeometry::llama31_8b();
+    let ns = unique_ns("gather-v2");
+    let with = |pairs: &[(&str, &str)]| {
+        let mut cfg = EngineConfig::from_pairs(pairs.iter().copied()).unwrap();
+        cfg.namespace = ns.clone();
+        Engine::with_store(store.clone(), cfg).unwrap()
+    };
+    let v2 = with(&[("save_format", "v2")]);
+    // 4 chunks of 1 MiB slices in one segment: the server's gather reads chunk objects only,
+    // so the load takes ranged GETs, 4 pieces per layer (32 layers), byte for byte.
+    assert_eq!(save_and_load(&v2, &g, 4, 11), 4 * 32);
+    // A version 1 prefix on the same server still gathers for both engines: one request per
+    // stream; an engine writing version 2 that knows no marker reads marker 0 first.
+    let v1 = with(&[]);
+    let (hs, data) = save_prefix(&v1, &g, 4, 12);
+    assert_eq!(v2.lookup_blocking(&g, &hs).unwrap(), 4);
+    for (e, lookup_cache, want) in [(&v1, "2000", 2), (&v2, "2000", 2), (&v2, "0", 1 + 2)] {
+        let e = if lookup_cache == "0" {
+            &with(&[("save_format", "v2"), ("lookup_cache_ttl_ms", "0")])
+        } else {
+            e
+        };
+        let h = start_load(e, &g, hs.clone(), data[0].len());
+        assert_layers_exact(&h, &data);
+        assert_eq!(h.stats().requests, want, "lookup cache {lookup_cache} ms");
+    }
+}
+
+#[test]
 fn stock_s3_falls_back_to_ranged_gets() {
     let Some((s, _)) = rt()
         .block_on(S3Store::from_test_env("fallback"))

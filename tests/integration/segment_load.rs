@@ -10,7 +10,7 @@ use crate::layerwise_load::stores;
 
 use bytes::Bytes;
 use common::*;
-use objectcache::connector::{ChunkStatus, Engine, LayerBuffers, LoadRequest};
+use objectcache::connector::{ChunkStatus, Engine, EngineConfig, LayerBuffers, LoadRequest};
 use objectcache::layout::{encode_segment_parts, segment_digest, SegmentMarker};
 use objectcache::store::{Store, StoreExt};
 use objectcache::{ChunkHash, KvGeometry, LayerError};
@@ -49,11 +49,7 @@ pub(crate) fn write_segment(
         obj[at] ^= 1;
     }
     let digest = segment_digest(listed);
-    // One runtime for every write: an S3 client's pooled connections live on the runtime
-    // that opened them.
-    static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
-    let rt = RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap());
-    rt.block_on(async {
+    rt().block_on(async {
         if segment {
             store
                 .put(&keys.segment(&digest), Bytes::from(obj))
@@ -68,6 +64,105 @@ pub(crate) fn write_segment(
                 .unwrap();
         }
     });
+}
+
+/// One runtime for every direct store call: an S3 client's pooled connections live on the
+/// runtime that opened them.
+fn rt() -> &'static tokio::runtime::Runtime {
+    static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap())
+}
+
+/// An engine over `store` in namespace `ns` whose saves write format version 2, segments of
+/// at most `max_bytes`; `cached` false: it keeps no lookup answers (as a worker process that
+/// never looked up).
+fn v2_engine(store: Arc<dyn Store>, ns: &str, max_bytes: u64, cached: bool) -> Engine {
+    let mut cfg = EngineConfig::from_pairs([
+        ("namespace", ns),
+        ("save_format", "v2"),
+        ("segment_max_bytes", &max_bytes.to_string()),
+    ])
+    .unwrap();
+    if !cached {
+        cfg.lookup_cache_ttl = std::time::Duration::ZERO;
+    }
+    Engine::with_store(store, cfg).unwrap()
+}
+
+#[test]
+fn saves_write_segments_that_loads_read_with_or_without_the_lookups_markers() {
+    for (name, s) in stores() {
+        let g = small();
+        let hs = hashes(&g, 8 * 16, 31);
+        let data = kv(&g, 8, 31);
+        let (slice, layers) = (g.slice_bytes() as usize, g.layers as u64);
+        let ns = unique_ns(name);
+        // Room for two chunks per segment: 68 header bytes, then per chunk its slices with
+        // their CRCs and its entry in the chunk list (1 + 32 bytes here, 65 at most).
+        let per_chunk = layers * (slice as u64 + 4) + 65;
+        let writer = v2_engine(s.clone(), &ns, 68 + 2 * per_chunk, true);
+        let part = |n: usize| -> Vec<&[u8]> { data.iter().map(|v| &v[..n * slice]).collect() };
+
+        // Chunks 0..6 in one save: three segments of two chunks and six 64-byte markers, no
+        // chunk object.
+        let r = writer.save_blocking(&g, &hs[..6], &part(6)).unwrap();
+        assert_eq!((r.written, r.already_present), (6, 0), "{name}");
+        let keys = writer.keys(&g).unwrap();
+        let listed = rt().block_on(s.list(&format!("{}/", ns), 1000)).unwrap();
+        let segs: Vec<u64> = listed
+            .iter()
+            .filter(|m| m.key.starts_with(&keys.segment_prefix()))
+            .map(|m| m.size)
+            .collect();
+        let seg_len = objectcache::layout::SegmentHeader::for_geometry(&g, &hs[..2])
+            .unwrap()
+            .object_len();
+        assert_eq!(segs, vec![seg_len; 3], "{name}: {listed:?}");
+        assert!(
+            hs.iter()
+                .all(|h| !listed.iter().any(|m| m.key == keys.data(h))),
+            "{name}: a chunk object was written"
+        );
+        assert_eq!(r.bytes, 3 * seg_len + 6 * 64, "{name}");
+
+        // The writer loads from what its save learnt: one read per (segment, layer) (the
+        // pieces of a layer are shared among its segments), no marker read.
+        assert_eq!(writer.lookup_blocking(&g, &hs).unwrap(), 6, "{name}");
+        let h = start_load(&writer, &g, hs[..6].to_vec(), 6 * slice);
+        assert_layers_exact(&h, &part(6).iter().map(|b| b.to_vec()).collect::<Vec<_>>());
+        assert_eq!(h.stats().requests, 3 * layers, "{name}");
+
+        // Another engine writing version 2 that knows no marker reads one per segment first
+        // (three rounds), then the same reads.
+        let worker = v2_engine(s.clone(), &ns, 1 << 30, false);
+        let h = start_load(&worker, &g, hs[..6].to_vec(), 6 * slice);
+        assert_layers_exact(&h, &part(6).iter().map(|b| b.to_vec()).collect::<Vec<_>>());
+        assert!(h.chunk_status().iter().all(|c| *c == ChunkStatus::Ok));
+        assert_eq!(h.stats().requests, 3 + 3 * layers, "{name}");
+
+        // A version 1 engine that knows no marker reads chunk objects: misses, never bytes.
+        let v1 = uncached_engine(s.clone(), &ns);
+        let h = start_load(&v1, &g, hs[..6].to_vec(), 6 * slice);
+        for l in 0..g.layers as usize {
+            assert!(h.wait_layer_blocking(l, None).is_err(), "{name} layer {l}");
+            assert!(h.layer(l).is_none(), "{name} layer {l} exposes bytes");
+        }
+
+        // The writer extends the prefix: the six chunks it knows are published are not
+        // written again; chunks 6..8 make one more segment.
+        let r = writer.save_blocking(&g, &hs, &part(8)).unwrap();
+        assert_eq!((r.written, r.already_present), (2, 6), "{name}");
+        assert_eq!(r.bytes, seg_len + 2 * 64, "{name}");
+        let h = start_load(&worker, &g, hs.clone(), 8 * slice);
+        assert_layers_exact(&h, &data);
+        assert_eq!(h.stats().requests, 4 + 4 * layers, "{name}");
+
+        // The same chunks saved by an engine that knows nothing, with the same segment size:
+        // the same segment keys and markers, already there; nothing is written.
+        let other = v2_engine(s.clone(), &ns, 68 + 2 * per_chunk, false);
+        let r = other.save_blocking(&g, &hs[..6], &part(6)).unwrap();
+        assert_eq!((r.written, r.already_present, r.bytes), (0, 6, 0), "{name}");
+    }
 }
 
 #[test]

@@ -183,11 +183,13 @@ pub struct SegmentRead {
 /// Plans the reads of segment runs **layer-major**: every run's layer 0 first, then every
 /// run's layer 1, and so on, as the GPU consumes them.
 ///
-/// Each (run, layer) range is cut at slice boundaries into at most `pieces` reads of at
-/// least `min_piece_bytes` each (one read when the range is smaller), so the first layer
-/// arrives over several connections at once (the layout sweep in `docs/object-format.md`:
-/// a segment's layer 0 in one GET waits on one connection) while the request count stays
-/// `layers x pieces` per run. A run that starts at index 0 reads its header with its first
+/// A layer's `pieces` reads are shared among the runs (at least one each): each (run, layer)
+/// range is cut at slice boundaries into at most `max(1, pieces / runs)` reads of at least
+/// `min_piece_bytes` each (one read when the range is smaller), so the first layer arrives
+/// over several connections at once (the layout sweep in `docs/object-format.md`: a
+/// segment's layer 0 in one GET waits on one connection) while the request count stays
+/// `layers x max(pieces, runs)`: a prefix saved as up to `pieces` segments costs no more
+/// GETs than one saved as one. A run that starts at index 0 reads its header with its first
 /// layer-0 piece (bytes from 0, nothing skipped); any other run gets a read of the header
 /// alone, first, so it is not made to read the slices before its own.
 pub fn plan_segment_reads(
@@ -198,6 +200,12 @@ pub fn plan_segment_reads(
     min_piece_bytes: u64,
 ) -> Vec<SegmentRead> {
     let stride = slice_len + super::format::SLICE_CRC_LEN;
+    let active = runs
+        .iter()
+        .filter(|r| !r.positions.is_empty())
+        .count()
+        .max(1) as u32;
+    let per_run = (pieces.max(1) / active).max(1);
     let mut out = Vec::new();
     for (r, run) in runs.iter().enumerate() {
         if run.first_index > 0 && !run.positions.is_empty() {
@@ -218,7 +226,7 @@ pub fn plan_segment_reads(
             }
             let lay = run.layout(slice_len);
             let by_size = (m * stride / min_piece_bytes.max(1)).max(1);
-            let n = by_size.min(pieces.max(1) as u64).min(m);
+            let n = by_size.min(per_run as u64).min(m);
             let mut at = 0u64;
             for i in 0..n {
                 // Pieces of floor(m / n) or one more slices, the larger ones first.
@@ -397,6 +405,15 @@ mod tests {
             }
         }
         assert!(seen.iter().flatten().all(|&n| n == 1));
+        // The same prefix saved as four segments of 32 chunks: the pieces are shared, one
+        // read per (segment, layer), still 128 GETs; two segments take two pieces each.
+        let four: Vec<SegmentRun> = (0..4).map(|i| run(i * 32..(i + 1) * 32, 0, 32)).collect();
+        let plan = plan_segment_reads(&four, layers, slice, 4, 1 << 20);
+        assert_eq!(plan.len(), 128);
+        assert!(plan.iter().all(|r| r.positions.len() == 32));
+        let plan = plan_segment_reads(&four[..2], layers, slice, 4, 1 << 20);
+        assert_eq!(plan.len(), 128);
+        assert!(plan.iter().all(|r| r.positions.len() == 16));
     }
 
     #[test]
