@@ -393,7 +393,7 @@ objectcache_status objectcache_chunk_hashes(const objectcache_hash_params *param
  *  store, namespace, hash_algo, window_bytes, max_requests, coalesce_bytes, lookup_fanout,
  *  lookup_cache_ttl_ms, load_timeout_ms, load_min_rate_bytes_per_s, stall_timeout_ms,
  *  save_concurrency, worker_threads, cpus, gather, gather_streams, single_flight, transport,
- *  scheduler, bandwidth_cap_bytes_per_s); unset keys keep
+ *  scheduler, bandwidth_cap_bytes_per_s, save_format, segment_max_bytes); unset keys keep
  *  their defaults. keys and values are arrays of n NUL-terminated strings, borrowed for the
  *  call (both may be NULL when n is 0). abi_version must be OBJECTCACHE_ABI_VERSION. On
  *  success *out receives an engine the caller owns and frees with objectcache_engine_destroy.

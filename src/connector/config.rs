@@ -113,10 +113,12 @@ pub struct EngineConfig {
     /// whatever this says. Version 2 is for the ranged-GET path: the gather server does not
     /// resolve version 2 markers yet, so a load that knows of a segment skips gather.
     pub save_format: SaveFormat,
-    /// `segment_max_bytes`: the largest segment object a `v2` save writes, bytes; a larger
-    /// save is cut into segments of whole chunks (each one PUT: at most 5 GiB, the single
-    /// PUT limit of AWS S3). Default 1 GiB: a 32K-token save at 8B geometry (4 GiB) is four
-    /// segments, and a load of it 4 ranged GETs per layer.
+    /// `segment_max_bytes`: the most KV bytes (chunk-layer slices) one segment object of a
+    /// `v2` save holds; a larger save is cut into segments of whole chunks, at least one
+    /// each. The object adds its header (64 bytes and one entry of up to 65 bytes per chunk)
+    /// and a 4-byte CRC32C per slice. At most 4 GiB, so that every segment is one PUT within
+    /// AWS S3's 5 GiB limit. Default 1 GiB: a 32K-token save at 8B geometry (4 GiB of KV) is
+    /// four segments, and a load of it 4 ranged GETs per layer.
     pub segment_max_bytes: u64,
 }
 
@@ -130,8 +132,10 @@ pub enum SaveFormat {
     V2,
 }
 
-/// The largest `segment_max_bytes`: 5 GiB, the single PUT limit of AWS S3.
-pub const MAX_SEGMENT_BYTES: u64 = 5 << 30;
+/// The largest `segment_max_bytes`: 4 GiB of KV, so that a segment object (KV, CRCs and
+/// header) stays within 5 GiB, the single PUT limit of AWS S3, for any slice of at least 64
+/// bytes.
+pub const MAX_SEGMENT_BYTES: u64 = 4 << 30;
 
 /// The `stall_timeout_ms` setting of [`EngineConfig`]: when a load that receives nothing is
 /// given up.
@@ -408,7 +412,7 @@ impl EngineConfig {
                 let n = pos(value)?;
                 if n > MAX_SEGMENT_BYTES {
                     return Err(Error::Config(format!(
-                        "segment_max_bytes: {n} is more than {MAX_SEGMENT_BYTES} (5 GiB, one S3 PUT)"
+                        "segment_max_bytes: {n} is more than {MAX_SEGMENT_BYTES} (4 GiB of KV in one S3 PUT)"
                     )));
                 }
                 self.segment_max_bytes = n

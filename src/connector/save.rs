@@ -8,7 +8,7 @@ use super::{Engine, SaveReport};
 use crate::error::{Error, StoreError};
 use crate::layout::{
     encode_segment_parts, object_len, segment_digest, ChunkHash, KeyBuilder, KvGeometry, Marker,
-    SegmentMarker, MAX_SEGMENT_CHUNKS, SEGMENT_FIXED_LEN, SLICE_CRC_LEN,
+    SegmentMarker, MAX_SEGMENT_CHUNKS,
 };
 use crate::store::{PutIfAbsent, Store, StoreExt};
 use bytes::Bytes;
@@ -237,8 +237,8 @@ fn chunk_objects(
 }
 
 /// Format version 2: chunks `skip..` of `hashes` as segment objects of consecutive chunks, each
-/// at most `max_bytes` long (at least one chunk), and a 64-byte marker per chunk naming its
-/// segment and index (`docs/object-format.md`, "Format version 2").
+/// holding at most `max_bytes` of KV (at least one chunk), and a 64-byte marker per chunk
+/// naming its segment and index (`docs/object-format.md`, "Format version 2").
 fn segment_objects(
     g: &KvGeometry,
     keys: &KeyBuilder,
@@ -248,10 +248,7 @@ fn segment_objects(
     max_bytes: u64,
 ) -> Result<SavePlan, Error> {
     let slice = g.slice_bytes() as usize;
-    // A chunk's share of a segment: its slices with their CRCs, and its entry in the chunk
-    // list (at most 65 bytes); the fixed header and the list's CRC are 68 bytes.
-    let per_chunk = g.layers as u64 * (g.slice_bytes() + SLICE_CRC_LEN) + 65;
-    let per_segment = (max_bytes.saturating_sub(SEGMENT_FIXED_LEN + 4) / per_chunk)
+    let per_segment = (max_bytes / (g.layers as u64 * g.slice_bytes()).max(1))
         .clamp(1, MAX_SEGMENT_CHUNKS as u64) as usize;
     let (mut objects, mut markers) = (Vec::new(), Vec::new());
     let mut start = skip;

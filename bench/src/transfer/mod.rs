@@ -2,7 +2,7 @@
 //!
 //! Paths: `gather-tcp` (one gather request, units streamed layer-major), `s3-layerwise` (the
 //! connector's stock-S3 load: ranged GETs in layer order), `s3-chunkwise` (one whole-object
-//! GET per chunk), `s3-segment` (the segment-object layout experiment), `file-layerwise` (the
+//! GET per chunk), `s3-segment` (the connector's stock-S3 load of a prefix saved in object format version 2: segment objects, ranged GETs), `file-layerwise` (the
 //! same load from the embedded file store on local disk, no network: the connector's default
 //! store, read straight into place). Each record carries `raw_tcp_bytes_per_s`, a plain loopback TCP stream
 //! measured in the same run, so throughput reads as a fraction of what the machine moves.
@@ -30,10 +30,11 @@ use objectcache::layout::{decode_chunk, HashAlgo, KeyBuilder, KvGeometry};
 use objectcache::protocol::{SaveChunk, SaveRequest, WireGeometry};
 use objectcache::store::StoreExt;
 use objectcache::transport::tcp::GatherClient;
-use std::sync::Arc;
 use std::time::Instant;
 
 const NAMESPACE: &str = "bench";
+/// The `s3-segment` path's namespace: its prefix beside the per-chunk objects of the others.
+const NAMESPACE_V2: &str = "bench-v2";
 
 /// Arguments of `objectcache-bench transfer`.
 #[derive(Debug, clap::Args)]
@@ -68,8 +69,9 @@ pub struct TransferArgs {
     /// Tokens per chunk instead of the preset's (e.g. 16 or 64, vLLM's GPU block sizes).
     #[arg(long)]
     tokens_per_chunk: Option<u32>,
-    /// Chunks per segment object of the `s3-segment` path (a save's new chunks in one
-    /// object, layer-major across them); default every chunk of the prefix (one save).
+    /// Chunks per segment object of the `s3-segment` path (a save's chunks in one object,
+    /// layer-major across them); default as many as the engine's `segment_max_bytes` holds
+    /// (1 GiB: a 32K-token prefix at 8B is four segments).
     #[arg(long)]
     segment_chunks: Option<usize>,
     /// Prefix lengths in tokens (comma-separated); rounded down to whole chunks.
@@ -137,8 +139,14 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
         }
         let tokens = chunks as u64 * g.tokens_per_chunk as u64;
         let hs = hashes(chunks, ctx as u64);
-        // Chunks per segment object of the `s3-segment` path.
-        let seg_chunks = args.segment_chunks.unwrap_or(chunks).clamp(1, chunks);
+        // Chunks per segment object of the `s3-segment` path: as many as the engine's
+        // `segment_max_bytes` of KV holds (1 GiB by default), or `--segment-chunks`.
+        let chunk_kv = g.layers as u64 * g.slice_bytes();
+        let seg_chunks = args
+            .segment_chunks
+            .unwrap_or((EngineConfig::default().segment_max_bytes / chunk_kv) as usize)
+            .clamp(1, chunks);
+        let segment_max_bytes = seg_chunks as u64 * chunk_kv;
         let layer_bytes = chunks as u64 * g.slice_bytes();
         let total = layer_bytes * g.layers as u64;
         eprintln!(
@@ -201,6 +209,36 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                 .await
                 .map_err(|e| e.to_string())
         })?;
+        // The `s3-segment` path's objects: saved through an engine writing format version 2,
+        // one save per segment (the same segments as one save of the prefix, cut at
+        // `segment_max_bytes`, without holding a second copy of the whole prefix in memory).
+        if args.paths.iter().any(|p| p == "s3-segment") {
+            let cfg = EngineConfig::from_pairs([
+                ("namespace", NAMESPACE_V2),
+                ("save_format", "v2"),
+                ("segment_max_bytes", &segment_max_bytes.to_string()),
+            ])
+            .map_err(|e| e.to_string())?;
+            let writer = Engine::with_store(store.clone(), cfg).map_err(|e| e.to_string())?;
+            for a in (0..chunks).step_by(seg_chunks) {
+                let r = a..(a + seg_chunks).min(chunks);
+                let objs: Vec<Bytes> = r.clone().map(|c| object(&g, c)).collect();
+                let slices: Vec<Vec<&[u8]>> = objs
+                    .iter()
+                    .map(|o| decode_chunk(&g, g.tokens_per_chunk, o).map(|d| d.1))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| e.to_string())?;
+                let layers: Vec<Vec<&[u8]>> = (0..g.layers as usize)
+                    .map(|l| slices.iter().map(|s| s[l]).collect())
+                    .collect();
+                let rep = writer
+                    .save_paged_blocking(&g, &hs[r.clone()], &layers)
+                    .map_err(|e| format!("s3-segment save: {e}"))?;
+                if rep.written != r.len() {
+                    return Err(format!("s3-segment save: {rep:?} for chunks {r:?}"));
+                }
+            }
+        }
         // The best of three runs: the ceiling this machine's loopback reaches (a single run
         // varies by tens of percent on a shared machine), so the fractions are conservative.
         let (mut raw, mut raw_cpu) = (0f64, None);
@@ -275,7 +313,9 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                     // Both go through the connector's Engine, as an inference server would: with
                     // gather on it sends one request to our server; with gather off it issues
                     // layer-major ranged GETs (the stock-S3 path), even against our server.
-                    "gather-tcp" | "s3-layerwise" | "file-layerwise" => {
+                    // `s3-segment`: the same engine saving format version 2 (segment
+                    // objects); its loads read one range per (segment, layer) in ranged GETs.
+                    "gather-tcp" | "s3-layerwise" | "file-layerwise" | "s3-segment" => {
                         let store = if path == "file-layerwise" {
                             let (d, fs) = file_copy(&rt, &store, &kb, &hs)?;
                             fs_dirs.push(d);
@@ -284,14 +324,32 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                             store.clone()
                         };
                         let mut cfg = EngineConfig::default();
-                        cfg.set("namespace", NAMESPACE).map_err(|e| e.to_string())?;
+                        let ns = if path == "s3-segment" {
+                            NAMESPACE_V2
+                        } else {
+                            NAMESPACE
+                        };
+                        cfg.set("namespace", ns).map_err(|e| e.to_string())?;
                         cfg.gather = path == "gather-tcp";
+                        if path == "s3-segment" {
+                            // The markers the lookup reads are kept for the whole run: every
+                            // load is placed without marker reads, as right after a lookup.
+                            cfg.set("save_format", "v2").map_err(|e| e.to_string())?;
+                            cfg.set("lookup_cache_ttl_ms", "3600000")
+                                .map_err(|e| e.to_string())?;
+                        }
                         if let Some(n) = args.gather_streams {
                             cfg.set("gather_streams", &n.to_string())
                                 .map_err(|e| e.to_string())?;
                         }
                         let engine = Engine::with_store(store.clone(), cfg.clone())
                             .map_err(|e| e.to_string())?;
+                        if path == "s3-segment" {
+                            let n = engine.lookup_blocking(&g, &hs).map_err(|e| e.to_string())?;
+                            if n != chunks {
+                                return Err(format!("s3-segment: lookup found {n} of {chunks} chunks"));
+                            }
+                        }
                         // The destination is allocated (and touched) once and reused by every load,
                         // as an inference server reuses its KV buffers: no load pays for page
                         // faults or for freeing the last load's buffers.
@@ -352,213 +410,6 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                                 cpu,
                             ));
                         }
-                        samples
-                    }
-                    // Layout experiment (issue 18, part 1): segment objects. Each segment holds
-                    // `segment_chunks` chunks layer-major across them (per layer, each chunk's
-                    // slice then its CRC32C), so one layer of a segment is one byte range: one
-                    // ranged GET per (segment, layer), issued in layer order within the
-                    // engine's default window (256 MiB), each slice verified as it lands.
-                    "s3-segment" => {
-                        let per = seg_chunks;
-                        let segs: Vec<std::ops::Range<usize>> = (0..chunks)
-                            .step_by(per)
-                            .map(|a| a..(a + per).min(chunks))
-                            .collect();
-                        let sl = g.slice_bytes() as usize;
-                        let unit = sl + 4;
-                        let seg_key = |i: usize| {
-                            format!("{}/segment-{ctx}-{i}", kb.prefix().trim_end_matches('/'))
-                        };
-                        // Populate: one PUT per segment.
-                        rt.block_on(async {
-                            for (i, r) in segs.iter().enumerate() {
-                                let mut o = Vec::with_capacity(r.len() * unit * g.layers as usize);
-                                let objs: Vec<Bytes> = r.clone().map(|c| object(&g, c)).collect();
-                                let decoded: Vec<Vec<&[u8]>> = objs
-                                    .iter()
-                                    .map(|o| decode_chunk(&g, g.tokens_per_chunk, o).map(|d| d.1))
-                                    .collect::<Result<_, _>>()
-                                    .map_err(|e| e.to_string())?;
-                                for l in 0..g.layers {
-                                    for slices in &decoded {
-                                        let sbytes = slices[l as usize];
-                                        o.extend_from_slice(sbytes);
-                                        o.extend_from_slice(
-                                            &objectcache::layout::crc::crc32c(sbytes).to_le_bytes(),
-                                        );
-                                    }
-                                }
-                                store
-                                    .put(&seg_key(i), Bytes::from(o))
-                                    .await
-                                    .map_err(|e| e.to_string())?;
-                            }
-                            Ok::<_, String>(())
-                        })?;
-                        let window = EngineConfig::default().window_bytes;
-                        let mut samples = Vec::new();
-                        let mut dest: Vec<Vec<u8>> =
-                            (0..g.layers).map(|_| touched(layer_bytes as usize)).collect();
-                        for _ in 0..args.runs + 1 {
-                            let (ttfl, ttll, n, peak, cpu) = rt.block_on(async {
-                                let cpu0 = process_cpu_s();
-                                let t0 = Instant::now();
-                                let sem = Arc::new(tokio::sync::Semaphore::new(
-                                    (window >> 10) as usize,
-                                ));
-                                let mut tasks = Vec::new();
-                                let dests: Vec<Arc<std::sync::Mutex<Vec<u8>>>> = std::mem::take(&mut dest)
-                                    .into_iter()
-                                    .map(|d| Arc::new(std::sync::Mutex::new(d)))
-                                    .collect();
-                                let mut layer_done = vec![0usize; g.layers as usize];
-                                let mut ttfl = None;
-                                let mut n = 0u64;
-                                let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
-                                let inflight = Arc::new(std::sync::atomic::AtomicU64::new(0));
-                                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<
-                                    Result<u32, String>,
-                                >();
-                                for l in 0..g.layers {
-                                    for (i, r) in segs.iter().enumerate() {
-                                        let len = (r.len() * unit) as u64;
-                                        let start = l as u64 * len;
-                                        let kib = ((len >> 10) as u32).max(1);
-                                        let permit = sem
-                                            .clone()
-                                            .acquire_many_owned(kib.min((window >> 10) as u32))
-                                            .await
-                                            .map_err(|e| e.to_string())?;
-                                        n += 1;
-                                        let (store, key, tx) = (store.clone(), seg_key(i), tx.clone());
-                                        let d = dests[l as usize].clone();
-                                        let first = r.start;
-                                        let (inflight, peak) = (inflight.clone(), peak.clone());
-                                        tasks.push(tokio::spawn(async move {
-                                            let _p = permit;
-                                            let k = inflight.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-                                            peak.fetch_max(k, std::sync::atomic::Ordering::Relaxed);
-                                            let r = async {
-                                                let mut body = store
-                                                    .get_opts(
-                                                        &key,
-                                                        objectcache::store::GetOptions {
-                                                            range: Some(start..start + len),
-                                                        },
-                                                    )
-                                                    .await
-                                                    .map_err(|e| e.to_string())?
-                                                    .body;
-                                                let mut pos = 0usize; // within this range
-                                                let mut crc = 0u32;
-                                                let mut trailer = [0u8; 4];
-                                                use futures::StreamExt;
-                                                while let Some(p) = body.next().await {
-                                                    let p = p.map_err(|e| e.to_string())?;
-                                                    let mut p: &[u8] = &p;
-                                                    while !p.is_empty() {
-                                                        let u = pos / unit;
-                                                        let at = pos % unit;
-                                                        if at < sl {
-                                                            let k = p.len().min(sl - at);
-                                                            crc = objectcache::layout::crc::crc32c_append(crc, &p[..k]);
-                                                            let off = (first + u) * sl + at;
-                                                            d.lock().unwrap()[off..off + k]
-                                                                .copy_from_slice(&p[..k]);
-                                                            pos += k;
-                                                            p = &p[k..];
-                                                        } else {
-                                                            let k = p.len().min(unit - at);
-                                                            trailer[at - sl..at - sl + k]
-                                                                .copy_from_slice(&p[..k]);
-                                                            pos += k;
-                                                            p = &p[k..];
-                                                            if pos.is_multiple_of(unit) {
-                                                                if u32::from_le_bytes(trailer) != crc {
-                                                                    return Err(format!("segment slice {u} of layer {l}: CRC mismatch"));
-                                                                }
-                                                                crc = 0;
-                                                            }
-                                                        }
-                                                    }
-                                                }
-                                                if pos as u64 != len {
-                                                    return Err(format!("short body: {pos} of {len}"));
-                                                }
-                                                Ok(l)
-                                            }
-                                            .await;
-                                            inflight.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-                                            let _ = tx.send(r);
-                                        }));
-                                    }
-                                    // Collect finished reads without blocking issue order.
-                                    while let Ok(r) = rx.try_recv() {
-                                        let l = r?;
-                                        layer_done[l as usize] += 1;
-                                        if l == 0 && layer_done[0] == segs.len() {
-                                            ttfl = Some(t0.elapsed().as_secs_f64());
-                                        }
-                                    }
-                                }
-                                drop(tx);
-                                while let Some(r) = rx.recv().await {
-                                    let l = r?;
-                                    layer_done[l as usize] += 1;
-                                    if l == 0 && layer_done[0] == segs.len() {
-                                        ttfl = Some(t0.elapsed().as_secs_f64());
-                                    }
-                                }
-                                for t in tasks {
-                                    t.await.map_err(|e| e.to_string())?;
-                                }
-                                let ttll = t0.elapsed().as_secs_f64();
-                                dest = dests
-                                    .into_iter()
-                                    .map(|a| {
-                                        Arc::try_unwrap(a)
-                                            .expect("every read ended")
-                                            .into_inner()
-                                            .expect("lock")
-                                    })
-                                    .collect();
-                                Ok::<_, String>((
-                                    ttfl.unwrap_or(ttll),
-                                    ttll,
-                                    n,
-                                    peak.load(std::sync::atomic::Ordering::Relaxed),
-                                    per_gib(cpu0, process_cpu_s(), total),
-                                ))
-                            })?;
-                            samples.push(rec(
-                                path,
-                                n,
-                                n.div_ceil(peak.max(1)),
-                                (peak, 0),
-                                ttfl,
-                                ttll,
-                                cpu,
-                            ));
-                        }
-                        // The first load warmed the connections; as the engine paths.
-                        samples.remove(0);
-                        // Check the bytes of the last load against the objects.
-                        for c in [0, chunks - 1] {
-                            let obj = object(&g, c);
-                            let (_, slices) = decode_chunk(&g, g.tokens_per_chunk, &obj)
-                                .map_err(|e| e.to_string())?;
-                            for (l, sb) in slices.iter().enumerate() {
-                                if &dest[l][c * sl..(c + 1) * sl] != *sb {
-                                    return Err(format!("s3-segment: chunk {c} layer {l} differs"));
-                                }
-                            }
-                        }
-                        rt.block_on(async {
-                            for i in 0..segs.len() {
-                                let _ = store.delete(&seg_key(i)).await;
-                            }
-                        });
                         samples
                     }
                     "s3-chunkwise" => {
@@ -692,6 +543,12 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
             for h in &hs {
                 let _ = store.delete(&kb.data(h)).await;
                 let _ = store.delete(&kb.marker(h)).await;
+            }
+            // The `s3-segment` path's markers and segments.
+            if let Ok(objs) = store.list(&format!("{NAMESPACE_V2}/"), usize::MAX).await {
+                for m in objs {
+                    let _ = store.delete(&m.key).await;
+                }
             }
         });
     }

@@ -162,6 +162,35 @@ def test_a_complete_load_advises_waiting(eng):
             assert adv.as_dict()["recompute_tokens"] == 0
 
 
+def test_version_2_saves_load_in_another_engine(tmp_path):
+    """save_format=v2 writes segment objects: an engine writing v2 that never looked up (as a
+    vLLM worker) reads their markers and loads byte for byte; a v1 engine gets misses."""
+    g = geometry()
+    store = str(tmp_path / "store")
+    hashes = oc.chunk_hashes(tokens(3 * g.tokens_per_chunk, 5), g.tokens_per_chunk)
+    layers = kv(g, 3, 5)
+    with oc.Engine(store=store, namespace="v2", save_format="v2") as writer:
+        rep = writer.save(g, hashes, layers)
+        assert (rep.written, rep.already_present) == (3, 0)
+    segs = list((tmp_path / "store").rglob("seg/*"))
+    assert len(segs) == 1 and not list((tmp_path / "store").rglob("kv/*"))
+    for fmt, ok in (("v2", True), ("v1", False)):
+        with oc.Engine(store=store, namespace="v2", save_format=fmt,
+                       lookup_cache_ttl_ms=0) as e:
+            assert e.lookup(g, hashes) == 3
+            dst = bytearray(g.layers * 3 * g.slice_bytes)
+            with e.register(dst), e.load(g, hashes, split_layers(dst, g, 3)) as t:
+                per = 3 * g.slice_bytes
+                for l in range(g.layers):
+                    if ok:
+                        assert t.wait_layer(l, timeout_s=30)
+                        assert bytes(dst[l * per:(l + 1) * per]) == layers[l], f"layer {l}"
+                    else:
+                        with pytest.raises(oc.LayerMissError):
+                            t.wait_layer(l, timeout_s=30)
+                        assert bytes(dst[l * per:(l + 1) * per]) != layers[l]
+
+
 def test_missing_chunk_is_a_miss_for_its_layers_never_bytes(eng):
     g = geometry()
     hashes, layers = saved_prefix(eng, g, 2, seed=2)

@@ -75,6 +75,8 @@ CONFIG_KEYS = (
     "transport",
     "scheduler",
     "bandwidth_cap_bytes_per_s",
+    "save_format",
+    "segment_max_bytes",
 )
 
 
@@ -519,7 +521,8 @@ class Engine:
     ``lookup_cache_ttl_ms``, ``load_timeout_ms``, ``load_min_rate_bytes_per_s``,
     ``stall_timeout_ms``, ``save_concurrency``, ``worker_threads``, ``cpus``, ``gather``,
     ``gather_streams``, ``single_flight``, ``transport``, ``scheduler``,
-    ``bandwidth_cap_bytes_per_s``. Values may be ``str``, ``int`` or ``bool``; unset keys keep
+    ``bandwidth_cap_bytes_per_s``, ``save_format`` (``v1`` or ``v2``: segment objects, see
+    docs/object-format.md), ``segment_max_bytes``. Values may be ``str``, ``int`` or ``bool``; unset keys keep
     the library's defaults. An unknown key or a bad value raises :class:`ConfigError` naming
     it.
 
