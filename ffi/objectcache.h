@@ -442,6 +442,37 @@ objectcache_status objectcache_lookup_tokens(objectcache_engine *engine,
                                              const uint32_t *tokens, size_t n_tokens,
                                              size_t *hit_chunks);
 
+/** Bytes of one segment marker record (objectcache_segment_markers): the chunk's prefix
+ *  position (uint64_t, little-endian), then its 64-byte format version 2 publish marker. */
+#define OBJECTCACHE_SEGMENT_MARKER_RECORD_LEN 72
+
+/** The format version 2 publish markers that this engine's lookup of these chunks (hashes as
+ *  for objectcache_lookup) read within lookup_cache_ttl_ms, one per segment object, as
+ *  records of OBJECTCACHE_SEGMENT_MARKER_RECORD_LEN bytes; never more than n_chunks. An
+ *  engine that loads these chunks elsewhere (vLLM: the scheduler looks up, its workers load)
+ *  takes them with objectcache_segment_markers_add, so its load places the chunks without
+ *  reading markers itself. *n_records receives the number of records (0 for a prefix of
+ *  format version 1 chunk objects, or when nothing was looked up); they are written to
+ *  records when cap_records is at least that many (records may be NULL when cap_records is
+ *  0: a query), else OBJECTCACHE_ERR_INVALID_ARGUMENT naming both counts. Thread-safe. */
+objectcache_status objectcache_segment_markers(objectcache_engine *engine,
+                                               const objectcache_geometry *geometry,
+                                               const uint8_t *hashes, size_t hash_len,
+                                               size_t n_chunks, uint8_t *records,
+                                               size_t cap_records, size_t *n_records);
+
+/** Takes n_records segment marker records (objectcache_segment_markers of another engine,
+ *  for the same hashes in the same order) as if this engine's lookup had read them: loads of
+ *  these chunks posted within lookup_cache_ttl_ms place them from the records. A record
+ *  whose position is not below n_chunks, or whose marker does not decode as a version 2
+ *  marker, is OBJECTCACHE_ERR_INVALID_ARGUMENT naming its index (and nothing is taken).
+ *  Thread-safe. */
+objectcache_status objectcache_segment_markers_add(objectcache_engine *engine,
+                                                   const objectcache_geometry *geometry,
+                                                   const uint8_t *hashes, size_t hash_len,
+                                                   size_t n_chunks, const uint8_t *records,
+                                                   size_t n_records);
+
 /** Saves a prefix's KV and blocks until it is published. layers is an array of n_layers
  *  (= geometry->layers) pointers, each to bytes_per_layer = n_chunks x slice_bytes bytes
  *  holding chunk c's slice at c x slice_bytes; all borrowed for the call (no registration

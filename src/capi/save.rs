@@ -59,6 +59,112 @@ pub unsafe extern "C" fn objectcache_lookup_tokens(
     })
 }
 
+/// Bytes of one segment marker record.
+const RECORD_LEN: usize = OBJECTCACHE_SEGMENT_MARKER_RECORD_LEN as usize;
+
+/// The lookup's segment markers as records. See the header.
+///
+/// # Safety
+/// Pointers as the header states.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn objectcache_segment_markers(
+    engine: *mut objectcache_engine,
+    geometry: *const objectcache_geometry,
+    hashes: *const u8,
+    hash_len: usize,
+    n_chunks: usize,
+    records: *mut u8,
+    cap_records: usize,
+    n_records: *mut usize,
+) -> objectcache_status {
+    guard("objectcache_segment_markers", || {
+        let e = get_engine(engine)?;
+        need_out(n_records, "n_records")?;
+        // SAFETY: the header's contract on `geometry`.
+        let g = unsafe { self::geometry(geometry)? };
+        // SAFETY: the header's contract on `hashes`.
+        let hs = unsafe { self::hashes(hashes, hash_len, n_chunks)? };
+        let markers = e.engine.segment_markers(&g, &hs)?;
+        let n = markers.len();
+        if n > 0 && cap_records > 0 {
+            if cap_records < n {
+                return Err(invalid(format!(
+                    "records: room for {cap_records} records, {n} needed"
+                )));
+            }
+            if records.is_null() {
+                return Err(invalid(format!(
+                    "records is NULL but cap_records is {cap_records}"
+                )));
+            }
+            // SAFETY: the header's contract: `records` holds `cap_records` records.
+            let out = unsafe { std::slice::from_raw_parts_mut(records, n * RECORD_LEN) };
+            for (r, (p, m)) in out.chunks_exact_mut(RECORD_LEN).zip(&markers) {
+                r[..8].copy_from_slice(&(*p as u64).to_le_bytes());
+                r[8..].copy_from_slice(&m.encode());
+            }
+        }
+        // SAFETY: checked by need_out above.
+        unsafe { out_val(n_records, n, "n_records")? };
+        Ok(OBJECTCACHE_OK)
+    })
+}
+
+/// Takes segment marker records from a lookup elsewhere. See the header.
+///
+/// # Safety
+/// Pointers as the header states.
+#[no_mangle]
+pub unsafe extern "C" fn objectcache_segment_markers_add(
+    engine: *mut objectcache_engine,
+    geometry: *const objectcache_geometry,
+    hashes: *const u8,
+    hash_len: usize,
+    n_chunks: usize,
+    records: *const u8,
+    n_records: usize,
+) -> objectcache_status {
+    guard("objectcache_segment_markers_add", || {
+        let e = get_engine(engine)?;
+        // SAFETY: the header's contract on `geometry`.
+        let g = unsafe { self::geometry(geometry)? };
+        // SAFETY: the header's contract on `hashes`.
+        let hs = unsafe { self::hashes(hashes, hash_len, n_chunks)? };
+        let total = n_records
+            .checked_mul(RECORD_LEN)
+            .ok_or_else(|| invalid(format!("{n_records} records overflow")))?;
+        // SAFETY: the header's contract on `records`.
+        let b = unsafe { slice(records, total, "records")? };
+        let mut markers = std::collections::BTreeMap::new();
+        for (i, r) in b.chunks_exact(RECORD_LEN).enumerate() {
+            let p = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
+            let p = usize::try_from(p)
+                .ok()
+                .filter(|&p| p < hs.len())
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "record {i}: prefix position {p}, the prefix has {} chunks",
+                        hs.len()
+                    ))
+                })?;
+            match crate::layout::decode_marker(&r[8..]) {
+                Ok(crate::layout::Marker::Segment(m)) => {
+                    markers.insert(p, m);
+                }
+                Ok(_) => {
+                    return Err(invalid(format!(
+                        "record {i}: a format version 1 marker, not a segment marker"
+                    )))
+                }
+                Err(err) => return Err(invalid(format!("record {i}: {err}"))),
+            }
+        }
+        e.engine.add_segment_markers(&g, &hs, &markers)?;
+        Ok(OBJECTCACHE_OK)
+    })
+}
+
 /// Saves a prefix's KV (blocking). See the header.
 ///
 /// # Safety

@@ -83,6 +83,10 @@ pub const OBJECTCACHE_CHUNK_ERROR: i32 = 5;
 /// Wait without limit (`timeout_ms`).
 pub const OBJECTCACHE_WAIT_FOREVER: i32 = -1;
 
+/// Bytes of one segment marker record (`objectcache_segment_markers`): the chunk's prefix
+/// position (u64, little-endian), then its 64-byte format version 2 publish marker.
+pub const OBJECTCACHE_SEGMENT_MARKER_RECORD_LEN: u32 = 8 + crate::layout::SEGMENT_MARKER_LEN as u32;
+
 /// Opaque engine handle (a token, never dereferenced).
 #[repr(C)]
 pub struct objectcache_engine {

@@ -240,6 +240,38 @@ impl Engine {
             .collect())
     }
 
+    /// Takes version 2 markers that a lookup in another engine read ([`Engine::segment_markers`]
+    /// there, by position in `hashes`) as if this engine's own lookup had read them: loads of
+    /// these chunks started within `lookup_cache_ttl` place them without reading markers (as
+    /// [`LoadHints::segment_markers`](crate::connector::LoadHints::segment_markers), for
+    /// callers that cannot pass hints with a load, such as the C ABI's). Lookups of these
+    /// chunks meanwhile find them published.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a position at or past `hashes.len()` (naming it) or a
+    /// geometry this engine cannot key.
+    pub fn add_segment_markers(
+        &self,
+        g: &KvGeometry,
+        hashes: &[ChunkHash],
+        markers: &BTreeMap<usize, SegmentMarker>,
+    ) -> Result<(), Error> {
+        let keys = self.keys(g)?;
+        if let Some(p) = markers.keys().find(|&&p| p >= hashes.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "segment markers: prefix position {p}, the prefix has {} chunks",
+                hashes.len()
+            )));
+        }
+        let now = Instant::now();
+        let mut cache = self.lookup_cache.lock().expect("lock");
+        for (p, m) in markers {
+            let known = Known::Read(Marker::Segment(m.clone()));
+            cache.insert(keys.marker(&hashes[*p]), (known, now));
+        }
+        Ok(())
+    }
+
     /// The markers of `hashes` (this rank's, under `keys`) that a lookup read within
     /// `lookup_cache_ttl`, by prefix position: what a load starts from to place its chunks
     /// (`layout::place`).

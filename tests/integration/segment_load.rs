@@ -334,6 +334,19 @@ fn a_load_elsewhere_places_chunks_from_the_lookups_markers() {
             assert!(h.layer(l).is_none(), "{name} layer {l} exposes bytes");
         }
 
+        // The same markers taken by an engine (as the C ABI's objectcache_segment_markers_add
+        // does) place a plain load: the same 12 GETs.
+        let taker = engine(s.clone(), &ns);
+        taker.add_segment_markers(&g, &hs, &markers).unwrap();
+        let h = start_load(&taker, &g, hs.clone(), 6 * slice);
+        assert_layers_exact(&h, &data);
+        assert_eq!(h.stats().requests, 2 * g.layers as u64, "{name}");
+        let err = taker
+            .add_segment_markers(&g, &hs[..1], &markers)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("prefix position 2"), "{name}: {err}");
+
         // A marker past the request is refused, naming it.
         let far: std::collections::BTreeMap<usize, _> =
             [(6, markers.values().next().unwrap().clone())].into();
