@@ -20,9 +20,15 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-/// Parallel reads a segment run's layer is cut into at most (`plan_segment_reads`): a
+/// Parallel reads a segment load's layer is cut into on average (`segment_pieces`): a
 /// one-save 32K-token 8B load then takes 4 x 32 = 128 GETs, the goal of issue 18.
 const SEGMENT_PIECES: u32 = 4;
+/// Parallel reads of layer 0, taken from the last layers' share where they have reads to
+/// spare (`segment_pieces`). Prefill waits for all of layer 0; over 4 connections it came
+/// 2.8-3.0x gather's TTFL, over 16 1.7-2.6x (32K at 8B, `objectcache-bench transfer
+/// --paths gather-tcp,s3-segment`, loopback; docs/object-format.md). A one-segment load stays
+/// at 128 GETs; one in four segments takes 140 (each segment's layers are read apart).
+const SEGMENT_FIRST_PIECES: u32 = 16;
 /// Smallest such read, bytes: below it a layer's range is read whole.
 const SEGMENT_MIN_PIECE: u64 = 1 << 20;
 
@@ -111,6 +117,7 @@ pub(super) fn plan(
                 g.layers,
                 g.slice_bytes(),
                 SEGMENT_PIECES,
+                SEGMENT_FIRST_PIECES,
                 SEGMENT_MIN_PIECE,
             )
             .into_iter()

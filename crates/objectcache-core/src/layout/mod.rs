@@ -23,7 +23,9 @@ pub use geometry::{
     Dtype, KvGeometry, KvLayout, DEFAULT_TOKENS_PER_CHUNK, MAX_LAYOUT_NAME, PRESET_NAMES,
 };
 pub use key::{validate_namespace, ChunkHash, HashAlgo, KeyBuilder};
-pub use placement::{place, plan_segment_reads, Placement, Run, SegmentRead, SegmentRun};
+pub use placement::{
+    place, plan_segment_reads, segment_pieces, Placement, Run, SegmentRead, SegmentRun,
+};
 pub use ranges::{plan_layer_major, RangeRead};
 pub use segment::{
     decode_marker, encode_segment_parts, segment_digest, Marker, SegmentHeader, SegmentLayout,

@@ -180,23 +180,63 @@ pub struct SegmentRead {
     pub with_header: bool,
 }
 
+/// How many parallel reads each layer of a segment load is cut into (the `pieces` of
+/// [`plan_segment_reads`]): `per_layer` on average, so a load costs `layers x per_layer`
+/// reads, with layer 0 given `first` of them (at least `per_layer`), since prefill waits for
+/// the whole of layer 0 before it computes anything while later layers arrive behind
+/// compute. The reads layer 0 takes beyond `per_layer` come off the later layers, one at a
+/// time from the last, round after round, each keeping at least `floor` (at least 1; pass
+/// the number of segment runs, since each run of a layer is one read at least); what they
+/// cannot give is added. At 32 layers, `per_layer` 4 and `first` 16: with `floor` 1 or 2,
+/// layer 0 gets 16 reads, layers 1-19 4 and layers 20-31 3, 128 in all; with `floor` 4 (a
+/// prefix in four segments) layer 0 gets 16 and the others 4, 140 in all.
+pub fn segment_pieces(layers: u32, per_layer: u32, first: u32, floor: u32) -> Vec<u32> {
+    let layers = layers as usize;
+    if layers == 0 {
+        return Vec::new();
+    }
+    let per_layer = per_layer.max(1);
+    let floor = floor.max(1);
+    let first = first.max(per_layer);
+    let mut out = vec![per_layer; layers];
+    out[0] = first;
+    let mut extra = first - per_layer;
+    // One read at a time off each later layer, the last first, round after round.
+    let mut gave = true;
+    while extra > 0 && gave {
+        gave = false;
+        for p in out[1..].iter_mut().rev() {
+            if extra > 0 && *p > floor {
+                *p -= 1;
+                extra -= 1;
+                gave = true;
+            }
+        }
+    }
+    out
+}
+
 /// Plans the reads of segment runs **layer-major**: every run's layer 0 first, then every
 /// run's layer 1, and so on, as the GPU consumes them.
 ///
-/// A layer's `pieces` reads are shared among the runs (at least one each): each (run, layer)
-/// range is cut at slice boundaries into at most `max(1, pieces / runs)` reads of at least
-/// `min_piece_bytes` each (one read when the range is smaller), so the first layer arrives
-/// over several connections at once (the layout sweep in `docs/object-format.md`: a
-/// segment's layer 0 in one GET waits on one connection) while the request count stays
-/// `layers x max(pieces, runs)`: a prefix saved as up to `pieces` segments costs no more
-/// GETs than one saved as one. A run that starts at index 0 reads its header with its first
-/// layer-0 piece (bytes from 0, nothing skipped); any other run gets a read of the header
-/// alone, first, so it is not made to read the slices before its own.
+/// Each layer gets `pieces` reads, layer 0 `first_pieces` (as many as its ranges can be cut
+/// into), taken from the later layers' share ([`segment_pieces`], with one read per run as
+/// the floor). Layer `l`'s reads are shared among the runs (at least one each): each
+/// (run, layer) range is cut at slice boundaries into at most `max(1, pieces_l / runs)`
+/// reads of at least `min_piece_bytes` each (one read when the range is smaller), so a
+/// layer arrives over several connections at once (the layout sweep in
+/// `docs/object-format.md`: a segment's layer 0 in one GET waits on one connection) while
+/// the request count stays `layers x pieces` where the runs allow it: a prefix saved as up
+/// to `pieces` segments costs no more GETs than one saved as one, except for what layer 0
+/// takes beyond what the later layers can give. A run that starts at index 0 reads its header with its
+/// first layer-0 piece (bytes from 0, nothing skipped); any other run gets a read of the
+/// header alone, first, so it is not made to read the slices before its own.
 pub fn plan_segment_reads(
     runs: &[SegmentRun],
     layers: u32,
     slice_len: u64,
     pieces: u32,
+    first_pieces: u32,
     min_piece_bytes: u64,
 ) -> Vec<SegmentRead> {
     let stride = slice_len + super::format::SLICE_CRC_LEN;
@@ -205,7 +245,15 @@ pub fn plan_segment_reads(
         .filter(|r| !r.positions.is_empty())
         .count()
         .max(1) as u32;
-    let per_run = (pieces.max(1) / active).max(1);
+    // The reads each run's layer range can be cut into at most.
+    let most = |m: u64| (m * stride / min_piece_bytes.max(1)).clamp(1, m.max(1));
+    let usable: u64 = runs.iter().map(|r| most(r.positions.len() as u64)).sum();
+    let pieces = segment_pieces(
+        layers,
+        pieces,
+        (first_pieces as u64).min(usable) as u32,
+        active,
+    );
     let mut out = Vec::new();
     for (r, run) in runs.iter().enumerate() {
         if run.first_index > 0 && !run.positions.is_empty() {
@@ -219,14 +267,14 @@ pub fn plan_segment_reads(
         }
     }
     for layer in 0..layers {
+        let per_run = (pieces[layer as usize] / active).max(1);
         for (r, run) in runs.iter().enumerate() {
             let m = run.positions.len() as u64;
             if m == 0 {
                 continue;
             }
             let lay = run.layout(slice_len);
-            let by_size = (m * stride / min_piece_bytes.max(1)).max(1);
-            let n = by_size.min(per_run as u64).min(m);
+            let n = most(m).min(per_run as u64);
             let mut at = 0u64;
             for i in 0..n {
                 // Pieces of floor(m / n) or one more slices, the larger ones first.
@@ -387,7 +435,7 @@ mod tests {
         // the 32K-token 8B load of issue 18 in 128 GETs.
         let (slice, layers) = (1u64 << 20, 32u32);
         let runs = [run(0..128, 0, 128)];
-        let plan = plan_segment_reads(&runs, layers, slice, 4, 1 << 20);
+        let plan = plan_segment_reads(&runs, layers, slice, 4, 4, 1 << 20);
         assert_eq!(plan.len(), 128);
         assert!(plan.windows(2).all(|w| w[0].layer <= w[1].layer));
         let lay = runs[0].layout(slice);
@@ -408,12 +456,47 @@ mod tests {
         // The same prefix saved as four segments of 32 chunks: the pieces are shared, one
         // read per (segment, layer), still 128 GETs; two segments take two pieces each.
         let four: Vec<SegmentRun> = (0..4).map(|i| run(i * 32..(i + 1) * 32, 0, 32)).collect();
-        let plan = plan_segment_reads(&four, layers, slice, 4, 1 << 20);
+        let plan = plan_segment_reads(&four, layers, slice, 4, 4, 1 << 20);
         assert_eq!(plan.len(), 128);
         assert!(plan.iter().all(|r| r.positions.len() == 32));
-        let plan = plan_segment_reads(&four[..2], layers, slice, 4, 1 << 20);
+        let plan = plan_segment_reads(&four[..2], layers, slice, 4, 4, 1 << 20);
         assert_eq!(plan.len(), 128);
         assert!(plan.iter().all(|r| r.positions.len() == 16));
+        // Layer 0 in 16 reads, the budget kept: 128 GETs still, the last 12 layers in 3.
+        // Four segments: every layer reads each at least once, so layer 0's 12 more reads
+        // are added (140), 4 per segment.
+        for (runs, total, last) in [(&runs[..], 128, 3), (&four[..], 140, 4)] {
+            let plan = plan_segment_reads(runs, layers, slice, 4, 16, 1 << 20);
+            assert_eq!(plan.len(), total);
+            let count = |l: u32| plan.iter().filter(|r| r.layer == l).count();
+            assert_eq!((count(0), count(19), count(31)), (16, 4, last));
+            let mut seen = vec![vec![0u8; 128]; layers as usize];
+            for r in &plan {
+                for p in r.positions.clone() {
+                    seen[r.layer as usize][p] += 1;
+                }
+            }
+            assert!(seen.iter().flatten().all(|&n| n == 1));
+        }
+        // Layer 0 of 4 chunks cuts into 4 reads at most: it takes no more, and the later
+        // layers keep their 4 (the budget is not spent on reads layer 0 cannot use).
+        let small = [run(0..4, 0, 4)];
+        let plan = plan_segment_reads(&small, layers, slice, 4, 16, 1 << 20);
+        assert_eq!(plan.len(), 128);
+        assert!(plan.iter().all(|r| r.positions.len() == 1));
+    }
+
+    #[test]
+    fn segment_pieces_keep_the_budget_and_a_read_per_layer() {
+        assert_eq!(segment_pieces(4, 4, 4, 1), vec![4, 4, 4, 4]);
+        assert_eq!(segment_pieces(4, 4, 8, 1), vec![8, 3, 3, 2]);
+        assert_eq!(segment_pieces(4, 4, 8, 3), vec![8, 3, 3, 3]);
+        // More than the later layers can give: they keep `floor` (at least one) each.
+        assert_eq!(segment_pieces(3, 2, 100, 0), vec![100, 1, 1]);
+        assert_eq!(segment_pieces(1, 4, 16, 1), vec![16]);
+        // Fewer for layer 0 than the mean is the mean.
+        assert_eq!(segment_pieces(2, 4, 1, 1), vec![4, 4]);
+        assert!(segment_pieces(0, 4, 16, 1).is_empty());
     }
 
     #[test]
@@ -421,7 +504,7 @@ mod tests {
         let slice = 1000u64;
         // 3 chunks of 1,004 bytes with their CRCs: under 4 KiB, one read per layer.
         let runs = [run(0..3, 0, 3), run(3..5, 2, 9)];
-        let plan = plan_segment_reads(&runs, 2, slice, 4, 4096);
+        let plan = plan_segment_reads(&runs, 2, slice, 4, 16, 4096);
         // The second run starts at index 2 of its segment: its header comes first, alone.
         assert_eq!(plan[0].run, 1);
         assert!(plan[0].with_header && plan[0].positions.is_empty());
@@ -443,9 +526,9 @@ mod tests {
         let lay = runs[1].layout(slice);
         assert_eq!(plan[4].bytes, lay.run_range(1, 2..4));
         // Uneven pieces: 5 slices in 2 pieces are 3 + 2, the larger first.
-        let plan = plan_segment_reads(&[run(0..5, 0, 5)], 1, slice, 2, 1);
+        let plan = plan_segment_reads(&[run(0..5, 0, 5)], 1, slice, 2, 2, 1);
         let sizes: Vec<usize> = plan.iter().map(|r| r.positions.len()).collect();
         assert_eq!(sizes, vec![3, 2]);
-        assert!(plan_segment_reads(&[], 4, slice, 4, 1).is_empty());
+        assert!(plan_segment_reads(&[], 4, slice, 4, 16, 1).is_empty());
     }
 }
