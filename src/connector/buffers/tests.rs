@@ -3,6 +3,7 @@
 //! overlap check of buffer ranges.
 
 use super::*;
+use crate::error::LayerError;
 use crate::transport::LayerSink;
 
 #[test]
