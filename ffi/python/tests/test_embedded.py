@@ -189,6 +189,23 @@ def test_version_2_saves_load_in_another_engine(tmp_path):
                         with pytest.raises(oc.LayerMissError):
                             t.wait_layer(l, timeout_s=30)
                         assert bytes(dst[l * per:(l + 1) * per]) != layers[l]
+    # A lookup in one engine hands its markers to a v1 engine that loads (vLLM's scheduler
+    # and worker): one record for the one segment, then the load places the chunks.
+    with oc.Engine(store=store, namespace="v2") as sched, \
+            oc.Engine(store=store, namespace="v2") as worker:
+        assert sched.segment_markers(g, hashes) == b""  # nothing looked up yet
+        assert sched.lookup(g, hashes) == 3
+        records = sched.segment_markers(g, hashes)
+        assert len(records) == 72
+        with pytest.raises(oc.InvalidArgumentError, match="record 0"):
+            worker.add_segment_markers(g, hashes[:0] + [hashes[0]], records[:8] + b"\0" * 64)
+        worker.add_segment_markers(g, hashes, records)
+        dst = bytearray(g.layers * 3 * g.slice_bytes)
+        with worker.register(dst), worker.load(g, hashes, split_layers(dst, g, 3)) as t:
+            assert t.wait_all(timeout_s=30)
+            per = 3 * g.slice_bytes
+            for l in range(g.layers):
+                assert bytes(dst[l * per:(l + 1) * per]) == layers[l], f"layer {l}"
 
 
 def test_missing_chunk_is_a_miss_for_its_layers_never_bytes(eng):

@@ -307,9 +307,11 @@ def logdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory, server):
-    """Store URLs: the embedded file store, our server, and Ceph RGW when configured."""
+    """Store URLs: the embedded file store, our server, Ceph RGW when configured, and a file
+    store that the saver writes in format version 2 (segment objects; see SAVE_EXTRA)."""
     s = {"file": "file://" + str(tmp_path_factory.mktemp("vllm-file-store")),
-         "server": server.url("vllm")}
+         "server": server.url("vllm"),
+         "v2": "file://" + str(tmp_path_factory.mktemp("vllm-v2-store"))}
     rgw = os.environ.get("OBJECTCACHE_VLLM_RGW_URL")
     if rgw:
         s["rgw"] = rgw
@@ -394,14 +396,19 @@ def expected_hit(tokens_a, tokens_b):
     return min(common // BLOCK, (len(tokens_b) - 1) // BLOCK) * BLOCK
 
 
+# Settings the saver uses per store beyond the URL: the "v2" store gets segment objects.
+SAVE_EXTRA = {"v2": {"save_format": "v2"}}
+
+
 @pytest.fixture(scope="module")
 def saved(model, logdir, stores, baseline):
     """A saver replica writes A (and A under salt tenant-x) to every store at once through
     vLLM's MultiConnector."""
     subs = [{"kv_connector": "ObjectCacheConnector",
              "kv_connector_module_path": "objectcache.vllm", "kv_role": "kv_both",
-             "kv_connector_extra_config": {"store": url, "namespace": "vllm-test"}}
-            for url in stores.values()]
+             "kv_connector_extra_config": {"store": url, "namespace": "vllm-test",
+                                           **SAVE_EXTRA.get(name, {})}}
+            for name, url in stores.items()]
     cfg = {"kv_connector": "MultiConnector", "kv_role": "kv_both",
            "kv_load_failure_policy": "recompute",
            "kv_connector_extra_config": {"connectors": subs}}
@@ -532,8 +539,15 @@ def test_api_server_cross_replica_salts_concurrency_and_corruption(model, logdir
         srv.close()
 
 
-@pytest.mark.parametrize("store", ["server", "rgw"])
+@pytest.mark.parametrize("store", ["server", "rgw", "v2"])
 def test_cross_replica_on_each_store(model, logdir, stores, baseline, saved, store):
+    """B in a fresh replica loads the document's chunks that the saver wrote. On "v2" the
+    saver wrote segment objects and the loading replica keeps the default format (version 1,
+    which reads no segment markers itself): it places the chunks only from the markers its
+    scheduler's lookup read and handed to the worker (objectcache_segment_markers, then
+    objectcache_segment_markers_add). Without the hand-over vLLM still reports the hit
+    tokens and the output is the same (it recomputes the failed blocks); the worker's log
+    then names the failed layer, which the test checks is absent."""
     if store not in stores:
         missing(f"no {store} store (set OBJECTCACHE_VLLM_RGW_URL; scripts/ceph-rgw/start.sh)")
     tok_a, tok_b = baseline["tokens"]
@@ -541,6 +555,10 @@ def test_cross_replica_on_each_store(model, logdir, stores, baseline, saved, sto
     # The RGW replica loads asynchronously (vLLM waits for the whole load between steps), the
     # server replica layer by layer inside the forward pass: both load paths run.
     mode = "async" if store == "rgw" else "layerwise"
+    if store == "v2":
+        root = pathlib.Path(stores["v2"][len("file://"):])
+        assert list(root.rglob("seg/*")) and not data_objects(root), \
+            "the v2 saver wrote chunk objects, or no segment"
     r = Replica(f"replica-{store}", logdir, model,
                 kv_transfer_config=connector(stores[store], load_mode=mode))
     try:
@@ -557,4 +575,8 @@ def test_cross_replica_on_each_store(model, logdir, stores, baseline, saved, sto
     compare_baseline(out["text"], out["first_logprobs"], baseline["single"][B], store)
     # The layout in the keys names vLLM's CPU attention ISA (blocks are packed for it).
     log = r.logpath.read_text()
+    # Every hit loaded: a failed load is recomputed by vLLM, which still counts the tokens
+    # as external hits and gives the same output, so only the worker's warning tells.
+    failed = re.findall(r"ObjectCache: load for \S+: layer \d+ failed[^\n]*", log)
+    assert not failed, f"{store}: loads failed and vLLM recomputed them: {failed[:2]}"
     assert re.search(r"layout vllm\d+\.\d+/cpu-\w+/", log), "no CPU attention ISA in the layout"

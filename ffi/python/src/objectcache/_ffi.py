@@ -257,6 +257,23 @@ _PROTOTYPES = {
         status,
         [c_void_p, _P(Geometry), _P(HashParams), _P(c_uint32), c_size_t, _P(c_size_t)],
     ),
+    "objectcache_segment_markers": (
+        status,
+        [
+            c_void_p,
+            _P(Geometry),
+            _P(c_uint8),
+            c_size_t,
+            c_size_t,
+            _P(c_uint8),
+            c_size_t,
+            _P(c_size_t),
+        ],
+    ),
+    "objectcache_segment_markers_add": (
+        status,
+        [c_void_p, _P(Geometry), _P(c_uint8), c_size_t, c_size_t, _P(c_uint8), c_size_t],
+    ),
     "objectcache_save": (
         status,
         [

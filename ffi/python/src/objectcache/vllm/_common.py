@@ -1,0 +1,352 @@
+"""What the connector's two sides share: its settings and the geometry they give, the
+metadata the scheduler sends the workers, the timing trace, and vLLM's logger."""
+
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import os
+import sys
+import threading
+import time
+
+import torch
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+
+import objectcache as oc
+
+
+# Under vLLM's logger hierarchy, so the messages appear in vLLM's log format and level.
+logger = logging.getLogger("vllm.objectcache")
+
+#: The connector's own settings in ``kv_connector_extra_config`` (every other key must be an
+#: engine setting, :data:`objectcache.CONFIG_KEYS`), with their defaults.
+CONNECTOR_SETTINGS = {
+    # Tokens per chunk object: a multiple of vLLM's block size (default: the block size).
+    "tokens_per_chunk": None,
+    # Model identifier in the keys (default: vLLM's model name or path). Set the same value on
+    # every replica that should share entries.
+    "model_id": None,
+    # KV layout name in the geometry (default: vllm<major.minor>/<device>/<KV cache layout>).
+    "layout": None,
+    # "layerwise": the load runs inside the forward pass, layer l computes while later
+    # layers arrive; "async": vLLM waits for the whole load between steps (other requests
+    # keep running meanwhile).
+    "load_mode": "layerwise",
+    # Whether to save newly computed full chunks (default: on for kv_both/kv_producer).
+    "save": None,
+    # Whether to load (default: on for kv_both/kv_consumer).
+    "load": None,
+    # How long get_num_new_matched_tokens waits for a lookup before letting vLLM ask again
+    # later (ms), and after how long a lookup that has not answered counts as a miss (ms).
+    "lookup_wait_ms": 20,
+    "lookup_timeout_ms": 2000,
+}
+
+# ---- Timing trace (OBJECTCACHE_VLLM_TRACE) -------------------------------------------------
+
+#: ``OBJECTCACHE_VLLM_TRACE``: unset, empty or ``0``: no trace. ``1``: one JSON line per
+#: connector call to stderr, prefixed ``objectcache-trace``. Anything else: a file path the
+#: lines are appended to (one ``write`` per line, so several processes may share it).
+_TRACE = os.environ.get("OBJECTCACHE_VLLM_TRACE", "")
+_TRACE = "" if _TRACE in ("", "0") else _TRACE
+_TRACE_LOCK = threading.Lock()
+
+
+def _trace(event, **fields):
+    """Writes one trace line: ``t`` (Unix time, s; comparable across processes), ``pid``,
+    ``thread``, ``event`` and ``fields`` (durations in ms, named ``*_ms``)."""
+    rec = {"t": round(time.time(), 6), "pid": os.getpid(),
+           "thread": threading.current_thread().name, "event": event}
+    rec.update(fields)
+    line = "objectcache-trace " + json.dumps(rec, default=str) + "\n"
+    with _TRACE_LOCK:
+        if _TRACE == "1":
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        else:
+            with open(_TRACE, "a") as f:
+                f.write(line)
+
+
+def _ms(t0):
+    return round(1000 * (time.monotonic() - t0), 3)
+
+
+def _traced(fields=None):
+    """Decorator of a connector method: with the trace on, each call writes one trace line
+    named after the method, with ``call_ms`` and ``fields(self, result, *args)``; with it
+    off, the method itself is returned (nothing added to the call)."""
+    def wrap(fn):
+        if not _TRACE:
+            return fn
+
+        @functools.wraps(fn)
+        def traced(self, *args, **kwargs):
+            t0 = time.monotonic()
+            out = fn(self, *args, **kwargs)
+            _trace(fn.__name__, call_ms=_ms(t0),
+                   **(fields(self, out, *args) if fields else {}))
+            return out
+        return traced
+    return wrap
+
+
+# The connector's default for the engine's load deadline (a stalled store never holds a
+# request longer than this; layers not in place by then are recomputed).
+_DEFAULT_LOAD_TIMEOUT_MS = 10000
+
+_DTYPES = {
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float32: "fp32",
+}
+if hasattr(torch, "float8_e4m3fn"):
+    _DTYPES[torch.float8_e4m3fn] = "fp8-e4m3"
+
+
+def _bool(v):
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in ("1", "true", "on", "yes"):
+        return True
+    if s in ("0", "false", "off", "no"):
+        return False
+    raise ValueError(f"{v!r} is not a boolean")
+
+
+@dataclasses.dataclass
+class _Settings:
+    """Settings shared by the scheduler and worker roles, derived identically in both."""
+
+    engine: dict
+    tokens_per_chunk: int
+    block_size: int
+    blocks_per_chunk: int
+    model_id: str
+    layout: str
+    load_mode: str
+    save: bool
+    load: bool
+    lookup_wait_s: float
+    lookup_timeout_s: float
+    hash_algo: str
+    layer_names: list
+    kv_heads: int
+    head_dim: int
+    dtype: str
+    tp_world: int
+
+
+def _cpu_list(text):
+    """Parses a Linux CPU list (``0,2-3``) into a set of ints."""
+    out = set()
+    for part in text.strip().split(","):
+        if part:
+            a, _, b = part.partition("-")
+            out.update(range(int(a), int(b or a) + 1))
+    return out
+
+
+def _spare_cpus():
+    """The CPUs this process may use that its calling thread is not bound to, sorted; empty
+    when the thread may use them all. vLLM on the CPU binds each worker's OpenMP threads,
+    the worker's main thread among them, to its compute cores and leaves the reserved cores
+    (``VLLM_CPU_NUM_OF_RESERVED_CPU``) to other work; threads started later inherit the
+    binding. Without a ``cpus`` setting the engine's threads, which copy and check the KV
+    of loads, would run on the compute cores and slow the forward pass they feed."""
+    try:
+        mine = os.sched_getaffinity(0)
+        with open("/sys/devices/system/cpu/online") as f:
+            usable = _cpu_list(f.read())
+        try:
+            with open("/sys/fs/cgroup/cpuset.cpus.effective") as f:
+                usable &= _cpu_list(f.read()) or usable
+        except OSError:
+            pass
+    except (AttributeError, OSError, ValueError):
+        return []
+    return sorted(usable - mine)
+
+
+def _settings(vllm_config, kv_cache_config):
+    ktc = vllm_config.kv_transfer_config
+    extra = dict(ktc.kv_connector_extra_config or {})
+    engine = {}
+    own = dict(CONNECTOR_SETTINGS)
+    for k, v in extra.items():
+        if k in CONNECTOR_SETTINGS:
+            own[k] = v
+        elif k in oc.CONFIG_KEYS:
+            engine[k] = v
+        else:
+            raise ValueError(
+                f"ObjectCacheConnector: unknown setting {k!r} in kv_connector_extra_config; "
+                f"connector settings: {', '.join(CONNECTOR_SETTINGS)}; engine settings: "
+                f"{', '.join(oc.CONFIG_KEYS)}"
+            )
+    engine.setdefault("load_timeout_ms", _DEFAULT_LOAD_TIMEOUT_MS)
+    if "cpus" not in engine:
+        spare = _spare_cpus()
+        if spare:
+            engine["cpus"] = ",".join(str(c) for c in spare)
+            logger.info(
+                "ObjectCacheConnector: the engine's threads run on CPUs %s (this thread, "
+                "vLLM's compute, is bound to %s)", engine["cpus"],
+                sorted(os.sched_getaffinity(0)),
+            )
+
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) != 1:
+        raise ValueError(
+            f"ObjectCacheConnector: {len(groups)} KV cache groups; only models with one "
+            "(full attention) group are supported"
+        )
+    spec = groups[0].kv_cache_spec
+    block_size = int(spec.block_size)
+    tpc = int(own["tokens_per_chunk"] or block_size)
+    if tpc <= 0 or tpc % block_size:
+        raise ValueError(
+            f"ObjectCacheConnector: tokens_per_chunk {tpc} is not a positive multiple of "
+            f"vLLM's block size {block_size}"
+        )
+    dtype = _DTYPES.get(spec.dtype)
+    if dtype is None:
+        raise ValueError(f"ObjectCacheConnector: KV cache dtype {spec.dtype} is not supported")
+    mc = vllm_config.model_config
+    pc = vllm_config.parallel_config
+    tp = int(pc.tensor_parallel_size)
+    heads_per_rank = int(mc.get_num_kv_heads(pc))
+    load_mode = str(own["load_mode"])
+    if load_mode not in ("layerwise", "async"):
+        raise ValueError(
+            f"ObjectCacheConnector: load_mode {load_mode!r} is not layerwise or async"
+        )
+    role = ktc.kv_role
+    save = _bool(own["save"]) if own["save"] is not None else role in ("kv_both", "kv_producer")
+    load = _bool(own["load"]) if own["load"] is not None else role in ("kv_both", "kv_consumer")
+    algo = vllm_config.cache_config.prefix_caching_hash_algo
+    engine["hash_algo"] = "sha256cbor" if algo == "sha256_cbor" else "ext"
+    return _Settings(
+        engine=engine,
+        tokens_per_chunk=tpc,
+        block_size=block_size,
+        blocks_per_chunk=tpc // block_size,
+        model_id=str(own["model_id"] or mc.model),
+        layout=str(own["layout"] or _default_layout(vllm_config, kv_cache_config, spec)),
+        load_mode=load_mode,
+        save=save,
+        load=load,
+        lookup_wait_s=float(own["lookup_wait_ms"]) / 1000.0,
+        lookup_timeout_s=float(own["lookup_timeout_ms"]) / 1000.0,
+        hash_algo=algo,
+        layer_names=list(groups[0].layer_names),
+        kv_heads=heads_per_rank * tp,
+        head_dim=int(mc.get_head_size()),
+        dtype=dtype,
+        tp_world=tp,
+    )
+
+
+def _default_layout(vllm_config, kv_cache_config, spec):
+    """``vllm<major.minor>/<device>/<KV cache layout>``, e.g. ``vllm0.32/cuda/NHD``; on the CPU
+    the device part names vLLM's CPU attention ISA too, e.g. ``vllm0.32/cpu-vec/LBHNC``: the
+    CPU backend packs each block's bytes for its attention kernel (its
+    ``cpu_attn_reshape_and_cache`` takes the ISA: ``amx``, ``vec``, ``vec16``, ``neon``, ...),
+    so an AMX machine and an AVX2 machine at the same block size write blocks of different
+    meaning and must not share entries. The vLLM version is part of the name, since an engine
+    may change the meaning of its blocks between versions. The KV cache layout is the one vLLM
+    resolved for this model (the same in the scheduler and the workers)."""
+    import vllm
+    from vllm.platforms import current_platform
+
+    ver = ".".join(str(vllm.__version__).split(".")[:2])
+    kv_layout = (getattr(kv_cache_config, "kv_cache_layout", None)
+                 or getattr(vllm_config.cache_config, "kv_cache_layout", None))
+    if not kv_layout:
+        raise ValueError(
+            "ObjectCacheConnector: vLLM has not resolved its KV cache layout; set "
+            "\"layout\" in kv_connector_extra_config"
+        )
+    device = str(current_platform.device_type)
+    if device == "cpu":
+        device = f"cpu-{_cpu_attn_isa(vllm_config, spec)}"
+    return f"vllm{ver}/{device}/{kv_layout}"
+
+
+def _cpu_attn_isa(vllm_config, spec):
+    """The ISA vLLM's CPU attention backend packs KV blocks for (``amx``, ``vec``, ``vec16``,
+    ``neon``, ...), asked of the backend itself; where this vLLM has no such function, the
+    machine's architecture and its x86 matrix/vector extensions, which decide the ISA."""
+    head_size = int(vllm_config.model_config.get_head_size())
+    kv_dtype = getattr(vllm_config.cache_config, "cache_dtype", None)
+    try:
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+        return str(_get_attn_isa(spec.dtype, int(spec.block_size), head_size, kv_dtype))
+    except (ImportError, AttributeError, TypeError):
+        import platform
+
+        import torch
+
+        ext = [n for n, has in (("amx", torch.cpu._is_amx_tile_supported),
+                                ("avx512", torch.cpu._is_avx512_supported)) if has()]
+        return "-".join([platform.machine()] + ext)
+
+
+def _geometry(s, tp_rank):
+    g = oc.Geometry(
+        s.model_id,
+        layers=len(s.layer_names),
+        kv_heads=s.kv_heads,
+        head_dim=s.head_dim,
+        dtype=s.dtype,
+        tokens_per_chunk=s.tokens_per_chunk,
+        tp_rank=tp_rank,
+        tp_world=s.tp_world,
+    )
+    g.layout = s.layout
+    g.block_size = s.block_size
+    return g
+
+
+# ---- Metadata (scheduler -> workers) -------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _LoadSpec:
+    req_id: str
+    hashes: list  # chunk hashes, prefix order
+    block_ids: list  # vLLM block ids, blocks_per_chunk per chunk
+    is_async: bool
+    # Blocks vLLM counts as loaded that no whole chunk covers: reported as load errors.
+    fail_block_ids: list = dataclasses.field(default_factory=list)
+    # The lookup's segment markers (format version 2; Engine.segment_markers) per TP rank
+    # (each rank's chunks live in its own segments), so the workers place the chunks
+    # without reading markers themselves.
+    markers: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class _SaveSpec:
+    req_id: str
+    hashes: list
+    block_ids: list
+
+
+@dataclasses.dataclass
+class ObjectCacheMetadata(KVConnectorMetadata):
+    """What the workers do this step: loads to post, saves to start, requests whose saves
+    vLLM waits for (their blocks are held), preempted requests."""
+
+    loads: list = dataclasses.field(default_factory=list)
+    saves: list = dataclasses.field(default_factory=list)
+    preempted: set = dataclasses.field(default_factory=set)
+
+
+def _request_id(req_id):
+    """vLLM's request id as the 64-bit id the engine logs and reports."""
+    return int.from_bytes(hashlib.blake2b(req_id.encode(), digest_size=8).digest(), "little")
