@@ -289,6 +289,36 @@ fn a_segment_is_a_miss_for_exactly_what_it_touches() {
             "{name}: {:?}",
             h.chunk_status()
         );
+
+        // A segment of another length than its markers say (a byte appended after the save):
+        // every chunk a miss naming the lengths, no bytes (the file store's reads into place
+        // check this before reading, as the stream path does).
+        let e = engine(s.clone(), &unique_ns(name));
+        write_segment(&s, &e, &g, &hs, &data, 0..4, &hs, None, true);
+        let key = e.keys(&g).unwrap().segment(&segment_digest(&hs));
+        rt().block_on(async {
+            let mut obj = s.get_bytes(&key).await.unwrap().to_vec();
+            obj.push(0);
+            s.put(&key, Bytes::from(obj)).await.unwrap();
+        });
+        assert_eq!(e.lookup_blocking(&g, &hs).unwrap(), 4);
+        let h = start_load(&e, &g, hs.clone(), 4 * slice);
+        for l in 0..layers {
+            let err = h.wait_layer_blocking(l, None).unwrap_err();
+            assert!(
+                matches!(&err, LayerError::GeometryMismatch { reason, .. }
+                    if reason.contains("its marker says")),
+                "{name} layer {l}: {err:?}"
+            );
+            assert!(h.layer(l).is_none(), "{name} layer {l} exposes bytes");
+        }
+        assert!(
+            h.chunk_status()
+                .iter()
+                .all(|c| *c == ChunkStatus::WrongGeometry),
+            "{name}: {:?}",
+            h.chunk_status()
+        );
     }
 }
 

@@ -1,18 +1,17 @@
-//! The `file-layerwise` path's store: copies of the prefix's objects in a file store on
-//! local disk.
+//! The `file-layerwise` and `file-segment` paths' store: copies of the prefix's objects in
+//! a file store on local disk.
 
-use objectcache::layout::KeyBuilder;
 use objectcache::store::StoreExt;
 use std::sync::Arc;
 
 /// A file store (in a new temporary folder on local disk, the working directory's file
-/// system) holding copies of the prefix's chunk objects and publish markers read from
-/// `store`, for the `file-layerwise` path.
+/// system) holding copies of objects `keys` read from `store`: the prefix's chunk objects and
+/// publish markers for the `file-layerwise` path, its segments and their markers for
+/// `file-segment`.
 pub(super) fn file_copy(
     rt: &tokio::runtime::Runtime,
     store: &Arc<dyn objectcache::store::Store>,
-    kb: &KeyBuilder,
-    hs: &[objectcache::layout::ChunkHash],
+    keys: Vec<String>,
 ) -> Result<(tempfile::TempDir, Arc<dyn objectcache::store::Store>), String> {
     let dir = tempfile::Builder::new()
         .prefix("objectcache-bench-file-")
@@ -21,11 +20,9 @@ pub(super) fn file_copy(
     let fs = objectcache::store::FsStore::new(dir.path(), objectcache::store::FsyncPolicy::Never)
         .map_err(|e| e.to_string())?;
     rt.block_on(async {
-        for h in hs {
-            for k in [kb.data(h), kb.marker(h)] {
-                let b = store.get_bytes(&k).await.map_err(|e| e.to_string())?;
-                fs.put(&k, b).await.map_err(|e| e.to_string())?;
-            }
+        for k in &keys {
+            let b = store.get_bytes(k).await.map_err(|e| e.to_string())?;
+            fs.put(k, b).await.map_err(|e| e.to_string())?;
         }
         Ok::<_, String>(())
     })?;

@@ -4,7 +4,8 @@
 //! connector's stock-S3 load: ranged GETs in layer order), `s3-chunkwise` (one whole-object
 //! GET per chunk), `s3-segment` (the connector's stock-S3 load of a prefix saved in object format version 2: segment objects, ranged GETs), `file-layerwise` (the
 //! same load from the embedded file store on local disk, no network: the connector's default
-//! store, read straight into place). Each record carries `raw_tcp_bytes_per_s`, a plain loopback TCP stream
+//! store, read straight into place), `file-segment` (`s3-segment`'s objects in such a file
+//! store). Each record carries `raw_tcp_bytes_per_s`, a plain loopback TCP stream
 //! measured in the same run, so throughput reads as a fraction of what the machine moves.
 //! Goals (issue 3): gather throughput >= 0.8 x raw; TTFL <= 1.5 x (one layer's bytes / raw).
 //!
@@ -159,7 +160,7 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
         // server (no gather) gets plain PUTs of the same objects and publish markers. The
         // `s3-segment` path writes its own objects: alone, it needs none of these (a Ceph
         // RGW in memory then holds one copy of the prefix, not two).
-        let per_chunk_paths = args.paths.iter().any(|p| p != "s3-segment");
+        let per_chunk_paths = args.paths.iter().any(|p| !p.ends_with("-segment"));
         rt.block_on(async {
             if !per_chunk_paths {
                 return Ok(objectcache::transport::tcp::SaveReport {
@@ -212,7 +213,7 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
         // The `s3-segment` path's objects: saved through an engine writing format version 2,
         // one save per segment (the same segments as one save of the prefix, cut at
         // `segment_max_bytes`, without holding a second copy of the whole prefix in memory).
-        if args.paths.iter().any(|p| p == "s3-segment") {
+        if args.paths.iter().any(|p| p.ends_with("-segment")) {
             let cfg = EngineConfig::from_pairs([
                 ("namespace", NAMESPACE_V2),
                 ("save_format", "v2"),
@@ -276,7 +277,7 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                        ttfl: f64,
                        ttll: f64,
                        cpu: Option<f64>| {
-                let segment = path == "s3-segment";
+                let segment = path.ends_with("-segment");
                 let puts = if segment {
                     (chunks.div_ceil(seg_chunks) + chunks) as u64
                 } else {
@@ -315,23 +316,35 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                     // layer-major ranged GETs (the stock-S3 path), even against our server.
                     // `s3-segment`: the same engine saving format version 2 (segment
                     // objects); its loads read one range per (segment, layer) in ranged GETs.
-                    "gather-tcp" | "s3-layerwise" | "file-layerwise" | "s3-segment" => {
+                    // `file-segment`: those objects copied into a file store on local disk.
+                    "gather-tcp" | "s3-layerwise" | "file-layerwise" | "s3-segment"
+                    | "file-segment" => {
+                        let segment = path.ends_with("-segment");
                         let store = if path == "file-layerwise" {
-                            let (d, fs) = file_copy(&rt, &store, &kb, &hs)?;
+                            let keys = hs.iter().flat_map(|h| [kb.data(h), kb.marker(h)]);
+                            let (d, fs) = file_copy(&rt, &store, keys.collect())?;
+                            fs_dirs.push(d);
+                            fs
+                        } else if path == "file-segment" {
+                            let listed = rt
+                                .block_on(store.list(&format!("{NAMESPACE_V2}/"), usize::MAX))
+                                .map_err(|e| e.to_string())?;
+                            let keys = listed.into_iter().map(|m| m.key).collect();
+                            let (d, fs) = file_copy(&rt, &store, keys)?;
                             fs_dirs.push(d);
                             fs
                         } else {
                             store.clone()
                         };
                         let mut cfg = EngineConfig::default();
-                        let ns = if path == "s3-segment" {
+                        let ns = if segment {
                             NAMESPACE_V2
                         } else {
                             NAMESPACE
                         };
                         cfg.set("namespace", ns).map_err(|e| e.to_string())?;
                         cfg.gather = path == "gather-tcp";
-                        if path == "s3-segment" {
+                        if segment {
                             // The markers the lookup reads are kept for the whole run: every
                             // load is placed without marker reads, as right after a lookup.
                             cfg.set("save_format", "v2").map_err(|e| e.to_string())?;
@@ -344,10 +357,10 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                         }
                         let engine = Engine::with_store(store.clone(), cfg.clone())
                             .map_err(|e| e.to_string())?;
-                        if path == "s3-segment" {
+                        if segment {
                             let n = engine.lookup_blocking(&g, &hs).map_err(|e| e.to_string())?;
                             if n != chunks {
-                                return Err(format!("s3-segment: lookup found {n} of {chunks} chunks"));
+                                return Err(format!("{path}: lookup found {n} of {chunks} chunks"));
                             }
                         }
                         // The destination is allocated (and touched) once and reused by every load,
@@ -461,7 +474,7 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                     }
                     other => {
                         return Err(format!(
-                            "unknown path {other:?}: use gather-tcp, s3-layerwise, s3-chunkwise, s3-segment, file-layerwise"
+                            "unknown path {other:?}: use gather-tcp, s3-layerwise, s3-chunkwise, s3-segment, file-layerwise, file-segment"
                         ))
                     }
                 };

@@ -2,7 +2,8 @@
 //! each layer slice is read with `pread(2)` straight into the caller's destination ranges and
 //! its CRC32C checked there, with no read buffer between the page cache and the caller's
 //! memory (the stream path copies every byte twice: into a body buffer, then into place).
-//! A slice of a layer that another chunk already failed is not read at all.
+//! A slice of a layer that another chunk already failed is not read at all. Segment objects
+//! (format version 2) read their slices through [`read_slice`] too (`segment.rs`).
 //!
 //! The outcome per slice is the stream path's (`ranged.rs`): a slice whose CRC does not
 //! match fails its layer only; a read error fails this read's remaining layers; a later
@@ -71,51 +72,27 @@ pub(super) fn read_slices(
         sh.set_header(chunk, true);
     }
     let slice = g.slice_bytes();
-    let dest_off = chunk as u64 * slice;
     for layer in layers.clone() {
         let rest = layer..layers.end;
         if sh.state.is_cancelled() {
             out.failed = Some((ChunkStatus::Error, LayerError::Cancelled, rest));
             return out;
         }
-        let parts = match sh.state.dest_parts_impl(layer, dest_off, slice) {
-            Ok(p) => p,
-            Err(e)
-                if e != LayerError::Cancelled
-                    && matches!(sh.state.status(layer as usize), LayerStatus::Failed(_)) =>
-            {
-                // Another chunk's slice already failed this layer: this one is not needed.
-                continue;
-            }
+        let at = slice_range(layer, slice).start;
+        let (stored, computed) = match read_slice(file, sh, chunk, layer, slice, at, &storage) {
+            // Another chunk's slice already failed this layer: this one is not needed.
+            Ok(None) => continue,
+            Ok(Some(crcs)) => crcs,
             Err(e) => {
                 out.failed = Some((ChunkStatus::Error, e, rest));
                 return out;
             }
         };
-        let mut at = slice_range(layer, slice).start;
-        let mut crc = 0u32;
-        for part in parts {
-            if let Err(e) = file.read_exact_at(part, at) {
-                // The range stays reserved and unfilled: the layer is failed below.
-                out.failed = Some((ChunkStatus::Error, storage("read", e), rest));
-                return out;
-            }
-            crc = crate::layout::crc::crc32c_append(crc, part);
-            at += part.len() as u64;
-            sh.progress.arrived(part.len() as u64);
-        }
-        sh.state.dest_filled(layer, slice);
-        let mut trailer = [0u8; 4];
-        if let Err(e) = file.read_exact_at(&mut trailer, at) {
-            out.failed = Some((ChunkStatus::Error, storage("read", e), rest));
-            return out;
-        }
         out.bytes += slice + 4;
-        let stored = u32::from_le_bytes(trailer);
-        if stored != crc {
+        if stored != computed {
             // This slice is bad: its layer is a miss naming the chunk; the chunk's other
             // slices are still read.
-            sh.slice_corrupt(chunk, layer, stored, crc);
+            sh.slice_corrupt(chunk, layer, stored, computed);
         } else if with_header || sh.header_is_ok(chunk) {
             sh.record_slice_crc(chunk, layer as usize, stored);
             sh.state.complete_impl(layer, slice);
@@ -124,4 +101,49 @@ pub(super) fn read_slices(
         }
     }
     out
+}
+
+/// Reads chunk `chunk`'s slice of `layer` (`slice` bytes at byte `at` of `file`, then its
+/// 4-byte CRC32C trailer) straight into `sh`'s destination, and returns the stored CRC32C
+/// and the one computed over the bytes read (the caller decides what a mismatch fails);
+/// `None` when the layer already failed (another chunk's slice failed it), so the slice is
+/// not read. Blocking.
+///
+/// # Errors
+/// The destination's error ([`LayerError::Cancelled`] once the load is cancelled), or
+/// `storage`'s error for a read that fails; the slice's range then stays reserved and
+/// unfilled, and the caller fails the layer.
+pub(super) fn read_slice(
+    file: &File,
+    sh: &Shared,
+    chunk: usize,
+    layer: u32,
+    slice: u64,
+    at: u64,
+    storage: &dyn Fn(&str, std::io::Error) -> LayerError,
+) -> Result<Option<(u32, u32)>, LayerError> {
+    let parts = match sh.state.dest_parts_impl(layer, chunk as u64 * slice, slice) {
+        Ok(p) => p,
+        Err(e)
+            if e != LayerError::Cancelled
+                && matches!(sh.state.status(layer as usize), LayerStatus::Failed(_)) =>
+        {
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    let mut at = at;
+    let mut crc = 0u32;
+    for part in parts {
+        file.read_exact_at(part, at)
+            .map_err(|e| storage("read", e))?;
+        crc = crate::layout::crc::crc32c_append(crc, part);
+        at += part.len() as u64;
+        sh.progress.arrived(part.len() as u64);
+    }
+    sh.state.dest_filled(layer, slice);
+    let mut trailer = [0u8; 4];
+    file.read_exact_at(&mut trailer, at)
+        .map_err(|e| storage("read", e))?;
+    Ok(Some((u32::from_le_bytes(trailer), crc)))
 }

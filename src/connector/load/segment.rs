@@ -1,10 +1,12 @@
 //! Segment objects on the stock-S3 path (object format version 2, `docs/object-format.md`):
 //! which reads a load makes when the lookup's markers place some of its chunks in segments
 //! ([`plan`]), and one read of a segment run, cut into its slices as it arrives and checked
-//! against the segment's header and chunk list ([`fetch_segment`]).
+//! against the segment's header and chunk list ([`fetch_segment`]; from the filesystem store,
+//! each slice is read with `pread(2)` straight into place, as `local.rs` does for chunk
+//! objects).
 //!
-//! Engines write format version 1 today; this is the reading side, in place before any
-//! writer (a fleet must read a format before any of it writes it).
+//! Engines write format version 2 only with `save_format = v2` (`connector/save.rs`); this
+//! reading side is in every engine (a fleet must read a format before any of it writes it).
 
 use super::ranged::{classify, FlightPermit};
 use super::{LoadRequest, Shared};
@@ -202,6 +204,69 @@ async fn fetch_inner(f: SegmentFetch<'_>, permit: &mut FlightPermit) {
         );
     };
     let sent = std::time::Instant::now();
+    // A segment in a local file (the filesystem store) is read straight into place; any
+    // other answer (no local file, an error) takes the stream path, which names the error.
+    if let Ok(Some(obj)) = store.open_local(key).await {
+        permit.flight.headers(sent.elapsed().as_secs_f64());
+        if obj.meta().size != run.object_len {
+            let why = format!(
+                "segment {key} has {} bytes, its marker says {}",
+                obj.meta().size,
+                run.object_len
+            );
+            unusable(why);
+            return;
+        }
+        let (file, _) = obj.into_parts();
+        // The chunk hashes are needed only to check the header's chunk list.
+        let hashes2 = if read.with_header {
+            hashes.to_vec()
+        } else {
+            Vec::new()
+        };
+        let (sh2, run2, read2, g2, k2) = (
+            sh.clone(),
+            run.clone(),
+            read.clone(),
+            g.clone(),
+            key.to_string(),
+        );
+        let local = tokio::task::spawn_blocking(move || {
+            read_local(&file, &run2, &read2, &hashes2, &g2, &k2, &sh2)
+        })
+        .await;
+        let local = match local {
+            Ok(l) => l,
+            Err(e) => {
+                let message = format!("local read of {key} failed: {e}");
+                let err = LayerError::Storage { chunk: c0, message };
+                fail(
+                    sh,
+                    read.positions.clone(),
+                    layer..layer + 1,
+                    ChunkStatus::Error,
+                    err,
+                );
+                return;
+            }
+        };
+        permit.received(local.bytes);
+        for (c, crc) in local.awaiting_header {
+            if sh.header_ok(c).await {
+                sh.record_slice_crc(c, layer as usize, crc);
+                sh.state.complete_impl(layer, slice);
+            } else {
+                fail(
+                    sh,
+                    c..c + 1,
+                    0..g.layers,
+                    ChunkStatus::WrongGeometry,
+                    header_bad(key, c),
+                );
+            }
+        }
+        return;
+    }
     let res = match store
         .get_opts(
             key,
@@ -305,14 +370,7 @@ async fn fetch_inner(f: SegmentFetch<'_>, permit: &mut FlightPermit) {
                         sh.record_slice_crc(c, layer as usize, stored);
                         sh.state.complete_impl(layer, slice);
                     } else {
-                        let why = format!(
-                            "the header of {key} did not match, could not be read, or does not \
-                             hold chunk {c}"
-                        );
-                        let err = LayerError::GeometryMismatch {
-                            chunk: c,
-                            reason: why,
-                        };
+                        let err = header_bad(key, c);
                         fail(sh, c..c + 1, 0..g.layers, ChunkStatus::WrongGeometry, err);
                     }
                     unneeded = false;
@@ -332,6 +390,119 @@ async fn fetch_inner(f: SegmentFetch<'_>, permit: &mut FlightPermit) {
             LayerError::Storage { chunk: c0, message },
         );
     }
+}
+
+/// The miss of chunk `c`, whose slice of segment `key` arrived intact but whose header did
+/// not match (or was never read, or the segment's chunk list does not hold it).
+fn header_bad(key: &str, c: usize) -> LayerError {
+    LayerError::GeometryMismatch {
+        chunk: c,
+        reason: format!(
+            "the header of {key} did not match, could not be read, or does not hold chunk {c}"
+        ),
+    }
+}
+
+/// What a local read of a segment run did ([`read_local`]), for the async side to finish.
+#[derive(Debug, Default)]
+struct LocalSegmentRead {
+    /// Bytes read from the file (header, slices and their CRC trailers).
+    bytes: u64,
+    /// Chunks whose slice is in place with a matching CRC32C (position, CRC), not yet
+    /// completed because the chunk's header was not known good yet (another read carries it).
+    awaiting_header: Vec<(usize, u32)>,
+}
+
+/// [`fetch_segment`] for a segment in a local file (the filesystem store, whose size was
+/// checked against the marker): the same outcomes as the stream path, with each slice read
+/// by `pread(2)` straight into the destination and its CRC32C checked there
+/// (`local::read_slice`). Blocking: call it on the blocking pool.
+fn read_local(
+    file: &std::fs::File,
+    run: &SegmentRun,
+    read: &SegmentRead,
+    hashes: &[ChunkHash],
+    g: &KvGeometry,
+    key: &str,
+    sh: &Shared,
+) -> LocalSegmentRead {
+    use std::os::unix::fs::FileExt;
+    let mut out = LocalSegmentRead::default();
+    let (layer, slice, c0) = (read.layer, g.slice_bytes(), run.positions.start);
+    let storage = |c: usize, what: &str, e: std::io::Error| LayerError::Storage {
+        chunk: c,
+        message: format!("{what} of {key}: {e}"),
+    };
+    let mut at = read.bytes.start;
+    if read.with_header {
+        let mut b = vec![0u8; run.header_len as usize];
+        if let Err(e) = file.read_exact_at(&mut b, 0) {
+            let err = storage(c0, "header read", e);
+            fail(
+                sh,
+                read.positions.clone(),
+                layer..layer + 1,
+                ChunkStatus::Error,
+                err,
+            );
+            return out;
+        }
+        out.bytes += b.len() as u64;
+        at += b.len() as u64;
+        if let Err(why) = check_header(&b, run, hashes, g, key, sh) {
+            // As the stream path: failed before the header is marked bad.
+            let err = LayerError::GeometryMismatch {
+                chunk: c0,
+                reason: why,
+            };
+            fail(
+                sh,
+                run.positions.clone(),
+                0..g.layers,
+                ChunkStatus::WrongGeometry,
+                err,
+            );
+            for c in run.positions.clone() {
+                sh.set_header(c, false);
+            }
+            return out;
+        }
+    }
+    for c in read.positions.clone() {
+        let rest = c..read.positions.end;
+        if sh.state.is_cancelled() {
+            fail(
+                sh,
+                rest,
+                layer..layer + 1,
+                ChunkStatus::Error,
+                LayerError::Cancelled,
+            );
+            return out;
+        }
+        let storage = |what: &str, e| storage(c, what, e);
+        match super::local::read_slice(file, sh, c, layer, slice, at, &storage) {
+            // Its layer already failed (another chunk's slice): not needed.
+            Ok(None) => {}
+            Ok(Some((stored, computed))) => {
+                out.bytes += slice + 4;
+                if stored != computed {
+                    sh.slice_corrupt(c, layer, stored, computed);
+                } else if sh.header_is_ok(c) {
+                    sh.record_slice_crc(c, layer as usize, stored);
+                    sh.state.complete_impl(layer, slice);
+                } else {
+                    out.awaiting_header.push((c, stored));
+                }
+            }
+            Err(e) => {
+                fail(sh, rest, layer..layer + 1, ChunkStatus::Error, e);
+                return out;
+            }
+        }
+        at += slice + 4;
+    }
+    out
 }
 
 /// Checks a segment's header (`b`: its whole header and chunk list) against the run the
