@@ -3,12 +3,17 @@
 #
 # 1. installs the system packages (QEMU, busybox, kmod, cpio, rdma-core and the verbs
 #    headers, libclang for bindgen) when missing;
-# 2. builds every test with `cargo test --release --features rdma-standalone --no-run` (the
-#    feature `rdma` plus the standalone server that tests/rdma_loopback.rs drives);
+# 2. builds the RDMA tests and tests/cuda_device.rs with `cargo test --release --features
+#    rdma-standalone,cuda --no-run` (the feature `rdma`, the standalone server that
+#    tests/rdma_loopback.rs drives, and `cuda`, which builds without CUDA): .ci/run's CUDA
+#    lane then runs cuda_device from this build instead of building the crate once more;
 # 3. boots the soft-RoCE VM once (scripts/rxe-vm/run.sh: Debian's kernel under QEMU, rxe0 on
 #    loopback) and runs the RDMA test binaries (tests/rdma_*.rs and the unit tests under
 #    transport::rdma) inside it, where OBJECTCACHE_REQUIRE_RDMA=1 turns any SKIP into a failure;
-# 4. runs clippy on every target with `rdma` and with `rdma-standalone`, warnings as errors.
+# 4. runs clippy, warnings as errors: the library with `rdma` alone (the product's feature:
+#    nothing there may be used only by the standalone path), and every target with
+#    `rdma-standalone,cuda` (the standalone path, the tests and the CUDA code, which CI's
+#    clippy gate builds without).
 # Exits non-zero when anything fails. Guest memory: RXE_VM_MEM (default 2G here: every RDMA
 # gather session pins a 64 MiB staging arena, and the tests run several servers at once).
 set -euo pipefail
@@ -29,11 +34,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-echo "ci-rdma: building tests with --features rdma-standalone"
+features=rdma-standalone,cuda
+echo "ci-rdma: building tests with --features $features"
 json="$(mktemp)"; trap 'rm -f "$json"' EXIT
-targets=(--lib)
+targets=(--lib --test cuda_device)
 for f in tests/rdma_*.rs; do targets+=(--test "$(basename "$f" .rs)"); done
-cargo test --release --features rdma-standalone --no-run "${targets[@]}" --message-format=json-render-diagnostics > "$json"
+cargo test --release --features "$features" --no-run "${targets[@]}" --message-format=json-render-diagnostics > "$json"
 # test executables: integration tests named rdma_* and the library's unit tests
 exe() { sed -n 's/.*"executable":"\([^"]*\)".*/\1/p'; }
 mapfile -t rdma_tests < <(grep '"kind":\["test"\]' "$json" | grep -E '"name":"rdma_[A-Za-z0-9_]*"' | exe || true)
@@ -49,9 +55,9 @@ scripts/rxe-vm/run.sh bash -c "$script" || rc=$?
 # Lints of the feature's code (CI's clippy gate builds without it, and the verbs headers are
 # only installed here): warnings are errors, as in the gate.
 if cargo clippy --version >/dev/null 2>&1; then
-  echo "ci-rdma: cargo clippy --features rdma (and rdma-standalone) --all-targets -D warnings"
-  cargo clippy --features rdma --all-targets --quiet -- -D warnings || rc=1
-  cargo clippy --features rdma-standalone --all-targets --quiet -- -D warnings || rc=1
+  echo "ci-rdma: cargo clippy --features rdma --lib; --features $features --all-targets; -D warnings"
+  cargo clippy --features rdma --lib --quiet -- -D warnings || rc=1
+  cargo clippy --features "$features" --all-targets --quiet -- -D warnings || rc=1
 fi
 echo "ci-rdma: exit $rc after $(( $(date +%s) - start )) s"
 exit $rc

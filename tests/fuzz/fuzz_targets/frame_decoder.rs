@@ -4,7 +4,7 @@
 
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
-use objectcache::protocol::{decode_frame, ClientConnection, ServerConnection, ServerLimits};
+use objectcache_core::protocol::{decode_frame, ClientConnection, ServerConnection, ServerLimits};
 
 fuzz_target!(|data: &[u8]| {
     let mut buf = BytesMut::from(data);

@@ -5,12 +5,12 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use objectcache::protocol::{plan_units, GatherRequest, SaveRequest};
+use objectcache_core::protocol::{plan_units, GatherRequest, SaveRequest};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(req) = GatherRequest::decode(data, 4096) {
         let units = plan_units(&req);
-        assert!(units.len() as u64 <= objectcache::protocol::MAX_UNITS_PER_REQUEST);
+        assert!(units.len() as u64 <= objectcache_core::protocol::MAX_UNITS_PER_REQUEST);
     }
     let _ = SaveRequest::decode(data, 4096);
 });

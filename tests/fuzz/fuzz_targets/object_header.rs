@@ -4,8 +4,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use objectcache::layout::{decode_chunk, encode_chunk, slice_range, verify_slice, ChunkHeader};
-use objectcache::{Dtype, KvGeometry};
+use objectcache_core::layout::{
+    decode_chunk, encode_chunk, slice_range, verify_slice, ChunkHeader,
+};
+use objectcache_core::{Dtype, KvGeometry};
 
 fn geometry() -> KvGeometry {
     let mut g = KvGeometry::new("fuzz/small", 3, 1, 8, Dtype::Fp16).expect("geometry");
