@@ -158,6 +158,8 @@ pub fn fixture_on(
 pub struct Outcome {
     pub ready: usize,
     pub failed: usize,
+    /// The layers that failed, in order.
+    pub failed_layers: Vec<usize>,
     pub bad_chunks: Vec<usize>,
     /// Storage requests of the load (1 for a gather load).
     pub requests: u64,
@@ -209,6 +211,7 @@ pub fn load_checked(
                     "{case}: layer {l} wait ended with {e} but the layer is not failed (hang)"
                 );
                 o.failed += 1;
+                o.failed_layers.push(l);
             }
         }
     }

@@ -20,6 +20,7 @@ use crate::s3_faults;
 use common::*;
 use fault_proxy::{Fault, FaultProxy};
 use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LayerStatus, LoadRequest};
+use objectcache::layout::SegmentHeader;
 use objectcache::store::StoreExt;
 use s3_faults::*;
 use std::sync::{Arc, Mutex};
@@ -561,4 +562,102 @@ fn c17_check_survives_a_lost_answer_to_its_first_put() {
         1,
         "the retry's 412 is told from a broken endpoint; saves go ahead",
     );
+}
+
+/// Object format version 2 (segment objects) on the stock S3 path: a fault on one ranged GET
+/// of a segment is a miss for exactly the layer that read carries, never bytes; a fault on
+/// the read that carries the segment's header is a miss for every layer (nothing of the
+/// segment is trusted before its header matched); each GET is tried at most `MAX_ATTEMPTS`
+/// times, and once the fault is gone the same engine loads the prefix byte for byte.
+#[test]
+fn segment_faults_are_misses_of_exactly_the_layers_they_touch() {
+    let Some((addr, ns)) = endpoint() else { return };
+    let g = geometry();
+    let hs = hashes(&g, CHUNKS * g.tokens_per_chunk as usize, 31);
+    let data = kv(&g, CHUNKS, 31);
+    let v2 = |url: &str| {
+        let mut cfg = EngineConfig {
+            namespace: ns.clone(),
+            load_timeout: Some(Duration::from_secs(20)),
+            // No lookup answers kept: each load reads the markers itself (one GET each).
+            lookup_cache_ttl: Duration::ZERO,
+            gather: false,
+            ..EngineConfig::default()
+        };
+        cfg.set("save_format", "v2").unwrap();
+        Engine::with_store(s3(url), cfg).unwrap()
+    };
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    let saved = v2(&format!("http://{addr}"))
+        .save_blocking(&g, &hs, &refs)
+        .unwrap();
+    assert_eq!(saved.written, CHUNKS, "{saved:?}");
+    // The one segment and its header length: layer l's read starts at H + l x chunks x
+    // (slice + 4) (docs/object-format.md), layer 0's at 0 with the header.
+    let direct = s3(&format!("http://{addr}"));
+    let seg = rt()
+        .block_on(direct.list(&format!("{ns}/"), 1000))
+        .unwrap()
+        .into_iter()
+        .find(|m| m.key.contains("/seg/"))
+        .expect("the v2 save wrote no segment");
+    let head = rt()
+        .block_on(direct.get_range(&seg.key, 0..seg.size.min(4096)))
+        .unwrap();
+    let h = SegmentHeader::decode(&head).unwrap();
+    assert_eq!(h.chunks as usize, CHUNKS);
+    let layer_start = |l: u64| match l {
+        0 => 0,
+        _ => h.header_len as u64 + l * CHUNKS as u64 * (g.slice_bytes() + 4),
+    };
+    let proxy = FaultProxy::http(addr, |_| Fault::Pass);
+    let engine = v2(&proxy.url());
+    let all: Vec<usize> = (0..g.layers as usize).collect();
+    let cases = [
+        ("500 on every try", Fault::e500(), 3, vec![3]),
+        ("reset halfway", Fault::ResetMidBody(0.5), 3, vec![3]),
+        ("truncated", Fault::Truncate(0.3), 3, vec![3]),
+        ("flipped byte", Fault::Flip(0.5), 3, vec![3]),
+        ("stalled", Fault::Stall(0.5), 3, vec![3]),
+        ("header read 500", Fault::e500(), 0, all.clone()),
+        ("header byte flipped", Fault::Flip(0.0), 0, all.clone()),
+    ];
+    for (what, fault, layer, misses) in cases {
+        let case = format!("segment, {what} (layer {layer}'s read)");
+        let range = format!("bytes={}-", layer_start(layer));
+        let (f, seg_key, r) = (fault.clone(), seg.key.clone(), range.clone());
+        proxy.set_rule(move |q| {
+            let hit = q.method == "GET"
+                && q.path().ends_with(&seg_key)
+                && q.range.as_deref().is_some_and(|v| v.starts_with(&r));
+            if hit {
+                f.clone()
+            } else {
+                Fault::Pass
+            }
+        });
+        proxy.clear_log();
+        let o = load_checked(&engine, &g, &hs, &data, &case);
+        assert_eq!(o.failed_layers, misses, "{case}: {o:?}");
+        let att = attempts(&proxy, |q| {
+            q.path().ends_with(&seg.key)
+                && q.range.as_deref().is_some_and(|v| v.starts_with(&range))
+        });
+        let worst = att.values().copied().max().unwrap_or(0);
+        assert!(
+            (1..=MAX_ATTEMPTS).contains(&worst),
+            "{case}: the faulty read was tried {worst} times: {att:?}"
+        );
+        proxy.set_rule(|_| Fault::Pass);
+        let clean = load_checked(&engine, &g, &hs, &data, &format!("{case}/after"));
+        assert_eq!(clean.ready, g.layers as usize, "{case}: {clean:?}");
+        report(
+            &case,
+            1,
+            &format!(
+                "layers {:?} missed of {}, at most {worst} attempts; clean reload byte-exact",
+                o.failed_layers, g.layers
+            ),
+        );
+    }
 }
