@@ -148,6 +148,24 @@ fn fail(
     }
 }
 
+/// The segment cannot serve run `run` at all (`reason`): every chunk of it is
+/// `WrongGeometry` and every layer a miss naming the run's first chunk.
+fn fail_run(sh: &Shared, run: &SegmentRun, g: &KvGeometry, reason: String) {
+    let err = LayerError::GeometryMismatch {
+        chunk: run.positions.start,
+        reason,
+    };
+    let status = ChunkStatus::WrongGeometry;
+    fail(sh, run.positions.clone(), 0..g.layers, status, err);
+}
+
+/// Marks every chunk `read` carries with `status` and fails its layer with `err` (a read
+/// that failed as a whole: the run's other layers are unaffected).
+fn fail_read(sh: &Shared, read: &SegmentRead, status: ChunkStatus, err: LayerError) {
+    let layer = read.layer;
+    fail(sh, read.positions.clone(), layer..layer + 1, status, err);
+}
+
 /// One read of a segment run and what it needs: the store and the segment's key, the run
 /// and the read planned for it, the load's chunk hashes, geometry and shared state.
 #[derive(Clone, Copy)]
@@ -193,16 +211,7 @@ async fn fetch_inner(f: SegmentFetch<'_>, permit: &mut FlightPermit) {
     let slice = g.slice_bytes();
     let c0 = run.positions.start;
     // The segment cannot serve this run at all: every chunk of it, every layer.
-    let unusable = |reason: String| {
-        let err = LayerError::GeometryMismatch { chunk: c0, reason };
-        fail(
-            sh,
-            run.positions.clone(),
-            0..g.layers,
-            ChunkStatus::WrongGeometry,
-            err,
-        );
-    };
+    let unusable = |reason: String| fail_run(sh, run, g, reason);
     let sent = std::time::Instant::now();
     // A segment in a local file (the filesystem store) is read straight into place; any
     // other answer (no local file, an error) takes the stream path, which names the error.
@@ -240,13 +249,7 @@ async fn fetch_inner(f: SegmentFetch<'_>, permit: &mut FlightPermit) {
             Err(e) => {
                 let message = format!("local read of {key} failed: {e}");
                 let err = LayerError::Storage { chunk: c0, message };
-                fail(
-                    sh,
-                    read.positions.clone(),
-                    layer..layer + 1,
-                    ChunkStatus::Error,
-                    err,
-                );
+                fail_read(sh, read, ChunkStatus::Error, err);
                 return;
             }
         };
@@ -285,7 +288,7 @@ async fn fetch_inner(f: SegmentFetch<'_>, permit: &mut FlightPermit) {
                     fail(sh, run.positions.clone(), all, status, err)
                 }
                 // A storage error (after the store's retries): this read's slices.
-                _ => fail(sh, read.positions.clone(), layer..layer + 1, status, err),
+                _ => fail_read(sh, read, status, err),
             }
             return;
         }
@@ -438,30 +441,14 @@ fn read_local(
         let mut b = vec![0u8; run.header_len as usize];
         if let Err(e) = file.read_exact_at(&mut b, 0) {
             let err = storage(c0, "header read", e);
-            fail(
-                sh,
-                read.positions.clone(),
-                layer..layer + 1,
-                ChunkStatus::Error,
-                err,
-            );
+            fail_read(sh, read, ChunkStatus::Error, err);
             return out;
         }
         out.bytes += b.len() as u64;
         at += b.len() as u64;
         if let Err(why) = check_header(&b, run, hashes, g, key, sh) {
             // As the stream path: failed before the header is marked bad.
-            let err = LayerError::GeometryMismatch {
-                chunk: c0,
-                reason: why,
-            };
-            fail(
-                sh,
-                run.positions.clone(),
-                0..g.layers,
-                ChunkStatus::WrongGeometry,
-                err,
-            );
+            fail_run(sh, run, g, why);
             for c in run.positions.clone() {
                 sh.set_header(c, false);
             }
