@@ -50,14 +50,12 @@ pub(super) fn read_slices(
     key: &str,
 ) -> LocalRead {
     let mut out = LocalRead::default();
-    let storage = |what: &str, e: std::io::Error| LayerError::Storage {
-        chunk,
-        message: format!("{what} of {key}: {e}"),
-    };
     if with_header {
         let mut h = [0u8; HEADER_LEN as usize];
         if let Err(e) = file.read_exact_at(&mut h, 0) {
-            out.failed = Some((ChunkStatus::Error, storage("header read", e), layers));
+            let message = format!("header read of {key}: {e}");
+            let err = LayerError::Storage { chunk, message };
+            out.failed = Some((ChunkStatus::Error, err, layers));
             return out;
         }
         out.bytes += HEADER_LEN;
@@ -79,7 +77,7 @@ pub(super) fn read_slices(
             return out;
         }
         let at = slice_range(layer, slice).start;
-        let (stored, computed) = match read_slice(file, sh, chunk, layer, slice, at, &storage) {
+        let (stored, computed) = match read_slice(file, sh, chunk, layer, slice, at, key) {
             // Another chunk's slice already failed this layer: this one is not needed.
             Ok(None) => continue,
             Ok(Some(crcs)) => crcs,
@@ -111,8 +109,8 @@ pub(super) fn read_slices(
 ///
 /// # Errors
 /// The destination's error ([`LayerError::Cancelled`] once the load is cancelled), or
-/// `storage`'s error for a read that fails; the slice's range then stays reserved and
-/// unfilled, and the caller fails the layer.
+/// [`LayerError::Storage`] naming the chunk and `key` for a read that fails; the slice's
+/// range then stays reserved and unfilled, and the caller fails the layer.
 pub(super) fn read_slice(
     file: &File,
     sh: &Shared,
@@ -120,7 +118,7 @@ pub(super) fn read_slice(
     layer: u32,
     slice: u64,
     at: u64,
-    storage: &dyn Fn(&str, std::io::Error) -> LayerError,
+    key: &str,
 ) -> Result<Option<(u32, u32)>, LayerError> {
     let parts = match sh.state.dest_parts_impl(layer, chunk as u64 * slice, slice) {
         Ok(p) => p,
@@ -132,18 +130,20 @@ pub(super) fn read_slice(
         }
         Err(e) => return Err(e),
     };
+    let storage = |e: std::io::Error| LayerError::Storage {
+        chunk,
+        message: format!("read of {key}: {e}"),
+    };
     let mut at = at;
     let mut crc = 0u32;
     for part in parts {
-        file.read_exact_at(part, at)
-            .map_err(|e| storage("read", e))?;
+        file.read_exact_at(part, at).map_err(storage)?;
         crc = crate::layout::crc::crc32c_append(crc, part);
         at += part.len() as u64;
         sh.progress.arrived(part.len() as u64);
     }
     sh.state.dest_filled(layer, slice);
     let mut trailer = [0u8; 4];
-    file.read_exact_at(&mut trailer, at)
-        .map_err(|e| storage("read", e))?;
+    file.read_exact_at(&mut trailer, at).map_err(storage)?;
     Ok(Some((u32::from_le_bytes(trailer), crc)))
 }

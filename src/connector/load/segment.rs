@@ -432,15 +432,14 @@ fn read_local(
     use std::os::unix::fs::FileExt;
     let mut out = LocalSegmentRead::default();
     let (layer, slice, c0) = (read.layer, g.slice_bytes(), run.positions.start);
-    let storage = |c: usize, what: &str, e: std::io::Error| LayerError::Storage {
-        chunk: c,
-        message: format!("{what} of {key}: {e}"),
-    };
     let mut at = read.bytes.start;
     if read.with_header {
         let mut b = vec![0u8; run.header_len as usize];
         if let Err(e) = file.read_exact_at(&mut b, 0) {
-            let err = storage(c0, "header read", e);
+            let err = LayerError::Storage {
+                chunk: c0,
+                message: format!("header read of {key}: {e}"),
+            };
             fail_read(sh, read, ChunkStatus::Error, err);
             return out;
         }
@@ -467,8 +466,7 @@ fn read_local(
             );
             return out;
         }
-        let storage = |what: &str, e| storage(c, what, e);
-        match super::local::read_slice(file, sh, c, layer, slice, at, &storage) {
+        match super::local::read_slice(file, sh, c, layer, slice, at, key) {
             // Its layer already failed (another chunk's slice): not needed.
             Ok(None) => {}
             Ok(Some((stored, computed))) => {
