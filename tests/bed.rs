@@ -69,15 +69,10 @@ impl Bed {
         );
     }
 
-    /// Kills gateway `n` (1..3) at once (SIGKILL by pid: no grace, sockets reset).
+    /// Kills gateway `n` (1..3) with SIGKILL (no grace, sockets reset) and returns once the
+    /// process is gone, so that a `gw-start` right after it finds the gateway stopped.
     fn kill_gateway(&self, n: usize) {
-        let pid = std::fs::read_to_string(format!("{}/run/gw{n}.pid", self.get("BED_DIR")))
-            .expect("gateway pid file");
-        let st = Command::new("kill")
-            .args(["-KILL", pid.trim()])
-            .status()
-            .unwrap();
-        assert!(st.success());
+        self.control(&["gw-stop", &n.to_string()]);
     }
 }
 
@@ -125,6 +120,9 @@ fn on_client_host(test: &str) -> Option<Bed> {
         return None;
     };
     let _one_at_a_time = BED_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    // A test that failed between stopping a gateway or an OSD and starting it again must not
+    // fail the tests after it: each starts on a whole bed.
+    bed.control(&["heal"]);
     let exe = std::env::current_exe().unwrap();
     let out = Command::new("ip")
         .args(["netns", "exec", bed.get("CLIENT_NS")])

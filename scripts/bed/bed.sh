@@ -21,6 +21,7 @@
 #   bed.sh gw-start N        start gateway N again; returns once it answers its health check
 #   bed.sh osd-stop N        kill OSD N (1..3); returns once the monitor marks it down
 #   bed.sh osd-start N       start OSD N again; returns once it is up
+#   bed.sh heal              start every gateway and OSD that is not running
 #   bed.sh exec HOST CMD...  run CMD on a host (e.g. `bed.sh exec client curl ...`)
 #
 # Settings (environment):
@@ -76,7 +77,10 @@ wait_for() { # wait_for WHAT COMMAND...: retries COMMAND every 0.2 s for $WAIT s
         sleep 0.2
     done
 }
-pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# A process that has exited but not yet been reaped (a zombie) counts as gone: it holds no
+# socket, and `kill -0` would still find it.
+proc_alive() { kill -0 "$1" 2>/dev/null && [ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)" != Z ]; }
+pid_alive() { [ -f "$1" ] && proc_alive "$(cat "$1")"; }
 
 # --- network -------------------------------------------------------------------------------
 net_up() {
@@ -237,11 +241,17 @@ stop_gw() { # stop_gw N [--term]
     p=$(cat "$f")
     kill "-$sig" "$p"
     local end=$(( $(date +%s) + 20 ))
-    while kill -0 "$p" 2>/dev/null; do
+    while proc_alive "$p"; do
         [ "$(date +%s)" -lt "$end" ] || { kill -KILL "$p" 2>/dev/null || true; }
         sleep 0.05
     done
     rm -f "$f"
+}
+
+heal() { # start every gateway and OSD that is not running (after a test that stopped one failed)
+    local i
+    for i in 1 2 3; do pid_alive "$D/run/gw$i.pid" || start_gw "$i"; done
+    for i in 1 2 3; do pid_alive "$D/run/osd.$((i - 1)).pid" || start_osd "$i"; done
 }
 
 # --- commands ------------------------------------------------------------------------------
@@ -376,6 +386,7 @@ case "${1:-}" in
         wait_for "osd.$id marked down" osd_is "$id" down
         ;;
     osd-start) [ -n "${2:-}" ] || die "osd-start N"; start_osd "$2" ;;
+    heal) heal ;;
     exec) [ -n "${2:-}" ] || die "exec HOST CMD..."; h=$2; shift 2; on "$h" "$@" ;;
     *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
