@@ -122,12 +122,17 @@ impl Fetcher {
                 super::lookup::resolve_markers(&*store, &keys, &req.hashes, &mut markers, &sh1)
                     .await;
             }
-            // The gather server reads chunk objects only: a load that knows of a segment
-            // takes the ranged-GET path (`docs/object-format.md`, "Gather and RDMA").
-            let targets = if any_segment(&markers) {
-                Vec::new()
+            // Chunks in segment objects go to a gather server as runs of segments
+            // (`docs/object-format.md`, "Gather and RDMA"), once every chunk is placed; a
+            // position no marker places is the ranged-GET path's to settle.
+            let (targets, runs) = if any_segment(&markers) {
+                let placed = crate::layout::place(req.hashes.len(), &markers);
+                match placed.unknown.is_empty() {
+                    true => (targets, placed.runs),
+                    false => (Vec::new(), Vec::new()),
+                }
             } else {
-                targets
+                (targets, Vec::new())
             };
             if !targets.is_empty() {
                 // Gather with an RDMA target where the first gateway and this host offer it.
@@ -142,6 +147,7 @@ impl Fetcher {
                         &targets[0],
                         &keys,
                         &req,
+                        &runs,
                         request_id,
                         &sh1,
                     )
@@ -151,7 +157,7 @@ impl Fetcher {
                     }
                 }
                 if let super::gather::Outcome::Done = super::gather::try_gather(
-                    &probes, &store, route, &keys, &req, request_id, &sh1, streams,
+                    &probes, &store, route, &keys, &req, &runs, request_id, &sh1, streams,
                 )
                 .await
                 {

@@ -58,13 +58,14 @@ impl Engine {
     /// its chunks present at once).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a bad geometry; a store error other than not-found.
+    /// [`Error::InvalidArgument`] for a bad geometry or a hash of the wrong length for
+    /// `hash_algo` (32 bytes under `sha256cbor`); a store error other than not-found.
     pub async fn lookup_report(
         &self,
         g: &KvGeometry,
         hashes: &[ChunkHash],
     ) -> Result<LookupReport, Error> {
-        self.keys(g)?;
+        self.keys_for(g, hashes)?;
         // Every tensor-parallel rank's marker: a chunk is a hit only when every rank has it,
         // so the ranks of one engine group agree on every hit (case C16).
         let ranks: Vec<KeyBuilder> = (0..g.tp_world.max(1))
@@ -222,13 +223,14 @@ impl Engine {
     /// load). Empty for a prefix of chunk objects (format v1), or when nothing was looked up.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a geometry this engine cannot key (as [`Engine::keys`]).
+    /// [`Error::InvalidArgument`] for a geometry this engine cannot key (as [`Engine::keys`]) or
+    /// a hash of the wrong length for `hash_algo`.
     pub fn segment_markers(
         &self,
         g: &KvGeometry,
         hashes: &[ChunkHash],
     ) -> Result<BTreeMap<usize, SegmentMarker>, Error> {
-        let keys = self.keys(g)?;
+        let keys = self.keys_for(g, hashes)?;
         let mut seen = std::collections::HashSet::new();
         Ok(self
             .markers_known(&keys, hashes)
@@ -248,15 +250,15 @@ impl Engine {
     /// chunks meanwhile find them published.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a position at or past `hashes.len()` (naming it) or a
-    /// geometry this engine cannot key.
+    /// [`Error::InvalidArgument`] for a position at or past `hashes.len()` (naming it), a
+    /// geometry this engine cannot key, or a hash of the wrong length for `hash_algo`.
     pub fn add_segment_markers(
         &self,
         g: &KvGeometry,
         hashes: &[ChunkHash],
         markers: &BTreeMap<usize, SegmentMarker>,
     ) -> Result<(), Error> {
-        let keys = self.keys(g)?;
+        let keys = self.keys_for(g, hashes)?;
         if let Some(p) = markers.keys().find(|&&p| p >= hashes.len()) {
             return Err(Error::InvalidArgument(format!(
                 "segment markers: prefix position {p}, the prefix has {} chunks",

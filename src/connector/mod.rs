@@ -60,7 +60,7 @@ pub use memory::{MemoryKind, RegionId, RegisteredLoad};
 pub use status::ChunkStatus;
 
 use crate::error::Error;
-use crate::layout::{KeyBuilder, KvGeometry};
+use crate::layout::{ChunkHash, KeyBuilder, KvGeometry};
 use crate::store::Store;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -158,6 +158,8 @@ pub struct Engine {
     leases: Arc<crate::lifecycle::LeaseTable>,
     /// Last load of each entry, for [`Engine::gc`]'s least-recently-used eviction.
     access: Arc<crate::lifecycle::AccessLog>,
+    /// What the format v2 markers said at the last [`Engine::gc`] pass.
+    gc_memo: Arc<crate::lifecycle::MarkerMemo>,
     /// Memory registered for loads ([`Engine::register_memory`]).
     memory: memory::Registry,
 }
@@ -305,6 +307,7 @@ impl Engine {
             fetched: Arc::new(AtomicU64::new(0)),
             leases: crate::lifecycle::LeaseTable::new(),
             access: Arc::new(crate::lifecycle::AccessLog::new()),
+            gc_memo: Arc::default(),
             memory: memory::Registry::default(),
         };
         e.start_gather_probe();
@@ -329,11 +332,13 @@ impl Engine {
     }
 
     /// Runs one collection pass over this engine's store (`crate::lifecycle::collect`: GC of
-    /// interrupted saves and orphan markers, TTL, capacity eviction by least recent load)
-    /// with this engine's leases: an entry one of its loads in flight reads is never deleted
-    /// (a load holds its chunks from [`Engine::load`] until it ends). Lookups neither pin nor
-    /// count as use. For the embedded store the engine manages; a shared store is collected
-    /// where its reads happen (the server: `ServerHandle::gc`).
+    /// interrupted saves and orphan markers, TTL, capacity eviction by least recent load;
+    /// format v2 markers unchanged since this engine's last pass are not read again,
+    /// `crate::lifecycle::MarkerMemo`) with this engine's leases: an entry one of its loads
+    /// in flight reads is never deleted (a load holds its chunks from [`Engine::load`] until
+    /// it ends). Lookups neither pin nor count as use. For the embedded store the engine
+    /// manages; a shared store is collected where its reads happen (the server:
+    /// `ServerHandle::gc`).
     ///
     /// # Errors
     /// As `crate::lifecycle::collect`.
@@ -341,20 +346,22 @@ impl Engine {
         &self,
         policy: &crate::lifecycle::Policy,
     ) -> Result<crate::lifecycle::GcReport, Error> {
-        let (store, leases, access, policy) = (
+        let (store, leases, access, memo, policy) = (
             self.store.clone(),
             self.leases.clone(),
             self.access.clone(),
+            self.gc_memo.clone(),
             policy.clone(),
         );
         Ok(self
             .spawn(async move {
-                crate::lifecycle::collect(
+                crate::lifecycle::collect_with(
                     &*store,
                     &policy,
                     std::time::SystemTime::now(),
                     Some(&access),
                     Some(&leases),
+                    &memo,
                 )
                 .await
             })
@@ -400,6 +407,22 @@ impl Engine {
         KeyBuilder::new(&self.cfg.namespace, g, self.cfg.hash_algo)
     }
 
+    /// [`Engine::keys`] for a request of `hashes`, which must be hashes of this engine's
+    /// `hash_algo` ([`crate::HashAlgo::check_hashes`]: 32 bytes each under `sha256cbor`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an invalid geometry or a hash of the wrong length
+    /// (naming its position).
+    pub(crate) fn keys_for(
+        &self,
+        g: &KvGeometry,
+        hashes: &[ChunkHash],
+    ) -> Result<KeyBuilder, Error> {
+        let keys = self.keys(g)?;
+        self.cfg.hash_algo.check_hashes(hashes)?;
+        Ok(keys)
+    }
+
     /// Counters since creation.
     pub fn metrics(&self) -> EngineMetrics {
         let c = &self.counters;
@@ -430,7 +453,6 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::ChunkHash;
     use std::time::Duration;
 
     /// Waits (up to 10 s, a liveness bound, not a speed goal) until `f` holds.

@@ -106,13 +106,17 @@ pub(crate) fn forget(probe: &Mutex<Probe>, ptr: *mut u8, len: usize) {
     }
 }
 
-/// Runs `req` as a gather request with an RDMA target if the server and host offer RDMA.
+/// Runs `req` as a gather request with an RDMA target if the server and host offer RDMA;
+/// chunks that `runs` place in segment objects (format version 2) only from a server that
+/// reads them (else `Outcome::Fallback`).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn try_rdma(
     probe: &Mutex<Probe>,
     transport: Transport,
     target: &GatherTarget,
     keys: &KeyBuilder,
     req: &LoadRequest,
+    runs: &[crate::layout::Run],
     request_id: u64,
     sh: &Arc<Shared>,
 ) -> Outcome {
@@ -183,7 +187,17 @@ pub(crate) async fn try_rdma(
         }
     };
     let mut conn = conn;
-    let mut greq = super::gather::gather_request(request_id, target, keys, req);
+    // Chunks in segment objects (format version 2) only from a server that reads them.
+    let Ok(segments) = crate::protocol::SegmentPlacement::from_runs(runs, 0..req.hashes.len())
+    else {
+        return Outcome::Fallback;
+    };
+    if segments.is_some()
+        && conn.server_info().features & crate::protocol::ServerInfo::FEATURE_SEGMENTS == 0
+    {
+        return Outcome::Fallback;
+    }
+    let mut greq = super::gather::gather_request(request_id, target, keys, req, segments);
     // The server verifies every slice's CRC32C before writing it (the client cannot check
     // bytes the NIC placed without reading them back).
     greq.verify = true;

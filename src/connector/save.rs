@@ -24,7 +24,8 @@ impl Engine {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `layers.len() != geometry.layers` or a buffer is not
-    /// `hashes.len() x slice_bytes` bytes; the store's error if a write fails (then no marker
+    /// `hashes.len() x slice_bytes` bytes, or a hash of the wrong length for `hash_algo` (32
+    /// bytes under `sha256cbor`, naming its position); the store's error if a write fails (then no marker
     /// of this call is written past the failure, and nothing stored before is touched).
     pub async fn save(
         &self,
@@ -53,7 +54,7 @@ impl Engine {
         hashes: &[ChunkHash],
         layers: &[Vec<&[u8]>],
     ) -> Result<SaveReport, Error> {
-        let keys = self.keys(g)?;
+        let keys = self.keys_for(g, hashes)?;
         let slice = g.slice_bytes() as usize;
         if layers.len() != g.layers as usize {
             return Err(Error::InvalidArgument(format!(

@@ -86,6 +86,8 @@ async fn http_route(
                         "load_groups": true,
                         // Held frames while a load waits on purpose (descriptor flag bit 3).
                         "held_frames": true,
+                        // Chunks in segment objects, format version 2 (descriptor flag bit 4).
+                        "segment_objects": true,
                         "max_descriptor_bytes": l.max_descriptor_bytes,
                         "max_chunks": l.max_chunks,
                         "max_request_bytes": l.max_request_bytes,

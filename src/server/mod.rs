@@ -92,6 +92,8 @@ pub(crate) struct Shared {
     pub(crate) leases: Arc<crate::lifecycle::LeaseTable>,
     /// Last use of each entry (gather loads and S3 reads; not lookups), for LRU eviction.
     pub(crate) access: Arc<crate::lifecycle::AccessLog>,
+    /// What the format v2 markers said at the last [`ServerHandle::gc`] pass.
+    pub(crate) gc_memo: crate::lifecycle::MarkerMemo,
     /// RDMA gather sessions (feature `rdma`, when a device exists).
     #[cfg(feature = "rdma")]
     pub(crate) rdma: Option<Arc<crate::transport::rdma::SessionRegistry>>,
@@ -110,6 +112,7 @@ impl Shared {
                 | ServerInfo::FEATURE_SAVE
                 | ServerInfo::FEATURE_LOAD_GROUPS
                 | ServerInfo::FEATURE_HELD
+                | ServerInfo::FEATURE_SEGMENTS
                 | self.rdma_feature(),
         }
     }
@@ -242,7 +245,8 @@ impl ServerHandle {
     /// interrupted saves and orphan markers, TTL, capacity eviction by least recent use),
     /// with the server's leases: an entry a gather load in flight reads, or one read through
     /// the S3 API within the last [`S3_READ_LEASE`], is never deleted. Lookups (marker
-    /// `HEAD`s) neither pin nor count as use. Entries of one chunk's tensor-parallel ranks go
+    /// `HEAD`s) neither pin nor count as use. Format v2 markers unchanged since the server's
+    /// last pass are not read again (`crate::lifecycle::MarkerMemo`). Entries of one chunk's tensor-parallel ranks go
     /// together.
     ///
     /// # Errors
@@ -251,12 +255,13 @@ impl ServerHandle {
         &self,
         policy: &crate::lifecycle::Policy,
     ) -> Result<crate::lifecycle::GcReport, crate::StoreError> {
-        crate::lifecycle::collect(
+        crate::lifecycle::collect_with(
             &*self.shared.store,
             policy,
             std::time::SystemTime::now(),
             Some(&self.shared.access),
             Some(&self.shared.leases),
+            &self.shared.gc_memo,
         )
         .await
     }

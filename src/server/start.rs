@@ -106,6 +106,7 @@ pub async fn start_with_store(
         reads: reads::Reads::default(),
         leases: leases.clone(),
         access: access.clone(),
+        gc_memo: Default::default(),
         shutdown: CancellationToken::new(),
         buckets: buckets.clone(),
         metrics: metrics.clone(),

@@ -9,6 +9,7 @@ use crate::gather_util;
 use common::{assert_layers_exact, hashes, save_prefix, start_load, temp_fs_store, unique_ns};
 use gather_util::{config, start, BUCKET};
 use objectcache::connector::{ChunkStatus, Engine, EngineConfig, LayerBuffers, LoadRequest};
+use objectcache::layout::{segment_digest, SegmentHeader};
 use objectcache::server::ServerHandle;
 use objectcache::store::{S3Store, Store};
 use objectcache::KvGeometry;
@@ -77,6 +78,37 @@ fn assert_only_chunk_2_bad(h: &objectcache::connector::LoadHandle, bad: ChunkSta
     );
 }
 
+/// Every layer of `h` but layer 5 arrives byte-exact (`data`); layer 5 is a checksum miss
+/// naming chunk 2 (a byte flipped in that slice), and is never exposed.
+fn assert_only_layer_5_of_chunk_2_corrupt(
+    h: &objectcache::connector::LoadHandle,
+    data: &[Vec<u8>],
+) {
+    for (l, want) in data.iter().enumerate() {
+        match h.wait_layer_blocking(l, None) {
+            Ok(()) => {
+                assert_ne!(l, 5, "the corrupt layer must never be ready");
+                assert_eq!(h.layer(l).unwrap(), &want[..], "layer {l}");
+            }
+            Err(err) => {
+                assert_eq!(l, 5, "only layer 5 misses: {err:?}");
+                assert!(
+                    matches!(
+                        err,
+                        objectcache::LayerError::ChecksumMismatch {
+                            chunk: 2,
+                            layer: 5,
+                            ..
+                        }
+                    ),
+                    "{err:?}"
+                );
+                assert!(h.layer(l).is_none());
+            }
+        }
+    }
+}
+
 #[test]
 fn gather_where_offered_ranged_gets_where_off() {
     let (_dir, server, store) = fs_server();
@@ -130,7 +162,7 @@ fn gather_where_offered_ranged_gets_where_off() {
 }
 
 #[test]
-fn version_2_saves_load_by_ranged_gets_and_version_1_prefixes_still_gather() {
+fn version_2_saves_gather_from_segments_and_version_1_prefixes_still_gather() {
     let (_dir, _server, store) = fs_server();
     let g = KvGeometry::llama31_8b();
     let ns = unique_ns("gather-v2");
@@ -140,9 +172,9 @@ fn version_2_saves_load_by_ranged_gets_and_version_1_prefixes_still_gather() {
         Engine::with_store(store.clone(), cfg).unwrap()
     };
     let v2 = with(&[("save_format", "v2")]);
-    // 4 chunks of 1 MiB slices in one segment: the server's gather reads chunk objects only,
-    // so the load takes ranged GETs, 4 pieces per layer (32 layers), byte for byte.
-    assert_eq!(save_and_load(&v2, &g, 4, 11), 4 * 32);
+    // 4 chunks of 1 MiB slices in one segment: the server reads them from the segment, one
+    // gather request per stream (2 streams), byte for byte; ranged GETs would take 4 x 32.
+    assert_eq!(save_and_load(&v2, &g, 4, 11), 2);
     // A version 1 prefix on the same server still gathers for both engines: one request per
     // stream; an engine writing version 2 that knows no marker reads marker 0 first.
     let v1 = with(&[]);
@@ -158,6 +190,108 @@ fn version_2_saves_load_by_ranged_gets_and_version_1_prefixes_still_gather() {
         assert_layers_exact(&h, &data);
         assert_eq!(h.stats().requests, want, "lookup cache {lookup_cache} ms");
     }
+    // A prefix whose first 4 chunks are chunk objects (saved by the version 1 engine) and
+    // whose next 4 are one segment (the version 2 engine knows the first 4 are published and
+    // writes only the rest): another engine's load gathers all 8 in one request per stream.
+    let hs8 = hashes(&g, 8 * g.tokens_per_chunk as usize, 13);
+    let data8 = common::kv(&g, 8, 13);
+    let half: Vec<&[u8]> = data8.iter().map(|l| &l[..l.len() / 2]).collect();
+    v1.save_blocking(&g, &hs8[..4], &half).unwrap();
+    assert_eq!(v2.lookup_blocking(&g, &hs8).unwrap(), 4);
+    let all: Vec<&[u8]> = data8.iter().map(|l| l.as_slice()).collect();
+    v2.save_blocking(&g, &hs8, &all).unwrap();
+    let reader = with(&[("save_format", "v2")]);
+    assert_eq!(reader.lookup_blocking(&g, &hs8).unwrap(), 8);
+    let h = start_load(&reader, &g, hs8, data8[0].len());
+    assert_layers_exact(&h, &data8);
+    assert!(h.chunk_status().iter().all(|s| *s == ChunkStatus::Ok));
+    assert_eq!(h.stats().requests, 2, "one gather request per stream");
+}
+
+/// A segment object read over gather that is damaged: a flipped byte in one slice is a miss
+/// of that layer only (the client checks the slice's stored CRC32C), naming the chunk; a
+/// flipped byte in its chunk list fails the server's check of the segment's header, and every
+/// layer misses, never bytes. Neither falls back to ranged GETs.
+#[test]
+fn a_damaged_segment_over_gather_is_a_miss_never_bytes() {
+    let (dir, _server, store) = fs_server();
+    let g = KvGeometry::llama31_8b();
+    let ns = unique_ns("gather-v2-bad");
+    let mut cfg = EngineConfig::from_pairs([("save_format", "v2")]).unwrap();
+    cfg.namespace = ns;
+    let e = Engine::with_store(store, cfg).unwrap();
+    let (hs, data) = save_prefix(&e, &g, 4, 21);
+    let path = dir
+        .path()
+        .join(BUCKET)
+        .join(e.keys(&g).unwrap().segment(&segment_digest(&hs)));
+    let clean = std::fs::read(&path).unwrap();
+    let header = SegmentHeader::decode(&clean).unwrap();
+    // Layer 5 of chunk 2.
+    let mut obj = clean.clone();
+    obj[header.layout().slice_range(5, 2).start as usize + 10] ^= 0x40;
+    std::fs::write(&path, &obj).unwrap();
+    let h = start_load(&e, &g, hs.clone(), data[0].len());
+    assert_only_layer_5_of_chunk_2_corrupt(&h, &data);
+    assert_eq!(h.stats().requests, 2, "gather, no fallback");
+    // The chunk list (just after the 64-byte fixed header).
+    let mut obj = clean;
+    obj[70] ^= 0x01;
+    std::fs::write(&path, &obj).unwrap();
+    let h = start_load(&e, &g, hs, data[0].len());
+    for l in 0..g.layers as usize {
+        let err = h.wait_layer_blocking(l, None).unwrap_err();
+        assert!(
+            matches!(err, objectcache::LayerError::GeometryMismatch { .. }),
+            "layer {l}: {err:?}"
+        );
+        assert!(h.layer(l).is_none());
+    }
+    assert_eq!(h.stats().requests, 2, "gather, no fallback");
+}
+
+/// A marker that places chunks at indexes of a segment that hold other chunks (here, every
+/// chunk one index on): the server checks each chunk's hash against the segment's chunk list
+/// and sends a miss naming the chunk, never the bytes of the chunk that is there.
+#[test]
+fn a_chunk_placed_at_the_wrong_index_of_a_segment_is_a_miss() {
+    let (_dir, _server, store) = fs_server();
+    let g = KvGeometry::llama31_8b();
+    let ns = unique_ns("gather-v2-index");
+    let engine_with = |pairs: &[(&str, &str)]| {
+        let mut cfg = EngineConfig::from_pairs(pairs.iter().copied()).unwrap();
+        cfg.namespace = ns.clone();
+        Engine::with_store(store.clone(), cfg).unwrap()
+    };
+    let saver = engine_with(&[("save_format", "v2")]);
+    let (hs, data) = save_prefix(&saver, &g, 4, 31);
+    let mut marker = saver.segment_markers(&g, &hs).unwrap()[&0].clone();
+    assert_eq!(marker.index, 0);
+    // Position 0 claimed at index 1: positions 0..3 would read the chunks at 1..4.
+    marker.index = 1;
+    let reader = engine_with(&[]);
+    let req = LoadRequest::new(g.clone(), hs[..3].to_vec())
+        .with_segment_markers([(0, marker)].into_iter().collect());
+    let h = reader
+        .load(
+            req,
+            LayerBuffers::allocate(g.layers as usize, 3 * data[0].len() / 4),
+        )
+        .unwrap();
+    for l in 0..g.layers as usize {
+        let err = h.wait_layer_blocking(l, None).unwrap_err();
+        assert!(
+            matches!(err, objectcache::LayerError::Missing { .. }),
+            "layer {l}: {err:?}"
+        );
+        assert!(h.layer(l).is_none());
+    }
+    assert_eq!(
+        settled_chunk_status(&h),
+        vec![ChunkStatus::Missing; 3],
+        "each chunk named"
+    );
+    assert_eq!(h.stats().requests, 2, "gather (2 streams), no fallback");
 }
 
 #[test]
@@ -230,29 +364,7 @@ fn gather_corrupt_slice_in_a_file_is_a_miss_naming_its_chunk() {
     obj[objectcache::layout::slice_range(5, g.slice_bytes()).start as usize + 10] ^= 0x40;
     std::fs::write(&path, obj).unwrap();
     let h = start_load(&e, &g, hs, data[0].len());
-    for l in 0..g.layers as usize {
-        match h.wait_layer_blocking(l, None) {
-            Ok(()) => {
-                assert_ne!(l, 5, "the corrupt layer must never be ready");
-                assert_eq!(h.layer(l).unwrap(), &data[l][..], "layer {l}");
-            }
-            Err(err) => {
-                assert_eq!(l, 5, "only layer 5 misses: {err:?}");
-                assert!(
-                    matches!(
-                        err,
-                        objectcache::LayerError::ChecksumMismatch {
-                            chunk: 2,
-                            layer: 5,
-                            ..
-                        }
-                    ),
-                    "{err:?}"
-                );
-                assert!(h.layer(l).is_none());
-            }
-        }
-    }
+    assert_only_layer_5_of_chunk_2_corrupt(&h, &data);
     assert_only_chunk_2_bad(&h, ChunkStatus::Corrupt);
     drop(e);
     rt().block_on(server.shutdown());

@@ -169,5 +169,42 @@ fn protocol_regressions_and_hostile_frames() {
         gather_descriptor(&body[..cut]);
         n += 1;
     }
+    // Hostile segment placements (descriptor flag bit 4): the striped descriptor with chunk 1
+    // in a segment, each byte of the placement set to 0x00 and 0xff, and cut anywhere.
+    let slice = g.slice_bytes() + 4;
+    let header_len = 64 + 2 * 33 + 4;
+    req.segments = objectcache::protocol::SegmentPlacement::from_runs(
+        &[objectcache::layout::Run::Segment(
+            objectcache::layout::SegmentRun {
+                positions: 1..2,
+                digest: [7; 32],
+                first_index: 1,
+                chunks: 2,
+                header_len,
+                object_len: header_len as u64 + g.layers as u64 * 2 * slice,
+            },
+        )],
+        0..2,
+    )
+    .unwrap();
+    let mut body = bytes::BytesMut::new();
+    req.encode(&mut body);
+    assert_eq!(
+        objectcache::protocol::GatherRequest::decode(&body, 4096).unwrap(),
+        req
+    );
+    let placement = body.len() - (2 + 48 + 4 + 2 * 6);
+    for at in placement..body.len() {
+        for v in [0x00u8, 0xff] {
+            let mut b = body.to_vec();
+            b[at] = v;
+            gather_descriptor(&b);
+            n += 1;
+        }
+    }
+    for cut in placement..body.len() {
+        gather_descriptor(&body[..cut]);
+        n += 1;
+    }
     println!("SECURITY|protocol fuzz regressions + hostile frames replayed|{n}|no panic");
 }

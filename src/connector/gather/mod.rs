@@ -18,7 +18,7 @@ pub(crate) use run::try_gather;
 
 use crate::connector::load::LoadRequest;
 use crate::layout::KeyBuilder;
-use crate::protocol::{ChunkKeys, GatherRequest};
+use crate::protocol::{ChunkKeys, GatherRequest, SegmentPlacement};
 use crate::store::GatherTarget;
 
 /// Result of trying gather for one load.
@@ -30,12 +30,16 @@ pub(crate) enum Outcome {
 }
 
 /// The gather descriptor of `req`: its chunks' keys under the store's bucket and key prefix,
-/// every chunk full (`tokens_per_chunk` tokens). Used by the TCP and RDMA gather paths alike.
+/// every chunk full (`tokens_per_chunk` tokens), and where chunks lie in segment objects
+/// (`segments`, format version 2; for a server announcing
+/// [`crate::protocol::ServerInfo::FEATURE_SEGMENTS`]). Used by the TCP and RDMA gather paths
+/// alike.
 pub(crate) fn gather_request(
     request_id: u64,
     target: &GatherTarget,
     keys: &KeyBuilder,
     req: &LoadRequest,
+    segments: Option<SegmentPlacement>,
 ) -> GatherRequest {
     let g = &req.geometry;
     let mut greq = GatherRequest::for_prefix(
@@ -48,6 +52,7 @@ pub(crate) fn gather_request(
     );
     greq.priority = req.hints.priority;
     greq.hints = req.hints.sched_hints();
+    greq.segments = segments;
     if !target.key_prefix.is_empty() {
         greq.chunks = ChunkKeys::Hashed {
             prefix: format!("{}/{}", target.key_prefix, keys.prefix()),
@@ -84,12 +89,12 @@ mod tests {
         };
         let hashes = vec![crate::ChunkHash::from_digest([7; 32])];
         let plain = LoadRequest::new(g.clone(), hashes.clone());
-        let r = gather_request(1, &target, &keys, &plain);
+        let r = gather_request(1, &target, &keys, &plain, None);
         assert_eq!((r.priority, r.hints), (128, SchedHints::None));
         let hinted = plain
             .with_layer_compute_s(vec![0.002; g.layers as usize])
             .with_priority(200);
-        let r = gather_request(2, &target, &keys, &hinted);
+        let r = gather_request(2, &target, &keys, &hinted, None);
         assert_eq!(r.priority, 200);
         assert_eq!(
             r.hints,

@@ -9,8 +9,8 @@ use super::{gather_request, offered, unit_bytes_for, Outcome};
 use crate::connector::load::{LoadRequest, Shared};
 use crate::connector::status::ChunkStatus;
 use crate::error::LayerError;
-use crate::layout::KeyBuilder;
-use crate::protocol::{LoadGroup, ServerInfo};
+use crate::layout::{KeyBuilder, Run};
+use crate::protocol::{LoadGroup, SegmentPlacement, ServerInfo};
 use crate::store::{EndpointEvent, GatherTarget, Store};
 use crate::transport::tcp::{GatherClient, GatherError};
 use std::sync::atomic::Ordering;
@@ -96,6 +96,7 @@ async fn run_stripe(
     mut sink: Stripe,
     keys: KeyBuilder,
     part: LoadRequest,
+    segments: Option<SegmentPlacement>,
     request_id: u64,
     group: Option<LoadGroup>,
     bytes: std::ops::Range<u64>,
@@ -104,7 +105,7 @@ async fn run_stripe(
     let mut from = 0u32;
     let mut tried = vec![target.addr.clone()];
     loop {
-        let mut greq = gather_request(request_id, &target, &keys, &part);
+        let mut greq = gather_request(request_id, &target, &keys, &part, segments.clone());
         greq.layers = from..layers;
         // One unit per slice, checked by this client against the slice's stored CRC32C (end
         // to end: storage, server and network): the server reads no payload byte itself (from
@@ -208,6 +209,7 @@ pub(crate) async fn try_gather(
     route: u64,
     keys: &KeyBuilder,
     req: &LoadRequest,
+    runs: &[Run],
     request_id: u64,
     sh: &Arc<Shared>,
     streams: usize,
@@ -222,7 +224,25 @@ pub(crate) async fn try_gather(
     };
     let probe = probes.get(&target.addr);
     let chunks = req.hashes.len();
+    // Chunks in segment objects (format version 2) are read by a server that reads them;
+    // from an older server the load takes ranged GETs.
     let want = streams.clamp(1, chunks.max(1));
+    // Each stripe's placement, were the load cut into `n` stripes (a load in more segments
+    // than a request may name cannot gather).
+    let placements = |n: usize| -> Result<Vec<Option<SegmentPlacement>>, _> {
+        (0..n)
+            .map(|i| SegmentPlacement::from_runs(runs, i * chunks / n..(i + 1) * chunks / n))
+            .collect()
+    };
+    if !runs.is_empty()
+        && (first.server_info().features & ServerInfo::FEATURE_SEGMENTS == 0
+            || placements(1).is_err())
+    {
+        if let Probe::Offered { pool, .. } = &mut *probe.lock().expect("lock") {
+            pool.push(first);
+        }
+        return Outcome::Fallback;
+    }
     let mut clients = vec![first];
     while clients.len() < want {
         match connection(&probe, &target).await {
@@ -242,6 +262,10 @@ pub(crate) async fn try_gather(
     let _ended = Ended(store, &target.addr);
     let n = clients.len();
     let slice = req.geometry.slice_bytes();
+    // No stripe names more segments than the whole load (checked above).
+    let Ok(mut placed) = placements(n) else {
+        return Outcome::Fallback;
+    };
     let step = Arc::new(Lockstep::new(n, 0));
     // A server that schedules loads (not connections) is told which requests are stripes of
     // this load, so it admits and paces them as one and sends them in the load's layer-major
@@ -279,6 +303,7 @@ pub(crate) async fn try_gather(
             sink,
             keys.clone(),
             part,
+            placed[i].take(),
             request_id,
             group,
             a as u64 * slice..b as u64 * slice,

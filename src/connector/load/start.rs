@@ -38,14 +38,15 @@ impl Engine {
     /// paces the ranged GETs of all its loads under `scheduler`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for an empty request, a wrong number of layer buffers or a
+    /// [`Error::InvalidArgument`] for an empty request, a hash of the wrong length for
+    /// `hash_algo` (32 bytes under `sha256cbor`), a wrong number of layer buffers or a
     /// buffer too small (the message names the layer and the sizes), or hints that do not fit
     /// the geometry ([`LoadHints::validate`]).
     ///
     /// [`LoadHints::validate`]: super::LoadHints::validate
     pub fn load(&self, req: LoadRequest, dest: LayerBuffers) -> Result<LoadHandle, Error> {
         let g = &req.geometry;
-        let keys = self.keys(g)?;
+        let keys = self.keys_for(g, &req.hashes)?;
         if req.hashes.is_empty() {
             return Err(Error::InvalidArgument("load: no chunks requested".into()));
         }

@@ -2,11 +2,12 @@
 //! (joined with other loads' reads of the same bytes) or from local files, ahead of the socket
 //! under the memory budget.
 
+use super::objects::LoadObjects;
 use super::permits_for;
 use crate::server::Shared;
 
 use crate::error::StoreError;
-use crate::layout::{slice_range, ChunkHeader, HEADER_LEN};
+use crate::layout::{ChunkHeader, HEADER_LEN};
 use crate::protocol::{MissReason, PieceMiss, PieceRead, UnitPlan};
 use crate::store::GetOptions;
 use bytes::Bytes;
@@ -83,23 +84,24 @@ pub(super) struct LocalFiles {
 }
 
 impl LocalFiles {
-    /// Starts the opener of `keys` (chunk `i`'s slices `slice_lens[i]` bytes, `layers`
-    /// requested) on the blocking pool.
+    /// Starts the opener of the chunk objects of `objects` (chunk `i`'s slices
+    /// `slice_lens[i]` bytes, `layers` requested) on the blocking pool. Chunks in segment
+    /// objects are read from the store.
     pub(super) fn open(
         store: Arc<dyn crate::store::Store>,
-        keys: Arc<Vec<String>>,
+        objects: Arc<LoadObjects>,
         layers: std::ops::Range<u32>,
         slice_lens: Vec<u64>,
     ) -> Self {
         let cells: Arc<Vec<_>> = Arc::new(
-            (0..keys.len())
+            (0..objects.len())
                 .map(|_| std::sync::OnceLock::new())
                 .collect(),
         );
         let (tx, opened) = tokio::sync::watch::channel(0usize);
         let c = cells.clone();
         tokio::task::spawn_blocking(move || {
-            open_chunks(&*store, &keys, layers, &slice_lens, &c, &tx)
+            open_chunks(&*store, &objects, layers, &slice_lens, &c, &tx)
         });
         Self { cells, opened }
     }
@@ -120,17 +122,38 @@ impl LocalFiles {
 /// Stops early once nobody waits (the load ended).
 fn open_chunks(
     store: &dyn crate::store::Store,
-    keys: &[String],
+    objects: &LoadObjects,
     layers: std::ops::Range<u32>,
     slice_lens: &[u64],
     cells: &[std::sync::OnceLock<Option<Arc<LocalChunk>>>],
     opened: &tokio::sync::watch::Sender<usize>,
 ) {
-    for (i, key) in keys.iter().enumerate() {
+    // The segment file the last chunk was in: its other chunks share the open.
+    let mut last: Option<(String, Arc<std::fs::File>, u64)> = None;
+    for i in 0..objects.len() {
         if opened.is_closed() {
             return;
         }
-        let _ = cells[i].set(open_local_chunk(store, key, layers.clone(), slice_lens[i]));
+        let at = objects.segment_slot(i);
+        let key = objects.key(i);
+        let local = match (&last, at) {
+            (Some((k, file, size)), Some(at)) if k == key => {
+                let c = LocalChunk {
+                    file: file.clone(),
+                    size: *size,
+                    header: Err("a segment's header is checked once per load".into()),
+                    layers: layers.clone(),
+                    at: Some(at),
+                };
+                c.advise(layers.start, slice_lens[i]);
+                Some(Arc::new(c))
+            }
+            _ => open_local_chunk(store, key, at, layers.clone(), slice_lens[i]),
+        };
+        if let (Some(c), Some(_)) = (&local, at) {
+            last = Some((key.to_string(), c.file.clone(), c.size));
+        }
+        let _ = cells[i].set(local);
         opened.send_replace(i + 1);
     }
 }
@@ -163,16 +186,16 @@ fn crc_of(parts: &[Bytes]) -> u32 {
         .fold(0, |c, p| crate::layout::crc::crc32c_append(c, p))
 }
 
-/// Reads one slice piece: the slice and its CRC trailer in one ranged read, streamed as the
-/// backend's buffers (never concatenated).
+/// Reads one slice piece: the slice and its CRC trailer (`range` of object `key`) in one
+/// ranged read, streamed as the backend's buffers (never concatenated).
 async fn fetch_piece(
     sh: &Shared,
     key: &str,
+    range: std::ops::Range<u64>,
     layer: u32,
     p: &crate::protocol::SlicePiece,
     verify: bool,
 ) -> PieceResult {
-    let range = slice_range(layer, p.slice_len);
     let want = range.end - range.start;
     // Joins a read of the same bytes in flight for another load (reads.rs).
     let (read, joined) = sh.reads.read(&sh.store, key, range);
@@ -222,20 +245,30 @@ async fn fetch_piece(
     }
 }
 
-/// A chunk object opened as a local file: its size and header bytes (for the header check,
-/// so a chunk is opened once per load), and the layers the load requested (`layers`).
+/// A chunk's object opened as a local file (a chunk object, or the segment object holding
+/// the chunk, one open shared by its chunks): its size and, for a chunk object, its header
+/// bytes (for the header check, so a chunk is opened once per load); the layers the load
+/// requested (`layers`); where the chunk's slices lie (`at`).
 struct LocalChunk {
     file: Arc<std::fs::File>,
     /// Object size in bytes, from the open file.
     size: u64,
-    /// The first [`HEADER_LEN`] bytes, or why they could not be read.
+    /// A chunk object's first [`HEADER_LEN`] bytes, or why they could not be read (a
+    /// segment's header is checked by [`LoadObjects::check_segment_chunk`] instead).
     header: Result<[u8; HEADER_LEN as usize], String>,
     layers: std::ops::Range<u32>,
+    /// `None`: a chunk object; else the chunk's index in its segment and the segment's layout.
+    at: Option<(u32, crate::layout::SegmentLayout)>,
 }
 
 impl LocalChunk {
+    /// Byte range of layer `layer`'s slice (`slice_len` bytes) and its CRC32C trailer.
+    fn range(&self, layer: u32, slice_len: u64) -> std::ops::Range<u64> {
+        super::objects::slice_at(self.at, layer, slice_len)
+    }
+
     /// The stored CRC32C trailer of layer `layer`'s slice (`slice_len` bytes), read now: one
-    /// 4-byte read from a page [`advise_slice`] asked the kernel for a layer earlier.
+    /// 4-byte read from a page [`LocalChunk::advise`] asked the kernel for a layer earlier.
     fn trailer(&self, layer: u32, slice_len: u64) -> Result<u32, String> {
         use std::os::unix::fs::FileExt;
         if !self.layers.contains(&layer) {
@@ -243,22 +276,43 @@ impl LocalChunk {
         }
         let mut t = [0u8; 4];
         self.file
-            .read_exact_at(&mut t, slice_range(layer, slice_len).start + slice_len)
+            .read_exact_at(&mut t, self.range(layer, slice_len).start + slice_len)
             .map(|()| u32::from_le_bytes(t))
             .map_err(|e| format!("layer {layer} slice CRC read: {e}"))
     }
+
+    /// Asks the kernel to start reading layer `layer`'s slice (with its CRC trailer) into the
+    /// page cache (`POSIX_FADV_WILLNEED`; it does not wait for the read). Per slice, one layer
+    /// ahead of the send, rather than the whole object at open: advising a whole 8 MiB object
+    /// walks 2,048 pages per chunk (for 128 chunks at 32K tokens) while the first layer is
+    /// being sent, per slice spreads that work over the load; on cold objects the next
+    /// slice's read still overlaps the current one's send. (On the 2-core build machine, with
+    /// objects cached, whole-object, per-slice and no advice measured alike within its
+    /// run-to-run noise.) Advice only: a failure costs a slower send, not correctness.
+    fn advise(&self, layer: u32, slice_len: u64) {
+        let r = self.range(layer, slice_len);
+        let _ = rustix::fs::fadvise(
+            &*self.file,
+            r.start,
+            std::num::NonZeroU64::new(r.end - r.start),
+            rustix::fs::Advice::WillNeed,
+        );
+    }
 }
 
-/// Opens chunk `key` as a local file, if the backend keeps one, and reads its header, on the
-/// calling (blocking) thread; asks the kernel to read the first requested layer's slice
-/// (with its CRC trailer) ahead ([`advise_slice`]; each later slice is advised when the slice
-/// before it is queued), so the `sendfile`s and trailer reads find their pages in the page
-/// cache. One open and one read per chunk: on objects not in the page cache each read is a
-/// device read, and the load's opener opens its chunks one after another. The header check
-/// ([`check_header`]) and the unit reads share this open through the load's [`LocalFiles`].
+/// Opens the object `key` holding a chunk (its own chunk object, `at` `None`; else the
+/// segment object holding it at `at`) as a local file, if the backend keeps one, and reads a
+/// chunk object's header, on the calling (blocking) thread; asks the kernel to read the
+/// first requested layer's slice (with its CRC trailer) ahead ([`LocalChunk::advise`]; each
+/// later slice is advised when the slice before it is queued), so the `sendfile`s and
+/// trailer reads find their pages in the page cache. One open and one read per chunk object:
+/// on objects not in the page cache each read is a device read, and the load's opener opens
+/// its chunks one after another. The header check ([`check_header`]) and the unit reads
+/// share this open through the load's [`LocalFiles`].
 fn open_local_chunk(
     store: &dyn crate::store::Store,
     key: &str,
+    at: Option<(u32, crate::layout::SegmentLayout)>,
     layers: std::ops::Range<u32>,
     slice_len: u64,
 ) -> Option<Arc<LocalChunk>> {
@@ -266,36 +320,23 @@ fn open_local_chunk(
     let o = store.open_local_blocking(key).ok().flatten()?;
     let size = o.meta().size;
     let (f, _) = o.into_parts();
-    advise_slice(&f, layers.start, slice_len);
     let mut h = [0u8; HEADER_LEN as usize];
-    let header = f
-        .read_exact_at(&mut h, 0)
-        .map(|()| h)
-        .map_err(|e| format!("header read: {e}"));
-    Some(Arc::new(LocalChunk {
+    let header = match at {
+        None => f
+            .read_exact_at(&mut h, 0)
+            .map(|()| h)
+            .map_err(|e| format!("header read: {e}")),
+        Some(_) => Err("a segment's header is checked once per load".into()),
+    };
+    let c = LocalChunk {
         file: Arc::new(f),
         size,
         header,
         layers,
-    }))
-}
-
-/// Asks the kernel to start reading layer `layer`'s slice of a chunk file into the page
-/// cache (`POSIX_FADV_WILLNEED`; it does not wait for the read). Per slice, one layer ahead
-/// of the send, rather than the whole object at open: advising a whole 8 MiB object walks
-/// 2,048 pages per chunk (for 128 chunks at 32K tokens) while the first layer is being sent,
-/// per slice spreads that work over the load; on cold objects the next slice's read still
-/// overlaps the current one's send. (On the 2-core build machine, with objects cached,
-/// whole-object, per-slice and no advice measured alike within its run-to-run noise.)
-/// Advice only: a failure costs a slower send, not correctness.
-fn advise_slice(f: &std::fs::File, layer: u32, slice_len: u64) {
-    let r = slice_range(layer, slice_len);
-    let _ = rustix::fs::fadvise(
-        f,
-        r.start,
-        std::num::NonZeroU64::new(slice_len + crate::layout::SLICE_CRC_LEN),
-        rustix::fs::Advice::WillNeed,
-    );
+        at,
+    };
+    c.advise(c.layers.start, slice_len);
+    Some(Arc::new(c))
 }
 
 /// A whole slice of a local file, unverified: its bytes are named in the file (sent with
@@ -310,13 +351,13 @@ fn piece_local(
     let trailer = c.trailer(layer, p.slice_len);
     // The next layer's slice of this chunk is sent a layer later: start reading it now.
     if c.layers.contains(&(layer + 1)) {
-        advise_slice(&c.file, layer + 1, p.slice_len);
+        c.advise(layer + 1, p.slice_len);
     }
     match trailer {
         Ok(crc) => Ok((
             vec![Part::File(FileRange {
                 file: c.file.clone(),
-                offset: slice_range(layer, p.slice_len).start,
+                offset: c.range(layer, p.slice_len).start,
                 len: p.slice_len,
             })],
             crc,
@@ -331,7 +372,7 @@ fn piece_local(
 
 async fn fetch_unit(
     sh: Arc<Shared>,
-    keys: Arc<Vec<String>>,
+    objects: Arc<LoadObjects>,
     reads: Arc<Semaphore>,
     plan: UnitPlan,
     verify: bool,
@@ -351,21 +392,23 @@ async fn fetch_unit(
     };
     let layer = plan.layer;
     let pieces = futures::future::join_all(plan.pieces.iter().map(|p| {
-        let (sh, keys, reads, files) = (sh.clone(), keys.clone(), reads.clone(), files.clone());
+        let (sh, objects, reads, files) =
+            (sh.clone(), objects.clone(), reads.clone(), files.clone());
         async move {
             let _r = reads
                 .acquire()
                 .await
                 .expect("read semaphore is never closed");
-            let key = &keys[p.chunk as usize];
+            let (c, key) = (p.chunk as usize, objects.key(p.chunk as usize));
             // Whole unverified slices of local files are sent from the file (sendfile).
             if let Some(files) = files.filter(|_| p.range.start == 0 && p.range.end == p.slice_len)
             {
-                if let Some(c) = files.get(p.chunk as usize).await {
-                    return piece_local(&c, key, layer, p);
+                if let Some(lc) = files.get(c).await {
+                    return piece_local(&lc, key, layer, p);
                 }
             }
-            fetch_piece(&sh, key, layer, p, verify).await
+            let range = objects.slice_range(c, layer, p.slice_len);
+            fetch_piece(&sh, key, range, layer, p, verify).await
         }
     }))
     .await;
@@ -390,14 +433,22 @@ pub(super) async fn check_headers(
     sh: Arc<Shared>,
     tokens: Vec<u32>,
     g: crate::protocol::WireGeometry,
-    keys: Arc<Vec<String>>,
+    objects: Arc<LoadObjects>,
     files: Option<LocalFiles>,
     out: tokio::sync::mpsc::UnboundedSender<Result<(), PieceMiss>>,
 ) {
-    let n = keys.len();
+    let n = objects.len();
     let conc = sh.cfg.read_concurrency;
     let mut checks = stream::iter(0..n)
-        .map(move |i| check_header(sh.clone(), keys.clone(), files.clone(), i, tokens[i], g))
+        .map(move |i| {
+            let (sh, objects, files, t) = (sh.clone(), objects.clone(), files.clone(), tokens[i]);
+            async move {
+                match objects.in_segment(i) {
+                    true => objects.check_segment_chunk(&sh, i, &g).await,
+                    false => check_header(sh, &objects, files, i, t, g).await,
+                }
+            }
+        })
         .buffered(conc);
     while let Some(r) = checks.next().await {
         if out.send(r).is_err() {
@@ -411,14 +462,14 @@ pub(super) async fn check_headers(
 /// [`HEADER_LEN`] bytes.
 async fn check_header(
     sh: Arc<Shared>,
-    keys: Arc<Vec<String>>,
+    objects: &LoadObjects,
     files: Option<LocalFiles>,
     i: usize,
     tokens: u32,
     g: crate::protocol::WireGeometry,
 ) -> Result<(), PieceMiss> {
     let c = i as u32;
-    let key = &keys[i];
+    let key = objects.key(i);
     let local = match &files {
         Some(files) => files.get(i).await,
         None => None,
@@ -474,7 +525,7 @@ async fn check_header(
 pub(super) fn start_reads(
     sh: &Arc<Shared>,
     plan: Vec<UnitPlan>,
-    keys: Arc<Vec<String>>,
+    objects: Arc<LoadObjects>,
     verify: bool,
     files: Option<LocalFiles>,
     depth: usize,
@@ -490,7 +541,7 @@ pub(super) fn start_reads(
         let fetch = |u| {
             fetch_unit(
                 sh.clone(),
-                keys.clone(),
+                objects.clone(),
                 reads.clone(),
                 u,
                 verify,

@@ -9,10 +9,12 @@
 
 mod fetch;
 mod io;
+mod objects;
 mod save;
 
 use fetch::{check_headers, into_mem, start_reads, AbortOnDrop, LocalFiles};
 use io::{Io, ReadWait, CONN_BUF_BYTES};
+use objects::LoadObjects;
 use save::run_save;
 
 use super::{Abort, Shared};
@@ -182,8 +184,8 @@ async fn bucket_exists(sh: &Shared, bucket: &str) -> Result<(), Refusal> {
 
 /// Checks a gather request before the load starts: a transport target this build offers, no
 /// object larger than `max_object_bytes` (refused before any I/O), the bucket, every object
-/// key. Returns the chunks' keys with the bucket in front, in chunk order.
-async fn check_request(req: &GatherRequest, sh: &Shared) -> Result<Arc<Vec<String>>, Refusal> {
+/// key. Returns the objects the load reads.
+async fn check_request(req: &GatherRequest, sh: &Shared) -> Result<Arc<LoadObjects>, Refusal> {
     #[cfg(not(feature = "rdma"))]
     if matches!(req.target, TransportTarget::Rdma(_)) {
         return Err((
@@ -192,33 +194,28 @@ async fn check_request(req: &GatherRequest, sh: &Shared) -> Result<Arc<Vec<Strin
         ));
     }
     // An object larger than any this server stores cannot exist.
+    let segments = req.segments.iter().flat_map(|p| &p.segments);
     let largest = req
         .chunk_tokens
         .iter()
         .map(|&t| crate::layout::object_len(req.geometry.layers, req.geometry.slice_len(t)))
+        .chain(segments.map(|s| s.object_len))
         .max()
         .unwrap_or(0);
     if largest > sh.cfg.max_object_bytes {
         return Err((
             ErrorCode::MemoryLimit,
             format!(
-                "the request's chunk objects would be {largest} bytes, above this server's \
+                "the request's objects would be up to {largest} bytes, above this server's \
                  max_object_bytes {}",
                 sh.cfg.max_object_bytes
             ),
         ));
     }
     bucket_exists(sh, &req.bucket).await?;
-    let mut keys = Vec::with_capacity(req.chunks.len());
-    for i in 0..req.chunks.len() {
-        let k = req.chunks.key(i).expect("in range");
-        let full = format!("{}/{k}", req.bucket);
-        if crate::store::validate_key(&full).is_err() {
-            return Err((ErrorCode::Malformed, format!("invalid object key {k:?}")));
-        }
-        keys.push(full);
-    }
-    Ok(Arc::new(keys))
+    LoadObjects::of(req)
+        .map(Arc::new)
+        .map_err(|m| (ErrorCode::Malformed, m))
 }
 
 /// Waits for the load's admission under the scheduler (`load_total` bytes), watching the
@@ -266,8 +263,8 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
         tracing::info!(request = id, code = code.label(), "gather refused: {msg}");
         io.conn.fail(code, &msg);
     };
-    let keys = match check_request(&req, sh).await {
-        Ok(keys) => keys,
+    let objects = match check_request(&req, sh).await {
+        Ok(o) => o,
         Err(r) => {
             refuse(io, r);
             return io.flush(sh).await;
@@ -291,11 +288,12 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
     // The load holds its chunks' entries from when it arrives (also while it waits for
     // admission) until it ends: collection never deletes them under it (released on
     // completion, cancel, failure, and with the process).
-    let _lease = sh.leases.acquire(keys.iter().cloned());
+    let held_keys = objects.distinct_keys();
     let now = std::time::SystemTime::now();
-    for k in keys.iter() {
+    for k in &held_keys {
         sh.access.record(k, now);
     }
+    let _lease = sh.leases.acquire(held_keys);
 
     // The load this request belongs to (its stripes share admission and pacing; see group.rs).
     let member = super::group::Member::join(&sh.loads, &req);
@@ -341,7 +339,7 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
         .then(|| {
             LocalFiles::open(
                 sh.store.clone(),
-                keys.clone(),
+                objects.clone(),
                 req.layers.clone(),
                 req.chunk_tokens
                     .iter()
@@ -360,11 +358,11 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
         sh.clone(),
         req.chunk_tokens.clone(),
         req.geometry,
-        keys.clone(),
+        objects.clone(),
         files.clone(),
         htx,
     )));
-    let (mut rx, _reader) = start_reads(sh, plan, keys, verify, files, depth);
+    let (mut rx, _reader) = start_reads(sh, plan, objects, verify, files, depth);
     // Per-chunk misses: a bad chunk's Miss goes out before any unit that would carry its
     // slices, which are left out of every unit; the other chunks' slices are still delivered
     // (the client keeps their bytes and names the bad chunk).

@@ -34,6 +34,28 @@ impl HashAlgo {
             HashAlgo::External => "ext",
         }
     }
+
+    /// Checks that every hash in `hashes` is one this algorithm makes: 32 bytes under
+    /// [`HashAlgo::Sha256Cbor`] (a SHA-256 digest), any [`ChunkHash`] (1 to 64 bytes) under
+    /// [`HashAlgo::External`]. A hash of another length under `sha256cbor` would be stored
+    /// beside vLLM's hashes as if it were one.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the first wrong hash's position and length and the
+    /// algorithm.
+    pub fn check_hashes(self, hashes: &[ChunkHash]) -> Result<(), Error> {
+        if self != HashAlgo::Sha256Cbor {
+            return Ok(());
+        }
+        match hashes.iter().position(|h| h.as_bytes().len() != 32) {
+            None => Ok(()),
+            Some(i) => Err(Error::InvalidArgument(format!(
+                "chunk hash {i} has {} bytes; hash_algo sha256cbor takes 32-byte hashes \
+                 (hash_algo ext takes an engine's own hashes of 1 to 64 bytes)",
+                hashes[i].as_bytes().len()
+            ))),
+        }
+    }
 }
 
 /// One chunk's hash: 1 to 64 bytes (32 for `sha256_cbor`).
@@ -168,6 +190,25 @@ impl KeyBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sha256cbor_takes_only_32_byte_hashes() {
+        let ok = [ChunkHash::from_digest([7; 32])];
+        let short = [
+            ChunkHash::from_digest([7; 32]),
+            ChunkHash::new(b"xxxxx").unwrap(),
+        ];
+        assert!(HashAlgo::Sha256Cbor.check_hashes(&ok).is_ok());
+        let e = HashAlgo::Sha256Cbor
+            .check_hashes(&short)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("chunk hash 1 has 5 bytes") && e.contains("sha256cbor"),
+            "{e}"
+        );
+        assert!(HashAlgo::External.check_hashes(&short).is_ok());
+    }
 
     #[test]
     fn keys_separate_models_ranks_and_algos() {

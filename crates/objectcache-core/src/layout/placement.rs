@@ -11,8 +11,11 @@
 //!   chunks around it in the segment can only be the prefix's neighbours (the segment's chunk
 //!   list confirms it before a byte is used, see [`SegmentRun::matched`]);
 //! - a run of a segment ends where a known marker says otherwise (another object, or another
-//!   index); markers that agree (the lookup's probes inside one segment) extend it, so one
-//!   save is one run however many of its markers are known;
+//!   index), or earlier, where that marker's own segment begins (its index says where): a
+//!   prompt that shares the start of another's segment and saved the rest itself is placed in
+//!   its own segment from where the prompts part; markers that agree (the lookup's probes
+//!   inside one segment) extend it, so one save is one run however many of its markers are
+//!   known;
 //! - a version 1 marker starts a run of chunk objects that goes on to the next known version
 //!   2 marker (a prefix saved in version 1 is read with no further marker reads; a chunk
 //!   object that is not there sends the load back to that chunk's marker);
@@ -119,14 +122,22 @@ pub fn place(n: usize, known: &BTreeMap<usize, Marker>) -> Placement {
                 // one has `index < chunks`): the segment's chunk list decides what it serves.
                 let span = (m.chunks.saturating_sub(first) as usize).max(1);
                 let mut end = p.saturating_add(span).min(n);
-                // Known markers inside it that say otherwise end the run.
-                for (&r, mr) in known.range(q + 1..end) {
-                    let agrees = matches!(mr, Marker::Segment(t)
-                        if t.digest == m.digest && t.index as usize == first as usize + (r - p));
-                    if !agrees {
-                        end = r;
-                        break;
-                    }
+                // The first known marker after q that says otherwise ends the run: where its
+                // own segment reaches back to (a chunk's index there fixes where that segment
+                // begins; without it, the positions between would be placed in this segment,
+                // which holds other chunks there), else at it.
+                let agrees = |r: usize, mr: &Marker| {
+                    matches!(mr, Marker::Segment(t)
+                        if t.digest == m.digest && t.index as usize == first as usize + (r - p))
+                };
+                if let Some((&r, mr)) = known.range(q + 1..n).find(|(&r, mr)| !agrees(r, mr)) {
+                    let cut = match mr {
+                        Marker::Segment(t) if r - (t.index as usize).min(r) > q => {
+                            r - t.index as usize
+                        }
+                        _ => r,
+                    };
+                    end = end.min(cut);
                 }
                 out.runs.push(Run::Segment(SegmentRun {
                     positions: p..end,
@@ -367,6 +378,15 @@ mod tests {
         let pl = place(8, &[(0, seg(b'a', 8, 0)), (4, seg(b'a', 8, 6))].into());
         assert_eq!(spans(&pl), vec![('a', 0..4), ('a', 4..6)]);
         assert_eq!(pl.unknown, vec![6]);
+        // Another prompt shares chunks 0..3 of a, and saved its own 3..10 as segment b: b's
+        // marker at 6 (index 3) ends a's run where b begins, not at 6 (a holds the other
+        // prompt's chunks at 3..6).
+        let pl = place(10, &[(0, seg(b'a', 8, 0)), (6, seg(b'b', 7, 3))].into());
+        assert_eq!(spans(&pl), vec![('a', 0..3), ('b', 3..10)]);
+        assert!(pl.unknown.is_empty());
+        // The same when b's only known marker lies past a's end.
+        let pl = place(10, &[(0, seg(b'a', 8, 0)), (9, seg(b'b', 7, 6))].into());
+        assert_eq!(spans(&pl), vec![('a', 0..3), ('b', 3..10)]);
         // A segment that does not reach back to the start leaves the gap before it unknown.
         let pl = place(10, &[(6, seg(b'a', 4, 1))].into());
         assert_eq!((spans(&pl), pl.unknown), (vec![('a', 5..9)], vec![0, 9]));

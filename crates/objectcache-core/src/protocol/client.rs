@@ -242,6 +242,12 @@ impl ClientConnection {
                 ));
             }
         }
+        if req.segments.is_some() && info.features & ServerInfo::FEATURE_SEGMENTS == 0 {
+            return Err(ProtocolError::invalid(
+                "segment placement",
+                "the server does not read segment objects (no Segments feature)",
+            ));
+        }
         if req.held && info.features & ServerInfo::FEATURE_HELD == 0 {
             return Err(ProtocolError::invalid(
                 "held",

@@ -30,8 +30,9 @@ pub use client::{ClientConnection, ClientEvent};
 pub use client_load::{LoadOutcome, LoadTracker};
 pub use descriptor::{
     plan_units, rdma_pieces, unit_indices, ChunkKeys, DeliveryOrder, GatherRequest, LoadGroup,
-    RdmaRegion, RdmaSegments, RdmaTarget, SaveChunk, SaveRequest, SchedHints, SlicePiece,
-    TransportTarget, UnitPlan, WireGeometry, MAX_STRIPES, RDMA_MAX_LAYERS, RDMA_MAX_SEGMENTS,
+    RdmaRegion, RdmaSegments, RdmaTarget, SaveChunk, SaveRequest, SchedHints, SegmentPlacement,
+    SegmentRef, SlicePiece, TransportTarget, UnitPlan, WireGeometry, MAX_SEGMENTS_PER_REQUEST,
+    MAX_SEGMENT_HEADER_BYTES_PER_REQUEST, MAX_STRIPES, RDMA_MAX_LAYERS, RDMA_MAX_SEGMENTS,
     RDMA_MAX_UNITS_PER_LAYER, RDMA_SLOTS,
 };
 pub use frame::{
@@ -149,4 +150,4 @@ impl ProtocolError {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -38,7 +38,8 @@ impl Default for ServerLimits {
             features: ServerInfo::FEATURE_GATHER_TCP
                 | ServerInfo::FEATURE_SAVE
                 | ServerInfo::FEATURE_LOAD_GROUPS
-                | ServerInfo::FEATURE_HELD,
+                | ServerInfo::FEATURE_HELD
+                | ServerInfo::FEATURE_SEGMENTS,
         }
     }
 }
@@ -378,6 +379,13 @@ impl ServerConnection {
                     return Err(ProtocolError::invalid(
                         "flags",
                         "bit 2 (load group) needs the load-group feature, which this server does not announce",
+                    ));
+                }
+                if g.segments.is_some() && self.limits.features & ServerInfo::FEATURE_SEGMENTS == 0
+                {
+                    return Err(ProtocolError::invalid(
+                        "flags",
+                        "bit 4 (segment placement) needs the Segments feature, which this server does not announce",
                     ));
                 }
                 self.state = State::Gathering;

@@ -103,6 +103,29 @@ fn load_group_block_round_trips_and_is_checked() {
     }
 }
 
+/// A client and a server connection past the hello, the server announcing `features`, and
+/// the server's hello as the client got it.
+pub(crate) fn connected(features: u32) -> (ClientConnection, ServerConnection, ServerInfo) {
+    let mut c = ClientConnection::new();
+    let mut s = ServerConnection::new(ServerLimits {
+        features,
+        ..Default::default()
+    });
+    let mut b = BytesMut::new();
+    while let Some(x) = c.poll_transmit() {
+        b.extend_from_slice(&x);
+    }
+    s.handle_bytes(&mut b).unwrap();
+    while let Some(x) = s.poll_transmit() {
+        b.extend_from_slice(&x);
+    }
+    c.handle_bytes(&mut b).unwrap();
+    let Some(ClientEvent::Connected(info)) = c.poll_event() else {
+        panic!("no hello")
+    };
+    (c, s, info)
+}
+
 #[test]
 fn load_groups_need_the_feature_bit_on_both_sides() {
     let mut r = req(2, 256);
@@ -112,26 +135,6 @@ fn load_groups_need_the_feature_bit_on_both_sides() {
         stripes: 2,
         load_layer_bytes: 2 * r.layer_bytes(),
     });
-    let connected = |features: u32| {
-        let mut c = ClientConnection::new();
-        let mut s = ServerConnection::new(ServerLimits {
-            features,
-            ..Default::default()
-        });
-        let mut b = BytesMut::new();
-        while let Some(x) = c.poll_transmit() {
-            b.extend_from_slice(&x);
-        }
-        s.handle_bytes(&mut b).unwrap();
-        while let Some(x) = s.poll_transmit() {
-            b.extend_from_slice(&x);
-        }
-        c.handle_bytes(&mut b).unwrap();
-        let Some(ClientEvent::Connected(info)) = c.poll_event() else {
-            panic!("no hello")
-        };
-        (c, s, info)
-    };
     // Announced (the default): the block goes through.
     let (mut c, mut s, info) = connected(ServerLimits::default().features);
     assert_ne!(info.features & ServerInfo::FEATURE_LOAD_GROUPS, 0);

@@ -250,11 +250,7 @@ impl SegmentHeader {
                 h.slice_len, h.tokens_per_chunk, h.bytes_per_token_per_layer
             ));
         }
-        // Each list entry takes 2..=65 bytes: the header length must fit the declared count.
-        let (lo, hi) = (
-            SEGMENT_FIXED_LEN + 2 * h.chunks as u64 + 4,
-            SEGMENT_FIXED_LEN + 65 * h.chunks as u64 + 4,
-        );
+        let (lo, hi) = SegmentLayout::header_len_bounds(h.chunks);
         if !(lo..=hi).contains(&(h.header_len as u64)) {
             return bad(format!(
                 "header length {} for {} chunks (must be {lo}..={hi})",
@@ -352,10 +348,7 @@ impl SegmentHeader {
     }
 
     fn checked_object_len(&self) -> Option<u64> {
-        (self.slice_len + SLICE_CRC_LEN)
-            .checked_mul(self.chunks as u64)?
-            .checked_mul(self.layers as u64)?
-            .checked_add(self.header_len as u64)
+        self.layout().object_len(self.layers)
     }
 
     /// Total object size in bytes: the header, then `layers x chunks` slices with their CRCs.
@@ -387,6 +380,25 @@ pub struct SegmentLayout {
 }
 
 impl SegmentLayout {
+    /// The least and the most bytes the header of a segment of `chunks` chunks can take:
+    /// the fixed part, each chunk list entry 2..=65 bytes (a length byte and a 1- to 64-byte
+    /// hash), and the list's CRC.
+    pub fn header_len_bounds(chunks: u32) -> (u64, u64) {
+        (
+            SEGMENT_FIXED_LEN + 2 * chunks as u64 + 4,
+            SEGMENT_FIXED_LEN + 65 * chunks as u64 + 4,
+        )
+    }
+
+    /// The object's length in bytes for `layers` layers: the header, then `layers x chunks`
+    /// slices with their CRCs; `None` if that overflows a u64.
+    pub fn object_len(&self, layers: u32) -> Option<u64> {
+        (self.slice_len + SLICE_CRC_LEN)
+            .checked_mul(self.chunks as u64)?
+            .checked_mul(layers as u64)?
+            .checked_add(self.header_len)
+    }
+
     /// Byte range of chunk `index`'s slice of layer `layer`, its 4-byte CRC included.
     pub fn slice_range(&self, layer: u32, index: u32) -> Range<u64> {
         self.run_range(layer, index..index + 1)
@@ -557,7 +569,7 @@ pub fn decode_marker(b: &[u8]) -> Result<Marker, FormatError> {
             m.index, m.chunks
         )));
     }
-    if (m.header_len as u64) < SEGMENT_FIXED_LEN + 2 * m.chunks as u64 + 4 {
+    if (m.header_len as u64) < SegmentLayout::header_len_bounds(m.chunks).0 {
         return Err(FormatError::InvalidField(format!(
             "marker's segment header length {} for {} chunks",
             m.header_len, m.chunks

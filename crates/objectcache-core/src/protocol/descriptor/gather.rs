@@ -6,6 +6,7 @@ use super::rdma::{
     RdmaRegion, RdmaTarget, RDMA_MAX_LAYERS, RDMA_MAX_SEGMENTS, RDMA_MAX_UNITS_PER_LAYER,
     RDMA_SLOTS,
 };
+use super::segments::SegmentPlacement;
 use super::{validate_bucket, WireGeometry, MAX_BUCKET_LEN, MAX_KEY_LEN};
 use crate::layout::{ChunkHash, KeyBuilder, KvGeometry};
 use crate::protocol::wire::{put_str16, Reader};
@@ -135,6 +136,11 @@ pub struct GatherRequest {
     /// (descriptor flag bit 3; only to a server announcing
     /// [`crate::protocol::ServerInfo::FEATURE_HELD`]).
     pub held: bool,
+    /// Which chunks lie in segment objects (format version 2), and where (descriptor flag
+    /// bit 4; only to a server announcing [`crate::protocol::ServerInfo::FEATURE_SEGMENTS`],
+    /// and only with [`ChunkKeys::Hashed`], whose prefix gives the segments' keys). `None`:
+    /// every chunk is in its own chunk object.
+    pub segments: Option<SegmentPlacement>,
 }
 
 /// Names the load a request is one stripe of (`docs/protocol.md`, "Striped loads"): every
@@ -162,6 +168,7 @@ const FLAG_VERIFY: u16 = 1;
 const FLAG_HASHED: u16 = 2;
 const FLAG_GROUP: u16 = 4;
 const FLAG_HELD: u16 = 8;
+const FLAG_SEGMENTS: u16 = 16;
 
 impl GatherRequest {
     /// A layer-major request for all layers of `g`, keys from `kb` and `hashes`, 16 MiB units,
@@ -189,6 +196,7 @@ impl GatherRequest {
             target: TransportTarget::InlineTcp,
             group: None,
             held: false,
+            segments: None,
         }
     }
 
@@ -351,6 +359,15 @@ impl GatherRequest {
                 ));
             }
         }
+        if let Some(p) = &self.segments {
+            if !matches!(self.chunks, ChunkKeys::Hashed { .. }) {
+                return Err(ProtocolError::invalid(
+                    "segment placement",
+                    "segments are named by the hashed key form's prefix",
+                ));
+            }
+            p.validate(&self.geometry, &self.chunk_tokens)?;
+        }
         if let TransportTarget::Rdma(t) = &self.target {
             if t.slot >= RDMA_SLOTS {
                 return Err(ProtocolError::invalid(
@@ -431,6 +448,9 @@ impl GatherRequest {
         if self.held {
             flags |= FLAG_HELD;
         }
+        if self.segments.is_some() {
+            flags |= FLAG_SEGMENTS;
+        }
         out.put_u16_le(flags);
         out.put_u32_le(self.max_unit_bytes);
         self.geometry.encode(out);
@@ -502,6 +522,9 @@ impl GatherRequest {
             out.put_u16_le(gr.stripes);
             out.put_u64_le(gr.load_layer_bytes);
         }
+        if let Some(p) = &self.segments {
+            p.encode(out);
+        }
     }
 
     /// Decodes a descriptor body and validates it against `max_chunks`.
@@ -523,7 +546,7 @@ impl GatherRequest {
             }
         };
         let flags = r.u16()?;
-        if flags & !(FLAG_VERIFY | FLAG_HASHED | FLAG_GROUP | FLAG_HELD) != 0 {
+        if flags & !(FLAG_VERIFY | FLAG_HASHED | FLAG_GROUP | FLAG_HELD | FLAG_SEGMENTS) != 0 {
             return Err(ProtocolError::invalid(
                 "flags",
                 format!("unknown flag bits 0x{flags:04x}"),
@@ -634,6 +657,11 @@ impl GatherRequest {
         } else {
             None
         };
+        let segments = if flags & FLAG_SEGMENTS != 0 {
+            Some(SegmentPlacement::decode(&mut r, max_chunks)?)
+        } else {
+            None
+        };
         r.finish()?;
         let req = GatherRequest {
             request_id,
@@ -650,6 +678,7 @@ impl GatherRequest {
             target,
             group,
             held: flags & FLAG_HELD != 0,
+            segments,
         };
         req.validate(max_chunks)?;
         Ok(req)

@@ -1,7 +1,7 @@
 //! [`WireGeometry`]: the geometry fields a server needs to locate and check slices, their
 //! checks and their 28-byte wire form.
 
-use crate::layout::{ChunkHeader, KvGeometry};
+use crate::layout::{ChunkHeader, KvGeometry, SegmentHeader};
 use crate::protocol::wire::Reader;
 use crate::protocol::{ProtocolError, MAX_BYTES_PER_TOKEN_PER_LAYER, MAX_TOKENS_PER_CHUNK};
 use bytes::BufMut;
@@ -48,6 +48,47 @@ impl WireGeometry {
     /// # Errors
     /// A message naming the first field that differs.
     pub fn check_header(&self, h: &ChunkHeader, tokens: u32) -> Result<(), String> {
+        self.check_fields(&WireGeometry {
+            fingerprint: h.fingerprint,
+            layers: h.layers,
+            bytes_per_token_per_layer: h.bytes_per_token_per_layer,
+            tokens_per_chunk: h.tokens,
+            dtype: h.dtype.code(),
+            tp_rank: h.tp_rank,
+            tp_world: h.tp_world,
+        })
+        .and_then(|()| match h.tokens == tokens {
+            true => Ok(()),
+            false => Err(format!("{} tokens, expected {tokens}", h.tokens)),
+        })
+    }
+
+    /// Checks a segment object's header (object format version 2) against this geometry: its
+    /// chunks are full chunks of `tokens_per_chunk` tokens.
+    ///
+    /// # Errors
+    /// A message naming the first field that differs.
+    pub fn check_segment_header(&self, h: &SegmentHeader) -> Result<(), String> {
+        self.check_fields(&WireGeometry {
+            fingerprint: h.fingerprint,
+            layers: h.layers,
+            bytes_per_token_per_layer: h.bytes_per_token_per_layer,
+            tokens_per_chunk: h.tokens_per_chunk,
+            dtype: h.dtype.code(),
+            tp_rank: h.tp_rank,
+            tp_world: h.tp_world,
+        })
+        .and_then(|()| match h.tokens_per_chunk == self.tokens_per_chunk {
+            true => Ok(()),
+            false => Err(format!(
+                "{} tokens per chunk, expected {}",
+                h.tokens_per_chunk, self.tokens_per_chunk
+            )),
+        })
+    }
+
+    /// The fields an object's header names, other than its tokens, against this geometry's.
+    fn check_fields(&self, h: &WireGeometry) -> Result<(), String> {
         if h.fingerprint != self.fingerprint {
             return Err(format!(
                 "fingerprint {:016x}, expected {:016x}",
@@ -63,21 +104,14 @@ impl WireGeometry {
                 h.bytes_per_token_per_layer, self.bytes_per_token_per_layer
             ));
         }
-        if h.dtype.code() != self.dtype {
-            return Err(format!(
-                "dtype code {}, expected {}",
-                h.dtype.code(),
-                self.dtype
-            ));
+        if h.dtype != self.dtype {
+            return Err(format!("dtype code {}, expected {}", h.dtype, self.dtype));
         }
         if h.tp_rank != self.tp_rank || h.tp_world != self.tp_world {
             return Err(format!(
                 "TP {}/{}, expected {}/{}",
                 h.tp_rank, h.tp_world, self.tp_rank, self.tp_world
             ));
-        }
-        if h.tokens != tokens {
-            return Err(format!("{} tokens, expected {}", h.tokens, tokens));
         }
         Ok(())
     }

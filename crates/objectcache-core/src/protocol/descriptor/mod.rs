@@ -9,6 +9,7 @@ mod geometry;
 mod plan;
 mod rdma;
 mod save;
+mod segments;
 
 pub use gather::{
     ChunkKeys, DeliveryOrder, GatherRequest, LoadGroup, SchedHints, TransportTarget, MAX_STRIPES,
@@ -20,6 +21,9 @@ pub use rdma::{
     RDMA_MAX_UNITS_PER_LAYER, RDMA_SLOTS,
 };
 pub use save::{SaveChunk, SaveRequest};
+pub use segments::{
+    SegmentPlacement, SegmentRef, MAX_SEGMENTS_PER_REQUEST, MAX_SEGMENT_HEADER_BYTES_PER_REQUEST,
+};
 
 use crate::protocol::ProtocolError;
 

@@ -129,7 +129,8 @@ pub struct ServerInfo {
     /// Version chosen.
     pub version: u16,
     /// Feature bits: 1 = gather over TCP, 2 = batched save, 4 = RDMA target, 8 =
-    /// authenticated, 16 = load groups, 32 = `Held` frames.
+    /// authenticated, 16 = load groups, 32 = RDMA scatter, 64 = `Held` frames, 128 = segment
+    /// objects.
     pub features: u32,
     /// Largest descriptor body accepted, bytes.
     pub max_descriptor_bytes: u32,
@@ -160,6 +161,11 @@ impl ServerInfo {
     /// [`crate::protocol::GatherRequest::held`]), so the client tells a paused load from a
     /// stalled one.
     pub const FEATURE_HELD: u32 = 64;
+    /// Feature bit (version 2): the server reads chunks held in segment objects (object
+    /// format version 2): it accepts the descriptor's segment placement (flag bit 4,
+    /// [`crate::protocol::SegmentPlacement`]). Clients send it only to servers announcing
+    /// this bit; others get those loads as ranged GETs.
+    pub const FEATURE_SEGMENTS: u32 = 128;
 }
 
 /// The 24-byte header of a `Unit` frame body.
