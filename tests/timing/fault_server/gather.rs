@@ -7,8 +7,13 @@ use super::*;
 fn gather_truncated_stream_is_a_miss_or_fallback() {
     let _alone = crate::alone();
     let server = mem_server();
-    let r = rig(server.local_addr(), "trunc", 1, Duration::from_secs(20));
-    let lay = r.stream_layout(server_info(server.local_addr()));
+    let t = Duration::from_secs(20);
+    each_format(server.local_addr(), "trunc", 1, t, 1, truncated_cases);
+    rt().block_on(server.shutdown());
+}
+
+fn truncated_cases(r: &Rig) {
+    let lay = r.stream_layout(server_info(r.server));
     let u1 = lay.units[1];
     for (name, at) in [
         ("before the challenge", 0),
@@ -19,23 +24,26 @@ fn gather_truncated_stream_is_a_miss_or_fallback() {
         ("one byte before the end", lay.total - 1),
     ] {
         raw_case(
-            &r,
+            r,
             &format!("gather stream closed {name} (byte {at} of {})", lay.total),
             RawFault::CloseAfter(at),
             false,
             true,
         );
     }
-    drop(r);
-    rt().block_on(server.shutdown());
 }
 
 #[test]
 fn gather_flipped_bytes_never_become_kv() {
     let _alone = crate::alone();
     let server = mem_server();
-    let r = rig(server.local_addr(), "flip", 2, Duration::from_secs(20));
-    let lay = r.stream_layout(server_info(server.local_addr()));
+    let t = Duration::from_secs(20);
+    each_format(server.local_addr(), "flip", 2, t, 1, flipped_cases);
+    rt().block_on(server.shutdown());
+}
+
+fn flipped_cases(r: &Rig) {
+    let lay = r.stream_layout(server_info(r.server));
     // Unit prefix: frame header (8), layer (4), crc (4), offset (8), len (4), reserved (4).
     let off = FRAME_HEADER_LEN as u64 + 8;
     let (u0, u1) = (lay.units[0], lay.units[1]);
@@ -66,7 +74,7 @@ fn gather_flipped_bytes_never_become_kv() {
         ("in the end frame", lay.total + 3, true),
     ] {
         raw_case(
-            &r,
+            r,
             &format!("gather byte flipped {name} (byte {at})"),
             RawFault::FlipAt(at),
             false,
@@ -78,7 +86,7 @@ fn gather_flipped_bytes_never_become_kv() {
     // unit at 16 MiB arrives; units of a layer must come in offset order, so it is refused.
     let u = lay.units[1];
     raw_case(
-        &r,
+        r,
         &format!(
             "gather unit of layer 0 re-addressed to layer 1 (bit 0 of byte {})",
             u.0 + 8
@@ -87,27 +95,26 @@ fn gather_flipped_bytes_never_become_kv() {
         false,
         true,
     );
-    drop(r);
-    rt().block_on(server.shutdown());
 }
 
 #[test]
 fn gather_reset_mid_stream_is_a_miss() {
     let _alone = crate::alone();
     let server = mem_server();
-    let r = rig(server.local_addr(), "reset", 3, Duration::from_secs(20));
-    let lay = r.stream_layout(server_info(server.local_addr()));
-    reset_cases(
-        &r,
-        "gather connection reset",
-        &[
-            ("before the hello", 0),
-            ("after the first unit", lay.units[1].0),
-            ("mid-payload", lay.total / 2),
-            ("before the end frame", lay.total - 1),
-        ],
-    );
-    drop(r);
+    let t = Duration::from_secs(20);
+    each_format(server.local_addr(), "reset", 3, t, 1, |r| {
+        let lay = r.stream_layout(server_info(r.server));
+        reset_cases(
+            r,
+            "gather connection reset",
+            &[
+                ("before the hello", 0),
+                ("after the first unit", lay.units[1].0),
+                ("mid-payload", lay.total / 2),
+                ("before the end frame", lay.total - 1),
+            ],
+        );
+    });
     rt().block_on(server.shutdown());
 }
 
@@ -133,24 +140,19 @@ fn reset_cases(r: &Rig, what: &str, points: &[(&str, u64)]) {
 fn gather_striped_reset_is_a_miss() {
     let _alone = crate::alone();
     let server = mem_server();
-    let r = rig_with(
-        server.local_addr(),
-        "stripe-reset",
-        13,
-        Duration::from_secs(20),
-        2,
-    );
-    let lay = r.stream_layout(server_info(server.local_addr()));
-    // One stripe's stream is about half the whole load's.
-    reset_cases(
-        &r,
-        "striped gather: first connection reset",
-        &[
-            ("after its first unit", lay.units[1].0),
-            ("mid-payload", lay.total / 4),
-        ],
-    );
-    drop(r);
+    let t = Duration::from_secs(20);
+    each_format(server.local_addr(), "stripe-reset", 13, t, 2, |r| {
+        let lay = r.stream_layout(server_info(r.server));
+        // One stripe's stream is about half the whole load's.
+        reset_cases(
+            r,
+            "striped gather: first connection reset",
+            &[
+                ("after its first unit", lay.units[1].0),
+                ("mid-payload", lay.total / 4),
+            ],
+        );
+    });
     rt().block_on(server.shutdown());
 }
 

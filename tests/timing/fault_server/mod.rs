@@ -34,7 +34,7 @@ use bytes::BytesMut;
 use common::*;
 use fault_proxy::{Fault, FaultProxy, RawFault};
 use gather_util::{config, spawn_serve, start, ServeProcess, ACCESS, BUCKET, SECRET};
-use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadRequest};
+use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadRequest, SaveFormat};
 use objectcache::protocol::{plan_units, Frame, GatherRequest, FRAME_HEADER_LEN, UNIT_HEADER_LEN};
 use objectcache::server::ServerHandle;
 use objectcache::store::{FsStore, FsyncPolicy, MemoryStore, Store};
@@ -76,6 +76,19 @@ fn engine(store: Arc<dyn Store>, ns: &str, timeout: Duration) -> Engine {
 }
 
 fn engine_with(store: Arc<dyn Store>, ns: &str, timeout: Duration, streams: usize) -> Engine {
+    engine_as(store, ns, timeout, streams, SaveFormat::V1)
+}
+
+/// [`engine_with`], writing `format`. An engine writing version 2 reads the markers of a
+/// load's chunks before it loads (it keeps none: `lookup_cache_ttl` 0), and gathers the
+/// segments they name.
+fn engine_as(
+    store: Arc<dyn Store>,
+    ns: &str,
+    timeout: Duration,
+    streams: usize,
+    format: SaveFormat,
+) -> Engine {
     Engine::with_store(
         store,
         EngineConfig {
@@ -84,6 +97,7 @@ fn engine_with(store: Arc<dyn Store>, ns: &str, timeout: Duration, streams: usiz
             lookup_cache_ttl: Duration::ZERO,
             gather: true,
             gather_streams: streams,
+            save_format: format,
             ..EngineConfig::default()
         },
     )
@@ -102,6 +116,10 @@ struct Rig {
     timeout: Duration,
     /// The engines' `gather_streams`.
     streams: usize,
+    /// The format the prefix was saved in.
+    format: SaveFormat,
+    /// The server behind the proxy.
+    server: SocketAddr,
 }
 
 fn rig(server: SocketAddr, test: &str, seed: u64, timeout: Duration) -> Rig {
@@ -109,15 +127,46 @@ fn rig(server: SocketAddr, test: &str, seed: u64, timeout: Duration) -> Rig {
 }
 
 fn rig_with(server: SocketAddr, test: &str, seed: u64, timeout: Duration, streams: usize) -> Rig {
+    rig_as(server, test, seed, timeout, streams, SaveFormat::V1)
+}
+
+/// Both object formats: the gather cases run on a prefix saved as chunk objects (version 1)
+/// and on one saved as a segment object (version 2, which the server reads through the
+/// load's segment placement).
+const FORMATS: [SaveFormat; 2] = [SaveFormat::V1, SaveFormat::V2];
+
+/// Runs `cases` on a rig of each format in turn ([`FORMATS`], [`rig_as`]).
+fn each_format(
+    server: SocketAddr,
+    test: &str,
+    seed: u64,
+    timeout: Duration,
+    streams: usize,
+    cases: impl Fn(&Rig),
+) {
+    for format in FORMATS {
+        cases(&rig_as(server, test, seed, timeout, streams, format));
+    }
+}
+
+/// [`rig_with`], the prefix saved in `format`.
+fn rig_as(
+    server: SocketAddr,
+    test: &str,
+    seed: u64,
+    timeout: Duration,
+    streams: usize,
+    format: SaveFormat,
+) -> Rig {
     let g = geometry();
     let ns = unique_ns(test);
     let hs = hashes(&g, CHUNKS * g.tokens_per_chunk as usize, seed as u32);
     let data = kv(&g, CHUNKS, seed);
-    let direct = engine(ours(&format!("http://{server}")), &ns, timeout);
+    let direct = engine_as(ours(&format!("http://{server}")), &ns, timeout, 1, format);
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
     direct.save_blocking(&g, &hs, &refs).unwrap();
     let proxy = FaultProxy::raw(server, |_| RawFault::Pass);
-    let engine = engine_with(ours(&proxy.url()), &ns, timeout, streams);
+    let engine = engine_as(ours(&proxy.url()), &ns, timeout, streams, format);
     // Its capabilities request and warm connection are made before any fault is armed.
     wait_until_warm(&engine);
     Rig {
@@ -129,21 +178,32 @@ fn rig_with(server: SocketAddr, test: &str, seed: u64, timeout: Duration, stream
         ns,
         timeout,
         streams,
+        format,
+        server,
     }
 }
 
 impl Rig {
+    /// `case`, naming the format when the prefix is a segment object.
+    fn name(&self, case: &str) -> String {
+        match self.format {
+            SaveFormat::V1 => case.to_string(),
+            SaveFormat::V2 => format!("{case} [format v2, one segment]"),
+        }
+    }
+
     fn load_on(&self, e: &Engine, case: &str) -> Outcome {
         load_checked(e, &self.g, &self.hashes, &self.data, case)
     }
 
     /// A new engine through the proxy (no pooled gather connection yet).
     fn fresh_engine(&self) -> Engine {
-        engine_with(
+        engine_as(
             ours(&self.proxy.url()),
             &self.ns,
             self.timeout,
             self.streams,
+            self.format,
         )
     }
 
@@ -203,10 +263,15 @@ impl Rig {
         );
         if gather {
             // One gather request per stream (the engine's default `gather_streams`, fewer
-            // than this prefix's 18 chunks); ranged GETs would be one per slice.
+            // than this prefix's 18 chunks); ranged GETs would be one per slice. A version 2
+            // load first reads one marker, which places all 18 chunks in the one segment.
+            let markers = match self.format {
+                SaveFormat::V1 => 0,
+                SaveFormat::V2 => 1,
+            };
             assert_eq!(
                 o.requests,
-                e.config().gather_streams as u64,
+                e.config().gather_streams as u64 + markers,
                 "{case}: the engine no longer uses gather: {o:?}"
             );
         }
@@ -271,6 +336,7 @@ fn summary(o: &Outcome, layers: u32) -> String {
 /// checks the invariants, then
 /// that the same engine recovers, and prints the line.
 fn raw_case(r: &Rig, case: &str, fault: RawFault, expect_all_ready: bool, gather_after: bool) {
+    let case = &r.name(case);
     r.proxy.clear_log();
     // A fresh engine's first connection is its capabilities request (plain HTTP); its second
     // is the gather connection it warms its pool with, which then carries the load.
