@@ -3,7 +3,7 @@
 //! with the [`GcReport`] of what was deleted and why ([`Reason`]).
 
 use super::inventory::{data_key, marker_key};
-use super::segments;
+use super::segments::{self, MarkerMemo};
 use super::{AccessLog, Entry, Inventory, LeaseTable};
 use crate::error::StoreError;
 use crate::store::Store;
@@ -106,6 +106,24 @@ pub async fn collect(
     access: Option<&AccessLog>,
     leases: Option<&LeaseTable>,
 ) -> Result<GcReport, StoreError> {
+    collect_with(store, policy, now, access, leases, &MarkerMemo::default()).await
+}
+
+/// [`collect`], taking what the format v2 markers said from `memo` where they are unchanged
+/// since an earlier pass read them, and remembering what this pass reads ([`MarkerMemo`]):
+/// a process that collects the same store again and again keeps one memo for it, and a pass
+/// over unchanged markers reads none of them.
+///
+/// # Errors
+/// As [`collect`].
+pub async fn collect_with(
+    store: &dyn Store,
+    policy: &Policy,
+    now: SystemTime,
+    access: Option<&AccessLog>,
+    leases: Option<&LeaseTable>,
+    memo: &MarkerMemo,
+) -> Result<GcReport, StoreError> {
     let limit = policy.max_objects.saturating_add(1);
     let inv = Inventory::scan(store, &policy.prefix, limit).await?;
     let scanned = inv
@@ -154,7 +172,7 @@ pub async fn collect(
     }
     let mut plan: Vec<(String, u64, Reason, String)> = Vec::new(); // key, bytes, reason, id
     let mut live: Vec<&Entry> = Vec::new();
-    let refs = segments::resolve(store, &inv, &mut rep.errors).await;
+    let refs = segments::resolve(store, &inv, &mut rep.errors, memo, now).await;
     let mut kept = refs.kept();
     for e in inv.entries.values() {
         if refs.live_segment(&e.id).is_some() {

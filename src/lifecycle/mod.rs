@@ -90,7 +90,8 @@ mod segments;
 mod tests;
 mod tracked;
 
-pub use collect::{collect, GcReport, Policy, Reason};
+pub use collect::{collect, collect_with, GcReport, Policy, Reason};
 pub use inventory::{classify_key, entry_published, Entry, Inventory, ObjectKind, Stats};
 pub use leases::{AccessLog, Lease, LeaseTable};
+pub use segments::{MarkerMemo, MEMO_MARGIN};
 pub use tracked::TrackedStore;

@@ -10,9 +10,10 @@ use common::current_thread_rt as rt;
 use common::*;
 use objectcache::connector::Engine;
 use objectcache::lifecycle::{
-    collect, AccessLog, GcReport, Inventory, LeaseTable, Policy, Reason, Stats, TrackedStore,
+    collect, collect_with, AccessLog, GcReport, Inventory, LeaseTable, MarkerMemo, Policy, Reason,
+    Stats, TrackedStore, MEMO_MARGIN,
 };
-use objectcache::store::{FsStore, FsyncPolicy, Store};
+use objectcache::store::{FsStore, FsyncPolicy, Store, StoreExt};
 use objectcache::{ChunkHash, KvGeometry};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -391,6 +392,92 @@ fn save_segment(store: &Arc<dyn Store>, e: &Engine, n: usize, seed: u64) -> Pref
 /// its load places the chunks from what they say.
 fn check_v2(t: &Tracked, p: &Prefix) -> usize {
     check(&engine(t.store.clone(), "seg"), p)
+}
+
+/// A collector that keeps a [`MarkerMemo`] reads each format v2 marker once while it stays as
+/// it was listed and was written [`MEMO_MARGIN`] or more before the pass that read it: a pass
+/// over such markers reads none, a marker written again is read again, markers written
+/// within the margin are read on every pass, and every pass decides as a pass without the
+/// memo (dry runs, compared).
+#[test]
+fn markers_unchanged_since_the_last_pass_are_not_read_again() {
+    let (_d, raw) = fs();
+    let counting = Arc::new(crate::security_tenants::Counting::new(raw.clone()));
+    let store: &dyn Store = counting.as_ref();
+    let e = eng(raw.clone(), "memo");
+    let r = rt();
+    let pa = save_segment(&raw, &e, 4, 50);
+    let pb = save_segment(&raw, &e, 3, 51);
+    let memo = MarkerMemo::default();
+    let pol = Policy {
+        dry_run: true,
+        ..Policy::default()
+    };
+    let gets = || {
+        counting
+            .marker_gets
+            .load(std::sync::atomic::Ordering::SeqCst)
+    };
+    // One pass with the memo, one without, from the same store at time `now`: the same
+    // decisions. Returns the markers the pass with the memo read.
+    let passes = |case: &str, now: SystemTime| -> u64 {
+        let before = gets();
+        let with = r
+            .block_on(collect_with(store, &pol, now, None, None, &memo))
+            .unwrap();
+        let read = gets() - before;
+        let without = r.block_on(collect(store, &pol, now, None, None)).unwrap();
+        assert_eq!(
+            (
+                &with.deleted,
+                with.kept_young,
+                with.scanned,
+                with.bytes_after
+            ),
+            (
+                &without.deleted,
+                without.kept_young,
+                without.scanned,
+                without.bytes_after
+            ),
+            "{case}: the memo changed what the pass decides"
+        );
+        read
+    };
+    let soon = SystemTime::now();
+    assert_eq!(passes("written within the margin", soon), 7);
+    assert_eq!(passes("again within the margin", soon), 7);
+    let later = soon + MEMO_MARGIN + Duration::from_secs(1);
+    assert_eq!(passes("first pass past the margin", later), 7);
+    assert_eq!(
+        passes("unchanged", later),
+        0,
+        "nothing changed: no marker read"
+    );
+    // Chunk 0 of the first prefix is saved again: its marker is deleted, then written anew
+    // (a new entity tag and write time), naming the second prefix's segment.
+    let keys = e.keys(&g()).unwrap();
+    let m0 = keys.marker(&pa.hs[0]);
+    let other = r.block_on(raw.get_bytes(&keys.marker(&pb.hs[0]))).unwrap();
+    r.block_on(raw.delete(&m0)).unwrap();
+    std::thread::sleep(Duration::from_millis(5)); // a later write time for the FS store's tag
+    r.block_on(raw.put(&m0, other)).unwrap();
+    assert_eq!(passes("one marker written again", later), 1);
+    // Both segments are lost: every marker is an orphan now (liveness comes from each pass's
+    // listing, not from the memo), and no marker is read for it.
+    let inv = r.block_on(Inventory::scan(raw.as_ref(), "", 1000)).unwrap();
+    assert_eq!(inv.segments.len(), 2);
+    for k in inv.segments.keys() {
+        r.block_on(raw.delete(k)).unwrap();
+    }
+    assert_eq!(passes("segments lost", later), 0);
+    let rep = r
+        .block_on(collect_with(store, &pol, later, None, None, &memo))
+        .unwrap();
+    assert_eq!(rep.count(Reason::OrphanMarker), 7, "{:?}", rep.deleted);
+    println!(
+        "GC|marker memo|7 v2 markers: within the margin 7 marker GETs each pass, past it 7 then 0, one written again 1, segments lost 0 (7 orphans found)"
+    );
 }
 
 /// Collection by reference (format v2): a segment object lives while any published chunk's

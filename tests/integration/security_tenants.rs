@@ -23,18 +23,32 @@ fn g() -> KvGeometry {
 }
 
 /// Counts the requests reaching a real store (every call is forwarded): reads of publish
-/// markers (`.../pub/...`, GET or HEAD: what a lookup does) and GETs of anything else (data).
+/// markers (`.../pub/...`, GET or HEAD: what a lookup does), GETs of them alone, and GETs of
+/// anything else (data).
 #[derive(Debug)]
-struct Counting {
+pub(crate) struct Counting {
     inner: Arc<dyn Store>,
-    marker_reads: AtomicU64,
-    data_gets: AtomicU64,
+    pub(crate) marker_reads: AtomicU64,
+    pub(crate) marker_gets: AtomicU64,
+    pub(crate) data_gets: AtomicU64,
 }
 
 impl Counting {
+    pub(crate) fn new(inner: Arc<dyn Store>) -> Counting {
+        Counting {
+            inner,
+            marker_reads: AtomicU64::new(0),
+            marker_gets: AtomicU64::new(0),
+            data_gets: AtomicU64::new(0),
+        }
+    }
+
     fn count(&self, key: &str, head: bool) {
         if key.contains("/pub/") {
             self.marker_reads.fetch_add(1, Ordering::SeqCst);
+            if !head {
+                self.marker_gets.fetch_add(1, Ordering::SeqCst);
+            }
         } else if !head {
             self.data_gets.fetch_add(1, Ordering::SeqCst);
         }
@@ -79,11 +93,7 @@ fn prompt(n: usize) -> Vec<u32> {
 fn tenant_b_gets_no_hit_on_tenant_a_prefix_and_pays_a_plain_miss() {
     let dir = tempfile::tempdir().unwrap();
     let fs: Arc<dyn Store> = Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).unwrap());
-    let counting = Arc::new(Counting {
-        inner: fs.clone(),
-        marker_reads: AtomicU64::new(0),
-        data_gets: AtomicU64::new(0),
-    });
+    let counting = Arc::new(Counting::new(fs.clone()));
     let g = g();
     let toks = prompt(40 * 16);
     let params = |salt: &str| HashParams::new(16).with_salt(salt);
