@@ -225,7 +225,8 @@ typedef struct objectcache_load_params {
     uint64_t compute_us_per_layer;
     /** Geometry the objects were saved with; borrowed for the call. */
     const objectcache_geometry *geometry;
-    /** n_chunks chunk hashes, each hash_len bytes (1..64; 32 for sha256_cbor), packed;
+    /** n_chunks chunk hashes, each hash_len bytes (32 under hash_algo sha256cbor,
+     *  the default; 1..64 under ext; another length is refused), packed;
      *  borrowed for the call. */
     const uint8_t *hashes;
     size_t hash_len;
@@ -251,7 +252,8 @@ typedef struct objectcache_paged_load_params {
     uint64_t compute_us_per_layer;
     /** Geometry the objects were saved with; borrowed for the call. */
     const objectcache_geometry *geometry;
-    /** n_chunks chunk hashes, each hash_len bytes (1..64; 32 for sha256_cbor), packed;
+    /** n_chunks chunk hashes, each hash_len bytes (32 under hash_algo sha256cbor,
+     *  the default; 1..64 under ext; another length is refused), packed;
      *  borrowed for the call. */
     const uint8_t *hashes;
     size_t hash_len;

@@ -103,6 +103,21 @@ pub(super) unsafe fn geometry(g: *const objectcache_geometry) -> Result<KvGeomet
     Ok(kv)
 }
 
+/// The geometry and the `n` chunk hashes (`hash_len` bytes each) that most exports name,
+/// checked by [`geometry`], then by [`hashes`].
+///
+/// # Safety
+/// As [`geometry`] for `g` and [`hashes`] for `p`.
+pub(super) unsafe fn geometry_and_hashes(
+    g: *const objectcache_geometry,
+    p: *const u8,
+    hash_len: usize,
+    n: usize,
+) -> Result<(KvGeometry, Vec<ChunkHash>), CErr> {
+    // SAFETY: forwarded contracts.
+    unsafe { Ok((geometry(g)?, hashes(p, hash_len, n)?)) }
+}
+
 /// # Safety
 /// `p` valid for `n x hash_len` bytes when `n > 0`.
 pub(super) unsafe fn hashes(

@@ -107,15 +107,12 @@ unsafe fn load_what(
     hash_len: usize,
     n_chunks: usize,
 ) -> Result<(KvGeometry, Vec<ChunkHash>), CErr> {
-    // SAFETY: forwarded contract.
-    let g = unsafe { self::geometry(geometry) }
+    // SAFETY: forwarded contract (no hash is read for 0 chunks, refused next).
+    let (g, hs) = unsafe { geometry_and_hashes(geometry, hashes, hash_len, n_chunks) }
         .map_err(|x| err(x.code, format!("request {rid}: params->{}", x.msg)))?;
     if n_chunks == 0 {
         return Err(invalid(format!("request {rid}: params->n_chunks is 0")));
     }
-    // SAFETY: forwarded contract.
-    let hs = unsafe { self::hashes(hashes, hash_len, n_chunks) }
-        .map_err(|x| err(x.code, format!("request {rid}: params->{}", x.msg)))?;
     Ok((g, hs))
 }
 

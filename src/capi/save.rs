@@ -18,10 +18,8 @@ pub unsafe extern "C" fn objectcache_lookup(
     guard("objectcache_lookup", || {
         let e = get_engine(engine)?;
         need_out(hit_chunks, "hit_chunks")?;
-        // SAFETY: the header's contract on `geometry`.
-        let g = unsafe { self::geometry(geometry)? };
-        // SAFETY: the header's contract on `hashes`.
-        let hs = unsafe { self::hashes(hashes, hash_len, n_chunks)? };
+        // SAFETY: the header's contract on `geometry` and `hashes`.
+        let (g, hs) = unsafe { geometry_and_hashes(geometry, hashes, hash_len, n_chunks)? };
         let hit = e.engine.lookup_blocking(&g, &hs)?;
         // SAFETY: checked by need_out above.
         unsafe { out_val(hit_chunks, hit, "hit_chunks")? };
@@ -81,10 +79,8 @@ pub unsafe extern "C" fn objectcache_segment_markers(
     guard("objectcache_segment_markers", || {
         let e = get_engine(engine)?;
         need_out(n_records, "n_records")?;
-        // SAFETY: the header's contract on `geometry`.
-        let g = unsafe { self::geometry(geometry)? };
-        // SAFETY: the header's contract on `hashes`.
-        let hs = unsafe { self::hashes(hashes, hash_len, n_chunks)? };
+        // SAFETY: the header's contract on `geometry` and `hashes`.
+        let (g, hs) = unsafe { geometry_and_hashes(geometry, hashes, hash_len, n_chunks)? };
         let markers = e.engine.segment_markers(&g, &hs)?;
         let n = markers.len();
         if n > 0 && cap_records > 0 {
@@ -127,10 +123,8 @@ pub unsafe extern "C" fn objectcache_segment_markers_add(
 ) -> objectcache_status {
     guard("objectcache_segment_markers_add", || {
         let e = get_engine(engine)?;
-        // SAFETY: the header's contract on `geometry`.
-        let g = unsafe { self::geometry(geometry)? };
-        // SAFETY: the header's contract on `hashes`.
-        let hs = unsafe { self::hashes(hashes, hash_len, n_chunks)? };
+        // SAFETY: the header's contract on `geometry` and `hashes`.
+        let (g, hs) = unsafe { geometry_and_hashes(geometry, hashes, hash_len, n_chunks)? };
         let total = n_records
             .checked_mul(RECORD_LEN)
             .ok_or_else(|| invalid(format!("{n_records} records overflow")))?;
@@ -184,17 +178,14 @@ pub unsafe extern "C" fn objectcache_save(
 ) -> objectcache_status {
     guard("objectcache_save", || {
         let e = get_engine(engine)?;
-        if !report.is_null() {
-            // SAFETY: the header's contract on `report` (checked before the work).
-            unsafe { checked_struct(report as *const objectcache_save_report, "report")? };
-        }
-        // SAFETY: the header's contract on `geometry`.
-        let g = unsafe { self::geometry(geometry)? };
+        // SAFETY: the header's contract on `report`.
+        unsafe { check_report(report)? };
+        // SAFETY: the header's contract on `geometry` and `hashes` (no hash is read for 0
+        // chunks, refused next).
+        let (g, hs) = unsafe { geometry_and_hashes(geometry, hashes, hash_len, n_chunks)? };
         if n_chunks == 0 {
             return Err(invalid("n_chunks is 0"));
         }
-        // SAFETY: the header's contract on `hashes`.
-        let hs = unsafe { self::hashes(hashes, hash_len, n_chunks)? };
         if n_layers != g.layers as usize {
             return Err(invalid(format!(
                 "n_layers is {n_layers}, geometry has {} layers",
@@ -220,18 +211,8 @@ pub unsafe extern "C" fn objectcache_save(
             bufs.push(unsafe { slice(p as *const u8, len, &format!("layers[{l}]"))? });
         }
         let r = e.engine.save_blocking(&g, &hs, &bufs)?;
-        if !report.is_null() {
-            let v = objectcache_save_report {
-                struct_size: 0,
-                _reserved: 0,
-                written: r.written as u64,
-                already_present: r.already_present as u64,
-                bytes: r.bytes,
-            };
-            // SAFETY: checked above; the caller owns it writable.
-            unsafe { out_struct(report, v, "report")? };
-        }
-        Ok(OBJECTCACHE_OK)
+        // SAFETY: checked above; the caller owns it writable.
+        unsafe { write_report(report, &r) }
     })
 }
 
@@ -254,17 +235,14 @@ pub unsafe extern "C" fn objectcache_save_paged(
 ) -> objectcache_status {
     guard("objectcache_save_paged", || {
         let e = get_engine(engine)?;
-        if !report.is_null() {
-            // SAFETY: the header's contract on `report` (checked before the work).
-            unsafe { checked_struct(report as *const objectcache_save_report, "report")? };
-        }
-        // SAFETY: the header's contract on `geometry`.
-        let g = unsafe { self::geometry(geometry)? };
+        // SAFETY: the header's contract on `report`.
+        unsafe { check_report(report)? };
+        // SAFETY: the header's contract on `geometry` and `hashes` (no hash is read for 0
+        // chunks, refused next).
+        let (g, hs) = unsafe { geometry_and_hashes(geometry, hashes, hash_len, n_chunks)? };
         if n_chunks == 0 {
             return Err(invalid("n_chunks is 0"));
         }
-        // SAFETY: the header's contract on `hashes`.
-        let hs = unsafe { self::hashes(hashes, hash_len, n_chunks)? };
         let need = n_chunks as u64 * g.slice_bytes();
         // SAFETY: the header's contract: n_layers x ranges_per_layer ranges.
         let rs = unsafe { paged_ranges(ranges, ranges_per_layer, n_layers, g.layers, need, true) }
@@ -281,17 +259,42 @@ pub unsafe extern "C" fn objectcache_save_paged(
             );
         }
         let r = e.engine.save_paged_blocking(&g, &hs, &bufs)?;
-        if !report.is_null() {
-            let v = objectcache_save_report {
-                struct_size: 0,
-                _reserved: 0,
-                written: r.written as u64,
-                already_present: r.already_present as u64,
-                bytes: r.bytes,
-            };
-            // SAFETY: checked above; the caller owns it writable.
-            unsafe { out_struct(report, v, "report")? };
-        }
-        Ok(OBJECTCACHE_OK)
+        // SAFETY: checked above; the caller owns it writable.
+        unsafe { write_report(report, &r) }
     })
+}
+
+/// Checks a save's `report` before the work: NULL (no report wanted) or an
+/// `objectcache_save_report` the caller owns.
+///
+/// # Safety
+/// `report` NULL or as for [`checked_struct`].
+unsafe fn check_report(report: *mut objectcache_save_report) -> Result<(), CErr> {
+    if report.is_null() {
+        return Ok(());
+    }
+    // SAFETY: forwarded contract.
+    unsafe { checked_struct(report as *const objectcache_save_report, "report") }
+}
+
+/// Writes a save's report `r` to `report`, when given; the status of a save that worked.
+///
+/// # Safety
+/// `report` NULL, or checked by [`check_report`] and writable.
+unsafe fn write_report(
+    report: *mut objectcache_save_report,
+    r: &crate::connector::SaveReport,
+) -> Result<objectcache_status, CErr> {
+    if !report.is_null() {
+        let v = objectcache_save_report {
+            struct_size: 0,
+            _reserved: 0,
+            written: r.written as u64,
+            already_present: r.already_present as u64,
+            bytes: r.bytes,
+        };
+        // SAFETY: forwarded contract.
+        unsafe { out_struct(report, v, "report")? };
+    }
+    Ok(OBJECTCACHE_OK)
 }

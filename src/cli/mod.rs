@@ -27,6 +27,7 @@ pub enum Command {
 }
 
 pub mod gc;
+mod plot;
 pub mod serve;
 pub mod sim;
 pub mod stat;

@@ -1,6 +1,7 @@
 //! `objectcache sim`: replay a workload in the discrete-event simulator under each scheduling
 //! policy; print a table, optionally write JSON records and an SVG plot.
 
+use super::plot::Panels;
 use crate::layout::KvGeometry;
 use crate::sched::{AnalyticModel, ComputeModel, GpuKind, KernelClass, ModelShape};
 use crate::sim::{self, workload, Record, RunSpec, SimConfig, SimPolicy};
@@ -129,7 +130,8 @@ pub struct SimOptions {
     pub health_interval_ms: u64,
 }
 
-fn bad(m: String) -> Error {
+/// An invalid-argument error saying `m`.
+pub(super) fn bad(m: String) -> Error {
     Error::InvalidArgument(m)
 }
 
@@ -337,8 +339,6 @@ pub fn table(records: &[Record]) -> String {
 }
 
 fn plot(records: &[Record], path: &std::path::Path) -> crate::Result<()> {
-    use plotters::prelude::*;
-    let err = |e: &dyn std::fmt::Display| bad(format!("cannot draw {}: {e}", path.display()));
     let mut caps: Vec<f64> = records.iter().map(|r| r.cap_fraction).collect();
     caps.sort_by(f64::total_cmp);
     caps.dedup();
@@ -351,73 +351,38 @@ fn plot(records: &[Record], path: &std::path::Path) -> crate::Result<()> {
             policies.push(r.policy.clone());
         }
     }
-    let floor = 1e-4;
-    let ymax = records
+    let titles: Vec<String> = caps
+        .iter()
+        .map(|cap| format!("{} cap {:.0}%", records[0].workload, cap * 100.0))
+        .collect();
+    let ys: Vec<f64> = records
         .iter()
         .map(|r| r.summary.mean_added_ttft_s)
-        .fold(floor, f64::max)
-        * 2.0;
-    let root = SVGBackend::new(path, (420 * caps.len().max(1) as u32, 420)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let panels = root.split_evenly((1, caps.len().max(1)));
-    for (panel, cap) in panels.iter().zip(&caps) {
-        let xmax = (concs.len().max(2) - 1) as f64;
-        let mut chart = ChartBuilder::on(panel)
-            .caption(
-                format!("{} cap {:.0}%", records[0].workload, cap * 100.0),
-                ("sans-serif", 18),
-            )
-            .margin(12)
-            .x_label_area_size(36)
-            .y_label_area_size(56)
-            .build_cartesian_2d(0f64..xmax, (floor..ymax).log_scale())
-            .map_err(|e| err(&e))?;
-        let labels = concs.clone();
-        chart
-            .configure_mesh()
-            .x_desc("concurrency")
-            .y_desc("mean added TTFT (s)")
-            .x_labels(concs.len().max(2))
-            .x_label_formatter(&|x| {
-                let i = x.round() as usize;
-                if (x - x.round()).abs() < 1e-6 && i < labels.len() {
-                    labels[i].to_string()
-                } else {
-                    String::new()
-                }
+        .collect();
+    let panels = Panels {
+        size: (420, 420),
+        titles: &titles,
+        xs: &concs,
+        x_desc: "concurrency",
+        y_desc: "mean added TTFT (s)",
+        ys: &ys,
+    };
+    panels.draw(path, |p| {
+        policies
+            .iter()
+            .map(|pol| {
+                let pts = records
+                    .iter()
+                    .filter(|r| &r.policy == pol && r.cap_fraction == caps[p])
+                    .filter_map(|r| {
+                        let i = concs.iter().position(|&c| c == r.concurrency)?;
+                        Some((i as f64, r.summary.mean_added_ttft_s))
+                    })
+                    .collect();
+                (pol.clone(), pts)
             })
-            .draw()
-            .map_err(|e| err(&e))?;
-        for (pi, pol) in policies.iter().enumerate() {
-            let color = Palette99::pick(pi).to_rgba();
-            let pts: Vec<(f64, f64)> = records
-                .iter()
-                .filter(|r| &r.policy == pol && r.cap_fraction == *cap)
-                .filter_map(|r| {
-                    concs
-                        .iter()
-                        .position(|&c| c == r.concurrency)
-                        .map(|i| (i as f64, r.summary.mean_added_ttft_s.max(floor)))
-                })
-                .collect();
-            chart
-                .draw_series(LineSeries::new(pts, color.stroke_width(2)))
-                .map_err(|e| err(&e))?
-                .label(pol.as_str())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
-                });
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 11))
-            .draw()
-            .map_err(|e| err(&e))?;
-    }
-    root.present().map_err(|e| err(&e))?;
-    Ok(())
+            .collect()
+    })
 }
 
 /// Runs `objectcache sim --cluster`: one simulation per (GPUs, gateways, placement, policy),
@@ -617,8 +582,6 @@ fn cluster_plot(
     records: &[sim::cluster::ClusterRecord],
     path: &std::path::Path,
 ) -> crate::Result<()> {
-    use plotters::prelude::*;
-    let err = |e: &dyn std::fmt::Display| bad(format!("cannot draw {}: {e}", path.display()));
     let mut gpus: Vec<usize> = records.iter().map(|r| r.gpus).collect();
     gpus.sort_unstable();
     gpus.dedup();
@@ -632,67 +595,33 @@ fn cluster_plot(
             lines.push(k);
         }
     }
-    let floor = 1e-4;
-    let ymax = records
+    let titles: Vec<String> = gpus
         .iter()
-        .map(|r| r.p99_added_ttft_s)
-        .fold(floor, f64::max)
-        * 2.0;
-    let root = SVGBackend::new(path, (460 * gpus.len().max(1) as u32, 440)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let panels = root.split_evenly((1, gpus.len().max(1)));
-    for (panel, &n) in panels.iter().zip(&gpus) {
-        let xmax = (gws.len().max(2) - 1) as f64;
-        let mut chart = ChartBuilder::on(panel)
-            .caption(format!("{n} GPUs: p99 added TTFT"), ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(36)
-            .y_label_area_size(56)
-            .build_cartesian_2d(0f64..xmax, (floor..ymax).log_scale())
-            .map_err(|e| err(&e))?;
-        let labels = gws.clone();
-        chart
-            .configure_mesh()
-            .x_desc("gateways")
-            .y_desc("p99 added TTFT (s)")
-            .x_labels(gws.len().max(2))
-            .x_label_formatter(&|x| {
-                let i = x.round() as usize;
-                if (x - x.round()).abs() < 1e-6 && i < labels.len() {
-                    labels[i].to_string()
-                } else {
-                    String::new()
-                }
+        .map(|n| format!("{n} GPUs: p99 added TTFT"))
+        .collect();
+    let ys: Vec<f64> = records.iter().map(|r| r.p99_added_ttft_s).collect();
+    let panels = Panels {
+        size: (460, 440),
+        titles: &titles,
+        xs: &gws,
+        x_desc: "gateways",
+        y_desc: "p99 added TTFT (s)",
+        ys: &ys,
+    };
+    panels.draw(path, |p| {
+        lines
+            .iter()
+            .map(|(pl, po)| {
+                let pts = records
+                    .iter()
+                    .filter(|r| r.gpus == gpus[p] && &r.placement == pl && &r.policy == po)
+                    .filter_map(|r| {
+                        let i = gws.iter().position(|&g| g == r.gateways)?;
+                        Some((i as f64, r.p99_added_ttft_s))
+                    })
+                    .collect();
+                (format!("{pl} + {po}"), pts)
             })
-            .draw()
-            .map_err(|e| err(&e))?;
-        for (li, (pl, po)) in lines.iter().enumerate() {
-            let color = Palette99::pick(li).to_rgba();
-            let pts: Vec<(f64, f64)> = records
-                .iter()
-                .filter(|r| r.gpus == n && &r.placement == pl && &r.policy == po)
-                .filter_map(|r| {
-                    gws.iter()
-                        .position(|&g| g == r.gateways)
-                        .map(|i| (i as f64, r.p99_added_ttft_s.max(floor)))
-                })
-                .collect();
-            chart
-                .draw_series(LineSeries::new(pts, color.stroke_width(2)))
-                .map_err(|e| err(&e))?
-                .label(format!("{pl} + {po}"))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
-                });
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 11))
-            .draw()
-            .map_err(|e| err(&e))?;
-    }
-    root.present().map_err(|e| err(&e))?;
-    Ok(())
+            .collect()
+    })
 }

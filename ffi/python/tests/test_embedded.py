@@ -150,6 +150,27 @@ def test_save_lookup_load_round_trip_byte_for_byte(eng):
     assert m.live_transfers == 0
 
 
+def test_a_hash_of_the_wrong_length_for_hash_algo_is_refused_by_name(eng, tmp_path):
+    g = geometry()
+    layers = [bytes(g.slice_bytes)] * g.layers
+    # sha256cbor (the default) keys 32-byte hashes; 5 bytes would be stored beside vLLM's.
+    for call in (lambda: eng.save(g, [b"x" * 5], layers), lambda: eng.lookup(g, [b"x" * 5])):
+        with pytest.raises(oc.InvalidArgumentError, match="chunk hash 0 has 5 bytes.*sha256cbor"):
+            call()
+    assert data_objects(tmp_path / "store") == []
+    dst = bytearray(g.layers * g.slice_bytes)
+    with eng.register(dst):
+        with pytest.raises(oc.InvalidArgumentError, match="has 5 bytes"):
+            eng.load(g, [b"x" * 5], split_layers(dst, g, 1))
+    # An engine's own hashes (1 to 64 bytes) go under hash_algo=ext.
+    ext = oc.Engine(store=str(tmp_path / "ext"), namespace="pytest", hash_algo="ext")
+    try:
+        assert ext.save(g, [b"x" * 5], layers).written == 1
+        assert ext.lookup(g, [b"x" * 5]) == 1
+    finally:
+        ext.close()
+
+
 def test_a_complete_load_advises_waiting(eng):
     g = geometry(layers=30)
     hashes, _ = saved_prefix(eng, g, 1, seed=9)

@@ -84,10 +84,8 @@ class Range(ctypes.Structure):
     _fields_ = [("addr", c_void_p), ("len", c_uint64)]
 
 
-class PagedLoadParams(ctypes.Structure):
-    """``objectcache_paged_load_params``."""
-
-    _fields_ = [
+# The fields both load parameter structs begin with, in the header's order.
+_LOAD_PARAMS_HEAD = [
         ("struct_size", c_uint32),
         ("priority", c_uint32),
         ("request_id", c_uint64),
@@ -97,6 +95,13 @@ class PagedLoadParams(ctypes.Structure):
         ("hashes", POINTER(c_uint8)),
         ("hash_len", c_size_t),
         ("n_chunks", c_size_t),
+]
+
+
+class PagedLoadParams(ctypes.Structure):
+    """``objectcache_paged_load_params``."""
+
+    _fields_ = _LOAD_PARAMS_HEAD + [
         ("ranges", POINTER(Range)),
         ("ranges_per_layer", c_size_t),
         ("n_layers", c_size_t),
@@ -123,16 +128,7 @@ class LayerDest(ctypes.Structure):
 class LoadParams(ctypes.Structure):
     """``objectcache_load_params``."""
 
-    _fields_ = [
-        ("struct_size", c_uint32),
-        ("priority", c_uint32),
-        ("request_id", c_uint64),
-        ("deadline_ms", c_uint64),
-        ("compute_us_per_layer", c_uint64),
-        ("geometry", POINTER(Geometry)),
-        ("hashes", POINTER(c_uint8)),
-        ("hash_len", c_size_t),
-        ("n_chunks", c_size_t),
+    _fields_ = _LOAD_PARAMS_HEAD + [
         ("layers", POINTER(LayerDest)),
         ("n_layers", c_size_t),
     ]
