@@ -2,7 +2,9 @@
 //!
 //! Paths: `gather-tcp` (one gather request, units streamed layer-major), `s3-layerwise` (the
 //! connector's stock-S3 load: ranged GETs in layer order), `s3-chunkwise` (one whole-object
-//! GET per chunk), `s3-segment` (the connector's stock-S3 load of a prefix saved in object format version 2: segment objects, ranged GETs), `file-layerwise` (the
+//! GET per chunk), `s3-segment` (the connector's stock-S3 load of a prefix saved in object
+//! format version 2: segment objects, ranged GETs), `gather-segment` (those segment objects
+//! through one gather request: the server reads them), `file-layerwise` (the
 //! same load from the embedded file store on local disk, no network: the connector's default
 //! store, read straight into place), `file-segment` (`s3-segment`'s objects in such a file
 //! store). Each record carries `raw_tcp_bytes_per_s`, a plain loopback TCP stream
@@ -283,15 +285,16 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                 } else {
                     2 * chunks as u64
                 };
+                let billed = if billed(path) { 1.0 } else { 0.0 };
                 Record {
                     path: path.into(),
                     layout: if segment { "segment" } else { "per-chunk" }.into(),
                     model: args.model.clone(),
                     context_tokens: tokens,
                     tokens_per_chunk: g.tokens_per_chunk,
-                    usd_per_1000_loads: requests as f64 * USD_PER_1000_GETS,
+                    usd_per_1000_loads: billed * requests as f64 * USD_PER_1000_GETS,
                     puts_per_save: puts,
-                    usd_per_1000_saves: puts as f64 * USD_PER_1000_PUTS,
+                    usd_per_1000_saves: billed * puts as f64 * USD_PER_1000_PUTS,
                     bytes: total,
                     delay_ms: delay,
                     requests,
@@ -316,9 +319,11 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                     // layer-major ranged GETs (the stock-S3 path), even against our server.
                     // `s3-segment`: the same engine saving format version 2 (segment
                     // objects); its loads read one range per (segment, layer) in ranged GETs.
-                    // `file-segment`: those objects copied into a file store on local disk.
+                    // `gather-segment`: those objects through gather (the server reads the
+                    // segments). `file-segment`: those objects copied into a file store on
+                    // local disk.
                     "gather-tcp" | "s3-layerwise" | "file-layerwise" | "s3-segment"
-                    | "file-segment" => {
+                    | "gather-segment" | "file-segment" => {
                         let segment = path.ends_with("-segment");
                         let store = if path == "file-layerwise" {
                             let keys = hs.iter().flat_map(|h| [kb.data(h), kb.marker(h)]);
@@ -343,7 +348,7 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                             NAMESPACE
                         };
                         cfg.set("namespace", ns).map_err(|e| e.to_string())?;
-                        cfg.gather = path == "gather-tcp";
+                        cfg.gather = path.starts_with("gather-");
                         if segment {
                             // The markers the lookup reads are kept for the whole run: every
                             // load is placed without marker reads, as right after a lookup.
@@ -404,7 +409,7 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                             let streams = (cfg.gather_streams as u64).min(hs.len() as u64);
                             if cfg.gather && s.requests != streams {
                                 return Err(format!(
-                                "gather-tcp: the load fell back to {} ranged GETs (is gather offered at this endpoint? see the log)",
+                                "{path}: the load fell back to {} ranged GETs (is gather offered at this endpoint? see the log)",
                                 s.requests
                             ));
                             }
@@ -474,7 +479,7 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                     }
                     other => {
                         return Err(format!(
-                            "unknown path {other:?}: use gather-tcp, s3-layerwise, s3-chunkwise, s3-segment, file-layerwise, file-segment"
+                            "unknown path {other:?}: use gather-tcp, s3-layerwise, s3-chunkwise, s3-segment, gather-segment, file-layerwise, file-segment"
                         ))
                     }
                 };
@@ -497,7 +502,7 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
             );
                 if r.runs > 1 {
                     println!(
-                        "{:<13} median of {} loads: TTFL {:.2}-{:.2} ms, TTLL {:.2}-{:.2} ms",
+                        "{:<13} TTFL and TTLL above: medians of {} loads; their ranges: TTFL {:.2}-{:.2} ms, TTLL {:.2}-{:.2} ms",
                         "",
                         r.runs,
                         r.ttfl_s_range[0] * 1e3,
@@ -506,16 +511,23 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                         r.ttll_s_range[1] * 1e3
                     );
                 }
-                println!(
-                    "{:<13} layout {}, {}-token chunks: {} GETs = ${:.3} per 1,000 loads; {} PUTs per save = ${:.2} per 1,000 saves (S3 list prices)",
-                    "",
-                    r.layout,
-                    r.tokens_per_chunk,
-                    r.requests,
-                    r.usd_per_1000_loads,
-                    r.puts_per_save,
-                    r.usd_per_1000_saves
-                );
+                if !billed(&r.path) {
+                    println!(
+                        "{:<13} layout {}, {}-token chunks: {} file reads per load; {} objects written per save",
+                        "", r.layout, r.tokens_per_chunk, r.requests, r.puts_per_save
+                    );
+                } else {
+                    println!(
+                        "{:<13} layout {}, {}-token chunks: {} GETs = ${:.3} per 1,000 loads; {} PUTs per save = ${:.2} per 1,000 saves (S3 list prices)",
+                        "",
+                        r.layout,
+                        r.tokens_per_chunk,
+                        r.requests,
+                        r.usd_per_1000_loads,
+                        r.puts_per_save,
+                        r.usd_per_1000_saves
+                    );
+                }
                 if let (Some(c), Some(rc)) = (r.cpu_s_per_gib, r.raw_tcp_cpu_s_per_gib) {
                     println!(
                         "{:<13} CPU {c:.3} s/GiB, raw TCP {rc:.3} s/GiB: {:.2}x raw's CPU per byte",
@@ -570,4 +582,10 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
         std::fs::write(p, s).map_err(|e| format!("{}: {e}", p.display()))?;
     }
     Ok(())
+}
+
+/// Whether `path`'s requests are billed as S3 requests: not the `file-` paths, which read and
+/// write local files.
+fn billed(path: &str) -> bool {
+    !path.starts_with("file-")
 }

@@ -22,12 +22,14 @@ pub(super) struct Record {
     /// up; chunkwise `requests / 16`.
     pub(super) round_trips: u64,
     /// What `requests` GETs cost per 1,000 loads at AWS S3 Standard's list price
-    /// ([`USD_PER_1000_GETS`]); a gather load's requests are priced alike.
+    /// ([`USD_PER_1000_GETS`]); a gather load's requests are priced alike, the file paths'
+    /// reads not at all (0).
     pub(super) usd_per_1000_loads: f64,
     /// PUTs one save of the prefix takes in this layout: per chunk a data object and a
     /// publish marker (`per-chunk`), or per segment one object plus a marker per chunk.
     pub(super) puts_per_save: u64,
-    /// What `puts_per_save` PUTs cost per 1,000 saves ([`USD_PER_1000_PUTS`]).
+    /// What `puts_per_save` PUTs cost per 1,000 saves ([`USD_PER_1000_PUTS`]); 0 for the
+    /// file paths.
     pub(super) usd_per_1000_saves: f64,
     /// Most requests in flight at once (the connector's ranged-GET path; else 0).
     pub(super) peak_requests_in_flight: u64,
