@@ -200,3 +200,35 @@ async fn c6_path_style_where_the_server_wants_virtual_hosted_says_use_virtual() 
         srv.seen()
     );
 }
+
+/// A refused connection (nothing listens at the endpoint) is one readable line: the request,
+/// the endpoint and the cause, without the SDK's debug dump of its error types.
+#[tokio::test]
+async fn a_refused_connection_names_the_request_and_the_endpoint() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let mut c = S3Config::new("kv-cache-test");
+    c.endpoint = Some(endpoint.clone());
+    c.region = Some("us-east-1".into());
+    c.credentials = objectcache::store::S3Credentials::Static {
+        access_key: "ak".into(),
+        secret_key: "sk".into(),
+        session_token: None,
+    };
+    c.max_attempts = 1;
+    let store = S3Store::new(c).await.unwrap();
+    let e = store.list("", 10).await.unwrap_err().to_string();
+    eprintln!("refused: {e}");
+    assert!(
+        e.contains("LIST under \"\"") && e.contains(&endpoint) && e.contains("Connection refused"),
+        "{e}"
+    );
+    assert!(
+        !e.contains("DispatchFailure") && !e.contains("ConnectorError"),
+        "{e}"
+    );
+}

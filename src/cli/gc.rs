@@ -17,13 +17,13 @@ pub struct GcArgs {
     #[arg(long, default_value = "")]
     pub prefix: String,
     /// Seconds an unreferenced data object is kept (a save may be in progress).
-    #[arg(long, default_value_t = 3600)]
+    #[arg(long, default_value_t = 3600, allow_negative_numbers = true, value_parser = whole_number)]
     pub grace_s: u64,
     /// Delete published entries older than this many seconds.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole_number)]
     pub ttl_s: Option<u64>,
     /// Evict oldest entries until the prefix holds at most this many bytes.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole_number)]
     pub capacity_bytes: Option<u64>,
     /// Key prefix exempt from TTL and eviction (repeatable).
     #[arg(long = "pin")]
@@ -39,6 +39,13 @@ pub struct GcArgs {
     pub json: bool,
 }
 
+/// Parses a count of seconds or bytes: a whole number, 0 or more (clap's own messages for
+/// `-5` are "unexpected argument" or "invalid digit").
+fn whole_number(s: &str) -> Result<u64, String> {
+    s.parse::<u64>()
+        .map_err(|_| format!("expected a whole number, 0 or more, not {s:?}"))
+}
+
 /// Runs `objectcache gc`.
 ///
 /// # Errors
@@ -49,7 +56,7 @@ pub fn run(args: GcArgs) -> crate::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let store = crate::store::open_store(&args.store).await?;
+        let store = crate::store::open_existing_store(&args.store).await?;
         let policy = Policy {
             prefix: args.prefix.clone(),
             max_objects: args.max_objects,

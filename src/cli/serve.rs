@@ -61,6 +61,10 @@ pub struct ServeArgs {
     /// Verify every stored slice CRC32C before sending, whatever the client asks.
     #[arg(long, env = "OBJECTCACHE_ALWAYS_VERIFY")]
     pub always_verify: bool,
+    /// Do not read format version 2 segment objects for gather loads (connectors then load
+    /// version 2 prefixes by ranged GETs, as from an older release).
+    #[arg(long, env = "OBJECTCACHE_NO_READ_SEGMENTS")]
+    pub no_read_segments: bool,
     /// Load scheduling policy: `fifo`, `priority`, `equal`, `byte-prop` or `stall-aware`
     /// (the last three share `--bandwidth-cap-bytes-per-s` among loads) [default: fifo].
     #[arg(long, env = "OBJECTCACHE_SCHEDULER")]
@@ -168,6 +172,9 @@ impl ServeArgs {
         }
         if self.always_verify {
             c.always_verify = true;
+        }
+        if self.no_read_segments {
+            c.read_segments = false;
         }
         Ok(c)
     }

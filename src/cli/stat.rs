@@ -29,7 +29,7 @@ pub fn run(args: StatArgs) -> crate::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let store = crate::store::open_store(&args.store).await?;
+        let store = crate::store::open_existing_store(&args.store).await?;
         let inv = Inventory::scan(store.as_ref(), &args.prefix, args.max_objects).await?;
         let total = inv.stats();
         let groups = inv.stats_by_group();

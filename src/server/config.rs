@@ -59,7 +59,8 @@ pub struct ServerConfig {
     pub access_keys: Vec<AccessKey>,
     /// Serve S3 requests without authentication when no access key is set. Default false.
     pub allow_anonymous: bool,
-    /// Buckets created at start if absent.
+    /// Buckets created at start if absent; each an S3 bucket name
+    /// ([`crate::protocol::check_bucket_name`]).
     pub buckets: Vec<String>,
     /// Largest object a PUT may write, bytes. Default 5 GiB.
     pub max_object_bytes: u64,
@@ -82,6 +83,12 @@ pub struct ServerConfig {
     /// Always verify stored slice CRC32Cs before sending, whatever the client asks. Default
     /// false (the client checks each unit's CRC, which covers storage corruption too).
     pub always_verify: bool,
+    /// Gather loads may read object format version 2 segment objects (feature bit
+    /// `Segments`, `docs/protocol.md`). Off, the server does not announce it and connectors
+    /// load version 2 prefixes by ranged GETs from its S3 API, or from another gateway that
+    /// does: a server of an older release behaves so, and a mixed fleet during a rolling
+    /// upgrade can be tested with it. Default true.
+    pub read_segments: bool,
     /// Load scheduling policy. Admission order: `fifo` (arrival order) or `priority`
     /// (descriptor priority, then earliest first-layer deadline, then arrival). Bandwidth
     /// sharing among the admitted loads under `bandwidth_cap_bytes_per_s`: `equal` (equal
@@ -149,6 +156,7 @@ impl Default for ServerConfig {
             memory_budget_bytes: 2 << 30,
             read_concurrency: 32,
             always_verify: false,
+            read_segments: true,
             scheduler: "fifo".into(),
             bandwidth_cap_bytes_per_s: 0,
             client_timeout_secs: 30,
@@ -200,6 +208,13 @@ impl ServerConfig {
     pub fn validate(&self) -> crate::Result<()> {
         let bad = |m: String| Err(crate::Error::Config(m));
         super::tenant::Tenants::new(&self.tenants).map_err(crate::Error::Config)?;
+        if let Some(m) = self
+            .buckets
+            .iter()
+            .find_map(|b| crate::protocol::check_bucket_name(b).err())
+        {
+            return bad(format!("buckets: {m}"));
+        }
         if self.tls_cert.is_some() != self.tls_key.is_some() {
             return bad("tls_cert and tls_key go together: set both or neither".into());
         }

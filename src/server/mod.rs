@@ -112,8 +112,17 @@ impl Shared {
                 | ServerInfo::FEATURE_SAVE
                 | ServerInfo::FEATURE_LOAD_GROUPS
                 | ServerInfo::FEATURE_HELD
-                | ServerInfo::FEATURE_SEGMENTS
+                | self.segments_feature()
                 | self.rdma_feature(),
+        }
+    }
+
+    /// [`ServerInfo::FEATURE_SEGMENTS`] unless `read_segments` is off, else 0.
+    fn segments_feature(&self) -> u32 {
+        if self.cfg.read_segments {
+            ServerInfo::FEATURE_SEGMENTS
+        } else {
+            0
         }
     }
 

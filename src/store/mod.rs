@@ -22,9 +22,9 @@ pub use gateways::{EndpointStatus, GatewayOptions, GatewayStore};
 pub use memory::MemoryStore;
 #[cfg(feature = "s3")]
 pub use s3::{Addressing, S3Config, S3Credentials, S3Store};
-pub use url::open_store;
 #[cfg(feature = "s3")]
 pub use url::parse_s3_url;
+pub use url::{open_existing_store, open_store};
 
 use crate::error::StoreError;
 use async_trait::async_trait;

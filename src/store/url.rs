@@ -37,6 +37,21 @@ fn bad(url: &str, why: impl std::fmt::Display) -> StoreError {
 /// or repeated query parameter, a missing bucket, an `s3://` URL in a build without feature
 /// `s3`, or the backend's own error (an unusable directory, an S3 setting that cannot work).
 pub async fn open_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    open(url, true).await
+}
+
+/// Opens the store a URL names, as [`open_store`] does, except that a directory store must
+/// exist already: for tools that inspect or collect a store (`objectcache stat`, `gc`), a
+/// mistyped path is refused rather than created empty.
+///
+/// # Errors
+/// Those of [`open_store`], and `StoreError::Other` naming the URL when its directory does
+/// not exist or is not a directory.
+pub async fn open_existing_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    open(url, false).await
+}
+
+async fn open(url: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
     let url = url.trim();
     if url.is_empty() {
         return Err(bad(
@@ -46,7 +61,7 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     }
     let Some((scheme, _)) = url.split_once("://") else {
         // A plain path.
-        return open_fs(url, url);
+        return open_fs(url, url, create);
     };
     match scheme {
         "file" => {
@@ -65,7 +80,7 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
             let path = u
                 .to_file_path()
                 .map_err(|()| bad(url, "not a local absolute path"))?;
-            open_fs(url, &path.to_string_lossy())
+            open_fs(url, &path.to_string_lossy(), create)
         }
         "memory" => {
             if url != "memory://" && url != "memory:///" {
@@ -74,7 +89,6 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
             Ok(Arc::new(MemoryStore::new()))
         }
         "s3" => open_s3(url).await,
-        // Our own server's scheme (`oc://`) is added here by the server module.
         other => Err(bad(
             url,
             format!("unknown scheme {other:?}; expected file, memory or s3"),
@@ -82,7 +96,13 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     }
 }
 
-fn open_fs(url: &str, path: &str) -> Result<Arc<dyn Store>, StoreError> {
+fn open_fs(url: &str, path: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
+    if !create && !std::path::Path::new(path).is_dir() {
+        return Err(bad(
+            url,
+            "no such directory (this command does not create a store)",
+        ));
+    }
     let store = FsStore::new(path, FsyncPolicy::default()).map_err(|e| bad(url, e))?;
     Ok(Arc::new(store))
 }
@@ -265,6 +285,22 @@ mod tests {
             via_url.get_bytes("k/1").await.unwrap(),
             bytes::Bytes::from_static(b"one")
         );
+    }
+
+    #[tokio::test]
+    async fn tools_refuse_a_missing_directory_and_create_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("no-such-store");
+        for u in [
+            missing.display().to_string(),
+            format!("file://{}", missing.display()),
+        ] {
+            let e = open_existing_store(&u).await.unwrap_err().to_string();
+            assert!(e.contains("no such directory") && e.contains(&u), "{e}");
+            assert!(!missing.exists(), "{u} created the directory");
+        }
+        let existing = open_existing_store(dir.path().to_str().unwrap()).await;
+        assert_eq!(existing.unwrap().name(), "fs");
     }
 
     #[tokio::test]

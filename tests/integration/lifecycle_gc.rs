@@ -330,6 +330,29 @@ fn stat_and_gc_commands() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("bogus"));
+    // A mistyped directory is refused, not created empty; a negative age says what it wants.
+    let missing = d.path().join("no-such-store");
+    for cmd in ["stat", "gc"] {
+        let out = std::process::Command::new(bin)
+            .args([cmd, "--store", missing.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("no such directory"),
+            "{cmd}: {err}"
+        );
+        assert!(!missing.exists(), "{cmd} created the directory");
+    }
+    let out = std::process::Command::new(bin)
+        .args(["gc", "--store", &url, "--ttl-s", "-5"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--ttl-s") && err.contains("whole number"),
+        "{err}"
+    );
 }
 
 /// Loads record uses while a collection sorts entries by last use (CI saw the standard sort

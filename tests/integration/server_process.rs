@@ -58,6 +58,25 @@ fn bad_configuration_is_a_clear_error() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no access key is configured"), "{err}");
+    // A bucket name the S3 client and the gather protocol refuse is refused at start, not
+    // when the first load names it. (Were it taken, the server would run: kill it then.)
+    let mut child = Command::new(env!("CARGO_BIN_EXE_objectcache"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--store", "memory://"])
+        .args(["--allow-anonymous", "--bucket", "kv"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("buckets: \"kv\" is not an S3 bucket name"),
+        "{err}"
+    );
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("c.toml");
     std::fs::write(&f, "listen = \"127.0.0.1:0\"\nmax_chunk = 3\n").unwrap();

@@ -8,8 +8,8 @@
 use crate::common;
 
 use bytes::Bytes;
-use common::{engine, save_prefix, start_load, unique_ns};
-use objectcache::connector::ChunkStatus;
+use common::{assert_layers_exact, engine, save_prefix, start_load, unique_ns};
+use objectcache::connector::{ChunkStatus, Engine, EngineConfig};
 use objectcache::sched::placement::{route_key, Placement};
 use objectcache::server::{AccessKey, ServerConfig};
 use objectcache::store::{
@@ -35,6 +35,12 @@ impl Gateway {
     /// Starts a gateway over `store` on `addr` (port 0: any), sending at most `cap` bytes/s
     /// (0: uncapped) so that a load lasts long enough to be cut in the middle.
     fn start(store: Arc<dyn Store>, addr: SocketAddr, cap: u64) -> Gateway {
+        Gateway::start_as(store, addr, cap, true)
+    }
+
+    /// [`Gateway::start`], reading format version 2 segment objects for gather loads or not
+    /// (`read_segments = false`: as a gateway of an older release).
+    fn start_as(store: Arc<dyn Store>, addr: SocketAddr, cap: u64, read_segments: bool) -> Gateway {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -54,6 +60,7 @@ impl Gateway {
             },
             bandwidth_cap_bytes_per_s: cap,
             shutdown_grace_secs: 1,
+            read_segments,
             ..ServerConfig::default()
         };
         let server = rt
@@ -231,6 +238,56 @@ fn a_gather_load_fails_over_mid_load_byte_exact_and_the_gateway_is_used_again() 
         gws[victim].gather_loads() >= 1,
         "the returning gateway served the load"
     );
+}
+
+/// A fleet mid-upgrade: the first gateway of a version 2 prefix's route reads no segment
+/// objects (`read_segments = false`, as an older release). The load passes it over and
+/// gathers from the gateway that does, byte for byte, one request per stream, where it
+/// used to fall back to ranged GETs (at least one per layer).
+#[test]
+fn a_version_2_load_passes_over_a_gateway_that_reads_no_segments() {
+    let _alone = crate::alone();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let backing: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let mut gws: Vec<Gateway> = (0..2)
+        .map(|_| Gateway::start(backing.clone(), "127.0.0.1:0".parse().unwrap(), 0))
+        .collect();
+    let store = client_store(&rt, &[&gws[0], &gws[1]], Placement::Hash);
+    let g = KvGeometry::smollm2_135m();
+    let mut cfg = EngineConfig::from_pairs([("save_format", "v2")]).unwrap();
+    cfg.namespace = unique_ns("gw-upgrade");
+    let e = Engine::with_store(store.clone(), cfg).unwrap();
+    let (hs, data) = save_prefix(&e, &g, 4, 21);
+    let first = store.gather_route(route_key(hs[0].as_bytes()))[0]
+        .addr
+        .clone();
+    let old = gws
+        .iter()
+        .position(|gw| gw.addr.to_string() == first)
+        .unwrap();
+    // The route's first gateway comes back on its address as an older release.
+    let addr = gws[old].addr;
+    gws[old].kill();
+    // The killed runtime closes its listener in the background.
+    common::eventually("the address is free", Duration::from_secs(20), || {
+        std::net::TcpListener::bind(addr).is_ok()
+    });
+    gws[old] = Gateway::start_as(backing.clone(), addr, 0, false);
+    common::eventually(
+        "the restarted gateway is seen up",
+        Duration::from_secs(20),
+        || store.endpoints()[old].up,
+    );
+    let h = start_load(&e, &g, hs, data[0].len());
+    assert_layers_exact(&h, &data);
+    assert!(h.chunk_status().iter().all(|s| *s == ChunkStatus::Ok));
+    let st = h.stats();
+    assert!(
+        st.requests <= 2,
+        "one gather request per stream, not ranged GETs: {st:?}"
+    );
+    assert_eq!(gws[old].gather_loads(), 0, "the older gateway gathered");
+    assert!(gws[1 - old].gather_loads() >= 1);
 }
 
 #[test]

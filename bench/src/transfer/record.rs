@@ -52,8 +52,15 @@ pub(super) struct Record {
     /// and, without `--store`, the in-process server); `None` where not measurable. Unlike
     /// the throughput, it barely moves when other work competes for the cores.
     pub(super) cpu_s_per_gib: Option<f64>,
-    /// The same for the raw loopback TCP stream (sender and receiver).
+    /// The same for a raw loopback TCP stream (sender and receiver) of the load's bytes (at
+    /// most 2 GiB) run just before each load: the median over `runs`.
     pub(super) raw_tcp_cpu_s_per_gib: Option<f64>,
+    /// Per run, `cpu_s_per_gib` over the raw stream's just before it; the median over `runs`.
+    /// A ratio taken within one run holds still where either figure alone moves with the
+    /// machine's load (issue 18's goals: gather at most 1.2x, ranged GETs at most 1.6x).
+    pub(super) cpu_x_raw_tcp: Option<f64>,
+    /// Lowest and highest of the runs' ratios.
+    pub(super) cpu_x_raw_tcp_range: [f64; 2],
 }
 
 /// AWS S3 Standard list price of 1,000 GET (and HEAD) requests, USD, us-east-1, as quoted in
@@ -78,6 +85,8 @@ pub(super) fn median_of(mut runs: Vec<Record>) -> Record {
     let ttfl: Vec<f64> = runs.iter().map(|r| r.ttfl_s).collect();
     let ttll: Vec<f64> = runs.iter().map(|r| r.ttll_s).collect();
     let cpu: Option<Vec<f64>> = runs.iter().map(|r| r.cpu_s_per_gib).collect();
+    let raw_cpu: Option<Vec<f64>> = runs.iter().map(|r| r.raw_tcp_cpu_s_per_gib).collect();
+    let ratio: Option<Vec<f64>> = runs.iter().map(|r| r.cpu_x_raw_tcp).collect();
     let n = runs.len() as u32;
     let mut r = runs.swap_remove(0);
     r.ttfl_s = median(ttfl.clone());
@@ -87,5 +96,8 @@ pub(super) fn median_of(mut runs: Vec<Record>) -> Record {
     r.runs = n;
     r.throughput_bytes_per_s = r.bytes as f64 / r.ttll_s;
     r.cpu_s_per_gib = cpu.map(median);
+    r.raw_tcp_cpu_s_per_gib = raw_cpu.map(median);
+    r.cpu_x_raw_tcp_range = ratio.as_deref().map_or([f64::NAN; 2], range);
+    r.cpu_x_raw_tcp = ratio.map(median);
     r
 }

@@ -474,11 +474,21 @@ pub fn run(a: &TtftArgs) -> Result<()> {
         ttft_rec / ttft_hit,
         a.runs
     );
-    let h = &hits[0];
+    // The hit run whose TTFT is the median's (the first run is often the slowest: its reads
+    // find a cold page cache), so its timeline adds up to the TTFT in the table.
+    let h = hits
+        .iter()
+        .min_by(|x, y| {
+            (x.ttft_s - ttft_hit)
+                .abs()
+                .total_cmp(&(y.ttft_s - ttft_hit).abs())
+        })
+        .expect("at least one hit run");
     if h.fallback.is_none() && h.cached_tokens > 0 {
         println!(
-            "hit run 1: lookup {:.1} ms; KV loaded {:.1} MB in {} requests; layer 0 in hand at {:.1} ms, \
-             layer {} at {:.1} ms; compute waited {:.1} ms for KV in all",
+            "median hit run (TTFT {:.3} s), from its request: lookup {:.1} ms; KV loaded {:.1} MB in {} requests; \
+             layer 0 in hand at {:.1} ms, layer {} at {:.1} ms; compute waited {:.1} ms for KV in all",
+            h.ttft_s,
             h.lookup_s * 1e3,
             h.load_bytes as f64 / 1e6,
             h.load_requests,

@@ -40,10 +40,12 @@ struct Failover {
 }
 
 impl Failover {
-    /// The first gateway of the load's route, not in `tried`, that offers gather and gives
-    /// a connection; a gateway that cannot be reached is reported to the store (which marks
-    /// it down until a health check finds it up again).
-    async fn pick(&self, tried: &[String]) -> Option<(GatherTarget, GatherClient)> {
+    /// The first gateway of the load's route, not in `tried`, that offers gather (and, with
+    /// `segments`, reads segment objects: in a fleet mid-upgrade an older gateway is passed
+    /// over, not sent a request it would refuse) and gives a connection; a gateway that
+    /// cannot be reached is reported to the store (which marks it down until a health check
+    /// finds it up again).
+    async fn pick(&self, tried: &[String], segments: bool) -> Option<(GatherTarget, GatherClient)> {
         for t in self.store.gather_route(self.route) {
             if tried.contains(&t.addr) {
                 continue;
@@ -53,6 +55,13 @@ impl Failover {
                 continue;
             }
             match connection(&probe, &t).await {
+                Ok(c)
+                    if segments && c.server_info().features & ServerInfo::FEATURE_SEGMENTS == 0 =>
+                {
+                    if let Probe::Offered { pool, .. } = &mut *probe.lock().expect("lock") {
+                        pool.push(c);
+                    }
+                }
                 Ok(c) => return Some((t, c)),
                 Err(NoConnection::Unreachable) => self
                     .store
@@ -161,7 +170,7 @@ async fn run_stripe(
                 client: None,
             };
         };
-        let Some((t, c)) = fo.pick(&tried).await else {
+        let Some((t, c)) = fo.pick(&tried, segments.is_some()).await else {
             sink.track.get_mut().expect("lock").held = held;
             return StripeEnd {
                 sink,
@@ -219,13 +228,13 @@ pub(crate) async fn try_gather(
         store: store.clone(),
         route,
     });
-    let Some((target, first)) = fo.pick(&[]).await else {
+    // Chunks in segment objects (format version 2) are read by a gateway that reads them;
+    // where the route has none, the load takes ranged GETs.
+    let Some((target, first)) = fo.pick(&[], !runs.is_empty()).await else {
         return Outcome::Fallback;
     };
     let probe = probes.get(&target.addr);
     let chunks = req.hashes.len();
-    // Chunks in segment objects (format version 2) are read by a server that reads them;
-    // from an older server the load takes ranged GETs.
     let want = streams.clamp(1, chunks.max(1));
     // Each stripe's placement, were the load cut into `n` stripes (a load in more segments
     // than a request may name cannot gather).

@@ -147,6 +147,9 @@ impl S3 for S3Frontend {
         self.count("create_bucket");
         self.operator_only(req.credentials.as_ref(), "create a bucket")?;
         let b = req.input.bucket;
+        if let Err(m) = crate::protocol::check_bucket_name(&b) {
+            return Err(s3_error!(InvalidBucketName, "{m}"));
+        }
         if !self
             .buckets
             .create(&b)

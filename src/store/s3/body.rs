@@ -4,7 +4,6 @@
 use super::BACKEND;
 use crate::error::StoreError;
 use crate::store::ByteStream;
-use aws_smithy_types::error::display::DisplayErrorContext;
 use futures::StreamExt;
 use std::time::{Duration, SystemTime};
 
@@ -68,7 +67,7 @@ pub(super) fn body_stream(
                     st.key,
                     st.got,
                     st.want,
-                    DisplayErrorContext(&e)
+                    super::errors::causes(&e)
                 ),
             })),
             Ok(Some(Ok(b))) => {

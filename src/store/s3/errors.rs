@@ -3,7 +3,6 @@
 use super::{Addressing, BACKEND};
 use crate::error::StoreError;
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
-use aws_smithy_types::error::display::DisplayErrorContext;
 
 /// What a request was doing, for [`map_error`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +74,10 @@ where
         Addressing::Virtual => Addressing::Path,
     };
     let detail = || {
-        let mut s = format!("{} {key}", op.name());
+        let mut s = match op {
+            Op::List => format!("LIST under {key:?}"),
+            _ => format!("{} {key}", op.name()),
+        };
         if let Some(st) = status {
             s.push_str(&format!(": HTTP {st}"));
         }
@@ -86,7 +88,7 @@ where
             s.push_str(&format!(": {server_msg}"));
         }
         if status.is_none() {
-            s.push_str(&format!(": {}", DisplayErrorContext(&err)));
+            s.push_str(&format!(" at {}: {}", cx.endpoint, causes(&err)));
         }
         s
     };
@@ -151,4 +153,21 @@ where
         (Some(401) | Some(403), _) => StoreError::PermissionDenied { backend: BACKEND, message: detail() },
         _ => StoreError::Other { backend: BACKEND, message: detail() },
     }
+}
+
+/// An error and its causes in one line, outermost first, joined by ": " (a cause whose text
+/// an earlier one already holds is left out). The SDK's own display of the chain
+/// (`DisplayErrorContext`) ends in a `Debug` dump of the whole error, which no user should
+/// have to read.
+pub(super) fn causes(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        let text = e.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        cur = e.source();
+    }
+    parts.join(": ")
 }

@@ -32,16 +32,26 @@ const MAX_BUCKET_LEN: usize = 63;
 /// Longest object key (S3's limit).
 const MAX_KEY_LEN: usize = 1024;
 
-fn validate_bucket(b: &str) -> Result<(), ProtocolError> {
+/// Checks a bucket name against S3's rules for new buckets, which the gather protocol and
+/// the ObjectCache server take: 3 to 63 characters of `a-z`, `0-9`, `.` and `-`, starting
+/// with a letter or digit.
+///
+/// # Errors
+/// A sentence naming the bucket and the rule.
+pub fn check_bucket_name(b: &str) -> Result<(), String> {
     let ok = (3..=MAX_BUCKET_LEN).contains(&b.len())
         && b.bytes()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'.' || c == b'-')
         && b.as_bytes()[0].is_ascii_alphanumeric();
-    if !ok {
-        return Err(ProtocolError::invalid(
-            "bucket",
-            format!("{b:?} is not an S3 bucket name (3..=63 of a-z 0-9 . -, starting with a letter or digit)"),
-        ));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{b:?} is not an S3 bucket name (3..=63 of a-z 0-9 . -, starting with a letter or digit)"
+        ))
     }
-    Ok(())
+}
+
+fn validate_bucket(b: &str) -> Result<(), ProtocolError> {
+    check_bucket_name(b).map_err(|m| ProtocolError::invalid("bucket", m))
 }
