@@ -107,6 +107,33 @@ impl Track {
 }
 
 impl Stripe {
+    /// Lends the destination of `len` bytes at the stripe's `offset` of `layer` through
+    /// `get` (given the load's absolute offset), unless the range overlaps bytes this stripe
+    /// already delivered before a failover (then the unit is received piece by piece and
+    /// filtered: `Ok(None)`); what is lent becomes the current unit.
+    fn lend<T>(
+        &self,
+        layer: u32,
+        offset: u64,
+        len: u64,
+        get: impl FnOnce(u64) -> Result<Option<T>, LayerError>,
+    ) -> Result<Option<T>, LayerError> {
+        let abs = offset + self.shift;
+        let mut t = self.track.lock().expect("lock");
+        if t.overlaps(layer, abs, abs + len) {
+            self.begin_filtered(&mut t, layer);
+            return Ok(None);
+        }
+        let d = get(abs)?;
+        if d.is_some() {
+            t.cur = Some(Cur {
+                layer,
+                lent: Some((abs, len, false)),
+                pieces: Vec::new(),
+            });
+        }
+        Ok(d)
+    }
     pub(super) fn new(
         sh: Arc<Shared>,
         base: usize,
@@ -281,21 +308,9 @@ impl LayerSink for Stripe {
         self.sh.state.placed(layer, offset + self.shift, len)
     }
     fn dest_mut(&self, layer: u32, offset: u64, len: u64) -> Result<Option<&mut [u8]>, LayerError> {
-        let abs = offset + self.shift;
-        let mut t = self.track.lock().expect("lock");
-        if t.overlaps(layer, abs, abs + len) {
-            self.begin_filtered(&mut t, layer);
-            return Ok(None);
-        }
-        let d = self.sh.state.dest_mut(layer, abs, len)?;
-        if d.is_some() {
-            t.cur = Some(Cur {
-                layer,
-                lent: Some((abs, len, false)),
-                pieces: Vec::new(),
-            });
-        }
-        Ok(d)
+        self.lend(layer, offset, len, |abs| {
+            self.sh.state.dest_mut(layer, abs, len)
+        })
     }
     fn dest_parts(
         &self,
@@ -303,21 +318,9 @@ impl LayerSink for Stripe {
         offset: u64,
         len: u64,
     ) -> Result<Option<Vec<&mut [u8]>>, LayerError> {
-        let abs = offset + self.shift;
-        let mut t = self.track.lock().expect("lock");
-        if t.overlaps(layer, abs, abs + len) {
-            self.begin_filtered(&mut t, layer);
-            return Ok(None);
-        }
-        let d = self.sh.state.dest_parts(layer, abs, len)?;
-        if d.is_some() {
-            t.cur = Some(Cur {
-                layer,
-                lent: Some((abs, len, false)),
-                pieces: Vec::new(),
-            });
-        }
-        Ok(d)
+        self.lend(layer, offset, len, |abs| {
+            self.sh.state.dest_parts(layer, abs, len)
+        })
     }
     fn dest_filled(&self, layer: u32, len: u64) {
         if let Some(Cur {

@@ -115,6 +115,18 @@ impl FsStore {
 
     /// A fresh temporary file path in `dir`: the sequence number is process-wide, so that
     /// two stores on one root in one process never pick the same name.
+    /// Where a put of `key` goes: the object's path, its directory, and a fresh temporary
+    /// file's path in that directory (renamed or linked into place on commit).
+    fn write_paths(&self, key: &str) -> Result<(PathBuf, PathBuf, PathBuf), StoreError> {
+        let path = self.path(key)?;
+        let dir = path
+            .parent()
+            .expect("key has a parent under root")
+            .to_path_buf();
+        let tmp = self.tmp_path(&dir);
+        Ok((path, dir, tmp))
+    }
+
     fn tmp_path(&self, dir: &Path) -> PathBuf {
         static SEQ: AtomicU64 = AtomicU64::new(0);
         dir.join(format!(
@@ -277,12 +289,7 @@ impl Store for FsStore {
         data: Bytes,
         opts: PutOptions,
     ) -> Result<PutResult, StoreError> {
-        let path = self.path(key)?;
-        let dir = path
-            .parent()
-            .expect("key has a parent under root")
-            .to_path_buf();
-        let tmp = self.tmp_path(&dir);
+        let (path, dir, tmp) = self.write_paths(key)?;
         let fsync = self.fsync;
         let key = key.to_string();
         let turn = self
@@ -307,12 +314,7 @@ impl Store for FsStore {
         len: Option<u64>,
         opts: PutOptions,
     ) -> Result<PutResult, StoreError> {
-        let path = self.path(key)?;
-        let dir = path
-            .parent()
-            .expect("key has a parent under root")
-            .to_path_buf();
-        let tmp = self.tmp_path(&dir);
+        let (path, dir, tmp) = self.write_paths(key)?;
         let fsync = self.fsync;
         let key = key.to_string();
         let mut t = blocking({

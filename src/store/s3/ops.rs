@@ -155,23 +155,13 @@ impl Store for S3Store {
             self.check_conditional_put().await?;
         }
         let full = self.full_key(key);
-        let mut req = self
+        let req = self
             .client
             .put_object()
             .bucket(&self.bucket)
             .key(&full)
             .body(data.into());
-        let op = match opts.mode {
-            PutMode::Overwrite => Op::Put,
-            PutMode::Create => {
-                req = req.if_none_match("*");
-                Op::PutCreate
-            }
-        };
-        let out = req.send().await.map_err(|e| self.map_err(op, key, e))?;
-        Ok(PutResult {
-            etag: out.e_tag().map(str::to_string),
-        })
+        self.send_put(key, req, opts.mode).await
     }
 
     /// With `len` known, the body goes upstream as it arrives (one PUT with that
@@ -216,24 +206,14 @@ impl Store for S3Store {
         let sdk_body = aws_smithy_types::body::SdkBody::from_body_1_x(
             http_body_util::StreamBody::new(SyncBody(std::sync::Mutex::new(Box::pin(counted)))),
         );
-        let mut req = self
+        let req = self
             .client
             .put_object()
             .bucket(&self.bucket)
             .key(&full)
             .content_length(n as i64)
             .body(aws_sdk_s3::primitives::ByteStream::new(sdk_body));
-        let op = match opts.mode {
-            PutMode::Overwrite => Op::Put,
-            PutMode::Create => {
-                req = req.if_none_match("*");
-                Op::PutCreate
-            }
-        };
-        let out = req.send().await.map_err(|e| self.map_err(op, key, e))?;
-        Ok(PutResult {
-            etag: out.e_tag().map(str::to_string),
-        })
+        self.send_put(key, req, opts.mode).await
     }
 
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
@@ -309,5 +289,28 @@ impl Store for S3Store {
             }
         }
         Ok(out)
+    }
+}
+
+impl S3Store {
+    /// Sends a PUT built by `put_opts` or `put_stream`: create-only (`If-None-Match: *`)
+    /// for [`PutMode::Create`].
+    async fn send_put(
+        &self,
+        key: &str,
+        mut req: aws_sdk_s3::operation::put_object::builders::PutObjectFluentBuilder,
+        mode: PutMode,
+    ) -> Result<PutResult, StoreError> {
+        let op = match mode {
+            PutMode::Overwrite => Op::Put,
+            PutMode::Create => {
+                req = req.if_none_match("*");
+                Op::PutCreate
+            }
+        };
+        let out = req.send().await.map_err(|e| self.map_err(op, key, e))?;
+        Ok(PutResult {
+            etag: out.e_tag().map(str::to_string),
+        })
     }
 }
