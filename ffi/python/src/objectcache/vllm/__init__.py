@@ -6,7 +6,7 @@ Enable it with::
                            "kv_connector_module_path": "objectcache.vllm",
                            "kv_role": "kv_both",
                            "kv_load_failure_policy": "recompute",
-                           "kv_connector_extra_config": {"store": "s3://kv/prod?endpoint=..."}}'
+                           "kv_connector_extra_config": {"store": "s3://kvcache/prod?endpoint=..."}}'
 
 (the same dict as ``kv_transfer_config=`` of ``vllm.LLM``). docs/vllm.md describes every
 setting, the keys and the layout, and what happens on a miss, corruption or a stall.
