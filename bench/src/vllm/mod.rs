@@ -123,6 +123,13 @@ pub struct VllmArgs {
     /// process would compute on twice the cores of `recompute`'s and `apc`'s.
     #[arg(long, default_value_t = 1)]
     pub reserved_cpus: u32,
+    /// Model dtype of every vLLM process (`--dtype`): `auto` picks `bfloat16` where the CPU
+    /// computes it natively (the `amx_bf16` or `avx512_bf16` flag in /proc/cpuinfo) and
+    /// `float32` elsewhere, as the vLLM tests do: without those instructions vLLM's CPU
+    /// matrix products in bfloat16 run on one core, several times slower than in float32.
+    /// The report and the JSON name the dtype used.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "bfloat16", "float16", "float32"])]
+    pub dtype: String,
     /// `KEY=VALUE` added to every ObjectCache connector's `kv_connector_extra_config`
     /// (connector or engine settings, docs/vllm.md), e.g. `cpus=inherit` or
     /// `gather_streams=1`; repeatable.
@@ -194,13 +201,32 @@ struct Report<'a> {
     records: Vec<Record>,
 }
 
+/// The dtype `--dtype auto` picks from /proc/cpuinfo's text: `bfloat16` where the CPU has
+/// native bfloat16 arithmetic (`amx_bf16` or `avx512_bf16`), else `float32`.
+fn native_dtype(cpuinfo: &str) -> &'static str {
+    let native = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("flags"))
+        .flat_map(|l| l.split_whitespace())
+        .any(|f| f == "amx_bf16" || f == "avx512_bf16");
+    if native {
+        "bfloat16"
+    } else {
+        "float32"
+    }
+}
+
 /// Runs `objectcache-bench vllm`.
 ///
 /// # Errors
 /// A missing venv or model, a package that does not install, a vLLM process that does not
 /// start, a failed request. A peer connector that cannot run is a record with a note, not an
 /// error.
-pub fn run(a: VllmArgs) -> Result<()> {
+pub fn run(mut a: VllmArgs) -> Result<()> {
+    if a.dtype == "auto" {
+        a.dtype =
+            native_dtype(&std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default()).to_string();
+    }
     // The benchmark's own server takes these credentials (`s3_credentials`), and its checks
     // that saves were published read them from the AWS environment: without them the AWS SDK
     // would look for an instance metadata service. Set only where unset, here, before this
@@ -321,7 +347,7 @@ pub fn run(a: VllmArgs) -> Result<()> {
     let mut records = b.records;
     let replicas = b.replicas;
     finish(&mut records);
-    print_table(&records, a.runs);
+    print_table(&records, a.runs, &a.dtype);
     if let Some(dir) = &a.svg {
         std::fs::create_dir_all(dir)?;
         let path = dir.join("vllm-ttft.svg");
@@ -365,5 +391,21 @@ fn empty(method: &str, p: u32, new: u32, why: &str) -> Record {
         vs_recompute_process: None,
         vs_apc: None,
         note: Some(why.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::native_dtype;
+
+    #[test]
+    fn auto_dtype_is_bfloat16_only_with_native_bf16() {
+        let avx2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n";
+        assert_eq!(native_dtype(avx2), "float32");
+        let amx = "flags\t\t: avx2 avx512f avx512_bf16 amx_tile amx_bf16\n";
+        assert_eq!(native_dtype(amx), "bfloat16");
+        // A flag's name inside another's is not the flag.
+        assert_eq!(native_dtype("flags\t: avx512_bf16x\n"), "float32");
+        assert_eq!(native_dtype(""), "float32");
     }
 }

@@ -18,6 +18,7 @@ pub(super) struct Env {
     logs: PathBuf,
     kv_gib: u32,
     reserved_cpus: u32,
+    dtype: String,
     pub(super) mp: MultiProgress,
 }
 
@@ -37,6 +38,7 @@ impl Env {
             logs: logs.into(),
             kv_gib: a.kv_cache_gib,
             reserved_cpus: a.reserved_cpus,
+            dtype: a.dtype.clone(),
             mp,
         }
     }
@@ -66,13 +68,8 @@ impl Vllm {
         let mut cmd = Command::new(&env.py);
         cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
             .arg(&env.model)
-            .args([
-                "--dtype",
-                "bfloat16",
-                "--enforce-eager",
-                "--max-model-len",
-                "8192",
-            ])
+            .args(["--dtype", &env.dtype])
+            .args(["--enforce-eager", "--max-model-len", "8192"])
             .args([
                 "--host",
                 "127.0.0.1",

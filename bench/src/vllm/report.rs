@@ -39,9 +39,11 @@ pub(super) fn finish(records: &mut [Record]) {
     });
 }
 
-pub(super) fn print_table(records: &[Record], runs: usize) {
+pub(super) fn print_table(records: &[Record], runs: usize, dtype: &str) {
     println!();
-    println!("TTFT in vLLM at the client, median of {runs} (cross-replica for connectors);");
+    println!(
+        "TTFT in vLLM at the client ({dtype}), median of {runs} (cross-replica for connectors);"
+    );
     println!("x recomp: over the paired full computation in the same process (recompute: 1)");
     println!("identical: greedy output equals recompute's; =apc: equals apc's (same request)");
     println!(
