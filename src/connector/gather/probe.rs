@@ -161,6 +161,14 @@ pub(crate) async fn offered(probe: &Arc<Mutex<Probe>>, target: &GatherTarget) ->
     matches!(*probe.lock().expect("lock"), Probe::Offered { .. })
 }
 
+/// Puts an idle connection back into the endpoint's pool for the next load; dropped (closed)
+/// when the endpoint is no longer known to offer gather.
+pub(super) fn give_back(probe: &Mutex<Probe>, client: GatherClient) {
+    if let Probe::Offered { pool, .. } = &mut *probe.lock().expect("lock") {
+        pool.push(client);
+    }
+}
+
 /// Why [`connection`] gave no connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum NoConnection {

@@ -3,7 +3,7 @@
 //! over to the next gateway of the route when its own fails mid-load ([`run_stripe`]); then
 //! the per-chunk status from what the servers reported.
 
-use super::probe::{connection, NoConnection, Probe, Probes};
+use super::probe::{connection, give_back, NoConnection, Probes};
 use super::stripe::{Lockstep, Stripe};
 use super::{gather_request, offered, unit_bytes_for, Outcome};
 use crate::connector::load::{LoadRequest, Shared};
@@ -58,9 +58,7 @@ impl Failover {
                 Ok(c)
                     if segments && c.server_info().features & ServerInfo::FEATURE_SEGMENTS == 0 =>
                 {
-                    if let Probe::Offered { pool, .. } = &mut *probe.lock().expect("lock") {
-                        pool.push(c);
-                    }
+                    give_back(&probe, c)
                 }
                 Ok(c) => return Some((t, c)),
                 Err(NoConnection::Unreachable) => self
@@ -247,9 +245,7 @@ pub(crate) async fn try_gather(
         && (first.server_info().features & ServerInfo::FEATURE_SEGMENTS == 0
             || placements(1).is_err())
     {
-        if let Probe::Offered { pool, .. } = &mut *probe.lock().expect("lock") {
-            pool.push(first);
-        }
+        give_back(&probe, first);
         return Outcome::Fallback;
     }
     let mut clients = vec![first];
@@ -351,11 +347,7 @@ pub(crate) async fn try_gather(
                     Err(e) => broken = Some((range.start, e.to_string())),
                 }
                 if let Some((addr, client)) = client {
-                    if let Probe::Offered { pool, .. } =
-                        &mut *probes.get(&addr).lock().expect("lock")
-                    {
-                        pool.push(client);
-                    }
+                    give_back(&probes.get(&addr), client);
                 }
                 ended.push(sink);
             }
