@@ -12,6 +12,8 @@
 //! - [`protocol`]: the gather wire format and the sans-IO connection state machines (client
 //!   and server) that the TCP and RDMA drivers pump;
 //! - [`sched`]: bandwidth scheduling across concurrent loads, the compute model, the planner;
+//! - [`rdma`]: the RDMA write immediate and the client's per-layer completion tally (the
+//!   verbs objects and drivers are the `objectcache` crate's);
 //! - [`sim`]: the deterministic discrete-event simulator of loads and clusters;
 //! - [`error`]: the error types shared by every level.
 #![warn(missing_docs)]
@@ -21,6 +23,7 @@ pub mod error;
 pub mod hash;
 pub mod layout;
 pub mod protocol;
+pub mod rdma;
 pub mod sched;
 pub mod sim;
 

@@ -9,7 +9,8 @@
 //!   (a destination buffer is registered once and reused by later loads);
 //! - [`cq`]: completion queues and work completions;
 //! - [`qp`]: RC queue pairs with a typestate bring-up (`Reset → Init → Rtr → Rts`);
-//! - [`imm`]: the 32-bit immediate that names (load slot, layer, unit) — pure code;
+//! - [`imm`]: the 32-bit immediate that names (load slot, layer, unit): pure code, in
+//!   `objectcache_core::rdma` with the client's per-layer completion tally, re-exported here;
 //! - [`control`]: the TCP control channel (QP numbers, GIDs, PSNs, per-layer targets);
 //! - [`session`] / [`gather`]: the data path under the gather protocol (server and client
 //!   end): set-up on the gather port, loads as gather descriptors with an RDMA target;
@@ -30,7 +31,7 @@ pub mod context;
 pub mod control;
 pub mod cq;
 pub mod gather;
-pub mod imm;
+pub use objectcache_core::rdma::imm;
 pub mod mr;
 pub mod pd;
 pub mod qp;

@@ -2,13 +2,12 @@
 //! lone slices have landed (counted from each receive completion's immediate and byte count),
 //! when the layer is ready, and when it became a miss. No verbs, no locks, no clock: the
 //! client's completion thread hands it what each completion says and acts on the answer.
-#![forbid(unsafe_code)]
 
 use std::collections::HashMap;
 
 /// Where a layer stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LayerState {
+pub enum LayerState {
     /// Units are still due.
     Pending,
     /// Every planned unit landed.
@@ -20,18 +19,18 @@ pub(crate) enum LayerState {
 /// What a completion's write delivered, for the sink: `len` bytes at `offset` of the
 /// layer's destination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Landed {
+pub struct Landed {
     /// Destination offset, bytes.
-    pub(crate) offset: u64,
+    pub offset: u64,
     /// Bytes.
-    pub(crate) len: u64,
+    pub len: u64,
     /// True when this unit made the layer ready.
-    pub(crate) ready: bool,
+    pub ready: bool,
 }
 
 /// One layer's tally (see the module docs).
 #[derive(Debug)]
-pub(crate) struct LayerTally {
+pub struct LayerTally {
     /// `(offset, len)` of each unit in the layer's destination, by unit index.
     units: Vec<(u64, u64)>,
     /// Bytes the immediate's write of each unit carries: the unit's last destination piece
@@ -49,7 +48,7 @@ impl LayerTally {
     /// A pending layer of `units` (`(offset, len)` by unit index), whose units' last writes
     /// carry `imm_len` bytes each, and whose `slices` (chunk -> `(offset, len, last write's
     /// len)`) the server may write alone.
-    pub(crate) fn new(
+    pub fn new(
         units: Vec<(u64, u64)>,
         imm_len: Vec<u64>,
         slices: HashMap<u16, (u64, u64, u64)>,
@@ -69,7 +68,7 @@ impl LayerTally {
     }
 
     /// Where the layer stands.
-    pub(crate) fn state(&self) -> LayerState {
+    pub fn state(&self) -> LayerState {
         self.state
     }
 
@@ -80,7 +79,7 @@ impl LayerTally {
     /// # Errors
     /// A message naming the unit when it is not planned, repeated, or of the wrong length:
     /// the peer broke the protocol.
-    pub(crate) fn unit(
+    pub fn unit(
         &mut self,
         layer: u32,
         unit: usize,
@@ -117,12 +116,7 @@ impl LayerTally {
     /// # Errors
     /// A message when no unit of several slices holds that chunk, the slice came before, or
     /// its length is wrong.
-    pub(crate) fn slice(
-        &mut self,
-        layer: u32,
-        chunk: u16,
-        byte_len: u64,
-    ) -> Result<(u64, u64), String> {
+    pub fn slice(&mut self, layer: u32, chunk: u16, byte_len: u64) -> Result<(u64, u64), String> {
         let Some(sl) = self.slices.get_mut(&chunk) else {
             return Err(format!(
                 "slice write for chunk {chunk} of layer {layer}, which no unit of several slices holds"
@@ -145,13 +139,13 @@ impl LayerTally {
 
     /// True when every planned unit has landed (whatever the layer's state): no further
     /// write of this layer can land, as each unit is written once.
-    pub(crate) fn all_in(&self) -> bool {
+    pub fn all_in(&self) -> bool {
         self.got == self.seen.len()
     }
 
     /// Makes a pending layer a miss. Returns the index of its first unit not yet landed (the
     /// error names it as the chunk), or `None` when the layer was already resolved.
-    pub(crate) fn fail(&mut self) -> Option<usize> {
+    pub fn fail(&mut self) -> Option<usize> {
         if self.state != LayerState::Pending {
             return None;
         }

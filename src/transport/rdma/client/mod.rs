@@ -5,15 +5,14 @@
 mod dest;
 mod handle;
 mod state;
-mod tally;
 
 pub use dest::{LayerDest, LayerPlan};
 pub use handle::LoadHandle;
 pub use state::LoadOutcome;
 
 use dest::DestMem;
+use objectcache_core::rdma::tally::LayerTally;
 use state::{poll_loop, read_loop, ConnState, LoadState, Shared};
-use tally::LayerTally;
 
 use std::collections::HashMap;
 use std::net::{TcpStream, ToSocketAddrs};

@@ -12,13 +12,13 @@ use std::time::Instant;
 use crate::error::LayerError;
 use crate::transport::LayerSink;
 
-use super::tally::{LayerState, LayerTally};
 use super::ClientConfig;
 use crate::transport::rdma::control::{self, Msg};
 use crate::transport::rdma::cq::{backoff, Completion, CompletionQueue};
 use crate::transport::rdma::imm::Imm;
 use crate::transport::rdma::mr::{MemoryRegion, RegistrationCache};
 use crate::transport::rdma::qp::{QueuePair, Rts};
+use objectcache_core::rdma::tally::{LayerState, LayerTally};
 
 /// How a load ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
