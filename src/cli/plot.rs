@@ -1,6 +1,6 @@
 //! SVG plots of the `objectcache sim` records (plotters).
 
-use super::sim::bad;
+use crate::Error;
 
 /// An SVG of side-by-side panels ([`Panels::draw`]).
 pub(super) struct Panels<'a> {
@@ -27,7 +27,9 @@ impl Panels<'_> {
         lines: impl Fn(usize) -> Vec<(String, Vec<(f64, f64)>)>,
     ) -> crate::Result<()> {
         use plotters::prelude::*;
-        let err = |e: &dyn std::fmt::Display| bad(format!("cannot draw {}: {e}", path.display()));
+        let err = |e: &dyn std::fmt::Display| {
+            Error::InvalidArgument(format!("cannot draw {}: {e}", path.display()))
+        };
         let floor = 1e-4;
         let ymax = self.ys.iter().copied().fold(floor, f64::max) * 2.0;
         let n = self.titles.len().max(1);

@@ -15,6 +15,7 @@ pub mod model;
 pub mod modeled;
 pub mod modeled_link;
 pub mod modeled_nixl;
+pub mod modeled_plan;
 pub mod modeled_plot;
 pub mod modeled_points;
 pub mod modeled_record;

@@ -35,13 +35,13 @@
 
 use super::modeled_link as link;
 use super::modeled_nixl as nixl;
+use super::modeled_plan::{compute_model, Plan, PointLoads};
 use super::modeled_points::{concurrent_records, point_records, timeline_plot};
 use super::modeled_table::{print_goals, print_table};
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use objectcache::layout::KvGeometry;
-use objectcache::sched::model::{AnalyticModel, GpuKind, KernelClass, ModelShape};
-use objectcache::sched::ComputeModel;
+use objectcache::sched::model::{GpuKind, KernelClass};
 use objectcache::sim::SimPolicy;
 use objectcache::store::StoreExt;
 use serde::Serialize;
@@ -104,33 +104,9 @@ pub struct ModeledArgs {
     pub svg: Option<PathBuf>,
 }
 
-/// The measured loads of one (model, context): median runs per method.
-#[derive(Debug, Clone)]
-pub(super) struct PointLoads {
-    pub(super) chunks_full: usize,
-    pub(super) chunks_measured: usize,
-    pub(super) loads: Vec<(String, link::Measured, usize)>,
-    pub(super) nixl_note: Option<String>,
-}
-
 fn median_run(mut runs: Vec<link::Measured>) -> link::Measured {
     runs.sort_by(|a, b| a.last().total_cmp(&b.last()));
     runs.swap_remove(runs.len() / 2)
-}
-
-/// Resolved configuration after `--quick` and parsing.
-pub(super) struct Plan {
-    pub(super) models: Vec<String>,
-    pub(super) contexts: Vec<u64>,
-    pub(super) new_tokens: Vec<u64>,
-    pub(super) gpus: Vec<GpuKind>,
-    pub(super) kernels: KernelClass,
-    pub(super) concurrency: Vec<usize>,
-    pub(super) policies: Vec<SimPolicy>,
-    pub(super) runs: usize,
-    pub(super) link: f64,
-    pub(super) cap: f64,
-    pub(super) max_load: u64,
 }
 
 fn resolve(a: &ModeledArgs, runs: usize) -> Result<Plan> {
@@ -183,25 +159,6 @@ fn resolve(a: &ModeledArgs, runs: usize) -> Result<Plan> {
         bail!("--concurrency values must be at least 2 (single requests are always reported)");
     }
     Ok(p)
-}
-
-pub(super) fn compute_model(
-    model: &str,
-    g: &KvGeometry,
-    gpu: GpuKind,
-    k: KernelClass,
-) -> Result<ComputeModel> {
-    let shape = ModelShape::preset(model).map_err(|e| anyhow!("--models: {e}"))?;
-    if shape.layers != g.layers {
-        bail!(
-            "{model}: compute model has {} layers, geometry {}",
-            shape.layers,
-            g.layers
-        );
-    }
-    Ok(ComputeModel::Analytic(
-        AnalyticModel::new(shape, gpu, k, g.tp_world).map_err(|e| anyhow!("{e}"))?,
-    ))
 }
 
 /// Runs `--mode modeled`.

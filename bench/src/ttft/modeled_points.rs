@@ -2,7 +2,7 @@
 //! (model, GPU, context, new tokens) from its measured loads scaled to the link, its
 //! per-layer timeline for the plot, and the concurrency records from the simulator.
 
-use super::modeled::{compute_model, Plan, PointLoads};
+use super::modeled_plan::{compute_model, Plan, PointLoads};
 use super::modeled_record::{Modeled, Record};
 use anyhow::{anyhow, Result};
 use objectcache::layout::KvGeometry;

@@ -8,7 +8,7 @@
 //! Engines write format version 2 only with `save_format = v2` (`connector/save.rs`); this
 //! reading side is in every engine (a fleet must read a format before any of it writes it).
 
-use super::ranged::{classify, FlightPermit};
+use super::window::{classify, FlightPermit};
 use super::{LoadRequest, Shared};
 use crate::connector::status::ChunkStatus;
 use crate::error::LayerError;

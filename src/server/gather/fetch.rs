@@ -2,11 +2,10 @@
 //! (joined with other loads' reads of the same bytes) or from local files, ahead of the socket
 //! under the memory budget.
 
-use super::objects::LoadObjects;
+use super::objects::{miss_of, LoadObjects};
 use super::permits_for;
 use crate::server::Shared;
 
-use crate::error::StoreError;
 use crate::layout::{ChunkHeader, HEADER_LEN};
 use crate::protocol::{MissReason, PieceMiss, PieceRead, UnitPlan};
 use crate::store::GetOptions;
@@ -14,19 +13,6 @@ use bytes::Bytes;
 use futures::{stream, StreamExt};
 use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-
-pub(super) fn miss_of(chunk: u32, e: &StoreError) -> PieceMiss {
-    let reason = match e {
-        StoreError::NotFound { .. } => MissReason::NotFound,
-        StoreError::InvalidRange { .. } => MissReason::GeometryMismatch,
-        _ => MissReason::Storage,
-    };
-    PieceMiss {
-        chunk,
-        reason,
-        message: e.to_string(),
-    }
-}
 
 /// Memory held by a unit between backend read and socket write.
 pub(super) struct MemoryHold {

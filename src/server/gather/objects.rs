@@ -3,12 +3,27 @@
 //! [`SegmentPlacement`](crate::protocol::SegmentPlacement)); where each of its slices lies;
 //! and the check of a segment's header, made once per load whatever the number of its chunks.
 
-use super::fetch::miss_of;
+use crate::error::StoreError;
 use crate::layout::{slice_range, ChunkHash, SegmentHeader, SegmentLayout};
 use crate::protocol::{ChunkKeys, GatherRequest, MissReason, PieceMiss, WireGeometry};
 use crate::server::Shared;
 use crate::store::GetOptions;
 use std::ops::Range;
+
+/// The miss that a store error on chunk `chunk` is reported as: not found, a range past the
+/// object's end (another geometry), or a storage error, with the error's text.
+pub(super) fn miss_of(chunk: u32, e: &StoreError) -> PieceMiss {
+    let reason = match e {
+        StoreError::NotFound { .. } => MissReason::NotFound,
+        StoreError::InvalidRange { .. } => MissReason::GeometryMismatch,
+        _ => MissReason::Storage,
+    };
+    PieceMiss {
+        chunk,
+        reason,
+        message: e.to_string(),
+    }
+}
 
 /// A segment object a load reads from.
 struct Segment {
