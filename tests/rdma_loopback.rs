@@ -14,8 +14,8 @@ use objectcache::error::LayerError;
 use objectcache::layout::{encode_chunk, slice_range, Dtype, KvGeometry};
 use objectcache::store::{MemoryStore, StoreExt};
 use objectcache::transport::rdma::{
-    self, control, ClientConfig, HostBuffer, LayerDest, LoadSpec, RdmaClient, RdmaError,
-    RdmaServer, ServerConfig, ServerHandle, SliceSource, StoreSliceSource,
+    self, ClientConfig, HostBuffer, LayerDest, LoadSpec, RdmaClient, RdmaError, RdmaServer,
+    ServerConfig, ServerHandle, SliceSource, StoreSliceSource,
 };
 use objectcache::transport::LayerSink;
 
@@ -696,74 +696,4 @@ fn cancel_stops_the_server_and_the_connection_stays_usable() {
         assert_layer_exact(&f.g, &buf, 6, l, chunks);
     }
     assert_eq!(client.registrations(), 1);
-}
-
-/// The standalone path's control frames (length-prefixed JSON), without a device: every
-/// message round-trips, and a cut, oversized or non-JSON frame is an error.
-#[test]
-fn control_frames_round_trip_and_reject_garbage() {
-    let msgs = vec![
-        control::Msg::Hello {
-            version: control::VERSION,
-            endpoints: vec![control::Endpoint {
-                qpn: 17,
-                psn: 0xabcdef,
-                gid: [7; 16],
-                lid: 0,
-                mtu: 1024,
-            }],
-            gather: true,
-        },
-        control::Msg::Load {
-            slot: 3,
-            spec: LoadSpec {
-                keys: vec!["a/b".into()],
-                slice_len: 4096,
-                layers: vec![2, 0, 1],
-            },
-            targets: vec![control::LayerTarget {
-                layer: 2,
-                addr: 0x1000,
-                rkey: 9,
-                len: 4096,
-            }],
-        },
-        control::Msg::Done {
-            slot: 3,
-            failed: vec![(1, "boom".into())],
-            writes: 7,
-        },
-        control::Msg::Bye,
-    ];
-    let mut wire = Vec::new();
-    for m in &msgs {
-        control::send(&mut wire, m).unwrap();
-    }
-    let mut r = &wire[..];
-    for m in &msgs {
-        assert_eq!(control::recv(&mut r).unwrap().as_ref(), Some(m));
-    }
-    assert_eq!(control::recv(&mut r).unwrap(), None);
-    // cut inside a frame
-    let mut cut = &wire[..wire.len() - 1 - 4 - 5];
-    let mut last = Ok(None);
-    for _ in 0..4 {
-        last = control::recv(&mut cut);
-        if last.is_err() {
-            break;
-        }
-    }
-    assert!(last.is_err());
-    // oversized and non-JSON frames
-    let mut big = &(control::MAX_FRAME + 1).to_be_bytes()[..];
-    assert!(matches!(
-        control::recv(&mut big),
-        Err(RdmaError::Protocol(_))
-    ));
-    let mut bad = Vec::from(3u32.to_be_bytes());
-    bad.extend_from_slice(b"xyz");
-    assert!(matches!(
-        control::recv(&mut &bad[..]),
-        Err(RdmaError::Protocol(_))
-    ));
 }
