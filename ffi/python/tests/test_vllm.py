@@ -174,24 +174,15 @@ class _Proc:
 class Replica(_Proc):
     """An offline `vllm.LLM` replica (vllm_replica.py)."""
 
-    def __init__(self, name, logdir, model, kv_transfer_config=None, apc=False, wait=True):
-        """Starts the replica and, with `wait`, waits until it is up (else call `wait_up`:
-        replicas started together start up side by side)."""
+    def __init__(self, name, logdir, model, kv_transfer_config=None, apc=False):
         cfg = {"model": model, "max_model_len": 4096, "apc": apc,
                "kv_transfer_config": kv_transfer_config, "extra": {"dtype": DTYPE}}
-        self.t0 = time.monotonic()
-        self.startup_s = None
+        t0 = time.monotonic()
         super().__init__(name, [sys.executable, str(HERE / "vllm_replica.py"), json.dumps(cfg)],
                          logdir)
-        if wait:
-            self.wait_up()
-
-    def wait_up(self):
-        """Waits for the replica's READY line (once)."""
-        if self.startup_s is None:
-            self.next_line(STARTUP_S)
-            self.startup_s = time.monotonic() - self.t0
-            print(f"{self.name}: vLLM up in {self.startup_s:.1f} s")
+        self.next_line(STARTUP_S)
+        self.startup_s = time.monotonic() - t0
+        print(f"{name}: vLLM up in {self.startup_s:.1f} s")
 
     def call(self, cmd, timeout=600):
         self.proc.stdin.write(json.dumps(cmd) + "\n")
@@ -548,32 +539,8 @@ def test_api_server_cross_replica_salts_concurrency_and_corruption(model, logdir
         srv.close()
 
 
-# The stores test_cross_replica_on_each_store loads from, each in a replica of its own.
-CROSS_STORES = ["server", "rgw", "v2"]
-
-
-@pytest.fixture(scope="module")
-def loaders(model, logdir, stores):
-    """The loading replicas of test_cross_replica_on_each_store, one per store, all started
-    at once so that their start-ups (about a minute each on two cores) overlap. A replica
-    looks its store up when asked to generate, after the saver's writes (the test asks for
-    `saved`). The RGW replica loads asynchronously (vLLM waits for the whole load between
-    steps), the others layer by layer inside the forward pass: both load paths run."""
-    rs = {}
-    try:
-        for store in CROSS_STORES:
-            if store in stores:
-                mode = "async" if store == "rgw" else "layerwise"
-                rs[store] = Replica(f"replica-{store}", logdir, model, wait=False,
-                                    kv_transfer_config=connector(stores[store], load_mode=mode))
-        yield rs
-    finally:
-        for r in rs.values():
-            r.close()
-
-
-@pytest.mark.parametrize("store", CROSS_STORES)
-def test_cross_replica_on_each_store(model, logdir, stores, baseline, saved, loaders, store):
+@pytest.mark.parametrize("store", ["server", "rgw", "v2"])
+def test_cross_replica_on_each_store(model, logdir, stores, baseline, saved, store):
     """B in a fresh replica loads the document's chunks that the saver wrote. On "v2" the
     saver wrote segment objects and the loading replica keeps the default format (version 1,
     which reads no segment markers itself): it places the chunks only from the markers its
@@ -585,12 +552,15 @@ def test_cross_replica_on_each_store(model, logdir, stores, baseline, saved, loa
         missing(f"no {store} store (set OBJECTCACHE_VLLM_RGW_URL; scripts/ceph-rgw/start.sh)")
     tok_a, tok_b = baseline["tokens"]
     hit_b = expected_hit(tok_a, tok_b)
+    # The RGW replica loads asynchronously (vLLM waits for the whole load between steps), the
+    # server replica layer by layer inside the forward pass: both load paths run.
+    mode = "async" if store == "rgw" else "layerwise"
     if store == "v2":
         root = pathlib.Path(stores["v2"][len("file://"):])
         assert list(root.rglob("seg/*")) and not data_objects(root), \
             "the v2 saver wrote chunk objects, or no segment"
-    r = loaders[store]
-    r.wait_up()
+    r = Replica(f"replica-{store}", logdir, model,
+                kv_transfer_config=connector(stores[store], load_mode=mode))
     try:
         out = r.generate([B])[0]
         # The same replica computing B itself (a salt nobody saved: a miss).
