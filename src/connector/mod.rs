@@ -174,12 +174,27 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Drop for Engine {
+    /// Stops the engine's runtime. Outside an async context the drop waits (up to
+    /// [`RUNTIME_STOP_WAIT`]) until the runtime's tasks are gone, so that a store shared with
+    /// a later engine ([`Engine::with_store`]) holds no pooled connection whose task is still
+    /// being torn down: such a connection takes a request and then fails it ("dispatch task
+    /// is gone", seen in CI with engines over one S3 store in turn). Inside an async context,
+    /// where blocking is not allowed, the runtime stops in the background.
     fn drop(&mut self) {
         if let Some(rt) = self.rt.take() {
-            rt.shutdown_background();
+            if tokio::runtime::Handle::try_current().is_ok() {
+                rt.shutdown_background();
+            } else {
+                rt.shutdown_timeout(RUNTIME_STOP_WAIT);
+            }
         }
     }
 }
+
+/// How long dropping an [`Engine`] outside an async context waits for its runtime to stop
+/// (seconds): its tasks are dropped at once; only a blocking read still in progress (a file
+/// read, a copy into device memory) can hold it this long.
+const RUNTIME_STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Engine {
     /// Opens the store named by `cfg.store` and starts the engine.
@@ -261,6 +276,12 @@ impl Engine {
     }
 
     /// Starts an engine over an already opened store (`cfg.store` is ignored).
+    ///
+    /// Engines may share one store, in turn or at once. An S3 store's pooled connections are
+    /// driven by the runtime of the engine that opened them: dropping an engine fails a
+    /// request that another engine is sending on such a connection at that moment (a miss
+    /// for a load's layers, an error for a save); engines used in turn are safe (see the
+    /// drop).
     ///
     /// # Errors
     /// [`Error::Io`] if the runtime cannot start; [`Error::Config`] for a bad namespace or an
