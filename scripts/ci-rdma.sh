@@ -3,10 +3,14 @@
 #
 # 1. installs the system packages (QEMU, busybox, kmod, cpio, rdma-core and the verbs
 #    headers, libclang for bindgen) when missing;
-# 2. builds the RDMA tests and tests/cuda_device.rs with `cargo test --release --features
-#    rdma-standalone,cuda --no-run` (the feature `rdma`, the standalone server that
-#    tests/rdma_loopback.rs drives, and `cuda`, which builds without CUDA): .ci/run's CUDA
-#    lane then runs cuda_device from this build instead of building the crate once more;
+# 2. builds the RDMA tests and tests/cuda_device.rs with `cargo test --release --workspace
+#    --features objectcache/rdma-standalone,objectcache/cuda --no-run` (the feature `rdma`,
+#    the standalone server that tests/rdma_loopback.rs drives, and `cuda`, which builds
+#    without CUDA): .ci/run's CUDA lane then runs cuda_device from this build instead of
+#    building the crate once more. `--workspace` makes cargo unify the dependencies' features
+#    over every member, as the test command's build does, so the dependencies built there
+#    are reused (built for the root package alone, about a hundred of them, the AWS SDK's
+#    among them, get other features and build again: 596 s instead of about 250 s cold);
 # 3. boots the soft-RoCE VM once (scripts/rxe-vm/run.sh: Debian's kernel under QEMU, rxe0 on
 #    loopback) and runs the RDMA test binaries (tests/rdma_*.rs) inside it, where
 #    OBJECTCACHE_REQUIRE_RDMA=1 turns any SKIP into a failure. The library's own unit tests
@@ -44,11 +48,11 @@ if [ "${1:-}" = "--prepare" ]; then
 fi
 
 features=rdma-standalone,cuda
-echo "ci-rdma: building tests with --features $features"
+echo "ci-rdma: building tests with --workspace --features objectcache/{$features}"
 json="$(mktemp)"; trap 'rm -f "$json"' EXIT
 targets=(--test cuda_device)
 for f in tests/rdma_*.rs; do targets+=(--test "$(basename "$f" .rs)"); done
-cargo test --release --features "$features" --no-run "${targets[@]}" --message-format=json-render-diagnostics > "$json"
+cargo test --release --workspace --features "objectcache/rdma-standalone,objectcache/cuda" --no-run "${targets[@]}" --message-format=json-render-diagnostics > "$json"
 # test executables: the integration tests named rdma_*
 exe() { sed -n 's/.*"executable":"\([^"]*\)".*/\1/p'; }
 mapfile -t rdma_tests < <(grep '"kind":\["test"\]' "$json" | grep -E '"name":"rdma_[A-Za-z0-9_]*"' | exe || true)
