@@ -175,7 +175,7 @@ impl std::fmt::Debug for Engine {
 
 impl Drop for Engine {
     /// Stops the engine's runtime. Outside an async context the drop waits (up to
-    /// [`RUNTIME_STOP_WAIT`]) until the runtime's tasks are gone, so that a store shared with
+    /// `RUNTIME_STOP_WAIT`, 2 s) until the runtime's tasks are gone, so that a store shared with
     /// a later engine ([`Engine::with_store`]) holds no pooled connection whose task is still
     /// being torn down: such a connection takes a request and then fails it ("dispatch task
     /// is gone", seen in CI with engines over one S3 store in turn). Inside an async context,
