@@ -372,6 +372,12 @@ size_t objectcache_struct_size(const char *name);
  *  calls leave it unchanged. Thread-local, so thread-safe. */
 const char *objectcache_last_error(void);
 
+/** The settings objectcache_engine_create() accepts, comma-separated without spaces, in
+ *  the library's order ("store,namespace,hash_algo,..."; docs/c-abi.md lists their
+ *  meanings); static, never freed. Bindings take their list of settings from here rather
+ *  than keeping a copy. Thread-safe. */
+const char *objectcache_config_keys(void);
+
 /** A static name for a status code ("OBJECTCACHE_ERR_CONFIG", ...; "unknown status" for
  *  others); never freed. Thread-safe. */
 const char *objectcache_status_name(objectcache_status status);

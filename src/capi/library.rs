@@ -32,6 +32,17 @@ pub unsafe extern "C" fn objectcache_struct_size(name: *const c_char) -> usize {
     .unwrap_or(0)
 }
 
+/// The settings `objectcache_engine_create` accepts ([`crate::connector::CONFIG_KEYS`]),
+/// comma-separated without spaces, as a static NUL-terminated string. See the header.
+#[no_mangle]
+pub extern "C" fn objectcache_config_keys() -> *const c_char {
+    static KEYS: LazyLock<CString> = LazyLock::new(|| {
+        CString::new(crate::connector::CONFIG_KEYS.join(","))
+            .expect("setting names hold no NUL byte")
+    });
+    catch_unwind(|| KEYS.as_ptr()).unwrap_or(c"".as_ptr())
+}
+
 /// Message of the calling thread's last error ("" if none). See the header.
 #[no_mangle]
 pub extern "C" fn objectcache_last_error() -> *const c_char {

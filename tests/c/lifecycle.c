@@ -243,6 +243,11 @@ int main(int argc, char **argv) {
     CHECK(strcmp(objectcache_status_name(OBJECTCACHE_ERR_CONFIG), "OBJECTCACHE_ERR_CONFIG") == 0,
           "status name");
     CHECK(strcmp(objectcache_status_name(9999), "unknown status") == 0, "unknown status name");
+    /* The settings list starts with the store and names every key this test passes. */
+    const char *known = objectcache_config_keys();
+    CHECK(strncmp(known, "store,namespace,", 16) == 0, "config keys: %s", known);
+    CHECK(strstr(known, ",load_timeout_ms,") && strstr(known, ",lookup_cache_ttl_ms,"),
+          "config keys: %s", known);
 
     /* ---- Engine creation, good and bad ---- */
     const char *keys[] = {"store", "namespace", "load_timeout_ms", "lookup_cache_ttl_ms"};

@@ -64,12 +64,14 @@ def test_unknown_setting_is_a_config_error_naming_it(tmp_path):
 
 
 def test_config_keys_are_the_librarys(tmp_path):
-    """CONFIG_KEYS (which the vLLM connector uses to route kv_connector_extra_config) lists
-    exactly the settings the library knows: its refusal of an unknown key names them all."""
+    """CONFIG_KEYS (which the vLLM connector uses to route kv_connector_extra_config; read
+    from the library's objectcache_config_keys) lists exactly the settings the library's
+    parser knows: its refusal of an unknown key names them all, in the same order."""
     with pytest.raises(oc.ConfigError) as e:
         oc.Engine(store=str(tmp_path), no_such_setting=1)
     known = e.value.message.split("known settings: ", 1)[1]
     assert [k.strip() for k in known.split(",")] == list(oc.CONFIG_KEYS)
+    assert oc.CONFIG_KEYS[:2] == ("store", "namespace") and "gather" in oc.CONFIG_KEYS
 
 
 def test_cpus_pins_the_engines_threads(tmp_path):

@@ -89,32 +89,10 @@ __all__ = [
 ]
 
 #: The settings ``Engine`` accepts: the names of the Rust ``EngineConfig`` (and of the C
-#: ABI's ``objectcache_engine_create``). Unknown names are refused by the library with
+#: ABI's ``objectcache_engine_create``), as the library lists them
+#: (``objectcache_config_keys``). Unknown names are refused by the library with
 #: :class:`ConfigError`, so this list is documentation, not a second check.
-CONFIG_KEYS = (
-    "store",
-    "namespace",
-    "hash_algo",
-    "window_bytes",
-    "max_requests",
-    "coalesce_bytes",
-    "lookup_fanout",
-    "lookup_cache_ttl_ms",
-    "load_timeout_ms",
-    "load_min_rate_bytes_per_s",
-    "stall_timeout_ms",
-    "save_concurrency",
-    "worker_threads",
-    "cpus",
-    "gather",
-    "gather_streams",
-    "single_flight",
-    "transport",
-    "scheduler",
-    "bandwidth_cap_bytes_per_s",
-    "save_format",
-    "segment_max_bytes",
-)
+CONFIG_KEYS = tuple(lib.objectcache_config_keys().decode().split(","))
 
 
 # ---- Memory ----------------------------------------------------------------------------------

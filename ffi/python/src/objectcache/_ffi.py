@@ -226,6 +226,7 @@ _P = POINTER
 _PROTOTYPES = {
     "objectcache_abi_version": (c_uint32, []),
     "objectcache_version": (c_char_p, []),
+    "objectcache_config_keys": (c_char_p, []),
     "objectcache_struct_size": (c_size_t, [c_char_p]),
     "objectcache_last_error": (c_char_p, []),
     "objectcache_status_name": (c_char_p, [status]),
