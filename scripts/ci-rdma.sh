@@ -10,7 +10,8 @@
 #    building the crate once more. `--workspace` makes cargo unify the dependencies' features
 #    over every member, as the test command's build does, so the dependencies built there
 #    are reused (built for the root package alone, about a hundred of them, the AWS SDK's
-#    among them, get other features and build again: 596 s instead of about 250 s cold);
+#    among them, get other features and build again: in cold CI dry runs this build took
+#    596 s that way, 192-211 s this way);
 # 3. boots the soft-RoCE VM once (scripts/rxe-vm/run.sh: Debian's kernel under QEMU, rxe0 on
 #    loopback) and runs the RDMA test binaries (tests/rdma_*.rs) inside it, where
 #    OBJECTCACHE_REQUIRE_RDMA=1 turns any SKIP into a failure. The library's own unit tests
@@ -48,11 +49,13 @@ if [ "${1:-}" = "--prepare" ]; then
 fi
 
 features=rdma-standalone,cuda
-echo "ci-rdma: building tests with --workspace --features objectcache/{$features}"
+# The same features named for the whole workspace (`objectcache/<feature>` each).
+ws_features="objectcache/${features//,/,objectcache/}"
+echo "ci-rdma: building tests with --workspace --features $ws_features"
 json="$(mktemp)"; trap 'rm -f "$json"' EXIT
 targets=(--test cuda_device)
 for f in tests/rdma_*.rs; do targets+=(--test "$(basename "$f" .rs)"); done
-cargo test --release --workspace --features "objectcache/rdma-standalone,objectcache/cuda" --no-run "${targets[@]}" --message-format=json-render-diagnostics > "$json"
+cargo test --release --workspace --features "$ws_features" --no-run "${targets[@]}" --message-format=json-render-diagnostics > "$json"
 # test executables: the integration tests named rdma_*
 exe() { sed -n 's/.*"executable":"\([^"]*\)".*/\1/p'; }
 mapfile -t rdma_tests < <(grep '"kind":\["test"\]' "$json" | grep -E '"name":"rdma_[A-Za-z0-9_]*"' | exe || true)
