@@ -10,7 +10,12 @@
 //! What it does *not* do: run the model, manage GPU memory pools, or decide eviction inside the
 //! engine. It stores, finds and delivers KV bytes; the engine owns compute.
 //!
-//! ## Layers of the crate (see `docs/architecture.md`)
+//! ## Crates by level (see `docs/architecture.md`)
+//! This crate is the façade over the workspace's crates, re-exporting them at these paths:
+//! `objectcache-core` (the pure core), `objectcache-client` (shells and connector, the C ABI)
+//! and `objectcache-server` (feature `server`). It holds the command line (`cli`) and builds
+//! the C library (`libobjectcache`, cdylib and staticlib) from the client's exports.
+//!
 //! - **pure core** (no I/O, no clock): [`layout`] (geometry, object format, keys, read planning),
 //!   [`hash`] (vLLM-compatible block hashes), [`protocol`] (gather wire format),
 //!   [`sched`] (bandwidth scheduling, compute model, planner), [`sim`] (discrete-event simulator);
@@ -21,17 +26,14 @@
 #![warn(missing_docs)]
 #![deny(unsafe_code)]
 
-pub mod capi;
 #[cfg(feature = "cli")]
 pub mod cli;
-pub mod connector;
+#[cfg(feature = "server")]
+pub use objectcache_server as server;
+
 #[cfg(feature = "cuda")]
-pub mod cuda;
-pub mod lifecycle;
-pub(crate) mod link;
-pub mod server;
-pub mod store;
-pub mod transport;
+pub use objectcache_client::cuda;
+pub use objectcache_client::{capi, conformance_tests, connector, lifecycle, store, transport};
 
 pub use objectcache_core::{error, hash, layout, protocol, sched, sim};
 

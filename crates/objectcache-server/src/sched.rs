@@ -102,16 +102,16 @@ impl LoadScheduler for Priority {
 }
 
 /// The admission policy of the `scheduler` setting `name`
-/// ([`crate::sched::SchedulerSetting`]): [`Priority`] for `priority`, [`Fifo`] for the others;
+/// ([`objectcache_client::sched::SchedulerSetting`]): [`Priority`] for `priority`, [`Fifo`] for the others;
 /// `None` for an unknown name.
 pub fn by_name(name: &str) -> Option<Box<dyn LoadScheduler>> {
-    crate::sched::SchedulerSetting::parse(name)
+    objectcache_client::sched::SchedulerSetting::parse(name)
         .ok()
         .map(admission)
 }
 
 /// The admission policy of a parsed `scheduler` setting: [`Priority`] or [`Fifo`].
-pub fn admission(s: crate::sched::SchedulerSetting) -> Box<dyn LoadScheduler> {
+pub fn admission(s: objectcache_client::sched::SchedulerSetting) -> Box<dyn LoadScheduler> {
     if s.priority_admission {
         Box::<Priority>::default()
     } else {
@@ -120,9 +120,9 @@ pub fn admission(s: crate::sched::SchedulerSetting) -> Box<dyn LoadScheduler> {
 }
 
 /// The bandwidth-sharing policy of the `scheduler` setting `name` (used under a bandwidth
-/// cap; [`crate::sched::SchedulerSetting`]); `None` for an unknown name.
-pub fn link_policy(name: &str) -> Option<crate::sched::PolicyKind> {
-    crate::sched::SchedulerSetting::parse(name)
+/// cap; [`objectcache_client::sched::SchedulerSetting`]); `None` for an unknown name.
+pub fn link_policy(name: &str) -> Option<objectcache_client::sched::PolicyKind> {
+    objectcache_client::sched::SchedulerSetting::parse(name)
         .ok()
         .map(|s| s.policy)
 }
@@ -154,7 +154,7 @@ mod tests {
     }
     #[test]
     fn scheduler_names() {
-        use crate::sched::PolicyKind as K;
+        use objectcache_client::sched::PolicyKind as K;
         for (n, adm, k) in [
             ("fifo", "fifo", K::Fifo),
             ("priority", "priority", K::Fifo),

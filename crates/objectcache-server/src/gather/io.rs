@@ -2,9 +2,9 @@
 //! client's progress floor, vectored writes of buffers, `sendfile(2)` of file ranges.
 
 use super::fetch::Part;
-use crate::server::budget::Hold;
-use crate::server::conn::RateFloor;
-use crate::server::{Abort, Shared};
+use crate::budget::Hold;
+use crate::conn::RateFloor;
+use crate::{Abort, Shared};
 
 use crate::protocol::{ErrorCode, ServerConnection, ServerEvent};
 use bytes::{Bytes, BytesMut};

@@ -1,6 +1,7 @@
 //! The client engine: save, lookup and layer-ordered load of prefix KV cache.
 //!
 //! ```no_run
+//! # extern crate objectcache_client as objectcache; // users name the façade crate
 //! use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadRequest};
 //! use objectcache::hash::{chunk_hashes, HashParams};
 //! use objectcache::KvGeometry;

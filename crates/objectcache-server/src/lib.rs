@@ -11,11 +11,24 @@
 //! with [`ServerHandle::shutdown`], which stops accepting, lets loads in flight finish for
 //! `shutdown_grace_secs`, then aborts them with a `ShuttingDown` error frame.
 //!
-//! Built with feature `server` (on by default).
+//! This crate (`objectcache-server`) sits above the client crate (`objectcache-client`) and
+//! uses its stores, lifecycle and transports; nothing below it can use the server. The façade
+//! crate `objectcache` re-exports it as `objectcache::server` (feature `server`, on by
+//! default).
 //!
 //! Here: the state every connection shares, load admission and the [`ServerHandle`]; starting
 //! in `start.rs`, the accept loop in `accept.rs`, the HTTP side in `http.rs`.
-#![cfg(feature = "server")]
+#![warn(missing_docs)]
+#![deny(unsafe_code)]
+
+// The client's modules at the crate root, as they were when the server was a module beside
+// them (`crate::store`, `crate::protocol`, ...). The scheduler of the core is
+// `objectcache_client::sched`: this crate's own `sched` is the server's load admission.
+#[cfg(feature = "rdma")]
+use objectcache_client::transport;
+use objectcache_client::{
+    error, layout, lifecycle, link, protocol, store, Error, Result, StoreError,
+};
 
 mod accept;
 mod budget;

@@ -66,7 +66,7 @@ impl State {
 
 /// One link scheduler (module docs): one server's NIC or one engine's NIC share. Cheap to
 /// share behind an [`Arc`].
-pub(crate) struct Link {
+pub struct Link {
     epoch: Instant,
     st: Mutex<State>,
     changed: watch::Sender<u64>,
@@ -88,7 +88,7 @@ impl Link {
     ///
     /// # Errors
     /// [`crate::Error::InvalidArgument`] unless `cap` is finite and > 0.
-    pub(crate) fn new(policy: PolicyKind, cap: f64) -> crate::Result<Arc<Self>> {
+    pub fn new(policy: PolicyKind, cap: f64) -> crate::Result<Arc<Self>> {
         // The scheduler's own token bucket is unused here (units are paced by credit), but it
         // needs a burst > 0: one second of the cap.
         let sched = Scheduler::new(policy.build(), cap, cap, 0.0)?;
@@ -123,7 +123,7 @@ impl Link {
     ///
     /// # Errors
     /// [`crate::Error::InvalidArgument`] if there are no layers.
-    pub(crate) fn register(
+    pub fn register(
         self: &Arc<Self>,
         layer_bytes: Vec<u64>,
         hints: &SchedHints,
@@ -143,9 +143,8 @@ impl Link {
 }
 
 impl Link {
-    /// Loads registered now (tests of the link's users).
-    #[cfg(test)]
-    pub(crate) fn loads(&self) -> usize {
+    /// Loads registered now (what the server's tests check of load groups).
+    pub fn loads(&self) -> usize {
         self.st.lock().expect("link lock").sched.loads().len()
     }
 }
@@ -193,10 +192,10 @@ pub(crate) fn spec_of(now: f64, layer_bytes: Vec<u64>, hints: &SchedHints) -> Lo
 /// --requests 1 --prefix-chunks 16 --cap C` (one 16-chunk SmolLM2-135M load alone, 2-core
 /// machine). Keeping one unit, the load took 4.4-10% longer than bytes/cap at 200 MB/s and
 /// 28-51% at 400 MB/s; keeping 20 ms, 0.2-0.7% at both (50 ms and 200 ms gave the same).
-pub(crate) const PACE_CATCH_UP_S: f64 = 0.020;
+pub const PACE_CATCH_UP_S: f64 = 0.020;
 
 /// A registered load; dropping it is the load's departure (end or cancel).
-pub(crate) struct LinkLoad {
+pub struct LinkLoad {
     link: Arc<Link>,
     id: LoadId,
 }
@@ -204,7 +203,7 @@ pub(crate) struct LinkLoad {
 impl LinkLoad {
     /// Waits until this load may send a unit of `bytes` bytes (its credit covers it), then
     /// spends the credit. Cancel-safe: dropping the future spends nothing.
-    pub(crate) async fn pace(&self, bytes: u64) {
+    pub async fn pace(&self, bytes: u64) {
         let need = bytes as f64;
         let mut rx = self.link.changed.subscribe();
         let mut first = true;
@@ -250,7 +249,7 @@ impl LinkLoad {
 
     /// `bytes` of this load were written to the socket (the scheduler's progress; completing
     /// a layer re-plans).
-    pub(crate) fn sent(&self, bytes: u64) {
+    pub fn sent(&self, bytes: u64) {
         let now = self.link.now();
         let mut st = self.link.st.lock().expect("link lock");
         self.link.replanned(&mut st, now);

@@ -226,7 +226,7 @@ mod tests {
     use super::*;
     use crate::layout::{ChunkHash, HashAlgo, KeyBuilder, KvGeometry};
     use crate::protocol::LoadGroup;
-    use crate::sched::PolicyKind;
+    use objectcache_client::sched::PolicyKind;
 
     fn stripe(load_id: u64, i: u16, n: u16) -> GatherRequest {
         let g = KvGeometry::smollm2_135m();

@@ -70,7 +70,9 @@ pub async fn start_with_store(
     let metrics = Arc::new(Metrics::new());
     let listener = TcpListener::bind(cfg.listen).await?;
     let addr = listener.local_addr()?;
-    let queue = sched::admission(crate::sched::SchedulerSetting::parse(&cfg.scheduler)?);
+    let queue = sched::admission(objectcache_client::sched::SchedulerSetting::parse(
+        &cfg.scheduler,
+    )?);
     let link = shared_link(&cfg)?;
     let memory = Arc::new(Semaphore::new(
         gather::permits_for(cfg.memory_budget_bytes) as usize
@@ -203,7 +205,7 @@ fn shared_link(cfg: &ServerConfig) -> crate::Result<Option<Arc<crate::link::Link
     if cfg.bandwidth_cap_bytes_per_s == 0 {
         return Ok(None);
     }
-    let kind = crate::sched::SchedulerSetting::parse(&cfg.scheduler)?.policy;
+    let kind = objectcache_client::sched::SchedulerSetting::parse(&cfg.scheduler)?.policy;
     Ok(Some(crate::link::Link::new(
         kind,
         cfg.bandwidth_cap_bytes_per_s as f64,

@@ -4,7 +4,7 @@
 
 use super::objects::{miss_of, LoadObjects};
 use super::permits_for;
-use crate::server::Shared;
+use crate::Shared;
 
 use crate::layout::{ChunkHeader, HEADER_LEN};
 use crate::protocol::{MissReason, PieceMiss, PieceRead, UnitPlan};

@@ -3,7 +3,7 @@
 
 use super::fetch::AbortOnDrop;
 use super::io::{Io, ReadWait};
-use crate::server::{Abort, Shared};
+use crate::{Abort, Shared};
 
 use crate::error::StoreError;
 use crate::layout::{ChunkHeader, HEADER_LEN};

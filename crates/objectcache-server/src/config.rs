@@ -272,7 +272,7 @@ impl ServerConfig {
                 self.max_chunks
             ));
         }
-        crate::sched::SchedulerSetting::parse(&self.scheduler)?;
+        objectcache_client::sched::SchedulerSetting::parse(&self.scheduler)?;
         if !["text", "json"].contains(&self.log_format.as_str()) {
             return bad(format!(
                 "log_format {:?}: use text or json",
@@ -292,7 +292,7 @@ mod tests {
         let mut c = ServerConfig::default();
         c.access_keys
             .push(AccessKey::parse("AKOPERATOR:opsecret-123456").unwrap());
-        c.tenants.push(crate::server::tenant::TenantConfig {
+        c.tenants.push(crate::tenant::TenantConfig {
             access_key: "AKTENANT".into(),
             secret_key: "tenantsecret-654321".into(),
             namespace: "team-a".into(),

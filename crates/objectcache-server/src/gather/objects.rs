@@ -6,8 +6,8 @@
 use crate::error::StoreError;
 use crate::layout::{slice_range, ChunkHash, SegmentHeader, SegmentLayout};
 use crate::protocol::{ChunkKeys, GatherRequest, MissReason, PieceMiss, WireGeometry};
-use crate::server::Shared;
 use crate::store::GetOptions;
+use crate::Shared;
 use std::ops::Range;
 
 /// The miss that a store error on chunk `chunk` is reported as: not found, a range past the

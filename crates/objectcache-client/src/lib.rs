@@ -1,0 +1,34 @@
+//! # objectcache-client
+//!
+//! The client side of ObjectCache over the pure core (`objectcache-core`): the stores, the
+//! transports, the link scheduler's tokio shell, the connector engine (save, lookup, layer-
+//! ordered load), the lifecycle passes and the C ABI. It does not contain the server; the
+//! compiler keeps it that way (the server is the crate `objectcache-server`, above this one).
+//! Users depend on the façade crate `objectcache`, which re-exports this crate at the same paths
+//! (`objectcache::connector::Engine`, `objectcache::KvGeometry`, ...); see
+//! `docs/architecture.md`.
+//!
+//! - **pure core**, re-exported: [`layout`], [`hash`], [`protocol`], [`sched`], [`sim`],
+//!   [`error`];
+//! - **shells** (I/O): [`store`] (one trait, many backends), [`transport`] (TCP, RDMA drivers),
+//!   `link` (pacing by credit), `cuda` (feature `cuda`);
+//! - **composition**: [`connector`] (the client engine), [`lifecycle`] (GC, TTL, eviction);
+//! - **edge**: [`capi`] (the C ABI's `extern "C"` exports, built into `libobjectcache` by the
+//!   façade crate).
+#![warn(missing_docs)]
+#![deny(unsafe_code)]
+
+pub mod capi;
+pub mod connector;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod lifecycle;
+#[doc(hidden)]
+pub mod link;
+pub mod store;
+pub mod transport;
+
+pub use objectcache_core::{error, hash, layout, protocol, sched, sim};
+
+pub use error::{Error, LayerError, Result, StoreError};
+pub use layout::{ChunkHash, Dtype, HashAlgo, KvGeometry, KvLayout};
