@@ -1,6 +1,7 @@
 //! Load admission: which waiting load is served next when a slot frees. Policies implement
 //! [`LoadScheduler`]; [`Fifo`] and [`Priority`] are built in.
 
+use objectcache_client::sched::{PolicyKind, SchedulerSetting};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
@@ -102,16 +103,14 @@ impl LoadScheduler for Priority {
 }
 
 /// The admission policy of the `scheduler` setting `name`
-/// ([`objectcache_client::sched::SchedulerSetting`]): [`Priority`] for `priority`, [`Fifo`] for the others;
+/// ([`SchedulerSetting`]): [`Priority`] for `priority`, [`Fifo`] for the others;
 /// `None` for an unknown name.
 pub fn by_name(name: &str) -> Option<Box<dyn LoadScheduler>> {
-    objectcache_client::sched::SchedulerSetting::parse(name)
-        .ok()
-        .map(admission)
+    SchedulerSetting::parse(name).ok().map(admission)
 }
 
 /// The admission policy of a parsed `scheduler` setting: [`Priority`] or [`Fifo`].
-pub fn admission(s: objectcache_client::sched::SchedulerSetting) -> Box<dyn LoadScheduler> {
+pub fn admission(s: SchedulerSetting) -> Box<dyn LoadScheduler> {
     if s.priority_admission {
         Box::<Priority>::default()
     } else {
@@ -120,11 +119,9 @@ pub fn admission(s: objectcache_client::sched::SchedulerSetting) -> Box<dyn Load
 }
 
 /// The bandwidth-sharing policy of the `scheduler` setting `name` (used under a bandwidth
-/// cap; [`objectcache_client::sched::SchedulerSetting`]); `None` for an unknown name.
-pub fn link_policy(name: &str) -> Option<objectcache_client::sched::PolicyKind> {
-    objectcache_client::sched::SchedulerSetting::parse(name)
-        .ok()
-        .map(|s| s.policy)
+/// cap; [`SchedulerSetting`]); `None` for an unknown name.
+pub fn link_policy(name: &str) -> Option<PolicyKind> {
+    SchedulerSetting::parse(name).ok().map(|s| s.policy)
 }
 
 #[cfg(test)]
@@ -154,7 +151,7 @@ mod tests {
     }
     #[test]
     fn scheduler_names() {
-        use objectcache_client::sched::PolicyKind as K;
+        use PolicyKind as K;
         for (n, adm, k) in [
             ("fifo", "fifo", K::Fifo),
             ("priority", "priority", K::Fifo),

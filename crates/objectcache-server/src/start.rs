@@ -8,6 +8,7 @@ use super::s3::{Buckets, S3Frontend};
 use super::{budget, conn, gather, group, reads, sched, tenant, tls};
 use super::{Admission, ServerConfig, ServerHandle, Shared, S3_READ_LEASE};
 use crate::store::{FsStore, FsyncPolicy, MemoryStore, Store};
+use objectcache_client::sched::SchedulerSetting;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -70,9 +71,7 @@ pub async fn start_with_store(
     let metrics = Arc::new(Metrics::new());
     let listener = TcpListener::bind(cfg.listen).await?;
     let addr = listener.local_addr()?;
-    let queue = sched::admission(objectcache_client::sched::SchedulerSetting::parse(
-        &cfg.scheduler,
-    )?);
+    let queue = sched::admission(SchedulerSetting::parse(&cfg.scheduler)?);
     let link = shared_link(&cfg)?;
     let memory = Arc::new(Semaphore::new(
         gather::permits_for(cfg.memory_budget_bytes) as usize
@@ -205,7 +204,7 @@ fn shared_link(cfg: &ServerConfig) -> crate::Result<Option<Arc<crate::link::Link
     if cfg.bandwidth_cap_bytes_per_s == 0 {
         return Ok(None);
     }
-    let kind = objectcache_client::sched::SchedulerSetting::parse(&cfg.scheduler)?.policy;
+    let kind = SchedulerSetting::parse(&cfg.scheduler)?.policy;
     Ok(Some(crate::link::Link::new(
         kind,
         cfg.bandwidth_cap_bytes_per_s as f64,

@@ -34,10 +34,10 @@ pub struct TenantConfig {
     /// starting with `.`, `_` or `-`; unique among tenants.
     pub namespace: String,
     /// The cache salt this tenant's serving engine puts into its chunk hashes (vLLM's
-    /// `cache_salt`; [`objectcache_client::hash::HashParams::with_salt`]), so equal prompts of two tenants
-    /// never share a key, and one tenant cannot learn from timing whether another cached a
-    /// prompt. The server never sees tokens; it records the salt so that one file holds a
-    /// tenant's whole setup.
+    /// `cache_salt`; [`objectcache_client::hash::HashParams::with_salt`]), so equal prompts
+    /// of two tenants never share a key, and one tenant cannot learn from timing whether
+    /// another cached a prompt. The server never sees tokens; it records the salt so that one
+    /// file holds a tenant's whole setup.
     #[serde(default)]
     pub salt: Option<String>,
 }
