@@ -18,11 +18,16 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 async fn s3_client(endpoint: &str, bucket: &str, secret: &str) -> S3Store {
+    s3_client_tries(endpoint, bucket, secret, 1).await
+}
+
+/// [`s3_client`] trying each request up to `max_attempts` times.
+async fn s3_client_tries(endpoint: &str, bucket: &str, secret: &str, max_attempts: u32) -> S3Store {
     let mut cfg = S3Config::new(bucket);
     cfg.endpoint = Some(endpoint.to_string());
     cfg.region = Some("us-east-1".into());
     cfg.addressing = Some(Addressing::Path);
-    cfg.max_attempts = 1;
+    cfg.max_attempts = max_attempts;
     cfg.credentials = S3Credentials::Static {
         access_key: ACCESS.into(),
         secret_key: secret.into(),
@@ -34,13 +39,44 @@ async fn s3_client(endpoint: &str, bucket: &str, secret: &str) -> S3Store {
 /// A server in-process (kept running for the rest of the test) and an S3 client on it.
 async fn served() -> Option<(S3Store, String)> {
     let server = start(Arc::new(MemoryStore::new()), config()).await;
-    let s = s3_client(&server.endpoint(), BUCKET, SECRET).await;
+    // Two attempts, so that ranged reads into place (`range_body`) are offered.
+    let s = s3_client_tries(&server.endpoint(), BUCKET, SECRET, 2).await;
     std::mem::forget(server);
     Some((s, "conf".to_string()))
 }
 
 mod conformance_through_server {
     objectcache::conformance_tests!(super::served());
+}
+
+/// Our server's S3 API answers presigned ranged GETs, so a load's bodies are read into place
+/// (`Store::get_range_body`), on both of its backends' GET bodies (pieces of the object in
+/// memory, and a file's mapped pages).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn presigned_ranged_gets_are_read_into_place() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let fs = Arc::new(FsStore::new(dir.path(), FsyncPolicy::Never).expect("store"));
+    for backend in [Arc::new(MemoryStore::new()) as Arc<dyn Store>, fs] {
+        let server = start(backend, config()).await;
+        // The direct path needs a second attempt to fall back on (`S3Config::max_attempts`).
+        let s = s3_client_tries(&server.endpoint(), BUCKET, SECRET, 2).await;
+        let d: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        s.put("direct/obj", d.clone().into()).await.unwrap();
+        for r in [0..200_000u64, 3..70_003] {
+            let mut b = s
+                .get_range_body("direct/obj", r.clone())
+                .await
+                .unwrap()
+                .expect("the server declined a presigned ranged GET");
+            let mut got = vec![0u8; (r.end - r.start) as usize];
+            let mut at = 0;
+            while at < got.len() {
+                at += b.read(&mut got[at..]).await.unwrap();
+            }
+            assert!(got == d[r.start as usize..r.end as usize], "range {r:?}");
+        }
+        server.shutdown().await;
+    }
 }
 
 /// The conformance suite through a server on the filesystem backend: its GET bodies are the

@@ -51,6 +51,12 @@ pub struct TransferArgs {
     /// directory (the server's default backend).
     #[arg(long, conflicts_with = "store")]
     server_backend: Option<String>,
+    /// How the ranged-GET paths read bodies: `place` (the default: at a plain-`http://`
+    /// endpoint each GET is presigned and its body read from the socket straight into the
+    /// destination) or `sdk` (through the AWS SDK's HTTP client, then copied into place;
+    /// the store URL's `read_into_place=false`), to compare the two on one machine.
+    #[arg(long, default_value = "place", value_parser = ["place", "sdk"])]
+    s3_bodies: String,
     /// Access key for `--store` (default `$AWS_ACCESS_KEY_ID`).
     #[arg(long, env = "AWS_ACCESS_KEY_ID", default_value = "bench")]
     access_key: String,

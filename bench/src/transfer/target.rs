@@ -89,6 +89,7 @@ pub(super) async fn s3_store(
     // Ceph RGW on one disk takes longer than the store's default 60 s per attempt for that.
     // Loads are measured, not saves: the limits only keep a dead server from hanging the run.
     cfg.attempt_timeout = std::time::Duration::from_secs(600);
+    cfg.read_into_place = args.s3_bodies == "place";
     cfg.operation_timeout = std::time::Duration::from_secs(1200);
     cfg.credentials = S3Credentials::Static {
         access_key: args.access_key.clone(),

@@ -5,7 +5,7 @@ use super::{classify_key, AccessLog, LeaseTable, ObjectKind};
 use crate::error::StoreError;
 use crate::store::{
     ByteStream, EndpointEvent, GatherTarget, GetOptions, GetResult, LocalObject, ObjectMeta,
-    PartialWrite, PutOptions, PutResult, Store,
+    PartialWrite, PutOptions, PutResult, RangeBody, Store,
 };
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -81,6 +81,14 @@ impl Store for TrackedStore {
             self.note(key);
         }
         r
+    }
+    async fn get_range_body(
+        &self,
+        key: &str,
+        range: std::ops::Range<u64>,
+    ) -> Result<Option<RangeBody>, StoreError> {
+        self.note(key);
+        self.inner.get_range_body(key, range).await
     }
     async fn get_opts(&self, key: &str, opts: GetOptions) -> Result<GetResult, StoreError> {
         self.note(key);

@@ -14,6 +14,7 @@ use futures::StreamExt;
 pub const CASES: &[&str] = &[
     "put_get_round_trip",
     "ranged_get",
+    "range_body",
     "invalid_range",
     "missing_key",
     "overwrite",
@@ -68,6 +69,53 @@ pub async fn ranged_get(s: &dyn Store, p: &str) {
         .unwrap();
     assert_eq!(g.meta.size, 10_000);
     assert_eq!(g.range, 10..20);
+}
+
+/// A ranged read into the caller's buffers ([`Store::get_range_body`]), where the backend
+/// offers one, holds exactly the range's bytes, through reads of any size, then ends (0);
+/// a body dropped before its end leaves nothing for the next read to trip on (its
+/// connection is not reused half-read), and one read to its end lets the next reads reuse
+/// what it leaves. A missing object is never a body: the caller's get names the error.
+pub async fn range_body(s: &dyn Store, p: &str) {
+    let k = format!("{p}/rangebody/obj");
+    let n = 300_000u64;
+    let d = pattern(n as usize, 5);
+    s.put(&k, d.clone()).await.unwrap();
+    // Small and large reads in turn (a CRC trailer, then slice bytes).
+    async fn read_all(b: &mut super::RangeBody) -> Vec<u8> {
+        let (mut got, mut buf) = (Vec::new(), vec![0u8; 100 << 10]);
+        for turn in 0.. {
+            let want = if turn % 2 == 0 { 7 } else { buf.len() };
+            match b.read(&mut buf[..want]).await.unwrap() {
+                0 => break,
+                m => got.extend_from_slice(&buf[..m]),
+            }
+        }
+        got
+    }
+    let ranges = [0..1, 0..n, 5..6, 70_000..200_001, n - 3..n];
+    for (i, r) in ranges.iter().cycle().take(15).enumerate() {
+        let Some(mut b) = s.get_range_body(&k, r.clone()).await.unwrap() else {
+            return;
+        };
+        assert_eq!((b.meta.size, b.range.clone()), (n, r.clone()), "read {i}");
+        if i == 3 {
+            // Dropped part way.
+            let mut two = [0u8; 2];
+            assert_eq!(b.read(&mut two).await.unwrap(), 2);
+            assert_eq!(two[..], d[r.start as usize..r.start as usize + 2]);
+            continue;
+        }
+        let got = read_all(&mut b).await;
+        assert!(
+            got == d[r.start as usize..r.end as usize],
+            "read {i}: range {r:?}"
+        );
+        assert_eq!(b.remaining(), 0);
+    }
+    let missing = format!("{p}/rangebody/missing");
+    let r = s.get_range_body(&missing, 0..10).await;
+    assert!(!matches!(r, Ok(Some(_))), "a missing object gave a body");
 }
 
 /// A range past the end is an error, not a short read.
@@ -248,8 +296,9 @@ pub async fn local_file(s: &dyn Store, p: &str) {
 }
 
 /// A wrapper store (one that holds another, such as [`crate::lifecycle::TrackedStore`]) keeps
-/// the wrapped store's data paths: the same gather targets and routes, and local files where
-/// the wrapped store has them. The trait's defaults answer "none" for these, so a wrapper that
+/// the wrapped store's data paths: the same gather targets and routes, local files where the
+/// wrapped store has them, and bodies read into place ([`Store::get_range_body`]) where it
+/// offers them. The trait's defaults answer "none" for these, so a wrapper that
 /// does not forward them silently turns sendfile and gather off. Not in [`CASES`]: it takes the
 /// wrapped store and its wrapper.
 pub async fn wrapper_forwards(inner: &dyn Store, wrapper: &dyn Store, p: &str) {
@@ -280,6 +329,12 @@ pub async fn wrapper_forwards(inner: &dyn Store, wrapper: &dyn Store, p: &str) {
         wrapper.open_local_blocking(&k).unwrap().is_some(),
         direct,
         "{}: open_local_blocking through the wrapper",
+        inner.name()
+    );
+    assert_eq!(
+        wrapper.get_range_body(&k, 0..16).await.unwrap().is_some(),
+        inner.get_range_body(&k, 0..16).await.unwrap().is_some(),
+        "{}: get_range_body through the wrapper",
         inner.name()
     );
 }
@@ -356,6 +411,7 @@ pub async fn put_stream(s: &dyn Store, p: &str) {
 pub async fn run_all(s: &dyn Store, p: &str) {
     put_get_round_trip(s, p).await;
     ranged_get(s, p).await;
+    range_body(s, p).await;
     invalid_range(s, p).await;
     missing_key(s, p).await;
     overwrite(s, p).await;
@@ -378,7 +434,7 @@ pub async fn run_all(s: &dyn Store, p: &str) {
 #[macro_export]
 macro_rules! conformance_tests {
     ($make:expr) => {
-        $crate::conformance_tests!(@cases $make; put_get_round_trip, ranged_get, invalid_range, missing_key,
+        $crate::conformance_tests!(@cases $make; put_get_round_trip, ranged_get, range_body, invalid_range, missing_key,
             overwrite, put_if_absent, head_meta, delete_idempotent, list_prefix, list_pagination, bad_keys,
             large_object, local_file, put_stream);
     };

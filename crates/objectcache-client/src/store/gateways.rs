@@ -20,7 +20,7 @@
 
 use super::{
     EndpointEvent, GatherTarget, GetOptions, GetResult, ObjectMeta, PutOptions, PutResult,
-    S3Config, S3Store, Store,
+    RangeBody, S3Config, S3Store, Store,
 };
 use crate::error::StoreError;
 use crate::sched::placement::{self, Candidate, Placement};
@@ -477,6 +477,18 @@ impl Store for GatewayStore {
                     .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
             }
         }
+    }
+
+    async fn get_range_body(
+        &self,
+        key: &str,
+        range: std::ops::Range<u64>,
+    ) -> Result<Option<RangeBody>, StoreError> {
+        self.run(key, |s| {
+            let range = range.clone();
+            async move { s.get_range_body(key, range).await }
+        })
+        .await
     }
 
     async fn get_opts(&self, key: &str, opts: GetOptions) -> Result<GetResult, StoreError> {

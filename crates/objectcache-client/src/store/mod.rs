@@ -12,6 +12,7 @@ mod fs;
 #[cfg(feature = "s3")]
 mod gateways;
 mod memory;
+mod range_body;
 #[cfg(feature = "s3")]
 mod s3;
 mod url;
@@ -20,6 +21,7 @@ pub use fs::{FsStore, FsyncPolicy};
 #[cfg(feature = "s3")]
 pub use gateways::{EndpointStatus, GatewayOptions, GatewayStore};
 pub use memory::MemoryStore;
+pub use range_body::{RangeBody, RangeRead};
 #[cfg(feature = "s3")]
 pub use s3::{Addressing, S3Config, S3Credentials, S3Store};
 #[cfg(feature = "s3")]
@@ -295,6 +297,24 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// As [`Store::open_local`].
     fn open_local_blocking(&self, key: &str) -> Result<Option<LocalObject>, StoreError> {
         let _ = key;
+        Ok(None)
+    }
+
+    /// Starts a ranged read whose bytes the caller reads into its own memory
+    /// ([`RangeBody::read`]), for backends that can (the S3 backend at a plain-`http://`
+    /// endpoint reads the response body straight from its connection); `Ok(None)` where the
+    /// backend cannot, or declines this one read (the default), and the caller reads with
+    /// [`Store::get_opts`] instead, which names any error. `range` is not empty.
+    ///
+    /// # Errors
+    /// [`StoreError::InvalidKey`]; a backend may also return its errors here, as
+    /// [`Store::get_opts`] would.
+    async fn get_range_body(
+        &self,
+        key: &str,
+        range: Range<u64>,
+    ) -> Result<Option<RangeBody>, StoreError> {
+        let _ = (key, range);
         Ok(None)
     }
 

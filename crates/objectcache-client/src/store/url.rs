@@ -228,6 +228,11 @@ fn parse_s3(url: &str) -> Result<S3Url, StoreError> {
             "addressing" => c.addressing = Some(v.parse().map_err(|e| bad(url, e))?),
             "profile" => c.profile = Some(v.to_string()),
             "ca_file" => c.ca_file = Some(v.to_string().into()),
+            "read_into_place" => {
+                c.read_into_place = v.parse().map_err(|_| {
+                    bad(url, format!("read_into_place must be true or false, not {v:?}"))
+                })?
+            }
             "max_attempts" => {
                 c.max_attempts = v
                     .parse()
@@ -238,7 +243,7 @@ fn parse_s3(url: &str) -> Result<S3Url, StoreError> {
             other => {
                 return Err(bad(
                     url,
-                    format!("unknown parameter {other:?}; known: endpoint, region, addressing, profile, max_attempts, ca_file, resolve, placement, health_interval_ms"),
+                    format!("unknown parameter {other:?}; known: endpoint, region, addressing, profile, max_attempts, ca_file, read_into_place, resolve, placement, health_interval_ms"),
                 ))
             }
         }
@@ -340,6 +345,7 @@ mod tests {
             ("s3://ak:sk@b", "credentials"),
             ("s3://b:9000", "endpoint"),
             ("s3://b?max_attempts=0", "max_attempts"),
+            ("s3://b?read_into_place=maybe", "read_into_place must be"),
             (
                 "s3://bucket?endpoint=http://a:1,,http://b:2",
                 "empty endpoint",
@@ -369,6 +375,9 @@ mod tests {
         let o = p.gateway_opts.unwrap();
         assert_eq!(o.placement, crate::sched::Placement::Hash);
         assert_eq!(o.health_interval, std::time::Duration::from_millis(250));
+        assert!(p.config.read_into_place, "on by default");
+        let p = parse_s3("s3://bucket?endpoint=http://a:1&read_into_place=false").unwrap();
+        assert!(!p.config.read_into_place);
     }
 
     #[cfg(feature = "s3")]

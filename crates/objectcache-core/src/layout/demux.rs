@@ -7,6 +7,12 @@
 //! The demultiplexer computes each slice's CRC32C as its bytes pass and hands the driver
 //! borrowed pieces of the body (no copy), so the driver only writes them into place and acts
 //! on the verdicts; it may `await` between pieces ([`SliceDemux::next`] is pull-style).
+//!
+//! A driver that can read the body straight into the destination (a body it reads with
+//! `read(2)` itself, not one handed over in pieces) asks [`SliceDemux::wanted`] what comes
+//! next: for slice bytes it reads into the slice's destination and reports them with
+//! [`SliceDemux::placed`], which checksums them in place; header and trailer bytes it feeds
+//! through [`SliceDemux::next`] as before.
 #![forbid(unsafe_code)]
 
 use super::format::SLICE_CRC_LEN;
@@ -40,6 +46,28 @@ pub enum BodyPart<'a> {
         /// Bytes past the end.
         len: usize,
     },
+}
+
+/// What a body needs next ([`SliceDemux::wanted`]), for a driver that reads slice bytes
+/// straight into place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wanted {
+    /// `n` more header bytes, or `n` more bytes of a slice's CRC trailer: feed them through
+    /// [`SliceDemux::next`].
+    Framing(usize),
+    /// Bytes `offset .. offset + len` of slice `slice` (the rest of it): read them into place
+    /// and report them with [`SliceDemux::placed`] (or feed them through
+    /// [`SliceDemux::next`]).
+    Data {
+        /// Slice index within the read.
+        slice: usize,
+        /// Offset within the slice of the first byte wanted.
+        offset: u64,
+        /// Bytes of the slice still to come.
+        len: u64,
+    },
+    /// Every part arrived; any further byte is excess.
+    Done,
 }
 
 /// Demultiplexer of one ranged read's body: `header_len` header bytes, then `slices` slices
@@ -101,6 +129,44 @@ impl SliceDemux {
     /// `true` when the header and every slice with its CRC have arrived.
     pub fn complete(&self) -> bool {
         self.header.len() == self.header_len && self.slice == self.slices
+    }
+
+    /// What the body needs next. A driver reading slice bytes into place reads at most
+    /// [`Wanted::Data`]'s `len` bytes before asking again.
+    pub fn wanted(&self) -> Wanted {
+        if self.header.len() < self.header_len {
+            Wanted::Framing(self.header_len - self.header.len())
+        } else if self.slice >= self.slices {
+            Wanted::Done
+        } else if self.in_slice < self.slice_len {
+            Wanted::Data {
+                slice: self.slice,
+                offset: self.in_slice,
+                len: self.slice_len - self.in_slice,
+            }
+        } else {
+            Wanted::Framing(4 - self.trailer_len)
+        }
+    }
+
+    /// Reports `bytes` as the next bytes of the current slice, read into place by the driver:
+    /// they enter the slice's CRC32C as if fed through [`SliceDemux::next`]. The slice's end
+    /// (its trailer) is still fed through [`SliceDemux::next`].
+    ///
+    /// # Panics
+    /// If [`SliceDemux::wanted`] is not [`Wanted::Data`] or `bytes` is longer than its `len`:
+    /// a driver bug, not a property of the body.
+    pub fn placed(&mut self, bytes: &[u8]) {
+        match self.wanted() {
+            Wanted::Data { len, .. } if bytes.len() as u64 <= len => {}
+            w => panic!(
+                "{} slice bytes placed while the body wants {w:?}",
+                bytes.len()
+            ),
+        }
+        self.crc = super::crc::crc32c_append(self.crc, bytes);
+        self.in_slice += bytes.len() as u64;
+        self.received += bytes.len() as u64;
     }
 
     /// Takes the next part from the front of `p` (advancing it), or `None` when `p` is empty.
@@ -244,6 +310,49 @@ mod tests {
         let mut d = SliceDemux::new(1, 2, 0);
         let (_, ends, headers) = run(&mut d, &b, 3);
         assert_eq!((ends, headers), (vec![(0, true), (1, true)], 1));
+    }
+
+    /// A driver that places slice bytes itself (in pieces of `step`) and feeds only the
+    /// framing gets the same slices and verdicts as one fed the whole body.
+    #[test]
+    fn placing_slice_bytes_gives_the_same_verdicts() {
+        let slices: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i + 7; 10]).collect();
+        let b = body(b"HDR", &slices, Some(2));
+        for step in [1, 3, 10] {
+            let mut d = SliceDemux::new(3, 3, 10);
+            let mut rebuilt = vec![Vec::new(); 3];
+            let (mut ends, mut at) = (Vec::new(), 0usize);
+            loop {
+                match d.wanted() {
+                    Wanted::Done => break,
+                    Wanted::Data { slice, offset, len } => {
+                        assert_eq!(rebuilt[slice].len() as u64, offset);
+                        let n = (len as usize).min(step);
+                        rebuilt[slice].extend_from_slice(&b[at..at + n]);
+                        d.placed(&b[at..at + n]);
+                        at += n;
+                    }
+                    Wanted::Framing(n) => {
+                        let mut p = &b[at..at + n];
+                        at += n;
+                        while let Some(part) = d.next(&mut p) {
+                            match part {
+                                BodyPart::SliceEnd {
+                                    slice,
+                                    stored,
+                                    computed,
+                                } => ends.push((slice, stored == computed)),
+                                BodyPart::Header => assert_eq!(d.header(), b"HDR"),
+                                other => panic!("{other:?} from framing bytes"),
+                            }
+                        }
+                    }
+                }
+            }
+            assert_eq!(rebuilt, slices, "step {step}");
+            assert_eq!(ends, vec![(0, true), (1, true), (2, false)], "step {step}");
+            assert!(d.complete() && d.received() == b.len() as u64);
+        }
     }
 
     #[test]

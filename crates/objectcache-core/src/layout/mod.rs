@@ -13,7 +13,7 @@ mod placement;
 mod ranges;
 mod segment;
 
-pub use demux::{BodyPart, SliceDemux};
+pub use demux::{BodyPart, SliceDemux, Wanted};
 pub use format::{
     decode_chunk, encode_chunk, encode_chunk_parts, encode_marker, object_len, slice_crc,
     slice_range, slices_range, verify_slice, ChunkHeader, FormatError, CHECKSUM_CRC32C,

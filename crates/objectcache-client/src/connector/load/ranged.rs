@@ -2,17 +2,17 @@
 //! look-ahead window ([`Flight`]), paced by the engine's link under a bandwidth cap, each body
 //! streamed straight into the caller's destination and verified slice by slice.
 
+use super::body::{BodyError, BodyReader, Event, Source};
 use super::segment::Planned;
 use super::window::{classify, Flight, FlightPermit};
 use super::{LoadRequest, Shared};
 use crate::connector::status::ChunkStatus;
 use crate::error::LayerError;
 use crate::layout::{
-    object_len, BodyPart, ChunkHeader, KeyBuilder, KvGeometry, Marker, SliceDemux, HEADER_LEN,
+    object_len, ChunkHeader, KeyBuilder, KvGeometry, Marker, SliceDemux, HEADER_LEN,
 };
 use crate::link::Link;
 use crate::store::{GetOptions, Store};
-use futures::StreamExt;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -277,119 +277,96 @@ async fn fetch_range_inner(
             None => Ok(()),
         };
     }
-    let res = store
-        .get_opts(
-            key,
-            GetOptions {
+    // A body read straight into place where the store offers one; else the store's stream.
+    let storage = |e: &crate::error::StoreError| {
+        let (status, err) = classify(chunk, key, e);
+        // No object, or too short for this geometry: the whole chunk; a storage error
+        // (after the store's retries): this read's layers.
+        let touched = match status {
+            ChunkStatus::Missing | ChunkStatus::WrongGeometry => all.clone(),
+            _ => layers.clone(),
+        };
+        fail(status, err, touched)
+    };
+    let (size, src) = match store.get_range_body(key, range.clone()).await {
+        Ok(Some(b)) => (b.meta.size, Source::Direct(b)),
+        Ok(None) => {
+            let opts = GetOptions {
                 range: Some(range.clone()),
-            },
-        )
-        .await
-        .map_err(|e| {
-            let (status, err) = classify(chunk, key, &e);
-            // No object, or too short for this geometry: the whole chunk; a storage error
-            // (after the store's retries): this read's layers.
-            let touched = match status {
-                ChunkStatus::Missing | ChunkStatus::WrongGeometry => all.clone(),
-                _ => layers.clone(),
             };
-            fail(status, err, touched)
-        })?;
+            let res = store.get_opts(key, opts).await.map_err(|e| storage(&e))?;
+            (res.meta.size, Source::Stream(res.body))
+        }
+        Err(e) => return Err(storage(&e)),
+    };
     permit.flight.headers(sent.elapsed().as_secs_f64());
-    if res.meta.size != full_len {
+    if size != full_len {
         return Err(geometry(format!(
-            "object {key} has {} bytes, expected {full_len} for this geometry",
-            res.meta.size
+            "object {key} has {size} bytes, expected {full_len} for this geometry"
         )));
     }
-    let mut body = res.body;
     // Demultiplex the body: [header] then per layer [slice bytes][crc32c].
     let header_len = if with_header { HEADER_LEN as usize } else { 0 };
-    let mut demux = SliceDemux::new(header_len, layers.len(), slice);
-    let layer_of = |d: &SliceDemux| layers.start + d.current_slice() as u32;
-    let dest_off = chunk as u64 * slice;
-    // The current slice's layer was already failed by another chunk: its bytes are dropped.
-    let mut unneeded = false;
+    let demux = SliceDemux::new(header_len, layers.len(), slice);
+    let place = |i: usize| (layers.start + i as u32, chunk as u64 * slice);
+    let mut body = BodyReader::new(src, demux, sh, place);
+    let layer_of = |b: &BodyReader<'_, _>| layers.start + b.demux().current_slice() as u32;
     // This read's layers from `l` on did not arrive.
     let rest = |l: u32, status, err| fail(status, err, l..layers.end);
-    while let Some(piece) = body.next().await {
-        if sh.state.is_cancelled() {
-            return Err(rest(
-                layer_of(&demux),
-                ChunkStatus::Error,
-                LayerError::Cancelled,
-            ));
-        }
-        let piece = piece.map_err(|e| {
-            let (_, err) = classify(chunk, key, &e);
-            rest(layer_of(&demux), ChunkStatus::Error, err)
-        })?;
-        sh.progress.arrived(piece.len() as u64);
-        permit.received(piece.len() as u64);
-        let mut p: &[u8] = &piece;
-        while let Some(part) = demux.next(&mut p) {
-            match part {
-                BodyPart::Header => {
-                    let h =
-                        ChunkHeader::decode(demux.header()).map_err(|e| geometry(e.to_string()))?;
-                    h.check(g, tokens).map_err(|e| geometry(e.to_string()))?;
-                    sh.set_header(chunk, true);
-                }
-                BodyPart::Excess { .. } => {
-                    return Err(rest(
-                        layers.end,
-                        ChunkStatus::Corrupt,
-                        LayerError::Storage {
-                            chunk,
-                            message: format!("body of {key} is longer than the range asked for"),
-                        },
-                    ));
-                }
-                BodyPart::Data {
-                    slice: i,
-                    offset,
-                    bytes,
-                } => {
-                    let layer = layers.start + i as u32;
-                    if unneeded {
-                        continue;
+    loop {
+        let event = match body.next(permit).await {
+            Ok(ev) => ev,
+            Err(e) => {
+                let l = layer_of(&body);
+                return Err(match e {
+                    BodyError::Cancelled => rest(l, ChunkStatus::Error, LayerError::Cancelled),
+                    BodyError::Body(e) => rest(l, ChunkStatus::Error, classify(chunk, key, &e).1),
+                    BodyError::Dest(e) => rest(l, ChunkStatus::Error, e),
+                    BodyError::Excess => {
+                        let message = format!("body of {key} is longer than the range asked for");
+                        let err = LayerError::Storage { chunk, message };
+                        rest(layers.end, ChunkStatus::Corrupt, err)
                     }
-                    // Not needed once another chunk's slice failed the layer: the read goes
-                    // on with the next layer.
-                    match sh.write_slice_part(layer, dest_off + offset, bytes) {
-                        Ok(needed) => unneeded = !needed,
-                        Err(e) => return Err(rest(layer, ChunkStatus::Error, e)),
-                    }
-                }
-                BodyPart::SliceEnd {
-                    slice: i,
-                    stored,
-                    computed,
-                } => {
-                    let layer = layers.start + i as u32;
-                    if unneeded {
-                        // Dropped: see above.
-                    } else if stored != computed {
-                        // This slice is bad: its layer is a miss naming the chunk. The
-                        // chunk's next slices in this body are framed alike and still used.
-                        sh.slice_corrupt(chunk, layer, stored, computed);
-                    } else if with_header || sh.header_ok(chunk).await {
-                        sh.record_slice_crc(chunk, layer as usize, stored);
-                        sh.state.complete_impl(layer, slice);
-                    } else {
-                        return Err(geometry(format!(
-                            "the header of {key} (read with layer 0) did not match or could not be read"
-                        )));
-                    }
-                    unneeded = false;
+                });
+            }
+        };
+        match event {
+            Event::End => break,
+            Event::Header => {
+                let h = ChunkHeader::decode(body.demux().header())
+                    .map_err(|e| geometry(e.to_string()))?;
+                h.check(g, tokens).map_err(|e| geometry(e.to_string()))?;
+                sh.set_header(chunk, true);
+            }
+            Event::SliceEnd {
+                slice: i,
+                stored,
+                computed,
+                dropped,
+            } => {
+                let layer = layers.start + i as u32;
+                if dropped {
+                    // Its layer was already failed by another chunk: the bytes were dropped.
+                } else if stored != computed {
+                    // This slice is bad: its layer is a miss naming the chunk. The chunk's
+                    // next slices in this body are framed alike and still used.
+                    sh.slice_corrupt(chunk, layer, stored, computed);
+                } else if with_header || sh.header_ok(chunk).await {
+                    sh.record_slice_crc(chunk, layer as usize, stored);
+                    sh.state.complete_impl(layer, slice);
+                } else {
+                    return Err(geometry(format!(
+                        "the header of {key} (read with layer 0) did not match or could not be read"
+                    )));
                 }
             }
         }
     }
+    let demux = body.demux();
     let want = range.end - range.start;
     if demux.received() != want || !demux.complete() {
         return Err(rest(
-            layer_of(&demux),
+            layers.start + demux.current_slice() as u32,
             ChunkStatus::Corrupt,
             LayerError::Storage {
                 chunk,

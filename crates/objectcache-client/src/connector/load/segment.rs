@@ -8,16 +8,16 @@
 //! Engines write format version 2 only with `save_format = v2` (`connector/save.rs`); this
 //! reading side is in every engine (a fleet must read a format before any of it writes it).
 
+use super::body::{BodyError, BodyReader, Event, Source};
 use super::window::{classify, FlightPermit};
 use super::{LoadRequest, Shared};
 use crate::connector::status::ChunkStatus;
-use crate::error::LayerError;
+use crate::error::{LayerError, StoreError};
 use crate::layout::{
-    place, plan_layer_major, plan_segment_reads, BodyPart, ChunkHash, KvGeometry, Marker,
-    RangeRead, Run, SegmentHeader, SegmentRead, SegmentRun, SliceDemux,
+    place, plan_layer_major, plan_segment_reads, ChunkHash, KvGeometry, Marker, RangeRead, Run,
+    SegmentHeader, SegmentRead, SegmentRun, SliceDemux,
 };
 use crate::store::{GetOptions, Store};
-use futures::StreamExt;
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
@@ -270,117 +270,109 @@ async fn fetch_inner(f: SegmentFetch<'_>, permit: &mut FlightPermit) {
         }
         return;
     }
-    let res = match store
-        .get_opts(
-            key,
-            GetOptions {
-                range: Some(read.bytes.clone()),
-            },
-        )
-        .await
-    {
-        Ok(res) => res,
-        Err(e) => {
-            let (status, err) = classify(c0, key, &e);
-            match status {
-                // No segment, or too short: every chunk it was to serve, every layer.
-                ChunkStatus::Missing | ChunkStatus::WrongGeometry => {
-                    fail(sh, run.positions.clone(), all, status, err)
-                }
-                // A storage error (after the store's retries): this read's slices.
-                _ => fail_read(sh, read, status, err),
+    // A body read straight into place where the store offers one; else the store's stream.
+    let storage = |e: &StoreError| {
+        let (status, err) = classify(c0, key, e);
+        match status {
+            // No segment, or too short: every chunk it was to serve, every layer.
+            ChunkStatus::Missing | ChunkStatus::WrongGeometry => {
+                fail(sh, run.positions.clone(), all.clone(), status, err)
             }
-            return;
+            // A storage error (after the store's retries): this read's slices.
+            _ => fail_read(sh, read, status, err),
         }
     };
+    let got = match store.get_range_body(key, read.bytes.clone()).await {
+        Ok(Some(b)) => Ok((b.meta.size, Source::Direct(b))),
+        Ok(None) => {
+            let opts = GetOptions {
+                range: Some(read.bytes.clone()),
+            };
+            store
+                .get_opts(key, opts)
+                .await
+                .map(|res| (res.meta.size, Source::Stream(res.body)))
+        }
+        Err(e) => Err(e),
+    };
+    let (size, src) = match got {
+        Ok(r) => r,
+        Err(e) => return storage(&e),
+    };
     permit.flight.headers(sent.elapsed().as_secs_f64());
-    if res.meta.size != run.object_len {
+    if size != run.object_len {
         let why = format!(
-            "segment {key} has {} bytes, its marker says {}",
-            res.meta.size, run.object_len
+            "segment {key} has {size} bytes, its marker says {}",
+            run.object_len
         );
         unusable(why);
         return;
     }
-    let mut body = res.body;
     let header_len = if read.with_header {
         run.header_len as usize
     } else {
         0
     };
-    let mut demux = SliceDemux::new(header_len, read.positions.len(), slice);
-    // The current slice's layer was already failed by another chunk: its bytes are dropped.
-    let mut unneeded = false;
+    let demux = SliceDemux::new(header_len, read.positions.len(), slice);
+    let dest = |i: usize| (layer, (read.positions.start + i) as u64 * slice);
+    let mut body = BodyReader::new(src, demux, sh, dest);
     // This read's slices from the current one on did not arrive.
     let rest = |d: &SliceDemux, status, err| {
         let from = read.positions.start + d.current_slice();
         fail(sh, from..read.positions.end, layer..layer + 1, status, err);
     };
-    while let Some(piece) = body.next().await {
-        if sh.state.is_cancelled() {
-            return rest(&demux, ChunkStatus::Error, LayerError::Cancelled);
-        }
-        let piece = match piece {
-            Ok(p) => p,
-            Err(e) => return rest(&demux, ChunkStatus::Error, classify(c0, key, &e).1),
+    loop {
+        let event = match body.next(permit).await {
+            Ok(ev) => ev,
+            Err(e) => {
+                let d = body.demux();
+                return match e {
+                    BodyError::Cancelled => rest(d, ChunkStatus::Error, LayerError::Cancelled),
+                    BodyError::Body(e) => rest(d, ChunkStatus::Error, classify(c0, key, &e).1),
+                    BodyError::Dest(e) => rest(d, ChunkStatus::Error, e),
+                    BodyError::Excess => {
+                        let message = format!("body of {key} is longer than the range asked for");
+                        let err = LayerError::Storage { chunk: c0, message };
+                        rest(d, ChunkStatus::Corrupt, err)
+                    }
+                };
+            }
         };
-        sh.progress.arrived(piece.len() as u64);
-        permit.received(piece.len() as u64);
-        let mut p: &[u8] = &piece;
-        while let Some(part) = demux.next(&mut p) {
-            match part {
-                BodyPart::Header => {
-                    if let Err(why) = check_header(demux.header(), run, hashes, g, key, sh) {
-                        // Failed before the header is marked bad, so that reads waiting on it
-                        // find the layers failed with this reason.
-                        unusable(why);
-                        for c in run.positions.clone() {
-                            sh.set_header(c, false);
-                        }
-                        return;
+        match event {
+            Event::End => break,
+            Event::Header => {
+                if let Err(why) = check_header(body.demux().header(), run, hashes, g, key, sh) {
+                    // Failed before the header is marked bad, so that reads waiting on it
+                    // find the layers failed with this reason.
+                    unusable(why);
+                    for c in run.positions.clone() {
+                        sh.set_header(c, false);
                     }
+                    return;
                 }
-                BodyPart::Excess { .. } => {
-                    let message = format!("body of {key} is longer than the range asked for");
-                    let err = LayerError::Storage { chunk: c0, message };
-                    return rest(&demux, ChunkStatus::Corrupt, err);
-                }
-                BodyPart::Data {
-                    slice: i,
-                    offset,
-                    bytes,
-                } => {
-                    let c = read.positions.start + i;
-                    if unneeded {
-                        continue;
-                    }
-                    match sh.write_slice_part(layer, c as u64 * slice + offset, bytes) {
-                        Ok(needed) => unneeded = !needed,
-                        Err(e) => return rest(&demux, ChunkStatus::Error, e),
-                    }
-                }
-                BodyPart::SliceEnd {
-                    slice: i,
-                    stored,
-                    computed,
-                } => {
-                    let c = read.positions.start + i;
-                    if unneeded {
-                        // Dropped: see above.
-                    } else if stored != computed {
-                        sh.slice_corrupt(c, layer, stored, computed);
-                    } else if sh.header_ok(c).await {
-                        sh.record_slice_crc(c, layer as usize, stored);
-                        sh.state.complete_impl(layer, slice);
-                    } else {
-                        let err = header_bad(key, c);
-                        fail(sh, c..c + 1, 0..g.layers, ChunkStatus::WrongGeometry, err);
-                    }
-                    unneeded = false;
+            }
+            Event::SliceEnd {
+                slice: i,
+                stored,
+                computed,
+                dropped,
+            } => {
+                let c = read.positions.start + i;
+                if dropped {
+                    // Its layer was already failed by another chunk: the bytes were dropped.
+                } else if stored != computed {
+                    sh.slice_corrupt(c, layer, stored, computed);
+                } else if sh.header_ok(c).await {
+                    sh.record_slice_crc(c, layer as usize, stored);
+                    sh.state.complete_impl(layer, slice);
+                } else {
+                    let err = header_bad(key, c);
+                    fail(sh, c..c + 1, 0..g.layers, ChunkStatus::WrongGeometry, err);
                 }
             }
         }
     }
+    let demux = body.demux();
     let want = read.bytes.end - read.bytes.start;
     if demux.received() != want || !demux.complete() {
         let message = format!(
@@ -388,7 +380,7 @@ async fn fetch_inner(f: SegmentFetch<'_>, permit: &mut FlightPermit) {
             demux.received()
         );
         rest(
-            &demux,
+            demux,
             ChunkStatus::Corrupt,
             LayerError::Storage { chunk: c0, message },
         );

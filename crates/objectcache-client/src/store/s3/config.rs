@@ -126,6 +126,13 @@ pub struct S3Config {
     /// of the system's (e.g. a self-signed server's CA). Store URL parameter `ca_file`.
     /// Default none (system roots).
     pub ca_file: Option<std::path::PathBuf>,
+    /// At a plain-`http://` endpoint, read a load's ranged GETs straight into the engine's
+    /// memory: the SDK presigns each GET and the store sends it on a connection of its own
+    /// (`direct.rs`), one copy of every byte fewer than through the SDK's HTTP client. Any
+    /// answer but a plain `206` is read again through the SDK; a server that refuses
+    /// presigned requests turns it off by itself. Store URL parameter `read_into_place`
+    /// (`true` or `false`). Default `true`; ignored for `https://` and AWS S3.
+    pub read_into_place: bool,
 }
 
 impl S3Config {
@@ -150,6 +157,7 @@ impl S3Config {
             max_idle_connections: 256,
             resolve: Vec::new(),
             ca_file: None,
+            read_into_place: true,
         }
     }
 

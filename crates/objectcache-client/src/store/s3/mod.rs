@@ -10,6 +10,9 @@
 //!   metadata service exists).
 //! - **Reads** are ranged GETs whose body is streamed, chunk by chunk, with an idle timeout
 //!   per chunk and a length check at the end: a short or stalled body is an error, never data.
+//!   At a plain-`http://` endpoint a load's ranged GETs are presigned by the SDK and sent on
+//!   connections of our own, so that their bodies are read straight into the engine's
+//!   memory (`direct.rs`, [`Store::get_range_body`]).
 //! - **Create-only writes** send `If-None-Match: *`; HTTP 412 becomes
 //!   [`StoreError::AlreadyExists`].
 //! - **Retries**: the SDK's standard mode, bounded by [`S3Config::max_attempts`], exponential
@@ -26,6 +29,7 @@
 
 mod body;
 mod config;
+mod direct;
 mod errors;
 mod ops;
 mod resolver;
@@ -71,6 +75,11 @@ pub struct S3Store {
     gather_credentials: Option<(String, String)>,
     /// The verdict of the one conditional-PUT check (case C17), once it was reached.
     conditional_put: tokio::sync::OnceCell<Result<(), String>>,
+    /// Ranged GETs read into the caller's memory (plain-`http://` endpoints; `direct.rs`).
+    direct: Option<std::sync::Arc<direct::Direct>>,
+    /// The retry policy every request has ([`S3Config::max_attempts`] and its backoff); a
+    /// GET that the direct path already tried once gets one attempt fewer.
+    retry: RetryConfig,
 }
 
 impl fmt::Debug for S3Store {
@@ -173,15 +182,14 @@ impl S3Store {
         }
         let shared = loader.load().await;
 
+        let retry = RetryConfig::standard()
+            .with_max_attempts(config.max_attempts)
+            .with_initial_backoff(config.initial_backoff)
+            .with_max_backoff(config.max_backoff);
         let mut b = aws_sdk_s3::config::Builder::from(&shared)
             .http_client(http)
             .force_path_style(addressing == Addressing::Path)
-            .retry_config(
-                RetryConfig::standard()
-                    .with_max_attempts(config.max_attempts)
-                    .with_initial_backoff(config.initial_backoff)
-                    .with_max_backoff(config.max_backoff),
-            )
+            .retry_config(retry.clone())
             .timeout_config(
                 TimeoutConfig::builder()
                     .connect_timeout(config.connect_timeout)
@@ -221,7 +229,10 @@ impl S3Store {
                 .ok()
                 .zip(std::env::var("AWS_SECRET_ACCESS_KEY").ok()),
         };
+        let direct = direct::Direct::new(config.endpoint.as_deref(), &config);
         Ok(S3Store {
+            direct,
+            retry,
             gather_credentials,
             conditional_put: tokio::sync::OnceCell::new(),
             client: aws_sdk_s3::Client::from_conf(b.build()),

@@ -7,7 +7,7 @@ use super::{S3Store, BACKEND};
 use crate::error::StoreError;
 use crate::store::{
     check_stream_len, resolve_range, validate_key, ByteStream, GetOptions, GetResult, ObjectMeta,
-    PutMode, PutOptions, PutResult, Store,
+    PutMode, PutOptions, PutResult, RangeBody, Store,
 };
 use async_trait::async_trait;
 use aws_sdk_s3::error::SdkError;
@@ -15,6 +15,10 @@ use aws_smithy_types::error::display::DisplayErrorContext;
 use bytes::Bytes;
 use futures::StreamExt;
 use std::ops::Range;
+
+/// Connections [`Store::warm`] opens through the SDK when a load's ranged GETs have
+/// connections of their own (`direct.rs`): the SDK's then carry lookups and saves.
+const SDK_WARM_BESIDE_DIRECT: usize = 4;
 
 #[async_trait]
 impl Store for S3Store {
@@ -42,9 +46,19 @@ impl Store for S3Store {
     /// `connections` concurrent `HeadBucket` requests (at most 1,024): each answer, whatever
     /// its status, leaves a connection idle in the pool (up to
     /// [`S3Config::max_idle_connections`](super::S3Config::max_idle_connections)). Transport
-    /// failures are logged at debug level and not counted.
+    /// failures are logged at debug level and not counted. At a plain-`http://` endpoint
+    /// (the direct path on) it opens that many for the ranged GETs read into place
+    /// (`direct.rs`) instead, and at most [`SDK_WARM_BESIDE_DIRECT`] through the SDK.
     async fn warm(&self, connections: usize) -> usize {
-        let n = connections.min(1024);
+        // With the direct path on, a load's ranged GETs use its connections; the SDK's carry
+        // lookups and saves, which a few warm connections serve (each idle connection also
+        // counts against a server's per-client connection cap).
+        let sdk = if self.direct.is_some() {
+            connections.min(SDK_WARM_BESIDE_DIRECT)
+        } else {
+            connections
+        };
+        let n = sdk.min(1024);
         let answered = futures::future::join_all((0..n).map(|_| async {
             match self.client.head_bucket().bucket(&self.bucket).send().await {
                 Ok(_) => true,
@@ -57,91 +71,24 @@ impl Store for S3Store {
             }
         }))
         .await;
+        // The direct path's own connections (`direct.rs`), which a load's ranged GETs use.
+        self.warm_direct(connections).await;
         answered.into_iter().filter(|a| *a).count()
     }
 
-    async fn get_opts(&self, key: &str, opts: GetOptions) -> Result<GetResult, StoreError> {
+    /// A presigned ranged GET on a connection of the store's own, at plain-`http://`
+    /// endpoints; `Ok(None)` otherwise, and for any answer but a plain `206` (`direct.rs`).
+    async fn get_range_body(
+        &self,
+        key: &str,
+        range: Range<u64>,
+    ) -> Result<Option<RangeBody>, StoreError> {
         validate_key(key)?;
-        let full = self.full_key(key);
-        if let Some(r) = &opts.range {
-            if r.start >= r.end {
-                // HTTP cannot ask for zero bytes: check the range against the size instead.
-                let meta = self.head(key).await?;
-                let range = resolve_range(key, Some(r.clone()), meta.size)?;
-                return Ok(GetResult {
-                    meta,
-                    range,
-                    body: futures::stream::empty().boxed(),
-                });
-            }
-        }
-        let mut req = self.client.get_object().bucket(&self.bucket).key(&full);
-        if let Some(r) = &opts.range {
-            req = req.range(format!("bytes={}-{}", r.start, r.end - 1));
-        }
-        let out = match req.send().await {
-            Ok(o) => o,
-            Err(e) => {
-                return Err(match self.map_err(Op::Get, key, e) {
-                    StoreError::InvalidRange { .. } => {
-                        let size = self.head(key).await?.size;
-                        let r = opts.range.clone().unwrap_or(0..0);
-                        StoreError::InvalidRange {
-                            key: key.to_string(),
-                            start: r.start,
-                            end: r.end,
-                            size,
-                        }
-                    }
-                    other => other,
-                })
-            }
-        };
-        let len = out.content_length().unwrap_or(0).max(0) as u64;
-        let size = match (
-            &opts.range,
-            out.content_range().and_then(total_from_content_range),
-        ) {
-            (_, Some(total)) => total,
-            (None, None) => len,
-            (Some(_), None) => {
-                // A server that ignored the Range header sent the whole object.
-                len
-            }
-        };
-        let meta = ObjectMeta {
-            key: key.to_string(),
-            size,
-            last_modified: to_system_time(out.last_modified()),
-            etag: out.e_tag().map(str::to_string),
-        };
-        let range: Range<u64> = resolve_range(key, opts.range.clone(), size)?;
-        let served = match out.content_range() {
-            Some(cr) => cr
-                .trim_start_matches("bytes ")
-                .split_once('/')
-                .and_then(|(r, _)| r.split_once('-'))
-                .and_then(|(a, b)| {
-                    Some((
-                        a.trim().parse::<u64>().ok()?,
-                        b.trim().parse::<u64>().ok()? + 1,
-                    ))
-                }),
-            None => Some((0, len)),
-        };
-        if served != Some((range.start, range.end)) || len != range.end - range.start {
-            return Err(StoreError::Other {
-                backend: BACKEND,
-                message: format!(
-                    "GET {key}: asked for bytes {}..{}, server sent {:?} ({len} bytes)",
-                    range.start,
-                    range.end,
-                    out.content_range()
-                ),
-            });
-        }
-        let body = body_stream(key.to_string(), out.body, len, self.read_timeout);
-        Ok(GetResult { meta, range, body })
+        self.direct_range_body(key, range).await
+    }
+
+    async fn get_opts(&self, key: &str, opts: GetOptions) -> Result<GetResult, StoreError> {
+        self.get_attempts(key, opts, None).await
     }
 
     async fn put_opts(
@@ -312,5 +259,107 @@ impl S3Store {
         Ok(PutResult {
             etag: out.e_tag().map(str::to_string),
         })
+    }
+}
+
+impl S3Store {
+    /// [`Store::get_opts`] with `attempts` in place of the store's
+    /// [`S3Config::max_attempts`](super::S3Config::max_attempts) when given (a ranged GET the
+    /// direct path already tried once: `direct.rs`).
+    pub(super) async fn get_attempts(
+        &self,
+        key: &str,
+        opts: GetOptions,
+        attempts: Option<u32>,
+    ) -> Result<GetResult, StoreError> {
+        validate_key(key)?;
+        let full = self.full_key(key);
+        if let Some(r) = &opts.range {
+            if r.start >= r.end {
+                // HTTP cannot ask for zero bytes: check the range against the size instead.
+                let meta = self.head(key).await?;
+                let range = resolve_range(key, Some(r.clone()), meta.size)?;
+                return Ok(GetResult {
+                    meta,
+                    range,
+                    body: futures::stream::empty().boxed(),
+                });
+            }
+        }
+        let mut req = self.client.get_object().bucket(&self.bucket).key(&full);
+        if let Some(r) = &opts.range {
+            req = req.range(format!("bytes={}-{}", r.start, r.end - 1));
+        }
+        let sent = match attempts {
+            None => req.send().await,
+            Some(n) => {
+                let retry = self.retry.clone().with_max_attempts(n);
+                let fewer = aws_sdk_s3::config::Builder::new().retry_config(retry);
+                req.customize().config_override(fewer).send().await
+            }
+        };
+        let out = match sent {
+            Ok(o) => o,
+            Err(e) => {
+                return Err(match self.map_err(Op::Get, key, e) {
+                    StoreError::InvalidRange { .. } => {
+                        let size = self.head(key).await?.size;
+                        let r = opts.range.clone().unwrap_or(0..0);
+                        StoreError::InvalidRange {
+                            key: key.to_string(),
+                            start: r.start,
+                            end: r.end,
+                            size,
+                        }
+                    }
+                    other => other,
+                })
+            }
+        };
+        let len = out.content_length().unwrap_or(0).max(0) as u64;
+        let size = match (
+            &opts.range,
+            out.content_range().and_then(total_from_content_range),
+        ) {
+            (_, Some(total)) => total,
+            (None, None) => len,
+            (Some(_), None) => {
+                // A server that ignored the Range header sent the whole object.
+                len
+            }
+        };
+        let meta = ObjectMeta {
+            key: key.to_string(),
+            size,
+            last_modified: to_system_time(out.last_modified()),
+            etag: out.e_tag().map(str::to_string),
+        };
+        let range: Range<u64> = resolve_range(key, opts.range.clone(), size)?;
+        let served = match out.content_range() {
+            Some(cr) => cr
+                .trim_start_matches("bytes ")
+                .split_once('/')
+                .and_then(|(r, _)| r.split_once('-'))
+                .and_then(|(a, b)| {
+                    Some((
+                        a.trim().parse::<u64>().ok()?,
+                        b.trim().parse::<u64>().ok()? + 1,
+                    ))
+                }),
+            None => Some((0, len)),
+        };
+        if served != Some((range.start, range.end)) || len != range.end - range.start {
+            return Err(StoreError::Other {
+                backend: BACKEND,
+                message: format!(
+                    "GET {key}: asked for bytes {}..{}, server sent {:?} ({len} bytes)",
+                    range.start,
+                    range.end,
+                    out.content_range()
+                ),
+            });
+        }
+        let body = body_stream(key.to_string(), out.body, len, self.read_timeout);
+        Ok(GetResult { meta, range, body })
     }
 }
