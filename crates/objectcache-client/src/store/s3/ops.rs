@@ -48,7 +48,7 @@ impl Store for S3Store {
     /// [`S3Config::max_idle_connections`](super::S3Config::max_idle_connections)). Transport
     /// failures are logged at debug level and not counted. At a plain-`http://` endpoint
     /// (the direct path on) it opens that many for the ranged GETs read into place
-    /// (`direct.rs`) instead, and at most [`SDK_WARM_BESIDE_DIRECT`] through the SDK.
+    /// (`direct.rs`) instead, and at most 4 through the SDK.
     async fn warm(&self, connections: usize) -> usize {
         // With the direct path on, a load's ranged GETs use its connections; the SDK's carry
         // lookups and saves, which a few warm connections serve (each idle connection also
