@@ -36,17 +36,23 @@ pub(super) enum Source {
 pub(super) enum Event {
     /// The header is complete: [`BodyReader::demux`]'s `header()` holds it.
     Header,
-    /// Slice `slice` (index within the read) and its trailer arrived: its CRC32C as stored
-    /// and as computed over the bytes; `dropped` when its layer had already failed, so its
-    /// bytes were not put in place.
-    SliceEnd {
-        slice: usize,
-        stored: u32,
-        computed: u32,
-        dropped: bool,
-    },
+    /// A slice and its trailer arrived.
+    SliceEnd(SliceEnd),
     /// The body ended: complete if [`SliceDemux::complete`] says so, else truncated.
     End,
+}
+
+/// A slice of a read whose trailer arrived ([`Event::SliceEnd`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct SliceEnd {
+    /// Index of the slice within the read.
+    pub slice: usize,
+    /// Its CRC32C as stored in the object.
+    pub stored: u32,
+    /// Its CRC32C as computed over the bytes received.
+    pub computed: u32,
+    /// Its layer had already failed, so its bytes were dropped, not put in place.
+    pub dropped: bool,
 }
 
 /// Why a body stopped.
@@ -176,12 +182,12 @@ impl<'a, P: Fn(usize) -> (u32, u64)> BodyReader<'a, P> {
                     computed,
                 }) => {
                     let dropped = std::mem::take(&mut self.dropped);
-                    return Ok(Event::SliceEnd {
+                    return Ok(Event::SliceEnd(SliceEnd {
                         slice,
                         stored,
                         computed,
                         dropped,
-                    });
+                    }));
                 }
             }
         }

@@ -185,42 +185,9 @@ async fn fetch_range(
     sh: &Arc<Shared>,
     permit: &mut FlightPermit,
 ) -> Result<(), ReadFailure> {
-    let r = fetch_range_inner(
-        store,
-        key,
-        range,
-        chunk,
-        layers,
-        with_header,
-        g,
-        tokens,
-        full_len,
-        sh,
-        permit,
-    )
-    .await;
-    if with_header {
-        // The header is known by now unless the read failed before it arrived: then the
-        // chunk's geometry cannot be checked, and its other layers are not trusted.
-        sh.set_header(chunk, false);
-    }
-    r
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn fetch_range_inner(
-    store: &dyn Store,
-    key: &str,
-    range: std::ops::Range<u64>,
-    chunk: usize,
-    layers: std::ops::Range<u32>,
-    with_header: bool,
-    g: &KvGeometry,
-    tokens: u32,
-    full_len: u64,
-    sh: &Arc<Shared>,
-    permit: &mut FlightPermit,
-) -> Result<(), ReadFailure> {
+    // The header is known once this read ends, unless it failed before the header arrived:
+    // then the chunk's geometry cannot be checked, and its other layers are not trusted.
+    let _header = with_header.then(|| sh.header_bad_unless_set(chunk));
     let all = 0..g.layers;
     let fail = |status, err, layers| ReadFailure {
         status,
@@ -338,23 +305,9 @@ async fn fetch_range_inner(
                 h.check(g, tokens).map_err(|e| geometry(e.to_string()))?;
                 sh.set_header(chunk, true);
             }
-            Event::SliceEnd {
-                slice: i,
-                stored,
-                computed,
-                dropped,
-            } => {
-                let layer = layers.start + i as u32;
-                if dropped {
-                    // Its layer was already failed by another chunk: the bytes were dropped.
-                } else if stored != computed {
-                    // This slice is bad: its layer is a miss naming the chunk. The chunk's
-                    // next slices in this body are framed alike and still used.
-                    sh.slice_corrupt(chunk, layer, stored, computed);
-                } else if with_header || sh.header_ok(chunk).await {
-                    sh.record_slice_crc(chunk, layer as usize, stored);
-                    sh.state.complete_impl(layer, slice);
-                } else {
+            Event::SliceEnd(end) => {
+                let layer = layers.start + end.slice as u32;
+                if !sh.settle_slice(chunk, layer, slice, &end, with_header).await {
                     return Err(geometry(format!(
                         "the header of {key} (read with layer 0) did not match or could not be read"
                     )));

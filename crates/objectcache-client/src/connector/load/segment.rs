@@ -351,21 +351,9 @@ async fn fetch_inner(f: SegmentFetch<'_>, permit: &mut FlightPermit) {
                     return;
                 }
             }
-            Event::SliceEnd {
-                slice: i,
-                stored,
-                computed,
-                dropped,
-            } => {
-                let c = read.positions.start + i;
-                if dropped {
-                    // Its layer was already failed by another chunk: the bytes were dropped.
-                } else if stored != computed {
-                    sh.slice_corrupt(c, layer, stored, computed);
-                } else if sh.header_ok(c).await {
-                    sh.record_slice_crc(c, layer as usize, stored);
-                    sh.state.complete_impl(layer, slice);
-                } else {
+            Event::SliceEnd(end) => {
+                let c = read.positions.start + end.slice;
+                if !sh.settle_slice(c, layer, slice, &end, false).await {
                     let err = header_bad(key, c);
                     fail(sh, c..c + 1, 0..g.layers, ChunkStatus::WrongGeometry, err);
                 }

@@ -2,6 +2,7 @@
 //! ([`Shared`]): destination and per-layer readiness, per-chunk status and header checks,
 //! the CRC32C each slice was verified with, counters and the load's tasks.
 
+use super::body::SliceEnd;
 use super::watchdog::Progress;
 use crate::connector::buffers::{LayerBuffers, LayerStatus, LoadState};
 use crate::connector::status::ChunkStatus;
@@ -123,6 +124,13 @@ impl Shared {
         self.header_known.notify_waiters();
     }
 
+    /// A guard for the read that carries chunk `c`'s header: when dropped (the read ended in
+    /// any way, its task cancelled too) it records the header as bad unless it was recorded
+    /// already, so that reads waiting on it ([`Shared::header_ok`]) never wait for nothing.
+    pub(super) fn header_bad_unless_set(&self, c: usize) -> HeaderGuard<'_> {
+        HeaderGuard { sh: self, c }
+    }
+
     /// Whether chunk `c`'s header is known to match the request already (no wait).
     pub(super) fn header_is_ok(&self, c: usize) -> bool {
         self.headers[c].load(Ordering::Acquire) == HEADER_OK
@@ -156,6 +164,37 @@ impl Shared {
                 computed,
             },
         );
+    }
+
+    /// Settles chunk `c`'s slice of `layer` (`len` bytes) once its trailer arrived: nothing
+    /// when its bytes were dropped (its layer had failed through another chunk); the layer a
+    /// miss naming the chunk when the CRC32C does not match (the chunk's next slices are
+    /// framed alike and still used); else the slice's CRC is recorded and its bytes counted
+    /// toward the layer, once the chunk's header is known to match the request
+    /// (`header_checked`: the body carried the header and it was checked already).
+    /// `false` when the header did not match or could not be read: the caller fails the
+    /// chunk with its reason.
+    pub(super) async fn settle_slice(
+        &self,
+        c: usize,
+        layer: u32,
+        len: u64,
+        end: &SliceEnd,
+        header_checked: bool,
+    ) -> bool {
+        if end.dropped {
+            return true;
+        }
+        if end.stored != end.computed {
+            self.slice_corrupt(c, layer, end.stored, end.computed);
+            return true;
+        }
+        if !(header_checked || self.header_ok(c).await) {
+            return false;
+        }
+        self.record_slice_crc(c, layer as usize, end.stored);
+        self.state.complete_impl(layer, len);
+        true
     }
 
     /// Writes `bytes` of a slice at `offset` of layer `layer`'s destination. `Ok(false)` when
@@ -196,5 +235,18 @@ impl Shared {
 
     pub(crate) fn chunk(&self, c: usize) -> ChunkStatus {
         ChunkStatus::from_u8(self.chunk_status[c].load(Ordering::Acquire))
+    }
+}
+
+/// Records a chunk's header as bad when dropped unless it was recorded already
+/// ([`Shared::header_bad_unless_set`]).
+pub(super) struct HeaderGuard<'a> {
+    sh: &'a Shared,
+    c: usize,
+}
+
+impl Drop for HeaderGuard<'_> {
+    fn drop(&mut self) {
+        self.sh.set_header(self.c, false);
     }
 }
