@@ -4,18 +4,20 @@
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// CPU time of this process so far, in seconds: the sum over its threads of
-/// `/proc/self/task/*/schedstat`'s run time (ns). `None` off Linux.
+/// CPU time of this process so far, in seconds: `CLOCK_PROCESS_CPUTIME_ID` (user and system
+/// time of all its threads, those that have exited included, in nanoseconds). Summing the
+/// live threads' `/proc/self/task/*/schedstat` instead, as this did before 2026-12-05, lost
+/// the time of a thread that exited between two readings (the runtime's idle blocking-pool
+/// threads exit after 10 s), which gave negative figures. `None` if the clock cannot be read.
 pub(super) fn process_cpu_s() -> Option<f64> {
-    let mut ns = 0u64;
-    for t in std::fs::read_dir("/proc/self/task").ok()? {
-        let p = t.ok()?.path().join("schedstat");
-        // A thread may exit between the listing and the read.
-        if let Ok(s) = std::fs::read_to_string(p) {
-            ns += s.split_whitespace().next()?.parse::<u64>().ok()?;
-        }
-    }
-    Some(ns as f64 / 1e9)
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call's duration; the clock id is a
+    // constant the C library defines.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    (rc == 0).then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9)
 }
 
 /// CPU seconds per GiB between two [`process_cpu_s`] readings.
