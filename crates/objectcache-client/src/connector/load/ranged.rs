@@ -307,7 +307,10 @@ async fn fetch_range(
             }
             Event::SliceEnd(end) => {
                 let layer = layers.start + end.slice as u32;
-                if !sh.settle_slice(chunk, layer, slice, &end, with_header).await {
+                if !sh
+                    .settle_slice(chunk, layer, slice, &end, with_header)
+                    .await
+                {
                     return Err(geometry(format!(
                         "the header of {key} (read with layer 0) did not match or could not be read"
                     )));
