@@ -2,10 +2,10 @@
 //!
 //! How the gather server reads each slice once when several loads want it at the same time:
 //! - **Filesystem backend** (`objectcache serve --store DIR`): unverified slices go to the
-//!   socket with `sendfile(2)` from the chunk file (`gather.rs`); the first load's read (and
-//!   its `POSIX_FADV_WILLNEED` advice, a layer ahead) brings the slice into the page cache, and
-//!   every concurrent load's `sendfile` is served from those same pages: one device read per
-//!   slice, whatever the number of loads.
+//!   socket from a read-only mapping of the chunk file (`gather/fetch.rs`); the first load's
+//!   touch of a slice (and its `POSIX_FADV_WILLNEED` advice, a layer ahead) brings it into the
+//!   page cache, and every concurrent load's socket write is served from those same pages:
+//!   one device read per slice, whatever the number of loads.
 //! - **Memory backend**: a read hands out the stored buffer itself (reference-counted), no
 //!   copy and no read.
 //! - **Any other backend** (gateway mode over an upstream S3 store, or a local store when the

@@ -26,38 +26,8 @@ impl Drop for MemoryHold {
     }
 }
 
-/// A byte range of an object's open local file ([`crate::store::Store::open_local`]), sent
-/// to the socket with `sendfile(2)`: the kernel hands page-cache pages to the socket, with no
-/// copy through user space.
-pub(super) struct FileRange {
-    pub(super) file: Arc<std::fs::File>,
-    pub(super) offset: u64,
-    pub(super) len: u64,
-}
-
-/// Payload bytes of a unit: the backend's buffers (no copy), or a range of a local file.
-pub(super) enum Part {
-    Mem(Bytes),
-    File(FileRange),
-}
-
-/// `parts` as buffers, if none is a file range.
-pub(super) fn into_mem(parts: Vec<Part>) -> Result<Vec<Bytes>, Vec<Part>> {
-    if parts.iter().all(|p| matches!(p, Part::Mem(_))) {
-        Ok(parts
-            .into_iter()
-            .filter_map(|p| match p {
-                Part::Mem(b) => Some(b),
-                Part::File(_) => None,
-            })
-            .collect())
-    } else {
-        Err(parts)
-    }
-}
-
 /// One piece of a unit, read: its payload and its CRC32C.
-type PieceResult = PieceRead<Part>;
+type PieceResult = PieceRead<Bytes>;
 
 /// Per chunk of a load, its object opened as a local file by the load's opener
 /// ([`open_chunks`], chunk order); `opened` counts the chunks it has got to. A chunk's cell
@@ -115,7 +85,7 @@ fn open_chunks(
     opened: &tokio::sync::watch::Sender<usize>,
 ) {
     // The segment file the last chunk was in: its other chunks share the open.
-    let mut last: Option<(String, Arc<std::fs::File>, u64)> = None;
+    let mut last: Option<(String, Arc<std::fs::File>, u64, Bytes)> = None;
     for i in 0..objects.len() {
         if opened.is_closed() {
             return;
@@ -123,9 +93,10 @@ fn open_chunks(
         let at = objects.segment_slot(i);
         let key = objects.key(i);
         let local = match (&last, at) {
-            (Some((k, file, size)), Some(at)) if k == key => {
+            (Some((k, file, size, mapped)), Some(at)) if k == key => {
                 let c = LocalChunk {
                     file: file.clone(),
+                    mapped: mapped.clone(),
                     size: *size,
                     header: Err("a segment's header is checked once per load".into()),
                     layers: layers.clone(),
@@ -137,7 +108,7 @@ fn open_chunks(
             _ => open_local_chunk(store, key, at, layers.clone(), slice_lens[i]),
         };
         if let (Some(c), Some(_)) = (&local, at) {
-            last = Some((key.to_string(), c.file.clone(), c.size));
+            last = Some((key.to_string(), c.file.clone(), c.size, c.mapped.clone()));
         }
         let _ = cells[i].set(local);
         opened.send_replace(i + 1);
@@ -221,13 +192,12 @@ async fn fetch_piece(
             });
         }
     }
-    let mem = |v: Vec<Bytes>| v.into_iter().map(Part::Mem).collect();
     if whole {
-        Ok((mem(data), stored))
+        Ok((data, stored))
     } else {
         let piece = sub_parts(&data, p.range.clone());
         let c = crc_of(&piece);
-        Ok((mem(piece), c))
+        Ok((piece, c))
     }
 }
 
@@ -237,6 +207,9 @@ async fn fetch_piece(
 /// requested (`layers`); where the chunk's slices lie (`at`).
 struct LocalChunk {
     file: Arc<std::fs::File>,
+    /// The whole file mapped read-only ([`crate::s3::mapped::map_whole`]): slices are lent
+    /// from it to the socket writes, which fault its pages in as they touch them.
+    mapped: Bytes,
     /// Object size in bytes, from the open file.
     size: u64,
     /// A chunk object's first [`HEADER_LEN`] bytes, or why they could not be read (a
@@ -253,18 +226,18 @@ impl LocalChunk {
         super::objects::slice_at(self.at, layer, slice_len)
     }
 
-    /// The stored CRC32C trailer of layer `layer`'s slice (`slice_len` bytes), read now: one
-    /// 4-byte read from a page [`LocalChunk::advise`] asked the kernel for a layer earlier.
+    /// The stored CRC32C trailer of layer `layer`'s slice (`slice_len` bytes), read now from
+    /// the mapping: a page [`LocalChunk::advise`] asked the kernel for a layer earlier.
     fn trailer(&self, layer: u32, slice_len: u64) -> Result<u32, String> {
-        use std::os::unix::fs::FileExt;
         if !self.layers.contains(&layer) {
             return Err(format!("layer {layer} outside the request"));
         }
-        let mut t = [0u8; 4];
-        self.file
-            .read_exact_at(&mut t, self.range(layer, slice_len).start + slice_len)
-            .map(|()| u32::from_le_bytes(t))
-            .map_err(|e| format!("layer {layer} slice CRC read: {e}"))
+        let at = self.range(layer, slice_len).start + slice_len;
+        let t = usize::try_from(at)
+            .ok()
+            .and_then(|at| self.mapped.get(at..at.checked_add(4)?))
+            .ok_or_else(|| format!("layer {layer} slice CRC at {at} is past the object's end"))?;
+        Ok(u32::from_le_bytes(t.try_into().expect("four bytes")))
     }
 
     /// Asks the kernel to start reading layer `layer`'s slice (with its CRC trailer) into the
@@ -290,7 +263,7 @@ impl LocalChunk {
 /// segment object holding it at `at`) as a local file, if the backend keeps one, and reads a
 /// chunk object's header, on the calling (blocking) thread; asks the kernel to read the
 /// first requested layer's slice (with its CRC trailer) ahead ([`LocalChunk::advise`]; each
-/// later slice is advised when the slice before it is queued), so the `sendfile`s and
+/// later slice is advised when the slice before it is queued), so the socket writes and
 /// trailer reads find their pages in the page cache. One open and one read per chunk object:
 /// on objects not in the page cache each read is a device read, and the load's opener opens
 /// its chunks one after another. The header check ([`check_header`]) and the unit reads
@@ -305,6 +278,11 @@ fn open_local_chunk(
     use std::os::unix::fs::FileExt;
     let o = store.open_local_blocking(key).ok().flatten()?;
     let size = o.meta().size;
+    // A file that cannot be mapped is read from the store instead, as a backend without
+    // local files is.
+    let mapped = crate::s3::mapped::map_whole(&o)
+        .inspect_err(|e| tracing::debug!(key, error = %e, "gather: mapping an object failed"))
+        .ok()?;
     let (f, _) = o.into_parts();
     let mut h = [0u8; HEADER_LEN as usize];
     let header = match at {
@@ -316,6 +294,7 @@ fn open_local_chunk(
     };
     let c = LocalChunk {
         file: Arc::new(f),
+        mapped,
         size,
         header,
         layers,
@@ -325,9 +304,9 @@ fn open_local_chunk(
     Some(Arc::new(c))
 }
 
-/// A whole slice of a local file, unverified: its bytes are named in the file (sent with
-/// `sendfile`), its CRC is the stored trailer (the client checks the payload against it, end
-/// to end).
+/// A whole slice of a local file, unverified: its bytes are lent from the file's mapping (the
+/// socket write is their only copy), its CRC is the stored trailer (the client checks the
+/// payload against it, end to end).
 fn piece_local(
     c: &LocalChunk,
     key: &str,
@@ -339,15 +318,10 @@ fn piece_local(
     if c.layers.contains(&(layer + 1)) {
         c.advise(layer + 1, p.slice_len);
     }
+    let at = c.range(layer, p.slice_len).start as usize;
     match trailer {
-        Ok(crc) => Ok((
-            vec![Part::File(FileRange {
-                file: c.file.clone(),
-                offset: c.range(layer, p.slice_len).start,
-                len: p.slice_len,
-            })],
-            crc,
-        )),
+        // The trailer lies after the slice, so the slice is within the mapping.
+        Ok(crc) => Ok((vec![c.mapped.slice(at..at + p.slice_len as usize)], crc)),
         Err(m) => Err(PieceMiss {
             chunk: p.chunk,
             reason: MissReason::Storage,
@@ -386,7 +360,7 @@ async fn fetch_unit(
                 .await
                 .expect("read semaphore is never closed");
             let (c, key) = (p.chunk as usize, objects.key(p.chunk as usize));
-            // Whole unverified slices of local files are sent from the file (sendfile).
+            // Whole unverified slices of local files are lent from the file's mapping.
             if let Some(files) = files.filter(|_| p.range.start == 0 && p.range.end == p.slice_len)
             {
                 if let Some(lc) = files.get(c).await {

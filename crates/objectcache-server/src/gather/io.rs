@@ -1,7 +1,7 @@
 //! A gather connection's socket I/O: reads under the server's memory budget and the
-//! client's progress floor, vectored writes of buffers, `sendfile(2)` of file ranges.
+//! client's progress floor, vectored writes of buffers (frames, and slices lent from the
+//! backend's memory or from mapped object files).
 
-use super::fetch::Part;
 use crate::budget::Hold;
 use crate::conn::RateFloor;
 use crate::{Abort, Shared};
@@ -11,7 +11,6 @@ use bytes::{Bytes, BytesMut};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// Buffers per vectored write (well under the kernel's IOV_MAX of 1024).
@@ -110,74 +109,6 @@ impl Io {
                 } else {
                     bytes::Buf::advance(front, n);
                     n = 0;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Writes the queued frames (a unit's prefix, and any misses before it) with `MSG_MORE`,
-    /// so the kernel sends them in one segment with the `sendfile` payload that follows
-    /// rather than alone (the socket has `TCP_NODELAY`): one wake-up of the client per unit
-    /// fewer. A client that accepts nothing for `client_timeout` is gone.
-    pub(super) async fn flush_more(&mut self, sh: &Shared) -> Result<(), Abort> {
-        let mut q: Vec<u8> = Vec::new();
-        while let Some(b) = self.conn.poll_transmit() {
-            q.extend_from_slice(&b);
-        }
-        let sock: &TcpStream = self.wr.as_ref();
-        let mut off = 0;
-        while off < q.len() {
-            let send = sock.async_io(tokio::io::Interest::WRITABLE, || {
-                rustix::net::send(sock, &q[off..], rustix::net::SendFlags::MORE)
-                    .map_err(std::io::Error::from)
-            });
-            match within_client_timeout(sh, &mut self.write_floor, send).await? {
-                0 => return Err(Abort::Gone),
-                n => off += n,
-            }
-        }
-        Ok(())
-    }
-
-    /// Sends a unit's payload parts after its prefix: buffers with plain writes, file ranges
-    /// with `sendfile(2)` (page-cache pages to the socket, no copy through user space). A
-    /// file shorter than its range (never, for immutable objects) or a client that accepts
-    /// nothing for `client_timeout` ends the connection: the client fails what is incomplete.
-    pub(super) async fn send_parts(&mut self, sh: &Shared, parts: Vec<Part>) -> Result<(), Abort> {
-        for p in parts {
-            match p {
-                Part::Mem(b) => {
-                    let mut at = 0;
-                    while at < b.len() {
-                        match within_client_timeout(
-                            sh,
-                            &mut self.write_floor,
-                            self.wr.write(&b[at..]),
-                        )
-                        .await?
-                        {
-                            0 => return Err(Abort::Gone),
-                            n => at += n,
-                        }
-                    }
-                }
-                Part::File(f) => {
-                    let sock: &TcpStream = self.wr.as_ref();
-                    let end = f.offset + f.len;
-                    let mut off = f.offset;
-                    while off < end {
-                        let send = sock.async_io(tokio::io::Interest::WRITABLE, || {
-                            let n = (end - off).min(1 << 30) as usize;
-                            rustix::fs::sendfile(sock, &*f.file, Some(&mut off), n)
-                                .map_err(std::io::Error::from)
-                        });
-                        if within_client_timeout(sh, &mut self.write_floor, send).await? == 0 {
-                            tracing::error!(offset = off, end, "local file shorter than its slice");
-                            sh.metrics.error("storage");
-                            return Err(Abort::Gone);
-                        }
-                    }
                 }
             }
         }

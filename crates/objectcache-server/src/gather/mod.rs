@@ -4,7 +4,7 @@
 //! - `mod.rs`: the connection loop ([`serve`]) and a load's life: checks, admission, pacing,
 //!   and the send loop, which does what the pure [`ServerLoad`] decides.
 //! - `io.rs`: the socket under the memory budget and the client's progress floor.
-//! - `fetch.rs`: the load's reads (header checks, unit pieces, local files for `sendfile`).
+//! - `fetch.rs`: the load's reads (header checks, unit pieces, mapped local files).
 //! - `save.rs`: batched saves.
 
 mod fetch;
@@ -12,7 +12,7 @@ mod io;
 mod objects;
 mod save;
 
-use fetch::{check_headers, into_mem, start_reads, AbortOnDrop, LocalFiles};
+use fetch::{check_headers, start_reads, AbortOnDrop, LocalFiles};
 use io::{Io, ReadWait, CONN_BUF_BYTES};
 use objects::LoadObjects;
 use save::run_save;
@@ -333,8 +333,8 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
     // checks run alongside; nothing is sent before they are known.
     let depth = ((sh.cfg.max_request_bytes / max_unit.max(1)) as usize).clamp(1, 64);
     let verify = req.verify || sh.cfg.always_verify;
-    // Unverified slices bound for the TCP stream are sent from local files when the backend
-    // keeps them (the client checks each unit's stored CRC32C end to end).
+    // Unverified slices bound for the TCP stream are lent from mappings of local files when
+    // the backend keeps them (the client checks each unit's stored CRC32C end to end).
     let files: Option<LocalFiles> = (!verify && matches!(req.target, TransportTarget::InlineTcp))
         .then(|| {
             LocalFiles::open(
@@ -459,15 +459,11 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
                             if load.rdma_layer_failed(layer) {
                                 break;
                             }
-                            // RDMA loads never get file ranges (`files` is for the TCP stream).
-                            let parts = into_mem(w.parts).map_err(|_| "file range on the RDMA path".to_string());
-                            let posted = async {
-                                match w.slice_of {
-                                    None => d.unit(plan, parts?).await,
-                                    Some(c) => d.slice(layer, c, w.offset, w.len, parts?).await,
-                                }
+                            let posted = match w.slice_of {
+                                None => d.unit(plan, w.parts).await,
+                                Some(c) => d.slice(layer, c, w.offset, w.len, w.parts).await,
                             };
-                            match posted.await {
+                            match posted {
                                 Ok(()) => {
                                     load.sent(w.len);
                                     sh.metrics.bytes("gather_out", w.len);
@@ -489,15 +485,7 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
                 let cut = Some(cut);
                 for (h, parts) in cut.map(|c| c.into_units()).unwrap_or_default() {
                     let len = h.len as u64;
-                    match into_mem(parts) {
-                        Ok(mem) => io.conn.send_unit(h, mem),
-                        Err(parts) => {
-                            // The unit's prefix, then its payload straight from the files.
-                            io.conn.send_unit(h, []);
-                            io.flush_more(sh).await?;
-                            io.send_parts(sh, parts).await?;
-                        }
-                    }
+                    io.conn.send_unit(h, parts);
                     load.sent(len);
                     sh.metrics.bytes("gather_out", len);
                 }

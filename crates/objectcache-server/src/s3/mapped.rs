@@ -69,6 +69,26 @@ pub(super) fn local_file_body(obj: LocalObject, range: Range<u64>, key: String) 
     .boxed()
 }
 
+/// The whole of `obj`'s file, mapped read-only ([`map`] without populating: its pages come
+/// in as they are first touched), for the gather path's socket writes (`gather/fetch.rs`).
+/// Sound for the same reason as [`local_file_body`]: `obj` is a [`LocalObject`], whose file
+/// never changes or shrinks; the mapping holds the inode once the file is closed.
+///
+/// # Errors
+/// The OS error of `mmap(2)`; an empty object (nothing to map) is an error too.
+pub(crate) fn map_whole(obj: &LocalObject) -> std::io::Result<Bytes> {
+    let size = obj.meta().size;
+    let len = usize::try_from(size)
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| {
+            std::io::Error::other(format!("no mapping for an object of {size} bytes"))
+        })?;
+    // SAFETY: `obj` is a `LocalObject`, under the contract of `LocalObject::new`: its file's
+    // bytes never change and it is never shortened; `0 + len` is its size when opened.
+    unsafe { map(obj.file(), 0, len, size, false) }
+}
+
 /// `n` bytes of an object's `file` (of `size` bytes) from byte `at`: mapped, or read if
 /// small.
 fn local_piece(file: &File, size: u64, at: u64, n: usize, key: &str) -> Result<Bytes, StoreError> {
@@ -79,7 +99,7 @@ fn local_piece(file: &File, size: u64, at: u64, n: usize, key: &str) -> Result<B
         // SAFETY: `file` is a `LocalObject`'s (`local_file_body`), under the contract of
         // `LocalObject::new`: its bytes never change and it is never shortened. `at + n` is
         // at most `size`, the size of this open file (checked by `local_file_body`).
-        return unsafe { map(file, at, n, size) }.map_err(|e| failed("map", e));
+        return unsafe { map(file, at, n, size, true) }.map_err(|e| failed("map", e));
     }
     let mut buf = vec![0u8; n];
     std::os::unix::fs::FileExt::read_exact_at(file, &mut buf, at).map_err(|e| failed("read", e))?;
@@ -136,9 +156,11 @@ impl Drop for Mapping {
 const MAP_ALIGN: u64 = 2 << 20;
 
 /// `len` bytes of `file` (of `size` bytes) from byte `at`, mapped read-only. The mapping
-/// reaches out to [`MAP_ALIGN`] boundaries around them (within the file) and only the pages
-/// lent out are populated: they are in place (read from the disk if need be) before the body
-/// goes to a socket, so call this on a blocking thread, never on the runtime's.
+/// reaches out to [`MAP_ALIGN`] boundaries around them (within the file). With `populate`
+/// the pages lent out are put in place now (read from the disk if need be) before the body
+/// goes to a socket, so call it so on a blocking thread, never on the runtime's; without it,
+/// pages come in as they are first touched (a socket write of a page not in the page cache
+/// reads it, as `sendfile(2)` would).
 ///
 /// # Safety
 /// `file` must be an object's file under the [`LocalObject`] contract (never changed or
@@ -146,7 +168,13 @@ const MAP_ALIGN: u64 = 2 << 20;
 ///
 /// # Errors
 /// The OS error of `mmap(2)`.
-unsafe fn map(file: &File, at: u64, len: usize, size: u64) -> std::io::Result<Bytes> {
+unsafe fn map(
+    file: &File,
+    at: u64,
+    len: usize,
+    size: u64,
+    populate: bool,
+) -> std::io::Result<Bytes> {
     if len == 0 {
         return Ok(Bytes::new());
     }
@@ -176,6 +204,9 @@ unsafe fn map(file: &File, at: u64, len: usize, size: u64) -> std::io::Result<By
         offset,
         data: len,
     };
+    if !populate {
+        return Ok(Bytes::from_owner(m));
+    }
     // The pages lent out, whole.
     let first = offset - offset % page as usize;
     let last = (offset + len).div_ceil(page as usize) * page as usize;
@@ -230,7 +261,7 @@ mod tests {
         let mut held = Vec::new();
         for (at, len) in ranges {
             // SAFETY: this test's file is never written again.
-            let b = unsafe { map(&file, at as u64, len, data.len() as u64) }.unwrap();
+            let b = unsafe { map(&file, at as u64, len, data.len() as u64, at % 2 == 0) }.unwrap();
             assert!(b[..] == data[at..at + len], "{at}+{len}");
             held.push((at + len / 3, b.slice(len / 3..len - len / 3)));
         }

@@ -6,7 +6,7 @@
 mod buckets;
 mod errors;
 mod get_body;
-mod mapped;
+pub(crate) mod mapped;
 mod request_body;
 
 pub use buckets::Buckets;
