@@ -72,6 +72,12 @@ pub struct TransferArgs {
     /// default: the engine's default).
     #[arg(long)]
     gather_streams: Option<usize>,
+    /// An engine setting for the engine paths' loads, `KEY=VALUE` as in the engine's config
+    /// (`EngineConfig::set`; repeatable, applied after the benchmark's own), e.g.
+    /// `--engine window_bytes=536870912` to cover a larger bandwidth-delay product under
+    /// `--delay-ms`. A bad key or value is an error naming it.
+    #[arg(long = "engine", value_name = "KEY=VALUE")]
+    engine_settings: Vec<String>,
     /// Model geometry preset (`llama-3.1-8b`, `qwen2.5-7b`, `llama-3.1-70b-tp8`, ...).
     #[arg(long, default_value = "llama-3.1-8b")]
     model: String,
@@ -377,6 +383,12 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                         if let Some(n) = args.gather_streams {
                             cfg.set("gather_streams", &n.to_string())
                                 .map_err(|e| e.to_string())?;
+                        }
+                        for kv in &args.engine_settings {
+                            let (k, v) = kv.split_once('=').ok_or_else(|| {
+                                format!("--engine {kv:?}: expected KEY=VALUE")
+                            })?;
+                            cfg.set(k, v).map_err(|e| format!("--engine {kv:?}: {e}"))?;
                         }
                         let engine = Engine::with_store(store.clone(), cfg.clone())
                             .map_err(|e| e.to_string())?;
