@@ -16,6 +16,16 @@ pub(super) fn total_from_content_range(cr: &str) -> Option<u64> {
     cr.rsplit_once('/').and_then(|(_, t)| t.trim().parse().ok())
 }
 
+/// `Content-Range: bytes a-b/size` as (`a`, `b + 1`, the size if given rather than `*`);
+/// `None` for any other form, or `b < a`. The SDK's GETs (`ops.rs`) and the direct ones
+/// (`direct.rs`) read the header with it.
+pub(super) fn parse_content_range(v: &str) -> Option<(u64, u64, Option<u64>)> {
+    let (range, size) = v.trim().strip_prefix("bytes ")?.split_once('/')?;
+    let (a, b) = range.split_once('-')?;
+    let (a, b): (u64, u64) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+    (a <= b).then_some((a, b + 1, size.trim().parse().ok()))
+}
+
 /// Streams an SDK body as our [`ByteStream`]: each chunk must arrive within `idle`, and the
 /// body must hold exactly `want` bytes (an early end or an overrun is an error).
 pub(super) fn body_stream(

@@ -76,20 +76,10 @@ impl Direct {
     }
 
     async fn connect(&self, host: &str, port: u16) -> std::io::Result<TcpStream> {
-        let fixed = self
-            .resolve
-            .iter()
-            .find(|(pat, _)| match pat.strip_prefix("*.") {
-                Some(suffix) => {
-                    host.len() > suffix.len() + 1
-                        && host.ends_with(suffix)
-                        && host.as_bytes()[host.len() - suffix.len() - 1] == b'.'
-                }
-                None => pat.eq_ignore_ascii_case(host),
-            });
+        let fixed = super::resolver::fixed_answer(&self.resolve, host);
         let connect = async {
             let s = match fixed {
-                Some((_, ip)) => TcpStream::connect(SocketAddr::new(*ip, port)).await?,
+                Some(ip) => TcpStream::connect(SocketAddr::new(ip, port)).await?,
                 None => TcpStream::connect((host, port)).await?,
             };
             s.set_nodelay(true)?;
@@ -435,12 +425,10 @@ fn answer(resp: &httparse::Response<'_, '_>) -> Result<Answer, String> {
     Ok(a)
 }
 
-/// `bytes a-b/size` as (`a`, `b + 1`, `size`).
+/// `bytes a-b/size` as (`a`, `b + 1`, `size`): a body read into place needs the size.
 fn parse_content_range(v: &str) -> Option<(u64, u64, u64)> {
-    let (range, size) = v.strip_prefix("bytes ")?.split_once('/')?;
-    let (a, b) = range.split_once('-')?;
-    let (a, b): (u64, u64) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
-    (a <= b).then_some((a, b + 1, size.trim().parse().ok()?))
+    let (a, b, size) = super::body::parse_content_range(v)?;
+    Some((a, b, size?))
 }
 
 /// The body of a direct ranged GET: the bytes read with the head, then the connection's,

@@ -1,7 +1,9 @@
 //! The [`Store`] operations of [`S3Store`]: each one S3 request (or a few), its answer
 //! checked and its errors mapped.
 
-use super::body::{body_stream, to_system_time, total_from_content_range, SyncBody};
+use super::body::{
+    body_stream, parse_content_range, to_system_time, total_from_content_range, SyncBody,
+};
 use super::errors::Op;
 use super::{S3Store, BACKEND};
 use crate::error::StoreError;
@@ -336,16 +338,7 @@ impl S3Store {
         };
         let range: Range<u64> = resolve_range(key, opts.range.clone(), size)?;
         let served = match out.content_range() {
-            Some(cr) => cr
-                .trim_start_matches("bytes ")
-                .split_once('/')
-                .and_then(|(r, _)| r.split_once('-'))
-                .and_then(|(a, b)| {
-                    Some((
-                        a.trim().parse::<u64>().ok()?,
-                        b.trim().parse::<u64>().ok()? + 1,
-                    ))
-                }),
+            Some(cr) => parse_content_range(cr).map(|(a, b, _)| (a, b)),
             None => Some((0, len)),
         };
         if served != Some((range.start, range.end)) || len != range.end - range.start {
