@@ -17,9 +17,11 @@ pub struct EngineConfig {
     pub namespace: String,
     /// `hash_algo`: `sha256cbor` (default, vLLM-compatible) or `ext` (caller's own hashes).
     pub hash_algo: HashAlgo,
-    /// `window_bytes`: look-ahead window of a load, bytes in flight at most. Default 256 MiB.
-    /// On a long round trip a ranged-GET load keeps about twice the measured
-    /// bandwidth-delay product in flight, up to this bound.
+    /// `window_bytes`: look-ahead window of a load, bytes in flight at most. Default 1 GiB.
+    /// A ranged-GET load starts with 256 MiB in flight at most (less where this is less) and
+    /// grows to about twice the measured bandwidth-delay product where that is more, up to
+    /// this bound: 1 GiB covers a 100 ms round trip at 5 GB/s. Ranged-GET bodies land in the
+    /// destination as they arrive, so bytes in flight are not buffered in memory.
     pub window_bytes: u64,
     /// `max_requests`: concurrent storage requests of one load on a short round trip (the
     /// cap grows past it, within `window_bytes`, when the measured bandwidth-delay product
@@ -181,7 +183,7 @@ impl Default for EngineConfig {
             store: default_store_url(),
             namespace: "default".into(),
             hash_algo: HashAlgo::Sha256Cbor,
-            window_bytes: 256 << 20,
+            window_bytes: 1 << 30,
             max_requests: 32,
             coalesce_bytes: 4 << 20,
             lookup_fanout: 16,

@@ -48,18 +48,31 @@ pub(super) fn classify(c: usize, key: &str, e: &StoreError) -> (ChunkStatus, Lay
 /// default 4 MiB coalesced size still fill a 1 GiB window.
 pub(crate) const MAX_REQUESTS_IN_FLIGHT: usize = 256;
 
+/// Bytes one ranged-GET load may have in flight before it has measured its path, and
+/// whenever twice the measured bandwidth-delay product is smaller: 256 MiB, or `window_bytes`
+/// where that is smaller.
+///
+/// The bytes in flight grow past it only as the measured product needs, up to `window_bytes`.
+/// Why not all of `window_bytes` at once: on a short round trip more bytes in flight only
+/// split the link among more layers, so the first layer comes later. Measured with a fixed
+/// 1 GiB window against 256 MiB (`objectcache-bench transfer --context 32768 --paths
+/// s3-segment`, no delay): first layer 124 ms against 67 ms (docs/benchmarks.md, "Delay
+/// sweep"). 256 MiB covers twice the product of a 2.7 GB/s link up to a 100 ms round trip.
+pub(crate) const BASE_WINDOW_BYTES: u64 = 256 << 20;
+
 /// Requests and bytes in flight of one ranged-GET load, and what it has measured of the
 /// path: the shortest time to response headers (the round trip, plus the server's time) and
 /// the bytes received since the first one arrived (the delivery rate).
 ///
-/// A read may go out when the bytes in flight stay within `window_bytes` (one read larger
-/// than the window goes alone) and, except for first-layer reads, the requests in flight
-/// stay below the request cap: `max(max_requests, ceil(target / mean read))`, where the
-/// target is twice the measured bandwidth-delay product (rate x shortest round trip; the
-/// rate is the bytes received since the first one over at least one round trip), bounded
-/// by `window_bytes`. On a short round trip the cap is `max_requests`; on a long one
-/// it grows with each round trip's deliveries until the bytes in flight cover the product
-/// (or fill the window). First-layer reads (one per chunk) all go out at once within the
+/// A read may go out when the bytes in flight stay within the byte limit (one read larger
+/// than it goes alone) and, except for first-layer reads, the requests in flight stay below
+/// the request cap: `max(max_requests, ceil(target / mean read))`. The target is twice the
+/// measured bandwidth-delay product (rate x shortest round trip; the rate is the bytes
+/// received since the first one over at least one round trip), bounded by `window_bytes`;
+/// the byte limit is the larger of the target and [`BASE_WINDOW_BYTES`], bounded by
+/// `window_bytes`. On a short round trip the cap is `max_requests` and the limit the base;
+/// on a long one both grow with each round trip's deliveries until the bytes in flight
+/// cover the product (or fill `window_bytes`). First-layer reads (one per chunk) all go out at once within the
 /// window: layer 0 is needed first, so its reads gain nothing from waiting, and a long
 /// round trip is paid once for all of them. Whatever the caps, at most
 /// [`MAX_REQUESTS_IN_FLIGHT`] reads are in flight.
@@ -97,17 +110,27 @@ impl Flight {
         }
     }
 
-    fn cap(&self, st: &FlightState) -> usize {
-        let now = self.start.elapsed().as_secs_f64();
+    /// Twice the bandwidth-delay product measured by `now` (seconds since `start`), bytes,
+    /// at most `window_bytes`.
+    fn target(&self, st: &FlightState, now: f64) -> f64 {
         let bdp = match (st.min_rtt_s, st.first_byte_s) {
             // The rate over at least one round trip: a burst that was in flight together
             // does not read as a fast link (so the target at most doubles per round trip).
             (Some(rtt), Some(t0)) => st.received as f64 / (now - t0).max(rtt).max(1e-6) * rtt,
             _ => 0.0,
         };
-        let target = (2.0 * bdp).min(self.window as f64);
+        (2.0 * bdp).min(self.window as f64)
+    }
+
+    /// Requests in flight at most, first-layer reads aside.
+    fn cap(&self, target: f64) -> usize {
         self.max_requests
             .max((target / self.mean_read.max(1.0)).ceil() as usize)
+    }
+
+    /// Bytes in flight at most (one larger read goes alone).
+    fn limit(&self, target: f64) -> u64 {
+        (target as u64).max(BASE_WINDOW_BYTES).min(self.window)
     }
 
     /// Waits until a read of `n` bytes may go out, and counts it in flight.
@@ -121,10 +144,11 @@ impl Flight {
             let notified = self.changed.notified();
             {
                 let mut st = self.st.lock().expect("lock");
-                let fits = st.bytes == 0 || st.bytes + n <= self.window;
+                let target = self.target(&st, self.start.elapsed().as_secs_f64());
+                let fits = st.bytes == 0 || st.bytes + n <= self.limit(target);
                 if fits
                     && st.requests < MAX_REQUESTS_IN_FLIGHT
-                    && (first_layer || st.requests < self.cap(&st))
+                    && (first_layer || st.requests < self.cap(target))
                 {
                     st.requests += 1;
                     st.bytes += n;
@@ -189,5 +213,40 @@ impl Drop for FlightPermit {
         st.bytes -= self.left;
         drop(st);
         f.changed.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The byte limit starts at the base, follows twice the measured bandwidth-delay product
+    /// above it, and stops at `window_bytes`; the request cap follows the same target.
+    #[test]
+    fn limit_follows_measured_product_within_window() {
+        let mib = 1u64 << 20;
+        let f = Flight::new(1 << 30, 32, (4 * mib) as f64);
+        let mut st = FlightState::default();
+        // Nothing measured yet: the base, and `max_requests`.
+        assert_eq!(f.limit(f.target(&st, 0.0)), BASE_WINDOW_BYTES);
+        assert_eq!(f.cap(f.target(&st, 0.0)), 32);
+        // A 1 ms round trip at 2.5 GB/s: the product (2.5 MB) is far below the base.
+        st.min_rtt_s = Some(0.001);
+        st.first_byte_s = Some(0.0);
+        st.received = 250_000_000;
+        assert_eq!(f.limit(f.target(&st, 0.1)), BASE_WINDOW_BYTES);
+        assert_eq!(f.cap(f.target(&st, 0.1)), 32);
+        // A 100 ms round trip at 2.5 GB/s: twice the product is 500 MB.
+        st.min_rtt_s = Some(0.1);
+        assert_eq!(f.limit(f.target(&st, 0.1)), 500_000_000);
+        assert_eq!(f.cap(f.target(&st, 0.1)), 120); // ceil(500 MB / 4 MiB)
+        // A 500 ms round trip at 2.5 GB/s: the window bounds both.
+        st.min_rtt_s = Some(0.5);
+        st.received = 1_250_000_000;
+        assert_eq!(f.limit(f.target(&st, 0.5)), 1 << 30);
+        assert_eq!(f.cap(f.target(&st, 0.5)), 256);
+        // A window below the base is the limit from the start.
+        let small = Flight::new(8 * mib, 32, mib as f64);
+        assert_eq!(small.limit(small.target(&FlightState::default(), 0.0)), 8 * mib);
     }
 }
