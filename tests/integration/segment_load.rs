@@ -210,6 +210,56 @@ fn segments_load_byte_for_byte_alone_and_beside_chunk_objects() {
     }
 }
 
+/// More whole segments than a layer's share of reads (six one-chunk segments, 4 reads a
+/// layer on average, layer 0 taking one per segment): after layer 0, some segments' reads of
+/// the layer before are extended over the next layer (contiguous: a segment is layer-major),
+/// so the load keeps the budget of 4 GETs a layer instead of one per (segment, layer), and
+/// lands byte for byte. A flipped byte in segment 0's layer 1, which rides on its layer-0
+/// read, fails layer 1 alone.
+#[test]
+fn reads_spanning_layers_of_whole_segments_keep_the_budget_byte_for_byte() {
+    for (name, s) in stores() {
+        let g = small();
+        let hs = hashes(&g, 6 * 16, 23);
+        let data = kv(&g, 6, 23);
+        let (slice, layers) = (g.slice_bytes() as usize, g.layers as usize);
+        for flip in [None, Some((1u32, 0usize))] {
+            let e = engine(s.clone(), &unique_ns(name));
+            for c in 0..6 {
+                let f = if c == 0 { flip } else { None };
+                write_segment(&s, &e, &g, &hs, &data, c..c + 1, &hs[c..c + 1], f, true);
+            }
+            assert_eq!(e.lookup_blocking(&g, &hs).unwrap(), 6, "{name}");
+            let h = start_load(&e, &g, hs.clone(), 6 * slice);
+            for l in 0..layers {
+                match (h.wait_layer_blocking(l, None), flip) {
+                    (Ok(()), _) => {
+                        assert!(flip.is_none() || l != 1, "{name}: layer 1 ready");
+                        assert!(h.layer(l).unwrap() == &data[l][..], "{name} layer {l}");
+                    }
+                    (Err(err), Some(_)) => {
+                        assert!(
+                            l == 1
+                                && matches!(
+                                    err,
+                                    LayerError::ChecksumMismatch {
+                                        chunk: 0,
+                                        layer: 1,
+                                        ..
+                                    }
+                                ),
+                            "{name} layer {l}: {err:?}"
+                        );
+                        assert!(h.layer(l).is_none());
+                    }
+                    (Err(err), None) => panic!("{name} layer {l}: {err:?}"),
+                }
+            }
+            assert_eq!(h.stats().requests, 4 * layers as u64, "{name}");
+        }
+    }
+}
+
 #[test]
 fn a_segment_is_a_miss_for_exactly_what_it_touches() {
     for (name, s) in stores() {

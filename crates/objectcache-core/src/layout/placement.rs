@@ -178,13 +178,15 @@ pub fn place(n: usize, known: &BTreeMap<usize, Marker>) -> Placement {
 pub struct SegmentRead {
     /// Index of the run in the slice of runs planned.
     pub run: usize,
-    /// The layer whose slices this read carries.
-    pub layer: u32,
-    /// Prefix positions whose slices of `layer` it carries, consecutive (empty for a read of
-    /// the header alone).
+    /// The layers whose slices this read carries, consecutive: one layer, or several of a run
+    /// that is its whole segment (layer-major, so one layer's slices end where the next
+    /// one's begin), each with the slices of every one of `positions`.
+    pub layers: Range<u32>,
+    /// Prefix positions whose slices of each of `layers` it carries, consecutive (empty for
+    /// a read of the header alone).
     pub positions: Range<usize>,
-    /// Byte range in the segment object: from 0 when `with_header`, then the slices of
-    /// `positions` with their CRCs.
+    /// Byte range in the segment object: from 0 when `with_header`, then for each of
+    /// `layers` in order the slices of `positions` with their CRCs.
     pub bytes: Range<u64>,
     /// The read starts with the segment's header and chunk list (`header_len` bytes), which
     /// must be checked before any slice of the run is used.
@@ -231,17 +233,19 @@ pub fn segment_pieces(layers: u32, per_layer: u32, first: u32, floor: u32) -> Ve
 /// run's layer 1, and so on, as the GPU consumes them.
 ///
 /// Each layer gets `pieces` reads, layer 0 `first_pieces` (as many as its ranges can be cut
-/// into), taken from the later layers' share ([`segment_pieces`], with one read per run as
-/// the floor). Layer `l`'s reads are shared among the runs (at least one each): each
-/// (run, layer) range is cut at slice boundaries into at most `max(1, pieces_l / runs)`
-/// reads of at least `min_piece_bytes` each (one read when the range is smaller), so a
-/// layer arrives over several connections at once (the layout sweep in
-/// `docs/object-format.md`: a segment's layer 0 in one GET waits on one connection) while
-/// the request count stays `layers x pieces` where the runs allow it: a prefix saved as up
-/// to `pieces` segments costs no more GETs than one saved as one, except for what layer 0
-/// takes beyond what the later layers can give. A run that starts at index 0 reads its header with its
-/// first layer-0 piece (bytes from 0, nothing skipped); any other run gets a read of the
-/// header alone, first, so it is not made to read the slices before its own.
+/// into), taken from the later layers' share ([`segment_pieces`]). Layer `l`'s reads are
+/// shared among the runs (at least one each): each (run, layer) range is cut at slice
+/// boundaries into at most `max(1, pieces_l / runs)` reads of at least `min_piece_bytes` each
+/// (one read when the range is smaller), so a layer arrives over several connections at once
+/// (the layout sweep in `docs/object-format.md`: a segment's layer 0 in one GET waits on one
+/// connection) while the request count stays `layers x pieces`: a prefix saved as several
+/// segments costs no more GETs than one saved as one. Where a later layer's share is smaller
+/// than the runs, a run that is its whole segment and whose previous layer is one read has
+/// that read extended over this layer (contiguous: the segment is layer-major) instead of a
+/// read of its own, the runs taking turns; a run that is part of its segment always gets one
+/// read per layer, at the cost of a read more. A run that starts at index 0 reads its header
+/// with its first layer-0 piece (bytes from 0, nothing skipped); any other run gets a read of
+/// the header alone, first, so it is not made to read the slices before its own.
 pub fn plan_segment_reads(
     runs: &[SegmentRun],
     layers: u32,
@@ -256,6 +260,12 @@ pub fn plan_segment_reads(
         .filter(|r| !r.positions.is_empty())
         .count()
         .max(1) as u32;
+    // Runs whose later layers may share a read: the whole segment, from index 0.
+    let whole = |r: &SegmentRun| r.first_index == 0 && r.positions.len() as u64 == r.chunks as u64;
+    let parts = runs
+        .iter()
+        .filter(|r| !r.positions.is_empty() && !whole(r))
+        .count() as u32;
     // The reads each run's layer range can be cut into at most.
     let most = |m: u64| (m * stride / min_piece_bytes.max(1)).clamp(1, m.max(1));
     let usable: u64 = runs.iter().map(|r| most(r.positions.len() as u64)).sum();
@@ -263,28 +273,48 @@ pub fn plan_segment_reads(
         layers,
         pieces,
         (first_pieces as u64).min(usable) as u32,
-        active,
+        parts,
     );
-    let mut out = Vec::new();
+    let mut out: Vec<SegmentRead> = Vec::new();
     for (r, run) in runs.iter().enumerate() {
         if run.first_index > 0 && !run.positions.is_empty() {
             out.push(SegmentRead {
                 run: r,
-                layer: 0,
+                layers: 0..1,
                 positions: run.positions.start..run.positions.start,
                 bytes: 0..run.header_len as u64,
                 with_header: true,
             });
         }
     }
+    // Per run: its latest read when that is one read of its whole segment's layer (it may be
+    // extended over the next layer), and how many layers it has shared a read so far.
+    let mut last: Vec<Option<usize>> = vec![None; runs.len()];
+    let mut shared = vec![0u32; runs.len()];
     for layer in 0..layers {
-        let per_run = (pieces[layer as usize] / active).max(1);
+        let share = pieces[layer as usize];
+        let mut extend = vec![false; runs.len()];
+        if share < active {
+            let mut turns: Vec<usize> = (0..runs.len()).filter(|&r| last[r].is_some()).collect();
+            turns.sort_by_key(|&r| (shared[r], r));
+            for &r in turns.iter().take((active - share) as usize) {
+                extend[r] = true;
+            }
+        }
+        let per_run = (share / active).max(1);
         for (r, run) in runs.iter().enumerate() {
             let m = run.positions.len() as u64;
             if m == 0 {
                 continue;
             }
             let lay = run.layout(slice_len);
+            let indexes = run.first_index..run.first_index + m as u32;
+            if let (true, Some(i)) = (extend[r], last[r]) {
+                out[i].layers.end = layer + 1;
+                out[i].bytes.end = lay.run_range(layer, indexes).end;
+                shared[r] += 1;
+                continue;
+            }
             let n = most(m).min(per_run as u64);
             let mut at = 0u64;
             for i in 0..n {
@@ -295,7 +325,7 @@ pub fn plan_segment_reads(
                 let with_header = layer == 0 && i == 0 && run.first_index == 0;
                 out.push(SegmentRead {
                     run: r,
-                    layer,
+                    layers: layer..layer + 1,
                     positions: run.positions.start + at as usize
                         ..run.positions.start + (at + len) as usize,
                     bytes: if with_header { 0 } else { range.start }..range.end,
@@ -303,6 +333,7 @@ pub fn plan_segment_reads(
                 });
                 at += len;
             }
+            last[r] = (n == 1 && whole(run)).then(|| out.len() - 1);
         }
     }
     out
@@ -457,22 +488,25 @@ mod tests {
         let runs = [run(0..128, 0, 128)];
         let plan = plan_segment_reads(&runs, layers, slice, 4, 4, 1 << 20);
         assert_eq!(plan.len(), 128);
-        assert!(plan.windows(2).all(|w| w[0].layer <= w[1].layer));
+        assert!(plan
+            .windows(2)
+            .all(|w| w[0].layers.start <= w[1].layers.start));
         let lay = runs[0].layout(slice);
-        let mut seen = vec![vec![0u8; 128]; layers as usize];
         for r in &plan {
             assert_eq!(r.positions.len(), 32);
-            let first = lay.slice_range(r.layer, r.positions.start as u32).start;
-            let last = lay.slice_range(r.layer, r.positions.end as u32 - 1).end;
+            assert_eq!(r.layers.len(), 1);
+            let first = lay
+                .slice_range(r.layers.start, r.positions.start as u32)
+                .start;
+            let last = lay
+                .slice_range(r.layers.start, r.positions.end as u32 - 1)
+                .end;
             // Only the very first read carries the header, from byte 0.
-            assert_eq!(r.with_header, r.layer == 0 && r.positions.start == 0);
+            assert_eq!(r.with_header, r.layers.start == 0 && r.positions.start == 0);
             let start = if r.with_header { 0 } else { first };
             assert_eq!(r.bytes, start..last);
-            for p in r.positions.clone() {
-                seen[r.layer as usize][p] += 1;
-            }
         }
-        assert!(seen.iter().flatten().all(|&n| n == 1));
+        assert_covers_once(&runs, &plan, layers, slice);
         // The same prefix saved as four segments of 32 chunks: the pieces are shared, one
         // read per (segment, layer), still 128 GETs; two segments take two pieces each.
         let four: Vec<SegmentRun> = (0..4).map(|i| run(i * 32..(i + 1) * 32, 0, 32)).collect();
@@ -483,27 +517,74 @@ mod tests {
         assert_eq!(plan.len(), 128);
         assert!(plan.iter().all(|r| r.positions.len() == 16));
         // Layer 0 in 16 reads, the budget kept: 128 GETs still, the last 12 layers in 3.
-        // Four segments: every layer reads each at least once, so layer 0's 12 more reads
-        // are added (140), 4 per segment.
-        for (runs, total, last) in [(&runs[..], 128, 3), (&four[..], 140, 4)] {
+        // Four segments: layers 20-31 have 3 reads for 4 segments, so in each of them one
+        // segment's read of the layer before is extended over it, the segments taking turns
+        // (three times each): 128 GETs too, every byte once.
+        for runs in [&runs[..], &four[..]] {
             let plan = plan_segment_reads(runs, layers, slice, 4, 16, 1 << 20);
-            assert_eq!(plan.len(), total);
-            let count = |l: u32| plan.iter().filter(|r| r.layer == l).count();
-            assert_eq!((count(0), count(19), count(31)), (16, 4, last));
-            let mut seen = vec![vec![0u8; 128]; layers as usize];
-            for r in &plan {
-                for p in r.positions.clone() {
-                    seen[r.layer as usize][p] += 1;
-                }
-            }
-            assert!(seen.iter().flatten().all(|&n| n == 1));
+            assert_eq!(plan.len(), 128);
+            let count = |l: u32| plan.iter().filter(|r| r.layers.start == l).count();
+            assert_eq!((count(0), count(19), count(31)), (16, 4, 3));
+            assert_covers_once(runs, &plan, layers, slice);
         }
+        let plan = plan_segment_reads(&four, layers, slice, 4, 16, 1 << 20);
+        for r in 0..4 {
+            let spans: Vec<usize> = plan
+                .iter()
+                .filter(|p| p.run == r)
+                .map(|p| p.layers.len())
+                .collect();
+            assert_eq!(
+                spans.iter().filter(|&&n| n == 2).count(),
+                3,
+                "segment {r}: {spans:?}"
+            );
+            assert!(spans.iter().all(|&n| n <= 2));
+        }
+        // A run that is part of its segment reads each layer apart: the four runs of 32
+        // chunks in segments of 64 take layer 0's 12 more reads on top (140).
+        let parts: Vec<SegmentRun> = (0..4).map(|i| run(i * 32..(i + 1) * 32, 0, 64)).collect();
+        let plan = plan_segment_reads(&parts, layers, slice, 4, 16, 1 << 20);
+        assert_eq!(plan.len(), 140);
+        assert!(plan.iter().all(|r| r.layers.len() == 1));
         // Layer 0 of 4 chunks cuts into 4 reads at most: it takes no more, and the later
         // layers keep their 4 (the budget is not spent on reads layer 0 cannot use).
         let small = [run(0..4, 0, 4)];
         let plan = plan_segment_reads(&small, layers, slice, 4, 16, 1 << 20);
         assert_eq!(plan.len(), 128);
         assert!(plan.iter().all(|r| r.positions.len() == 1));
+    }
+
+    /// Every (layer, position) of `runs` is read exactly once, and each read's bytes are its
+    /// layers' slices of its positions in order (after the header where it carries one).
+    fn assert_covers_once(runs: &[SegmentRun], plan: &[SegmentRead], layers: u32, slice: u64) {
+        let n = runs.iter().map(|r| r.positions.end).max().unwrap_or(0);
+        let mut seen = vec![vec![0u8; n]; layers as usize];
+        for r in plan {
+            let run = &runs[r.run];
+            let lay = run.layout(slice);
+            let index = |p: usize| run.first_index + (p - run.positions.start) as u32;
+            let first = lay
+                .slice_range(r.layers.start, index(r.positions.start))
+                .start;
+            let last = lay
+                .slice_range(r.layers.end - 1, index(r.positions.end - 1))
+                .end;
+            assert_eq!(r.bytes.end, last);
+            assert_eq!(r.bytes.start, if r.with_header { 0 } else { first });
+            let per_layer = (r.positions.len() as u64) * (slice + 4);
+            let header = if r.with_header { first } else { 0 };
+            assert_eq!(
+                r.bytes.end - r.bytes.start,
+                header + per_layer * r.layers.len() as u64
+            );
+            for l in r.layers.clone() {
+                for p in r.positions.clone() {
+                    seen[l as usize][p] += 1;
+                }
+            }
+        }
+        assert!(seen.iter().flatten().all(|&n| n == 1));
     }
 
     #[test]
@@ -531,7 +612,7 @@ mod tests {
         assert_eq!(plan[0].bytes, 0..runs[1].header_len as u64);
         let rest: Vec<(usize, u32, Range<usize>, bool)> = plan[1..]
             .iter()
-            .map(|r| (r.run, r.layer, r.positions.clone(), r.with_header))
+            .map(|r| (r.run, r.layers.start, r.positions.clone(), r.with_header))
             .collect();
         assert_eq!(
             rest,

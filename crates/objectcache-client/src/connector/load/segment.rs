@@ -23,13 +23,14 @@ use std::ops::Range;
 use std::sync::Arc;
 
 /// Parallel reads a segment load's layer is cut into on average (`segment_pieces`): a
-/// one-save 32K-token 8B load then takes 4 x 32 = 128 GETs, the goal of issue 18.
+/// one-save 32K-token 8B load then takes 4 x 32 = 128 GETs, the goal of issue 18, whether
+/// the save made one segment or several.
 const SEGMENT_PIECES: u32 = 4;
 /// Parallel reads of layer 0, taken from the last layers' share where they have reads to
 /// spare (`segment_pieces`). Prefill waits for all of layer 0; over 4 connections it came
 /// 2.8-3.0x gather's TTFL, over 16 1.7-2.6x (32K at 8B, `objectcache-bench transfer
-/// --paths gather-tcp,s3-segment`, loopback; docs/object-format.md). A one-segment load stays
-/// at 128 GETs; one in four segments takes 140 (each segment's layers are read apart).
+/// --paths gather-tcp,s3-segment`, loopback; docs/object-format.md). A load stays at 128
+/// GETs: in four segments, the last layers' reads each span two layers of one segment.
 const SEGMENT_FIRST_PIECES: u32 = 16;
 /// Smallest such read, bytes: below it a layer's range is read whole.
 const SEGMENT_MIN_PIECE: u64 = 1 << 20;
@@ -38,7 +39,7 @@ const SEGMENT_MIN_PIECE: u64 = 1 << 20;
 pub(super) enum Planned {
     /// Layers of one chunk object (format version 1).
     Chunk(RangeRead),
-    /// One layer of a run of chunks in a segment object (format version 2), or its header.
+    /// Layers of a run of chunks in a segment object (format version 2), or its header.
     Segment(SegmentRead),
 }
 
@@ -47,7 +48,7 @@ impl Planned {
     pub(super) fn first_layer(&self) -> u32 {
         match self {
             Planned::Chunk(r) => r.layers.start,
-            Planned::Segment(r) => r.layer,
+            Planned::Segment(r) => r.layers.start,
         }
     }
 
@@ -159,11 +160,36 @@ fn fail_run(sh: &Shared, run: &SegmentRun, g: &KvGeometry, reason: String) {
     fail(sh, run.positions.clone(), 0..g.layers, status, err);
 }
 
-/// Marks every chunk `read` carries with `status` and fails its layer with `err` (a read
+/// Marks every chunk `read` carries with `status` and fails its layers with `err` (a read
 /// that failed as a whole: the run's other layers are unaffected).
 fn fail_read(sh: &Shared, read: &SegmentRead, status: ChunkStatus, err: LayerError) {
-    let layer = read.layer;
-    fail(sh, read.positions.clone(), layer..layer + 1, status, err);
+    fail(sh, read.positions.clone(), read.layers.clone(), status, err);
+}
+
+/// Fails what `read` had not delivered from its `slice`-th slice on (slices in body order:
+/// layer by layer, each layer's positions in order): in the layer of that slice its
+/// position and the later ones, in its later layers every position.
+fn fail_rest(sh: &Shared, read: &SegmentRead, slice: usize, status: ChunkStatus, err: LayerError) {
+    let m = read.positions.len().max(1);
+    let (end, layer) = (read.positions.end, read.layers.start + (slice / m) as u32);
+    let (chunks, layer) = if layer >= read.layers.end {
+        // Every slice arrived, then more than was asked for: the last layer.
+        (end..end, read.layers.end - 1)
+    } else if layer + 1 < read.layers.end {
+        (read.positions.clone(), layer)
+    } else {
+        (read.positions.start + slice % m..end, layer)
+    };
+    fail(sh, chunks, layer..read.layers.end, status, err);
+}
+
+/// Layer and prefix position of `read`'s `i`-th slice (body order).
+fn slice_at(read: &SegmentRead, i: usize) -> (u32, usize) {
+    let m = read.positions.len().max(1);
+    (
+        read.layers.start + (i / m) as u32,
+        read.positions.start + i % m,
+    )
 }
 
 /// One read of a segment run and what it needs: the store and the segment's key, the run
@@ -207,7 +233,6 @@ async fn fetch_inner(f: SegmentFetch<'_>, permit: &mut FlightPermit) {
         sh,
     } = f;
     let all = 0..g.layers;
-    let layer = read.layer;
     let slice = g.slice_bytes();
     let c0 = run.positions.start;
     // The segment cannot serve this run at all: every chunk of it, every layer.
@@ -254,7 +279,7 @@ async fn fetch_inner(f: SegmentFetch<'_>, permit: &mut FlightPermit) {
             }
         };
         permit.received(local.bytes);
-        for (c, crc) in local.awaiting_header {
+        for (c, layer, crc) in local.awaiting_header {
             if sh.header_ok(c).await {
                 sh.record_slice_crc(c, layer as usize, crc);
                 sh.state.complete_impl(layer, slice);
@@ -313,14 +338,15 @@ async fn fetch_inner(f: SegmentFetch<'_>, permit: &mut FlightPermit) {
     } else {
         0
     };
-    let demux = SliceDemux::new(header_len, read.positions.len(), slice);
-    let dest = |i: usize| (layer, (read.positions.start + i) as u64 * slice);
+    let slices = read.positions.len() * read.layers.len();
+    let demux = SliceDemux::new(header_len, slices, slice);
+    let dest = |i: usize| {
+        let (layer, c) = slice_at(read, i);
+        (layer, c as u64 * slice)
+    };
     let mut body = BodyReader::new(src, demux, sh, dest);
     // This read's slices from the current one on did not arrive.
-    let rest = |d: &SliceDemux, status, err| {
-        let from = read.positions.start + d.current_slice();
-        fail(sh, from..read.positions.end, layer..layer + 1, status, err);
-    };
+    let rest = |d: &SliceDemux, status, err| fail_rest(sh, read, d.current_slice(), status, err);
     loop {
         let event = match body.next(permit).await {
             Ok(ev) => ev,
@@ -352,7 +378,7 @@ async fn fetch_inner(f: SegmentFetch<'_>, permit: &mut FlightPermit) {
                 }
             }
             Event::SliceEnd(end) => {
-                let c = read.positions.start + end.slice;
+                let (layer, c) = slice_at(read, end.slice);
                 if !sh.settle_slice(c, layer, slice, &end, false).await {
                     let err = header_bad(key, c);
                     fail(sh, c..c + 1, 0..g.layers, ChunkStatus::WrongGeometry, err);
@@ -391,9 +417,9 @@ fn header_bad(key: &str, c: usize) -> LayerError {
 struct LocalSegmentRead {
     /// Bytes read from the file (header, slices and their CRC trailers).
     bytes: u64,
-    /// Chunks whose slice is in place with a matching CRC32C (position, CRC), not yet
-    /// completed because the chunk's header was not known good yet (another read carries it).
-    awaiting_header: Vec<(usize, u32)>,
+    /// Slices in place with a matching CRC32C (position, layer, CRC), not yet completed
+    /// because the chunk's header was not known good yet (another read carries it).
+    awaiting_header: Vec<(usize, u32, u32)>,
 }
 
 /// [`fetch_segment`] for a segment in a local file (the filesystem store, whose size was
@@ -411,7 +437,7 @@ fn read_local(
 ) -> LocalSegmentRead {
     use std::os::unix::fs::FileExt;
     let mut out = LocalSegmentRead::default();
-    let (layer, slice, c0) = (read.layer, g.slice_bytes(), run.positions.start);
+    let (slice, c0) = (g.slice_bytes(), run.positions.start);
     let mut at = read.bytes.start;
     if read.with_header {
         let mut b = vec![0u8; run.header_len as usize];
@@ -434,16 +460,10 @@ fn read_local(
             return out;
         }
     }
-    for c in read.positions.clone() {
-        let rest = c..read.positions.end;
+    for i in 0..read.positions.len() * read.layers.len() {
+        let (layer, c) = slice_at(read, i);
         if sh.state.is_cancelled() {
-            fail(
-                sh,
-                rest,
-                layer..layer + 1,
-                ChunkStatus::Error,
-                LayerError::Cancelled,
-            );
+            fail_rest(sh, read, i, ChunkStatus::Error, LayerError::Cancelled);
             return out;
         }
         match super::local::read_slice(file, sh, c, layer, slice, at, key) {
@@ -457,11 +477,11 @@ fn read_local(
                     sh.record_slice_crc(c, layer as usize, stored);
                     sh.state.complete_impl(layer, slice);
                 } else {
-                    out.awaiting_header.push((c, stored));
+                    out.awaiting_header.push((c, layer, stored));
                 }
             }
             Err(e) => {
-                fail(sh, rest, layer..layer + 1, ChunkStatus::Error, e);
+                fail_rest(sh, read, i, ChunkStatus::Error, e);
                 return out;
             }
         }
