@@ -239,7 +239,8 @@ mod tests {
         // A 100 ms round trip at 2.5 GB/s: twice the product is 500 MB.
         st.min_rtt_s = Some(0.1);
         assert_eq!(f.limit(f.target(&st, 0.1)), 500_000_000);
-        assert_eq!(f.cap(f.target(&st, 0.1)), 120); // ceil(500 MB / 4 MiB)
+        // ceil(500 MB / 4 MiB) requests.
+        assert_eq!(f.cap(f.target(&st, 0.1)), 120);
         // A 500 ms round trip at 2.5 GB/s: the window bounds both.
         st.min_rtt_s = Some(0.5);
         st.received = 1_250_000_000;
@@ -247,6 +248,9 @@ mod tests {
         assert_eq!(f.cap(f.target(&st, 0.5)), 256);
         // A window below the base is the limit from the start.
         let small = Flight::new(8 * mib, 32, mib as f64);
-        assert_eq!(small.limit(small.target(&FlightState::default(), 0.0)), 8 * mib);
+        assert_eq!(
+            small.limit(small.target(&FlightState::default(), 0.0)),
+            8 * mib
+        );
     }
 }
