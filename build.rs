@@ -1,7 +1,7 @@
 //! build.rs: the C library's SONAME carries the C ABI version (`libobjectcache.so.N`, N from
 //! `ffi/objectcache.h`'s `OBJECTCACHE_ABI_VERSION`), so a loader never pairs a program with an
 //! incompatible library. The check that the header and the exports agree is
-//! `crates/objectcache-client/build.rs`, beside the exports.
+//! `crates/objectcache-capi/build.rs`, beside the exports.
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");

@@ -2,7 +2,7 @@
  * objectcache.h: the C ABI of ObjectCache (layerwise object-storage retrieval of prefix KV
  * cache for LLM serving). Link with -lobjectcache (see objectcache.pc).
  *
- * This header is the contract: the Rust exports (crates/objectcache-client/src/capi/) are checked against it at build
+ * This header is the contract: the Rust exports (crates/objectcache-capi/src/) are checked against it at build
  * time (build.rs), so a mismatch of a function signature, struct layout or constant fails
  * the build.
  *

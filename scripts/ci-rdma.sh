@@ -73,7 +73,7 @@ if cargo clippy --version >/dev/null 2>&1; then
   # The library crates by name (the RDMA code is in the client and the server crates, which a
   # root-only clippy would check as dependencies without linting them).
   echo "ci-rdma: cargo clippy (library crates) --features objectcache/rdma --lib; --workspace --features $ws_features --all-targets; -D warnings"
-  cargo clippy -p objectcache -p objectcache-client -p objectcache-server --features objectcache/rdma --lib --quiet -- -D warnings || rc=1
+  cargo clippy -p objectcache -p objectcache-client -p objectcache-capi -p objectcache-server --features objectcache/rdma --lib --quiet -- -D warnings || rc=1
   cargo clippy --workspace --features "$ws_features" --all-targets --quiet -- -D warnings || rc=1
 fi
 echo "ci-rdma: exit $rc after $(( $(date +%s) - start )) s"

@@ -12,9 +12,10 @@
 //!
 //! ## Crates by level (see `docs/architecture.md`)
 //! This crate is the façade over the workspace's crates, re-exporting them at these paths:
-//! `objectcache-core` (the pure core), `objectcache-client` (shells and connector, the C ABI)
-//! and `objectcache-server` (feature `server`). It holds the command line (`cli`) and builds
-//! the C library (`libobjectcache`, cdylib and staticlib) from the client's exports.
+//! `objectcache-core` (the pure core), `objectcache-client` (shells and connector),
+//! `objectcache-capi` (the C ABI), `objectcache-server` (feature `server`) and
+//! `objectcache-cli` (feature `cli`). It builds the C library (`libobjectcache`, cdylib and
+//! staticlib) from the C ABI crate's exports, and the `objectcache` binary over the CLI crate.
 //!
 //! - **pure core** (no I/O, no clock): [`layout`] (geometry, object format, keys, read planning),
 //!   [`hash`] (vLLM-compatible block hashes), [`protocol`] (gather wire format),
@@ -27,13 +28,14 @@
 #![deny(unsafe_code)]
 
 #[cfg(feature = "cli")]
-pub mod cli;
+pub use objectcache_cli as cli;
 #[cfg(feature = "server")]
 pub use objectcache_server as server;
 
+pub use objectcache_capi as capi;
 #[cfg(feature = "cuda")]
 pub use objectcache_client::cuda;
-pub use objectcache_client::{capi, conformance_tests, connector, lifecycle, store, transport};
+pub use objectcache_client::{conformance_tests, connector, lifecycle, store, transport};
 
 pub use objectcache_core::{error, hash, layout, protocol, sched, sim};
 

@@ -1,15 +1,15 @@
 //! build.rs: checks that `ffi/objectcache.h` (the C ABI contract) and the Rust exports in
-//! `src/capi/` match, so that a mismatch fails the build.
+//! `src/` match, so that a mismatch fails the build.
 //!
 //! How: bindgen parses the header (through libclang, loaded at run time) into Rust; this
 //! script reads that with `syn` and writes `$OUT_DIR/objectcache_abi_check.rs`, compiled into
-//! `src/capi` under `cfg(objectcache_abi_check)`, which asserts at compile time that
+//! `src` under `cfg(objectcache_abi_check)`, which asserts at compile time that
 //! - every header function has a Rust export of exactly the same `extern "C"` signature
-//!   (`const _: unsafe extern "C" fn(..) -> .. = crate::capi::name;`),
+//!   (`const _: unsafe extern "C" fn(..) -> .. = crate::name;`),
 //! - every header struct has the same size, alignment, field offsets and field types,
 //! - every header constant has a Rust constant of the same value,
 //!
-//! and this script itself fails when `src/capi` exports a `#[no_mangle]` function that the
+//! and this script itself fails when `src` exports a `#[no_mangle]` function that the
 //! header does not declare.
 //!
 //! libclang is needed only where the check runs (Debian/Ubuntu: `apt-get install
@@ -19,13 +19,13 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-/// The C ABI contract, from this crate's folder (`crates/objectcache-client`).
+/// The C ABI contract, from this crate's folder (`crates/objectcache-capi`).
 const HEADER: &str = "../../ffi/objectcache.h";
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed={HEADER}");
-    println!("cargo:rerun-if-changed=src/capi");
+    println!("cargo:rerun-if-changed=src");
     println!("cargo:rerun-if-env-changed=OBJECTCACHE_REQUIRE_ABI_CHECK");
     println!("cargo:rerun-if-env-changed=OBJECTCACHE_SKIP_ABI_CHECK");
     println!("cargo:rerun-if-env-changed=LIBCLANG_PATH");
@@ -126,11 +126,11 @@ fn checks(bindings: &str) -> String {
     }
     // Reverse direction: every Rust export must be declared by the header.
     let header_fns: BTreeSet<String> = fns.iter().map(|s| s.ident.to_string()).collect();
-    let exported = rust_exports(Path::new("src/capi"));
+    let exported = rust_exports(Path::new("src"));
     let extra: Vec<_> = exported.difference(&header_fns).cloned().collect();
     if !extra.is_empty() {
         panic!(
-            "src/capi exports functions that ffi/objectcache.h does not declare: {}",
+            "src exports functions that ffi/objectcache.h does not declare: {}",
             extra.join(", ")
         );
     }
@@ -152,7 +152,7 @@ fn checks(bindings: &str) -> String {
             .collect();
         let ret = &sig.output;
         out.push(quote! {
-            const _: unsafe extern "C" fn(#(#tys),*) #ret = crate::capi::#name;
+            const _: unsafe extern "C" fn(#(#tys),*) #ret = crate::#name;
         });
     }
     for s in &structs {
@@ -166,8 +166,8 @@ fn checks(bindings: &str) -> String {
         let msg = format!("{name}: size or alignment differs between the header and Rust");
         out.push(quote! {
             const _: () = assert!(
-                ::core::mem::size_of::<c::#name>() == ::core::mem::size_of::<crate::capi::#name>()
-                && ::core::mem::align_of::<c::#name>() == ::core::mem::align_of::<crate::capi::#name>(),
+                ::core::mem::size_of::<c::#name>() == ::core::mem::size_of::<crate::#name>()
+                && ::core::mem::align_of::<c::#name>() == ::core::mem::align_of::<crate::#name>(),
                 #msg
             );
         });
@@ -182,17 +182,17 @@ fn checks(bindings: &str) -> String {
             out.push(quote! {
                 const _: () = assert!(
                     ::core::mem::offset_of!(c::#name, #fname)
-                        == ::core::mem::offset_of!(crate::capi::#name, #fname),
+                        == ::core::mem::offset_of!(crate::#name, #fname),
                     #msg
                 );
-                fn #check(s: &crate::capi::#name) -> &#ty { &s.#fname }
+                fn #check(s: &crate::#name) -> &#ty { &s.#fname }
             });
         }
     }
     for c in &consts {
         let msg = format!("{c}: value differs between the header and Rust");
         out.push(quote! {
-            const _: () = assert!(c::#c as i64 == crate::capi::#c as i64, #msg);
+            const _: () = assert!(c::#c as i64 == crate::#c as i64, #msg);
         });
     }
     let body = quote! {
@@ -201,11 +201,11 @@ fn checks(bindings: &str) -> String {
             #(#kept)*
         }
         // Explicit imports (which shadow the glob) make the header's type names in the
-        // signatures below mean the Rust types of `crate::capi`.
+        // signatures below mean the Rust types of `crate`.
         #[allow(unused_imports)]
         use c::*;
         #[allow(unused_imports)]
-        use crate::capi::{#(#ours),*};
+        use crate::{#(#ours),*};
         #(#out)*
     };
     format!("// @generated by build.rs from ffi/objectcache.h\n{body}\n")
@@ -216,13 +216,13 @@ fn rust_exports(dir: &Path) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).expect("read src/capi").flatten() {
+        for e in std::fs::read_dir(&d).expect("read src").flatten() {
             let p = e.path();
             if p.is_dir() {
                 stack.push(p);
             } else if p.extension().is_some_and(|x| x == "rs") {
                 let text = std::fs::read_to_string(&p).expect("read a source file");
-                let file = syn::parse_file(&text).expect("src/capi parses");
+                let file = syn::parse_file(&text).expect("src parses");
                 for item in file.items {
                     if let syn::Item::Fn(f) = item {
                         let no_mangle = f.attrs.iter().any(|a| {

@@ -53,7 +53,7 @@ pub(super) unsafe fn geometry(g: *const objectcache_geometry) -> Result<KvGeomet
         } else {
             // SAFETY: non-NULL, NUL-terminated by contract.
             let name = unsafe { cstr(g.layout, "geometry->layout")? };
-            Some(crate::layout::KvLayout {
+            Some(objectcache_client::layout::KvLayout {
                 name: name.to_string(),
                 block_size: g.block_size,
             })

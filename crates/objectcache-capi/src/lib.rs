@@ -1,4 +1,8 @@
-//! The C ABI (`ffi/objectcache.h`): a thin layer over [`crate::connector`].
+//! # objectcache-capi
+//!
+//! The C ABI (`ffi/objectcache.h`): a thin layer over [`objectcache_client::connector`]. The
+//! façade crate `objectcache` links it into `libobjectcache` (cdylib and staticlib) and
+//! re-exports it as `objectcache::capi`; it needs neither the server nor the command line.
 //!
 //! Every exported function is `extern "C"` with `#[no_mangle]`, named and typed exactly as in
 //! the header (checked at build time by `build.rs`, which generates the header's Rust view
@@ -12,6 +16,7 @@
 //!   destroyed handle is refused with [`OBJECTCACHE_ERR_INVALID_HANDLE`] instead of being
 //!   dereferenced, and tokens are never reused;
 //! - errors set a thread-local message read by `objectcache_last_error`.
+#![warn(missing_docs)]
 #![allow(unsafe_code)]
 #![allow(non_camel_case_types)]
 
@@ -19,13 +24,13 @@ mod types;
 
 pub use types::*;
 
-use crate::connector::{
+use objectcache_client::connector::{
     ChunkStatus, Engine, EngineConfig, LayerStatus, LayerTiming, LoadHints, LoadRequest,
     MemoryKind, RegionId, RegisteredLoad,
 };
-use crate::error::{Error, LayerError, StoreError};
-use crate::hash::{chunk_hashes, HashParams};
-use crate::layout::{ChunkHash, Dtype, KvGeometry};
+use objectcache_client::error::{Error, LayerError, StoreError};
+use objectcache_client::hash::{chunk_hashes, HashParams};
+use objectcache_client::layout::{ChunkHash, Dtype, KvGeometry};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -57,7 +62,7 @@ mod load;
 mod save;
 
 // The exports, re-exported where build.rs's check and the crate look for them
-// (`crate::capi::objectcache_*`); the helpers, for the files above and the tests below.
+// (`crate::objectcache_*`); the helpers, for the files above and the tests below.
 use checks::*;
 use convert::*;
 pub use engine::*;

@@ -32,12 +32,12 @@ pub unsafe extern "C" fn objectcache_struct_size(name: *const c_char) -> usize {
     .unwrap_or(0)
 }
 
-/// The settings `objectcache_engine_create` accepts ([`crate::connector::CONFIG_KEYS`]),
+/// The settings `objectcache_engine_create` accepts ([`objectcache_client::connector::CONFIG_KEYS`]),
 /// comma-separated without spaces, as a static NUL-terminated string. See the header.
 #[no_mangle]
 pub extern "C" fn objectcache_config_keys() -> *const c_char {
     static KEYS: LazyLock<CString> = LazyLock::new(|| {
-        CString::new(crate::connector::CONFIG_KEYS.join(","))
+        CString::new(objectcache_client::connector::CONFIG_KEYS.join(","))
             .expect("setting names hold no NUL byte")
     });
     catch_unwind(|| KEYS.as_ptr()).unwrap_or(c"".as_ptr())

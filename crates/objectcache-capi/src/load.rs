@@ -447,7 +447,7 @@ pub unsafe extern "C" fn objectcache_transfer_stall_advice(
             // SAFETY: as above.
             unsafe { cstr(p.kernels, "params->kernels")? }
         };
-        let m = crate::sched::ComputeModel::from_settings(
+        let m = objectcache_client::sched::ComputeModel::from_settings(
             model,
             gpu,
             kernels,
@@ -466,7 +466,7 @@ pub unsafe extern "C" fn objectcache_transfer_stall_advice(
             .stall_advice(&m, p.load_tokens, p.new_tokens)
             .map_err(|e| invalid(e.to_string()))?;
         let v = match advice {
-            crate::sched::Fallback::Wait { finish_s } => objectcache_stall_advice {
+            objectcache_client::sched::Fallback::Wait { finish_s } => objectcache_stall_advice {
                 struct_size: 0,
                 recompute: 0,
                 from_layer: t.load.handle().layers() as u32,
@@ -475,7 +475,7 @@ pub unsafe extern "C" fn objectcache_transfer_stall_advice(
                 finish_s,
                 wait_finish_s: finish_s,
             },
-            crate::sched::Fallback::Recompute {
+            objectcache_client::sched::Fallback::Recompute {
                 from_layer,
                 tokens,
                 finish_s,

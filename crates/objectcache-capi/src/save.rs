@@ -142,8 +142,8 @@ pub unsafe extern "C" fn objectcache_segment_markers_add(
                         hs.len()
                     ))
                 })?;
-            match crate::layout::decode_marker(&r[8..]) {
-                Ok(crate::layout::Marker::Segment(m)) => {
+            match objectcache_client::layout::decode_marker(&r[8..]) {
+                Ok(objectcache_client::layout::Marker::Segment(m)) => {
                     markers.insert(p, m);
                 }
                 Ok(_) => {
@@ -283,7 +283,7 @@ unsafe fn check_report(report: *mut objectcache_save_report) -> Result<(), CErr>
 /// `report` NULL, or checked by [`check_report`] and writable.
 unsafe fn write_report(
     report: *mut objectcache_save_report,
-    r: &crate::connector::SaveReport,
+    r: &objectcache_client::connector::SaveReport,
 ) -> Result<objectcache_status, CErr> {
     if !report.is_null() {
         let v = objectcache_save_report {

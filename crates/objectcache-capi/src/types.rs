@@ -14,7 +14,7 @@ pub type objectcache_status = i32;
 pub const OBJECTCACHE_OK: i32 = 0;
 /// Not ready yet (not an error).
 pub const OBJECTCACHE_PENDING: i32 = 1;
-/// NULL pointer, bad size, out-of-range index or value ([`crate::Error::InvalidArgument`]).
+/// NULL pointer, bad size, out-of-range index or value ([`objectcache_client::Error::InvalidArgument`]).
 pub const OBJECTCACHE_ERR_INVALID_ARGUMENT: i32 = 2;
 /// ABI version or `struct_size` mismatch.
 pub const OBJECTCACHE_ERR_ABI_MISMATCH: i32 = 3;
@@ -26,40 +26,40 @@ pub const OBJECTCACHE_ERR_UNSUPPORTED: i32 = 5;
 pub const OBJECTCACHE_ERR_BUSY: i32 = 6;
 /// Output buffer too small.
 pub const OBJECTCACHE_ERR_BUFFER_TOO_SMALL: i32 = 7;
-/// [`crate::Error::Config`].
+/// [`objectcache_client::Error::Config`].
 pub const OBJECTCACHE_ERR_CONFIG: i32 = 8;
-/// [`crate::Error::Format`].
+/// [`objectcache_client::Error::Format`].
 pub const OBJECTCACHE_ERR_FORMAT: i32 = 9;
-/// [`crate::StoreError::NotFound`].
+/// [`objectcache_client::StoreError::NotFound`].
 pub const OBJECTCACHE_ERR_NOT_FOUND: i32 = 10;
-/// Any other [`crate::Error::Store`].
+/// Any other [`objectcache_client::Error::Store`].
 pub const OBJECTCACHE_ERR_STORE: i32 = 11;
-/// [`crate::Error::Io`].
+/// [`objectcache_client::Error::Io`].
 pub const OBJECTCACHE_ERR_IO: i32 = 12;
 /// A caught panic.
 pub const OBJECTCACHE_ERR_INTERNAL: i32 = 13;
-/// [`crate::LayerError::Missing`].
+/// [`objectcache_client::LayerError::Missing`].
 pub const OBJECTCACHE_ERR_LAYER_MISSING: i32 = 20;
-/// [`crate::LayerError::ChecksumMismatch`].
+/// [`objectcache_client::LayerError::ChecksumMismatch`].
 pub const OBJECTCACHE_ERR_LAYER_CHECKSUM: i32 = 21;
-/// [`crate::LayerError::GeometryMismatch`].
+/// [`objectcache_client::LayerError::GeometryMismatch`].
 pub const OBJECTCACHE_ERR_LAYER_GEOMETRY: i32 = 22;
-/// [`crate::LayerError::Storage`].
+/// [`objectcache_client::LayerError::Storage`].
 pub const OBJECTCACHE_ERR_LAYER_STORAGE: i32 = 23;
-/// [`crate::LayerError::Timeout`].
+/// [`objectcache_client::LayerError::Timeout`].
 pub const OBJECTCACHE_ERR_LAYER_TIMEOUT: i32 = 24;
-/// [`crate::LayerError::Cancelled`].
+/// [`objectcache_client::LayerError::Cancelled`].
 pub const OBJECTCACHE_ERR_CANCELLED: i32 = 25;
-/// [`crate::LayerError::Device`]: verified in host memory, the copy to the device failed.
+/// [`objectcache_client::LayerError::Device`]: verified in host memory, the copy to the device failed.
 pub const OBJECTCACHE_ERR_LAYER_DEVICE: i32 = 26;
 
-/// bfloat16 ([`crate::Dtype::Bf16`], header code 1).
+/// bfloat16 ([`objectcache_client::Dtype::Bf16`], header code 1).
 pub const OBJECTCACHE_DTYPE_BF16: i32 = 1;
-/// IEEE half ([`crate::Dtype::Fp16`]).
+/// IEEE half ([`objectcache_client::Dtype::Fp16`]).
 pub const OBJECTCACHE_DTYPE_FP16: i32 = 2;
-/// FP8 E4M3 ([`crate::Dtype::Fp8E4m3`]).
+/// FP8 E4M3 ([`objectcache_client::Dtype::Fp8E4m3`]).
 pub const OBJECTCACHE_DTYPE_FP8_E4M3: i32 = 3;
-/// IEEE single ([`crate::Dtype::Fp32`]).
+/// IEEE single ([`objectcache_client::Dtype::Fp32`]).
 pub const OBJECTCACHE_DTYPE_FP32: i32 = 4;
 
 /// Host memory.
@@ -67,17 +67,17 @@ pub const OBJECTCACHE_MEM_HOST: i32 = 0;
 /// CUDA device memory (cuda feature).
 pub const OBJECTCACHE_MEM_DEVICE: i32 = 1;
 
-/// [`crate::connector::ChunkStatus::Pending`].
+/// [`objectcache_client::connector::ChunkStatus::Pending`].
 pub const OBJECTCACHE_CHUNK_PENDING: i32 = 0;
-/// [`crate::connector::ChunkStatus::Ok`].
+/// [`objectcache_client::connector::ChunkStatus::Ok`].
 pub const OBJECTCACHE_CHUNK_OK: i32 = 1;
-/// [`crate::connector::ChunkStatus::Missing`].
+/// [`objectcache_client::connector::ChunkStatus::Missing`].
 pub const OBJECTCACHE_CHUNK_MISSING: i32 = 2;
-/// [`crate::connector::ChunkStatus::Corrupt`].
+/// [`objectcache_client::connector::ChunkStatus::Corrupt`].
 pub const OBJECTCACHE_CHUNK_CORRUPT: i32 = 3;
-/// [`crate::connector::ChunkStatus::WrongGeometry`].
+/// [`objectcache_client::connector::ChunkStatus::WrongGeometry`].
 pub const OBJECTCACHE_CHUNK_WRONG_GEOMETRY: i32 = 4;
-/// [`crate::connector::ChunkStatus::Error`].
+/// [`objectcache_client::connector::ChunkStatus::Error`].
 pub const OBJECTCACHE_CHUNK_ERROR: i32 = 5;
 
 /// Wait without limit (`timeout_ms`).
@@ -85,7 +85,8 @@ pub const OBJECTCACHE_WAIT_FOREVER: i32 = -1;
 
 /// Bytes of one segment marker record (`objectcache_segment_markers`): the chunk's prefix
 /// position (u64, little-endian), then its 64-byte format version 2 publish marker.
-pub const OBJECTCACHE_SEGMENT_MARKER_RECORD_LEN: u32 = 8 + crate::layout::SEGMENT_MARKER_LEN as u32;
+pub const OBJECTCACHE_SEGMENT_MARKER_RECORD_LEN: u32 =
+    8 + objectcache_client::layout::SEGMENT_MARKER_LEN as u32;
 
 /// Opaque engine handle (a token, never dereferenced).
 #[repr(C)]
@@ -105,7 +106,7 @@ pub struct objectcache_transfer {
     _unused: [u8; 0],
 }
 
-/// KV geometry (see the header and [`crate::KvGeometry`]).
+/// KV geometry (see the header and [`objectcache_client::KvGeometry`]).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct objectcache_geometry {
@@ -163,7 +164,7 @@ const _: () = assert!(
             <= std::mem::align_of::<objectcache_geometry>()
 );
 
-/// Hashing parameters (see [`crate::hash::HashParams`]).
+/// Hashing parameters (see [`objectcache_client::hash::HashParams`]).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct objectcache_hash_params {
@@ -272,7 +273,7 @@ pub struct objectcache_save_report {
     pub bytes: u64,
 }
 
-/// Engine counters (see [`crate::connector::EngineMetrics`]).
+/// Engine counters (see [`objectcache_client::connector::EngineMetrics`]).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct objectcache_metrics {
@@ -298,7 +299,7 @@ pub struct objectcache_metrics {
     pub registered_regions: u64,
 }
 
-/// Transfer counters (see [`crate::connector::LoadStats`]).
+/// Transfer counters (see [`objectcache_client::connector::LoadStats`]).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct objectcache_transfer_stats {
@@ -319,7 +320,7 @@ pub struct objectcache_transfer_stats {
 }
 
 /// Input of `objectcache_transfer_stall_advice`: the compute model of the caller's prefill
-/// and the request's token counts (see [`crate::connector::LoadHandle::stall_advice`]).
+/// and the request's token counts (see [`objectcache_client::connector::LoadHandle::stall_advice`]).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct objectcache_stall_params {
@@ -343,7 +344,7 @@ pub struct objectcache_stall_params {
     pub compute_us_per_layer: u64,
 }
 
-/// Output of `objectcache_transfer_stall_advice` (see [`crate::sched::Fallback`]).
+/// Output of `objectcache_transfer_stall_advice` (see [`objectcache_client::sched::Fallback`]).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct objectcache_stall_advice {

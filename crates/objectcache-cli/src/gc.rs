@@ -1,10 +1,10 @@
-//! `objectcache gc`: one collection pass over a store (see [`crate::lifecycle`] for the
+//! `objectcache gc`: one collection pass over a store (see [`objectcache_client::lifecycle`] for the
 //! rules: unreferenced data past the grace period, orphan markers, TTL, capacity with LRU).
 //!
 //! Run from a shell, no access log exists, so last use is the write time; leases of readers in
 //! other processes are not visible: keep `--grace-s` and `--ttl-s` far above a load's length.
 
-use crate::lifecycle::{collect, Policy, Reason};
+use objectcache_client::lifecycle::{collect, Policy, Reason};
 use std::time::{Duration, SystemTime};
 
 /// Arguments of `objectcache gc`.
@@ -51,12 +51,12 @@ fn whole_number(s: &str) -> Result<u64, String> {
 /// # Errors
 /// A bad store URL, the store's listing error, or a listing above `--max-objects`. Failed
 /// deletes are reported and make the command fail after the pass.
-pub fn run(args: GcArgs) -> crate::Result<()> {
+pub fn run(args: GcArgs) -> objectcache_core::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let store = crate::store::open_existing_store(&args.store).await?;
+        let store = objectcache_client::store::open_existing_store(&args.store).await?;
         let policy = Policy {
             prefix: args.prefix.clone(),
             max_objects: args.max_objects,
@@ -95,7 +95,7 @@ pub fn run(args: GcArgs) -> crate::Result<()> {
             for (k, e) in &rep.errors {
                 eprintln!("failed to delete {k}: {e}");
             }
-            return Err(crate::Error::InvalidArgument(format!(
+            return Err(objectcache_core::Error::InvalidArgument(format!(
                 "{} deletes failed",
                 rep.errors.len()
             )));

@@ -1,4 +1,10 @@
-//! The `objectcache` command line: one binary, one subcommand per file.
+//! # objectcache-cli
+//!
+//! The `objectcache` command line: one subcommand per file, over the pure core (`sim`,
+//! `sched`), the client (stores, lifecycle) and the server. The façade crate's `objectcache`
+//! binary calls [`main`]; the façade re-exports this crate as `objectcache::cli`.
+
+#![warn(missing_docs)]
 
 use clap::{Parser, Subcommand};
 

@@ -1,6 +1,6 @@
 //! SVG plots of the `objectcache sim` records (plotters).
 
-use crate::Error;
+use objectcache_core::Error;
 
 /// An SVG of side-by-side panels ([`Panels::draw`]).
 pub(super) struct Panels<'a> {
@@ -25,7 +25,7 @@ impl Panels<'_> {
         &self,
         path: &std::path::Path,
         lines: impl Fn(usize) -> Vec<(String, Vec<(f64, f64)>)>,
-    ) -> crate::Result<()> {
+    ) -> objectcache_core::Result<()> {
         use plotters::prelude::*;
         let err = |e: &dyn std::fmt::Display| {
             Error::InvalidArgument(format!("cannot draw {}: {e}", path.display()))

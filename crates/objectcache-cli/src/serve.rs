@@ -108,20 +108,20 @@ pub struct ServeArgs {
     pub print_config: bool,
 }
 
-#[cfg(feature = "server")]
 impl ServeArgs {
     /// The effective configuration: defaults, then the file, then environment and flags.
     ///
     /// # Errors
-    /// [`crate::Error::Config`] if the file cannot be read or parsed.
-    pub fn resolve(&self) -> crate::Result<crate::server::ServerConfig> {
+    /// [`objectcache_core::Error::Config`] if the file cannot be read or parsed.
+    pub fn resolve(&self) -> objectcache_core::Result<objectcache_server::ServerConfig> {
         let mut c = match &self.config {
             Some(p) => {
-                let s = std::fs::read_to_string(p)
-                    .map_err(|e| crate::Error::Config(format!("{}: {e}", p.display())))?;
-                crate::server::ServerConfig::from_toml(&s)?
+                let s = std::fs::read_to_string(p).map_err(|e| {
+                    objectcache_core::Error::Config(format!("{}: {e}", p.display()))
+                })?;
+                objectcache_server::ServerConfig::from_toml(&s)?
             }
-            None => crate::server::ServerConfig::default(),
+            None => objectcache_server::ServerConfig::default(),
         };
         macro_rules! set {
             ($($f:ident),*) => { $( if let Some(v) = self.$f.clone() { c.$f = v; } )* };
@@ -159,10 +159,10 @@ impl ServeArgs {
                 .access_keys
                 .iter()
                 .map(|k| {
-                    crate::server::AccessKey::parse(k)
-                        .map_err(|e| crate::Error::Config(format!("--access-key: {e}")))
+                    objectcache_server::AccessKey::parse(k)
+                        .map_err(|e| objectcache_core::Error::Config(format!("--access-key: {e}")))
                 })
-                .collect::<crate::Result<_>>()?;
+                .collect::<objectcache_core::Result<_>>()?;
         }
         if self.allow_anonymous {
             c.allow_anonymous = true;
@@ -180,29 +180,17 @@ impl ServeArgs {
     }
 }
 
-/// Runs `objectcache serve`: not available without feature `server`.
-///
-/// # Errors
-/// Always, saying so.
-#[cfg(not(feature = "server"))]
-pub fn run(_args: ServeArgs) -> crate::Result<()> {
-    Err(crate::Error::InvalidArgument(
-        "this build has no server (feature `server` is off)".into(),
-    ))
-}
-
 /// Runs `objectcache serve` until SIGINT or SIGTERM, then shuts down gracefully.
 ///
 /// # Errors
 /// Configuration errors, a store that cannot be opened, or an address that cannot be bound.
-#[cfg(feature = "server")]
-pub fn run(args: ServeArgs) -> crate::Result<()> {
+pub fn run(args: ServeArgs) -> objectcache_core::Result<()> {
     let cfg = args.resolve()?;
     if args.print_config {
         print!(
             "{}",
             toml::to_string_pretty(&cfg.redacted())
-                .map_err(|e| crate::Error::Config(e.to_string()))?
+                .map_err(|e| objectcache_core::Error::Config(e.to_string()))?
         );
         return Ok(());
     }
@@ -212,7 +200,7 @@ pub fn run(args: ServeArgs) -> crate::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let handle = crate::server::start(cfg).await?;
+        let handle = objectcache_server::start(cfg).await?;
         // Readiness line for scripts and tests that start the server as a process.
         println!("objectcache listening on {}", handle.local_addr());
         wait_for_signal().await;
@@ -222,10 +210,10 @@ pub fn run(args: ServeArgs) -> crate::Result<()> {
     })
 }
 
-#[cfg(feature = "server")]
-fn init_logging(cfg: &crate::server::ServerConfig) -> crate::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log_filter)
-        .map_err(|e| crate::Error::Config(format!("log filter {:?}: {e}", cfg.log_filter)))?;
+fn init_logging(cfg: &objectcache_server::ServerConfig) -> objectcache_core::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log_filter).map_err(|e| {
+        objectcache_core::Error::Config(format!("log filter {:?}: {e}", cfg.log_filter))
+    })?;
     use std::io::IsTerminal;
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -242,7 +230,6 @@ fn init_logging(cfg: &crate::server::ServerConfig) -> crate::Result<()> {
     Ok(())
 }
 
-#[cfg(feature = "server")]
 async fn wait_for_signal() {
     #[cfg(unix)]
     {

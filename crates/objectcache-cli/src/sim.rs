@@ -2,10 +2,10 @@
 //! policy; print a table, optionally write JSON records and an SVG plot.
 
 use super::plot::Panels;
-use crate::layout::KvGeometry;
-use crate::sched::{AnalyticModel, ComputeModel, GpuKind, KernelClass, ModelShape};
-use crate::sim::{self, workload, Record, RunSpec, SimConfig, SimPolicy};
-use crate::Error;
+use objectcache_core::layout::KvGeometry;
+use objectcache_core::sched::{AnalyticModel, ComputeModel, GpuKind, KernelClass, ModelShape};
+use objectcache_core::sim::{self, workload, Record, RunSpec, SimConfig, SimPolicy};
+use objectcache_core::Error;
 use std::path::PathBuf;
 
 /// Arguments of `objectcache sim` (boxed, so the CLI's command enum stays small).
@@ -141,7 +141,7 @@ pub(super) fn bad(m: String) -> Error {
 /// [`Error::InvalidArgument`] for a bad flag value (unknown model, GPU, policy or workload, a
 /// cap outside (0, 1], a missing or malformed trace), [`Error::Io`] if an output file cannot
 /// be written.
-pub fn run(args: SimArgs) -> crate::Result<()> {
+pub fn run(args: SimArgs) -> objectcache_core::Result<()> {
     let args = *args.opts;
     if args.cluster {
         return run_cluster(&args);
@@ -165,7 +165,7 @@ pub fn run(args: SimArgs) -> crate::Result<()> {
 ///
 /// # Errors
 /// As [`run`].
-pub fn records(args: &SimOptions) -> crate::Result<Vec<Record>> {
+pub fn records(args: &SimOptions) -> objectcache_core::Result<Vec<Record>> {
     let gpu = GpuKind::parse(&args.gpu)?;
     let kernels = KernelClass::parse(&args.kernels)?;
     if args.tp == 0 {
@@ -338,7 +338,7 @@ pub fn table(records: &[Record]) -> String {
     s
 }
 
-fn plot(records: &[Record], path: &std::path::Path) -> crate::Result<()> {
+fn plot(records: &[Record], path: &std::path::Path) -> objectcache_core::Result<()> {
     let mut caps: Vec<f64> = records.iter().map(|r| r.cap_fraction).collect();
     caps.sort_by(f64::total_cmp);
     caps.dedup();
@@ -387,7 +387,7 @@ fn plot(records: &[Record], path: &std::path::Path) -> crate::Result<()> {
 
 /// Runs `objectcache sim --cluster`: one simulation per (GPUs, gateways, placement, policy),
 /// a table, optional JSON records and SVG plot.
-fn run_cluster(args: &SimOptions) -> crate::Result<()> {
+fn run_cluster(args: &SimOptions) -> objectcache_core::Result<()> {
     let t0 = std::time::Instant::now();
     let records = cluster_records(args, |r, wall| {
         eprintln!(
@@ -423,8 +423,8 @@ fn run_cluster(args: &SimOptions) -> crate::Result<()> {
 pub fn cluster_records(
     args: &SimOptions,
     mut progress: impl FnMut(&sim::cluster::ClusterRecord, f64),
-) -> crate::Result<Vec<sim::cluster::ClusterRecord>> {
-    use crate::sched::{Placement, PolicyKind};
+) -> objectcache_core::Result<Vec<sim::cluster::ClusterRecord>> {
+    use objectcache_core::sched::{Placement, PolicyKind};
     use sim::cluster::{self, ClusterConfig};
     let gpu = GpuKind::parse(&args.gpu)?;
     let kernels = KernelClass::parse(&args.kernels)?;
@@ -465,7 +465,7 @@ pub fn cluster_records(
             })
             .collect::<Result<_, _>>()?
     };
-    let gbps = |what: &str, v: f64| -> crate::Result<f64> {
+    let gbps = |what: &str, v: f64| -> objectcache_core::Result<f64> {
         if v.is_finite() && v > 0.0 {
             Ok(v * 1e9 / 8.0)
         } else {
@@ -581,7 +581,7 @@ pub fn cluster_table(records: &[sim::cluster::ClusterRecord]) -> String {
 fn cluster_plot(
     records: &[sim::cluster::ClusterRecord],
     path: &std::path::Path,
-) -> crate::Result<()> {
+) -> objectcache_core::Result<()> {
     let mut gpus: Vec<usize> = records.iter().map(|r| r.gpus).collect();
     gpus.sort_unstable();
     gpus.dedup();

@@ -1,7 +1,7 @@
 //! `objectcache stat`: what a store holds, by key group (namespace, geometry, TP rank, hash
 //! algorithm): published chunks, unreferenced data, orphan markers, bytes.
 
-use crate::lifecycle::Inventory;
+use objectcache_client::lifecycle::Inventory;
 
 /// Arguments of `objectcache stat`.
 #[derive(Debug, clap::Args)]
@@ -24,12 +24,12 @@ pub struct StatArgs {
 ///
 /// # Errors
 /// A bad store URL, or the store's listing error.
-pub fn run(args: StatArgs) -> crate::Result<()> {
+pub fn run(args: StatArgs) -> objectcache_core::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let store = crate::store::open_existing_store(&args.store).await?;
+        let store = objectcache_client::store::open_existing_store(&args.store).await?;
         let inv = Inventory::scan(store.as_ref(), &args.prefix, args.max_objects).await?;
         let total = inv.stats();
         let groups = inv.stats_by_group();

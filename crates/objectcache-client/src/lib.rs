@@ -2,8 +2,9 @@
 //!
 //! The client side of ObjectCache over the pure core (`objectcache-core`): the stores, the
 //! transports, the link scheduler's tokio shell, the connector engine (save, lookup, layer-
-//! ordered load), the lifecycle passes and the C ABI. It does not contain the server; the
-//! compiler keeps it that way (the server is the crate `objectcache-server`, above this one).
+//! ordered load) and the lifecycle passes. It contains neither the server nor the C ABI; the
+//! compiler keeps it that way (they are the crates `objectcache-server` and
+//! `objectcache-capi`, above this one).
 //! Users depend on the façade crate `objectcache`, which re-exports this crate at the same paths
 //! (`objectcache::connector::Engine`, `objectcache::KvGeometry`, ...); see
 //! `docs/architecture.md`.
@@ -12,13 +13,10 @@
 //!   [`error`];
 //! - **shells** (I/O): [`store`] (one trait, many backends), [`transport`] (TCP, RDMA drivers),
 //!   `link` (pacing by credit), `cuda` (feature `cuda`);
-//! - **composition**: [`connector`] (the client engine), [`lifecycle`] (GC, TTL, eviction);
-//! - **edge**: [`capi`] (the C ABI's `extern "C"` exports, built into `libobjectcache` by the
-//!   façade crate).
+//! - **composition**: [`connector`] (the client engine), [`lifecycle`] (GC, TTL, eviction).
 #![warn(missing_docs)]
 #![deny(unsafe_code)]
 
-pub mod capi;
 pub mod connector;
 #[cfg(feature = "cuda")]
 pub mod cuda;
