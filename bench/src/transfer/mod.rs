@@ -74,7 +74,7 @@ pub struct TransferArgs {
     gather_streams: Option<usize>,
     /// An engine setting for the engine paths' loads, `KEY=VALUE` as in the engine's config
     /// (`EngineConfig::set`; repeatable, applied after the benchmark's own), e.g.
-    /// `--engine window_bytes=536870912` to cover a larger bandwidth-delay product under
+    /// `--engine window_bytes=268435456` to bound a load's bytes in flight at 256 MiB under
     /// `--delay-ms`. A bad key or value is an error naming it.
     #[arg(long = "engine", value_name = "KEY=VALUE")]
     engine_settings: Vec<String>,
