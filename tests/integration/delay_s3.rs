@@ -28,6 +28,14 @@ fn geometry() -> KvGeometry {
         .unwrap()
 }
 
+/// A prefix of `chunks` chunks of [`geometry`] from `seed`: its hashes and per-layer KV.
+fn prefix(chunks: usize, seed: u32) -> (KvGeometry, Vec<objectcache::ChunkHash>, Vec<Vec<u8>>) {
+    let g = geometry();
+    let hs = hashes(&g, chunks * g.tokens_per_chunk as usize, seed);
+    let data = kv(&g, chunks, seed as u64);
+    (g, hs, data)
+}
+
 fn s3_at(rt: &tokio::runtime::Runtime, addr: std::net::SocketAddr) -> Arc<dyn Store> {
     let mut s3 = S3Config::new(BUCKET);
     s3.endpoint = Some(format!("http://{addr}"));
@@ -70,10 +78,8 @@ fn server(
 fn ranged_get_loads_through_delays_keep_bytes_warm_the_pool_and_widen_the_window() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let srv = server(&rt, objectcache::server::ServerConfig::default());
-    let g = geometry();
     let chunks = 4;
-    let hs = hashes(&g, chunks * g.tokens_per_chunk as usize, 7);
-    let data = kv(&g, chunks, 7);
+    let (g, hs, data) = prefix(chunks, 7);
     let ns = unique_ns("delay");
     let engine_cfg = |max_requests: usize| {
         let mut c = EngineConfig {
@@ -219,20 +225,17 @@ fn many_small_chunks_stay_under_a_servers_connection_cap() {
 
 /// Gather through a 20 ms one-way delay, two stripes, eight loads of 16 MiB: once the first
 /// load has opened its second connection, every later load reuses the pooled two and opens
-/// none, though the handle is dropped the moment its last layer is ready. (Before, dropping it cancelled the
-/// stripes before they had read the server's `End` behind their last unit, so both
-/// connections were closed and each load paid new handshakes: at 50 ms one way its first
-/// layer took 465-787 ms instead of 165-197 ms.)
+/// none, though the handle is dropped the moment its last layer is ready. (Before, dropping
+/// it cancelled the stripes before they had read the server's `End` behind their last unit,
+/// so both connections were closed and each load paid new handshakes: at 50 ms one way its
+/// first layer took 465-787 ms instead of 158-210 ms.)
 #[test]
 fn gather_loads_through_a_delay_give_their_connections_back() {
     use objectcache::connector::GatherStatus;
     let rt = tokio::runtime::Runtime::new().unwrap();
     let srv = server(&rt, objectcache::server::ServerConfig::default());
-    let g = geometry();
     // 16 MiB a load: the stripes' last units and `End` arrive in separate reads.
-    let chunks = 32;
-    let hs = hashes(&g, chunks * g.tokens_per_chunk as usize, 9);
-    let data = kv(&g, chunks, 9);
+    let (g, hs, data) = prefix(32, 9);
     let ns = unique_ns("delay-gather");
     let cfg = EngineConfig {
         namespace: ns.clone(),
