@@ -77,7 +77,7 @@ fn default_selection_matches_what_the_host_has() {
 #[test]
 fn engine_falls_back_to_tcp_gather_without_rdma() {
     use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadRequest, Transport};
-    use objectcache::store::{Addressing, S3Config, S3Credentials, S3Store, Store};
+    use objectcache::store::{S3Config, S3Store, Store};
     // Only this test in this binary starts a server, so the variable affects nothing else.
     std::env::set_var("OBJECTCACHE_RDMA", "off");
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -100,15 +100,7 @@ fn engine_falls_back_to_tcp_gather_without_rdma() {
         ))
         .unwrap();
     assert_eq!(srv.rdma_writes(), None, "RDMA is off on this server");
-    let mut s3 = S3Config::new("kv-fallback");
-    s3.endpoint = Some(srv.endpoint());
-    s3.region = Some("us-east-1".into());
-    s3.addressing = Some(Addressing::Path);
-    s3.credentials = S3Credentials::Static {
-        access_key: "fb-access".into(),
-        secret_key: "fb-secret-key".into(),
-        session_token: None,
-    };
+    let s3 = S3Config::at_endpoint("kv-fallback", srv.endpoint(), "fb-access", "fb-secret-key");
     let store: Arc<dyn Store> = Arc::new(rt.block_on(S3Store::new(s3)).unwrap());
     let g = objectcache::layout::KvGeometry::new(
         "rdma-fallback",

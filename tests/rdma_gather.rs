@@ -19,9 +19,7 @@ use objectcache::error::LayerError;
 use objectcache::layout::{slice_range, Dtype, HashAlgo, KeyBuilder};
 use objectcache::protocol::GatherRequest;
 use objectcache::server::ServerHandle;
-use objectcache::store::{
-    Addressing, MemoryStore, S3Config, S3Credentials, S3Store, Store, StoreExt,
-};
+use objectcache::store::{MemoryStore, S3Config, S3Store, Store, StoreExt};
 use objectcache::transport::rdma::{
     self, ClientConfig, GatherConn, HostBuffer, LayerDest, RdmaClient, RdmaGatherError,
 };
@@ -76,15 +74,7 @@ fn writes_at_least(srv: &ServerHandle, want: u64) -> u64 {
 }
 
 fn s3_on(endpoint: &str) -> Arc<dyn Store> {
-    let mut cfg = S3Config::new(BUCKET);
-    cfg.endpoint = Some(endpoint.to_string());
-    cfg.region = Some("us-east-1".into());
-    cfg.addressing = Some(Addressing::Path);
-    cfg.credentials = S3Credentials::Static {
-        access_key: ACCESS.into(),
-        secret_key: SECRET.into(),
-        session_token: None,
-    };
+    let cfg = S3Config::at_endpoint(BUCKET, endpoint.to_string(), ACCESS, SECRET);
     Arc::new(rt().block_on(S3Store::new(cfg)).unwrap())
 }
 

@@ -339,15 +339,7 @@ pub fn spawn_serve(
 /// `ServerHandle::endpoint`), bucket [`BUCKET`].
 #[cfg(feature = "s3")]
 pub async fn s3_store_on(endpoint: &str) -> Arc<dyn Store> {
-    use objectcache::store::{Addressing, S3Config, S3Credentials, S3Store};
-    let mut cfg = S3Config::new(BUCKET);
-    cfg.endpoint = Some(endpoint.to_string());
-    cfg.region = Some("us-east-1".into());
-    cfg.addressing = Some(Addressing::Path);
-    cfg.credentials = S3Credentials::Static {
-        access_key: ACCESS.into(),
-        secret_key: SECRET.into(),
-        session_token: None,
-    };
+    use objectcache::store::{S3Config, S3Store};
+    let cfg = S3Config::at_endpoint(BUCKET, endpoint.to_string(), ACCESS, SECRET);
     Arc::new(S3Store::new(cfg).await.expect("S3 client"))
 }

@@ -10,7 +10,7 @@ use crate::common;
 
 use common::*;
 use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadRequest};
-use objectcache::store::{Addressing, MemoryStore, S3Config, S3Credentials, S3Store, Store};
+use objectcache::store::{MemoryStore, S3Config, S3Store, Store};
 use objectcache::transport::delay::DelayProxy;
 use objectcache::{Dtype, KvGeometry};
 use std::sync::Arc;
@@ -37,15 +37,7 @@ fn prefix(chunks: usize, seed: u32) -> (KvGeometry, Vec<objectcache::ChunkHash>,
 }
 
 fn s3_at(rt: &tokio::runtime::Runtime, addr: std::net::SocketAddr) -> Arc<dyn Store> {
-    let mut s3 = S3Config::new(BUCKET);
-    s3.endpoint = Some(format!("http://{addr}"));
-    s3.region = Some("us-east-1".into());
-    s3.addressing = Some(Addressing::Path);
-    s3.credentials = S3Credentials::Static {
-        access_key: AK.into(),
-        secret_key: SK.into(),
-        session_token: None,
-    };
+    let s3 = S3Config::at_endpoint(BUCKET, format!("http://{addr}"), AK, SK);
     Arc::new(rt.block_on(S3Store::new(s3)).unwrap())
 }
 

@@ -15,9 +15,7 @@ use gather_util::{config, start, ACCESS, BUCKET};
 use objectcache::connector::{Engine, EngineConfig};
 use objectcache::server::tenant::TenantConfig;
 use objectcache::server::{ServerConfig, ServerHandle};
-use objectcache::store::{
-    Addressing, FsStore, FsyncPolicy, S3Config, S3Credentials, S3Store, Store, StoreExt,
-};
+use objectcache::store::{FsStore, FsyncPolicy, S3Config, S3Store, Store, StoreExt};
 use objectcache::KvGeometry;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
@@ -54,16 +52,8 @@ fn server(dir: &Path) -> ServerHandle {
 
 /// Our `S3Store` (AWS SDK, SigV4) with these credentials.
 fn store_as(endpoint: &str, ak: &str, sk: &str) -> Arc<dyn Store> {
-    let mut cfg = S3Config::new(BUCKET);
-    cfg.endpoint = Some(endpoint.to_string());
-    cfg.region = Some("us-east-1".into());
-    cfg.addressing = Some(Addressing::Path);
+    let mut cfg = S3Config::at_endpoint(BUCKET, endpoint.to_string(), ak, sk);
     cfg.max_attempts = 1;
-    cfg.credentials = S3Credentials::Static {
-        access_key: ak.into(),
-        secret_key: sk.into(),
-        session_token: None,
-    };
     Arc::new(rt().block_on(S3Store::new(cfg)).unwrap())
 }
 

@@ -10,9 +10,7 @@ use crate::gather_util;
 use common::{assert_layers_exact, engine, save_prefix, start_load, unique_ns};
 use gather_util::{config, start, ACCESS, BUCKET, SECRET};
 use objectcache::server::ServerHandle;
-use objectcache::store::{
-    Addressing, MemoryStore, S3Config, S3Credentials, S3Store, Store, StoreExt,
-};
+use objectcache::store::{MemoryStore, S3Config, S3Store, Store, StoreExt};
 use objectcache::transport::tcp::{GatherClient, GatherError};
 use objectcache::KvGeometry;
 use std::path::{Path, PathBuf};
@@ -53,17 +51,9 @@ fn tls_server(cert: &Path, key: &Path) -> ServerHandle {
 }
 
 fn s3(endpoint: &str, ca: Option<&Path>) -> S3Store {
-    let mut cfg = S3Config::new(BUCKET);
-    cfg.endpoint = Some(endpoint.to_string());
-    cfg.region = Some("us-east-1".into());
-    cfg.addressing = Some(Addressing::Path);
+    let mut cfg = S3Config::at_endpoint(BUCKET, endpoint.to_string(), ACCESS, SECRET);
     cfg.max_attempts = 1;
     cfg.ca_file = ca.map(Path::to_path_buf);
-    cfg.credentials = S3Credentials::Static {
-        access_key: ACCESS.into(),
-        secret_key: SECRET.into(),
-        session_token: None,
-    };
     rt().block_on(S3Store::new(cfg)).unwrap()
 }
 

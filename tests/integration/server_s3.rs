@@ -11,8 +11,7 @@ use crate::gather_util;
 use gather_util::*;
 use objectcache::layout::KvGeometry;
 use objectcache::store::{
-    Addressing, FsStore, FsyncPolicy, GetOptions, MemoryStore, S3Config, S3Credentials, S3Store,
-    Store, StoreExt,
+    FsStore, FsyncPolicy, GetOptions, MemoryStore, S3Config, S3Store, Store, StoreExt,
 };
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -23,16 +22,8 @@ async fn s3_client(endpoint: &str, bucket: &str, secret: &str) -> S3Store {
 
 /// [`s3_client`] trying each request up to `max_attempts` times.
 async fn s3_client_tries(endpoint: &str, bucket: &str, secret: &str, max_attempts: u32) -> S3Store {
-    let mut cfg = S3Config::new(bucket);
-    cfg.endpoint = Some(endpoint.to_string());
-    cfg.region = Some("us-east-1".into());
-    cfg.addressing = Some(Addressing::Path);
+    let mut cfg = S3Config::at_endpoint(bucket, endpoint.to_string(), ACCESS, secret);
     cfg.max_attempts = max_attempts;
-    cfg.credentials = S3Credentials::Static {
-        access_key: ACCESS.into(),
-        secret_key: secret.into(),
-        session_token: None,
-    };
     S3Store::new(cfg).await.expect("S3 client")
 }
 

@@ -33,20 +33,17 @@ mod s3 {
 /// running; each call gets its own key prefix.
 #[cfg(feature = "s3")]
 pub async fn moto_store(tag: &str) -> Option<(objectcache::store::S3Store, String)> {
-    use objectcache::store::{Addressing, S3Config, S3Credentials, S3Store};
+    use objectcache::store::{S3Config, S3Store};
     let endpoint = std::env::var("OBJECTCACHE_TEST_MOTO_ENDPOINT")
         .ok()
         .filter(|v| !v.is_empty())
         .unwrap_or_else(|| "http://127.0.0.1:5000".into());
-    let mut c = S3Config::new("objectcache-moto");
-    c.endpoint = Some(endpoint);
-    c.region = Some("us-east-1".into());
-    c.addressing = Some(Addressing::Path);
-    c.credentials = S3Credentials::Static {
-        access_key: "moto-test".into(),
-        secret_key: "moto-test-secret".into(),
-        session_token: None,
-    };
+    let c = S3Config::at_endpoint(
+        "objectcache-moto",
+        endpoint,
+        "moto-test",
+        "moto-test-secret",
+    );
     if !c.endpoint_accepts_connections().await {
         return None;
     }

@@ -2,7 +2,7 @@
 //! HTTP/1.1 server on a real loopback socket that answers the way a failing S3 server does.
 #![allow(dead_code)]
 
-use objectcache::store::{S3Config, S3Credentials};
+use objectcache::store::S3Config;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -133,14 +133,7 @@ impl ScriptedServer {
     /// busy machine does not turn an immediate answer into a timeout and an extra attempt,
     /// which the tests count; short enough that the stalled-body test ends in seconds).
     pub fn config(&self, attempts: u32) -> S3Config {
-        let mut c = S3Config::new("bucket");
-        c.endpoint = Some(self.endpoint.clone());
-        c.region = Some("us-east-1".into());
-        c.credentials = S3Credentials::Static {
-            access_key: "ak".into(),
-            secret_key: "sk".into(),
-            session_token: None,
-        };
+        let mut c = S3Config::at_endpoint("bucket", self.endpoint.clone(), "ak", "sk");
         c.max_attempts = attempts;
         c.initial_backoff = Duration::from_millis(10);
         c.max_backoff = Duration::from_millis(40);

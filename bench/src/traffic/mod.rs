@@ -37,7 +37,7 @@ use workload::{chunk_layers, synthetic, trace, Req};
 
 use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest};
 use objectcache::sim::engine::percentile;
-use objectcache::store::{Addressing, MemoryStore, S3Config, S3Credentials, S3Store, Store};
+use objectcache::store::{MemoryStore, S3Config, S3Store, Store};
 use objectcache::{ChunkHash, KvGeometry};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
@@ -171,15 +171,7 @@ async fn server(backend: Arc<dyn Store>, policy: &str, cap: u64) -> anyhow::Resu
 }
 
 async fn s3_on(endpoint: &str) -> anyhow::Result<Arc<dyn Store>> {
-    let mut cfg = S3Config::new(BUCKET);
-    cfg.endpoint = Some(endpoint.to_string());
-    cfg.region = Some("us-east-1".into());
-    cfg.addressing = Some(Addressing::Path);
-    cfg.credentials = S3Credentials::Static {
-        access_key: ACCESS.into(),
-        secret_key: SECRET.into(),
-        session_token: None,
-    };
+    let cfg = S3Config::at_endpoint(BUCKET, endpoint.to_string(), ACCESS, SECRET);
     Ok(Arc::new(
         S3Store::new(cfg)
             .await

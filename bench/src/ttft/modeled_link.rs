@@ -12,9 +12,7 @@
 use anyhow::{anyhow, bail, Context, Result};
 use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadRequest};
 use objectcache::layout::{decode_chunk, ChunkHash, KeyBuilder, KvGeometry};
-use objectcache::store::{
-    Addressing, MemoryStore, S3Config, S3Credentials, S3Store, Store, StoreExt,
-};
+use objectcache::store::{MemoryStore, S3Config, S3Store, Store, StoreExt};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -179,15 +177,7 @@ pub async fn start(rate: f64) -> Result<Link> {
 /// # Errors
 /// If the client cannot be built.
 pub async fn s3_store(link: &Link) -> Result<Arc<dyn Store>> {
-    let mut cfg = S3Config::new(BUCKET.to_string());
-    cfg.endpoint = Some(link.endpoint());
-    cfg.region = Some("us-east-1".into());
-    cfg.addressing = Some(Addressing::Path);
-    cfg.credentials = S3Credentials::Static {
-        access_key: ACCESS_KEY.into(),
-        secret_key: SECRET_KEY.into(),
-        session_token: None,
-    };
+    let cfg = S3Config::at_endpoint(BUCKET.to_string(), link.endpoint(), ACCESS_KEY, SECRET_KEY);
     Ok(Arc::new(S3Store::new(cfg).await.map_err(|e| {
         anyhow!("S3 client of the in-process server: {e}")
     })?))

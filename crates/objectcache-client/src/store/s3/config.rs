@@ -161,6 +161,29 @@ impl S3Config {
         }
     }
 
+    /// An S3-compatible server at `endpoint` (e.g. `http://127.0.0.1:9000`: MinIO, Ceph RGW,
+    /// an ObjectCache server) with the static key pair `access_key` / `secret_key`: bucket
+    /// `bucket`, path-style addressing, region `us-east-1` (which such servers take when they
+    /// do not check it); every other setting as [`S3Config::new`].
+    pub fn at_endpoint(
+        bucket: impl Into<String>,
+        endpoint: impl Into<String>,
+        access_key: impl Into<String>,
+        secret_key: impl Into<String>,
+    ) -> Self {
+        S3Config {
+            endpoint: Some(endpoint.into()),
+            region: Some("us-east-1".into()),
+            addressing: Some(Addressing::Path),
+            credentials: S3Credentials::Static {
+                access_key: access_key.into(),
+                secret_key: secret_key.into(),
+                session_token: None,
+            },
+            ..S3Config::new(bucket)
+        }
+    }
+
     /// The addressing in force (the explicit setting, else the default described on
     /// [`S3Config::addressing`]).
     pub fn effective_addressing(&self) -> Addressing {
