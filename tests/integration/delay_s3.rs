@@ -41,6 +41,32 @@ fn s3_at(rt: &tokio::runtime::Runtime, addr: std::net::SocketAddr) -> Arc<dyn St
     Arc::new(rt.block_on(S3Store::new(s3)).unwrap())
 }
 
+/// Loads the prefix `hs` through `e`, waits for every layer and checks each byte against
+/// `data` (`what` names the load in failures); returns the finished handle.
+fn load_exact(
+    e: &Engine,
+    g: &KvGeometry,
+    hs: &[objectcache::ChunkHash],
+    data: &[Vec<u8>],
+    what: &str,
+) -> objectcache::connector::LoadHandle {
+    let h = e
+        .load(
+            LoadRequest::new(g.clone(), hs.to_vec()),
+            LayerBuffers::allocate(g.layers as usize, data[0].len()),
+        )
+        .unwrap();
+    h.wait_all_blocking()
+        .unwrap_or_else(|err| panic!("{what}: load failed: {err:?}; {:?}", h.stats()));
+    for l in 0..g.layers as usize {
+        assert!(
+            h.layer(l).unwrap() == &data[l][..],
+            "{what}: layer {l} differs"
+        );
+    }
+    h
+}
+
 /// Our server on loopback over memory, serving `BUCKET` to the key pair `AK`/`SK`, with
 /// `base`'s other settings (connection caps, ...).
 fn server(
@@ -110,20 +136,7 @@ fn ranged_get_loads_through_delays_keep_bytes_warm_the_pool_and_widen_the_window
             proxy.connections() >= warm
         });
         assert_eq!(proxy.connections(), warm, "{delay_ms} ms");
-        let h = e
-            .load(
-                LoadRequest::new(g.clone(), hs.clone()),
-                LayerBuffers::allocate(g.layers as usize, data[0].len()),
-            )
-            .unwrap();
-        h.wait_all_blocking().unwrap();
-        for l in 0..g.layers as usize {
-            assert_eq!(
-                h.layer(l).unwrap(),
-                &data[l][..],
-                "{delay_ms} ms, layer {l}"
-            );
-        }
+        let h = load_exact(&e, &g, &hs, &data, &format!("{delay_ms} ms"));
         let s = h.stats();
         assert_eq!(
             s.requests,
@@ -194,17 +207,7 @@ fn many_small_chunks_stay_under_a_servers_connection_cap() {
         ))
         .unwrap();
     let e = Engine::with_store(s3_at(&rt, proxy.local_addr()), cfg).unwrap();
-    let h = e
-        .load(
-            LoadRequest::new(g.clone(), hs.clone()),
-            LayerBuffers::allocate(g.layers as usize, data[0].len()),
-        )
-        .unwrap();
-    h.wait_all_blocking()
-        .unwrap_or_else(|err| panic!("load failed: {err:?}; {:?}", h.stats()));
-    for l in 0..g.layers as usize {
-        assert!(h.layer(l).unwrap() == &data[l][..], "layer {l} differs");
-    }
+    let h = load_exact(&e, &g, &hs, &data, "400 chunks");
     let s = h.stats();
     // The first layer's burst was cut at the ceiling, not below it.
     assert_eq!(s.peak_requests_in_flight, 256, "{s:?}");
@@ -256,21 +259,12 @@ fn gather_loads_through_a_delay_give_their_connections_back() {
     });
     let mut opened = Vec::new();
     for i in 0..8 {
-        let h = e
-            .load(
-                LoadRequest::new(g.clone(), hs.clone()),
-                LayerBuffers::allocate(g.layers as usize, data[0].len()),
-            )
-            .unwrap();
-        h.wait_all_blocking().unwrap();
+        let h = load_exact(&e, &g, &hs, &data, &format!("load {i}"));
         assert_eq!(
             h.stats().requests,
             2,
             "load {i}: not gathered over two stripes"
         );
-        for l in 0..g.layers as usize {
-            assert_eq!(h.layer(l).unwrap(), &data[l][..], "load {i}, layer {l}");
-        }
         drop(h);
         assert_eq!(idle(&e), Some(2), "load {i}: connections not given back");
         opened.push(proxy.connections());
