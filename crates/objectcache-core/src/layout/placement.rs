@@ -193,6 +193,23 @@ pub struct SegmentRead {
     pub with_header: bool,
 }
 
+impl SegmentRead {
+    /// Slices the read carries after its header: `positions` x `layers`.
+    pub fn slices(&self) -> usize {
+        self.positions.len() * self.layers.len()
+    }
+
+    /// Layer and prefix position of the read's `i`-th slice, in body order (layer by layer,
+    /// each layer's positions in order).
+    pub fn slice(&self, i: usize) -> (u32, usize) {
+        let m = self.positions.len().max(1);
+        (
+            self.layers.start + (i / m) as u32,
+            self.positions.start + i % m,
+        )
+    }
+}
+
 /// How many parallel reads each layer of a segment load is cut into (the `pieces` of
 /// [`plan_segment_reads`]): `per_layer` on average, so a load costs `layers x per_layer`
 /// reads, with layer 0 given `first` of them (at least `per_layer`), since prefill waits for

@@ -357,6 +357,11 @@ impl LoadState {
         self.fail_pending(LayerError::Cancelled);
     }
 
+    /// Whether every layer is ready or failed (none still pending).
+    pub(crate) fn settled(&self) -> bool {
+        (0..self.layers()).all(|l| self.status(l) != LayerStatus::Pending)
+    }
+
     pub(crate) fn is_cancelled(&self) -> bool {
         self.cancelled.load(Ordering::Acquire)
     }

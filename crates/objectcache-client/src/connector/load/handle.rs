@@ -301,7 +301,7 @@ impl LoadHandle {
             return;
         }
         let st = &self.sh.state;
-        let settled = (0..st.layers()).all(|l| !matches!(st.status(l), LayerStatus::Pending));
+        let settled = st.settled();
         if !settled {
             st.cancel();
         }
@@ -350,7 +350,7 @@ impl LoadHandle {
 /// new one, paying a handshake and the hello. Measured through a 50 ms one-way delay
 /// (`objectcache-bench transfer --context 32768 --paths gather-tcp --delay-ms 50`): every
 /// load opened one or two new connections and its first layer took 465-787 ms; with the
-/// connections reused (a 10 ms grace), 158-210 ms. The wait ends as soon as the tasks do
+/// connections reused, 156-187 ms. The wait ends as soon as the tasks do
 /// (microseconds when `End` is on its way); 50 ms leaves room for a busy machine to schedule
 /// them, and is what a dropped handle costs when a server never sends `End`.
 const SETTLED_GRACE: Duration = Duration::from_millis(50);

@@ -170,26 +170,16 @@ fn fail_read(sh: &Shared, read: &SegmentRead, status: ChunkStatus, err: LayerErr
 /// layer by layer, each layer's positions in order): in the layer of that slice its
 /// position and the later ones, in its later layers every position.
 fn fail_rest(sh: &Shared, read: &SegmentRead, slice: usize, status: ChunkStatus, err: LayerError) {
-    let m = read.positions.len().max(1);
-    let (end, layer) = (read.positions.end, read.layers.start + (slice / m) as u32);
+    let (end, (layer, c)) = (read.positions.end, read.slice(slice));
     let (chunks, layer) = if layer >= read.layers.end {
         // Every slice arrived, then more than was asked for: the last layer.
         (end..end, read.layers.end - 1)
     } else if layer + 1 < read.layers.end {
         (read.positions.clone(), layer)
     } else {
-        (read.positions.start + slice % m..end, layer)
+        (c..end, layer)
     };
     fail(sh, chunks, layer..read.layers.end, status, err);
-}
-
-/// Layer and prefix position of `read`'s `i`-th slice (body order).
-fn slice_at(read: &SegmentRead, i: usize) -> (u32, usize) {
-    let m = read.positions.len().max(1);
-    (
-        read.layers.start + (i / m) as u32,
-        read.positions.start + i % m,
-    )
 }
 
 /// One read of a segment run and what it needs: the store and the segment's key, the run
@@ -338,10 +328,9 @@ async fn fetch_inner(f: SegmentFetch<'_>, permit: &mut FlightPermit) {
     } else {
         0
     };
-    let slices = read.positions.len() * read.layers.len();
-    let demux = SliceDemux::new(header_len, slices, slice);
+    let demux = SliceDemux::new(header_len, read.slices(), slice);
     let dest = |i: usize| {
-        let (layer, c) = slice_at(read, i);
+        let (layer, c) = read.slice(i);
         (layer, c as u64 * slice)
     };
     let mut body = BodyReader::new(src, demux, sh, dest);
@@ -378,7 +367,7 @@ async fn fetch_inner(f: SegmentFetch<'_>, permit: &mut FlightPermit) {
                 }
             }
             Event::SliceEnd(end) => {
-                let (layer, c) = slice_at(read, end.slice);
+                let (layer, c) = read.slice(end.slice);
                 if !sh.settle_slice(c, layer, slice, &end, false).await {
                     let err = header_bad(key, c);
                     fail(sh, c..c + 1, 0..g.layers, ChunkStatus::WrongGeometry, err);
@@ -460,8 +449,8 @@ fn read_local(
             return out;
         }
     }
-    for i in 0..read.positions.len() * read.layers.len() {
-        let (layer, c) = slice_at(read, i);
+    for i in 0..read.slices() {
+        let (layer, c) = read.slice(i);
         if sh.state.is_cancelled() {
             fail_rest(sh, read, i, ChunkStatus::Error, LayerError::Cancelled);
             return out;

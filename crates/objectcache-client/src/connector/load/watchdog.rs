@@ -3,7 +3,6 @@
 //! that fails a silent load's missing layers.
 
 use super::Shared;
-use crate::connector::buffers::LayerStatus;
 use crate::connector::{StallTimeout, STALL_FIRST_BYTE, STALL_FLOOR};
 use crate::error::LayerError;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -119,7 +118,7 @@ pub(crate) async fn watchdog(
 ) {
     let p = &sh.progress;
     loop {
-        if (0..sh.state.layers()).all(|l| sh.state.status(l) != LayerStatus::Pending) {
+        if sh.state.settled() {
             return;
         }
         let now = p.now_us();

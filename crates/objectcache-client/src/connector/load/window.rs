@@ -72,9 +72,9 @@ pub(crate) const BASE_WINDOW_BYTES: u64 = 256 << 20;
 /// the byte limit is the larger of the target and [`BASE_WINDOW_BYTES`], bounded by
 /// `window_bytes`. On a short round trip the cap is `max_requests` and the limit the base;
 /// on a long one both grow with each round trip's deliveries until the bytes in flight
-/// cover the product (or fill `window_bytes`). First-layer reads (one per chunk) all go out at once within the
-/// window: layer 0 is needed first, so its reads gain nothing from waiting, and a long
-/// round trip is paid once for all of them. Whatever the caps, at most
+/// cover the product (or fill `window_bytes`). First-layer reads (one per chunk) all go out
+/// at once within the byte limit: layer 0 is needed first, so its reads gain nothing from
+/// waiting, and a long round trip is paid once for all of them. Whatever the caps, at most
 /// [`MAX_REQUESTS_IN_FLIGHT`] reads are in flight.
 pub(super) struct Flight {
     st: Mutex<FlightState>,
