@@ -241,15 +241,28 @@ impl LocalChunk {
     }
 
     /// Asks the kernel to start reading layer `layer`'s slice (with its CRC trailer) into the
-    /// page cache (`POSIX_FADV_WILLNEED`; it does not wait for the read). Per slice, one layer
-    /// ahead of the send, rather than the whole object at open: advising a whole 8 MiB object
-    /// walks 2,048 pages per chunk (for 128 chunks at 32K tokens) while the first layer is
-    /// being sent, per slice spreads that work over the load; on cold objects the next
-    /// slice's read still overlaps the current one's send. (On the 2-core build machine, with
-    /// objects cached, whole-object, per-slice and no advice measured alike within its
-    /// run-to-run noise.) Advice only: a failure costs a slower send, not correctness.
+    /// page cache (`POSIX_FADV_WILLNEED`; it does not wait for the read), unless the slice is
+    /// there already. Per slice, one layer ahead of the send, rather than the whole object at
+    /// open: on cold objects the next slice's read overlaps the current one's send, and the
+    /// first layer is not held up behind whole objects.
+    ///
+    /// The advice itself looks up every page of its range in the page cache (a 1 MiB slice:
+    /// 256 lookups), which on cached objects, the common case of a KV cache, is all it does:
+    /// measured with `perf` on a 32K-token load, 3.3% of the process's CPU samples were under
+    /// `fadvise64`, about 5% of the load's CPU. So the slice's first, middle and last bytes
+    /// are probed first with one-byte reads that never wait for the device
+    /// ([`page_cached`]); the advice is given only when one of them is not cached. A slice
+    /// evicted in part elsewhere is faulted in by the socket write instead: slower, never
+    /// wrong. Advice only: a failure costs a slower send, not correctness.
     fn advise(&self, layer: u32, slice_len: u64) {
         let r = self.range(layer, slice_len);
+        if r.is_empty() {
+            return;
+        }
+        let probes = [r.start, r.start + (r.end - r.start) / 2, r.end - 1];
+        if probes.iter().all(|&at| page_cached(&self.file, at)) {
+            return;
+        }
         let _ = rustix::fs::fadvise(
             &*self.file,
             r.start,
@@ -257,6 +270,23 @@ impl LocalChunk {
             rustix::fs::Advice::WillNeed,
         );
     }
+}
+
+/// Whether the byte at `at` of `file` is in the page cache: a one-byte `preadv2(2)` with
+/// `RWF_NOWAIT`, which fails with `EAGAIN` rather than wait for the device (Linux 4.14 and
+/// later). Any failure (an older kernel, a file system without the flag) answers "not
+/// cached", which only means the caller gives its advice.
+fn page_cached(file: &std::fs::File, at: u64) -> bool {
+    let mut b = [0u8; 1];
+    matches!(
+        rustix::io::preadv2(
+            file,
+            &mut [std::io::IoSliceMut::new(&mut b)],
+            at,
+            rustix::io::ReadWriteFlags::NOWAIT,
+        ),
+        Ok(1)
+    )
 }
 
 /// Opens the object `key` holding a chunk (its own chunk object, `at` `None`; else the
