@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use common::*;
 use futures::StreamExt;
-use objectcache::error::StoreError;
+use objectcache::error::{StoreError, StoreResult};
 use objectcache::layout::{decode_chunk, ChunkHash};
 use objectcache::lifecycle::{collect, Inventory, Policy, Reason};
 use objectcache::store::{
@@ -259,15 +259,10 @@ impl Store for FailOne {
     fn name(&self) -> &'static str {
         "fail-one"
     }
-    async fn get_opts(&self, key: &str, opts: GetOptions) -> Result<GetResult, StoreError> {
+    async fn get_opts(&self, key: &str, opts: GetOptions) -> StoreResult<GetResult> {
         self.inner.get_opts(key, opts).await
     }
-    async fn put_opts(
-        &self,
-        key: &str,
-        data: Bytes,
-        opts: PutOptions,
-    ) -> Result<PutResult, StoreError> {
+    async fn put_opts(&self, key: &str, data: Bytes, opts: PutOptions) -> StoreResult<PutResult> {
         if key != self.key {
             return self.inner.put_opts(key, data, opts).await;
         }
@@ -282,16 +277,16 @@ impl Store for FailOne {
         .boxed();
         self.inner.put_stream(key, body, Some(len), opts).await
     }
-    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+    async fn head(&self, key: &str) -> StoreResult<ObjectMeta> {
         self.inner.head(key).await
     }
-    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+    async fn delete(&self, key: &str) -> StoreResult<()> {
         self.inner.delete(key).await
     }
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<ObjectMeta>, StoreError> {
+    async fn list(&self, prefix: &str, limit: usize) -> StoreResult<Vec<ObjectMeta>> {
         self.inner.list(prefix, limit).await
     }
-    async fn list_partial(&self, prefix: &str) -> Result<Vec<PartialWrite>, StoreError> {
+    async fn list_partial(&self, prefix: &str) -> StoreResult<Vec<PartialWrite>> {
         self.inner.list_partial(prefix).await
     }
 }

@@ -8,7 +8,7 @@ use crate::s3_support;
 use bytes::Bytes;
 use futures::StreamExt;
 use objectcache::store::{GetOptions, PutIfAbsent, S3Store, Store, StoreExt};
-use objectcache::StoreError;
+use objectcache::{StoreError, StoreResult};
 use s3_support::{Reply, ScriptedServer};
 use std::time::Duration;
 
@@ -98,7 +98,7 @@ async fn a_body_cut_halfway_is_an_error_not_data() {
         .get_opts("k/obj", GetOptions::default())
         .await
         .unwrap();
-    let items: Vec<Result<Bytes, StoreError>> = g.body.collect().await;
+    let items: Vec<StoreResult<Bytes>> = g.body.collect().await;
     let got: usize = items
         .iter()
         .filter_map(|r| r.as_ref().ok())

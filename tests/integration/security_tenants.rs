@@ -13,7 +13,7 @@ use objectcache::hash::{chunk_hashes, HashParams};
 use objectcache::store::{
     FsStore, FsyncPolicy, GetOptions, GetResult, ObjectMeta, PutOptions, PutResult, Store, StoreExt,
 };
-use objectcache::{ChunkHash, KvGeometry, StoreError};
+use objectcache::{ChunkHash, KvGeometry, StoreError, StoreResult};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,21 +60,21 @@ impl Store for Counting {
     fn name(&self) -> &'static str {
         self.inner.name()
     }
-    async fn get_opts(&self, key: &str, o: GetOptions) -> Result<GetResult, StoreError> {
+    async fn get_opts(&self, key: &str, o: GetOptions) -> StoreResult<GetResult> {
         self.count(key, false);
         self.inner.get_opts(key, o).await
     }
-    async fn put_opts(&self, key: &str, d: Bytes, o: PutOptions) -> Result<PutResult, StoreError> {
+    async fn put_opts(&self, key: &str, d: Bytes, o: PutOptions) -> StoreResult<PutResult> {
         self.inner.put_opts(key, d, o).await
     }
-    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+    async fn head(&self, key: &str) -> StoreResult<ObjectMeta> {
         self.count(key, true);
         self.inner.head(key).await
     }
-    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+    async fn delete(&self, key: &str) -> StoreResult<()> {
         self.inner.delete(key).await
     }
-    async fn list(&self, p: &str, l: usize) -> Result<Vec<ObjectMeta>, StoreError> {
+    async fn list(&self, p: &str, l: usize) -> StoreResult<Vec<ObjectMeta>> {
         self.inner.list(p, l).await
     }
 }

@@ -211,3 +211,8 @@ pub enum Error {
 
 /// Crate-level result.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What a storage backend's operations return: `T`, or the [`StoreError`] that says what
+/// failed. One name for the return type every `Store` method and helper spells, so a
+/// method's signature shows its arguments rather than the error type.
+pub type StoreResult<T> = std::result::Result<T, StoreError>;

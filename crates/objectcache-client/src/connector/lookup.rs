@@ -7,7 +7,7 @@
 
 use super::{Engine, LookupReport};
 use crate::error::Error;
-use crate::error::StoreError;
+use crate::error::{StoreError, StoreResult};
 use crate::layout::{decode_marker, ChunkHash, KeyBuilder, KvGeometry, Marker, SegmentMarker};
 use crate::store::{Store, StoreExt};
 use std::collections::BTreeMap;
@@ -36,7 +36,7 @@ impl Known {
 ///
 /// # Errors
 /// A store error other than not-found.
-async fn read_marker(store: &dyn Store, key: &str) -> Result<Known, StoreError> {
+async fn read_marker(store: &dyn Store, key: &str) -> StoreResult<Known> {
     match store.get_bytes(key).await {
         Ok(b) => Ok(match decode_marker(&b) {
             Ok(m) => Known::Read(m),

@@ -5,7 +5,7 @@
 use super::config::SaveFormat;
 use super::lookup::Known;
 use super::{Engine, SaveReport};
-use crate::error::{Error, StoreError};
+use crate::error::{Error, StoreResult};
 use crate::layout::{
     encode_segment_parts, object_len, segment_digest, ChunkHash, KeyBuilder, KvGeometry, Marker,
     SegmentMarker, MAX_SEGMENT_CHUNKS,
@@ -277,7 +277,7 @@ async fn put_all(
     store: Arc<dyn Store>,
     objects: Vec<(String, Bytes)>,
     conc: usize,
-) -> Vec<Result<(PutIfAbsent, u64), StoreError>> {
+) -> Vec<StoreResult<(PutIfAbsent, u64)>> {
     futures::stream::iter(objects)
         .map(|(k, b)| {
             let store = store.clone();

@@ -5,7 +5,7 @@
 use super::inventory::{data_key, marker_key};
 use super::segments::{self, MarkerMemo};
 use super::{AccessLog, Entry, Inventory, LeaseTable};
-use crate::error::StoreError;
+use crate::error::{StoreError, StoreResult};
 use crate::store::Store;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, SystemTime};
@@ -105,7 +105,7 @@ pub async fn collect(
     now: SystemTime,
     access: Option<&AccessLog>,
     leases: Option<&LeaseTable>,
-) -> Result<GcReport, StoreError> {
+) -> StoreResult<GcReport> {
     collect_with(store, policy, now, access, leases, &MarkerMemo::default()).await
 }
 
@@ -123,7 +123,7 @@ pub async fn collect_with(
     access: Option<&AccessLog>,
     leases: Option<&LeaseTable>,
     memo: &MarkerMemo,
-) -> Result<GcReport, StoreError> {
+) -> StoreResult<GcReport> {
     let limit = policy.max_objects.saturating_add(1);
     let inv = Inventory::scan(store, &policy.prefix, limit).await?;
     let scanned = inv

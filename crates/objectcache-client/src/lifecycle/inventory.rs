@@ -2,7 +2,7 @@
 //! entries (a data object and its publish marker, [`Entry`]), segment objects (format v2),
 //! the [`Inventory`] of a prefix and its [`Stats`].
 
-use crate::error::StoreError;
+use crate::error::StoreResult;
 use crate::layout::SEGMENT_MARKER_LEN;
 use crate::store::{ObjectMeta, PartialWrite, Store, StoreExt};
 use std::collections::BTreeMap;
@@ -153,7 +153,7 @@ impl Inventory {
     ///
     /// # Errors
     /// The store's listing error.
-    pub async fn scan(store: &dyn Store, prefix: &str, limit: usize) -> Result<Self, StoreError> {
+    pub async fn scan(store: &dyn Store, prefix: &str, limit: usize) -> StoreResult<Self> {
         let mut inv = Inventory {
             partial: store.list_partial(prefix).await?,
             ..Inventory::default()
@@ -232,7 +232,7 @@ impl Inventory {
 ///
 /// # Errors
 /// A store error other than not-found.
-pub async fn entry_published(store: &dyn Store, key: &str) -> Result<bool, StoreError> {
+pub async fn entry_published(store: &dyn Store, key: &str) -> StoreResult<bool> {
     let id = classify_key(key).1;
     Ok(store.exists(&marker_key(&id)).await? && store.exists(&data_key(&id)).await?)
 }

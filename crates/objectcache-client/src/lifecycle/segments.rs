@@ -5,7 +5,7 @@
 
 use super::inventory::segment_key;
 use super::Inventory;
-use crate::error::StoreError;
+use crate::error::{StoreError, StoreResult};
 use crate::layout::{decode_marker, Marker, SegmentMarker};
 use crate::store::{ObjectMeta, Store, StoreExt};
 use futures::StreamExt;
@@ -206,7 +206,7 @@ pub(super) async fn resolve(
 pub(super) async fn any_exists(
     store: &dyn Store,
     keys: impl Iterator<Item = String>,
-) -> Result<bool, StoreError> {
+) -> StoreResult<bool> {
     for k in keys {
         if store.exists(&k).await? {
             return Ok(true);
@@ -222,10 +222,7 @@ pub(super) async fn any_exists(
 ///
 /// # Errors
 /// The store's error other than not-found.
-pub(super) async fn rewritten(
-    store: &dyn Store,
-    listed: Option<&ObjectMeta>,
-) -> Result<bool, StoreError> {
+pub(super) async fn rewritten(store: &dyn Store, listed: Option<&ObjectMeta>) -> StoreResult<bool> {
     let Some(listed) = listed else {
         return Ok(false);
     };

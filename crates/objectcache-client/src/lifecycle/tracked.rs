@@ -2,7 +2,7 @@
 //! leases in a [`LeaseTable`]; everything else passes through.
 
 use super::{classify_key, AccessLog, LeaseTable, ObjectKind};
-use crate::error::StoreError;
+use crate::error::StoreResult;
 use crate::store::{
     ByteStream, EndpointEvent, GatherTarget, GetOptions, GetResult, LocalObject, ObjectMeta,
     PartialWrite, PutOptions, PutResult, RangeBody, Store,
@@ -68,14 +68,14 @@ impl Store for TrackedStore {
     fn endpoint_event(&self, addr: &str, event: EndpointEvent) {
         self.inner.endpoint_event(addr, event)
     }
-    async fn open_local(&self, key: &str) -> Result<Option<LocalObject>, StoreError> {
+    async fn open_local(&self, key: &str) -> StoreResult<Option<LocalObject>> {
         let r = self.inner.open_local(key).await;
         if matches!(r, Ok(Some(_))) {
             self.note(key);
         }
         r
     }
-    fn open_local_blocking(&self, key: &str) -> Result<Option<LocalObject>, StoreError> {
+    fn open_local_blocking(&self, key: &str) -> StoreResult<Option<LocalObject>> {
         let r = self.inner.open_local_blocking(key);
         if matches!(r, Ok(Some(_))) {
             self.note(key);
@@ -86,20 +86,15 @@ impl Store for TrackedStore {
         &self,
         key: &str,
         range: std::ops::Range<u64>,
-    ) -> Result<Option<RangeBody>, StoreError> {
+    ) -> StoreResult<Option<RangeBody>> {
         self.note(key);
         self.inner.get_range_body(key, range).await
     }
-    async fn get_opts(&self, key: &str, opts: GetOptions) -> Result<GetResult, StoreError> {
+    async fn get_opts(&self, key: &str, opts: GetOptions) -> StoreResult<GetResult> {
         self.note(key);
         self.inner.get_opts(key, opts).await
     }
-    async fn put_opts(
-        &self,
-        key: &str,
-        data: Bytes,
-        opts: PutOptions,
-    ) -> Result<PutResult, StoreError> {
+    async fn put_opts(&self, key: &str, data: Bytes, opts: PutOptions) -> StoreResult<PutResult> {
         let r = self.inner.put_opts(key, data, opts).await;
         if r.is_ok() {
             self.access.record(key, SystemTime::now());
@@ -109,7 +104,7 @@ impl Store for TrackedStore {
     /// A lookup's probe: passed through, neither an access nor a lease. Lookups never pin:
     /// what a probe found may be evicted until a load reads it (a lookup that loaded nothing
     /// must not keep entries from eviction, case C13).
-    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+    async fn head(&self, key: &str) -> StoreResult<ObjectMeta> {
         self.inner.head(key).await
     }
     async fn put_stream(
@@ -118,26 +113,26 @@ impl Store for TrackedStore {
         body: ByteStream,
         len: Option<u64>,
         opts: PutOptions,
-    ) -> Result<PutResult, StoreError> {
+    ) -> StoreResult<PutResult> {
         let r = self.inner.put_stream(key, body, len, opts).await;
         if r.is_ok() {
             self.access.record(key, SystemTime::now());
         }
         r
     }
-    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+    async fn delete(&self, key: &str) -> StoreResult<()> {
         self.inner.delete(key).await
     }
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<ObjectMeta>, StoreError> {
+    async fn list(&self, prefix: &str, limit: usize) -> StoreResult<Vec<ObjectMeta>> {
         self.inner.list(prefix, limit).await
     }
     async fn warm(&self, connections: usize) -> usize {
         self.inner.warm(connections).await
     }
-    async fn list_partial(&self, prefix: &str) -> Result<Vec<PartialWrite>, StoreError> {
+    async fn list_partial(&self, prefix: &str) -> StoreResult<Vec<PartialWrite>> {
         self.inner.list_partial(prefix).await
     }
-    async fn delete_partial(&self, partial: &PartialWrite) -> Result<(), StoreError> {
+    async fn delete_partial(&self, partial: &PartialWrite) -> StoreResult<()> {
         self.inner.delete_partial(partial).await
     }
 }

@@ -6,7 +6,7 @@
 //! Not a stable API: it exists for this crate's tests and for out-of-tree backends.
 
 use super::{GetOptions, PutIfAbsent, PutMode, PutOptions, Store, StoreExt};
-use crate::error::StoreError;
+use crate::error::{StoreError, StoreResult};
 use bytes::Bytes;
 use futures::StreamExt;
 
@@ -356,7 +356,7 @@ pub async fn wrapper_forwards(inner: &dyn Store, wrapper: &dyn Store, p: &str) {
 pub async fn put_stream(s: &dyn Store, p: &str) {
     let k = format!("{p}/stream/obj");
     let d = pattern(9 << 20, 13);
-    let pieces = |d: &Bytes| -> Vec<Result<Bytes, StoreError>> {
+    let pieces = |d: &Bytes| -> Vec<StoreResult<Bytes>> {
         (0..d.len())
             .step_by(1 << 20)
             .map(|a| Ok(d.slice(a..(a + (1 << 20)).min(d.len()))))

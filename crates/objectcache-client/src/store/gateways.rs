@@ -22,7 +22,7 @@ use super::{
     EndpointEvent, GatherTarget, GetOptions, GetResult, ObjectMeta, PutOptions, PutResult,
     RangeBody, S3Config, S3Store, Store,
 };
-use crate::error::StoreError;
+use crate::error::{StoreError, StoreResult};
 use crate::sched::placement::{self, Candidate, Placement};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -133,7 +133,7 @@ fn is_unreachable(e: &StoreError) -> bool {
 }
 
 /// `host:port` of an endpoint URL.
-fn host_port(endpoint: &str) -> Result<(String, u16), StoreError> {
+fn host_port(endpoint: &str) -> StoreResult<(String, u16)> {
     let u = url::Url::parse(endpoint).map_err(|e| {
         StoreError::other(BACKEND, format!("endpoint {endpoint:?} is not a URL: {e}"))
     })?;
@@ -162,7 +162,7 @@ impl GatewayStore {
         base: S3Config,
         endpoints: Vec<String>,
         opts: GatewayOptions,
-    ) -> Result<Self, StoreError> {
+    ) -> StoreResult<Self> {
         let mut members = Vec::with_capacity(endpoints.len());
         for e in &endpoints {
             let mut c = base.clone();
@@ -181,7 +181,7 @@ impl GatewayStore {
         base: S3Config,
         endpoint: String,
         opts: GatewayOptions,
-    ) -> Result<Self, StoreError> {
+    ) -> StoreResult<Self> {
         let (host, port) = host_port(&endpoint)?;
         let mut ips: Vec<IpAddr> = tokio::net::lookup_host((host.as_str(), port))
             .await
@@ -221,7 +221,7 @@ impl GatewayStore {
         base: S3Config,
         specs: Vec<(String, S3Config, Option<String>)>,
         opts: GatewayOptions,
-    ) -> Result<Self, StoreError> {
+    ) -> StoreResult<Self> {
         if specs.is_empty() {
             return Err(StoreError::other(BACKEND, "no endpoint given"));
         }
@@ -318,10 +318,10 @@ impl GatewayStore {
     }
 
     /// Runs `op` on the endpoints in placement order for `key` until one serves it.
-    async fn run<T, F, Fut>(&self, key: &str, op: F) -> Result<T, StoreError>
+    async fn run<T, F, Fut>(&self, key: &str, op: F) -> StoreResult<T>
     where
         F: Fn(S3Store) -> Fut,
-        Fut: std::future::Future<Output = Result<T, StoreError>>,
+        Fut: std::future::Future<Output = StoreResult<T>>,
     {
         let route = placement::route_key(key.as_bytes());
         let mut last = None;
@@ -483,7 +483,7 @@ impl Store for GatewayStore {
         &self,
         key: &str,
         range: std::ops::Range<u64>,
-    ) -> Result<Option<RangeBody>, StoreError> {
+    ) -> StoreResult<Option<RangeBody>> {
         self.run(key, |s| {
             let range = range.clone();
             async move { s.get_range_body(key, range).await }
@@ -491,7 +491,7 @@ impl Store for GatewayStore {
         .await
     }
 
-    async fn get_opts(&self, key: &str, opts: GetOptions) -> Result<GetResult, StoreError> {
+    async fn get_opts(&self, key: &str, opts: GetOptions) -> StoreResult<GetResult> {
         self.run(key, |s| {
             let opts = opts.clone();
             async move { s.get_opts(key, opts).await }
@@ -499,12 +499,7 @@ impl Store for GatewayStore {
         .await
     }
 
-    async fn put_opts(
-        &self,
-        key: &str,
-        data: Bytes,
-        opts: PutOptions,
-    ) -> Result<PutResult, StoreError> {
+    async fn put_opts(&self, key: &str, data: Bytes, opts: PutOptions) -> StoreResult<PutResult> {
         // A create-only put that reached an endpoint which then failed may have been written:
         // its retry elsewhere finds the object (AlreadyExists), which the caller reads as
         // "present" (first writer wins), never as a torn object: S3 puts are atomic.
@@ -515,15 +510,15 @@ impl Store for GatewayStore {
         .await
     }
 
-    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+    async fn head(&self, key: &str) -> StoreResult<ObjectMeta> {
         self.run(key, |s| async move { s.head(key).await }).await
     }
 
-    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+    async fn delete(&self, key: &str) -> StoreResult<()> {
         self.run(key, |s| async move { s.delete(key).await }).await
     }
 
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<ObjectMeta>, StoreError> {
+    async fn list(&self, prefix: &str, limit: usize) -> StoreResult<Vec<ObjectMeta>> {
         self.run(prefix, |s| async move { s.list(prefix, limit).await })
             .await
     }

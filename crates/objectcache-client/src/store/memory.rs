@@ -4,7 +4,7 @@ use super::{
     resolve_range, validate_key, GetOptions, GetResult, ObjectMeta, PutMode, PutOptions, PutResult,
     Store,
 };
-use crate::error::StoreError;
+use crate::error::{StoreError, StoreResult};
 use async_trait::async_trait;
 use bytes::Bytes;
 use std::collections::BTreeMap;
@@ -41,7 +41,7 @@ impl Store for MemoryStore {
         "memory"
     }
 
-    async fn get_opts(&self, key: &str, opts: GetOptions) -> Result<GetResult, StoreError> {
+    async fn get_opts(&self, key: &str, opts: GetOptions) -> StoreResult<GetResult> {
         validate_key(key)?;
         let (data, t, etag) = self
             .objects
@@ -64,12 +64,7 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn put_opts(
-        &self,
-        key: &str,
-        data: Bytes,
-        opts: PutOptions,
-    ) -> Result<PutResult, StoreError> {
+    async fn put_opts(&self, key: &str, data: Bytes, opts: PutOptions) -> StoreResult<PutResult> {
         validate_key(key)?;
         let etag = self
             .next_etag
@@ -85,7 +80,7 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+    async fn head(&self, key: &str) -> StoreResult<ObjectMeta> {
         validate_key(key)?;
         let m = self.objects.lock().expect("lock");
         let (d, t, e) = m
@@ -99,13 +94,13 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+    async fn delete(&self, key: &str) -> StoreResult<()> {
         validate_key(key)?;
         self.objects.lock().expect("lock").remove(key);
         Ok(())
     }
 
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<ObjectMeta>, StoreError> {
+    async fn list(&self, prefix: &str, limit: usize) -> StoreResult<Vec<ObjectMeta>> {
         let m = self.objects.lock().expect("lock");
         Ok(m.range(prefix.to_string()..)
             .take_while(|(k, _)| k.starts_with(prefix))

@@ -28,7 +28,7 @@ pub use s3::{Addressing, S3Config, S3Credentials, S3Store};
 pub use url::parse_s3_url;
 pub use url::{open_existing_store, open_store};
 
-use crate::error::StoreError;
+use crate::error::{StoreError, StoreResult};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
@@ -44,7 +44,7 @@ pub const MAX_KEY_LEN: usize = 1024;
 ///
 /// # Errors
 /// [`StoreError::InvalidKey`] naming the rule broken.
-pub fn validate_key(key: &str) -> Result<(), StoreError> {
+pub fn validate_key(key: &str) -> StoreResult<()> {
     let bad = |reason| {
         Err(StoreError::InvalidKey {
             key: key.to_string(),
@@ -112,7 +112,7 @@ pub struct GetOptions {
 }
 
 /// Body of a get: a stream of byte chunks, in order.
-pub type ByteStream = BoxStream<'static, Result<Bytes, StoreError>>;
+pub type ByteStream = BoxStream<'static, StoreResult<Bytes>>;
 
 /// Result of [`Store::get_opts`].
 pub struct GetResult {
@@ -139,7 +139,7 @@ impl GetResult {
     /// # Errors
     /// The stream's error, or [`StoreError::Other`] if the body is shorter or longer than
     /// the range (a truncated body is never returned as data).
-    pub async fn bytes(mut self) -> Result<Bytes, StoreError> {
+    pub async fn bytes(mut self) -> StoreResult<Bytes> {
         let want = self.range.end - self.range.start;
         let mut parts = Vec::new();
         while let Some(chunk) = self.body.next().await {
@@ -283,7 +283,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ///
     /// # Errors
     /// [`StoreError::NotFound`], [`StoreError::InvalidKey`], or a backend failure.
-    async fn open_local(&self, key: &str) -> Result<Option<LocalObject>, StoreError> {
+    async fn open_local(&self, key: &str) -> StoreResult<Option<LocalObject>> {
         let _ = key;
         Ok(None)
     }
@@ -295,7 +295,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ///
     /// # Errors
     /// As [`Store::open_local`].
-    fn open_local_blocking(&self, key: &str) -> Result<Option<LocalObject>, StoreError> {
+    fn open_local_blocking(&self, key: &str) -> StoreResult<Option<LocalObject>> {
         let _ = key;
         Ok(None)
     }
@@ -309,11 +309,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// # Errors
     /// [`StoreError::InvalidKey`]; a backend may also return its errors here, as
     /// [`Store::get_opts`] would.
-    async fn get_range_body(
-        &self,
-        key: &str,
-        range: Range<u64>,
-    ) -> Result<Option<RangeBody>, StoreError> {
+    async fn get_range_body(&self, key: &str, range: Range<u64>) -> StoreResult<Option<RangeBody>> {
         let _ = (key, range);
         Ok(None)
     }
@@ -323,19 +319,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// # Errors
     /// [`StoreError::NotFound`], [`StoreError::InvalidRange`], [`StoreError::InvalidKey`], or a
     /// backend failure.
-    async fn get_opts(&self, key: &str, opts: GetOptions) -> Result<GetResult, StoreError>;
+    async fn get_opts(&self, key: &str, opts: GetOptions) -> StoreResult<GetResult>;
 
     /// Writes a whole object atomically: readers see the old object or the new one.
     ///
     /// # Errors
     /// [`StoreError::AlreadyExists`] with [`PutMode::Create`] when the key exists;
     /// [`StoreError::InvalidKey`]; a backend failure.
-    async fn put_opts(
-        &self,
-        key: &str,
-        data: Bytes,
-        opts: PutOptions,
-    ) -> Result<PutResult, StoreError>;
+    async fn put_opts(&self, key: &str, data: Bytes, opts: PutOptions) -> StoreResult<PutResult>;
 
     /// Writes a whole object from a stream of its bytes, atomically like
     /// [`Store::put_opts`]: readers see the old object or the whole new one, never part of
@@ -357,7 +348,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         mut body: ByteStream,
         len: Option<u64>,
         opts: PutOptions,
-    ) -> Result<PutResult, StoreError> {
+    ) -> StoreResult<PutResult> {
         let mut parts = Vec::new();
         let mut got = 0u64;
         while let Some(p) = body.next().await {
@@ -385,7 +376,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ///
     /// # Errors
     /// A backend failure.
-    async fn list_partial(&self, prefix: &str) -> Result<Vec<PartialWrite>, StoreError> {
+    async fn list_partial(&self, prefix: &str) -> StoreResult<Vec<PartialWrite>> {
         let _ = prefix;
         Ok(Vec::new())
     }
@@ -395,7 +386,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ///
     /// # Errors
     /// A backend failure.
-    async fn delete_partial(&self, partial: &PartialWrite) -> Result<(), StoreError> {
+    async fn delete_partial(&self, partial: &PartialWrite) -> StoreResult<()> {
         let _ = partial;
         Ok(())
     }
@@ -404,20 +395,20 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ///
     /// # Errors
     /// [`StoreError::NotFound`] or a backend failure.
-    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError>;
+    async fn head(&self, key: &str) -> StoreResult<ObjectMeta>;
 
     /// Deletes an object; deleting a missing key succeeds (S3 semantics).
     ///
     /// # Errors
     /// A backend failure.
-    async fn delete(&self, key: &str) -> Result<(), StoreError>;
+    async fn delete(&self, key: &str) -> StoreResult<()>;
 
     /// Lists objects whose key starts with `prefix`, in lexicographic key order, following
     /// pagination to the end (at most `limit` objects).
     ///
     /// # Errors
     /// A backend failure.
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<ObjectMeta>, StoreError>;
+    async fn list(&self, prefix: &str, limit: usize) -> StoreResult<Vec<ObjectMeta>>;
 }
 
 /// An incomplete write a store holds outside its objects ([`Store::list_partial`]).
@@ -439,7 +430,7 @@ pub struct PartialWrite {
 ///
 /// # Errors
 /// [`StoreError::Other`] naming both lengths.
-pub fn check_stream_len(key: &str, got: u64, len: Option<u64>) -> Result<(), StoreError> {
+pub fn check_stream_len(key: &str, got: u64, len: Option<u64>) -> StoreResult<()> {
     match len {
         Some(n) if n != got => Err(StoreError::Other {
             backend: "store",
@@ -465,7 +456,7 @@ pub trait StoreExt: Store {
     ///
     /// # Errors
     /// As [`Store::get_opts`].
-    async fn get_bytes(&self, key: &str) -> Result<Bytes, StoreError> {
+    async fn get_bytes(&self, key: &str) -> StoreResult<Bytes> {
         self.get_opts(key, GetOptions::default())
             .await?
             .bytes()
@@ -475,7 +466,7 @@ pub trait StoreExt: Store {
     ///
     /// # Errors
     /// As [`Store::get_opts`].
-    async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, StoreError> {
+    async fn get_range(&self, key: &str, range: Range<u64>) -> StoreResult<Bytes> {
         self.get_opts(key, GetOptions { range: Some(range) })
             .await?
             .bytes()
@@ -485,14 +476,14 @@ pub trait StoreExt: Store {
     ///
     /// # Errors
     /// As [`Store::put_opts`].
-    async fn put(&self, key: &str, data: Bytes) -> Result<PutResult, StoreError> {
+    async fn put(&self, key: &str, data: Bytes) -> StoreResult<PutResult> {
         self.put_opts(key, data, PutOptions::default()).await
     }
     /// Create-only put that reports an existing object as [`PutIfAbsent::AlreadyPresent`].
     ///
     /// # Errors
     /// As [`Store::put_opts`], except `AlreadyExists`.
-    async fn put_if_absent(&self, key: &str, data: Bytes) -> Result<PutIfAbsent, StoreError> {
+    async fn put_if_absent(&self, key: &str, data: Bytes) -> StoreResult<PutIfAbsent> {
         match self
             .put_opts(
                 key,
@@ -512,7 +503,7 @@ pub trait StoreExt: Store {
     ///
     /// # Errors
     /// A backend failure other than not-found.
-    async fn exists(&self, key: &str) -> Result<bool, StoreError> {
+    async fn exists(&self, key: &str) -> StoreResult<bool> {
         match self.head(key).await {
             Ok(_) => Ok(true),
             Err(StoreError::NotFound { .. }) => Ok(false),
@@ -527,11 +518,7 @@ impl<T: Store + ?Sized> StoreExt for T {}
 ///
 /// # Errors
 /// [`StoreError::InvalidRange`] if `r` is empty-inverted or reaches past `size`.
-pub fn resolve_range(
-    key: &str,
-    r: Option<Range<u64>>,
-    size: u64,
-) -> Result<Range<u64>, StoreError> {
+pub fn resolve_range(key: &str, r: Option<Range<u64>>, size: u64) -> StoreResult<Range<u64>> {
     match r {
         None => Ok(0..size),
         Some(r) if r.start <= r.end && r.end <= size => Ok(r),

@@ -6,7 +6,7 @@
 //! (a body that ends early is an error, never a short success).
 
 use super::{ByteStream, GetResult, ObjectMeta};
-use crate::error::StoreError;
+use crate::error::{StoreError, StoreResult};
 use async_trait::async_trait;
 use bytes::{Buf, Bytes};
 use futures::StreamExt;
@@ -92,7 +92,7 @@ impl RangeBody {
     /// [`StoreError::Timeout`] when no byte came for the idle timeout; [`StoreError::Other`]
     /// when the body ended early or its connection failed, naming the key and the bytes
     /// read of the range's. After an error the body is not to be read again.
-    pub async fn read(&mut self, buf: &mut [u8]) -> Result<usize, StoreError> {
+    pub async fn read(&mut self, buf: &mut [u8]) -> StoreResult<usize> {
         let want = self.remaining().min(buf.len() as u64) as usize;
         if want == 0 {
             return Ok(0);

@@ -20,7 +20,7 @@
 #![forbid(unsafe_code)]
 
 use super::{FsStore, FsyncPolicy, MemoryStore, Store};
-use crate::error::StoreError;
+use crate::error::{StoreError, StoreResult};
 use std::sync::Arc;
 
 fn bad(url: &str, why: impl std::fmt::Display) -> StoreError {
@@ -36,7 +36,7 @@ fn bad(url: &str, why: impl std::fmt::Display) -> StoreError {
 /// `StoreError::Other` naming the URL and what is wrong with it: an unknown scheme, an unknown
 /// or repeated query parameter, a missing bucket, an `s3://` URL in a build without feature
 /// `s3`, or the backend's own error (an unusable directory, an S3 setting that cannot work).
-pub async fn open_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+pub async fn open_store(url: &str) -> StoreResult<Arc<dyn Store>> {
     open(url, true).await
 }
 
@@ -47,11 +47,11 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
 /// # Errors
 /// Those of [`open_store`], and `StoreError::Other` naming the URL when its directory does
 /// not exist or is not a directory.
-pub async fn open_existing_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+pub async fn open_existing_store(url: &str) -> StoreResult<Arc<dyn Store>> {
     open(url, false).await
 }
 
-async fn open(url: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
+async fn open(url: &str, create: bool) -> StoreResult<Arc<dyn Store>> {
     let url = url.trim();
     if url.is_empty() {
         return Err(bad(
@@ -96,7 +96,7 @@ async fn open(url: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
     }
 }
 
-fn open_fs(url: &str, path: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
+fn open_fs(url: &str, path: &str, create: bool) -> StoreResult<Arc<dyn Store>> {
     if !create && !std::path::Path::new(path).is_dir() {
         return Err(bad(
             url,
@@ -108,7 +108,7 @@ fn open_fs(url: &str, path: &str, create: bool) -> Result<Arc<dyn Store>, StoreE
 }
 
 #[cfg(not(feature = "s3"))]
-async fn open_s3(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+async fn open_s3(url: &str) -> StoreResult<Arc<dyn Store>> {
     Err(bad(
         url,
         "this build has no S3 support (enable the cargo feature `s3`)",
@@ -116,7 +116,7 @@ async fn open_s3(url: &str) -> Result<Arc<dyn Store>, StoreError> {
 }
 
 #[cfg(feature = "s3")]
-async fn open_s3(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+async fn open_s3(url: &str) -> StoreResult<Arc<dyn Store>> {
     let p = parse_s3(url)?;
     if p.endpoints.len() <= 1 && !p.resolve_all && p.gateway_opts.is_none() {
         return Ok(Arc::new(super::S3Store::new(p.config).await?));
@@ -159,7 +159,7 @@ struct S3Url {
 /// `StoreError::Other` naming what is wrong: no bucket, an unknown or repeated parameter, a
 /// bad value.
 #[cfg(feature = "s3")]
-pub fn parse_s3_url(url: &str) -> Result<super::S3Config, StoreError> {
+pub fn parse_s3_url(url: &str) -> StoreResult<super::S3Config> {
     let p = parse_s3(url)?;
     if p.endpoints.len() > 1 || p.resolve_all || p.gateway_opts.is_some() {
         return Err(bad(
@@ -171,7 +171,7 @@ pub fn parse_s3_url(url: &str) -> Result<super::S3Config, StoreError> {
 }
 
 #[cfg(feature = "s3")]
-fn parse_s3(url: &str) -> Result<S3Url, StoreError> {
+fn parse_s3(url: &str) -> StoreResult<S3Url> {
     let u = url::Url::parse(url).map_err(|e| bad(url, e))?;
     if u.scheme() != "s3" {
         return Err(bad(url, "expected s3://BUCKET[/PREFIX]"));

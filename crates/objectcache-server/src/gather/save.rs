@@ -5,7 +5,7 @@ use super::fetch::AbortOnDrop;
 use super::io::{Io, ReadWait};
 use crate::{Abort, Shared};
 
-use crate::error::StoreError;
+use crate::error::{StoreError, StoreResult};
 use crate::layout::{ChunkHeader, HEADER_LEN};
 use crate::protocol::{ErrorCode, SaveRequest, ServerEvent};
 use crate::store::StoreExt;
@@ -216,8 +216,8 @@ pub(super) async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) ->
 /// task, fed the object's pieces as they arrive and checked. Dropping it aborts the put
 /// (nothing of the object is written).
 struct ObjectPut {
-    tx: tokio::sync::mpsc::Sender<Result<Bytes, StoreError>>,
-    task: AbortOnDrop<Result<crate::store::PutResult, StoreError>>,
+    tx: tokio::sync::mpsc::Sender<StoreResult<Bytes>>,
+    task: AbortOnDrop<StoreResult<crate::store::PutResult>>,
     check: ObjectCheck,
     key: String,
 }

@@ -1,7 +1,7 @@
 //! The bucket registry: bucket names, cached in memory and persisted in the store under
 //! `_buckets/`.
 
-use crate::error::StoreError;
+use crate::error::{StoreError, StoreResult};
 use crate::store::{Store, StoreExt};
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -24,7 +24,7 @@ impl Buckets {
     ///
     /// # Errors
     /// The store's list error.
-    pub async fn load(store: Arc<dyn Store>) -> Result<Self, StoreError> {
+    pub async fn load(store: Arc<dyn Store>) -> StoreResult<Self> {
         let mut known = HashMap::new();
         for m in store.list(BUCKETS_PREFIX, usize::MAX).await? {
             let name = m.key[BUCKETS_PREFIX.len()..].to_string();
@@ -37,7 +37,7 @@ impl Buckets {
     }
 
     /// `true` if the bucket exists (consulting the store on a cache miss).
-    pub async fn exists(&self, name: &str) -> Result<bool, StoreError> {
+    pub async fn exists(&self, name: &str) -> StoreResult<bool> {
         if self.known.read().expect("lock").contains_key(name) {
             return Ok(true);
         }
@@ -58,7 +58,7 @@ impl Buckets {
     ///
     /// # Errors
     /// A store failure.
-    pub async fn create(&self, name: &str) -> Result<bool, StoreError> {
+    pub async fn create(&self, name: &str) -> StoreResult<bool> {
         let r = self
             .store
             .put_if_absent(&format!("{BUCKETS_PREFIX}{name}"), Bytes::new())
@@ -71,7 +71,7 @@ impl Buckets {
         Ok(r == crate::store::PutIfAbsent::Written)
     }
 
-    pub(super) async fn remove(&self, name: &str) -> Result<(), StoreError> {
+    pub(super) async fn remove(&self, name: &str) -> StoreResult<()> {
         self.store
             .delete(&format!("{BUCKETS_PREFIX}{name}"))
             .await?;

@@ -2,7 +2,7 @@
 //! budget.
 
 use super::super::budget::{Budget, Hold};
-use crate::error::StoreError;
+use crate::error::{StoreError, StoreResult};
 use bytes::Bytes;
 use futures::StreamExt;
 use s3s::{s3_error, S3Error};
@@ -13,7 +13,7 @@ use std::time::Duration;
 pub(super) struct SyncStream(pub(super) std::sync::Mutex<crate::store::ByteStream>);
 
 impl futures::Stream for SyncStream {
-    type Item = Result<Bytes, StoreError>;
+    type Item = StoreResult<Bytes>;
     fn poll_next(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,

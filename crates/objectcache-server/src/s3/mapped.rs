@@ -16,7 +16,7 @@
 //! when those pages are touched. The store's directory belongs to the store.
 #![allow(unsafe_code)]
 
-use crate::error::StoreError;
+use crate::error::{StoreError, StoreResult};
 use crate::store::{ByteStream, LocalObject};
 use bytes::Bytes;
 use futures::StreamExt;
@@ -91,7 +91,7 @@ pub(crate) fn map_whole(obj: &LocalObject) -> std::io::Result<Bytes> {
 
 /// `n` bytes of an object's `file` (of `size` bytes) from byte `at`: mapped, or read if
 /// small.
-fn local_piece(file: &File, size: u64, at: u64, n: usize, key: &str) -> Result<Bytes, StoreError> {
+fn local_piece(file: &File, size: u64, at: u64, n: usize, key: &str) -> StoreResult<Bytes> {
     let failed = |what: &str, e: std::io::Error| {
         StoreError::other("fs", format!("{what} {n} bytes of {key} at {at}: {e}"))
     };

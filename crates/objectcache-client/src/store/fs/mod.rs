@@ -35,7 +35,7 @@ use super::{
     check_stream_len, resolve_range, validate_key, ByteStream, GetOptions, GetResult, ObjectMeta,
     PartialWrite, PutOptions, PutResult, Store,
 };
-use crate::error::StoreError;
+use crate::error::{StoreError, StoreResult};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
@@ -78,7 +78,7 @@ impl FsStore {
     ///
     /// # Errors
     /// [`StoreError::Other`] if the directory cannot be created.
-    pub fn new(root: impl AsRef<Path>, fsync: FsyncPolicy) -> Result<Self, StoreError> {
+    pub fn new(root: impl AsRef<Path>, fsync: FsyncPolicy) -> StoreResult<Self> {
         let root = root.as_ref().to_path_buf();
         std::fs::create_dir_all(&root)
             .map_err(|e| StoreError::other("fs", format!("create {}: {e}", root.display())))?;
@@ -96,7 +96,7 @@ impl FsStore {
         &self.root
     }
 
-    fn path(&self, key: &str) -> Result<PathBuf, StoreError> {
+    fn path(&self, key: &str) -> StoreResult<PathBuf> {
         validate_key(key)?;
         if key.split('/').any(|s| s.starts_with(TMP_PREFIX)) {
             return Err(StoreError::InvalidKey {
@@ -117,7 +117,7 @@ impl FsStore {
     /// two stores on one root in one process never pick the same name.
     /// Where a put of `key` goes: the object's path, its directory, and a fresh temporary
     /// file's path in that directory (renamed or linked into place on commit).
-    fn write_paths(&self, key: &str) -> Result<(PathBuf, PathBuf, PathBuf), StoreError> {
+    fn write_paths(&self, key: &str) -> StoreResult<(PathBuf, PathBuf, PathBuf)> {
         let path = self.path(key)?;
         let dir = path
             .parent()
@@ -155,7 +155,7 @@ const OVER_KEYS: &str =
     "this key is a prefix of other keys (the filesystem store cannot hold both)";
 
 /// Creates `dir` (the key's parent) and its parents; a file on the way is [`UNDER_OBJECT`].
-fn create_parent(dir: &Path, key: &str) -> Result<(), StoreError> {
+fn create_parent(dir: &Path, key: &str) -> StoreResult<()> {
     std::fs::create_dir_all(dir).map_err(|e| {
         let mut p = Some(dir);
         while let Some(d) = p {
@@ -186,7 +186,7 @@ fn meta_of(key: &str, m: &std::fs::Metadata) -> ObjectMeta {
 
 /// Opens the object file at `path` (for `key`) with its metadata; a directory is `NotFound`.
 #[allow(unsafe_code)] // `LocalObject::new`: this store never writes a committed object's file
-fn open_file(path: &Path, key: &str) -> Result<Option<super::LocalObject>, StoreError> {
+fn open_file(path: &Path, key: &str) -> StoreResult<Option<super::LocalObject>> {
     let file = std::fs::File::open(path).map_err(|e| io_err(key, e))?;
     let m = file.metadata().map_err(|e| io_err(key, e))?;
     if !m.is_file() {
@@ -202,8 +202,8 @@ fn open_file(path: &Path, key: &str) -> Result<Option<super::LocalObject>, Store
 }
 
 async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
-) -> Result<T, StoreError> {
+    f: impl FnOnce() -> StoreResult<T> + Send + 'static,
+) -> StoreResult<T> {
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| StoreError::other("fs", format!("blocking task failed: {e}")))?
@@ -215,17 +215,17 @@ impl Store for FsStore {
         "fs"
     }
 
-    async fn open_local(&self, key: &str) -> Result<Option<super::LocalObject>, StoreError> {
+    async fn open_local(&self, key: &str) -> StoreResult<Option<super::LocalObject>> {
         let path = self.path(key)?;
         let key = key.to_string();
         blocking(move || open_file(&path, &key)).await
     }
 
-    fn open_local_blocking(&self, key: &str) -> Result<Option<super::LocalObject>, StoreError> {
+    fn open_local_blocking(&self, key: &str) -> StoreResult<Option<super::LocalObject>> {
         open_file(&self.path(key)?, key)
     }
 
-    async fn get_opts(&self, key: &str, opts: GetOptions) -> Result<GetResult, StoreError> {
+    async fn get_opts(&self, key: &str, opts: GetOptions) -> StoreResult<GetResult> {
         let path = self.path(key)?;
         let key = key.to_string();
         let (file, meta, range) = blocking({
@@ -283,12 +283,7 @@ impl Store for FsStore {
         })
     }
 
-    async fn put_opts(
-        &self,
-        key: &str,
-        data: Bytes,
-        opts: PutOptions,
-    ) -> Result<PutResult, StoreError> {
+    async fn put_opts(&self, key: &str, data: Bytes, opts: PutOptions) -> StoreResult<PutResult> {
         let (path, dir, tmp) = self.write_paths(key)?;
         let fsync = self.fsync;
         let key = key.to_string();
@@ -313,7 +308,7 @@ impl Store for FsStore {
         body: ByteStream,
         len: Option<u64>,
         opts: PutOptions,
-    ) -> Result<PutResult, StoreError> {
+    ) -> StoreResult<PutResult> {
         let (path, dir, tmp) = self.write_paths(key)?;
         let fsync = self.fsync;
         let key = key.to_string();
@@ -377,7 +372,7 @@ impl Store for FsStore {
         blocking(move || t.commit(&path, opts.mode, fsync, &key)).await
     }
 
-    async fn list_partial(&self, prefix: &str) -> Result<Vec<PartialWrite>, StoreError> {
+    async fn list_partial(&self, prefix: &str) -> StoreResult<Vec<PartialWrite>> {
         let root = self.root.clone();
         let prefix = prefix.to_string();
         blocking(move || {
@@ -408,7 +403,7 @@ impl Store for FsStore {
         .await
     }
 
-    async fn delete_partial(&self, partial: &PartialWrite) -> Result<(), StoreError> {
+    async fn delete_partial(&self, partial: &PartialWrite) -> StoreResult<()> {
         let id = partial.id.clone();
         let (dir, name) = match id.rsplit_once('/') {
             Some((d, n)) => (d, n),
@@ -435,7 +430,7 @@ impl Store for FsStore {
         .await
     }
 
-    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+    async fn head(&self, key: &str) -> StoreResult<ObjectMeta> {
         let path = self.path(key)?;
         let key = key.to_string();
         blocking(move || {
@@ -448,7 +443,7 @@ impl Store for FsStore {
         .await
     }
 
-    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+    async fn delete(&self, key: &str) -> StoreResult<()> {
         let path = self.path(key)?;
         let key = key.to_string();
         blocking(move || match std::fs::remove_file(&path) {
@@ -461,7 +456,7 @@ impl Store for FsStore {
         .await
     }
 
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<ObjectMeta>, StoreError> {
+    async fn list(&self, prefix: &str, limit: usize) -> StoreResult<Vec<ObjectMeta>> {
         let root = self.root.clone();
         let prefix = prefix.to_string();
         blocking(move || {
@@ -498,8 +493,8 @@ impl Store for FsStore {
 fn walk(
     root: &Path,
     prefix: &str,
-    mut f: impl FnMut(&str, &str, &std::fs::DirEntry) -> Result<(), StoreError>,
-) -> Result<(), StoreError> {
+    mut f: impl FnMut(&str, &str, &std::fs::DirEntry) -> StoreResult<()>,
+) -> StoreResult<()> {
     // Start the walk at the deepest directory fully named by the prefix.
     let base = match prefix.rfind('/') {
         Some(i) => &prefix[..i],

@@ -188,7 +188,7 @@ async fn streamed_puts_store_their_bytes_whatever_the_pieces() {
         let total: usize = sizes.iter().sum();
         let data: Vec<u8> = (0..total).map(|j| (j * 13 + j / 1021 + i) as u8).collect();
         let mut at = 0;
-        let pieces: Vec<Result<Bytes, StoreError>> = sizes
+        let pieces: Vec<StoreResult<Bytes>> = sizes
             .iter()
             .map(|&n| {
                 at += n;
@@ -208,7 +208,7 @@ async fn streamed_puts_store_their_bytes_whatever_the_pieces() {
 async fn a_streamed_put_writes_as_it_receives_and_leaves_nothing_when_cut() {
     let (d, s) = store();
     // The temporary file grows while the body is still arriving (in 2 MiB steps).
-    let (tx, rx) = futures::channel::mpsc::unbounded::<Result<Bytes, StoreError>>();
+    let (tx, rx) = futures::channel::mpsc::unbounded::<StoreResult<Bytes>>();
     let put = tokio::spawn({
         let s = FsStore::new(d.path(), FsyncPolicy::Never).unwrap();
         async move {
@@ -240,7 +240,7 @@ async fn a_streamed_put_writes_as_it_receives_and_leaves_nothing_when_cut() {
         Err(StoreError::NotFound { .. })
     ));
     // A dropped (cancelled) put leaves nothing either.
-    let (tx, rx) = futures::channel::mpsc::unbounded::<Result<Bytes, StoreError>>();
+    let (tx, rx) = futures::channel::mpsc::unbounded::<StoreResult<Bytes>>();
     tx.unbounded_send(Ok(Bytes::from(vec![3u8; 2 << 20])))
         .unwrap();
     let put = tokio::spawn({

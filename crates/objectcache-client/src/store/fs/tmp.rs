@@ -3,7 +3,7 @@
 //! steps.
 
 use super::{create_parent, io_err, meta_of, FsyncPolicy, OVER_KEYS, UNDER_OBJECT};
-use crate::error::StoreError;
+use crate::error::{StoreError, StoreResult};
 use crate::store::{PutMode, PutResult};
 use bytes::Bytes;
 use std::io::Write;
@@ -62,7 +62,7 @@ impl Drop for TmpFile {
 }
 
 impl TmpFile {
-    pub(super) fn create(path: PathBuf, dir: &Path, key: &str) -> Result<Self, StoreError> {
+    pub(super) fn create(path: PathBuf, dir: &Path, key: &str) -> StoreResult<Self> {
         create_parent(dir, key)?;
         // A new file or none (`O_EXCL`): an existing name is never opened for writing, let
         // alone truncated. A create-only put's temporary name stays linked to the committed
@@ -87,7 +87,7 @@ impl TmpFile {
         mode: PutMode,
         fsync: FsyncPolicy,
         key: &str,
-    ) -> Result<PutResult, StoreError> {
+    ) -> StoreResult<PutResult> {
         if fsync == FsyncPolicy::Always {
             self.file.sync_all().map_err(|e| io_err(key, e))?;
         }

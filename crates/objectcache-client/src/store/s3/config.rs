@@ -2,7 +2,7 @@
 //! retries) and the checks that need no network.
 
 use super::BACKEND;
-use crate::error::StoreError;
+use crate::error::{StoreError, StoreResult};
 use crate::store::validate_key;
 use std::fmt;
 use std::net::IpAddr;
@@ -39,7 +39,7 @@ impl fmt::Display for Addressing {
 impl std::str::FromStr for Addressing {
     type Err = StoreError;
     /// Parses `path` or `virtual` (also `path-style`, `virtual-hosted`).
-    fn from_str(s: &str) -> Result<Self, StoreError> {
+    fn from_str(s: &str) -> StoreResult<Self> {
         match s {
             "path" | "path-style" => Ok(Addressing::Path),
             "virtual" | "virtual-hosted" => Ok(Addressing::Virtual),
@@ -203,7 +203,7 @@ pub(super) fn config_error(message: String) -> StoreError {
 }
 
 /// Checks the parts of a configuration that need no network; returns the endpoint's host.
-pub(super) fn check_config(c: &S3Config) -> Result<Option<String>, StoreError> {
+pub(super) fn check_config(c: &S3Config) -> StoreResult<Option<String>> {
     let b = &c.bucket;
     if b.len() < 3 || b.len() > 63 {
         return Err(config_error(format!(

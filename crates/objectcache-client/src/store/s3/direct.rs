@@ -19,7 +19,7 @@
 //! requests (400, 403, 405 or 501) turns the path off for the store.
 
 use super::{S3Store, BACKEND};
-use crate::error::StoreError;
+use crate::error::StoreResult;
 use crate::store::{GetOptions, ObjectMeta, RangeBody, RangeRead};
 use async_trait::async_trait;
 use aws_sdk_s3::presigning::PresigningConfig;
@@ -114,7 +114,7 @@ impl S3Store {
         &self,
         key: &str,
         range: Range<u64>,
-    ) -> Result<Option<RangeBody>, StoreError> {
+    ) -> StoreResult<Option<RangeBody>> {
         let Some(direct) = self.direct.as_ref() else {
             return Ok(None);
         };

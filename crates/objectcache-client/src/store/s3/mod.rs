@@ -38,7 +38,7 @@ mod test_env;
 
 pub use config::{Addressing, S3Config, S3Credentials};
 
-use crate::error::StoreError;
+use crate::error::{StoreError, StoreResult};
 use crate::store::Store;
 use aws_config::meta::region::RegionProviderChain;
 use aws_config::retry::RetryConfig;
@@ -102,7 +102,7 @@ impl S3Store {
     /// `StoreError::Other` starting "invalid S3 configuration" naming the bad setting: bucket
     /// name, prefix, endpoint URL, or an addressing that cannot work with this endpoint and
     /// bucket (the message says to use `addressing=path`).
-    pub async fn new(config: S3Config) -> Result<Self, StoreError> {
+    pub async fn new(config: S3Config) -> StoreResult<Self> {
         let host = check_config(&config)?;
         let addressing = config.effective_addressing();
 
@@ -260,7 +260,7 @@ impl S3Store {
     /// # Errors
     /// As the store's operations: a missing bucket, refused credentials, or an addressing that
     /// does not work with this endpoint (the message names the setting to use).
-    pub async fn check(&self) -> Result<(), StoreError> {
+    pub async fn check(&self) -> StoreResult<()> {
         self.client
             .head_bucket()
             .bucket(&self.bucket)
@@ -274,7 +274,7 @@ impl S3Store {
     ///
     /// # Errors
     /// A backend failure other than "already exists / owned by you".
-    pub async fn create_bucket(&self) -> Result<(), StoreError> {
+    pub async fn create_bucket(&self) -> StoreResult<()> {
         match self
             .client
             .create_bucket()
@@ -324,7 +324,7 @@ impl S3Store {
     /// [`StoreError::Incompatible`] naming the behaviour seen (cached: every later
     /// create-only PUT gets it too); a transient failure of a probe request (not cached: the
     /// next create-only PUT checks again).
-    async fn check_conditional_put(&self) -> Result<(), StoreError> {
+    async fn check_conditional_put(&self) -> StoreResult<()> {
         let verdict = self
             .conditional_put
             .get_or_try_init(|| async {

@@ -6,7 +6,7 @@ use super::body::{
 };
 use super::errors::Op;
 use super::{S3Store, BACKEND};
-use crate::error::StoreError;
+use crate::error::{StoreError, StoreResult};
 use crate::store::{
     check_stream_len, resolve_range, validate_key, ByteStream, GetOptions, GetResult, ObjectMeta,
     PutMode, PutOptions, PutResult, RangeBody, Store,
@@ -80,25 +80,16 @@ impl Store for S3Store {
 
     /// A presigned ranged GET on a connection of the store's own, at plain-`http://`
     /// endpoints; `Ok(None)` otherwise, and for any answer but a plain `206` (`direct.rs`).
-    async fn get_range_body(
-        &self,
-        key: &str,
-        range: Range<u64>,
-    ) -> Result<Option<RangeBody>, StoreError> {
+    async fn get_range_body(&self, key: &str, range: Range<u64>) -> StoreResult<Option<RangeBody>> {
         validate_key(key)?;
         self.direct_range_body(key, range).await
     }
 
-    async fn get_opts(&self, key: &str, opts: GetOptions) -> Result<GetResult, StoreError> {
+    async fn get_opts(&self, key: &str, opts: GetOptions) -> StoreResult<GetResult> {
         self.get_attempts(key, opts, None).await
     }
 
-    async fn put_opts(
-        &self,
-        key: &str,
-        data: Bytes,
-        opts: PutOptions,
-    ) -> Result<PutResult, StoreError> {
+    async fn put_opts(&self, key: &str, data: Bytes, opts: PutOptions) -> StoreResult<PutResult> {
         validate_key(key)?;
         if opts.mode == PutMode::Create {
             self.check_conditional_put().await?;
@@ -122,7 +113,7 @@ impl Store for S3Store {
         body: ByteStream,
         len: Option<u64>,
         opts: PutOptions,
-    ) -> Result<PutResult, StoreError> {
+    ) -> StoreResult<PutResult> {
         let Some(n) = len else {
             let mut parts = Vec::new();
             let mut body = body;
@@ -165,7 +156,7 @@ impl Store for S3Store {
         self.send_put(key, req, opts.mode).await
     }
 
-    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+    async fn head(&self, key: &str) -> StoreResult<ObjectMeta> {
         validate_key(key)?;
         let out = self
             .client
@@ -183,7 +174,7 @@ impl Store for S3Store {
         })
     }
 
-    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+    async fn delete(&self, key: &str) -> StoreResult<()> {
         validate_key(key)?;
         match self
             .client
@@ -201,7 +192,7 @@ impl Store for S3Store {
         }
     }
 
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<ObjectMeta>, StoreError> {
+    async fn list(&self, prefix: &str, limit: usize) -> StoreResult<Vec<ObjectMeta>> {
         let full_prefix = self.full_key(prefix);
         let mut out = Vec::new();
         let mut token: Option<String> = None;
@@ -249,7 +240,7 @@ impl S3Store {
         key: &str,
         mut req: aws_sdk_s3::operation::put_object::builders::PutObjectFluentBuilder,
         mode: PutMode,
-    ) -> Result<PutResult, StoreError> {
+    ) -> StoreResult<PutResult> {
         let op = match mode {
             PutMode::Overwrite => Op::Put,
             PutMode::Create => {
@@ -273,7 +264,7 @@ impl S3Store {
         key: &str,
         opts: GetOptions,
         attempts: Option<u32>,
-    ) -> Result<GetResult, StoreError> {
+    ) -> StoreResult<GetResult> {
         validate_key(key)?;
         let full = self.full_key(key);
         if let Some(r) = &opts.range {

@@ -3,7 +3,7 @@
 //! otherwise, since its defaults carry the local test server's credentials).
 
 use super::{Addressing, S3Config, S3Credentials, S3Store};
-use crate::error::StoreError;
+use crate::error::StoreResult;
 use std::time::{Duration, SystemTime};
 
 /// Environment variables naming the S3 endpoint that tests use (see [`S3Store::from_test_env`]).
@@ -68,7 +68,7 @@ impl S3Store {
     ///
     /// # Errors
     /// An endpoint that accepts connections but refuses the bucket or the credentials.
-    pub async fn from_test_env(tag: &str) -> Result<Option<(S3Store, String)>, StoreError> {
+    pub async fn from_test_env(tag: &str) -> StoreResult<Option<(S3Store, String)>> {
         let c = S3Config::from_test_env();
         if !c.endpoint_accepts_connections().await {
             return Ok(None);
