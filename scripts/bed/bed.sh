@@ -40,6 +40,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
+source "$repo/scripts/ceph-rgw/ceph-conf.sh"
 D=${BED_DIR:-/tmp/objectcache-bed}
 NAME=${BED_NAME:-ocb}
 BIN=${OBJECTCACHE_BIN:-$repo/target/release/objectcache}
@@ -124,43 +125,15 @@ net_down() {
 # --- Ceph ----------------------------------------------------------------------------------
 write_conf() {
     local fsid=$1
-    cat > "$D/ceph.conf" <<CONF
+    {
+        cat <<CONF
 [global]
 fsid = $fsid
 mon host = [v2:${ADDR[mon1]}:3300,v1:${ADDR[mon1]}:6789]
-# Authentication is off inside the bed (its network exists only in its namespaces); S3
-# clients still sign with SigV4. Without cephx every messenger mode must be crc.
-auth cluster required = none
-auth service required = none
-auth client required = none
-ms mon client mode = crc
-ms mon service mode = crc
-ms mon cluster mode = crc
-ms client mode = crc
-ms service mode = crc
-ms cluster mode = crc
-run dir = $D/run
-admin socket = $D/run/\$name.asok
-pid file = $D/run/\$name.pid
-log file = $D/log/\$name.log
-mon data = $D/mon/\$cluster-\$id
-osd data = $D/osd/\$cluster-\$id
-osd objectstore = memstore
-memstore device bytes = $BYTES
 # Three replicas, one per host; writable with two.
 osd pool default size = 3
 osd pool default min size = 2
-osd pool default pg num = 8
-osd pool default pgp num = 8
-osd pool default pg autoscale mode = off
 osd crush chooseleaf type = 1
-mon allow pool delete = true
-mon max pg per osd = 1000
-mon data avail crit = 0
-mon data avail warn = 0
-mon osd full ratio = .99
-mon osd nearfull ratio = .98
-mon osd backfillfull ratio = .985
 # A lost OSD is marked down within seconds (a killed daemon's peers see connections
 # refused at once; a silent one misses heartbeats for 4 s), and never marked out, so its
 # data is not moved while the bed runs.
@@ -168,12 +141,14 @@ osd heartbeat interval = 1
 osd heartbeat grace = 4
 mon osd min down reporters = 1
 mon osd down out interval = 0
-osd max object name len = 460
-osd max object namespace len = 64
+CONF
+        ceph_conf_global "$D" "$BYTES"
+        cat <<CONF
 
 [mon.a]
 public addr = ${ADDR[mon1]}
 CONF
+    } > "$D/ceph.conf"
     local i
     for i in 1 2 3; do
         cat >> "$D/ceph.conf" <<CONF
@@ -191,10 +166,8 @@ CONF
 public addr = ${ADDR[rgw$i]}
 rgw frontends = beast endpoint=${ADDR[rgw$i]}:$RGW_PORT
 rgw dns name = rgw$i
-rgw gc obj min wait = 5
-rgw gc processor period = 10
-rgw gc processor max time = 10
 CONF
+        ceph_conf_rgw_gc >> "$D/ceph.conf"
     done
 }
 

@@ -16,6 +16,7 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
+source "$here/ceph-conf.sh"
 D=${CEPH_DIR:-/tmp/objectcache-ceph}
 PORT=${RGW_PORT:-7480}
 AK=${RGW_AK:-cephtestak}
@@ -41,61 +42,29 @@ mkdir -p "$D/mon" "$D/osd" "$D/run" "$D/log"
 fsid=$(cat /proc/sys/kernel/random/uuid)
 mon_addr="[v2:127.0.0.1:$MON_PORT,v1:127.0.0.1:$MON_V1_PORT]"
 
-# Authentication is off inside the cluster (it listens on loopback only); S3 clients still
-# sign every request with SigV4 against the user created below. Without cephx there is no
-# session key, so every messenger mode must be crc rather than the default secure mode.
-cat > "$D/ceph.conf" <<CONF
+{
+    cat <<CONF
 [global]
 fsid = $fsid
 mon host = $mon_addr
 public addr = 127.0.0.1
-auth cluster required = none
-auth service required = none
-auth client required = none
-ms mon client mode = crc
-ms mon service mode = crc
-ms mon cluster mode = crc
-ms client mode = crc
-ms service mode = crc
-ms cluster mode = crc
-run dir = $D/run
-admin socket = $D/run/\$name.asok
-pid file = $D/run/\$name.pid
-log file = $D/log/\$name.log
 keyring = $D/keyring
-mon data = $D/mon/\$cluster-\$id
-osd data = $D/osd/\$cluster-\$id
-osd objectstore = memstore
-memstore device bytes = $BYTES
+# One OSD: one replica, and no warning for it.
 osd pool default size = 1
 osd pool default min size = 1
-osd pool default pg num = 8
-osd pool default pgp num = 8
-osd pool default pg autoscale mode = off
 osd crush chooseleaf type = 0
 mon allow pool size one = true
-mon allow pool delete = true
 mon warn on pool no redundancy = false
-mon max pg per osd = 1000
-# The monitor refuses to start when its data disk has under 5% free (mon data avail crit),
-# as on a nearly full CI disk; its data here is a few MiB and the OSD keeps data in memory.
-mon data avail crit = 0
-mon data avail warn = 0
-mon osd full ratio = .99
-mon osd nearfull ratio = .98
-mon osd backfillfull ratio = .985
-osd max object name len = 460
-osd max object namespace len = 64
+CONF
+    ceph_conf_global "$D" "$BYTES"
+    cat <<CONF
 
 [client.rgw.gw]
 rgw frontends = beast endpoint=127.0.0.1:$PORT
 rgw dns name = localhost
-# Deleted objects' data is freed by RGW's garbage collector, by default after two hours; in a
-# test cluster that keeps everything in memory, free it within seconds instead.
-rgw gc obj min wait = 5
-rgw gc processor period = 10
-rgw gc processor max time = 10
 CONF
+    ceph_conf_rgw_gc
+} > "$D/ceph.conf"
 export CEPH_CONF="$D/ceph.conf"
 
 tail_logs() { for f in "$D"/log/*; do [ -f "$f" ] && { echo "--- $f" >&2; tail -n 20 "$f" >&2; }; done; }
