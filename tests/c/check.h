@@ -2,6 +2,7 @@
  * The checks shared by the C ABI tests (lifecycle.c, paged.c): CHECK counts a passed or
  * failed condition and prints each failure with the library's last error; EXPECT checks a
  * call's status; EXPECT_MSG also the message. Each test prints the counts at its end.
+ * Also the structs both tests build: ABI_INIT and bf16_geometry.
  */
 #ifndef OBJECTCACHE_TEST_CHECK_H
 #define OBJECTCACHE_TEST_CHECK_H
@@ -41,5 +42,25 @@ static int passed, failed;
         CHECK(strstr(objectcache_last_error(), (needle)) != NULL,                          \
               "message of %s lacks \"%s\"", #call, (needle));                              \
     } while (0)
+
+/* Zeroes an ABI struct and sets its struct_size, as every caller of the library must. */
+#define ABI_INIT(s) (memset(&(s), 0, sizeof(s)), (s).struct_size = sizeof(s))
+
+/* A BF16 geometry at TP 1 (rank 0 of 1), no paged layout. */
+static inline objectcache_geometry bf16_geometry(uint32_t layers, uint32_t kv_heads,
+                                                 uint32_t head_dim, uint32_t tokens_per_chunk,
+                                                 const char *model) {
+    objectcache_geometry g;
+    ABI_INIT(g);
+    g.layers = layers;
+    g.kv_heads = kv_heads;
+    g.head_dim = head_dim;
+    g.dtype = OBJECTCACHE_DTYPE_BF16;
+    g.tokens_per_chunk = tokens_per_chunk;
+    g.tp_rank = 0;
+    g.tp_world = 1;
+    g.model = model;
+    return g;
+}
 
 #endif

@@ -20,24 +20,10 @@
 #define TOKENS_PER_CHUNK 16
 #define HASH_LEN 32
 
-/* A BF16 geometry of TOKENS_PER_CHUNK-token chunks at TP 1. */
-static objectcache_geometry geom_of(uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
-                                    const char *model) {
-    objectcache_geometry g;
-    memset(&g, 0, sizeof g);
-    g.struct_size = sizeof g;
-    g.layers = layers;
-    g.kv_heads = kv_heads;
-    g.head_dim = head_dim;
-    g.dtype = OBJECTCACHE_DTYPE_BF16;
-    g.tokens_per_chunk = TOKENS_PER_CHUNK;
-    g.tp_rank = 0;
-    g.tp_world = 1;
-    g.model = model;
-    return g;
+/* The test's geometry: BF16, TOKENS_PER_CHUNK-token chunks at TP 1. */
+static objectcache_geometry geom(void) {
+    return bf16_geometry(LAYERS, 2, 8, TOKENS_PER_CHUNK, "test/c-abi-tiny");
 }
-
-static objectcache_geometry geom(void) { return geom_of(LAYERS, 2, 8, "test/c-abi-tiny"); }
 
 static unsigned char pattern(int layer, size_t chunk, size_t i) {
     return (unsigned char)(layer * 31 + chunk * 7 + i * 13 + 1);
@@ -50,13 +36,22 @@ static void fill(unsigned char *buf, int layer, size_t n, uint64_t slice) {
             buf[c * slice + i] = pattern(layer, c, (size_t)i);
 }
 
+/* One destination per layer, consecutive in buf: layer l's is per_layer bytes at
+ * buf + l x per_layer. */
+static void layer_dests(objectcache_layer_dest *d, unsigned char *buf, int n_layers,
+                        size_t per_layer) {
+    for (int l = 0; l < n_layers; l++) {
+        d[l].addr = buf + (size_t)l * per_layer;
+        d[l].len = per_layer;
+    }
+}
+
 /* Load parameters of n_chunks chunks (hashes) into n_layers destinations, no hints. */
 static objectcache_load_params load_params(const objectcache_geometry *g, const uint8_t *hashes,
                                            size_t n_chunks, const objectcache_layer_dest *d,
                                            size_t n_layers) {
     objectcache_load_params lp;
-    memset(&lp, 0, sizeof lp);
-    lp.struct_size = sizeof lp;
+    ABI_INIT(lp);
     lp.geometry = g;
     lp.hashes = hashes;
     lp.hash_len = HASH_LEN;
@@ -72,7 +67,7 @@ static objectcache_load_params load_params(const objectcache_geometry *g, const 
  * whole prefix from layer 0. */
 #define SMOL_LAYERS 30
 static void stall_advice_checks(objectcache_engine *e, const uint8_t *hashes) {
-    objectcache_geometry g = geom_of(SMOL_LAYERS, 3, 64, "test/c-abi-smol");
+    objectcache_geometry g = bf16_geometry(SMOL_LAYERS, 3, 64, TOKENS_PER_CHUNK, "test/c-abi-smol");
     uint64_t slice = 0;
     EXPECT(objectcache_slice_bytes(&g, &slice), OBJECTCACHE_OK);
     unsigned char *src[SMOL_LAYERS];
@@ -89,14 +84,10 @@ static void stall_advice_checks(objectcache_engine *e, const uint8_t *hashes) {
                                        &region),
            OBJECTCACHE_OK);
     objectcache_layer_dest d[SMOL_LAYERS];
-    for (int l = 0; l < SMOL_LAYERS; l++) {
-        d[l].addr = dst + (size_t)l * slice;
-        d[l].len = slice;
-    }
+    layer_dests(d, dst, SMOL_LAYERS, slice);
     objectcache_load_params lp = load_params(&g, hashes, 1, d, SMOL_LAYERS);
     objectcache_stall_params sp;
-    memset(&sp, 0, sizeof sp);
-    sp.struct_size = sizeof sp;
+    ABI_INIT(sp);
     sp.model = "smollm2-135m";
     sp.gpu = "h100";
     sp.load_tokens = TOKENS_PER_CHUNK;
@@ -207,10 +198,7 @@ struct loader {
 static void *load_in_thread(void *arg) {
     struct loader *ld = arg;
     objectcache_layer_dest d[LAYERS];
-    for (int l = 0; l < LAYERS; l++) {
-        d[l].addr = ld->dst + l * ld->per_layer;
-        d[l].len = ld->per_layer;
-    }
+    layer_dests(d, ld->dst, LAYERS, ld->per_layer);
     ld->lp.layers = d;
     objectcache_transfer *t = NULL;
     ld->ok = objectcache_load(ld->e, &ld->lp, &t) == OBJECTCACHE_OK;
@@ -303,8 +291,7 @@ int main(int argc, char **argv) {
     for (uint32_t i = 0; i < N_TOKENS; i++)
         tokens[i] = 1000 + i * 3;
     objectcache_hash_params hp;
-    memset(&hp, 0, sizeof hp);
-    hp.struct_size = sizeof hp;
+    ABI_INIT(hp);
     hp.block_size = TOKENS_PER_CHUNK;
     hp.seed = "0";
     hp.salt = "tenant-a";
@@ -344,8 +331,7 @@ int main(int argc, char **argv) {
         fill(src[l], l, 3, slice);
     }
     objectcache_save_report rep;
-    memset(&rep, 0, sizeof rep);
-    rep.struct_size = sizeof rep;
+    ABI_INIT(rep);
     EXPECT_MSG(objectcache_save(e, &g, hashes, HASH_LEN, 3, (const void *const *)src, LAYERS,
                                 per_layer - 1, &rep),
                OBJECTCACHE_ERR_INVALID_ARGUMENT, "bytes_per_layer");
@@ -407,10 +393,7 @@ int main(int argc, char **argv) {
 
     /* ---- Load the 3 cached chunks, layer by layer ---- */
     objectcache_layer_dest dests[LAYERS];
-    for (int l = 0; l < LAYERS; l++) {
-        dests[l].addr = dst + (size_t)l * 4 * slice;
-        dests[l].len = 4 * slice;
-    }
+    layer_dests(dests, dst, LAYERS, 4 * slice);
     objectcache_load_params lp = load_params(&g, hashes, 3, dests, LAYERS);
     lp.request_id = 42;
     lp.priority = 1;
@@ -447,8 +430,7 @@ int main(int argc, char **argv) {
     EXPECT(objectcache_transfer_chunk_status(t, cs, 1, &n), OBJECTCACHE_ERR_BUFFER_TOO_SMALL);
     CHECK(n == 3, "needed %zu", n);
     objectcache_transfer_stats ts;
-    memset(&ts, 0, sizeof ts);
-    ts.struct_size = sizeof ts;
+    ABI_INIT(ts);
     EXPECT(objectcache_transfer_stats_get(t, &ts), OBJECTCACHE_OK);
     CHECK(ts.request_id == 42, "request id %llu", (unsigned long long)ts.request_id);
     CHECK(ts.layers_ready == LAYERS, "layers ready %u", ts.layers_ready);
@@ -549,10 +531,7 @@ int main(int argc, char **argv) {
                                        &big_region),
            OBJECTCACHE_OK);
     objectcache_layer_dest big_dests[LAYERS];
-    for (int l = 0; l < LAYERS; l++) {
-        big_dests[l].addr = big_dst + l * big_layer;
-        big_dests[l].len = big_layer;
-    }
+    layer_dests(big_dests, big_dst, LAYERS, big_layer);
     objectcache_load_params blp = lp;
     blp.request_id = 44;
     blp.hashes = big_hashes;
@@ -621,8 +600,7 @@ int main(int argc, char **argv) {
 
     /* ---- Metrics ---- */
     objectcache_metrics m;
-    memset(&m, 0, sizeof m);
-    m.struct_size = sizeof m;
+    ABI_INIT(m);
     EXPECT(objectcache_metrics_get(e, &m), OBJECTCACHE_OK);
     /* (stall_advice_checks saved once and loaded twice.) */
     CHECK(m.saves == 3 + 1, "saves %llu", (unsigned long long)m.saves);

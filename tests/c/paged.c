@@ -37,17 +37,7 @@
 #define SENTINEL 0x5A
 
 static objectcache_geometry geom(const char *layout, uint32_t block_size) {
-    objectcache_geometry g;
-    memset(&g, 0, sizeof g);
-    g.struct_size = sizeof g;
-    g.layers = LAYERS;
-    g.kv_heads = KV_HEADS;
-    g.head_dim = HEAD_DIM;
-    g.dtype = OBJECTCACHE_DTYPE_BF16;
-    g.tokens_per_chunk = CHUNK;
-    g.tp_rank = 0;
-    g.tp_world = 1;
-    g.model = "test/c-paged";
+    objectcache_geometry g = bf16_geometry(LAYERS, KV_HEADS, HEAD_DIM, CHUNK, "test/c-paged");
     g.layout = layout;
     g.block_size = block_size;
     return g;
@@ -71,8 +61,7 @@ static objectcache_paged_load_params paged_params(const objectcache_geometry *g,
                                                   const objectcache_range *r,
                                                   size_t per_layer) {
     objectcache_paged_load_params p;
-    memset(&p, 0, sizeof p);
-    p.struct_size = sizeof p;
+    ABI_INIT(p);
     p.request_id = 17;
     p.geometry = g;
     p.hashes = hashes;
@@ -125,8 +114,7 @@ int main(int argc, char **argv) {
     objectcache_range sr[LAYERS * NB];
     block_ranges(src, a_ids, NB, sr);
     objectcache_save_report rep;
-    memset(&rep, 0, sizeof rep);
-    rep.struct_size = sizeof rep;
+    ABI_INIT(rep);
     EXPECT(objectcache_save_paged(e, &g, hashes, HASH_LEN, CHUNKS, sr, NB, LAYERS, &rep),
            OBJECTCACHE_OK);
     CHECK(rep.written + rep.already_present == CHUNKS, "written %llu present %llu",
@@ -199,8 +187,7 @@ int main(int argc, char **argv) {
     for (size_t c = 0; c < ncs; c++)
         CHECK(cs[c] == OBJECTCACHE_CHUNK_OK, "chunk %zu status %u", c, cs[c]);
     objectcache_transfer_stats st;
-    memset(&st, 0, sizeof st);
-    st.struct_size = sizeof st;
+    ABI_INIT(st);
     EXPECT(objectcache_transfer_stats_get(t, &st), OBJECTCACHE_OK);
     CHECK(st.bytes == (uint64_t)LAYERS * CHUNKS * slice && st.layers_ready == LAYERS &&
               st.request_id == 17,
@@ -304,8 +291,7 @@ int main(int argc, char **argv) {
     }
     uint8_t fresh[HASH_LEN];
     memset(fresh, 0x42, sizeof fresh);
-    memset(&rep, 0, sizeof rep);
-    rep.struct_size = sizeof rep;
+    ABI_INIT(rep);
     EXPECT(objectcache_save_paged(e, &g, fresh, HASH_LEN, 1, twice, 2, LAYERS, &rep),
            OBJECTCACHE_OK);
     CHECK(rep.written + rep.already_present == 1, "one chunk saved");
