@@ -401,31 +401,9 @@ class Engine:
         """
         arr, hl, n = _packed_hashes(hashes)
         g = geometry._c()
-        if _is_paged(layers):
-            ranges, per, keep = _paged_ranges(layers, writable=True)
-            p = _ffi.PagedLoadParams(
-                ctypes.sizeof(_ffi.PagedLoadParams),
-                int(priority),
-                int(request_id) & 0xFFFFFFFFFFFFFFFF,
-                int(deadline_ms),
-                int(compute_us_per_layer),
-                ctypes.pointer(g),
-                arr,
-                hl,
-                n,
-                ranges,
-                per,
-                len(layers),
-            )
-            t = c_void_p()
-            _check(lib.objectcache_load_paged(self._handle(), byref(p), byref(t)))
-            return Transfer(self, t, geometry.layers, n, keep)
-        spans = [_span(layer, writable=True) for layer in layers]
-        dests = (_ffi.LayerDest * max(1, len(spans)))(
-            *[_ffi.LayerDest(s[0], s[1]) for s in spans]
-        )
-        p = _ffi.LoadParams(
-            ctypes.sizeof(_ffi.LoadParams),
+        # The fields both load parameter structs begin with (_ffi._LOAD_PARAMS_HEAD), after
+        # struct_size.
+        head = (
             int(priority),
             int(request_id) & 0xFFFFFFFFFFFFFFFF,
             int(deadline_ms),
@@ -434,12 +412,24 @@ class Engine:
             arr,
             hl,
             n,
-            dests,
-            len(spans),
         )
+        if _is_paged(layers):
+            ranges, per, keep = _paged_ranges(layers, writable=True)
+            p = _ffi.PagedLoadParams(
+                ctypes.sizeof(_ffi.PagedLoadParams), *head, ranges, per, len(layers)
+            )
+            load = lib.objectcache_load_paged
+        else:
+            spans = [_span(layer, writable=True) for layer in layers]
+            dests = (_ffi.LayerDest * max(1, len(spans)))(
+                *[_ffi.LayerDest(s[0], s[1]) for s in spans]
+            )
+            keep = [s[2] for s in spans]
+            p = _ffi.LoadParams(ctypes.sizeof(_ffi.LoadParams), *head, dests, len(spans))
+            load = lib.objectcache_load
         t = c_void_p()
-        _check(lib.objectcache_load(self._handle(), byref(p), byref(t)))
-        return Transfer(self, t, geometry.layers, n, [s[2] for s in spans])
+        _check(load(self._handle(), byref(p), byref(t)))
+        return Transfer(self, t, geometry.layers, n, keep)
 
 
 class Region:

@@ -222,6 +222,9 @@ STRUCTS = {
 }
 
 _P = POINTER
+# The arguments every call about a run of chunks begins with, in the header's order:
+# engine, geometry, hashes, hash_len, n_chunks.
+_CHUNKS_ARGS = [c_void_p, _P(Geometry), _P(c_uint8), c_size_t, c_size_t]
 # name: (restype, argtypes), as declared in objectcache.h.
 _PROTOTYPES = {
     "objectcache_abi_version": (c_uint32, []),
@@ -246,44 +249,19 @@ _PROTOTYPES = {
     ),
     "objectcache_deregister_memory": (status, [c_void_p, c_void_p]),
     "objectcache_metrics_get": (status, [c_void_p, _P(Metrics)]),
-    "objectcache_lookup": (
-        status,
-        [c_void_p, _P(Geometry), _P(c_uint8), c_size_t, c_size_t, _P(c_size_t)],
-    ),
+    "objectcache_lookup": (status, _CHUNKS_ARGS + [_P(c_size_t)]),
     "objectcache_lookup_tokens": (
         status,
         [c_void_p, _P(Geometry), _P(HashParams), _P(c_uint32), c_size_t, _P(c_size_t)],
     ),
     "objectcache_segment_markers": (
         status,
-        [
-            c_void_p,
-            _P(Geometry),
-            _P(c_uint8),
-            c_size_t,
-            c_size_t,
-            _P(c_uint8),
-            c_size_t,
-            _P(c_size_t),
-        ],
+        _CHUNKS_ARGS + [_P(c_uint8), c_size_t, _P(c_size_t)],
     ),
-    "objectcache_segment_markers_add": (
-        status,
-        [c_void_p, _P(Geometry), _P(c_uint8), c_size_t, c_size_t, _P(c_uint8), c_size_t],
-    ),
+    "objectcache_segment_markers_add": (status, _CHUNKS_ARGS + [_P(c_uint8), c_size_t]),
     "objectcache_save": (
         status,
-        [
-            c_void_p,
-            _P(Geometry),
-            _P(c_uint8),
-            c_size_t,
-            c_size_t,
-            _P(c_void_p),
-            c_size_t,
-            c_uint64,
-            _P(SaveReport),
-        ],
+        _CHUNKS_ARGS + [_P(c_void_p), c_size_t, c_uint64, _P(SaveReport)],
     ),
     "objectcache_load": (status, [c_void_p, _P(LoadParams), _P(c_void_p)]),
     "objectcache_transfer_poll_layer": (status, [c_void_p, c_uint32]),
@@ -303,17 +281,7 @@ _PROTOTYPES = {
     "objectcache_load_paged": (status, [c_void_p, _P(PagedLoadParams), _P(c_void_p)]),
     "objectcache_save_paged": (
         status,
-        [
-            c_void_p,
-            _P(Geometry),
-            _P(c_uint8),
-            c_size_t,
-            c_size_t,
-            _P(Range),
-            c_size_t,
-            c_size_t,
-            _P(SaveReport),
-        ],
+        _CHUNKS_ARGS + [_P(Range), c_size_t, c_size_t, _P(SaveReport)],
     ),
 }
 
