@@ -250,11 +250,9 @@ typedef struct objectcache_paged_load_params {
     uint64_t deadline_ms;
     /** As objectcache_load_params.compute_us_per_layer. */
     uint64_t compute_us_per_layer;
-    /** Geometry the objects were saved with; borrowed for the call. */
+    /** As objectcache_load_params.geometry. */
     const objectcache_geometry *geometry;
-    /** n_chunks chunk hashes, each hash_len bytes (32 under hash_algo sha256cbor,
-     *  the default; 1..64 under ext; another length is refused), packed;
-     *  borrowed for the call. */
+    /** As objectcache_load_params.hashes (n_chunks hashes of hash_len bytes, packed). */
     const uint8_t *hashes;
     size_t hash_len;
     size_t n_chunks;
