@@ -176,11 +176,12 @@ async fn a_save_that_stalls_or_drips_is_dropped_and_writes_nothing() {
             let w = tokio::spawn(async move {
                 loop {
                     let mut b = BytesMut::new();
-                    objectcache::protocol::Frame::SaveData {
+                    let data = obj.slice(off as usize..off as usize + 1024);
+                    objectcache::protocol::Frame::SaveData(objectcache::protocol::SaveData {
                         chunk: 0,
                         offset: off,
-                        data: obj.slice(off as usize..off as usize + 1024),
-                    }
+                        data,
+                    })
                     .encode(&mut b);
                     if wr.write_all(&b).await.is_err() || t0.elapsed() > Duration::from_secs(10) {
                         break;

@@ -220,11 +220,11 @@ impl Rig {
             nonce: [0; objectcache::protocol::auth::NONCE_LEN],
         });
         let hello = challenge + len(Frame::HelloAck(info));
-        let accepted = len(Frame::Accepted {
+        let accepted = len(Frame::Accepted(objectcache::protocol::UnitTally {
             request_id: 0,
             units: 0,
             bytes: 0,
-        });
+        }));
         let keys = self.engine.keys(&self.g).unwrap();
         let req = GatherRequest::for_prefix(
             0,

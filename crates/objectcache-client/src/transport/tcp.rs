@@ -399,7 +399,7 @@ impl GatherClient {
             let mut done = None;
             while let Some(ev) = self.conn.poll_event() {
                 match ev {
-                    ClientEvent::Accepted { .. } => {}
+                    ClientEvent::Accepted(_) => {}
                     ClientEvent::UnitBegin(h) => {
                         let layer = h.layer;
                         if begun != Some(layer) {
@@ -461,20 +461,15 @@ impl GatherClient {
                         expected,
                         computed,
                     } => fail(layer, track.corrupt(layer, offset, expected, computed)),
-                    ClientEvent::Miss {
-                        chunk,
-                        layers,
-                        reason,
-                        message,
-                    } => {
-                        let key = req.chunks.key(chunk as usize).unwrap_or_default();
-                        for (l, e) in track.miss(chunk, layers, reason, &message, &key) {
+                    ClientEvent::Miss(m) => {
+                        let key = req.chunks.key(m.chunk as usize).unwrap_or_default();
+                        for (l, e) in track.miss(&m, &key) {
                             sink.fail(l, e);
                         }
                     }
                     // Held on purpose by the server (admission, bandwidth pacing): alive.
                     ClientEvent::Held { .. } => sink.progress(0),
-                    ClientEvent::End { .. } => {
+                    ClientEvent::End(_) => {
                         done = Some(Ok(()));
                         break;
                     }
@@ -637,14 +632,10 @@ impl GatherClient {
         loop {
             while let Some(ev) = self.conn.poll_event() {
                 match ev {
-                    ClientEvent::SaveDone {
-                        written,
-                        already_present,
-                        ..
-                    } => {
+                    ClientEvent::SaveDone(d) => {
                         return Ok(SaveReport {
-                            written,
-                            already_present,
+                            written: d.written,
+                            already_present: d.already_present,
                         })
                     }
                     ClientEvent::Error { code, message } => {

@@ -2,8 +2,8 @@
 
 use super::descriptor::{GatherRequest, SaveRequest};
 use super::frame::{
-    decode_frame, decode_unit_prefix, ErrorCode, Frame, MissReason, ServerInfo, UnitHeader,
-    FRAME_HEADER_LEN, SAVE_DATA_HEADER_LEN, UNIT_PREFIX_LEN,
+    decode_frame, decode_unit_prefix, ErrorCode, Frame, MissFrame, SaveDone, ServerInfo,
+    UnitHeader, UnitTally, FRAME_HEADER_LEN, SAVE_DATA_HEADER_LEN, UNIT_PREFIX_LEN,
 };
 use super::frame::{encode_frame_header, FrameType};
 use super::{ProtocolError, MAX_CONTROL_FRAME_BYTES, MAX_UNIT_BYTES, PREFACE, PROTOCOL_VERSION};
@@ -16,15 +16,8 @@ use std::ops::Range;
 pub enum ClientEvent {
     /// The server's hello: gather is available with these limits.
     Connected(ServerInfo),
-    /// The request was accepted.
-    Accepted {
-        /// Request id.
-        request_id: u64,
-        /// Units to come.
-        units: u64,
-        /// Payload bytes to come.
-        bytes: u64,
-    },
+    /// The request was accepted: the units and payload bytes to come if nothing misses.
+    Accepted(UnitTally),
     /// A unit whose CRC32C matched: copy `data` to layer `layer` at `offset`.
     Unit {
         /// Layer.
@@ -51,34 +44,11 @@ pub enum ClientEvent {
         computed: u32,
     },
     /// Chunk `chunk`'s `layers` will not arrive.
-    Miss {
-        /// Chunk index.
-        chunk: u32,
-        /// Layers.
-        layers: Range<u32>,
-        /// Why.
-        reason: MissReason,
-        /// Details.
-        message: String,
-    },
-    /// The gather finished.
-    End {
-        /// Request id.
-        request_id: u64,
-        /// Units sent.
-        units: u64,
-        /// Bytes sent.
-        bytes: u64,
-    },
+    Miss(MissFrame),
+    /// The gather finished: the units and payload bytes sent.
+    End(UnitTally),
     /// A save was published.
-    SaveDone {
-        /// Request id.
-        request_id: u64,
-        /// Objects written.
-        written: u32,
-        /// Objects already present.
-        already_present: u32,
-    },
+    SaveDone(SaveDone),
     /// The server holds the request on purpose (admission queue, bandwidth pacing) and it is
     /// alive; only when the request asked for it ([`GatherRequest::held`]).
     Held {
@@ -508,19 +478,8 @@ impl ClientConnection {
                 self.state = State::Idle;
                 self.events.push_back(ClientEvent::Connected(i));
             }
-            (
-                State::Gathering,
-                Frame::Accepted {
-                    request_id,
-                    units,
-                    bytes,
-                },
-            ) => {
-                self.events.push_back(ClientEvent::Accepted {
-                    request_id,
-                    units,
-                    bytes,
-                });
+            (State::Gathering, Frame::Accepted(t)) => {
+                self.events.push_back(ClientEvent::Accepted(t));
             }
             (State::Gathering, Frame::Held { request_id })
                 if self.current.as_ref().is_some_and(|c| c.held) =>
@@ -545,17 +504,9 @@ impl ClientConnection {
                     });
                 }
             }
-            (
-                State::Gathering,
-                Frame::Miss {
-                    chunk,
-                    layers,
-                    reason,
-                    message,
-                },
-            ) => {
+            (State::Gathering, Frame::Miss(m)) => {
                 if let Some(cur) = self.current.as_mut() {
-                    for l in layers.clone() {
+                    for l in m.layers.clone() {
                         if let Some(n) = l
                             .checked_sub(cur.layers.start)
                             .and_then(|i| cur.next.get_mut(i as usize))
@@ -564,43 +515,16 @@ impl ClientConnection {
                         }
                     }
                 }
-                self.events.push_back(ClientEvent::Miss {
-                    chunk,
-                    layers,
-                    reason,
-                    message,
-                });
+                self.events.push_back(ClientEvent::Miss(m));
             }
-            (
-                State::Gathering,
-                Frame::End {
-                    request_id,
-                    units,
-                    bytes,
-                },
-            ) => {
+            (State::Gathering, Frame::End(t)) => {
                 self.state = State::Idle;
                 self.current = None;
-                self.events.push_back(ClientEvent::End {
-                    request_id,
-                    units,
-                    bytes,
-                });
+                self.events.push_back(ClientEvent::End(t));
             }
-            (
-                State::Saving,
-                Frame::SaveDone {
-                    request_id,
-                    written,
-                    already_present,
-                },
-            ) => {
+            (State::Saving, Frame::SaveDone(d)) => {
                 self.state = State::Idle;
-                self.events.push_back(ClientEvent::SaveDone {
-                    request_id,
-                    written,
-                    already_present,
-                });
+                self.events.push_back(ClientEvent::SaveDone(d));
             }
             (_, Frame::Error { code, message }) => {
                 // Request-level errors leave the connection usable, except before the hello.

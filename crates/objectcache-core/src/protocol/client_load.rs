@@ -7,7 +7,7 @@
 //! error is the one reported); a layer that did not get all its bytes by the end fails then.
 //! The server's side of the same load is [`super::ServerLoad`].
 
-use super::{GatherRequest, MissReason};
+use super::{GatherRequest, MissFrame, MissReason};
 use crate::error::LayerError;
 use std::collections::HashMap;
 use std::ops::Range;
@@ -102,24 +102,18 @@ impl LoadTracker {
         self.fail(layer, err)
     }
 
-    /// The server's `Miss`: chunk `chunk` (object key `key`) will not arrive for `layers`.
-    /// Returns the layers to fail, each with its error (layers that failed already are left
-    /// out).
-    pub fn miss(
-        &mut self,
-        chunk: u32,
-        layers: Range<u32>,
-        reason: MissReason,
-        message: &str,
-        key: &str,
-    ) -> Vec<(u32, LayerError)> {
-        if !self.out.missed_chunks.iter().any(|m| m.0 == chunk) {
-            self.out.missed_chunks.push((chunk, reason));
+    /// The server's `Miss`: chunk `m.chunk` (object key `key`) will not arrive for
+    /// `m.layers`. Returns the layers to fail, each with its error (layers that failed already
+    /// are left out).
+    pub fn miss(&mut self, m: &MissFrame, key: &str) -> Vec<(u32, LayerError)> {
+        if !self.out.missed_chunks.iter().any(|c| c.0 == m.chunk) {
+            self.out.missed_chunks.push((m.chunk, m.reason));
         }
-        let c = chunk as usize;
-        layers
+        let c = m.chunk as usize;
+        m.layers
+            .clone()
             .filter_map(|l| {
-                self.fail(l, reason.layer_error(c, key.to_string(), message))
+                self.fail(l, m.reason.layer_error(c, key.to_string(), &m.message))
                     .map(|e| (l, e))
             })
             .collect()

@@ -37,11 +37,11 @@ pub use descriptor::{
 };
 pub use frame::{
     decode_frame, decode_unit_prefix, encode_frame_header, ErrorCode, Frame, FrameHeader,
-    FrameType, MissReason, ServerInfo, UnitHeader, FRAME_HEADER_LEN, SAVE_DATA_HEADER_LEN,
-    UNIT_HEADER_LEN, UNIT_PREFIX_LEN,
+    FrameType, MissFrame, MissReason, SaveData, SaveDone, ServerInfo, UnitHeader, UnitTally,
+    FRAME_HEADER_LEN, SAVE_DATA_HEADER_LEN, UNIT_HEADER_LEN, UNIT_PREFIX_LEN,
 };
 pub use server::{ServerConnection, ServerEvent, ServerLimits, MAX_HANDSHAKE_BODY_BYTES};
-pub use server_load::{CutUnit, GoodPiece, MissFrame, PieceMiss, PieceRead, RdmaWrite, ServerLoad};
+pub use server_load::{CutUnit, GoodPiece, PieceMiss, PieceRead, RdmaWrite, ServerLoad};
 
 /// The 8 bytes a client sends first on a gather connection. They cannot begin an HTTP/1
 /// request, so one listening port can serve both S3 (HTTP) and gather.

@@ -1,13 +1,11 @@
 //! The server side of a gather connection, sans-IO.
 
 use super::descriptor::{GatherRequest, SaveRequest};
-use super::frame::{
-    decode_frame, ErrorCode, Frame, FrameType, MissReason, ServerInfo, UnitHeader, FRAME_HEADER_LEN,
-};
+use super::frame::{decode_frame, ErrorCode, Frame, FrameType, ServerInfo, UnitHeader};
+use super::frame::{MissFrame, SaveData, SaveDone, UnitTally, FRAME_HEADER_LEN};
 use super::{ProtocolError, MAX_CONTROL_FRAME_BYTES, PREFACE, PROTOCOL_VERSION};
 use bytes::{Bytes, BytesMut};
 use std::collections::VecDeque;
-use std::ops::Range;
 
 /// Largest frame body a client may send before it is authenticated, bytes: an `Auth` frame
 /// (a 2-byte length, an access key id of at most [`super::auth::MAX_ACCESS_KEY_LEN`] bytes,
@@ -53,14 +51,7 @@ pub enum ServerEvent {
     /// A batched save begins.
     SaveBegin(Box<SaveRequest>),
     /// Save data for chunk `chunk` at byte `offset` of its object.
-    SaveData {
-        /// Chunk index.
-        chunk: u32,
-        /// Offset in the object.
-        offset: u64,
-        /// Bytes.
-        data: Bytes,
-    },
+    SaveData(SaveData),
     /// All save data sent: publish, then [`ServerConnection::save_done`].
     SaveEnd,
     /// The client cancelled the request in flight: stop sending and free its resources.
@@ -395,19 +386,8 @@ impl ServerConnection {
                 self.state = State::Saving;
                 self.events.push_back(ServerEvent::SaveBegin(s));
             }
-            (
-                State::Saving,
-                Frame::SaveData {
-                    chunk,
-                    offset,
-                    data,
-                },
-            ) => {
-                self.events.push_back(ServerEvent::SaveData {
-                    chunk,
-                    offset,
-                    data,
-                });
+            (State::Saving, Frame::SaveData(d)) => {
+                self.events.push_back(ServerEvent::SaveData(d));
             }
             (State::Saving, Frame::SaveEnd) => {
                 self.state = State::Publishing;
@@ -450,11 +430,11 @@ impl ServerConnection {
 
     /// Acknowledges the gather in progress: `units` units, `bytes` payload bytes.
     pub fn accept(&mut self, request_id: u64, units: u64, bytes: u64) {
-        self.queue(Frame::Accepted {
+        self.queue(Frame::Accepted(UnitTally {
             request_id,
             units,
             bytes,
-        });
+        }));
     }
 
     /// Queues a unit whose payload is the concatenation of `parts` (each sent as is).
@@ -465,14 +445,9 @@ impl ServerConnection {
         self.transmit.extend(parts);
     }
 
-    /// Queues a miss: chunk `chunk`'s `layers` will not be delivered.
-    pub fn send_miss(&mut self, chunk: u32, layers: Range<u32>, reason: MissReason, message: &str) {
-        self.queue(Frame::Miss {
-            chunk,
-            layers,
-            reason,
-            message: message.to_string(),
-        });
+    /// Queues a miss: chunk `m.chunk`'s `m.layers` will not be delivered.
+    pub fn send_miss(&mut self, m: MissFrame) {
+        self.queue(Frame::Miss(m));
     }
 
     /// Tells the client that the gather in progress is held on purpose and alive (waiting
@@ -484,11 +459,11 @@ impl ServerConnection {
 
     /// Ends the gather in progress; the connection accepts a next request.
     pub fn finish(&mut self, request_id: u64, units: u64, bytes: u64) {
-        self.queue(Frame::End {
+        self.queue(Frame::End(UnitTally {
             request_id,
             units,
             bytes,
-        });
+        }));
         self.state = State::Idle;
     }
 
@@ -515,11 +490,11 @@ impl ServerConnection {
 
     /// Reports a published save.
     pub fn save_done(&mut self, request_id: u64, written: u32, already_present: u32) {
-        self.queue(Frame::SaveDone {
+        self.queue(Frame::SaveDone(SaveDone {
             request_id,
             written,
             already_present,
-        });
+        }));
         self.state = State::Idle;
     }
 }

@@ -348,7 +348,7 @@ fn client_and_server_machines_talk() {
     pump_sc(&mut s, &mut c).unwrap();
     assert!(matches!(
         c.poll_event(),
-        Some(ClientEvent::Accepted { request_id: 7, .. })
+        Some(ClientEvent::Accepted(UnitTally { request_id: 7, .. }))
     ));
     assert_eq!(
         c.poll_event(),
@@ -364,7 +364,7 @@ fn client_and_server_machines_talk() {
     ));
     assert!(matches!(
         c.poll_event(),
-        Some(ClientEvent::End { request_id: 7, .. })
+        Some(ClientEvent::End(UnitTally { request_id: 7, .. }))
     ));
     assert!(c.is_idle());
 }
@@ -441,7 +441,7 @@ fn direct_units_leave_payloads_to_the_driver() {
     c.handle_bytes(&mut b).unwrap();
     assert!(matches!(
         c.poll_event(),
-        Some(ClientEvent::End { request_id: 7, .. })
+        Some(ClientEvent::End(UnitTally { request_id: 7, .. }))
     ));
     assert!(c.is_idle());
 

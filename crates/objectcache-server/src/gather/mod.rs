@@ -368,7 +368,7 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
     // (the client keeps their bytes and names the bad chunk).
     let send_miss = |io: &mut Io, m: MissFrame| {
         sh.metrics.error("miss");
-        io.conn.send_miss(m.chunk, m.layers, m.reason, &m.message);
+        io.conn.send_miss(m);
     };
     let on_header = |io: &mut Io, load: &mut ServerLoad, r: Option<Result<(), PieceMiss>>| match r {
         Some(r) => {
@@ -472,7 +472,7 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
                                     sh.metrics.error("rdma");
                                     let c = w.slice_of.or(plan.pieces.first().map(|p| p.chunk)).unwrap_or(0);
                                     if let Some(m) = load.rdma_failed(layer, c, &msg) {
-                                        io.conn.send_miss(m.chunk, m.layers, m.reason, &m.message);
+                                        io.conn.send_miss(m);
                                     }
                                 }
                             }
@@ -513,7 +513,7 @@ async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result
         for (layer, msg) in bad {
             if let Some(m) = load.rdma_failed(layer, 0, &msg) {
                 sh.metrics.error("rdma");
-                io.conn.send_miss(m.chunk, m.layers, m.reason, &m.message);
+                io.conn.send_miss(m);
             }
         }
         load.rdma_completed(ok);

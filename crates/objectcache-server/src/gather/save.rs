@@ -87,11 +87,11 @@ pub(super) async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) ->
     loop {
         while let Some(ev) = io.conn.poll_event() {
             match ev {
-                ServerEvent::SaveData {
+                ServerEvent::SaveData(crate::protocol::SaveData {
                     chunk,
                     offset,
                     data,
-                } => {
+                }) => {
                     let hold = io.save_hold(data.len());
                     if cur >= req.chunks.len() || chunk as usize != cur || offset != got {
                         fail(io, ErrorCode::BadObject, format!(

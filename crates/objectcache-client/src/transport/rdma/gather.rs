@@ -163,18 +163,13 @@ impl GatherConn {
             let mut end = None;
             while let Some(ev) = self.c.conn.poll_event() {
                 match ev {
-                    ClientEvent::Accepted { .. } => accepted = true,
-                    ClientEvent::Miss {
-                        chunk,
-                        layers,
-                        reason,
-                        message,
-                    } => {
-                        let key = req.chunks.key(chunk as usize).unwrap_or_default();
-                        handle.fail_layers(&track.miss(chunk, layers, reason, &message, &key));
+                    ClientEvent::Accepted(_) => accepted = true,
+                    ClientEvent::Miss(m) => {
+                        let key = req.chunks.key(m.chunk as usize).unwrap_or_default();
+                        handle.fail_layers(&track.miss(&m, &key));
                     }
-                    ClientEvent::End { units, .. } => {
-                        end = Some(Ok(units));
+                    ClientEvent::End(t) => {
+                        end = Some(Ok(t.units));
                         break;
                     }
                     ClientEvent::Error { code, message } => {

@@ -1,11 +1,15 @@
-//! The typed parts of frame bodies: why a range is not delivered ([`MissReason`]), the
-//! request-level error codes ([`ErrorCode`]), the server's hello ([`ServerInfo`]) and the unit
-//! header ([`UnitHeader`]).
+//! The typed parts of frame bodies: why a range is not delivered ([`MissReason`], and the
+//! whole notice, [`MissFrame`]), the request-level error codes ([`ErrorCode`]), the server's
+//! hello ([`ServerInfo`]), the unit header ([`UnitHeader`]), a gather's counts
+//! ([`UnitTally`]) and a save's data and result ([`SaveData`], [`SaveDone`]). Each is both a
+//! frame's body ([`super::Frame`]) and what the receiving side's event carries
+//! (`ClientEvent`, `ServerEvent`): one definition for both.
 
 use super::{encode_frame_header, FrameType, FRAME_HEADER_LEN, UNIT_HEADER_LEN};
 use crate::error::LayerError;
 use crate::protocol::ProtocolError;
-use bytes::BufMut;
+use bytes::{BufMut, Bytes};
+use std::ops::Range;
 
 /// Why a (chunk, layers) range is not delivered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +53,55 @@ impl MissReason {
             _ => return Err(ProtocolError::invalid("miss reason", format!("code {b}"))),
         })
     }
+}
+
+/// The body of a `Miss` frame: chunk `chunk` is not delivered for `layers`, and why. The
+/// server's load state builds it (`ServerLoad`), the server connection sends it, and the
+/// client connection hands it on as `ClientEvent::Miss`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissFrame {
+    /// Chunk index in the request.
+    pub chunk: u32,
+    /// The layers it is not delivered for.
+    pub layers: Range<u32>,
+    /// Why.
+    pub reason: MissReason,
+    /// The server's words (at most 4,096 bytes on the wire).
+    pub message: String,
+}
+
+/// A gather's counts: in `Accepted`, the units and payload bytes the server will send if
+/// nothing misses; in `End`, those it sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnitTally {
+    /// Request id.
+    pub request_id: u64,
+    /// Unit frames.
+    pub units: u64,
+    /// Payload bytes of those units.
+    pub bytes: u64,
+}
+
+/// The body of a `SaveData` frame: `data` goes at byte `offset` of chunk `chunk`'s object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SaveData {
+    /// Chunk index in the save.
+    pub chunk: u32,
+    /// Byte offset in the chunk's object.
+    pub offset: u64,
+    /// The bytes.
+    pub data: Bytes,
+}
+
+/// The body of a `SaveDone` frame: the save was published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SaveDone {
+    /// Request id.
+    pub request_id: u64,
+    /// Data objects written by this save.
+    pub written: u32,
+    /// Data objects that were already present (first writer wins).
+    pub already_present: u32,
 }
 
 /// Request-level error codes of an `Error` frame.

@@ -3,6 +3,7 @@
 //! ([`decode_unit_prefix`]).
 
 use super::{ErrorCode, Frame, FrameType, MissReason, ServerInfo, UnitHeader};
+use super::{MissFrame, SaveData, SaveDone, UnitTally};
 use super::{FRAME_HEADER_LEN, SAVE_DATA_HEADER_LEN, UNIT_HEADER_LEN};
 use crate::protocol::descriptor::{GatherRequest, SaveRequest};
 use crate::protocol::wire::Reader;
@@ -141,11 +142,11 @@ fn decode_body(
             let chunk = r.u32()?;
             r.zero(4, "save data reserved")?;
             let offset = r.u64()?;
-            return Ok(Frame::SaveData {
+            return Ok(Frame::SaveData(SaveData {
                 chunk,
                 offset,
                 data: body.slice(SAVE_DATA_HEADER_LEN..),
-            });
+            }));
         }
         FrameType::SaveEnd => Frame::SaveEnd,
         FrameType::Cancel => Frame::Cancel {
@@ -162,16 +163,17 @@ fn decode_body(
                 max_request_bytes: r.u64()?,
             })
         }
-        FrameType::Accepted => Frame::Accepted {
-            request_id: r.u64()?,
-            units: r.u64()?,
-            bytes: r.u64()?,
-        },
-        FrameType::End => Frame::End {
-            request_id: r.u64()?,
-            units: r.u64()?,
-            bytes: r.u64()?,
-        },
+        FrameType::Accepted | FrameType::End => {
+            let t = UnitTally {
+                request_id: r.u64()?,
+                units: r.u64()?,
+                bytes: r.u64()?,
+            };
+            match ty {
+                FrameType::Accepted => Frame::Accepted(t),
+                _ => Frame::End(t),
+            }
+        }
         FrameType::Unit => {
             let layer = r.u32()?;
             let crc32c = r.u32()?;
@@ -203,12 +205,12 @@ fn decode_body(
             let reason = MissReason::from_u8(r.u8()?)?;
             r.zero(1, "miss reserved")?;
             let message = r.str16("miss message", 4096)?;
-            Frame::Miss {
+            Frame::Miss(MissFrame {
                 chunk,
                 layers,
                 reason,
                 message,
-            }
+            })
         }
         FrameType::Error => {
             let code = ErrorCode::from_u16(r.u16()?);
@@ -217,11 +219,11 @@ fn decode_body(
                 message: r.str16("error message", 4096)?,
             }
         }
-        FrameType::SaveDone => Frame::SaveDone {
+        FrameType::SaveDone => Frame::SaveDone(SaveDone {
             request_id: r.u64()?,
             written: r.u32()?,
             already_present: r.u32()?,
-        },
+        }),
         FrameType::Auth => Frame::Auth {
             access_key: r.str16("access key id", crate::protocol::auth::MAX_ACCESS_KEY_LEN)?,
             mac: r

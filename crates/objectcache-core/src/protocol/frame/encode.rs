@@ -1,11 +1,11 @@
 //! [`Frame`], a decoded frame of any type, and its encoding.
 
 use super::FRAME_HEADER_LEN;
-use super::{encode_frame_header, ErrorCode, FrameType, MissReason, ServerInfo, UnitHeader};
+use super::{encode_frame_header, ErrorCode, FrameType, ServerInfo, UnitHeader};
+use super::{MissFrame, SaveData, SaveDone, UnitTally};
 use crate::protocol::descriptor::{GatherRequest, SaveRequest};
 use crate::protocol::wire::put_str16;
 use bytes::{BufMut, Bytes, BytesMut};
-use std::ops::Range;
 
 /// A decoded frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,14 +23,7 @@ pub enum Frame {
     /// Save request.
     SaveBegin(Box<SaveRequest>),
     /// Save data: `data` goes at `offset` of chunk `chunk`'s object.
-    SaveData {
-        /// Chunk index.
-        chunk: u32,
-        /// Byte offset in the object.
-        offset: u64,
-        /// Bytes.
-        data: Bytes,
-    },
+    SaveData(SaveData),
     /// End of save data.
     SaveEnd,
     /// Cancel the request in flight.
@@ -52,15 +45,8 @@ pub enum Frame {
         /// Random bytes, fresh per connection.
         nonce: [u8; crate::protocol::auth::NONCE_LEN],
     },
-    /// Request accepted.
-    Accepted {
-        /// Request id.
-        request_id: u64,
-        /// Units that will be sent (if nothing misses).
-        units: u64,
-        /// Payload bytes that will be sent (if nothing misses).
-        bytes: u64,
-    },
+    /// Request accepted: the units and bytes that will be sent if nothing misses.
+    Accepted(UnitTally),
     /// A delivery unit.
     Unit {
         /// Its header.
@@ -70,25 +56,9 @@ pub enum Frame {
     },
     /// Chunk `chunk`'s layers `layers` will not be delivered; the server sends no further
     /// unit of those layers.
-    Miss {
-        /// Chunk index.
-        chunk: u32,
-        /// Affected layers.
-        layers: Range<u32>,
-        /// Why.
-        reason: MissReason,
-        /// Details.
-        message: String,
-    },
-    /// Request finished.
-    End {
-        /// Request id.
-        request_id: u64,
-        /// Units sent.
-        units: u64,
-        /// Payload bytes sent.
-        bytes: u64,
-    },
+    Miss(MissFrame),
+    /// Request finished: the units and bytes sent.
+    End(UnitTally),
     /// Request failed; the message says why.
     Error {
         /// Code.
@@ -97,14 +67,7 @@ pub enum Frame {
         message: String,
     },
     /// Save published.
-    SaveDone {
-        /// Request id.
-        request_id: u64,
-        /// Data objects written by this save.
-        written: u32,
-        /// Data objects that were already present (first writer wins).
-        already_present: u32,
-    },
+    SaveDone(SaveDone),
     /// The request is held on purpose and still alive (feature bit 5, to clients that set
     /// descriptor flag bit 3): it waits for admission or for its share of the bandwidth cap.
     Held {
@@ -120,16 +83,16 @@ impl Frame {
             Frame::Hello { .. } => FrameType::Hello,
             Frame::Gather(_) => FrameType::Gather,
             Frame::SaveBegin(_) => FrameType::SaveBegin,
-            Frame::SaveData { .. } => FrameType::SaveData,
+            Frame::SaveData(_) => FrameType::SaveData,
             Frame::SaveEnd => FrameType::SaveEnd,
             Frame::Cancel { .. } => FrameType::Cancel,
             Frame::HelloAck(_) => FrameType::HelloAck,
-            Frame::Accepted { .. } => FrameType::Accepted,
+            Frame::Accepted(_) => FrameType::Accepted,
             Frame::Unit { .. } => FrameType::Unit,
-            Frame::Miss { .. } => FrameType::Miss,
-            Frame::End { .. } => FrameType::End,
+            Frame::Miss(_) => FrameType::Miss,
+            Frame::End(_) => FrameType::End,
             Frame::Error { .. } => FrameType::Error,
-            Frame::SaveDone { .. } => FrameType::SaveDone,
+            Frame::SaveDone(_) => FrameType::SaveDone,
             Frame::Auth { .. } => FrameType::Auth,
             Frame::AuthChallenge { .. } => FrameType::AuthChallenge,
             Frame::Held { .. } => FrameType::Held,
@@ -152,15 +115,11 @@ impl Frame {
             }
             Frame::Gather(g) => g.encode(out),
             Frame::SaveBegin(s) => s.encode(out),
-            Frame::SaveData {
-                chunk,
-                offset,
-                data,
-            } => {
-                out.put_u32_le(*chunk);
+            Frame::SaveData(d) => {
+                out.put_u32_le(d.chunk);
                 out.put_u32_le(0);
-                out.put_u64_le(*offset);
-                out.put_slice(data);
+                out.put_u64_le(d.offset);
+                out.put_slice(&d.data);
             }
             Frame::SaveEnd => {}
             Frame::Cancel { request_id } => out.put_u64_le(*request_id),
@@ -172,49 +131,31 @@ impl Frame {
                 out.put_u32_le(i.max_chunks);
                 out.put_u64_le(i.max_request_bytes);
             }
-            Frame::Accepted {
-                request_id,
-                units,
-                bytes,
-            }
-            | Frame::End {
-                request_id,
-                units,
-                bytes,
-            } => {
-                out.put_u64_le(*request_id);
-                out.put_u64_le(*units);
-                out.put_u64_le(*bytes);
+            Frame::Accepted(t) | Frame::End(t) => {
+                out.put_u64_le(t.request_id);
+                out.put_u64_le(t.units);
+                out.put_u64_le(t.bytes);
             }
             Frame::Unit { header, data } => {
                 out.put_slice(&header.encode_prefix()[FRAME_HEADER_LEN..]);
                 out.put_slice(data);
             }
-            Frame::Miss {
-                chunk,
-                layers,
-                reason,
-                message,
-            } => {
-                out.put_u32_le(*chunk);
-                out.put_u32_le(layers.start);
-                out.put_u32_le(layers.end);
-                out.put_u8(*reason as u8);
+            Frame::Miss(m) => {
+                out.put_u32_le(m.chunk);
+                out.put_u32_le(m.layers.start);
+                out.put_u32_le(m.layers.end);
+                out.put_u8(m.reason as u8);
                 out.put_u8(0);
-                put_str16(out, truncate(message, 4096));
+                put_str16(out, truncate(&m.message, 4096));
             }
             Frame::Error { code, message } => {
                 out.put_u16_le(*code as u16);
                 put_str16(out, truncate(message, 4096));
             }
-            Frame::SaveDone {
-                request_id,
-                written,
-                already_present,
-            } => {
-                out.put_u64_le(*request_id);
-                out.put_u32_le(*written);
-                out.put_u32_le(*already_present);
+            Frame::SaveDone(d) => {
+                out.put_u64_le(d.request_id);
+                out.put_u32_le(d.written);
+                out.put_u32_le(d.already_present);
             }
             Frame::Auth { access_key, mac } => {
                 put_str16(

@@ -7,7 +7,9 @@ mod body;
 mod decode;
 mod encode;
 
-pub use body::{ErrorCode, MissReason, ServerInfo, UnitHeader};
+pub use body::{
+    ErrorCode, MissFrame, MissReason, SaveData, SaveDone, ServerInfo, UnitHeader, UnitTally,
+};
 pub use decode::{decode_frame, decode_unit_prefix, UNIT_PREFIX_LEN};
 pub use encode::Frame;
 

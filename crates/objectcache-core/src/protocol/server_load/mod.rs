@@ -17,7 +17,7 @@
 //! both against each other through [`super::ServerConnection`] and
 //! [`super::ClientConnection`], with no I/O.
 
-use super::{MissReason, UnitHeader, UnitPlan};
+use super::{MissFrame, MissReason, UnitHeader, UnitPlan};
 use crate::layout::crc::crc32c_combine;
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
@@ -31,20 +31,6 @@ pub struct PieceMiss {
     /// Why, as the `Miss` frame says it.
     pub reason: MissReason,
     /// The server's words (the store's error, or the check that failed).
-    pub message: String,
-}
-
-/// A `Miss` frame to send ([`super::ServerConnection::send_miss`]): chunk `chunk` is not
-/// delivered for `layers`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MissFrame {
-    /// Chunk index in the request.
-    pub chunk: u32,
-    /// The layers it is not delivered for.
-    pub layers: Range<u32>,
-    /// Why.
-    pub reason: MissReason,
-    /// The server's words.
     pub message: String,
 }
 

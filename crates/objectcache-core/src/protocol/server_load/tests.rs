@@ -99,7 +99,7 @@ fn run(
     let mut layers_done = Vec::new();
     let mut feed = |load: &mut ServerLoad, s: &mut ServerConnection| {
         if let Some(m) = load.on_header(header(next_header)) {
-            s.send_miss(m.chunk, m.layers, m.reason, &m.message);
+            s.send_miss(m);
         }
         next_header += 1;
     };
@@ -127,7 +127,7 @@ fn run(
             .collect();
         let mut cut = load.cut(u, pieces);
         for m in std::mem::take(&mut cut.misses) {
-            s.send_miss(m.chunk, m.layers, m.reason, &m.message);
+            s.send_miss(m);
         }
         for (h, parts) in cut.into_units() {
             load.sent(h.len as u64);
@@ -156,9 +156,7 @@ fn run(
     let mut failed = Vec::new();
     loop {
         match c.poll_event().expect("the load ends with End") {
-            ClientEvent::Accepted { units, bytes, .. } => {
-                assert_eq!((units, bytes), (plan.len() as u64, total))
-            }
+            ClientEvent::Accepted(t) => assert_eq!((t.units, t.bytes), (plan.len() as u64, total)),
             ClientEvent::Unit {
                 layer,
                 offset,
@@ -178,17 +176,12 @@ fn run(
                     .corrupt(layer, offset, expected, computed)
                     .map(|e| (layer, e)),
             ),
-            ClientEvent::Miss {
-                chunk,
-                layers,
-                reason,
-                message,
-            } => {
-                let key = req.chunks.key(chunk as usize).unwrap();
-                failed.extend(track.miss(chunk, layers, reason, &message, &key));
+            ClientEvent::Miss(m) => {
+                let key = req.chunks.key(m.chunk as usize).unwrap();
+                failed.extend(track.miss(&m, &key));
             }
-            ClientEvent::End { units, bytes, .. } => {
-                assert_eq!((units, bytes), end);
+            ClientEvent::End(t) => {
+                assert_eq!((t.units, t.bytes), end);
                 break;
             }
             other => panic!("unexpected {other:?}"),
