@@ -59,10 +59,7 @@ fn load_lands_in_device_memory_byte_exact() {
     let g = small();
     let chunks = 5;
     let e = engine(Arc::new(MemoryStore::new()), &unique_ns("cuda"));
-    let hs = hashes(&g, chunks * g.tokens_per_chunk as usize, 7);
-    let data = kv(&g, chunks, 7);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    e.save_blocking(&g, &hs, &refs).unwrap();
+    let (hs, data) = save_prefix(&e, &g, chunks, 7);
 
     let per_layer = data[0].len();
     let layers = g.layers as usize;
@@ -92,16 +89,7 @@ fn load_lands_in_device_memory_byte_exact() {
     // SAFETY: staging outlives the load (dropped after `dl`), every range is in it, and no
     // one else touches it.
     let bufs = unsafe { LayerBuffers::from_raw(&raw) };
-    let h = e
-        .load(
-            LoadRequest {
-                geometry: g.clone(),
-                hashes: hs,
-                hints: Default::default(),
-            },
-            bufs,
-        )
-        .unwrap();
+    let h = e.load(LoadRequest::new(g.clone(), hs), bufs).unwrap();
     // SAFETY: sources in `staging`, destinations in `dst`, both alive until `dl` drops.
     let dl = unsafe { DeviceLoad::start(&dev, Arc::new(h), copies) }.unwrap();
     for l in 0..layers {

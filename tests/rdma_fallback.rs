@@ -3,6 +3,8 @@
 //! Also the control channel's frames, which need no device.
 #![cfg(feature = "rdma")]
 
+mod rdma_util;
+
 use std::sync::Arc;
 
 use objectcache::store::MemoryStore;
@@ -63,7 +65,7 @@ fn default_selection_matches_what_the_host_has() {
                 matches!(&choice, TransportChoice::Tcp { reason } if reason.contains("no RDMA device")),
                 "{choice:?}"
             );
-            if std::env::var("OBJECTCACHE_REQUIRE_RDMA").is_ok_and(|v| v == "1") {
+            if rdma_util::rdma_required() {
                 panic!("OBJECTCACHE_REQUIRE_RDMA=1 but {e}");
             }
         }
@@ -135,16 +137,8 @@ fn engine_falls_back_to_tcp_gather_without_rdma() {
         .collect();
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
     e.save_blocking(&g, &hs, &refs).unwrap();
-    let h = e
-        .load(
-            LoadRequest {
-                geometry: g.clone(),
-                hashes: hs,
-                hints: Default::default(),
-            },
-            LayerBuffers::allocate(g.layers as usize, chunks * slice),
-        )
-        .unwrap();
+    let bufs = LayerBuffers::allocate(g.layers as usize, chunks * slice);
+    let h = e.load(LoadRequest::new(g.clone(), hs), bufs).unwrap();
     for l in 0..g.layers as usize {
         h.wait_layer_blocking(l, None).unwrap();
         assert_eq!(h.layer(l).unwrap(), &data[l][..], "layer {l}");

@@ -9,8 +9,9 @@
 
 mod common;
 mod gather_util;
+mod rdma_util;
 
-use common::{hashes, kv, unique_ns};
+use common::{engine, hashes, save_prefix, start_load, unique_ns};
 use gather_util::{config, start, ACCESS, BUCKET, SECRET};
 use objectcache::connector::{
     ChunkStatus, Engine, EngineConfig, LayerBuffers, LayerStatus, LoadRequest, Transport,
@@ -21,7 +22,7 @@ use objectcache::protocol::GatherRequest;
 use objectcache::server::ServerHandle;
 use objectcache::store::{MemoryStore, S3Config, S3Store, Store, StoreExt};
 use objectcache::transport::rdma::{
-    self, ClientConfig, GatherConn, HostBuffer, LayerDest, RdmaClient, RdmaGatherError,
+    ClientConfig, GatherConn, HostBuffer, LayerDest, RdmaClient, RdmaGatherError,
 };
 use objectcache::transport::LayerSink;
 use objectcache::KvGeometry;
@@ -40,16 +41,7 @@ fn rdma_present(test: &str) -> bool {
         .with_env_filter("objectcache=info")
         .with_writer(std::io::stderr)
         .try_init();
-    match rdma::devices() {
-        Ok(_) => true,
-        Err(e) => {
-            if std::env::var("OBJECTCACHE_REQUIRE_RDMA").is_ok_and(|v| v == "1") {
-                panic!("{test}: OBJECTCACHE_REQUIRE_RDMA=1 but {e}");
-            }
-            eprintln!("SKIP {test}: {e} (run it in the soft-RoCE VM: scripts/rxe-vm/run.sh)");
-            false
-        }
-    }
+    rdma_util::rdma_present(test)
 }
 
 /// 48 tokens x 2 heads x 16 dims x bf16 x K,V = 6 KiB per slice, 4 layers.
@@ -82,22 +74,26 @@ fn server() -> ServerHandle {
     rt().block_on(start(Arc::new(MemoryStore::new()), config()))
 }
 
+/// An engine in namespace `ns` over the server's S3 API.
+fn s3_engine(srv: &ServerHandle, ns: &str) -> Engine {
+    engine(s3_on(&srv.endpoint()), ns)
+}
+
+/// As [`s3_engine`], with `transport = rdma` (RDMA wanted: a fallback to TCP gather is
+/// logged as a warning).
+fn rdma_engine(srv: &ServerHandle, ns: &str) -> Engine {
+    let cfg = EngineConfig {
+        namespace: ns.into(),
+        transport: Transport::Rdma,
+        ..Default::default()
+    };
+    Engine::with_store(s3_on(&srv.endpoint()), cfg).unwrap()
+}
+
 /// Saves `chunks` chunks through `e`, loads them back, checks every byte.
 fn save_and_load(e: &Engine, g: &KvGeometry, chunks: usize, seed: u64) {
-    let hs = hashes(g, chunks * g.tokens_per_chunk as usize, seed as u32);
-    let data = kv(g, chunks, seed);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    e.save_blocking(g, &hs, &refs).unwrap();
-    let h = e
-        .load(
-            LoadRequest {
-                geometry: g.clone(),
-                hashes: hs,
-                hints: Default::default(),
-            },
-            LayerBuffers::allocate(g.layers as usize, data[0].len()),
-        )
-        .unwrap();
+    let (hs, data) = save_prefix(e, g, chunks, seed);
+    let h = start_load(e, g, hs, data[0].len());
     for l in 0..g.layers as usize {
         h.wait_layer_blocking(l, None)
             .unwrap_or_else(|err| panic!("seed {seed} layer {l}: {err}"));
@@ -119,14 +115,7 @@ fn engine_save_and_load_over_rdma_byte_exact() {
         "the server offers the RDMA target"
     );
     let g = geometry();
-    let e = Engine::with_store(
-        s3_on(&srv.endpoint()),
-        EngineConfig {
-            namespace: unique_ns("rdma"),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let e = s3_engine(&srv, &unique_ns("rdma"));
     save_and_load(&e, &g, 5, 1);
     let w1 = writes_at_least(&srv, g.layers as u64);
     // 5 chunks x 6 KiB = 30 KiB per layer: one unit per layer (units of up to 16 MiB).
@@ -160,17 +149,7 @@ fn concurrent_engine_loads_over_rdma() {
     }
     let srv = server();
     let g = geometry();
-    let e = Arc::new(
-        Engine::with_store(
-            s3_on(&srv.endpoint()),
-            EngineConfig {
-                namespace: unique_ns("rdma-conc"),
-                transport: Transport::Rdma,
-                ..Default::default()
-            },
-        )
-        .unwrap(),
-    );
+    let e = Arc::new(rdma_engine(&srv, &unique_ns("rdma-conc")));
     std::thread::scope(|s| {
         for i in 0..4u64 {
             let (e, g) = (e.clone(), g.clone());
@@ -214,8 +193,44 @@ impl LayerSink for Sink {
     }
 }
 
-/// Saves a prefix through the server's S3 API; returns the gather request for it, its layer
-/// bytes and key builder.
+/// An RDMA gather session with the server: the RDMA connection and the gather connection
+/// whose loads it serves.
+fn gather_session(srv: &ServerHandle) -> (RdmaClient, GatherConn) {
+    let client = RdmaClient::connect_gather(srv.local_addr(), ClientConfig::default()).unwrap();
+    let conn = rt()
+        .block_on(GatherConn::connect(
+            srv.local_addr(),
+            Some((ACCESS.into(), SECRET.into())),
+        ))
+        .unwrap();
+    (client, conn)
+}
+
+/// One host buffer of `len` bytes per layer of `g`, and the destinations that name them.
+fn host_dests(g: &KvGeometry, len: usize) -> (Vec<Arc<HostBuffer>>, Vec<LayerDest>) {
+    let bufs: Vec<Arc<HostBuffer>> = (0..g.layers)
+        .map(|_| HostBuffer::new(len).unwrap())
+        .collect();
+    let dests = bufs
+        .iter()
+        .enumerate()
+        .map(|(l, b)| LayerDest::host(l as u32, b.clone(), 0))
+        .collect();
+    (bufs, dests)
+}
+
+/// Asserts layer `l`'s buffer holds `data[l]` exactly (`what` begins the failure message).
+fn assert_landed(bufs: &[Arc<HostBuffer>], data: &[Vec<u8>], l: u32, what: &str) {
+    let l = l as usize;
+    assert_eq!(
+        common::settled(&bufs[l], 0, data[l].len()),
+        data[l],
+        "{what}layer {l}"
+    );
+}
+
+/// Saves a prefix through the server's S3 API; returns the gather request for it and its
+/// layer bytes.
 fn saved_prefix(
     srv: &ServerHandle,
     g: &KvGeometry,
@@ -223,18 +238,7 @@ fn saved_prefix(
     seed: u64,
     ns: &str,
 ) -> (GatherRequest, Vec<Vec<u8>>) {
-    let e = Engine::with_store(
-        s3_on(&srv.endpoint()),
-        EngineConfig {
-            namespace: ns.into(),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let hs = hashes(g, chunks * g.tokens_per_chunk as usize, seed as u32);
-    let data = kv(g, chunks, seed);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    e.save_blocking(g, &hs, &refs).unwrap();
+    let (hs, data) = save_prefix(&s3_engine(srv, ns), g, chunks, seed);
     let kb = KeyBuilder::new(ns, g, HashAlgo::Sha256Cbor).unwrap();
     let req = GatherRequest::for_prefix(1, BUCKET, &kb, g, hs, vec![g.tokens_per_chunk; chunks]);
     (req, data)
@@ -251,22 +255,9 @@ fn units_split_layers_and_land_byte_exact() {
     let (mut req, data) = saved_prefix(&srv, &g, 3, 5, &ns);
     // 4 KiB units: each 6 KiB slice is cut into 4 + 2 KiB pieces, 6 units per layer.
     req.max_unit_bytes = 4096;
-    let client = RdmaClient::connect_gather(srv.local_addr(), ClientConfig::default()).unwrap();
-    let mut conn = rt()
-        .block_on(GatherConn::connect(
-            srv.local_addr(),
-            Some((ACCESS.into(), SECRET.into())),
-        ))
-        .unwrap();
+    let (client, mut conn) = gather_session(&srv);
     let len = data[0].len();
-    let bufs: Vec<Arc<HostBuffer>> = (0..g.layers)
-        .map(|_| HostBuffer::new(len).unwrap())
-        .collect();
-    let dests: Vec<LayerDest> = bufs
-        .iter()
-        .enumerate()
-        .map(|(l, b)| LayerDest::host(l as u32, b.clone(), 0))
-        .collect();
+    let (bufs, dests) = host_dests(&g, len);
     for round in 0..2 {
         bufs.iter().for_each(|b| common::clear(b, 0));
         let sink = Arc::new(Sink::default());
@@ -279,11 +270,7 @@ fn units_split_layers_and_land_byte_exact() {
         );
         for l in 0..g.layers {
             assert_eq!(sink.placed.lock().unwrap()[&l], len as u64);
-            assert_eq!(
-                common::settled(&bufs[l as usize], 0, len),
-                data[l as usize],
-                "round {round} layer {l}"
-            );
+            assert_landed(&bufs, &data, l, &format!("round {round} "));
         }
     }
     assert_eq!(
@@ -315,23 +302,10 @@ fn qp_failure_mid_load_is_a_miss() {
     let ns = unique_ns("rdma-qpfail");
     let (mut req, data) = saved_prefix(&srv, &g, 4, 7, &ns);
     req.max_unit_bytes = 4096; // 8 units per layer, 32 in all: most are not posted yet
-    let client =
-        Arc::new(RdmaClient::connect_gather(srv.local_addr(), ClientConfig::default()).unwrap());
-    let mut conn = rt()
-        .block_on(GatherConn::connect(
-            srv.local_addr(),
-            Some((ACCESS.into(), SECRET.into())),
-        ))
-        .unwrap();
+    let (client, mut conn) = gather_session(&srv);
+    let client = Arc::new(client);
     let len = data[0].len();
-    let bufs: Vec<Arc<HostBuffer>> = (0..g.layers)
-        .map(|_| HostBuffer::new(len).unwrap())
-        .collect();
-    let dests: Vec<LayerDest> = bufs
-        .iter()
-        .enumerate()
-        .map(|(l, b)| LayerDest::host(l as u32, b.clone(), 0))
-        .collect();
+    let (bufs, dests) = host_dests(&g, len);
     let sink = Arc::new(Sink::default());
     let c2 = client.clone();
     // The first unit's completion moves a QP to the error state, as a NIC failure would.
@@ -350,11 +324,7 @@ fn qp_failure_mid_load_is_a_miss() {
                 placed, len as u64,
                 "layer {l} is neither complete nor a miss"
             );
-            assert_eq!(
-                common::settled(&bufs[l as usize], 0, len),
-                data[l as usize],
-                "layer {l}"
-            );
+            assert_landed(&bufs, &data, l, "");
         }
     }
     assert!(
@@ -362,22 +332,12 @@ fn qp_failure_mid_load_is_a_miss() {
         "the session is broken after a QP error"
     );
     // A new session works again.
-    let client2 = RdmaClient::connect_gather(srv.local_addr(), ClientConfig::default()).unwrap();
-    let mut conn2 = rt()
-        .block_on(GatherConn::connect(
-            srv.local_addr(),
-            Some((ACCESS.into(), SECRET.into())),
-        ))
-        .unwrap();
+    let (client2, mut conn2) = gather_session(&srv);
     let sink2 = Arc::new(Sink::default());
     rt().block_on(conn2.load(&client2, req, &dests, sink2.clone()))
         .unwrap();
     for l in 0..g.layers {
-        assert_eq!(
-            common::settled(&bufs[l as usize], 0, len),
-            data[l as usize],
-            "after reconnect, layer {l}"
-        );
+        assert_landed(&bufs, &data, l, "after reconnect, ");
     }
     drop(client);
     client2.close();
@@ -392,25 +352,9 @@ fn engine_load_of_missing_chunks_is_a_miss_over_rdma() {
     // A missing chunk over RDMA: its layers are misses, reported by the server's Miss frames.
     let srv = server();
     let g = geometry();
-    let e = Engine::with_store(
-        s3_on(&srv.endpoint()),
-        EngineConfig {
-            namespace: unique_ns("rdma-miss"),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let e = s3_engine(&srv, &unique_ns("rdma-miss"));
     let hs = hashes(&g, 2 * g.tokens_per_chunk as usize, 77);
-    let h = e
-        .load(
-            LoadRequest {
-                geometry: g.clone(),
-                hashes: hs,
-                hints: Default::default(),
-            },
-            LayerBuffers::allocate(g.layers as usize, 2 * g.slice_bytes() as usize),
-        )
-        .unwrap();
+    let h = start_load(&e, &g, hs, 2 * g.slice_bytes() as usize);
     for l in 0..g.layers as usize {
         assert!(
             h.wait_layer_blocking(l, None).is_err(),
@@ -441,30 +385,15 @@ fn a_corrupt_slice_fails_only_its_layer_over_rdma() {
     let backend: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let srv = rt().block_on(start(backend.clone(), config()));
     let g = geometry();
-    let e = Engine::with_store(
-        s3_on(&srv.endpoint()),
-        EngineConfig {
-            namespace: unique_ns("rdma-corrupt"),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let hs = hashes(&g, 4 * g.tokens_per_chunk as usize, 91);
-    let data = kv(&g, 4, 91);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    e.save_blocking(&g, &hs, &refs).unwrap();
+    let e = s3_engine(&srv, &unique_ns("rdma-corrupt"));
+    let (hs, data) = save_prefix(&e, &g, 4, 91);
     // Flip one byte of chunk 2's layer-2 slice in the server's backend.
     let key = format!("{BUCKET}/{}", e.keys(&g).unwrap().data(&hs[BAD_CHUNK]));
     let mut obj = rt().block_on(backend.get_bytes(&key)).unwrap().to_vec();
     obj[(slice_range(BAD_LAYER as u32, g.slice_bytes()).start + 100) as usize] ^= 0x40;
     rt().block_on(backend.put(&key, obj.into())).unwrap();
 
-    let h = e
-        .load(
-            LoadRequest::new(g.clone(), hs.clone()),
-            LayerBuffers::allocate(g.layers as usize, data[0].len()),
-        )
-        .unwrap();
+    let h = start_load(&e, &g, hs, data[0].len());
     let failed: Vec<(usize, LayerError)> = (0..g.layers as usize)
         .filter_map(|l| h.wait_layer_blocking(l, None).err().map(|e| (l, e)))
         .collect();
@@ -547,10 +476,7 @@ fn paged_round_trip(
     let ranges: Vec<Vec<(usize, usize)>> = (0..layers)
         .map(|l| ids.iter().map(|&b| (at(l, b), block)).collect())
         .collect();
-    let hs = hashes(&g, chunks * g.tokens_per_chunk as usize, seed as u32);
-    let data = kv(&g, chunks, seed);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    e.save_blocking(&g, &hs, &refs).unwrap();
+    let (hs, data) = save_prefix(e, &g, chunks, seed);
     let before = srv.rdma_writes().unwrap();
     let bufs = LayerBuffers::paged(vec![0xA5; layers * blocks * block], ranges.clone()).unwrap();
     let h = e.load(LoadRequest::new(g.clone(), hs), bufs).unwrap();
@@ -590,15 +516,7 @@ fn paged_engine_load_over_rdma_writes_into_scattered_blocks() {
         return;
     }
     let srv = server();
-    let e = Engine::with_store(
-        s3_on(&srv.endpoint()),
-        EngineConfig {
-            namespace: unique_ns("rdma-paged"),
-            transport: Transport::Rdma,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let e = rdma_engine(&srv, &unique_ns("rdma-paged"));
     // 16-token blocks: 3 per 48-token chunk. A scattered load asks for one unit per slice, so
     // each unit is 3 pieces (3 RDMA writes, the last with the immediate): one completed write
     // per unit, 5 per layer.

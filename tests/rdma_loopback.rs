@@ -5,6 +5,7 @@
 #![cfg(feature = "rdma-standalone")]
 
 mod common;
+mod rdma_util;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
@@ -14,24 +15,10 @@ use objectcache::error::LayerError;
 use objectcache::layout::{encode_chunk, slice_range, Dtype, KvGeometry};
 use objectcache::store::{MemoryStore, StoreExt};
 use objectcache::transport::rdma::{
-    self, ClientConfig, HostBuffer, LayerDest, LoadSpec, RdmaClient, RdmaError, RdmaServer,
+    ClientConfig, HostBuffer, LayerDest, LoadHandle, LoadSpec, RdmaClient, RdmaError, RdmaServer,
     ServerConfig, ServerHandle, SliceSource, StoreSliceSource,
 };
 use objectcache::transport::LayerSink;
-
-/// `true` when an RDMA device exists; otherwise SKIP, or panic under OBJECTCACHE_REQUIRE_RDMA=1.
-fn rdma_present(test: &str) -> bool {
-    match rdma::devices() {
-        Ok(_) => true,
-        Err(e) => {
-            if std::env::var("OBJECTCACHE_REQUIRE_RDMA").is_ok_and(|v| v == "1") {
-                panic!("{test}: OBJECTCACHE_REQUIRE_RDMA=1 but {e}");
-            }
-            eprintln!("SKIP {test}: {e} (run it in the soft-RoCE VM: scripts/rxe-vm/run.sh)");
-            false
-        }
-    }
-}
 
 fn geometry() -> KvGeometry {
     // 16 tokens x 2 heads x 16 dims x 2 bytes x K,V = 2 KiB per slice: small, emulation is slow.
@@ -50,29 +37,6 @@ fn slice_bytes(seed: u8, chunk: u32, layer: u32, len: usize) -> Vec<u8> {
                 .wrapping_add(chunk * 7 + layer * 13 + u32::from(seed) * 101) as u8
         })
         .collect()
-}
-
-/// Writes `chunks` encoded chunk objects under `prefix`; returns their keys.
-fn put_chunks(
-    rt: &tokio::runtime::Runtime,
-    store: &Arc<MemoryStore>,
-    g: &KvGeometry,
-    prefix: &str,
-    seed: u8,
-    chunks: u32,
-) -> Vec<String> {
-    let slice = g.slice_bytes() as usize;
-    let mut keys = Vec::new();
-    for c in 0..chunks {
-        let layers: Vec<Vec<u8>> = (0..g.layers)
-            .map(|l| slice_bytes(seed, c, l, slice))
-            .collect();
-        let obj = encode_chunk(g, g.tokens_per_chunk, |l| &layers[l as usize]).unwrap();
-        let key = format!("{prefix}/chunk-{c}");
-        rt.block_on(store.put(&key, obj.into())).unwrap();
-        keys.push(key);
-    }
-    keys
 }
 
 /// A destination the test inspects: bytes completed per layer, failures, placed ranges
@@ -163,22 +127,119 @@ impl Drop for Timer {
     }
 }
 
+/// A test's runtime, store and geometry; the test's wall time is printed when it drops.
 struct Fixture {
     rt: tokio::runtime::Runtime,
     store: Arc<MemoryStore>,
     g: KvGeometry,
+    _timer: Timer,
 }
 
-fn fixture() -> Fixture {
+/// The fixture of test `test`, or `None` (after its SKIP) without an RDMA device.
+fn fixture(test: &str) -> Option<Fixture> {
+    if !rdma_util::rdma_present(test) {
+        return None;
+    }
+    let timer = Timer::start();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .unwrap();
-    Fixture {
+    Some(Fixture {
         rt,
         store: Arc::new(MemoryStore::new()),
         g: geometry(),
+        _timer: timer,
+    })
+}
+
+impl Fixture {
+    /// Writes `chunks` encoded chunk objects under `prefix`; returns their keys.
+    fn put_chunks(&self, prefix: &str, seed: u8, chunks: u32) -> Vec<String> {
+        let g = &self.g;
+        let slice = g.slice_bytes() as usize;
+        let mut keys = Vec::new();
+        for c in 0..chunks {
+            let layers: Vec<Vec<u8>> = (0..g.layers)
+                .map(|l| slice_bytes(seed, c, l, slice))
+                .collect();
+            let obj = encode_chunk(g, g.tokens_per_chunk, |l| &layers[l as usize]).unwrap();
+            let key = format!("{prefix}/chunk-{c}");
+            self.rt.block_on(self.store.put(&key, obj.into())).unwrap();
+            keys.push(key);
+        }
+        keys
+    }
+
+    /// The store's slices, as the server reads them.
+    fn source(&self) -> StoreSliceSource {
+        StoreSliceSource::new(self.store.clone(), self.rt.handle().clone())
+    }
+
+    /// The store's slices behind a gate on `layer` (closed until the test opens it).
+    fn gated(&self, layer: u32) -> Arc<Gate> {
+        Arc::new(Gate {
+            inner: self.source(),
+            layer,
+            open: Mutex::new(None),
+            cv: Condvar::new(),
+        })
+    }
+
+    /// Every layer, in order.
+    fn all_layers(&self) -> Vec<u32> {
+        (0..self.g.layers).collect()
+    }
+
+    /// A load of `layers` of the chunk objects `keys`.
+    fn spec(&self, keys: &[String], layers: &[u32]) -> LoadSpec {
+        LoadSpec {
+            keys: keys.to_vec(),
+            slice_len: self.g.slice_bytes(),
+            layers: layers.to_vec(),
+        }
+    }
+
+    /// A destination buffer for every layer of `chunks` chunks (see [`Fixture::load`]).
+    fn buffer(&self, chunks: u32) -> Arc<HostBuffer> {
+        HostBuffer::new((self.g.layers * chunks) as usize * self.g.slice_bytes() as usize).unwrap()
+    }
+
+    /// A sink of layers of `chunks` slices.
+    fn sink(&self, chunks: u32) -> Arc<TestSink> {
+        TestSink::new(u64::from(chunks) * self.g.slice_bytes())
+    }
+
+    /// Starts `spec` on `client` into layer-major destinations in `buf`: layer `l` at
+    /// `l x chunks x slice`, one chunk per key of the spec.
+    fn load(
+        &self,
+        client: &RdmaClient,
+        spec: LoadSpec,
+        buf: &Arc<HostBuffer>,
+        sink: Arc<TestSink>,
+    ) -> Result<LoadHandle, RdmaError> {
+        let layer_len = spec.keys.len() * self.g.slice_bytes() as usize;
+        let dests: Vec<LayerDest> = spec
+            .layers
+            .iter()
+            .map(|&l| LayerDest::host(l, buf.clone(), l as usize * layer_len))
+            .collect();
+        client.load(spec, &dests, sink)
+    }
+
+    /// Asserts layer `l`'s destination holds exactly the expected bytes of every chunk.
+    fn assert_layer_exact(&self, buf: &HostBuffer, seed: u8, l: u32, chunks: u32) {
+        let slice = self.g.slice_bytes() as usize;
+        for c in 0..chunks {
+            let off = (l as usize * chunks as usize + c as usize) * slice;
+            assert_eq!(
+                common::settled(buf, off, slice),
+                slice_bytes(seed, c, l, slice),
+                "layer {l} chunk {c}"
+            );
+        }
     }
 }
 
@@ -193,74 +254,50 @@ fn start_server(src: Arc<dyn SliceSource>) -> ServerHandle {
         .unwrap()
 }
 
-/// Layer-major destinations in one buffer: layer `l` at `l x chunks x slice`.
-fn dests(g: &KvGeometry, buf: &Arc<HostBuffer>, layers: &[u32], chunks: u32) -> Vec<LayerDest> {
-    let layer_len = chunks as usize * g.slice_bytes() as usize;
-    layers
-        .iter()
-        .map(|&l| LayerDest::host(l, buf.clone(), l as usize * layer_len))
-        .collect()
+fn connect(server: &ServerHandle, cfg: ClientConfig) -> RdmaClient {
+    RdmaClient::connect(server.addr(), cfg).unwrap()
 }
 
-/// Asserts layer `l`'s destination holds exactly the expected bytes of every chunk.
-fn assert_layer_exact(g: &KvGeometry, buf: &HostBuffer, seed: u8, l: u32, chunks: u32) {
-    let slice = g.slice_bytes() as usize;
-    for c in 0..chunks {
-        let off = (l as usize * chunks as usize + c as usize) * slice;
-        assert_eq!(
-            common::settled(buf, off, slice),
-            slice_bytes(seed, c, l, slice),
-            "layer {l} chunk {c}"
-        );
+/// The default client configuration with `qps` QPs per connection.
+fn qps(qps: usize) -> ClientConfig {
+    ClientConfig {
+        qps,
+        ..ClientConfig::default()
     }
+}
+
+/// `layers` in order (a load reports them as they end).
+fn sorted(mut layers: Vec<u32>) -> Vec<u32> {
+    layers.sort();
+    layers
 }
 
 #[test]
 fn round_trip_is_byte_exact_and_registers_once() {
-    if !rdma_present("round_trip_is_byte_exact_and_registers_once") {
+    let Some(f) = fixture("round_trip_is_byte_exact_and_registers_once") else {
         return;
-    }
-    let _t = Timer::start();
-    let f = fixture();
+    };
     let chunks = 5;
-    let keys = put_chunks(&f.rt, &f.store, &f.g, "rt", 1, chunks);
-    let server = start_server(Arc::new(StoreSliceSource::new(
-        f.store.clone(),
-        f.rt.handle().clone(),
-    )));
-    let client = RdmaClient::connect(
-        server.addr(),
-        ClientConfig {
-            qps: 2,
-            ..ClientConfig::default()
-        },
-    )
-    .unwrap();
-    let slice = f.g.slice_bytes();
-    let buf = HostBuffer::new((f.g.layers * chunks) as usize * slice as usize).unwrap();
+    let keys = f.put_chunks("rt", 1, chunks);
+    let server = start_server(Arc::new(f.source()));
+    let client = connect(&server, qps(2));
+    let buf = f.buffer(chunks);
     let order = vec![2, 0, 1, 5, 4, 3]; // the scheduler's order, not 0..n
     for round in 0..2 {
         common::clear(&buf, 0xEE);
-        let sink = TestSink::new(u64::from(chunks) * slice);
-        let spec = LoadSpec {
-            keys: keys.clone(),
-            slice_len: slice,
-            layers: order.clone(),
-        };
-        let out = client
-            .load(spec, &dests(&f.g, &buf, &order, chunks), sink.clone())
+        let sink = f.sink(chunks);
+        let out = f
+            .load(&client, f.spec(&keys, &order), &buf, sink.clone())
             .unwrap()
             .wait();
         assert!(out.failed.is_empty(), "round {round}: {:?}", out.failed);
-        let mut ready = out.ready.clone();
-        ready.sort();
-        assert_eq!(ready, vec![0, 1, 2, 3, 4, 5]);
+        assert_eq!(sorted(out.ready), vec![0, 1, 2, 3, 4, 5]);
         for l in 0..f.g.layers {
             assert!(
                 sink.ready(l),
                 "round {round}: sink saw layer {l} incomplete"
             );
-            assert_layer_exact(&f.g, &buf, 1, l, chunks);
+            f.assert_layer_exact(&buf, 1, l, chunks);
         }
     }
     assert_eq!(
@@ -274,58 +311,23 @@ fn round_trip_is_byte_exact_and_registers_once() {
 
 #[test]
 fn several_concurrent_loads_on_shared_and_separate_connections() {
-    if !rdma_present("several_concurrent_loads_on_shared_and_separate_connections") {
+    let Some(f) = fixture("several_concurrent_loads_on_shared_and_separate_connections") else {
         return;
-    }
-    let _t = Timer::start();
-    let f = fixture();
+    };
     let chunks = 4;
     let key_sets: Vec<Vec<String>> = (0..4)
-        .map(|i| {
-            put_chunks(
-                &f.rt,
-                &f.store,
-                &f.g,
-                &format!("cc{i}"),
-                10 + i as u8,
-                chunks,
-            )
-        })
+        .map(|i| f.put_chunks(&format!("cc{i}"), 10 + i as u8, chunks))
         .collect();
-    let server = start_server(Arc::new(StoreSliceSource::new(
-        f.store.clone(),
-        f.rt.handle().clone(),
-    )));
-    let a = RdmaClient::connect(
-        server.addr(),
-        ClientConfig {
-            qps: 3,
-            ..ClientConfig::default()
-        },
-    )
-    .unwrap();
-    let b = RdmaClient::connect(
-        server.addr(),
-        ClientConfig {
-            qps: 1,
-            ..ClientConfig::default()
-        },
-    )
-    .unwrap();
-    let slice = f.g.slice_bytes();
-    let layers: Vec<u32> = (0..f.g.layers).collect();
+    let server = start_server(Arc::new(f.source()));
+    let a = connect(&server, qps(3));
+    let b = connect(&server, qps(1));
+    let layers = f.all_layers();
     let mut running = Vec::new();
     for (i, keys) in key_sets.iter().enumerate() {
-        let buf = HostBuffer::new((f.g.layers * chunks) as usize * slice as usize).unwrap();
-        let sink = TestSink::new(u64::from(chunks) * slice);
+        let buf = f.buffer(chunks);
         let client = if i < 3 { &a } else { &b }; // three loads share connection a
-        let spec = LoadSpec {
-            keys: keys.clone(),
-            slice_len: slice,
-            layers: layers.clone(),
-        };
-        let h = client
-            .load(spec, &dests(&f.g, &buf, &layers, chunks), sink)
+        let h = f
+            .load(client, f.spec(keys, &layers), &buf, f.sink(chunks))
             .unwrap();
         running.push((i, buf, h));
     }
@@ -334,7 +336,7 @@ fn several_concurrent_loads_on_shared_and_separate_connections() {
         assert!(out.failed.is_empty(), "load {i}: {:?}", out.failed);
         assert_eq!(out.ready.len(), f.g.layers as usize);
         for l in 0..f.g.layers {
-            assert_layer_exact(&f.g, &buf, 10 + i as u8, l, chunks);
+            f.assert_layer_exact(&buf, 10 + i as u8, l, chunks);
         }
     }
     assert_eq!(a.registrations(), 3);
@@ -403,46 +405,21 @@ fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     panic!("waited 120 s for {what}");
 }
 
-fn gated(f: &Fixture, layer: u32) -> Arc<Gate> {
-    Arc::new(Gate {
-        inner: StoreSliceSource::new(f.store.clone(), f.rt.handle().clone()),
-        layer,
-        open: Mutex::new(None),
-        cv: Condvar::new(),
-    })
-}
-
 #[test]
 fn qp_failure_mid_load_becomes_a_miss_not_a_hang() {
-    if !rdma_present("qp_failure_mid_load_becomes_a_miss_not_a_hang") {
+    let Some(f) = fixture("qp_failure_mid_load_becomes_a_miss_not_a_hang") else {
         return;
-    }
-    let _t = Timer::start();
-    let f = fixture();
+    };
     let chunks = 3;
-    let keys = put_chunks(&f.rt, &f.store, &f.g, "qpf", 3, chunks);
-    let gate = gated(&f, 2);
+    let keys = f.put_chunks("qpf", 3, chunks);
+    let gate = f.gated(2);
     let server = start_server(gate.clone());
     let _open = OpenOnDrop(gate.clone());
-    let client = RdmaClient::connect(
-        server.addr(),
-        ClientConfig {
-            qps: 2,
-            ..ClientConfig::default()
-        },
-    )
-    .unwrap();
-    let slice = f.g.slice_bytes();
-    let buf = HostBuffer::new((f.g.layers * chunks) as usize * slice as usize).unwrap();
-    let order: Vec<u32> = (0..f.g.layers).collect();
-    let sink = TestSink::new(u64::from(chunks) * slice);
-    let spec = LoadSpec {
-        keys,
-        slice_len: slice,
-        layers: order.clone(),
-    };
-    let h = client
-        .load(spec, &dests(&f.g, &buf, &order, chunks), sink.clone())
+    let client = connect(&server, qps(2));
+    let buf = f.buffer(chunks);
+    let sink = f.sink(chunks);
+    let h = f
+        .load(&client, f.spec(&keys, &f.all_layers()), &buf, sink.clone())
         .unwrap();
     assert!(
         sink.wait_resolved(0) && sink.wait_resolved(1),
@@ -451,11 +428,8 @@ fn qp_failure_mid_load_becomes_a_miss_not_a_hang() {
     client.inject_qp_error(0).unwrap();
     gate.release(true);
     let out = h.wait();
-    let mut ready = out.ready.clone();
-    ready.sort();
-    assert_eq!(ready, vec![0, 1]);
-    let mut failed: Vec<u32> = out.failed.iter().map(|(l, _)| *l).collect();
-    failed.sort();
+    assert_eq!(sorted(out.ready), vec![0, 1]);
+    let failed = sorted(out.failed.iter().map(|(l, _)| *l).collect());
     assert_eq!(failed, vec![2, 3, 4, 5]);
     for l in 2..6 {
         assert!(
@@ -463,18 +437,10 @@ fn qp_failure_mid_load_becomes_a_miss_not_a_hang() {
             "layer {l} must be a miss"
         );
     }
-    assert_layer_exact(&f.g, &buf, 3, 0, chunks);
-    assert_layer_exact(&f.g, &buf, 3, 1, chunks);
+    f.assert_layer_exact(&buf, 3, 0, chunks);
+    f.assert_layer_exact(&buf, 3, 1, chunks);
     assert!(client.broken().is_some());
-    let again = client.load(
-        LoadSpec {
-            keys: vec!["qpf/chunk-0".into()],
-            slice_len: slice,
-            layers: vec![0],
-        },
-        &dests(&f.g, &buf, &[0], 1),
-        TestSink::new(slice),
-    );
+    let again = f.load(&client, f.spec(&keys[..1], &[0]), &buf, f.sink(1));
     assert!(
         matches!(again, Err(RdmaError::Broken(_))),
         "a broken connection refuses new loads"
@@ -483,37 +449,21 @@ fn qp_failure_mid_load_becomes_a_miss_not_a_hang() {
 
 #[test]
 fn corrupt_slice_is_a_layer_miss_and_the_connection_survives() {
-    if !rdma_present("corrupt_slice_is_a_layer_miss_and_the_connection_survives") {
+    let Some(f) = fixture("corrupt_slice_is_a_layer_miss_and_the_connection_survives") else {
         return;
-    }
-    let _t = Timer::start();
-    let f = fixture();
+    };
     let chunks = 4;
-    let keys = put_chunks(&f.rt, &f.store, &f.g, "crc", 4, chunks);
+    let keys = f.put_chunks("crc", 4, chunks);
     // flip one byte of chunk 2, layer 1
     let mut obj = f.rt.block_on(f.store.get_bytes(&keys[2])).unwrap().to_vec();
     obj[slice_range(1, f.g.slice_bytes()).start as usize + 5] ^= 0x40;
     f.rt.block_on(f.store.put(&keys[2], obj.into())).unwrap();
-    let server = start_server(Arc::new(StoreSliceSource::new(
-        f.store.clone(),
-        f.rt.handle().clone(),
-    )));
-    let client = RdmaClient::connect(server.addr(), ClientConfig::default()).unwrap();
-    let slice = f.g.slice_bytes();
-    let buf = HostBuffer::new((f.g.layers * chunks) as usize * slice as usize).unwrap();
-    let order: Vec<u32> = (0..f.g.layers).collect();
-    let sink = TestSink::new(u64::from(chunks) * slice);
-    let spec = LoadSpec {
-        keys: keys.clone(),
-        slice_len: slice,
-        layers: order.clone(),
-    };
-    let out = client
-        .load(
-            spec.clone(),
-            &dests(&f.g, &buf, &order, chunks),
-            sink.clone(),
-        )
+    let server = start_server(Arc::new(f.source()));
+    let client = connect(&server, ClientConfig::default());
+    let buf = f.buffer(chunks);
+    let sink = f.sink(chunks);
+    let out = f
+        .load(&client, f.spec(&keys, &f.all_layers()), &buf, sink.clone())
         .unwrap()
         .wait();
     assert_eq!(out.failed.len(), 1, "{:?}", out.failed);
@@ -525,20 +475,12 @@ fn corrupt_slice_is_a_layer_miss_and_the_connection_survives() {
     );
     assert!(!sink.ready(1));
     for l in [0, 2, 3, 4, 5] {
-        assert_layer_exact(&f.g, &buf, 4, l, chunks);
+        f.assert_layer_exact(&buf, 4, l, chunks);
     }
     // the connection is still good: load the intact layers again
     assert!(client.broken().is_none());
-    let layers = vec![0, 2];
-    let out = client
-        .load(
-            LoadSpec {
-                layers: layers.clone(),
-                ..spec
-            },
-            &dests(&f.g, &buf, &layers, chunks),
-            TestSink::new(u64::from(chunks) * slice),
-        )
+    let out = f
+        .load(&client, f.spec(&keys, &[0, 2]), &buf, f.sink(chunks))
         .unwrap()
         .wait();
     assert!(out.failed.is_empty());
@@ -546,35 +488,21 @@ fn corrupt_slice_is_a_layer_miss_and_the_connection_survives() {
 
 #[test]
 fn remote_disconnect_and_timeout_become_misses() {
-    if !rdma_present("remote_disconnect_and_timeout_become_misses") {
+    let Some(f) = fixture("remote_disconnect_and_timeout_become_misses") else {
         return;
-    }
-    let _t = Timer::start();
-    let f = fixture();
+    };
     let chunks = 2;
-    let keys = put_chunks(&f.rt, &f.store, &f.g, "disc", 5, chunks);
-    let slice = f.g.slice_bytes();
-    let order: Vec<u32> = (0..f.g.layers).collect();
+    let keys = f.put_chunks("disc", 5, chunks);
+    let spec = f.spec(&keys, &f.all_layers());
 
     // 1. the server goes away mid-load
-    let gate = gated(&f, 1);
+    let gate = f.gated(1);
     let server = start_server(gate.clone());
     let _open = OpenOnDrop(gate.clone());
-    let client = RdmaClient::connect(server.addr(), ClientConfig::default()).unwrap();
-    let buf = HostBuffer::new((f.g.layers * chunks) as usize * slice as usize).unwrap();
-    let sink = TestSink::new(u64::from(chunks) * slice);
-    let spec = LoadSpec {
-        keys: keys.clone(),
-        slice_len: slice,
-        layers: order.clone(),
-    };
-    let h = client
-        .load(
-            spec.clone(),
-            &dests(&f.g, &buf, &order, chunks),
-            sink.clone(),
-        )
-        .unwrap();
+    let client = connect(&server, ClientConfig::default());
+    let buf = f.buffer(chunks);
+    let sink = f.sink(chunks);
+    let h = f.load(&client, spec.clone(), &buf, sink.clone()).unwrap();
     assert!(sink.wait_resolved(0));
     eprintln!("disconnect: layer 0 in, stopping the server");
     let mut server = server;
@@ -589,23 +517,19 @@ fn remote_disconnect_and_timeout_become_misses() {
     let out = h.wait();
     assert_eq!(out.ready, vec![0]);
     assert_eq!(out.failed.len(), 5, "{:?}", out.failed);
-    assert_layer_exact(&f.g, &buf, 5, 0, chunks);
+    f.assert_layer_exact(&buf, 5, 0, chunks);
 
     eprintln!("disconnect: part 1 done");
     // 2. the server stalls past the client's deadline
-    let gate = gated(&f, 0);
+    let gate = f.gated(0);
     let server = start_server(gate.clone());
     let _open = OpenOnDrop(gate.clone());
     let cfg = ClientConfig {
         load_timeout: Duration::from_secs(3),
         ..ClientConfig::default()
     };
-    let client = RdmaClient::connect(server.addr(), cfg).unwrap();
-    let sink = TestSink::new(u64::from(chunks) * slice);
-    let out = client
-        .load(spec, &dests(&f.g, &buf, &order, chunks), sink.clone())
-        .unwrap()
-        .wait();
+    let client = connect(&server, cfg);
+    let out = f.load(&client, spec, &buf, f.sink(chunks)).unwrap().wait();
     assert!(out.ready.is_empty());
     assert_eq!(out.failed.len(), 6);
     assert!(
@@ -625,33 +549,19 @@ fn remote_disconnect_and_timeout_become_misses() {
 
 #[test]
 fn cancel_stops_the_server_and_the_connection_stays_usable() {
-    if !rdma_present("cancel_stops_the_server_and_the_connection_stays_usable") {
+    let Some(f) = fixture("cancel_stops_the_server_and_the_connection_stays_usable") else {
         return;
-    }
-    let _t = Timer::start();
-    let f = fixture();
+    };
     let chunks = 3;
-    let keys = put_chunks(&f.rt, &f.store, &f.g, "cancel", 6, chunks);
-    let gate = gated(&f, 2);
+    let keys = f.put_chunks("cancel", 6, chunks);
+    let gate = f.gated(2);
     let server = start_server(gate.clone());
     let _open = OpenOnDrop(gate.clone());
-    let client = RdmaClient::connect(server.addr(), ClientConfig::default()).unwrap();
-    let slice = f.g.slice_bytes();
-    let buf = HostBuffer::new((f.g.layers * chunks) as usize * slice as usize).unwrap();
-    let order: Vec<u32> = (0..f.g.layers).collect();
-    let sink = TestSink::new(u64::from(chunks) * slice);
-    let spec = LoadSpec {
-        keys: keys.clone(),
-        slice_len: slice,
-        layers: order.clone(),
-    };
-    let h = client
-        .load(
-            spec.clone(),
-            &dests(&f.g, &buf, &order, chunks),
-            sink.clone(),
-        )
-        .unwrap();
+    let client = connect(&server, ClientConfig::default());
+    let buf = f.buffer(chunks);
+    let sink = f.sink(chunks);
+    let spec = f.spec(&keys, &f.all_layers());
+    let h = f.load(&client, spec.clone(), &buf, sink.clone()).unwrap();
     assert!(sink.wait_resolved(0) && sink.wait_resolved(1));
     // the engine cancels through its sink; the client forwards it to the server
     sink.cancelled
@@ -662,14 +572,7 @@ fn cancel_stops_the_server_and_the_connection_stays_usable() {
     assert_eq!(server.cancels_received(), 1);
     gate.release(true);
     let out = h.wait();
-    assert_eq!(
-        {
-            let mut r = out.ready.clone();
-            r.sort();
-            r
-        },
-        vec![0, 1]
-    );
+    assert_eq!(sorted(out.ready), vec![0, 1]);
     // layer 2's first unit may have been posted before the server saw the Cancel; after it,
     // every pending layer is a Cancelled miss
     assert_eq!(out.failed.len(), 4, "{:?}", out.failed);
@@ -678,22 +581,15 @@ fn cancel_stops_the_server_and_the_connection_stays_usable() {
         "{:?}",
         out.failed
     );
-    assert_layer_exact(&f.g, &buf, 6, 0, chunks);
-    assert_layer_exact(&f.g, &buf, 6, 1, chunks);
+    f.assert_layer_exact(&buf, 6, 0, chunks);
+    f.assert_layer_exact(&buf, 6, 1, chunks);
     // same connection, same buffer (registered once), a full load
     assert!(client.broken().is_none());
     common::clear(&buf, 0);
-    let out = client
-        .load(
-            spec,
-            &dests(&f.g, &buf, &order, chunks),
-            TestSink::new(u64::from(chunks) * slice),
-        )
-        .unwrap()
-        .wait();
+    let out = f.load(&client, spec, &buf, f.sink(chunks)).unwrap().wait();
     assert!(out.failed.is_empty(), "{:?}", out.failed);
     for l in 0..f.g.layers {
-        assert_layer_exact(&f.g, &buf, 6, l, chunks);
+        f.assert_layer_exact(&buf, 6, l, chunks);
     }
     assert_eq!(client.registrations(), 1);
 }
