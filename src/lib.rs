@@ -39,5 +39,5 @@ pub use objectcache_client::{conformance_tests, connector, lifecycle, store, tra
 
 pub use objectcache_core::{error, hash, layout, protocol, sched, sim};
 
-pub use error::{Error, LayerError, Result, StoreError, StoreResult};
+pub use error::{Error, LayerError, LayerResult, Result, StoreError, StoreResult};
 pub use layout::{ChunkHash, Dtype, HashAlgo, KvGeometry, KvLayout};

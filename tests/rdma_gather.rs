@@ -16,7 +16,7 @@ use gather_util::{config, start, ACCESS, BUCKET, SECRET};
 use objectcache::connector::{
     ChunkStatus, Engine, EngineConfig, LayerBuffers, LayerStatus, LoadRequest, Transport,
 };
-use objectcache::error::LayerError;
+use objectcache::error::{LayerError, LayerResult};
 use objectcache::layout::{slice_range, Dtype, HashAlgo, KeyBuilder};
 use objectcache::protocol::GatherRequest;
 use objectcache::server::ServerHandle;
@@ -174,10 +174,10 @@ struct Sink {
 }
 
 impl LayerSink for Sink {
-    fn write(&self, _: u32, _: u64, _: &[u8]) -> Result<(), LayerError> {
+    fn write(&self, _: u32, _: u64, _: &[u8]) -> LayerResult<()> {
         panic!("an RDMA load never copies bytes through the sink");
     }
-    fn placed(&self, layer: u32, _offset: u64, len: u64) -> Result<(), LayerError> {
+    fn placed(&self, layer: u32, _offset: u64, len: u64) -> LayerResult<()> {
         *self.placed.lock().unwrap().entry(layer).or_default() += len;
         if let Some(h) = self.hook.lock().unwrap().take() {
             h();

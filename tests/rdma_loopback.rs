@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use objectcache::error::LayerError;
+use objectcache::error::{LayerError, LayerResult};
 use objectcache::layout::{encode_chunk, slice_range, Dtype, KvGeometry};
 use objectcache::store::{MemoryStore, StoreExt};
 use objectcache::transport::rdma::{
@@ -83,10 +83,10 @@ impl TestSink {
 }
 
 impl LayerSink for TestSink {
-    fn write(&self, _layer: u32, _offset: u64, _data: &[u8]) -> Result<(), LayerError> {
+    fn write(&self, _layer: u32, _offset: u64, _data: &[u8]) -> LayerResult<()> {
         panic!("the RDMA path must not copy through LayerSink::write");
     }
-    fn placed(&self, layer: u32, offset: u64, len: u64) -> Result<(), LayerError> {
+    fn placed(&self, layer: u32, offset: u64, len: u64) -> LayerResult<()> {
         let mut p = self.placed.lock().unwrap();
         let ranges = p.entry(layer).or_default();
         if offset + len > self.size || ranges.iter().any(|&(a, b)| offset < b && a < offset + len) {
@@ -365,7 +365,7 @@ impl SliceSource for Gate {
         layer: u32,
         unit: u32,
         dst: &mut [u8],
-    ) -> Result<(), LayerError> {
+    ) -> LayerResult<()> {
         if layer == self.layer {
             let mut o = self.open.lock().unwrap();
             while o.is_none() {

@@ -12,7 +12,7 @@ mod gather_util;
 mod sched_mix;
 
 use gather_util::*;
-use objectcache::error::LayerError;
+use objectcache::error::{LayerError, LayerResult};
 use objectcache::layout::KvGeometry;
 use objectcache::protocol::SchedHints;
 use objectcache::sched::{timeline, PolicyKind};
@@ -33,10 +33,10 @@ struct TimedSink {
 }
 
 impl LayerSink for TimedSink {
-    fn write(&self, layer: u32, offset: u64, data: &[u8]) -> Result<(), LayerError> {
+    fn write(&self, layer: u32, offset: u64, data: &[u8]) -> LayerResult<()> {
         self.inner.write(layer, offset, data)
     }
-    fn placed(&self, layer: u32, offset: u64, len: u64) -> Result<(), LayerError> {
+    fn placed(&self, layer: u32, offset: u64, len: u64) -> LayerResult<()> {
         self.inner.placed(layer, offset, len)
     }
     fn complete(&self, layer: u32, bytes: u64) {

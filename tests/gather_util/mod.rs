@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use bytes::Bytes;
-use objectcache::error::LayerError;
+use objectcache::error::{LayerError, LayerResult};
 use objectcache::layout::{encode_chunk, ChunkHash, HashAlgo, KeyBuilder, KvGeometry};
 use objectcache::protocol::{GatherRequest, SaveChunk, SaveRequest, WireGeometry};
 use objectcache::server::{AccessKey, ServerConfig, ServerHandle};
@@ -180,7 +180,7 @@ impl VerifySink {
 }
 
 impl LayerSink for VerifySink {
-    fn write(&self, layer: u32, offset: u64, data: &[u8]) -> Result<(), LayerError> {
+    fn write(&self, layer: u32, offset: u64, data: &[u8]) -> LayerResult<()> {
         if offset + data.len() as u64 > self.layer_bytes {
             return Err(LayerError::GeometryMismatch {
                 chunk: 0,
@@ -210,7 +210,7 @@ impl LayerSink for VerifySink {
         }
         Ok(())
     }
-    fn placed(&self, _layer: u32, _offset: u64, _len: u64) -> Result<(), LayerError> {
+    fn placed(&self, _layer: u32, _offset: u64, _len: u64) -> LayerResult<()> {
         // TCP delivers bytes through `write` only.
         Err(LayerError::GeometryMismatch {
             chunk: 0,

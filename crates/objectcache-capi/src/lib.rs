@@ -28,7 +28,7 @@ use objectcache_client::connector::{
     ChunkStatus, Engine, EngineConfig, LayerStatus, LayerTiming, LoadHints, LoadRequest,
     MemoryKind, RegionId, RegisteredLoad,
 };
-use objectcache_client::error::{Error, LayerError, StoreError};
+use objectcache_client::error::{Error, LayerError, LayerResult, StoreError};
 use objectcache_client::hash::{chunk_hashes, HashParams};
 use objectcache_client::layout::{ChunkHash, Dtype, KvGeometry};
 use std::cell::RefCell;

@@ -258,7 +258,7 @@ impl TransferObj {
     }
 
     /// Blocking wait for layer `l` (see [`RegisteredLoad::wait_layer_blocking`]).
-    pub(super) fn wait(&self, l: usize, to: Option<Duration>) -> Result<(), LayerError> {
+    pub(super) fn wait(&self, l: usize, to: Option<Duration>) -> LayerResult<()> {
         self.load.wait_layer_blocking(l, to)
     }
 }

@@ -28,5 +28,5 @@ pub mod transport;
 
 pub use objectcache_core::{error, hash, layout, protocol, sched, sim};
 
-pub use error::{Error, LayerError, Result, StoreError, StoreResult};
+pub use error::{Error, LayerError, LayerResult, Result, StoreError, StoreResult};
 pub use layout::{ChunkHash, Dtype, HashAlgo, KvGeometry, KvLayout};

@@ -216,3 +216,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// failed. One name for the return type every `Store` method and helper spells, so a
 /// method's signature shows its arguments rather than the error type.
 pub type StoreResult<T> = std::result::Result<T, StoreError>;
+
+/// What a step of one layer's load returns (a sink's write, a transport's delivery): `T`, or
+/// the [`LayerError`] that makes that layer a miss.
+pub type LayerResult<T> = std::result::Result<T, LayerError>;

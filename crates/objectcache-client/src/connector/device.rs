@@ -5,7 +5,7 @@
 
 use super::{LayerStatus, LoadHandle};
 use crate::cuda::{CopyDone, CopyStream, Device, LayerCopy};
-use crate::error::{Error, LayerError};
+use crate::error::{Error, LayerError, LayerResult};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -124,11 +124,7 @@ impl DeviceLoad {
     ///
     /// # Panics
     /// If `l >= layers()`.
-    pub fn wait_layer_blocking(
-        &self,
-        l: usize,
-        timeout: Option<Duration>,
-    ) -> Result<(), LayerError> {
+    pub fn wait_layer_blocking(&self, l: usize, timeout: Option<Duration>) -> LayerResult<()> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut slots = self.shared.lock();
         loop {

@@ -29,7 +29,7 @@
 use super::buffers::{LayerBuffers, LayerStatus};
 use super::load::{LoadRequest, Shared};
 use super::EngineConfig;
-use crate::error::LayerError;
+use crate::error::{LayerError, LayerResult};
 use crate::layout::{ChunkHash, KeyBuilder};
 use crate::link::Link;
 use crate::store::Store;
@@ -371,7 +371,7 @@ fn copy_layer(
     chunks: usize,
     slice: usize,
     check: bool,
-) -> Result<(), LayerError> {
+) -> LayerResult<()> {
     use crate::transport::LayerSink;
     let Some(parts) = src.state.ready_parts(l) else {
         return Err(LayerError::Cancelled);

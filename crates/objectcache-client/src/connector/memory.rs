@@ -12,7 +12,7 @@
 #![allow(unsafe_code)]
 
 use super::{Engine, LayerBuffers, LayerStatus, LoadHandle, LoadRequest};
-use crate::error::{Error, LayerError};
+use crate::error::{Error, LayerResult};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -150,11 +150,7 @@ impl RegisteredLoad {
     ///
     /// # Panics
     /// If `l` is not below the load's layer count.
-    pub fn wait_layer_blocking(
-        &self,
-        l: usize,
-        timeout: Option<Duration>,
-    ) -> Result<(), LayerError> {
+    pub fn wait_layer_blocking(&self, l: usize, timeout: Option<Duration>) -> LayerResult<()> {
         #[cfg(feature = "cuda")]
         if let Some(d) = &self.device {
             return d.wait_layer_blocking(l, timeout);

@@ -15,7 +15,7 @@ use super::config::Transport;
 use super::gather::Outcome;
 use super::load::{LoadRequest, Shared};
 use super::status::ChunkStatus;
-use crate::error::LayerError;
+use crate::error::{LayerError, LayerResult};
 use crate::layout::KeyBuilder;
 use crate::store::GatherTarget;
 use crate::transport::rdma::{
@@ -48,10 +48,10 @@ pub(crate) enum Probe {
 struct SinkRef(Arc<Shared>);
 
 impl LayerSink for SinkRef {
-    fn write(&self, layer: u32, offset: u64, data: &[u8]) -> Result<(), LayerError> {
+    fn write(&self, layer: u32, offset: u64, data: &[u8]) -> LayerResult<()> {
         self.0.state.write(layer, offset, data)
     }
-    fn placed(&self, layer: u32, offset: u64, len: u64) -> Result<(), LayerError> {
+    fn placed(&self, layer: u32, offset: u64, len: u64) -> LayerResult<()> {
         self.0.state.placed(layer, offset, len)
     }
     fn complete(&self, layer: u32, bytes: u64) {

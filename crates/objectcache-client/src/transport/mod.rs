@@ -8,7 +8,7 @@ pub mod delay;
 pub mod discovery;
 pub mod tcp;
 
-use crate::error::LayerError;
+use crate::error::{LayerError, LayerResult};
 
 #[cfg(feature = "rdma")]
 pub mod rdma;
@@ -26,13 +26,13 @@ pub trait LayerSink: Send + Sync {
     /// # Errors
     /// [`LayerError::Cancelled`] if the load was cancelled; writes past the destination's end
     /// are refused with [`LayerError::GeometryMismatch`] (no byte is written past the buffer).
-    fn write(&self, layer: u32, offset: u64, data: &[u8]) -> Result<(), LayerError>;
+    fn write(&self, layer: u32, offset: u64, data: &[u8]) -> LayerResult<()>;
     /// Records that the transport itself placed `len` bytes at `offset` of layer `layer`'s
     /// destination (RDMA writes by the NIC, no CPU copy). Counted like [`LayerSink::write`].
     ///
     /// # Errors
     /// As [`LayerSink::write`].
-    fn placed(&self, layer: u32, offset: u64, len: u64) -> Result<(), LayerError>;
+    fn placed(&self, layer: u32, offset: u64, len: u64) -> LayerResult<()>;
     /// Lends the destination bytes `offset..offset+len` of layer `layer` for a transport to
     /// fill in place (a socket read straight into the caller's buffer: one copy, the
     /// kernel's). The range is reserved like a [`LayerSink::write`] (disjoint from every other
@@ -44,7 +44,7 @@ pub trait LayerSink: Send + Sync {
     /// # Errors
     /// As [`LayerSink::write`].
     #[allow(clippy::mut_from_ref)]
-    fn dest_mut(&self, layer: u32, offset: u64, len: u64) -> Result<Option<&mut [u8]>, LayerError> {
+    fn dest_mut(&self, layer: u32, offset: u64, len: u64) -> LayerResult<Option<&mut [u8]>> {
         let _ = (layer, offset, len);
         Ok(None)
     }
@@ -58,12 +58,7 @@ pub trait LayerSink: Send + Sync {
     /// # Errors
     /// As [`LayerSink::write`].
     #[allow(clippy::mut_from_ref)]
-    fn dest_parts(
-        &self,
-        layer: u32,
-        offset: u64,
-        len: u64,
-    ) -> Result<Option<Vec<&mut [u8]>>, LayerError> {
+    fn dest_parts(&self, layer: u32, offset: u64, len: u64) -> LayerResult<Option<Vec<&mut [u8]>>> {
         Ok(self.dest_mut(layer, offset, len)?.map(|d| vec![d]))
     }
     /// Records that the `len` bytes lent by [`LayerSink::dest_mut`] or

@@ -5,7 +5,7 @@
 #![allow(unsafe_code)]
 
 use super::LayerBuffers;
-use crate::error::LayerError;
+use crate::error::{LayerError, LayerResult};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -162,7 +162,7 @@ impl LoadState {
     }
 
     /// Reserves `offset..offset+len` of layer `l`.
-    fn reserve(&self, layer: u32, offset: u64, len: u64) -> Result<(), LayerError> {
+    fn reserve(&self, layer: u32, offset: u64, len: u64) -> LayerResult<()> {
         let l = layer as usize;
         if self.is_cancelled() {
             return Err(LayerError::Cancelled);
@@ -239,12 +239,7 @@ impl LoadState {
         }
     }
 
-    pub(crate) fn write_impl(
-        &self,
-        layer: u32,
-        offset: u64,
-        data: &[u8],
-    ) -> Result<(), LayerError> {
+    pub(crate) fn write_impl(&self, layer: u32, offset: u64, data: &[u8]) -> LayerResult<()> {
         self.reserve(layer, offset, data.len() as u64)?;
         let pieces = self.pieces(layer, offset, data.len() as u64);
         let mut at = 0;
@@ -277,7 +272,7 @@ impl LoadState {
         layer: u32,
         offset: u64,
         len: u64,
-    ) -> Result<Vec<&mut [u8]>, LayerError> {
+    ) -> LayerResult<Vec<&mut [u8]>> {
         self.reserve(layer, offset, len)?;
         Ok(self
             .pieces(layer, offset, len)
@@ -300,7 +295,7 @@ impl LoadState {
         layer: u32,
         offset: u64,
         len: u64,
-    ) -> Result<Option<&mut [u8]>, LayerError> {
+    ) -> LayerResult<Option<&mut [u8]>> {
         let one = self
             .bufs
             .layers
@@ -316,7 +311,7 @@ impl LoadState {
         Ok(Some(parts.pop().unwrap_or_default()))
     }
 
-    pub(crate) fn placed_impl(&self, layer: u32, offset: u64, len: u64) -> Result<(), LayerError> {
+    pub(crate) fn placed_impl(&self, layer: u32, offset: u64, len: u64) -> LayerResult<()> {
         self.reserve(layer, offset, len)?;
         self.finish_write(layer as usize, len);
         Ok(())
@@ -407,21 +402,16 @@ impl LoadState {
 }
 
 impl crate::transport::LayerSink for LoadState {
-    fn write(&self, layer: u32, offset: u64, data: &[u8]) -> Result<(), LayerError> {
+    fn write(&self, layer: u32, offset: u64, data: &[u8]) -> LayerResult<()> {
         self.write_impl(layer, offset, data)
     }
-    fn placed(&self, layer: u32, offset: u64, len: u64) -> Result<(), LayerError> {
+    fn placed(&self, layer: u32, offset: u64, len: u64) -> LayerResult<()> {
         self.placed_impl(layer, offset, len)
     }
-    fn dest_mut(&self, layer: u32, offset: u64, len: u64) -> Result<Option<&mut [u8]>, LayerError> {
+    fn dest_mut(&self, layer: u32, offset: u64, len: u64) -> LayerResult<Option<&mut [u8]>> {
         self.dest_mut_impl(layer, offset, len)
     }
-    fn dest_parts(
-        &self,
-        layer: u32,
-        offset: u64,
-        len: u64,
-    ) -> Result<Option<Vec<&mut [u8]>>, LayerError> {
+    fn dest_parts(&self, layer: u32, offset: u64, len: u64) -> LayerResult<Option<Vec<&mut [u8]>>> {
         self.dest_parts_impl(layer, offset, len).map(Some)
     }
     fn dest_filled(&self, layer: u32, len: u64) {

@@ -3,7 +3,7 @@
 //! to another gateway, and the [`Lockstep`] that keeps the stripes layer-major.
 
 use crate::connector::load::Shared;
-use crate::error::LayerError;
+use crate::error::{LayerError, LayerResult};
 use crate::transport::LayerSink;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -116,8 +116,8 @@ impl Stripe {
         layer: u32,
         offset: u64,
         len: u64,
-        get: impl FnOnce(u64) -> Result<Option<T>, LayerError>,
-    ) -> Result<Option<T>, LayerError> {
+        get: impl FnOnce(u64) -> LayerResult<Option<T>>,
+    ) -> LayerResult<Option<T>> {
         let abs = offset + self.shift;
         let mut t = self.track.lock().expect("lock");
         if t.overlaps(layer, abs, abs + len) {
@@ -285,7 +285,7 @@ fn shift_chunk(e: LayerError, base: usize) -> LayerError {
 }
 
 impl LayerSink for Stripe {
-    fn write(&self, layer: u32, offset: u64, data: &[u8]) -> Result<(), LayerError> {
+    fn write(&self, layer: u32, offset: u64, data: &[u8]) -> LayerResult<()> {
         let abs = offset + self.shift;
         let mut t = self.track.lock().expect("lock");
         if t.cur
@@ -304,20 +304,15 @@ impl LayerSink for Stripe {
         }
         Ok(())
     }
-    fn placed(&self, layer: u32, offset: u64, len: u64) -> Result<(), LayerError> {
+    fn placed(&self, layer: u32, offset: u64, len: u64) -> LayerResult<()> {
         self.sh.state.placed(layer, offset + self.shift, len)
     }
-    fn dest_mut(&self, layer: u32, offset: u64, len: u64) -> Result<Option<&mut [u8]>, LayerError> {
+    fn dest_mut(&self, layer: u32, offset: u64, len: u64) -> LayerResult<Option<&mut [u8]>> {
         self.lend(layer, offset, len, |abs| {
             self.sh.state.dest_mut(layer, abs, len)
         })
     }
-    fn dest_parts(
-        &self,
-        layer: u32,
-        offset: u64,
-        len: u64,
-    ) -> Result<Option<Vec<&mut [u8]>>, LayerError> {
+    fn dest_parts(&self, layer: u32, offset: u64, len: u64) -> LayerResult<Option<Vec<&mut [u8]>>> {
         self.lend(layer, offset, len, |abs| {
             self.sh.state.dest_parts(layer, abs, len)
         })

@@ -5,7 +5,7 @@
 use super::{LoadStats, Shared, MAX_ADVICE_TOKENS};
 use crate::connector::buffers::{LayerBuffers, LayerStatus};
 use crate::connector::status::{chunk_status_of, ChunkStatus};
-use crate::error::LayerError;
+use crate::error::{LayerError, LayerResult};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,7 +44,7 @@ impl LoadHandle {
     ///
     /// # Errors
     /// The layer's [`LayerError`] if it is a miss (never bytes).
-    pub async fn wait_layer(&self, l: usize) -> Result<(), LayerError> {
+    pub async fn wait_layer(&self, l: usize) -> LayerResult<()> {
         match self.sh.state.wait(l).await {
             LayerStatus::Ready => Ok(()),
             LayerStatus::Failed(e) => Err(e),
@@ -57,11 +57,7 @@ impl LoadHandle {
     /// # Errors
     /// The layer's error, or [`LayerError::Timeout`] when `timeout` passes first (the load
     /// goes on).
-    pub fn wait_layer_blocking(
-        &self,
-        l: usize,
-        timeout: Option<Duration>,
-    ) -> Result<(), LayerError> {
+    pub fn wait_layer_blocking(&self, l: usize, timeout: Option<Duration>) -> LayerResult<()> {
         match self.sh.state.wait_blocking(l, timeout) {
             Some(LayerStatus::Ready) => Ok(()),
             Some(LayerStatus::Failed(e)) => Err(e),
@@ -73,7 +69,7 @@ impl LoadHandle {
     ///
     /// # Errors
     /// The first failed layer's error.
-    pub async fn wait_all(&self) -> Result<(), LayerError> {
+    pub async fn wait_all(&self) -> LayerResult<()> {
         for l in 0..self.layers() {
             self.wait_layer(l).await?;
         }
@@ -84,7 +80,7 @@ impl LoadHandle {
     ///
     /// # Errors
     /// The first failed layer's error.
-    pub fn wait_all_blocking(&self) -> Result<(), LayerError> {
+    pub fn wait_all_blocking(&self) -> LayerResult<()> {
         for l in 0..self.layers() {
             self.wait_layer_blocking(l, None)?;
         }

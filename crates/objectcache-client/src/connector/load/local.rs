@@ -14,7 +14,7 @@
 use super::Shared;
 use crate::connector::buffers::LayerStatus;
 use crate::connector::status::ChunkStatus;
-use crate::error::LayerError;
+use crate::error::{LayerError, LayerResult};
 use crate::layout::{slice_range, ChunkHeader, KvGeometry, HEADER_LEN};
 use crate::transport::LayerSink;
 use std::fs::File;
@@ -119,7 +119,7 @@ pub(super) fn read_slice(
     slice: u64,
     at: u64,
     key: &str,
-) -> Result<Option<(u32, u32)>, LayerError> {
+) -> LayerResult<Option<(u32, u32)>> {
     let parts = match sh.state.dest_parts_impl(layer, chunk as u64 * slice, slice) {
         Ok(p) => p,
         Err(e)

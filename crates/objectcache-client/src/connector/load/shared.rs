@@ -6,7 +6,7 @@ use super::body::SliceEnd;
 use super::watchdog::Progress;
 use crate::connector::buffers::{LayerBuffers, LayerStatus, LoadState};
 use crate::connector::status::ChunkStatus;
-use crate::error::LayerError;
+use crate::error::{LayerError, LayerResult};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 
@@ -209,7 +209,7 @@ impl Shared {
         layer: u32,
         offset: u64,
         bytes: &[u8],
-    ) -> Result<bool, LayerError> {
+    ) -> LayerResult<bool> {
         match self.state.write_impl(layer, offset, bytes) {
             Ok(()) => Ok(true),
             Err(e)

@@ -49,7 +49,7 @@ use aws_sdk_s3::config::{
     Credentials, Region, RequestChecksumCalculation, ResponseChecksumValidation,
     StalledStreamProtectionConfig,
 };
-use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::error::ProvideErrorMetadata;
 use aws_smithy_http_client::tls;
 use bytes::Bytes;
 use config::check_config;
@@ -267,7 +267,7 @@ impl S3Store {
             .send()
             .await
             .map(|_| ())
-            .map_err(|e| self.map_err(Op::Bucket, &self.bucket, e))
+            .map_err(|e| map_error(&self.err_cx(), Op::Bucket, &self.bucket, e))
     }
 
     /// Creates the bucket if it does not exist (for tests and first-time set-up).
@@ -291,26 +291,19 @@ impl S3Store {
             {
                 Ok(())
             }
-            Err(e) => Err(self.map_err(Op::Bucket, &self.bucket, e)),
+            Err(e) => Err(map_error(&self.err_cx(), Op::Bucket, &self.bucket, e)),
         }
     }
 
-    fn map_err<E>(
-        &self,
-        op: Op,
-        key: &str,
-        err: SdkError<E, aws_smithy_runtime_api::http::Response>,
-    ) -> StoreError
-    where
-        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-    {
-        let cx = ErrCtx {
+    /// What an error message names besides the key: the bucket, endpoint and addressing
+    /// ([`errors::map_error`] maps an SDK error with it).
+    fn err_cx(&self) -> ErrCtx<'_> {
+        ErrCtx {
             bucket: &self.bucket,
             host: self.host.as_deref(),
             endpoint: &self.endpoint,
             addressing: self.addressing,
-        };
-        map_error(&cx, op, key, err)
+        }
     }
 
     /// Checks once per store that the endpoint honours `If-None-Match: *` on PUT, which
@@ -349,7 +342,7 @@ impl S3Store {
                         .body(Bytes::from_static(b"c").into())
                         .send()
                         .await
-                        .map_err(|e| self.map_err(Op::PutCreate, &key, e))
+                        .map_err(|e| map_error(&self.err_cx(), Op::PutCreate, &key, e))
                 };
                 let refused = |e: &StoreError| {
                     matches!(

@@ -4,7 +4,7 @@
 use super::body::{
     body_stream, parse_content_range, to_system_time, total_from_content_range, SyncBody,
 };
-use super::errors::Op;
+use super::errors::{map_error, Op};
 use super::{S3Store, BACKEND};
 use crate::error::{StoreError, StoreResult};
 use crate::store::{
@@ -165,7 +165,7 @@ impl Store for S3Store {
             .key(self.full_key(key))
             .send()
             .await
-            .map_err(|e| self.map_err(Op::Head, key, e))?;
+            .map_err(|e| map_error(&self.err_cx(), Op::Head, key, e))?;
         Ok(ObjectMeta {
             key: key.to_string(),
             size: out.content_length().unwrap_or(0).max(0) as u64,
@@ -185,7 +185,7 @@ impl Store for S3Store {
             .await
         {
             Ok(_) => Ok(()),
-            Err(e) => match self.map_err(Op::Delete, key, e) {
+            Err(e) => match map_error(&self.err_cx(), Op::Delete, key, e) {
                 StoreError::NotFound { .. } => Ok(()),
                 other => Err(other),
             },
@@ -210,7 +210,7 @@ impl Store for S3Store {
             let page = req
                 .send()
                 .await
-                .map_err(|e| self.map_err(Op::List, prefix, e))?;
+                .map_err(|e| map_error(&self.err_cx(), Op::List, prefix, e))?;
             for o in page.contents() {
                 let Some(k) = o.key() else { continue };
                 out.push(ObjectMeta {
@@ -248,7 +248,10 @@ impl S3Store {
                 Op::PutCreate
             }
         };
-        let out = req.send().await.map_err(|e| self.map_err(op, key, e))?;
+        let out = req
+            .send()
+            .await
+            .map_err(|e| map_error(&self.err_cx(), op, key, e))?;
         Ok(PutResult {
             etag: out.e_tag().map(str::to_string),
         })
@@ -294,7 +297,7 @@ impl S3Store {
         let out = match sent {
             Ok(o) => o,
             Err(e) => {
-                return Err(match self.map_err(Op::Get, key, e) {
+                return Err(match map_error(&self.err_cx(), Op::Get, key, e) {
                     StoreError::InvalidRange { .. } => {
                         let size = self.head(key).await?.size;
                         let r = opts.range.clone().unwrap_or(0..0);

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::error::LayerError;
+use crate::error::{LayerError, LayerResult};
 use crate::layout::{slice_range, verify_slice};
 use crate::store::{Store, StoreExt};
 
@@ -34,13 +34,8 @@ pub trait SliceSource: Send + Sync {
     /// # Errors
     /// The [`LayerError`] that makes this layer a miss (missing object, checksum mismatch,
     /// storage failure).
-    fn read_slice(
-        &self,
-        spec: &LoadSpec,
-        layer: u32,
-        unit: u32,
-        dst: &mut [u8],
-    ) -> Result<(), LayerError>;
+    fn read_slice(&self, spec: &LoadSpec, layer: u32, unit: u32, dst: &mut [u8])
+        -> LayerResult<()>;
 }
 
 /// A [`SliceSource`] over any [`Store`]: one ranged read per slice (`slice_range`), CRC32C
@@ -65,7 +60,7 @@ impl SliceSource for StoreSliceSource {
         layer: u32,
         unit: u32,
         dst: &mut [u8],
-    ) -> Result<(), LayerError> {
+    ) -> LayerResult<()> {
         let chunk = unit as usize;
         let key = spec.keys.get(chunk).ok_or_else(|| LayerError::Missing {
             chunk,
