@@ -6,9 +6,7 @@
 pub use super::common::current_thread_rt as rt;
 use super::common::*;
 use super::fault_proxy::{Fault, FaultProxy, Request};
-use objectcache::connector::{
-    ChunkStatus, Engine, EngineConfig, LayerBuffers, LayerStatus, LoadRequest,
-};
+use objectcache::connector::{ChunkStatus, Engine, EngineConfig, LayerStatus};
 use objectcache::store::{S3Config, S3Credentials, S3Store, Store};
 use objectcache::{ChunkHash, KvGeometry};
 use std::collections::HashMap;
@@ -180,16 +178,7 @@ pub fn load_checked(
     case: &str,
 ) -> Outcome {
     let per_layer = hashes.len() * g.slice_bytes() as usize;
-    let h = engine
-        .load(
-            LoadRequest {
-                geometry: g.clone(),
-                hashes: hashes.to_vec(),
-                hints: Default::default(),
-            },
-            LayerBuffers::allocate(g.layers as usize, per_layer),
-        )
-        .unwrap();
+    let h = start_load(engine, g, hashes.to_vec(), per_layer);
     let mut o = Outcome::default();
     for l in 0..g.layers as usize {
         // Liveness bound far above the load deadline: a hang fails here.

@@ -144,6 +144,30 @@ pub async fn send_head(
     s.write_all(h.as_bytes()).await.unwrap();
 }
 
+/// A connection from `127.0.0.{src}` to the server at `addr` that has sent the head of a
+/// presigned `method` request for `key` in the test bucket (`gather_util::BUCKET`, signed with
+/// the test key pair, valid 10 minutes), with the header lines `extra`.
+pub async fn presigned_head(
+    src: u8,
+    addr: SocketAddr,
+    method: &str,
+    key: &str,
+    extra: &str,
+) -> TcpStream {
+    use crate::gather_util::{ACCESS, BUCKET, SECRET};
+    let mut s = connect_from(src, addr).await;
+    let target = presign(
+        method,
+        addr,
+        &format!("/{BUCKET}/{key}"),
+        600,
+        ACCESS,
+        SECRET,
+    );
+    send_head(&mut s, method, &target, addr, extra).await;
+    s
+}
+
 /// Resident memory of process `pid`, KiB.
 pub fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))

@@ -41,6 +41,27 @@ fn s3_at(rt: &tokio::runtime::Runtime, addr: std::net::SocketAddr) -> Arc<dyn St
     Arc::new(rt.block_on(S3Store::new(s3)).unwrap())
 }
 
+/// Saves the prefix `hs`, `data` straight to the server at `addr` (no delay) through an
+/// engine with `cfg`; how many chunks it wrote.
+fn save_direct(
+    rt: &tokio::runtime::Runtime,
+    addr: std::net::SocketAddr,
+    cfg: EngineConfig,
+    g: &KvGeometry,
+    hs: &[objectcache::ChunkHash],
+    data: &[Vec<u8>],
+) -> usize {
+    let direct = Engine::with_store(s3_at(rt, addr), cfg).unwrap();
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    direct.save_blocking(g, hs, &refs).unwrap().written
+}
+
+/// A proxy in front of the server at `addr` that delays each direction by `ms` milliseconds.
+fn delay_proxy(rt: &tokio::runtime::Runtime, addr: std::net::SocketAddr, ms: u64) -> DelayProxy {
+    rt.block_on(DelayProxy::start(addr, Duration::from_millis(ms)))
+        .unwrap()
+}
+
 /// Loads the prefix `hs` through `e`, waits for every layer and checks each byte against
 /// `data` (`what` names the load in failures); returns the finished handle.
 fn load_exact(
@@ -111,20 +132,11 @@ fn ranged_get_loads_through_delays_keep_bytes_warm_the_pool_and_widen_the_window
         c
     };
     // Saved straight to the server.
-    let direct = Engine::with_store(s3_at(&rt, srv.local_addr()), engine_cfg(4)).unwrap();
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    assert_eq!(
-        direct.save_blocking(&g, &hs, &refs).unwrap().written,
-        chunks
-    );
+    let written = save_direct(&rt, srv.local_addr(), engine_cfg(4), &g, &hs, &data);
+    assert_eq!(written, chunks);
 
     for delay_ms in [0u64, 5, 20, 50] {
-        let proxy = rt
-            .block_on(DelayProxy::start(
-                srv.local_addr(),
-                Duration::from_millis(delay_ms),
-            ))
-            .unwrap();
+        let proxy = delay_proxy(&rt, srv.local_addr(), delay_ms);
         let max_requests = 2;
         let e =
             Engine::with_store(s3_at(&rt, proxy.local_addr()), engine_cfg(max_requests)).unwrap();
@@ -193,19 +205,9 @@ fn many_small_chunks_stay_under_a_servers_connection_cap() {
         gather: false,
         ..EngineConfig::default()
     };
-    let direct = Engine::with_store(s3_at(&rt, srv.local_addr()), cfg.clone()).unwrap();
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    assert_eq!(
-        direct.save_blocking(&g, &hs, &refs).unwrap().written,
-        chunks
-    );
-    drop(direct);
-    let proxy = rt
-        .block_on(DelayProxy::start(
-            srv.local_addr(),
-            Duration::from_millis(20),
-        ))
-        .unwrap();
+    let written = save_direct(&rt, srv.local_addr(), cfg.clone(), &g, &hs, &data);
+    assert_eq!(written, chunks);
+    let proxy = delay_proxy(&rt, srv.local_addr(), 20);
     let e = Engine::with_store(s3_at(&rt, proxy.local_addr()), cfg).unwrap();
     let h = load_exact(&e, &g, &hs, &data, "400 chunks");
     let s = h.stats();
@@ -237,15 +239,8 @@ fn gather_loads_through_a_delay_give_their_connections_back() {
         gather_streams: 2,
         ..EngineConfig::default()
     };
-    let direct = Engine::with_store(s3_at(&rt, srv.local_addr()), cfg.clone()).unwrap();
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    direct.save_blocking(&g, &hs, &refs).unwrap();
-    let proxy = rt
-        .block_on(DelayProxy::start(
-            srv.local_addr(),
-            Duration::from_millis(20),
-        ))
-        .unwrap();
+    save_direct(&rt, srv.local_addr(), cfg.clone(), &g, &hs, &data);
+    let proxy = delay_proxy(&rt, srv.local_addr(), 20);
     let e = Engine::with_store(s3_at(&rt, proxy.local_addr()), cfg).unwrap();
     let idle = |e: &Engine| match e.gather_status() {
         GatherStatus::Offered {

@@ -19,7 +19,7 @@ use crate::s3_faults;
 
 use common::*;
 use fault_proxy::{Fault, FaultProxy};
-use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LayerStatus, LoadRequest};
+use objectcache::connector::{Engine, EngineConfig, LayerStatus};
 use objectcache::layout::SegmentHeader;
 use objectcache::store::StoreExt;
 use s3_faults::*;
@@ -206,17 +206,7 @@ fn proxy_killed_mid_load_is_a_miss() {
     }));
     f.proxy.clear_log();
     let per_layer = CHUNKS * f.g.slice_bytes() as usize;
-    let h = f
-        .engine
-        .load(
-            LoadRequest {
-                geometry: f.g.clone(),
-                hashes: f.hashes.clone(),
-                hints: Default::default(),
-            },
-            LayerBuffers::allocate(f.g.layers as usize, per_layer),
-        )
-        .unwrap();
+    let h = start_load(&f.engine, &f.g, f.hashes.clone(), per_layer);
     // Kill it once the load's first ranged GET is on its way (the drip holds it there).
     common::eventually(
         "a ranged GET of the load at the proxy",
@@ -411,12 +401,7 @@ fn c17_broken_conditional_put_is_detected_and_saves_are_refused() {
         assert_eq!(e.lookup_blocking(&g, &other).unwrap(), 0, "{name}");
         // What is stored still loads, byte-exact.
         assert_eq!(e.lookup_blocking(&g, &hs).unwrap(), CHUNKS, "{name}");
-        let h = e
-            .load(
-                LoadRequest::new(g.clone(), hs.clone()),
-                LayerBuffers::allocate(g.layers as usize, CHUNKS * g.slice_bytes() as usize),
-            )
-            .unwrap();
+        let h = start_load(&e, &g, hs.clone(), CHUNKS * g.slice_bytes() as usize);
         h.wait_all_blocking().unwrap();
         for l in 0..g.layers as usize {
             assert_eq!(h.layer(l).unwrap(), &data[l][..], "{name}: layer {l}");
@@ -475,12 +460,7 @@ fn c18_checksum_headers_refused_or_never_returned() {
         e.save_blocking(&g, &hs, &refs)
             .unwrap_or_else(|err| panic!("{name}: {err}"));
         let load = |e: &Engine| {
-            let h = e
-                .load(
-                    LoadRequest::new(g.clone(), hs.clone()),
-                    LayerBuffers::allocate(g.layers as usize, g.slice_bytes() as usize),
-                )
-                .unwrap();
+            let h = start_load(e, &g, hs.clone(), g.slice_bytes() as usize);
             let _ = h.wait_all_blocking();
             h
         };

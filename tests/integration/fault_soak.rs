@@ -132,11 +132,7 @@ fn soak_concurrent_saves_and_loads() {
                 }
                 let n = chunks * g.slice_bytes() as usize;
                 let h = match engine.load(
-                    LoadRequest {
-                        geometry: g.clone(),
-                        hashes: hs.clone(),
-                        hints: Default::default(),
-                    },
+                    LoadRequest::new(g.clone(), hs.clone()),
                     LayerBuffers::allocate(g.layers as usize, n),
                 ) {
                     Ok(h) => h,

@@ -350,6 +350,31 @@ async fn read_error(s: &mut tokio::net::TcpStream) -> (ErrorCode, String) {
     }
 }
 
+/// Sends `bytes` on a new authenticated connection to `addr`; the code and message of the
+/// error frame the server answers with.
+async fn error_for(addr: std::net::SocketAddr, bytes: &[u8]) -> (ErrorCode, String) {
+    let mut s = raw_conn(addr).await;
+    s.write_all(bytes).await.unwrap();
+    read_error(&mut s).await
+}
+
+/// `r` as a gather frame.
+fn gather_frame(r: GatherRequest) -> BytesMut {
+    let mut b = BytesMut::new();
+    Frame::Gather(Box::new(r)).encode(&mut b);
+    b
+}
+
+/// Makes `r` one chunk of 2^16 tokens at 1 MiB per token per layer (64 GiB slices) over
+/// `layers` layers: within every per-field limit.
+fn huge_chunk(r: &mut GatherRequest, layers: u32) {
+    r.geometry.bytes_per_token_per_layer = 1 << 20;
+    r.geometry.tokens_per_chunk = 1 << 16;
+    r.geometry.layers = layers;
+    r.layers = 0..layers;
+    r.chunk_tokens = vec![1 << 16];
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_and_oversized_descriptors_get_clear_errors_and_the_server_stays_up() {
     let g = KvGeometry::smollm2_135m();
@@ -360,21 +385,17 @@ async fn malformed_and_oversized_descriptors_get_clear_errors_and_the_server_sta
     let addr = server.local_addr();
 
     // Garbage body.
-    let mut s = raw_conn(addr).await;
     let mut b = BytesMut::new();
     encode_frame_header(FrameType::Gather, 5, &mut b);
     b.put_slice(b"hello");
-    s.write_all(&b).await.unwrap();
-    let (code, msg) = read_error(&mut s).await;
+    let (code, msg) = error_for(addr, &b).await;
     assert_eq!(code, ErrorCode::Malformed);
     assert!(msg.contains("truncated gather descriptor"), "{msg}");
 
     // Descriptor larger than the limit: refused from its header, before the body.
-    let mut s = raw_conn(addr).await;
     let mut b = BytesMut::new();
     encode_frame_header(FrameType::Gather, 1 << 20, &mut b);
-    s.write_all(&b).await.unwrap();
-    let (code, msg) = read_error(&mut s).await;
+    let (code, msg) = error_for(addr, &b).await;
     assert_eq!(code, ErrorCode::DescriptorTooLarge);
     assert!(
         msg.contains("descriptor size is 1048576, above the limit of 4096"),
@@ -383,11 +404,7 @@ async fn malformed_and_oversized_descriptors_get_clear_errors_and_the_server_sta
 
     // Too many chunks (the client library refuses this itself; send it raw).
     let tokens = vec![256u32; 9];
-    let mut s = raw_conn(addr).await;
-    let mut b = BytesMut::new();
-    Frame::Gather(Box::new(request(&g, 1, &tokens))).encode(&mut b);
-    s.write_all(&b).await.unwrap();
-    let (code, msg) = read_error(&mut s).await;
+    let (code, msg) = error_for(addr, &gather_frame(request(&g, 1, &tokens))).await;
     assert_eq!(code, ErrorCode::TooManyChunks);
     assert!(
         msg.contains("chunks per request is 9, above the limit of 8"),
@@ -412,9 +429,7 @@ async fn malformed_and_oversized_descriptors_get_clear_errors_and_the_server_sta
     let hostile = |f: &dyn Fn(&mut GatherRequest)| {
         let mut r = request(&g, 1, &[256]);
         f(&mut r);
-        let mut b = BytesMut::new();
-        Frame::Gather(Box::new(r)).encode(&mut b);
-        b
+        gather_frame(r)
     };
     let cases: Vec<(BytesMut, ErrorCode, &str)> = vec![
         (
@@ -437,11 +452,7 @@ async fn malformed_and_oversized_descriptors_get_clear_errors_and_the_server_sta
         (
             // Within every per-field limit, but 4,096 layers of 64 GiB slices in 4 KiB units.
             hostile(&|r| {
-                r.geometry.bytes_per_token_per_layer = 1 << 20;
-                r.geometry.tokens_per_chunk = 1 << 16;
-                r.geometry.layers = 4096;
-                r.layers = 0..4096;
-                r.chunk_tokens = vec![1 << 16];
+                huge_chunk(r, 4096);
                 r.max_unit_bytes = 4096;
             }),
             ErrorCode::Malformed,
@@ -449,29 +460,19 @@ async fn malformed_and_oversized_descriptors_get_clear_errors_and_the_server_sta
         ),
         (
             // A plannable request whose objects could not be stored here (64 GiB each).
-            hostile(&|r| {
-                r.geometry.bytes_per_token_per_layer = 1 << 20;
-                r.geometry.tokens_per_chunk = 1 << 16;
-                r.geometry.layers = 1;
-                r.layers = 0..1;
-                r.chunk_tokens = vec![1 << 16];
-            }),
+            hostile(&|r| huge_chunk(r, 1)),
             ErrorCode::MemoryLimit,
             "above this server's max_object_bytes",
         ),
     ];
     for (frame, want_code, want_msg) in cases {
-        let mut s = raw_conn(addr).await;
-        s.write_all(&frame).await.unwrap();
-        let (code, msg) = read_error(&mut s).await;
+        let (code, msg) = error_for(addr, &frame).await;
         assert_eq!(code, want_code, "{msg}");
         assert!(msg.contains(want_msg), "{msg}");
     }
 
     // Unknown frame type, HTTP garbage on the gather port: errors, no crash.
-    let mut s = raw_conn(addr).await;
-    s.write_all(&[0x7f, 0, 0, 0, 0, 0, 0, 0]).await.unwrap();
-    let (code, msg) = read_error(&mut s).await;
+    let (code, msg) = error_for(addr, &[0x7f, 0, 0, 0, 0, 0, 0, 0]).await;
     assert_eq!(
         (code, msg.as_str()),
         (ErrorCode::Malformed, "unknown frame type 0x7f")
@@ -508,9 +509,9 @@ async fn client_disconnecting_mid_stream_frees_resources() {
     save_prefix(&mut c, &g, 7, &tokens).await;
     // A raw client that reads a little and then vanishes.
     let mut s = raw_conn(addr).await;
-    let mut b = BytesMut::new();
-    Frame::Gather(Box::new(request(&g, 7, &tokens))).encode(&mut b);
-    s.write_all(&b).await.unwrap();
+    s.write_all(&gather_frame(request(&g, 7, &tokens)))
+        .await
+        .unwrap();
     let mut got = vec![0u8; 1 << 20];
     s.read_exact(&mut got).await.unwrap();
     drop(s);

@@ -9,7 +9,7 @@ use objectcache::layout::KvGeometry;
 use objectcache::sched::{
     plan, ComputeModel, GpuKind, KernelClass, PlanChoice, PlanInput, PolicyKind,
 };
-use objectcache::sim::{simulate, workload, SimConfig, SimPolicy, Summary};
+use objectcache::sim::{simulate, workload, Outcome, SimConfig, SimPolicy, Summary};
 
 const N: usize = 32;
 const PREFIX: u64 = 10_000;
@@ -30,21 +30,32 @@ fn setup() -> (SimConfig, workload::Workload) {
     (cfg, workload::c1(N, PREFIX, NEW))
 }
 
-#[test]
-fn c1_setup_loading_everything_takes_about_3x_recompute() {
+/// C1 simulated under `kind` with every prefix loaded in full (no planner): each request's
+/// outcome, and the recompute TTFT.
+fn full_loads(kind: PolicyKind) -> (Vec<Outcome>, f64) {
     let (cfg, w) = setup();
-    let recompute = cfg.model.recompute_time(PREFIX, NEW);
-    // Equal sharing with full loads: every request waits for the whole link's worth.
     let o = simulate(
         &w,
         &cfg,
         SimPolicy {
-            kind: PolicyKind::EqualShare,
+            kind,
             planner: false,
         },
     )
     .unwrap();
-    let worst = o.iter().map(|x| x.ttft_s).fold(0.0, f64::max);
+    (o, cfg.model.recompute_time(PREFIX, NEW))
+}
+
+/// The slowest TTFT of `o`, seconds.
+fn worst_ttft(o: &[Outcome]) -> f64 {
+    o.iter().map(|x| x.ttft_s).fold(0.0, f64::max)
+}
+
+#[test]
+fn c1_setup_loading_everything_takes_about_3x_recompute() {
+    // Equal sharing with full loads: every request waits for the whole link's worth.
+    let (o, recompute) = full_loads(PolicyKind::EqualShare);
+    let worst = worst_ttft(&o);
     let ratio = worst / recompute;
     println!("C1: recompute TTFT {recompute:.3} s, equal share loading everything: worst TTFT {worst:.3} s ({ratio:.2}x)");
     assert!(
@@ -88,7 +99,7 @@ fn c1_every_ttft_within_5_percent_of_recompute_with_the_planner() {
             "C1 {}: mean TTFT {:.3} s, worst {:.3} s, recompute {recompute:.3} s, loaded {:.0}% of the prefix tokens, {} fallbacks",
             pol.name(),
             s.mean_ttft_s,
-            o.iter().map(|x| x.ttft_s).fold(0.0, f64::max),
+            worst_ttft(&o),
             s.loaded_fraction * 100.0,
             s.fallbacks
         );
@@ -108,16 +119,6 @@ fn c1_every_ttft_within_5_percent_of_recompute_with_the_planner() {
 fn c1_without_the_planner_the_fault_shows() {
     // The same setup with every prefix loaded in full is the reported fault: a hit slower than
     // recomputing. The scheduler alone cannot fix it (the bytes must move).
-    let (cfg, w) = setup();
-    let recompute = cfg.model.recompute_time(PREFIX, NEW);
-    let o = simulate(
-        &w,
-        &cfg,
-        SimPolicy {
-            kind: PolicyKind::StallAware,
-            planner: false,
-        },
-    )
-    .unwrap();
+    let (o, recompute) = full_loads(PolicyKind::StallAware);
     assert!(o.iter().any(|x| x.ttft_s > 2.0 * recompute));
 }

@@ -2,63 +2,15 @@
 //! crashed a fuzz target, stored as hex text) and a few hand-made hostile inputs through the
 //! same code as the fuzz targets: each must end as `Ok` or an error, never a panic.
 
-use objectcache::layout::{decode_chunk, encode_chunk, slice_range, verify_slice, ChunkHeader};
-use objectcache::{Dtype, KvGeometry};
+use objectcache::layout::encode_chunk;
 
-fn geometry() -> KvGeometry {
-    let mut g = KvGeometry::new("fuzz/small", 3, 1, 8, Dtype::Fp16).unwrap();
-    g.tokens_per_chunk = 4;
-    g
-}
+/// The fuzz targets' bodies (`geometry`, `object_header`, `gather_descriptor`,
+/// `frame_decoder`): the fuzz crate's library, shared so that a replay runs exactly what the
+/// fuzzer ran.
+#[path = "../fuzz/src/lib.rs"]
+mod targets;
 
-/// The body of the `object_header` fuzz target.
-fn object_header(data: &[u8]) {
-    if let Ok(h) = ChunkHeader::decode(data) {
-        let _ = h.object_len();
-        for l in 0..h.layers.min(4) {
-            let _ = slice_range(l, h.slice_len);
-        }
-        let g = geometry();
-        let _ = h.check(&g, g.tokens_per_chunk);
-    }
-    let g = geometry();
-    let _ = decode_chunk(&g, g.tokens_per_chunk, data);
-    if data.len() >= 2 {
-        let slice = (g.tokens_per_chunk as u64 * g.bytes_per_token_per_layer()) as usize;
-        let layer = vec![0x5au8; slice];
-        let mut obj = encode_chunk(&g, g.tokens_per_chunk, |_| &layer[..]).unwrap();
-        let at = data[0] as usize % obj.len();
-        let n = (data.len() - 1).min(obj.len() - at);
-        obj[at..at + n].copy_from_slice(&data[1..1 + n]);
-        if let Ok((_, slices)) = decode_chunk(&g, g.tokens_per_chunk, &obj) {
-            for (l, s) in slices.iter().enumerate() {
-                let r = slice_range(l as u32, s.len() as u64);
-                verify_slice(l, &obj[r.start as usize..r.end as usize], s.len() as u64).unwrap();
-            }
-        }
-    }
-}
-
-/// The body of the `gather_descriptor` fuzz target.
-fn gather_descriptor(data: &[u8]) {
-    if let Ok(req) = objectcache::protocol::GatherRequest::decode(data, 4096) {
-        let units = objectcache::protocol::plan_units(&req);
-        assert!(units.len() as u64 <= objectcache::protocol::MAX_UNITS_PER_REQUEST);
-    }
-    let _ = objectcache::protocol::SaveRequest::decode(data, 4096);
-}
-
-/// The body of the `frame_decoder` fuzz target.
-fn frame_decoder(data: &[u8]) {
-    use bytes::BytesMut;
-    use objectcache::protocol::{decode_frame, ClientConnection, ServerConnection, ServerLimits};
-    let mut buf = BytesMut::from(data);
-    while let Ok(Some(_)) = decode_frame(&mut buf, 1 << 20, 4096) {}
-    let mut s = ServerConnection::new(ServerLimits::default());
-    let _ = s.handle_bytes(&mut BytesMut::from(data));
-    let mut c = ClientConnection::new();
-    let _ = c.handle_bytes(&mut BytesMut::from(data));
-}
+use targets::{frame_decoder, gather_descriptor, geometry, object_header};
 
 fn replay(target: &str, f: fn(&[u8])) -> usize {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

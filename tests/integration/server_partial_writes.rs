@@ -30,16 +30,7 @@ fn cli(args: &[&str]) -> serde_json::Value {
 /// Starts a 512 MiB presigned PUT of `key`, sends 1 MiB every 50 ms from a task (the server
 /// keeps receiving it), and kills the server once its temporary file holds at least 32 MiB.
 async fn kill_mid_put(p: ServeProcess, addr: SocketAddr, dir: &std::path::Path, key: &str) -> u64 {
-    let mut s = connect_from(1, addr).await;
-    let t = presign(
-        "PUT",
-        addr,
-        &format!("/{BUCKET}/{key}"),
-        600,
-        ACCESS,
-        SECRET,
-    );
-    send_head(&mut s, "PUT", &t, addr, "Content-Length: 536870912\r\n").await;
+    let mut s = presigned_head(1, addr, "PUT", key, "Content-Length: 536870912\r\n").await;
     let sender = tokio::spawn(async move {
         let piece = vec![0x42u8; 1 << 20];
         while s.write_all(&piece).await.is_ok() {

@@ -6,14 +6,20 @@ use objectcache::sched::{ComputeModel, GpuKind, KernelClass};
 use objectcache::sim::{run, workload, RunSpec, SimConfig, SimPolicy};
 use std::process::Command;
 
-fn records(seed: u64) -> String {
-    let cfg = SimConfig {
-        model: ComputeModel::preset("llama-3.1-8b", GpuKind::H200, KernelClass::Tuned).unwrap(),
+/// Llama-3.1-8B with tuned kernels on `gpu`, 4 KiB per token per layer in 256-token chunks,
+/// over a link of `capacity` bytes/s (no per-load rate limit).
+fn llama_config(gpu: GpuKind, capacity: f64) -> SimConfig {
+    SimConfig {
+        model: ComputeModel::preset("llama-3.1-8b", gpu, KernelClass::Tuned).unwrap(),
         kv_bytes_per_token_per_layer: 4096,
         chunk_tokens: 256,
-        capacity: 0.5 * 12.5e9,
+        capacity,
         max_rate_per_load: f64::INFINITY,
-    };
+    }
+}
+
+fn records(seed: u64) -> String {
+    let cfg = llama_config(GpuKind::H200, 0.5 * 12.5e9);
     let w = workload::staggered_mix(6, 2, 1.5, seed);
     let b = workload::burst_mix(3, 2, seed);
     let mut out = Vec::new();
@@ -68,13 +74,7 @@ fn trace_replay_is_deterministic_and_finds_prefix_hits() {
         .filter(|r| r.prefix_tokens > 0)
         .count();
     assert!(hits > 30, "{hits} hits");
-    let cfg = SimConfig {
-        model: ComputeModel::preset("llama-3.1-8b", GpuKind::H100, KernelClass::Tuned).unwrap(),
-        kv_bytes_per_token_per_layer: 4096,
-        chunk_tokens: 256,
-        capacity: 0.25 * 12.5e9,
-        max_rate_per_load: f64::INFINITY,
-    };
+    let cfg = llama_config(GpuKind::H100, 0.25 * 12.5e9);
     for p in SimPolicy::standard() {
         let a = objectcache::sim::simulate(&w, &cfg, p).unwrap();
         let b = objectcache::sim::simulate(&w, &cfg, p).unwrap();

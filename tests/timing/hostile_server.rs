@@ -148,23 +148,8 @@ async fn timed_gets(c: &aws_sdk_s3::Client, key: &str, n: usize, want: &[u8]) ->
 
 /// A presigned PUT of `len` bytes from `127.0.0.{src}`, sent in 1 MiB writes; the status.
 async fn flood_put(addr: SocketAddr, src: u8, key: String, body: std::sync::Arc<Vec<u8>>) -> u16 {
-    let mut s = connect_from(src, addr).await;
-    let target = presign(
-        "PUT",
-        addr,
-        &format!("/{BUCKET}/{key}"),
-        600,
-        ACCESS,
-        SECRET,
-    );
-    send_head(
-        &mut s,
-        "PUT",
-        &target,
-        addr,
-        &format!("Content-Length: {}\r\n", body.len()),
-    )
-    .await;
+    let extra = format!("Content-Length: {}\r\n", body.len());
+    let mut s = presigned_head(src, addr, "PUT", &key, &extra).await;
     for c in body.chunks(1 << 20) {
         if s.write_all(c).await.is_err() {
             break;
@@ -270,16 +255,8 @@ async fn hostile_clients_are_dropped_and_the_server_stays_within_its_limits() {
     let drips: Vec<_> = (0..16)
         .map(|i| {
             tokio::spawn(async move {
-                let mut s = connect_from(8, addr).await;
-                let t = presign(
-                    "PUT",
-                    addr,
-                    &format!("/{BUCKET}/drip/{i}"),
-                    600,
-                    ACCESS,
-                    SECRET,
-                );
-                send_head(&mut s, "PUT", &t, addr, "Content-Length: 67108864\r\n").await;
+                let key = format!("drip/{i}");
+                let s = presigned_head(8, addr, "PUT", &key, "Content-Length: 67108864\r\n").await;
                 let t0 = Instant::now();
                 let (mut rd, mut wr) = s.into_split();
                 let w = tokio::spawn(async move {
@@ -314,17 +291,7 @@ async fn hostile_clients_are_dropped_and_the_server_stays_within_its_limits() {
     // (f) GETs of a 32 MiB object whose bodies are never read.
     let mut readers = Vec::new();
     for _ in 0..16 {
-        let mut s = connect_from(9, addr).await;
-        let t = presign(
-            "GET",
-            addr,
-            &format!("/{BUCKET}/legit/big"),
-            600,
-            ACCESS,
-            SECRET,
-        );
-        send_head(&mut s, "GET", &t, addr, "").await;
-        readers.push(s);
+        readers.push(presigned_head(9, addr, "GET", "legit/big", "").await);
     }
     // Meanwhile, the legitimate client.
     let mut under = timed_gets(&legit, "legit/obj", 60, &small).await;

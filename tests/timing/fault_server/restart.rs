@@ -35,16 +35,7 @@ fn killed_mid_load_then_restarted(format: SaveFormat) {
     r.proxy.clear_log();
     let e2 = r.fresh_engine();
     let per_layer = CHUNKS * r.g.slice_bytes() as usize;
-    let h = e2
-        .load(
-            LoadRequest {
-                geometry: r.g.clone(),
-                hashes: r.hashes.clone(),
-                hints: Default::default(),
-            },
-            LayerBuffers::allocate(r.g.layers as usize, per_layer),
-        )
-        .unwrap();
+    let h = common::start_load(&e2, &r.g, r.hashes.clone(), per_layer);
     // Kill the server once its gather answer is flowing: 1 MiB through the dripping proxy.
     common::eventually(
         "1 MiB of the gather answer",
