@@ -23,6 +23,14 @@ pub fn current_thread_rt() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// The multi-thread runtime that this test binary's synchronous tests start servers and S3
+/// clients on: built on first use and alive for the whole process, so what runs on it (a
+/// server, a client's connection pool) outlives the call that started it.
+pub fn shared_rt() -> &'static tokio::runtime::Runtime {
+    static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap())
+}
+
 /// Runs `cmd` to its end and returns its output, asserting it exited 0 (its stderr is the
 /// failure message).
 pub fn run_ok(cmd: &mut std::process::Command) -> std::process::Output {

@@ -4,6 +4,7 @@
 #![cfg(feature = "s3")]
 
 use crate::common;
+use crate::common::shared_rt as rt;
 use crate::gather_util;
 
 use common::{assert_layers_exact, hashes, save_prefix, start_load, temp_fs_store, unique_ns};
@@ -13,13 +14,7 @@ use objectcache::layout::{segment_digest, SegmentHeader};
 use objectcache::server::ServerHandle;
 use objectcache::store::{S3Store, Store};
 use objectcache::KvGeometry;
-use std::sync::{Arc, OnceLock};
-
-/// Runtime that owns servers and S3 clients for the whole test process.
-fn rt() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap())
-}
+use std::sync::Arc;
 
 fn s3_on(endpoint: &str) -> Arc<dyn Store> {
     rt().block_on(gather_util::s3_store_on(endpoint))

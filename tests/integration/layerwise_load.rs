@@ -18,9 +18,7 @@ fn small() -> KvGeometry {
 fn s3_store() -> Option<Arc<dyn Store>> {
     // The S3 client's connection pool runs on the runtime that built it: keep that runtime
     // alive for the whole test process.
-    static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
-    let rt = RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap());
-    match rt
+    match common::shared_rt()
         .block_on(objectcache::store::S3Store::from_test_env("layerwise"))
         .expect("S3 endpoint refuses us")
     {
@@ -198,11 +196,7 @@ fn c3_object_bigger_than_slot_or_truncated() {
             let bufs: Vec<Vec<u8>> = (0..6).map(|_| vec![0xAB; slot + 64]).collect();
             let h = e
                 .load(
-                    LoadRequest {
-                        geometry: g.clone(),
-                        hashes: vec![hs[i].clone()],
-                        hints: Default::default(),
-                    },
+                    LoadRequest::new(g.clone(), vec![hs[i].clone()]),
                     LayerBuffers::from_vecs(bufs),
                 )
                 .unwrap();

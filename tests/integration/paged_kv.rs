@@ -8,6 +8,7 @@
 #![cfg(feature = "s3")]
 
 use crate::common;
+use crate::common::shared_rt as rt;
 use crate::gather_util;
 
 use common::{hashes, unique_ns};
@@ -16,13 +17,7 @@ use objectcache::connector::{
 };
 use objectcache::store::{FsStore, FsyncPolicy, MemoryStore, S3Store, Store};
 use objectcache::{KvGeometry, LayerError};
-use std::sync::{Arc, OnceLock};
-
-/// Runtime that owns servers and S3 clients for the whole test process.
-fn rt() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap())
-}
+use std::sync::Arc;
 
 /// A vLLM-like KV pool: `layers` layer views back to back, each `blocks` blocks of
 /// `block_bytes` (one (layer, block) is one contiguous run, as in vLLM's CPU attention

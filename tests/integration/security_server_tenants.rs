@@ -6,6 +6,7 @@
 #![cfg(feature = "s3")]
 
 use crate::common;
+use crate::common::shared_rt as rt;
 use crate::gather_util;
 
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
@@ -18,12 +19,7 @@ use objectcache::server::{ServerConfig, ServerHandle};
 use objectcache::store::{FsStore, FsyncPolicy, S3Config, S3Store, Store, StoreExt};
 use objectcache::KvGeometry;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
-
-fn rt() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap())
-}
+use std::sync::Arc;
 
 const A: (&str, &str, &str) = ("tenant-a-key", "tenant-a-secret", "alpha");
 const B: (&str, &str, &str) = ("tenant-b-key", "tenant-b-secret", "beta");

@@ -5,6 +5,7 @@
 #![cfg(feature = "s3")]
 
 use crate::common;
+use crate::common::shared_rt as rt;
 use crate::gather_util;
 
 use common::{assert_layers_exact, engine, save_prefix, start_load, unique_ns};
@@ -14,12 +15,7 @@ use objectcache::store::{MemoryStore, S3Config, S3Store, Store, StoreExt};
 use objectcache::transport::tcp::{GatherClient, GatherError};
 use objectcache::KvGeometry;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
-
-fn rt() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap())
-}
+use std::sync::Arc;
 
 /// A test CA and a server certificate it signed for `localhost` and 127.0.0.1, written to
 /// `dir` as PEM: (ca.pem, server.pem, server.key).

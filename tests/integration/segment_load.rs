@@ -6,6 +6,7 @@
 //! touches, never bytes.
 
 use crate::common;
+use crate::common::shared_rt as rt;
 use crate::layerwise_load::stores;
 
 use bytes::Bytes;
@@ -64,13 +65,6 @@ pub(crate) fn write_segment(
                 .unwrap();
         }
     });
-}
-
-/// One runtime for every direct store call: an S3 client's pooled connections live on the
-/// runtime that opened them.
-fn rt() -> &'static tokio::runtime::Runtime {
-    static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
-    RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap())
 }
 
 /// An engine over `store` in namespace `ns` whose saves write format version 2, segments of

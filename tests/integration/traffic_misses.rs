@@ -7,6 +7,7 @@
 #![cfg(feature = "s3")]
 
 use crate::common;
+use crate::common::shared_rt as rt;
 use crate::fault_proxy;
 use crate::gather_util;
 
@@ -19,12 +20,7 @@ use objectcache::connector::{
 use objectcache::layout::slice_range;
 use objectcache::store::{MemoryStore, Store, StoreExt};
 use objectcache::{ChunkHash, Dtype, KvGeometry, LayerError};
-use std::sync::{Arc, OnceLock};
-
-fn rt() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap())
-}
+use std::sync::Arc;
 
 /// 16 layers x 256 KiB slices.
 fn geometry() -> KvGeometry {

@@ -9,6 +9,7 @@
 #![cfg(feature = "s3")]
 
 use crate::common;
+use crate::common::shared_rt as rt;
 use crate::gather_util;
 
 use common::{hashes, kv, uncached_engine, unique_ns};
@@ -19,13 +20,8 @@ use objectcache::connector::{
 use objectcache::lifecycle::{Inventory, Policy, Reason};
 use objectcache::store::{MemoryStore, Store};
 use objectcache::{ChunkHash, Dtype, KvGeometry};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-fn rt() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap())
-}
 
 /// 4 layers x 4 KiB slices (16 tokens per chunk): 16 KiB per chunk.
 fn geometry() -> KvGeometry {
