@@ -60,13 +60,7 @@ pub(super) fn predict(
             .map(|(&i, o)| (i, (o.layer_ready_s, o.load_end_s)))
             .collect();
         // Re-decide, in arrival order, with the simulated progress.
-        let mut order: Vec<usize> = (0..reqs.len()).collect();
-        order.sort_by(|&a, &b| {
-            reqs[a]
-                .arrival_s
-                .total_cmp(&reqs[b].arrival_s)
-                .then(a.cmp(&b))
-        });
+        let order = objectcache::sched::arrival_order(reqs.len(), |i| reqs[i].arrival_s);
         let mut next: Vec<Option<usize>> = vec![None; reqs.len()];
         let mut leaders: Vec<usize> = Vec::new();
         for &i in &order {

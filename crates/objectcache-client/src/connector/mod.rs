@@ -472,6 +472,26 @@ impl Engine {
     }
 }
 
+/// Checks that a call was given one buffer per layer of `g`: `given` buffers (`what`, e.g.
+/// "destination buffers") for operation `op` ("load", "save").
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming both counts and the model.
+pub(crate) fn check_layer_count(
+    op: &str,
+    given: usize,
+    what: &str,
+    g: &KvGeometry,
+) -> Result<(), Error> {
+    if given == g.layers as usize {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument(format!(
+        "{op}: {given} {what} given, geometry {} has {} layers",
+        g.model, g.layers
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -56,14 +56,7 @@ impl Engine {
     ) -> Result<SaveReport, Error> {
         let keys = self.keys_for(g, hashes)?;
         let slice = g.slice_bytes() as usize;
-        if layers.len() != g.layers as usize {
-            return Err(Error::InvalidArgument(format!(
-                "save: {} layer buffers given, geometry {} has {} layers",
-                layers.len(),
-                g.model,
-                g.layers
-            )));
-        }
+        super::check_layer_count("save", layers.len(), "layer buffers", g)?;
         for (l, parts) in layers.iter().enumerate() {
             let n: usize = parts.iter().map(|p| p.len()).sum();
             if n != hashes.len() * slice {

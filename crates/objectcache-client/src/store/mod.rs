@@ -345,28 +345,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn put_stream(
         &self,
         key: &str,
-        mut body: ByteStream,
+        body: ByteStream,
         len: Option<u64>,
         opts: PutOptions,
     ) -> StoreResult<PutResult> {
-        let mut parts = Vec::new();
-        let mut got = 0u64;
-        while let Some(p) = body.next().await {
-            let p = p?;
-            got += p.len() as u64;
-            parts.push(p);
-        }
-        check_stream_len(key, got, len)?;
-        // Always a fresh buffer: the pieces may belong to someone else (a server's request
-        // body holds its memory budget until its pieces are dropped), and a store that keeps
-        // the buffer (the memory store) must not keep them. The pieces are dropped only once
-        // the put has returned, so a budget they hold also covers the copy while it is sent
-        // (at most twice the budgeted bytes, never outside it).
-        let mut v = Vec::with_capacity(got as usize);
-        parts.iter().for_each(|p| v.extend_from_slice(p));
-        let r = self.put_opts(key, Bytes::from(v), opts).await;
-        drop(parts);
-        r
+        put_collected(self, key, body, len, opts).await
     }
 
     /// Incomplete writes under `prefix` this store keeps outside its objects (temporary
@@ -424,6 +407,39 @@ pub struct PartialWrite {
     /// `true` when its writer is known to be gone (a process of this host that no longer
     /// runs): it can never complete, whatever its age.
     pub orphaned: bool,
+}
+
+/// [`Store::put_stream`] by collecting the body in memory, then one [`Store::put_opts`] of a
+/// copy: the trait's default, and what a backend that streams only with a known length does
+/// without one (the S3 backend).
+///
+/// # Errors
+/// As [`Store::put_opts`]; the body's own error; a length other than `len`.
+pub async fn put_collected<S: Store + ?Sized>(
+    store: &S,
+    key: &str,
+    mut body: ByteStream,
+    len: Option<u64>,
+    opts: PutOptions,
+) -> StoreResult<PutResult> {
+    let mut parts = Vec::new();
+    let mut got = 0u64;
+    while let Some(p) = body.next().await {
+        let p = p?;
+        got += p.len() as u64;
+        parts.push(p);
+    }
+    check_stream_len(key, got, len)?;
+    // Always a fresh buffer: the pieces may belong to someone else (a server's request body
+    // holds its memory budget until its pieces are dropped), and a store that keeps the
+    // buffer (the memory store) must not keep them. The pieces are dropped only once the put
+    // has returned, so a budget they hold also covers the copy while it is sent (at most
+    // twice the budgeted bytes, never outside it).
+    let mut v = Vec::with_capacity(got as usize);
+    parts.iter().for_each(|p| v.extend_from_slice(p));
+    let r = store.put_opts(key, Bytes::from(v), opts).await;
+    drop(parts);
+    r
 }
 
 /// Checks a streamed body's length against the length declared for it.

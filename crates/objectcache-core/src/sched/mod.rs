@@ -35,6 +35,7 @@ pub use model::{
 pub use placement::Placement;
 pub use planner::{fallback, plan, Fallback, Plan, PlanChoice, PlanInput, StallState};
 pub use policy::{
-    ByteProportional, EqualShare, Fifo, Policy, PolicyKind, SchedulerSetting, StallAware,
+    arrival_order, ByteProportional, EqualShare, Fifo, Policy, PolicyKind, SchedulerSetting,
+    StallAware,
 };
 pub use scheduler::{Allocation, Scheduler, TokenBucket, Unit};

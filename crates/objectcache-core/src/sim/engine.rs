@@ -306,13 +306,7 @@ fn run_instance(
             r.arrival_s
         )));
     }
-    let mut order: Vec<usize> = (0..reqs.len()).collect();
-    order.sort_by(|&a, &b| {
-        reqs[a]
-            .arrival_s
-            .total_cmp(&reqs[b].arrival_s)
-            .then(a.cmp(&b))
-    });
+    let order = crate::sched::arrival_order(reqs.len(), |i| reqs[i].arrival_s);
     let m = &cfg.model;
     let fixed = m.fixed_s();
     let mut out: Vec<Option<Outcome>> = vec![None; reqs.len()];

@@ -62,14 +62,7 @@ impl Engine {
                 req.hashes.len()
             )));
         }
-        if dest.layers() != g.layers as usize {
-            return Err(Error::InvalidArgument(format!(
-                "load: {} destination buffers given, geometry {} has {} layers",
-                dest.layers(),
-                g.model,
-                g.layers
-            )));
-        }
+        crate::connector::check_layer_count("load", dest.layers(), "destination buffers", g)?;
         let need = req.hashes.len() as u64 * g.slice_bytes();
         for l in 0..dest.layers() {
             if (dest.layer_len(l) as u64) < need {

@@ -113,8 +113,12 @@ impl FsStore {
         Ok(self.root.join(key))
     }
 
-    /// A fresh temporary file path in `dir`: the sequence number is process-wide, so that
-    /// two stores on one root in one process never pick the same name.
+    /// A turn to write a file (one of `writers`), held while the blocking write runs.
+    async fn writer_turn(&self) -> tokio::sync::OwnedSemaphorePermit {
+        let writers = self.writers.clone();
+        writers.acquire_owned().await.expect("never closed")
+    }
+
     /// Where a put of `key` goes: the object's path, its directory, and a fresh temporary
     /// file's path in that directory (renamed or linked into place on commit).
     fn write_paths(&self, key: &str) -> StoreResult<(PathBuf, PathBuf, PathBuf)> {
@@ -127,6 +131,8 @@ impl FsStore {
         Ok((path, dir, tmp))
     }
 
+    /// A fresh temporary file path in `dir`: the sequence number is process-wide, so that
+    /// two stores on one root in one process never pick the same name.
     fn tmp_path(&self, dir: &Path) -> PathBuf {
         static SEQ: AtomicU64 = AtomicU64::new(0);
         dir.join(format!(
@@ -287,12 +293,7 @@ impl Store for FsStore {
         let (path, dir, tmp) = self.write_paths(key)?;
         let fsync = self.fsync;
         let key = key.to_string();
-        let turn = self
-            .writers
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("never closed");
+        let turn = self.writer_turn().await;
         blocking(move || {
             let _turn = turn;
             let mut t = TmpFile::create(tmp, &dir, &key)?;
@@ -350,12 +351,7 @@ impl Store for FsStore {
             if upto > written {
                 let now = take_bytes(&mut pending, upto - written);
                 let k = key.clone();
-                let turn = self
-                    .writers
-                    .clone()
-                    .acquire_owned()
-                    .await
-                    .expect("never closed");
+                let turn = self.writer_turn().await;
                 t = blocking(move || {
                     let _turn = turn;
                     write_pieces(&mut t.file, &now).map_err(|e| io_err(&k, e))?;

@@ -115,18 +115,7 @@ impl Store for S3Store {
         opts: PutOptions,
     ) -> StoreResult<PutResult> {
         let Some(n) = len else {
-            let mut parts = Vec::new();
-            let mut body = body;
-            let mut got = 0u64;
-            while let Some(p) = futures::StreamExt::next(&mut body).await {
-                let p = p?;
-                got += p.len() as u64;
-                parts.push(p);
-            }
-            check_stream_len(key, got, len)?;
-            let mut v = Vec::with_capacity(got as usize);
-            parts.iter().for_each(|p| v.extend_from_slice(p));
-            return self.put_opts(key, Bytes::from(v), opts).await;
+            return crate::store::put_collected(self, key, body, len, opts).await;
         };
         validate_key(key)?;
         let full = self.full_key(key);

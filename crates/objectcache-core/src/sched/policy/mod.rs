@@ -180,6 +180,16 @@ pub fn water_fill(capacity: f64, weights: &[f64], caps: &[f64], rates: &mut [f64
     }
 }
 
+/// Indices `0..n` in arrival order (request `i` arrives at `arrival_s(i)` seconds), ties by
+/// index: the order first-come-first-served serves loads in ([`Fifo`]) and the simulator takes
+/// requests in (`crate::sim::simulate_instance`; the traffic benchmark's prediction
+/// re-decides its requests in the same order).
+pub fn arrival_order(n: usize, arrival_s: impl Fn(usize) -> f64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| arrival_s(a).total_cmp(&arrival_s(b)).then(a.cmp(&b)));
+    order
+}
+
 /// First come, first served: loads in arrival order each take all they can.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Fifo;
@@ -189,15 +199,8 @@ impl Policy for Fifo {
         "fifo"
     }
     fn allocate(&mut self, _now: f64, capacity: f64, loads: &[LoadState], rates: &mut [f64]) {
-        let mut order: Vec<usize> = (0..loads.len()).collect();
-        order.sort_by(|&a, &b| {
-            loads[a]
-                .arrival_s()
-                .total_cmp(&loads[b].arrival_s())
-                .then(a.cmp(&b))
-        });
         let mut left = capacity;
-        for i in order {
+        for i in arrival_order(loads.len(), |i| loads[i].arrival_s()) {
             if loads[i].remaining_bytes() == 0 {
                 continue;
             }
