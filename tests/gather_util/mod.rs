@@ -261,16 +261,21 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     let mut out = Vec::new();
     s.read_to_end(&mut out).await.unwrap();
     let text = String::from_utf8_lossy(&out).to_string();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
+    let status = http_status(&text);
     let body = text
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     (status, body)
+}
+
+/// The status code of an HTTP/1.1 response that begins `text` (`HTTP/1.1 200 OK...`); 0 if
+/// there is none.
+pub fn http_status(text: &str) -> u16 {
+    text.split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
 }
 
 /// A metric's value from the text exposition (first sample whose line starts with `name`).

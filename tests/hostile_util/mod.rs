@@ -110,12 +110,7 @@ pub async fn read_status(s: &mut TcpStream) -> (u16, String) {
         }
     }
     let text = String::from_utf8_lossy(&out).to_string();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    (status, text)
+    (crate::gather_util::http_status(&text), text)
 }
 
 /// Reads (and discards) until the server closes the connection; how long that took, or

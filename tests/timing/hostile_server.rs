@@ -278,12 +278,8 @@ async fn hostile_clients_are_dropped_and_the_server_stays_within_its_limits() {
                     };
                 let answered = n.is_some();
                 let n = n.unwrap_or(0);
-                let status = String::from_utf8_lossy(&b[..n])
-                    .split(' ')
-                    .nth(1)
-                    .and_then(|s| s.parse::<u16>().ok())
-                    .unwrap_or(0);
                 let head = String::from_utf8_lossy(&b[..n]).to_string();
+                let status = http_status(&head);
                 (status, head, t0.elapsed(), answered, w)
             })
         })
