@@ -36,7 +36,7 @@
 use super::modeled_link as link;
 use super::modeled_nixl as nixl;
 use super::modeled_plan::{compute_model, Plan, PointLoads};
-use super::modeled_points::{concurrent_records, point_records, timeline_plot};
+use super::modeled_points::{concurrent_records, point_records, timeline_plot, Point};
 use super::modeled_table::{print_goals, print_table};
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -340,14 +340,23 @@ pub fn run(a: &ModeledArgs, runs: usize, json: Option<&std::path::Path>) -> Resu
             for &gpu in &plan.gpus {
                 let cm = compute_model(model, &g, gpu, plan.kernels)?;
                 for &new in &plan.new_tokens {
-                    let recs = point_records(&plan, model, &g, gpu, &cm, *ctx, new, pl)?;
+                    let point = Point {
+                        plan: &plan,
+                        model,
+                        g: &g,
+                        gpu,
+                        cm: &cm,
+                        new,
+                        pl,
+                    };
+                    let recs = point_records(&point)?;
                     if timeline_svg.is_none()
                         || (model.contains("8b")
                             && *ctx == 65536
                             && new == 1024
                             && gpu == plan.gpus[0])
                     {
-                        if let Some(t) = timeline_plot(&plan, model, &g, gpu, &cm, *ctx, new, pl) {
+                        if let Some(t) = timeline_plot(&point) {
                             timeline_svg = Some(t);
                         }
                     }

@@ -65,24 +65,46 @@ fn ctx_tokens(g: &KvGeometry, pl: &PointLoads) -> u64 {
     pl.chunks_full as u64 * g.tokens_per_chunk as u64
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(super) fn timeline_plot(
-    plan: &Plan,
-    model: &str,
-    g: &KvGeometry,
-    gpu: GpuKind,
-    cm: &ComputeModel,
-    _ctx: u64,
-    new: u64,
-    pl: &PointLoads,
-) -> Option<super::modeled_plot::TimelinePlot> {
-    let c = Ctx {
+/// One point of the modeled grid: a model geometry on one GPU kind, a cached prefix (its
+/// measured loads, `pl`) and `new` tokens prefilled after it, under `plan`.
+pub(super) struct Point<'a> {
+    pub plan: &'a Plan,
+    /// The model's name (`llama-3.1-8b`, ...).
+    pub model: &'a str,
+    pub g: &'a KvGeometry,
+    pub gpu: GpuKind,
+    /// The compute model of `model` on `gpu`.
+    pub cm: &'a ComputeModel,
+    /// New tokens, after the cached prefix.
+    pub new: u64,
+    pub pl: &'a PointLoads,
+}
+
+impl<'a> Point<'a> {
+    /// The point's link and token figures.
+    fn ctx(&self) -> Ctx<'a> {
+        Ctx {
+            plan: self.plan,
+            g: self.g,
+            gpu: self.gpu,
+            ctx_tokens: ctx_tokens(self.g, self.pl),
+            pl: self.pl,
+        }
+    }
+}
+
+/// The per-layer timeline of the point's local and loaded methods, for the plot.
+pub(super) fn timeline_plot(p: &Point<'_>) -> Option<super::modeled_plot::TimelinePlot> {
+    let Point {
         plan,
+        model,
         g,
         gpu,
-        ctx_tokens: ctx_tokens(g, pl),
+        cm,
+        new,
         pl,
-    };
+    } = *p;
+    let c = p.ctx();
     let compute = cm.layer_times(new, c.ctx_tokens);
     let s = c.time_scale();
     let h2d = c.h2d_layer_s(c.ctx_tokens);
@@ -116,24 +138,18 @@ pub(super) fn timeline_plot(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(super) fn point_records(
-    plan: &Plan,
-    model: &str,
-    g: &KvGeometry,
-    gpu: GpuKind,
-    cm: &ComputeModel,
-    _ctx: u64,
-    new: u64,
-    pl: &PointLoads,
-) -> Result<Vec<Record>> {
-    let c = Ctx {
+/// The point's records: the modeled TTFT of every method, and the concurrency records.
+pub(super) fn point_records(p: &Point<'_>) -> Result<Vec<Record>> {
+    let Point {
         plan,
+        model,
         g,
         gpu,
-        ctx_tokens: ctx_tokens(g, pl),
+        cm,
+        new,
         pl,
-    };
+    } = *p;
+    let c = p.ctx();
     let layers = g.layers as usize;
     let compute = cm.layer_times(new, c.ctx_tokens);
     let fixed = cm.fixed_s();
