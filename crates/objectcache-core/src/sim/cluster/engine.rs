@@ -33,6 +33,17 @@ struct Act {
     reported: u64,
 }
 
+/// What the run accumulates across gateways: the rates scratch buffer, each finished load's
+/// added TTFT and its floor (the same load alone on an idle cluster), the sum of TTFTs, and
+/// per GPU its loads in flight per gateway (a GPU has few at once).
+struct Acc {
+    rates: Vec<f64>,
+    added: Vec<f64>,
+    floor: Vec<f64>,
+    ttft_sum: f64,
+    own: Vec<Vec<(u32, u32)>>,
+}
+
 struct Gw {
     sched: Scheduler,
     /// Time the loads' positions are at.
@@ -119,8 +130,6 @@ pub(super) fn run(
         })
         .collect();
     let mut reported = vec![0u32; g_n];
-    // Per GPU: its loads in flight per gateway (a GPU has few at once).
-    let mut own: Vec<Vec<(u32, u32)>> = vec![Vec::new(); w.gpus.max(1)];
     let mut heap: BinaryHeap<Reverse<(T, u32, u64)>> = BinaryHeap::new();
     let cap_for = |busy: usize| -> f64 {
         if busy == 0 {
@@ -129,15 +138,18 @@ pub(super) fn run(
             nic.min(storage / busy as f64)
         }
     };
-    let mut added: Vec<f64> = Vec::new();
-    let mut floor: Vec<f64> = Vec::new();
     let gpu_rate = cfg.gpu_bytes_per_s;
-    let mut ttft_sum = 0.0;
     let mut next = 0usize;
     let mut tick = cfg.health_interval_s;
     let mut events = 0u64;
     let mut end_t = 0.0f64;
-    let mut rates: Vec<f64> = Vec::new();
+    let mut acc = Acc {
+        rates: Vec::new(),
+        added: Vec::new(),
+        floor: Vec::new(),
+        ttft_sum: 0.0,
+        own: vec![Vec::new(); w.gpus.max(1)],
+    };
     let reqs = &w.requests;
     if let Some(r) = reqs
         .iter()
@@ -151,15 +163,14 @@ pub(super) fn run(
 
     // Moves gateway `g`'s loads to time `t` at their current rates, reports progress, and
     // retires finished loads (their outcome recorded).
-    let advance = |gw: &mut Gw,
-                   t: f64,
-                   rates: &mut Vec<f64>,
-                   added: &mut Vec<f64>,
-                   floor: &mut Vec<f64>,
-                   ttft_sum: &mut f64,
-                   own: &mut Vec<Vec<(u32, u32)>>,
-                   g: usize|
-     -> Result<(), Error> {
+    let advance = |gw: &mut Gw, t: f64, acc: &mut Acc, g: usize| -> Result<(), Error> {
+        let Acc {
+            rates,
+            added,
+            floor,
+            ttft_sum,
+            own,
+        } = acc;
         let dt = (t - gw.t).max(0.0);
         rates.clear();
         rates.extend(gw.sched.poll_allocation(gw.t).iter().map(|a| a.rate));
@@ -295,16 +306,7 @@ pub(super) fn run(
             };
             t = time.0;
             touched = g as usize;
-            advance(
-                &mut gws[touched],
-                t,
-                &mut rates,
-                &mut added,
-                &mut floor,
-                &mut ttft_sum,
-                &mut own,
-                touched,
-            )?;
+            advance(&mut gws[touched], t, &mut acc, touched)?;
         } else if tt < ta {
             for (r, gw) in reported.iter_mut().zip(&gws) {
                 *r = gw.acts.len() as u32;
@@ -319,9 +321,9 @@ pub(super) fn run(
             if q.prefix_tokens == 0 || bpt == 0 {
                 continue;
             }
-            let gpu = q.gpu as usize % own.len();
+            let gpu = q.gpu as usize % acc.own.len();
             for (i, c) in cands.iter_mut().enumerate() {
-                let mine = own[gpu]
+                let mine = acc.own[gpu]
                     .iter()
                     .find(|&&(x, _)| x as usize == i)
                     .map_or(0, |&(_, n)| n);
@@ -330,16 +332,7 @@ pub(super) fn run(
             let key = placement::route_key(&q.prefix.to_le_bytes());
             let g = placement::first(cfg.placement, key, &cands).expect("gateways");
             touched = g;
-            advance(
-                &mut gws[g],
-                t,
-                &mut rates,
-                &mut added,
-                &mut floor,
-                &mut ttft_sum,
-                &mut own,
-                g,
-            )?;
+            advance(&mut gws[g], t, &mut acc, g)?;
             if gws[g].acts.is_empty() {
                 let c = cap_for(gws.iter().filter(|g| !g.acts.is_empty()).count() + 1);
                 if gws[g].cap != c {
@@ -364,9 +357,9 @@ pub(super) fn run(
                 pos: 0.0,
                 reported: 0,
             });
-            match own[gpu].iter_mut().find(|(x, _)| *x as usize == g) {
+            match acc.own[gpu].iter_mut().find(|(x, _)| *x as usize == g) {
                 Some(e) => e.1 += 1,
-                None => own[gpu].push((g as u32, 1)),
+                None => acc.own[gpu].push((g as u32, 1)),
             }
         }
         // The storage cluster's share per busy gateway changed: re-cap every busy gateway.
@@ -378,21 +371,12 @@ pub(super) fn run(
                     continue;
                 }
                 if i != touched {
-                    advance(
-                        gw,
-                        t,
-                        &mut rates,
-                        &mut added,
-                        &mut floor,
-                        &mut ttft_sum,
-                        &mut own,
-                        i,
-                    )?;
+                    advance(gw, t, &mut acc, i)?;
                 }
                 gw.sched.set_capacity(t, c)?;
                 gw.cap = c;
                 gw.version += 1;
-                let nt = next_time(gw, &mut rates);
+                let nt = next_time(gw, &mut acc.rates);
                 if nt.is_finite() {
                     heap.push(Reverse((T(nt), i as u32, gw.version)));
                 }
@@ -401,12 +385,18 @@ pub(super) fn run(
         end_t = end_t.max(t);
         let gw = &mut gws[touched];
         gw.version += 1;
-        let nt = next_time(gw, &mut rates);
+        let nt = next_time(gw, &mut acc.rates);
         if nt.is_finite() {
             heap.push(Reverse((T(nt), touched as u32, gw.version)));
         }
     }
 
+    let Acc {
+        added,
+        mut floor,
+        ttft_sum,
+        ..
+    } = acc;
     let n = added.len();
     let mut sorted = added.clone();
     sorted.sort_by(f64::total_cmp);
