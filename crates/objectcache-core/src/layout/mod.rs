@@ -12,6 +12,7 @@ mod key;
 mod placement;
 mod ranges;
 mod segment;
+mod spans;
 
 pub use demux::{BodyPart, SliceDemux, Wanted};
 pub use format::{
@@ -32,6 +33,7 @@ pub use segment::{
     SegmentMarker, MAX_SEGMENT_CHUNKS, SEGMENT_FIXED_LEN, SEGMENT_MAGIC, SEGMENT_MARKER_LEN,
     SEGMENT_MARKER_MAGIC, SEGMENT_VERSION,
 };
+pub use spans::Spans;
 
 /// The object format specification (`docs/object-format.md`), rendered in rustdoc.
 #[doc = include_str!("../../../../docs/object-format.md")]

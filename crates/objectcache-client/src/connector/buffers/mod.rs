@@ -22,6 +22,7 @@
 #![allow(unsafe_code)]
 
 use crate::error::Error;
+use crate::layout::Spans;
 
 /// One range of destination memory.
 #[derive(Clone, Copy)]
@@ -34,8 +35,8 @@ struct Region {
 /// logical buffer.
 struct Layer {
     parts: Vec<Region>,
-    /// `starts[i]` = logical offset of `parts[i]` (ascending; `starts[0] == 0`).
-    starts: Vec<u64>,
+    /// Where each part lies in the layer's logical buffer.
+    spans: Spans,
     /// Sum of the parts' lengths.
     len: u64,
 }
@@ -43,38 +44,23 @@ struct Layer {
 impl Layer {
     fn new(parts: Vec<Region>) -> Self {
         let parts: Vec<Region> = parts.into_iter().filter(|r| r.len > 0).collect();
-        let mut starts = Vec::with_capacity(parts.len());
-        let mut at = 0u64;
-        for r in &parts {
-            starts.push(at);
-            at += r.len as u64;
-        }
+        let spans = Spans::new(parts.iter().map(|r| r.len as u64))
+            .expect("the lengths of memory regions add up within u64");
         Layer {
+            len: spans.len(),
             parts,
-            starts,
-            len: at,
+            spans,
         }
     }
 
     /// The memory pieces of logical bytes `offset..offset+len`, in order; `None` if the range
     /// runs past the layer. Pure address arithmetic: nothing is dereferenced.
     fn pieces(&self, offset: u64, len: u64) -> Option<Vec<(*mut u8, usize)>> {
-        let end = offset.checked_add(len).filter(|&e| e <= self.len)?;
-        let mut out = Vec::new();
-        if len == 0 {
-            return Some(out);
-        }
-        let mut i = self.starts.partition_point(|&s| s <= offset) - 1;
-        let mut at = offset;
-        while at < end {
-            let (r, s) = (self.parts[i], self.starts[i]);
-            let from = (at - s) as usize;
-            let n = ((r.len - from) as u64).min(end - at) as usize;
-            out.push((r.ptr.wrapping_add(from), n));
-            at += n as u64;
-            i += 1;
-        }
-        Some(out)
+        let pieces = self.spans.pieces(offset, len)?;
+        let at = |(i, from, n): (usize, u64, u64)| {
+            (self.parts[i].ptr.wrapping_add(from as usize), n as usize)
+        };
+        Some(pieces.into_iter().map(at).collect())
     }
 }
 

@@ -2,6 +2,8 @@
 //! layer's segments), the cutting of a unit into per-segment pieces ([`RdmaSegments`],
 //! [`rdma_pieces`]) and the limits of the RDMA immediate's fields.
 
+use crate::layout::Spans;
+
 /// One segment of a layer's RDMA destination: remote memory the server writes into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RdmaRegion {
@@ -86,52 +88,31 @@ pub fn rdma_pieces(segments: &[RdmaRegion], offset: u64, len: u64) -> Option<Vec
 #[derive(Debug, Clone)]
 pub struct RdmaSegments {
     segs: Vec<RdmaRegion>,
-    /// `starts[i]` = logical offset of `segs[i]`; one more entry: the total length.
-    starts: Vec<u64>,
+    /// Where each segment lies in the logical buffer.
+    spans: Spans,
 }
 
 impl RdmaSegments {
     /// Indexes `segs`; `None` if their lengths overflow `u64`.
     pub fn new(segs: Vec<RdmaRegion>) -> Option<Self> {
-        let mut starts = Vec::with_capacity(segs.len() + 1);
-        let mut at = 0u64;
-        starts.push(0);
-        for s in &segs {
-            at = at.checked_add(s.len)?;
-            starts.push(at);
-        }
-        Some(RdmaSegments { segs, starts })
+        let spans = Spans::new(segs.iter().map(|s| s.len))?;
+        Some(RdmaSegments { segs, spans })
     }
 
     /// As [`rdma_pieces`].
     pub fn pieces(&self, offset: u64, len: u64) -> Option<Vec<RdmaRegion>> {
-        let end = offset.checked_add(len)?;
-        if end > *self.starts.last().expect("starts has a total") {
-            return None;
-        }
-        let mut out = Vec::new();
-        if len == 0 {
-            return Some(out);
-        }
-        // The segment holding `offset`: the last whose start is at or before it (skipping
-        // empty segments, which start where the next one does).
-        let mut i = self.starts.partition_point(|&s| s <= offset) - 1;
-        let mut at = offset;
-        while at < end {
-            let s = self.segs.get(i)?;
-            let (a, b) = (self.starts[i], self.starts[i + 1]);
-            let to = end.min(b);
-            if to > at {
-                out.push(RdmaRegion {
-                    addr: s.addr.checked_add(at - a)?,
+        self.spans
+            .pieces(offset, len)?
+            .into_iter()
+            .map(|(i, at, len)| {
+                let s = &self.segs[i];
+                Some(RdmaRegion {
+                    addr: s.addr.checked_add(at)?,
                     rkey: s.rkey,
-                    len: to - at,
-                });
-                at = to;
-            }
-            i += 1;
-        }
-        Some(out)
+                    len,
+                })
+            })
+            .collect()
     }
 }
 
