@@ -13,15 +13,7 @@ pub unsafe extern "C" fn objectcache_load(
     params: *const objectcache_load_params,
     out: *mut *mut objectcache_transfer,
 ) -> objectcache_status {
-    guard("objectcache_load", || {
-        let e = get_engine(engine)?;
-        need_out(out, "out")?;
-        // SAFETY: the header's contract on `params`.
-        let p = unsafe { in_struct(params, "params")? };
-        let rid = p.request_id;
-        let ctx = |m: String| invalid(format!("request {rid}: {m}"));
-        // SAFETY: the header's contract on the geometry and hashes.
-        let (g, hs) = unsafe { load_what(rid, p.geometry, p.hashes, p.hash_len, p.n_chunks)? };
+    let dests = |p: &objectcache_load_params, g: &KvGeometry, need: u64, ctx: &Ctx| {
         if p.n_layers != g.layers as usize {
             return Err(ctx(format!(
                 "params->n_layers is {}, geometry has {} layers",
@@ -30,7 +22,6 @@ pub unsafe extern "C" fn objectcache_load(
         }
         // SAFETY: the header's contract: n_layers destinations.
         let dests = unsafe { slice(p.layers, p.n_layers, "params->layers")? };
-        let need = p.n_chunks as u64 * g.slice_bytes();
         // Only the first `need` bytes are ever written.
         let len = usize::try_from(need).map_err(|_| ctx("load too large".into()))?;
         let mut ranges = Vec::with_capacity(dests.len());
@@ -39,21 +30,18 @@ pub unsafe extern "C" fn objectcache_load(
                 return Err(ctx(format!("params->layers[{l}].addr is NULL")));
             }
             if d.len < need {
+                let (n, slice) = (p.n_chunks, g.slice_bytes());
                 return Err(ctx(format!(
-                    "params->layers[{l}].len is {} bytes, needs {} chunks x {} bytes = {need}",
-                    d.len,
-                    p.n_chunks,
-                    g.slice_bytes()
+                    "params->layers[{l}].len is {} bytes, needs {n} chunks x {slice} bytes = {need}",
+                    d.len
                 )));
             }
             ranges.push(vec![(d.addr.cast::<u8>(), len)]);
         }
-        let hints = load_hints(p.priority, p.deadline_ms, p.compute_us_per_layer, g.layers);
-        let id = post_load(e, rid, g, hs, hints, ranges)?;
-        // SAFETY: checked by need_out above.
-        unsafe { out_val(out, token(id), "out")? };
-        Ok(OBJECTCACHE_OK)
-    })
+        Ok(ranges)
+    };
+    // SAFETY: the header's contract on the arguments, forwarded.
+    unsafe { post("objectcache_load", engine, params, out, dests) }
 }
 
 /// Posts a layer-ordered load into paged destinations. See the header.
@@ -66,35 +54,89 @@ pub unsafe extern "C" fn objectcache_load_paged(
     params: *const objectcache_paged_load_params,
     out: *mut *mut objectcache_transfer,
 ) -> objectcache_status {
-    guard("objectcache_load_paged", || {
-        let e = get_engine(engine)?;
-        need_out(out, "out")?;
-        // SAFETY: the header's contract on `params`.
-        let p = unsafe { in_struct(params, "params")? };
-        let rid = p.request_id;
-        let ctx = |m: String| invalid(format!("request {rid}: {m}"));
-        // SAFETY: the header's contract on the geometry and hashes.
-        let (g, hs) = unsafe { load_what(rid, p.geometry, p.hashes, p.hash_len, p.n_chunks)? };
-        let need = p.n_chunks as u64 * g.slice_bytes();
+    let dests = |p: &objectcache_paged_load_params, g: &KvGeometry, need: u64, ctx: &Ctx| {
+        let layers = g.layers;
         // SAFETY: the header's contract: n_layers x ranges_per_layer ranges.
-        let ranges = unsafe {
+        unsafe {
             paged_ranges(
                 p.ranges,
                 p.ranges_per_layer,
                 p.n_layers,
-                g.layers,
+                layers,
                 need,
                 false,
             )
         }
-        .map_err(ctx)?;
-        let hints = load_hints(p.priority, p.deadline_ms, p.compute_us_per_layer, g.layers);
+        .map_err(ctx)
+    };
+    // SAFETY: the header's contract on the arguments, forwarded.
+    unsafe { post("objectcache_load_paged", engine, params, out, dests) }
+}
+
+/// The fields both load parameter structs begin with (the header's
+/// `objectcache_load_params` and `objectcache_paged_load_params`).
+trait LoadParams: AbiStruct {
+    /// `(request_id, geometry, hashes, hash_len, n_chunks)`.
+    fn what(&self) -> (u64, *const objectcache_geometry, *const u8, usize, usize);
+    /// `(priority, deadline_ms, compute_us_per_layer)`.
+    fn hints(&self) -> (u32, u64, u64);
+}
+
+macro_rules! load_params {
+    ($($t:ty),*) => {$(
+        impl LoadParams for $t {
+            fn what(&self) -> (u64, *const objectcache_geometry, *const u8, usize, usize) {
+                (self.request_id, self.geometry, self.hashes, self.hash_len, self.n_chunks)
+            }
+            fn hints(&self) -> (u32, u64, u64) {
+                (self.priority, self.deadline_ms, self.compute_us_per_layer)
+            }
+        }
+    )*};
+}
+load_params!(objectcache_load_params, objectcache_paged_load_params);
+
+/// What a load export does around its destinations: checks the engine, `params` (its geometry
+/// and chunk hashes) and `out`; asks `dests` for the per-layer `(pointer, length)` ranges,
+/// given the params, the geometry, the bytes each layer needs (`n_chunks x slice_bytes`) and a
+/// function prefixing a message with the request id; starts the load with the params' hints
+/// and writes its transfer handle to `out`. Errors and panics become statuses (`guard`).
+///
+/// # Safety
+/// The header's contract on `params` (a valid struct of its kind, its geometry and hashes)
+/// and `out`.
+unsafe fn post<P: LoadParams>(
+    func: &str,
+    engine: *mut objectcache_engine,
+    params: *const P,
+    out: *mut *mut objectcache_transfer,
+    dests: impl FnOnce(&P, &KvGeometry, u64, &Ctx) -> Result<Ranges, CErr>,
+) -> objectcache_status {
+    guard(func, || {
+        let e = get_engine(engine)?;
+        need_out(out, "out")?;
+        // SAFETY: the header's contract on `params`.
+        let p = unsafe { in_struct(params, "params")? };
+        let (rid, geometry, hashes, hash_len, n_chunks) = p.what();
+        let ctx = move |m: String| invalid(format!("request {rid}: {m}"));
+        // SAFETY: the header's contract on the geometry and hashes.
+        let (g, hs) = unsafe { load_what(rid, geometry, hashes, hash_len, n_chunks)? };
+        let need = n_chunks as u64 * g.slice_bytes();
+        let ranges = dests(p, &g, need, &ctx)?;
+        let (priority, deadline_ms, compute_us) = p.hints();
+        let hints = load_hints(priority, deadline_ms, compute_us, g.layers);
         let id = post_load(e, rid, g, hs, hints, ranges)?;
         // SAFETY: checked by need_out above.
         unsafe { out_val(out, token(id), "out")? };
         Ok(OBJECTCACHE_OK)
     })
 }
+
+/// Per layer, the `(pointer, length)` ranges taken in order as its logical buffer.
+type Ranges = Vec<Vec<(*mut u8, usize)>>;
+
+/// Prefixes a message with the load's request id (an invalid-argument error).
+type Ctx = dyn Fn(String) -> CErr;
 
 /// The geometry and chunk hashes of a load, errors prefixed with the request id.
 ///
@@ -184,7 +226,7 @@ fn post_load(
     geometry: KvGeometry,
     hashes: Vec<ChunkHash>,
     hints: LoadHints,
-    ranges: Vec<Vec<(*mut u8, usize)>>,
+    ranges: Ranges,
 ) -> Result<usize, CErr> {
     let busy = Busy::new(e.clone());
     let req = LoadRequest {
