@@ -387,22 +387,28 @@ impl KvGeometry {
         })
     }
 
-    /// Llama-3.1-8B in bf16: 32 layers, 8 KV heads, head dim 128 (4,096 bytes per token per
-    /// layer). Source: `config.json` of meta-llama/Llama-3.1-8B on Hugging Face
-    /// (`num_hidden_layers: 32`, `num_key_value_heads: 8`, `hidden_size: 4096`,
-    /// `num_attention_heads: 32`, `torch_dtype: bfloat16`); Llama 3 paper Table 3.
-    pub fn llama31_8b() -> Self {
+    /// A bf16 model at TP 1 with ObjectCache's canonical layout and default chunk size:
+    /// `layers` layers of `kv_heads` KV heads of `head_dim` elements (the presets below).
+    fn bf16(model: &str, layers: u32, kv_heads: u32, head_dim: u32) -> Self {
         KvGeometry {
-            model: "meta-llama/Llama-3.1-8B".into(),
-            layers: 32,
-            kv_heads: 8,
-            head_dim: 128,
+            model: model.into(),
+            layers,
+            kv_heads,
+            head_dim,
             dtype: Dtype::Bf16,
             tokens_per_chunk: DEFAULT_TOKENS_PER_CHUNK,
             tp_rank: 0,
             tp_world: 1,
             layout: None,
         }
+    }
+
+    /// Llama-3.1-8B in bf16: 32 layers, 8 KV heads, head dim 128 (4,096 bytes per token per
+    /// layer). Source: `config.json` of meta-llama/Llama-3.1-8B on Hugging Face
+    /// (`num_hidden_layers: 32`, `num_key_value_heads: 8`, `hidden_size: 4096`,
+    /// `num_attention_heads: 32`, `torch_dtype: bfloat16`); Llama 3 paper Table 3.
+    pub fn llama31_8b() -> Self {
+        Self::bf16("meta-llama/Llama-3.1-8B", 32, 8, 128)
     }
 
     /// Llama-3.1-70B in bf16: 80 layers, 8 KV heads, head dim 128; at TP 8 each rank holds one
@@ -414,15 +420,9 @@ impl KvGeometry {
     /// [`Error::InvalidArgument`] if `tp_world` does not divide 8 or `rank >= tp_world`.
     pub fn llama31_70b(tp_world: u32, rank: u32) -> Result<Self, Error> {
         let g = KvGeometry {
-            model: "meta-llama/Llama-3.1-70B".into(),
-            layers: 80,
-            kv_heads: 8,
-            head_dim: 128,
-            dtype: Dtype::Bf16,
-            tokens_per_chunk: DEFAULT_TOKENS_PER_CHUNK,
             tp_rank: rank,
             tp_world,
-            layout: None,
+            ..Self::bf16("meta-llama/Llama-3.1-70B", 80, 8, 128)
         };
         g.validate()?;
         Ok(g)
@@ -432,17 +432,7 @@ impl KvGeometry {
     /// Source: `config.json` of Qwen/Qwen2.5-7B (`num_hidden_layers: 28`,
     /// `num_key_value_heads: 4`, `hidden_size: 3584`, `num_attention_heads: 28`).
     pub fn qwen25_7b() -> Self {
-        KvGeometry {
-            model: "Qwen/Qwen2.5-7B".into(),
-            layers: 28,
-            kv_heads: 4,
-            head_dim: 128,
-            dtype: Dtype::Bf16,
-            tokens_per_chunk: DEFAULT_TOKENS_PER_CHUNK,
-            tp_rank: 0,
-            tp_world: 1,
-            layout: None,
-        }
+        Self::bf16("Qwen/Qwen2.5-7B", 28, 4, 128)
     }
 
     /// SmolLM2-135M in bf16: 30 layers, 3 KV heads, head dim 64 (576 / 9 query heads).
@@ -450,17 +440,7 @@ impl KvGeometry {
     /// `num_key_value_heads: 3`, `hidden_size: 576`, `num_attention_heads: 9`); the same
     /// values are in the GGUF metadata of SmolLM2-135M-Instruct.
     pub fn smollm2_135m() -> Self {
-        KvGeometry {
-            model: "HuggingFaceTB/SmolLM2-135M-Instruct".into(),
-            layers: 30,
-            kv_heads: 3,
-            head_dim: 64,
-            dtype: Dtype::Bf16,
-            tokens_per_chunk: DEFAULT_TOKENS_PER_CHUNK,
-            tp_rank: 0,
-            tp_world: 1,
-            layout: None,
-        }
+        Self::bf16("HuggingFaceTB/SmolLM2-135M-Instruct", 30, 3, 64)
     }
 }
 

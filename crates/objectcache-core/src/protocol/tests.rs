@@ -296,6 +296,17 @@ fn hostile_sizes_are_refused_before_planning() {
     assert!(units <= 32 * r.max_units_per_layer(), "{units}");
 }
 
+/// Queues a 4-byte unit of layer 4 whose CRC32C (0) does not match its payload.
+fn send_corrupt_unit(s: &mut ServerConnection) {
+    let h = UnitHeader {
+        layer: 4,
+        crc32c: 0,
+        offset: 0,
+        len: 4,
+    };
+    s.send_unit(h, [Bytes::from_static(b"abcd")]);
+}
+
 #[test]
 fn client_and_server_machines_talk() {
     let mut c = ClientConnection::new();
@@ -335,15 +346,7 @@ fn client_and_server_machines_talk() {
         },
         [payload.slice(..400), payload.slice(400..)],
     );
-    s.send_unit(
-        UnitHeader {
-            layer: 4,
-            crc32c: 0,
-            offset: 0,
-            len: 4,
-        },
-        [Bytes::from_static(b"abcd")],
-    );
+    send_corrupt_unit(&mut s);
     s.finish(7, 2, 1004);
     pump_sc(&mut s, &mut c).unwrap();
     assert!(matches!(
@@ -400,15 +403,7 @@ fn direct_units_leave_payloads_to_the_driver() {
     };
     s.accept(7, 2, 1004);
     s.send_unit(good, [payload.clone()]);
-    s.send_unit(
-        UnitHeader {
-            layer: 4,
-            crc32c: 0,
-            offset: 0,
-            len: 4,
-        },
-        [Bytes::from_static(b"abcd")],
-    );
+    send_corrupt_unit(&mut s);
     s.finish(7, 2, 1004);
     let mut all = BytesMut::new();
     pump(&mut || s.poll_transmit(), &mut all);
