@@ -145,7 +145,8 @@ impl RegisteredLoad {
     /// `timeout` (none: no limit).
     ///
     /// # Errors
-    /// The layer's [`LayerError`]; [`LayerError::Timeout`] when `timeout` passes first (the
+    /// The layer's [`LayerError`](crate::LayerError);
+    /// [`LayerError::Timeout`](crate::LayerError::Timeout) when `timeout` passes first (the
     /// load goes on).
     ///
     /// # Panics
