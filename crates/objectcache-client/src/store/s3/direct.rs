@@ -103,9 +103,11 @@ struct Decline(String);
 
 impl S3Store {
     /// [`crate::store::Store::get_range_body`] for this store: see the module's doc. A GET
-    /// the direct path sent but could not use is sent again through the SDK with one
-    /// attempt fewer (so that [`super::S3Config::max_attempts`] bounds the tries of a GET as
-    /// on every other request), and its stream is the body; `Ok(None)` when the direct path
+    /// the direct path sent but could not use is sent again through the SDK with as many
+    /// attempts fewer as the direct path sent it (once, or twice when a pooled connection
+    /// failed before any answer; at least one attempt is left), so that
+    /// [`super::S3Config::max_attempts`] bounds the tries of a GET as on every other request,
+    /// and its stream is the body; `Ok(None)` when the direct path
     /// is off or sent nothing (the caller reads through the SDK).
     ///
     /// # Errors
@@ -128,14 +130,17 @@ impl S3Store {
                 return Ok(None);
             }
         };
+        let mut sent = 0;
         match self
-            .direct_get(direct, key, range.clone(), &host, port, &head)
+            .direct_get(direct, key, range.clone(), (&host, port, &head), &mut sent)
             .await
         {
             Ok(b) => Ok(Some(b)),
             Err(Decline(why)) => {
-                tracing::debug!(endpoint = %self.endpoint, key, why, "ranged GET again through the SDK");
-                let attempts = self.retry.max_attempts().saturating_sub(1).max(1);
+                tracing::debug!(endpoint = %self.endpoint, key, why, sent, "ranged GET again through the SDK");
+                // The sends the direct path made count against the GET's attempts (a pooled
+                // connection reset before any answer is sent again once: two sends).
+                let attempts = self.retry.max_attempts().saturating_sub(sent).max(1);
                 let opts = GetOptions { range: Some(range) };
                 let res = self.get_attempts(key, opts, Some(attempts)).await?;
                 Ok(Some(RangeBody::from_stream(
@@ -147,24 +152,27 @@ impl S3Store {
         }
     }
 
-    /// Sends the presigned `head` to `host:port` and, for a plain `206` answer, returns its
-    /// body.
+    /// Sends the presigned request (`to`: host, port, request head) and, for a plain `206`
+    /// answer, returns its body; `sent` counts the times the request was written.
     async fn direct_get(
         &self,
         direct: &Arc<Direct>,
         key: &str,
         range: Range<u64>,
-        host: &str,
-        port: u16,
-        head: &str,
+        (host, port, head): (&str, u16, &str),
+        sent: &mut u32,
     ) -> Result<RangeBody, Decline> {
         // A pooled connection the server has since closed fails before any answer: once, the
         // request is sent again on a new connection (a GET is idempotent).
         let pooled = direct.idle.lock().expect("lock").pop();
+        *sent = 1;
         let (conn, answer) = match pooled {
             Some(mut s) => match exchange(&mut s, head.as_bytes(), direct.read_timeout).await {
                 Ok(Some(a)) => (s, a),
-                Ok(None) => fresh(direct, host, port, head).await?,
+                Ok(None) => {
+                    *sent = 2;
+                    fresh(direct, host, port, head).await?
+                }
                 Err(e) => return Err(Decline(e)),
             },
             None => fresh(direct, host, port, head).await?,
