@@ -265,7 +265,14 @@ fn a_damaged_segment_over_gather_is_a_miss_never_bytes() {
         );
         assert!(h.layer(l).is_none());
     }
-    assert_eq!(h.stats().requests, 2, "gather, no fallback");
+    // Every layer failed with the first stripe's misses, so the second stripe may or may not
+    // have sent its request before the load ended; either way no ranged GET was sent.
+    let st = h.stats();
+    assert!(
+        (1..=2).contains(&st.requests),
+        "gather, no fallback: {st:?}"
+    );
+    assert_eq!(st.peak_requests_in_flight, 0, "no ranged GET: {st:?}");
 }
 
 /// A marker that places chunks at indexes of a segment that hold other chunks (here, every
