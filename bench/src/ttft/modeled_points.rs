@@ -95,27 +95,14 @@ impl<'a> Point<'a> {
 
 /// The per-layer timeline of the point's local and loaded methods, for the plot.
 pub(super) fn timeline_plot(p: &Point<'_>) -> Option<super::modeled_plot::TimelinePlot> {
-    let Point {
-        plan,
-        model,
-        g,
-        gpu,
-        cm,
-        new,
-        pl,
-    } = *p;
-    let c = p.ctx();
-    let compute = cm.layer_times(new, c.ctx_tokens);
+    let (c, cm, layers) = (p.ctx(), p.cm, p.g.layers as usize);
+    let compute = cm.layer_times(p.new, c.ctx_tokens);
     let s = c.time_scale();
     let h2d = c.h2d_layer_s(c.ctx_tokens);
     let mut series = Vec::new();
-    let local = model_request(&vec![0.0; g.layers as usize], h2d, &compute, cm.fixed_s());
-    series.push((
-        "local-layerwise".to_string(),
-        vec![0.0; g.layers as usize],
-        local,
-    ));
-    for (name, m, _) in &pl.loads {
+    let local = model_request(&vec![0.0; layers], h2d, &compute, cm.fixed_s());
+    series.push(("local-layerwise".to_string(), vec![0.0; layers], local));
+    for (name, m, _) in &p.pl.loads {
         if name == "gather-tcp" || name == "s3-layerwise" {
             let host: Vec<f64> = m.ready_s.iter().map(|r| r * s).collect();
             let md = model_request(&host, h2d, &compute, cm.fixed_s());
@@ -124,16 +111,14 @@ pub(super) fn timeline_plot(p: &Point<'_>) -> Option<super::modeled_plot::Timeli
     }
     Some(super::modeled_plot::TimelinePlot {
         title: format!(
-            "{model}, {} cached + {new} new tokens, {}, link {:.0} Gb/s",
+            "{}, {} cached + {} new tokens, {}, link {:.0} Gb/s",
+            p.model,
             c.ctx_tokens,
-            gpu.name(),
-            plan.link * 8.0 / 1e9
+            p.new,
+            p.gpu.name(),
+            p.plan.link * 8.0 / 1e9
         ),
-        bound_ready: timeline::ready_at_rate(
-            0.0,
-            &vec![c.layer_bytes(); g.layers as usize],
-            plan.link,
-        ),
+        bound_ready: timeline::ready_at_rate(0.0, &vec![c.layer_bytes(); layers], p.plan.link),
         series,
     })
 }
