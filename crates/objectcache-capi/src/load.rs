@@ -55,19 +55,9 @@ pub unsafe extern "C" fn objectcache_load_paged(
     out: *mut *mut objectcache_transfer,
 ) -> objectcache_status {
     let dests = |p: &objectcache_paged_load_params, g: &KvGeometry, need: u64, ctx: &Ctx| {
-        let layers = g.layers;
+        let (per_layer, n_layers) = (p.ranges_per_layer, p.n_layers);
         // SAFETY: the header's contract: n_layers x ranges_per_layer ranges.
-        unsafe {
-            paged_ranges(
-                p.ranges,
-                p.ranges_per_layer,
-                p.n_layers,
-                layers,
-                need,
-                false,
-            )
-        }
-        .map_err(ctx)
+        unsafe { paged_ranges(p.ranges, per_layer, n_layers, g.layers, need, false) }.map_err(ctx)
     };
     // SAFETY: the header's contract on the arguments, forwarded.
     unsafe { post("objectcache_load_paged", engine, params, out, dests) }

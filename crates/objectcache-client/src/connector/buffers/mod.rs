@@ -35,10 +35,8 @@ struct Region {
 /// logical buffer.
 struct Layer {
     parts: Vec<Region>,
-    /// Where each part lies in the layer's logical buffer.
+    /// Where each part lies in the layer's logical buffer (`spans.len()`: the layer's bytes).
     spans: Spans,
-    /// Sum of the parts' lengths.
-    len: u64,
 }
 
 impl Layer {
@@ -46,11 +44,7 @@ impl Layer {
         let parts: Vec<Region> = parts.into_iter().filter(|r| r.len > 0).collect();
         let spans = Spans::new(parts.iter().map(|r| r.len as u64))
             .expect("the lengths of memory regions add up within u64");
-        Layer {
-            len: spans.len(),
-            parts,
-            spans,
-        }
+        Layer { parts, spans }
     }
 
     /// The memory pieces of logical bytes `offset..offset+len`, in order; `None` if the range
@@ -103,7 +97,10 @@ impl std::fmt::Debug for LayerBuffers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LayerBuffers")
             .field("layers", &self.layers.len())
-            .field("bytes_per_layer", &self.layers.first().map(|r| r.len))
+            .field(
+                "bytes_per_layer",
+                &self.layers.first().map(|r| r.spans.len()),
+            )
             .field(
                 "ranges_per_layer",
                 &self.layers.first().map(|r| r.parts.len()),
@@ -282,7 +279,7 @@ impl LayerBuffers {
 
     /// Length in bytes of layer `l`'s buffer (the sum of its ranges).
     pub fn layer_len(&self, l: usize) -> usize {
-        self.layers[l].len as usize
+        self.layers[l].spans.len() as usize
     }
 
     /// Layer `l`'s ranges, in order, as `(address, length)`: one for a contiguous buffer. For

@@ -152,8 +152,9 @@ impl S3Store {
         }
     }
 
-    /// Sends the presigned request (`to`: host, port, request head) and, for a plain `206`
-    /// answer, returns its body; `sent` counts the times the request was written.
+    /// Sends the presigned request (host, port, request head) and, for a plain `206` answer,
+    /// returns its body; `sent` is set to the times the request was written (1, or 2 when a
+    /// pooled connection failed before any answer).
     async fn direct_get(
         &self,
         direct: &Arc<Direct>,
