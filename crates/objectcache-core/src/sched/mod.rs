@@ -39,3 +39,21 @@ pub use policy::{
     StallAware,
 };
 pub use scheduler::{Allocation, Scheduler, TokenBucket, Unit};
+
+/// A time, rate or stall (f64) ordered by [`f64::total_cmp`], for the keys of the stall-aware
+/// policy's ranking heap and the cluster simulator's event heap: a total order in which
+/// `-0.0 < 0.0` and NaN sorts outside every number, so a heap of keys never panics or
+/// misorders.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TotalF64(pub f64);
+impl Eq for TotalF64 {}
+impl PartialOrd for TotalF64 {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for TotalF64 {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&o.0)
+    }
+}

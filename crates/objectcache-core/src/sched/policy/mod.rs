@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 use super::load::LoadState;
+use super::TotalF64;
 use crate::error::Error;
 
 /// A bandwidth-sharing policy.
@@ -190,6 +191,19 @@ pub fn arrival_order(n: usize, arrival_s: impl Fn(usize) -> f64) -> Vec<usize> {
     order
 }
 
+/// [`water_fill`] over `loads`, each weighted by `weight` and capped at its spec's
+/// `max_rate` (bytes/s): the equal-share and byte-proportional policies.
+fn water_fill_loads(
+    capacity: f64,
+    loads: &[LoadState],
+    rates: &mut [f64],
+    weight: impl Fn(&LoadState) -> f64,
+) {
+    let w: Vec<f64> = loads.iter().map(weight).collect();
+    let caps: Vec<f64> = loads.iter().map(|l| l.spec().max_rate).collect();
+    water_fill(capacity, &w, &caps, rates);
+}
+
 /// First come, first served: loads in arrival order each take all they can.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Fifo;
@@ -220,12 +234,13 @@ impl Policy for EqualShare {
         "equal-share"
     }
     fn allocate(&mut self, _now: f64, capacity: f64, loads: &[LoadState], rates: &mut [f64]) {
-        let w: Vec<f64> = loads
-            .iter()
-            .map(|l| if l.remaining_bytes() > 0 { 1.0 } else { 0.0 })
-            .collect();
-        let caps: Vec<f64> = loads.iter().map(|l| l.spec().max_rate).collect();
-        water_fill(capacity, &w, &caps, rates);
+        water_fill_loads(capacity, loads, rates, |l| {
+            if l.remaining_bytes() > 0 {
+                1.0
+            } else {
+                0.0
+            }
+        });
     }
 }
 
@@ -239,9 +254,7 @@ impl Policy for ByteProportional {
         "byte-proportional"
     }
     fn allocate(&mut self, _now: f64, capacity: f64, loads: &[LoadState], rates: &mut [f64]) {
-        let w: Vec<f64> = loads.iter().map(|l| l.remaining_bytes() as f64).collect();
-        let caps: Vec<f64> = loads.iter().map(|l| l.spec().max_rate).collect();
-        water_fill(capacity, &w, &caps, rates);
+        water_fill_loads(capacity, loads, rates, |l| l.remaining_bytes() as f64);
     }
 }
 
@@ -301,22 +314,13 @@ struct StallBound {
     compute_s: f64,
 }
 
-/// A ranking key `(s, next deadline, index)` with a total order.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Ranked(f64, f64, usize);
-impl Eq for Ranked {}
-impl PartialOrd for Ranked {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Ranked {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        self.0
-            .total_cmp(&o.0)
-            .then(self.1.total_cmp(&o.1))
-            .then(self.2.cmp(&o.2))
-    }
+/// A ranking key `(s, next deadline, index)`, ordered by `s`, then the deadline (both by
+/// [`f64::total_cmp`]), then the index.
+type Ranked = (TotalF64, TotalF64, usize);
+
+/// Load `i`'s entry in the min-heap of ranking keys: stall `s` (s), next deadline `d` (s).
+fn ranked(s: f64, d: f64, i: usize) -> std::cmp::Reverse<Ranked> {
+    std::cmp::Reverse((TotalF64(s), TotalF64(d), i))
 }
 
 impl StallAware {
@@ -478,8 +482,7 @@ impl Policy for StallAware {
                 self.order.push((0.0, l.next_deadline_s(), i));
             } else {
                 self.need[i] = full;
-                self.exact
-                    .push(std::cmp::Reverse(Ranked(s, l.next_deadline_s(), i)));
+                self.exact.push(ranked(s, l.next_deadline_s(), i));
             }
         }
         old.clear();
@@ -503,7 +506,10 @@ impl Policy for StallAware {
         let mut lazy: Option<std::collections::BinaryHeap<std::cmp::Reverse<(u64, usize, usize)>>> =
             None;
         loop {
-            let best = self.exact.peek().map(|std::cmp::Reverse(e)| e.0);
+            let best = self
+                .exact
+                .peek()
+                .map(|std::cmp::Reverse((TotalF64(s), _, _))| *s);
             if lazy.is_none() && best.is_none_or(|s| least <= s) && !self.lazy.is_empty() {
                 // Bounds are above 0, so their bit patterns order as the numbers do.
                 lazy = Some(
@@ -519,7 +525,7 @@ impl Policy for StallAware {
                     if self
                         .exact
                         .peek()
-                        .is_some_and(|std::cmp::Reverse(e)| b > e.0)
+                        .is_some_and(|std::cmp::Reverse((TotalF64(s), _, _))| b > *s)
                     {
                         break;
                     }
@@ -528,11 +534,10 @@ impl Policy for StallAware {
                     let s = Self::refresh(&mut cache, k, l, now);
                     debug_assert!(s >= b && s > 0.0, "stall bound {b} above {s}");
                     self.need[i] = cache[k].full;
-                    self.exact
-                        .push(std::cmp::Reverse(Ranked(s, l.next_deadline_s(), i)));
+                    self.exact.push(ranked(s, l.next_deadline_s(), i));
                 }
             }
-            let Some(std::cmp::Reverse(Ranked(s, d, i))) = self.exact.pop() else {
+            let Some(std::cmp::Reverse((TotalF64(s), TotalF64(d), i))) = self.exact.pop() else {
                 break;
             };
             self.order.push((s, d, i));

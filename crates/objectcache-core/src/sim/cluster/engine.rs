@@ -4,24 +4,9 @@
 use super::{ClusterConfig, ClusterRecord, ClusterWorkload};
 use crate::error::Error;
 use crate::sched::placement::{self, Candidate};
-use crate::sched::{timeline, LoadId, LoadSpec, Policy, Scheduler};
+use crate::sched::{timeline, LoadId, LoadSpec, Policy, Scheduler, TotalF64};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-
-/// A float with a total order, for the event heap.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct T(f64);
-impl Eq for T {}
-impl PartialOrd for T {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for T {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&o.0)
-    }
-}
 
 /// A load on a gateway (same order as the scheduler's loads: ascending id).
 struct Act {
@@ -130,7 +115,7 @@ pub(super) fn run(
         })
         .collect();
     let mut reported = vec![0u32; g_n];
-    let mut heap: BinaryHeap<Reverse<(T, u32, u64)>> = BinaryHeap::new();
+    let mut heap: BinaryHeap<Reverse<(TotalF64, u32, u64)>> = BinaryHeap::new();
     let cap_for = |busy: usize| -> f64 {
         if busy == 0 {
             nic
@@ -378,7 +363,7 @@ pub(super) fn run(
                 gw.version += 1;
                 let nt = next_time(gw, &mut acc.rates);
                 if nt.is_finite() {
-                    heap.push(Reverse((T(nt), i as u32, gw.version)));
+                    heap.push(Reverse((TotalF64(nt), i as u32, gw.version)));
                 }
             }
         }
@@ -387,7 +372,7 @@ pub(super) fn run(
         gw.version += 1;
         let nt = next_time(gw, &mut acc.rates);
         if nt.is_finite() {
-            heap.push(Reverse((T(nt), touched as u32, gw.version)));
+            heap.push(Reverse((TotalF64(nt), touched as u32, gw.version)));
         }
     }
 
