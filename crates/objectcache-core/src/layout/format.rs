@@ -147,29 +147,18 @@ impl ChunkHeader {
     /// [`FormatError::Truncated`], [`FormatError::BadMagic`], [`FormatError::UnsupportedVersion`],
     /// [`FormatError::HeaderChecksum`] or [`FormatError::InvalidField`].
     pub fn decode(b: &[u8]) -> Result<Self, FormatError> {
-        if b.len() < HEADER_LEN as usize {
-            return Err(FormatError::Truncated {
-                got: b.len() as u64,
-                expected: HEADER_LEN,
-            });
-        }
-        if b[0..8] != MAGIC {
-            return Err(FormatError::BadMagic);
-        }
-        let u16at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
-        let u32at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4"));
-        let u64at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8"));
-        let version = u16at(8);
+        let f = LeFields::open(b, HEADER_LEN, &MAGIC)?;
+        let version = f.u16(8);
         if version != FORMAT_VERSION {
             return Err(FormatError::UnsupportedVersion(version));
         }
-        if super::crc::crc32c(&b[0..60]) != u32at(60) {
+        if super::crc::crc32c(&b[0..60]) != f.u32(60) {
             return Err(FormatError::HeaderChecksum);
         }
-        if u16at(10) as u64 != HEADER_LEN {
+        if f.u16(10) as u64 != HEADER_LEN {
             return Err(FormatError::InvalidField(format!(
                 "header length {}",
-                u16at(10)
+                f.u16(10)
             )));
         }
         let dtype = Dtype::from_code(b[12])
@@ -183,13 +172,13 @@ impl ChunkHeader {
         let h = ChunkHeader {
             version,
             dtype,
-            fingerprint: u64at(16),
-            layers: u32at(24),
-            tokens: u32at(28),
-            bytes_per_token_per_layer: u32at(32),
-            tp_rank: u16at(36),
-            tp_world: u16at(38),
-            slice_len: u64at(40),
+            fingerprint: f.u64(16),
+            layers: f.u32(24),
+            tokens: f.u32(28),
+            bytes_per_token_per_layer: f.u32(32),
+            tp_rank: f.u16(36),
+            tp_world: f.u16(38),
+            slice_len: f.u64(40),
         };
         if h.layers == 0 || h.tokens == 0 || h.tp_world == 0 || h.tp_rank >= h.tp_world {
             return Err(FormatError::InvalidField(format!(
@@ -258,6 +247,51 @@ impl ChunkHeader {
     /// Total object size in bytes: header plus `layers x (slice_len + 4)`.
     pub fn object_len(&self) -> u64 {
         object_len(self.layers, self.slice_len)
+    }
+}
+
+/// The little-endian fields of a fixed-layout header (a chunk object's or a segment object's),
+/// read at byte offsets below the length [`LeFields::open`] checked.
+pub(crate) struct LeFields<'a>(&'a [u8]);
+
+impl<'a> LeFields<'a> {
+    /// `b` as a header at least `fixed_len` bytes long that starts with `magic`.
+    ///
+    /// # Errors
+    /// [`FormatError::Truncated`] when `b` is shorter than `fixed_len`; [`FormatError::BadMagic`]
+    /// when its first 8 bytes are not `magic`.
+    pub(crate) fn open(b: &'a [u8], fixed_len: u64, magic: &[u8; 8]) -> Result<Self, FormatError> {
+        if (b.len() as u64) < fixed_len {
+            return Err(FormatError::Truncated {
+                got: b.len() as u64,
+                expected: fixed_len,
+            });
+        }
+        if b[0..8] != *magic {
+            return Err(FormatError::BadMagic);
+        }
+        Ok(LeFields(b))
+    }
+
+    /// `b` as a header whose length the caller checks before each read (a read past the end
+    /// panics).
+    pub(crate) fn of(b: &'a [u8]) -> Self {
+        LeFields(b)
+    }
+
+    /// The u16 at byte `o`.
+    pub(crate) fn u16(&self, o: usize) -> u16 {
+        u16::from_le_bytes([self.0[o], self.0[o + 1]])
+    }
+
+    /// The u32 at byte `o`.
+    pub(crate) fn u32(&self, o: usize) -> u32 {
+        u32::from_le_bytes(self.0[o..o + 4].try_into().expect("4 bytes"))
+    }
+
+    /// The u64 at byte `o`.
+    pub(crate) fn u64(&self, o: usize) -> u64 {
+        u64::from_le_bytes(self.0[o..o + 8].try_into().expect("8 bytes"))
     }
 }
 

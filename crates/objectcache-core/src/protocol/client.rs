@@ -198,37 +198,49 @@ impl ClientConnection {
     pub fn start_gather(&mut self, req: &GatherRequest) -> Result<(), ProtocolError> {
         let info = self.ready("Gather")?;
         req.validate(info.max_chunks)?;
-        if let super::TransportTarget::Rdma(t) = &req.target {
-            if info.features & ServerInfo::FEATURE_RDMA == 0 {
-                return Err(ProtocolError::invalid(
-                    "transport target",
-                    "the server does not offer RDMA",
-                ));
-            }
-            if !t.is_contiguous() && info.features & ServerInfo::FEATURE_RDMA_SCATTER == 0 {
-                return Err(ProtocolError::invalid(
-                    "transport target",
-                    "the server does not accept RDMA targets with several segments per layer",
-                ));
-            }
-        }
-        if req.segments.is_some() && info.features & ServerInfo::FEATURE_SEGMENTS == 0 {
-            return Err(ProtocolError::invalid(
+        let rdma = match &req.target {
+            super::TransportTarget::Rdma(t) => Some(t.is_contiguous()),
+            _ => None,
+        };
+        // What the request asks for, the feature bit the server must announce for it, and
+        // the error naming what is missing.
+        let needs = [
+            (
+                rdma.is_some(),
+                ServerInfo::FEATURE_RDMA,
+                "transport target",
+                "the server does not offer RDMA",
+            ),
+            (
+                rdma == Some(false),
+                ServerInfo::FEATURE_RDMA_SCATTER,
+                "transport target",
+                "the server does not accept RDMA targets with several segments per layer",
+            ),
+            (
+                req.segments.is_some(),
+                ServerInfo::FEATURE_SEGMENTS,
                 "segment placement",
                 "the server does not read segment objects (no Segments feature)",
-            ));
-        }
-        if req.held && info.features & ServerInfo::FEATURE_HELD == 0 {
-            return Err(ProtocolError::invalid(
+            ),
+            (
+                req.held,
+                ServerInfo::FEATURE_HELD,
                 "held",
                 "the server does not send Held frames (no Held feature)",
-            ));
-        }
-        if req.group.is_some() && info.features & ServerInfo::FEATURE_LOAD_GROUPS == 0 {
-            return Err(ProtocolError::invalid(
+            ),
+            (
+                req.group.is_some(),
+                ServerInfo::FEATURE_LOAD_GROUPS,
                 "load group",
                 "the server does not schedule striped loads as one (no load-group feature)",
-            ));
+            ),
+        ];
+        if let Some(&(_, _, what, why)) = needs
+            .iter()
+            .find(|&&(asked, feature, _, _)| asked && info.features & feature == 0)
+        {
+            return Err(ProtocolError::invalid(what, why));
         }
         let b = self.encode_control(&Frame::Gather(Box::new(req.clone())), info)?;
         self.transmit.push_back(b);

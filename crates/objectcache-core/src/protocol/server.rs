@@ -211,11 +211,7 @@ impl ServerConnection {
     /// [`ServerEvent::Failed`], with an `Error` frame queued for the client).
     pub fn handle_bytes(&mut self, buf: &mut BytesMut) -> Result<(), ProtocolError> {
         if let Err(e) = self.handle_inner(buf) {
-            let code = code_of(&e);
-            self.queue(Frame::Error {
-                code,
-                message: e.to_string(),
-            });
+            self.queue_error(code_of(&e), &e.to_string());
             self.events.push_back(ServerEvent::Failed(e.clone()));
             self.state = State::Closed;
             buf.clear();
@@ -428,6 +424,14 @@ impl ServerConnection {
         self.transmit.push_back(b.freeze());
     }
 
+    /// Queues an `Error` frame: `code` and its human-readable `message`.
+    fn queue_error(&mut self, code: ErrorCode, message: &str) {
+        self.queue(Frame::Error {
+            code,
+            message: message.to_string(),
+        });
+    }
+
     /// Acknowledges the gather in progress: `units` units, `bytes` payload bytes.
     pub fn accept(&mut self, request_id: u64, units: u64, bytes: u64) {
         self.queue(Frame::Accepted(UnitTally {
@@ -470,10 +474,7 @@ impl ServerConnection {
     /// Fails the request in progress (or refuses one) with `code`; the connection accepts a
     /// next request.
     pub fn fail(&mut self, code: ErrorCode, message: &str) {
-        self.queue(Frame::Error {
-            code,
-            message: message.to_string(),
-        });
+        self.queue_error(code, message);
         if self.state != State::Closed {
             self.state = State::Idle;
         }
@@ -481,10 +482,7 @@ impl ServerConnection {
 
     /// Refuses the request and closes the connection after flushing (e.g. shutting down).
     pub fn close_with(&mut self, code: ErrorCode, message: &str) {
-        self.queue(Frame::Error {
-            code,
-            message: message.to_string(),
-        });
+        self.queue_error(code, message);
         self.state = State::Closed;
     }
 

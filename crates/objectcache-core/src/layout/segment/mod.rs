@@ -41,7 +41,7 @@
 //! and chunk list) is checked before any byte read with it is exposed.
 #![forbid(unsafe_code)]
 
-use super::format::{FormatError, CHECKSUM_CRC32C, MARKER_MAGIC, SLICE_CRC_LEN};
+use super::format::{FormatError, LeFields, CHECKSUM_CRC32C, MARKER_MAGIC, SLICE_CRC_LEN};
 use super::geometry::{Dtype, KvGeometry};
 use super::key::ChunkHash;
 use sha2::{Digest, Sha256};
@@ -190,47 +190,36 @@ impl SegmentHeader {
     /// more than [`MAX_SEGMENT_CHUNKS`], a header length the chunk list cannot have, or an
     /// object length beyond 2^64).
     pub fn decode(b: &[u8]) -> Result<Self, FormatError> {
-        if b.len() < SEGMENT_FIXED_LEN as usize {
-            return Err(FormatError::Truncated {
-                got: b.len() as u64,
-                expected: SEGMENT_FIXED_LEN,
-            });
+        let f = LeFields::open(b, SEGMENT_FIXED_LEN, &SEGMENT_MAGIC)?;
+        if f.u16(8) != SEGMENT_VERSION {
+            return Err(FormatError::UnsupportedVersion(f.u16(8)));
         }
-        if b[0..8] != SEGMENT_MAGIC {
-            return Err(FormatError::BadMagic);
-        }
-        let u16at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
-        let u32at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4"));
-        let u64at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8"));
-        if u16at(8) != SEGMENT_VERSION {
-            return Err(FormatError::UnsupportedVersion(u16at(8)));
-        }
-        if super::crc::crc32c(&b[0..60]) != u32at(60) {
+        if super::crc::crc32c(&b[0..60]) != f.u32(60) {
             return Err(FormatError::HeaderChecksum);
         }
         let bad = |m: String| Err(FormatError::InvalidField(m));
-        if u16at(10) as u64 != SEGMENT_FIXED_LEN {
-            return bad(format!("segment fixed header length {}", u16at(10)));
+        if f.u16(10) as u64 != SEGMENT_FIXED_LEN {
+            return bad(format!("segment fixed header length {}", f.u16(10)));
         }
         let dtype = Dtype::from_code(b[12])
             .ok_or_else(|| FormatError::InvalidField(format!("dtype code {}", b[12])))?;
         if b[13] != CHECKSUM_CRC32C {
             return bad(format!("checksum algorithm {}", b[13]));
         }
-        if u16at(14) != 0 || u32at(56) != 0 {
+        if f.u16(14) != 0 || f.u32(56) != 0 {
             return bad("segment flags or reserved bytes are not zero".into());
         }
         let h = SegmentHeader {
             dtype,
-            fingerprint: u64at(16),
-            layers: u32at(24),
-            chunks: u32at(28),
-            bytes_per_token_per_layer: u32at(32),
-            tp_rank: u16at(36),
-            tp_world: u16at(38),
-            slice_len: u64at(40),
-            tokens_per_chunk: u32at(48),
-            header_len: u32at(52),
+            fingerprint: f.u64(16),
+            layers: f.u32(24),
+            chunks: f.u32(28),
+            bytes_per_token_per_layer: f.u32(32),
+            tp_rank: f.u16(36),
+            tp_world: f.u16(38),
+            slice_len: f.u64(40),
+            tokens_per_chunk: f.u32(48),
+            header_len: f.u32(52),
         };
         if h.layers == 0 || h.tokens_per_chunk == 0 || h.tp_world == 0 || h.tp_rank >= h.tp_world {
             return bad(format!(
@@ -541,26 +530,25 @@ pub fn decode_marker(b: &[u8]) -> Result<Marker, FormatError> {
             })
         }
     };
-    let u32at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4"));
-    let u64at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8"));
+    let f = LeFields::of(b);
     if magic == MARKER_MAGIC {
         exact(16)?;
         return Ok(Marker::Chunk {
-            object_len: u64at(8),
+            object_len: f.u64(8),
         });
     }
     if magic != SEGMENT_MARKER_MAGIC {
         return Err(FormatError::BadMagic);
     }
     exact(SEGMENT_MARKER_LEN)?;
-    if super::crc::crc32c(&b[0..60]) != u32at(60) {
+    if super::crc::crc32c(&b[0..60]) != f.u32(60) {
         return Err(FormatError::HeaderChecksum);
     }
     let m = SegmentMarker {
-        object_len: u64at(8),
-        chunks: u32at(16),
-        index: u32at(20),
-        header_len: u32at(24),
+        object_len: f.u64(8),
+        chunks: f.u32(16),
+        index: f.u32(20),
+        header_len: f.u32(24),
         digest: b[28..60].try_into().expect("32"),
     };
     if m.chunks == 0 || m.chunks > MAX_SEGMENT_CHUNKS || m.index >= m.chunks {
