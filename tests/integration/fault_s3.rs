@@ -26,12 +26,32 @@ use s3_faults::*;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// [`victim_case`] on a prefix of its own at the test endpoint (nothing, after SKIP, when it
+/// is down).
+fn victim_at_endpoint(case: &str, fault: Fault, timeout: Duration) {
+    let Some((addr, ns)) = endpoint() else { return };
+    victim_case(addr, &ns, case, fault, timeout);
+}
+
+/// [`victim_case`] with `fault(at)` at each place `at` of the body (a fraction of it), each
+/// on a prefix of its own at the test endpoint, named "`what` at `at`"; nothing, after SKIP,
+/// when the endpoint is down.
+fn victim_at_each_place(what: &str, places: [f64; 3], fault: fn(f64) -> Fault) {
+    let Some((addr, ns)) = endpoint() else { return };
+    for (i, at) in places.into_iter().enumerate() {
+        victim_case(
+            addr,
+            &format!("{ns}-{i}"),
+            &format!("{what} at {at}"),
+            fault(at),
+            Duration::from_secs(20),
+        );
+    }
+}
+
 #[test]
 fn c2_http_500_on_every_try_is_a_miss() {
-    let Some((addr, ns)) = endpoint() else { return };
-    victim_case(
-        addr,
-        &ns,
+    victim_at_endpoint(
         "C2 500 on every try",
         Fault::e500(),
         Duration::from_secs(20),
@@ -40,10 +60,7 @@ fn c2_http_500_on_every_try_is_a_miss() {
 
 #[test]
 fn c2_reset_halfway_through_body_is_a_miss() {
-    let Some((addr, ns)) = endpoint() else { return };
-    victim_case(
-        addr,
-        &ns,
+    victim_at_endpoint(
         "C2 reset halfway through the body",
         Fault::ResetMidBody(0.5),
         Duration::from_secs(20),
@@ -52,38 +69,17 @@ fn c2_reset_halfway_through_body_is_a_miss() {
 
 #[test]
 fn truncated_body_is_a_miss() {
-    let Some((addr, ns)) = endpoint() else { return };
-    for (i, at) in [0.0, 0.3, 0.99].into_iter().enumerate() {
-        victim_case(
-            addr,
-            &format!("{ns}-{i}"),
-            &format!("truncated body at {at}"),
-            Fault::Truncate(at),
-            Duration::from_secs(20),
-        );
-    }
+    victim_at_each_place("truncated body", [0.0, 0.3, 0.99], Fault::Truncate);
 }
 
 #[test]
 fn flipped_byte_is_a_miss() {
-    let Some((addr, ns)) = endpoint() else { return };
-    for (i, at) in [0.0, 0.5, 1.0].into_iter().enumerate() {
-        victim_case(
-            addr,
-            &format!("{ns}-{i}"),
-            &format!("flipped byte at {at}"),
-            Fault::Flip(at),
-            Duration::from_secs(20),
-        );
-    }
+    victim_at_each_place("flipped byte", [0.0, 0.5, 1.0], Fault::Flip);
 }
 
 #[test]
 fn stall_with_connection_open_ends_by_deadline() {
-    let Some((addr, ns)) = endpoint() else { return };
-    victim_case(
-        addr,
-        &ns,
+    victim_at_endpoint(
         "stall mid-body, connection open",
         Fault::Stall(0.5),
         Duration::from_secs(6),
@@ -92,10 +88,7 @@ fn stall_with_connection_open_ends_by_deadline() {
 
 #[test]
 fn reset_before_response_is_a_miss() {
-    let Some((addr, ns)) = endpoint() else { return };
-    victim_case(
-        addr,
-        &ns,
+    victim_at_endpoint(
         "reset before response",
         Fault::ResetNow,
         Duration::from_secs(20),

@@ -198,37 +198,32 @@ async fn serve_one(
         h.push_str("\r\n");
         h
     };
-    match reply {
+    // Every reply is a head announcing a length, then its body; a stall then holds the
+    // connection open, silent.
+    let (status, headers, declared, body, stall) = match reply {
         Reply::Full {
             status,
             headers,
             body,
-        } => {
-            sock.write_all(write_head(status, &headers, body.len()).as_bytes())
-                .await?;
-            sock.write_all(&body).await?;
-        }
+        } => (status, headers, body.len(), body, None),
         Reply::Cut {
             headers,
             declared,
             body,
-        } => {
-            sock.write_all(write_head(200, &headers, declared).as_bytes())
-                .await?;
-            sock.write_all(&body).await?;
-        }
+        } => (200, headers, declared, body, None),
         Reply::Stall {
             headers,
             declared,
             body,
             stall,
-        } => {
-            sock.write_all(write_head(200, &headers, declared).as_bytes())
-                .await?;
-            sock.write_all(&body).await?;
-            sock.flush().await?;
-            tokio::time::sleep(stall).await;
-        }
+        } => (200, headers, declared, body, Some(stall)),
+    };
+    sock.write_all(write_head(status, &headers, declared).as_bytes())
+        .await?;
+    sock.write_all(&body).await?;
+    if let Some(stall) = stall {
+        sock.flush().await?;
+        tokio::time::sleep(stall).await;
     }
     sock.flush().await?;
     sock.shutdown().await
