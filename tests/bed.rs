@@ -61,12 +61,7 @@ impl Bed {
             .env("BED_GW_CAP", self.get("GATEWAY_CAP"))
             .output()
             .expect("bed.sh runs");
-        assert!(
-            out.status.success(),
-            "bed.sh {args:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        common::assert_exited_ok(&out, &format!("bed.sh {args:?}: "));
     }
 
     /// Kills gateway `n` (1..3) with SIGKILL (no grace, sockets reset) and returns once the

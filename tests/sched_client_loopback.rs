@@ -18,7 +18,7 @@ use common::{hashes, kv, unique_ns};
 use gather_util::{config, s3_store_on, start};
 use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadRequest};
 use objectcache::sched::{timeline, PolicyKind};
-use objectcache::store::{MemoryStore, S3Store, Store};
+use objectcache::store::{MemoryStore, Store};
 use objectcache::{ChunkHash, KvGeometry};
 use sched_mix::*;
 use std::sync::Arc;
@@ -156,11 +156,7 @@ async fn ranged_gets_to_our_server_under_a_cap_match_the_simulator() {
 /// The same against a stock S3 server (Ceph RGW on loopback, `OBJECTCACHE_TEST_S3_*`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ranged_gets_to_stock_s3_under_a_cap_match_the_simulator() {
-    let Some((s, _)) = S3Store::from_test_env("sched-client")
-        .await
-        .expect("S3 endpoint refuses us")
-    else {
-        common::skip("S3 test endpoint (OBJECTCACHE_TEST_S3_ENDPOINT; scripts/ceph-rgw/start.sh)");
+    let Some((s, _)) = common::test_s3_store("sched-client").await else {
         return;
     };
     run_mix(Arc::new(s), "ranged GETs to stock S3 (engine link)").await;

@@ -9,19 +9,18 @@
 //! `target/vllm`) and, for the RGW case, the test S3 endpoint (`OBJECTCACHE_TEST_S3_*`).
 //! Without them it prints SKIP, or fails when `OBJECTCACHE_REQUIRE_ALL` is set.
 
+mod common;
 mod py_support;
 
 use objectcache::store::{S3Config, S3Store};
 
 #[test]
 fn vllm_connector_in_a_real_vllm() {
-    let Some((py, model)) = py_support::venv("vllm_connector_in_a_real_vllm") else {
+    let Some(p) = py_support::installed("vllm_connector_in_a_real_vllm") else {
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let site = py_support::install_package(&py, tmp.path());
     let c = S3Config::from_test_env();
-    let mut env = vec![("OBJECTCACHE_VLLM_MODEL", model.display().to_string())];
+    let mut env = vec![("OBJECTCACHE_VLLM_MODEL", p.model.display().to_string())];
     if let objectcache::store::S3Credentials::Static {
         access_key,
         secret_key,
@@ -60,5 +59,5 @@ fn vllm_connector_in_a_real_vllm() {
         ),
         Err(e) => panic!("the test S3 endpoint refused the bucket: {e}"),
     }
-    py_support::pytest(&py, &site, &["test_vllm.py"], &env);
+    py_support::pytest(&p.py, &p.site, &["test_vllm.py"], &env);
 }

@@ -43,6 +43,17 @@ pub fn run_ok(cmd: &mut std::process::Command) -> std::process::Output {
     out
 }
 
+/// Asserts that the process whose output is `out` exited 0; otherwise panics with `what`
+/// followed by its stdout and its stderr.
+pub fn assert_exited_ok(out: &std::process::Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what}{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Deterministic KV bytes of layer `l` for `chunks` chunks: every chunk's slice differs and
 /// depends on (seed, chunk, layer), so a misplaced slice is detected.
 pub fn layer_bytes(g: &KvGeometry, chunks: usize, l: u32, seed: u64) -> Vec<u8> {
@@ -190,6 +201,21 @@ pub fn skip(what: &str) {
         "no {what}, but OBJECTCACHE_REQUIRE_ALL is set"
     );
     eprintln!("SKIP: no {what}");
+}
+
+/// The S3 store of the test endpoint (Ceph RGW in CI; see
+/// `objectcache::store::S3Store::from_test_env`) and this call's key prefix under `tag`, or
+/// `None` after [`skip`] when no endpoint answers. Panics when the endpoint answers but
+/// refuses the test credentials or bucket.
+#[cfg(feature = "s3")]
+pub async fn test_s3_store(tag: &str) -> Option<(objectcache::store::S3Store, String)> {
+    let found = objectcache::store::S3Store::from_test_env(tag)
+        .await
+        .expect("the S3 test endpoint answers but refuses us");
+    if found.is_none() {
+        skip("S3 test endpoint (OBJECTCACHE_TEST_S3_ENDPOINT; scripts/ceph-rgw/start.sh)");
+    }
+    found
 }
 
 /// The bytes of the RDMA host buffer `buf` at `off..off + len`, read once no load writes

@@ -107,12 +107,7 @@ fn compile_with(cc: &str, src: &str, out_dir: &Path, flags: &[&str]) -> PathBuf 
         .args(["-lobjectcache", "-lpthread"])
         .output()
         .expect("run the C compiler");
-    assert!(
-        out.status.success(),
-        "compiling {src} failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::common::assert_exited_ok(&out, &format!("compiling {src} failed:\n"));
     exe
 }
 

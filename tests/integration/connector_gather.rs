@@ -12,7 +12,7 @@ use gather_util::{config, start, BUCKET};
 use objectcache::connector::{ChunkStatus, Engine, EngineConfig, LayerBuffers, LoadRequest};
 use objectcache::layout::{segment_digest, SegmentHeader};
 use objectcache::server::ServerHandle;
-use objectcache::store::{S3Store, Store};
+use objectcache::store::Store;
 use objectcache::KvGeometry;
 use std::sync::Arc;
 
@@ -321,11 +321,7 @@ fn a_chunk_placed_at_the_wrong_index_of_a_segment_is_a_miss() {
 
 #[test]
 fn stock_s3_falls_back_to_ranged_gets() {
-    let Some((s, _)) = rt()
-        .block_on(S3Store::from_test_env("fallback"))
-        .expect("S3 endpoint refuses us")
-    else {
-        common::skip("S3 test endpoint (OBJECTCACHE_TEST_S3_ENDPOINT; scripts/ceph-rgw/start.sh)");
+    let Some((s, _)) = rt().block_on(common::test_s3_store("fallback")) else {
         return;
     };
     let store: Arc<dyn Store> = Arc::new(s);

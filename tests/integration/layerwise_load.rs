@@ -18,18 +18,8 @@ fn small() -> KvGeometry {
 fn s3_store() -> Option<Arc<dyn Store>> {
     // The S3 client's connection pool runs on the runtime that built it: keep that runtime
     // alive for the whole test process.
-    match common::shared_rt()
-        .block_on(objectcache::store::S3Store::from_test_env("layerwise"))
-        .expect("S3 endpoint refuses us")
-    {
-        Some((s, _prefix)) => Some(Arc::new(s)),
-        None => {
-            common::skip(
-                "S3 test endpoint (OBJECTCACHE_TEST_S3_ENDPOINT; scripts/ceph-rgw/start.sh)",
-            );
-            None
-        }
-    }
+    let (s, _prefix) = common::shared_rt().block_on(common::test_s3_store("layerwise"))?;
+    Some(Arc::new(s))
 }
 
 /// Every backend: memory, fs, and S3 (Ceph RGW) when available. Each test uses a unique

@@ -15,7 +15,7 @@ use common::{hashes, unique_ns};
 use objectcache::connector::{
     ChunkStatus, Engine, EngineConfig, LayerBuffers, LayerStatus, LoadRequest,
 };
-use objectcache::store::{FsStore, FsyncPolicy, MemoryStore, S3Store, Store};
+use objectcache::store::{FsStore, FsyncPolicy, MemoryStore, Store};
 use objectcache::{KvGeometry, LayerError};
 use std::sync::Arc;
 
@@ -222,11 +222,7 @@ fn paged_round_trip_over_gather_and_ranged_gets_from_the_server() {
 
 #[test]
 fn paged_round_trip_against_stock_s3() {
-    let Some((s, _)) = rt()
-        .block_on(S3Store::from_test_env("paged"))
-        .expect("S3 endpoint refuses us")
-    else {
-        common::skip("S3 test endpoint (OBJECTCACHE_TEST_S3_ENDPOINT; scripts/ceph-rgw/start.sh)");
+    let Some((s, _)) = rt().block_on(common::test_s3_store("paged")) else {
         return;
     };
     let e = engine_on(Arc::new(s), "paged-s3", &[]);

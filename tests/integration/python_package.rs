@@ -7,10 +7,8 @@ use crate::py_support;
 
 #[test]
 fn python_package_suite() {
-    let Some((py, _)) = py_support::venv("python_package_suite") else {
+    let Some(p) = py_support::installed("python_package_suite") else {
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let site = py_support::install_package(&py, tmp.path());
-    py_support::pytest(&py, &site, &["test_embedded.py", "test_server.py"], &[]);
+    py_support::pytest(&p.py, &p.site, &["test_embedded.py", "test_server.py"], &[]);
 }

@@ -207,11 +207,7 @@ async fn gateway_mode_over_an_upstream_s3_endpoint() {
 /// when Ceph is not there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateway_mode_in_front_of_ceph_rgw() {
-    let Some((ceph, prefix)) = S3Store::from_test_env("gw")
-        .await
-        .expect("the S3 test endpoint refuses us")
-    else {
-        common::skip("S3 test endpoint (OBJECTCACHE_TEST_S3_ENDPOINT; scripts/ceph-rgw/start.sh)");
+    let Some((ceph, prefix)) = common::test_s3_store("gw").await else {
         return;
     };
     let backend: Arc<dyn Store> = Arc::new(ceph);

@@ -163,13 +163,7 @@ mod wrappers {
     #[cfg(feature = "s3")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn tracked_store_over_s3_keeps_its_gather_target() {
-        let Some((s3, prefix)) = objectcache::store::S3Store::from_test_env("wrappers")
-            .await
-            .expect("S3 test endpoint answers but refuses us")
-        else {
-            crate::common::skip(
-                "S3 test endpoint (OBJECTCACHE_TEST_S3_ENDPOINT; scripts/ceph-rgw/start.sh)",
-            );
+        let Some((s3, prefix)) = crate::common::test_s3_store("wrappers").await else {
             return;
         };
         let inner: Arc<dyn Store> = Arc::new(s3);

@@ -1,7 +1,8 @@
 //! Shared by the Python tests (`python_package`, `vllm_connector`): the vLLM venv of
 //! `scripts/vllm-setup.sh` (its Python has pytest), the `objectcache` package installed from
 //! `ffi/python` with pip into a temporary directory (bundling this build's cdylib), and pytest
-//! runs of `ffi/python/tests`.
+//! runs of `ffi/python/tests`. A test binary that includes it also includes `tests/common` as
+//! `common`.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -78,17 +79,38 @@ pub fn install_package(py: &Path, tmp: &Path) -> PathBuf {
         .env("OBJECTCACHE_CDYLIB", cdylib())
         .output()
         .expect("run pip");
-    assert!(
-        out.status.success(),
-        "pip install ./ffi/python failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::common::assert_exited_ok(&out, "pip install ./ffi/python failed:\n");
     assert!(
         site.join("objectcache").join("libobjectcache.so").is_file(),
         "the installed package has no bundled libobjectcache.so"
     );
     site
+}
+
+/// The venv's Python and model folder with the package installed by [`install_package`] in
+/// a temporary directory, which lives as long as this.
+pub struct Installed {
+    /// The venv's Python.
+    pub py: PathBuf,
+    /// The model folder.
+    pub model: PathBuf,
+    /// Where the package is installed (for `PYTHONPATH`).
+    pub site: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+/// [`venv`] for `test`, then [`install_package`] into a new temporary directory; `None`
+/// (after printing SKIP) when the venv is absent, as [`venv`].
+pub fn installed(test: &str) -> Option<Installed> {
+    let (py, model) = venv(test)?;
+    let tmp = tempfile::tempdir().unwrap();
+    let site = install_package(&py, tmp.path());
+    Some(Installed {
+        py,
+        model,
+        site,
+        _tmp: tmp,
+    })
 }
 
 /// Runs pytest on `files` (under ffi/python/tests) with the package at `site` and extra
