@@ -17,22 +17,18 @@ use crate::common;
 use crate::fault_proxy;
 use crate::gather_util;
 
-use common::{hashes, kv, unique_ns};
+use common::shared_rt as rt;
+use common::{save_prefix, start_load, unique_ns};
 use fault_proxy::{Fault, FaultProxy};
 use gather_util::{config, start};
-use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest};
+use objectcache::connector::{Engine, EngineConfig, LoadHandle};
 use objectcache::server::ServerHandle;
 use objectcache::store::MemoryStore;
 use objectcache::{ChunkHash, Dtype, KvGeometry};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 const CAP: u64 = 12_500_000;
-
-fn rt() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap())
-}
 
 /// 16 layers x 32 KiB slices: 512 KiB per chunk, 20 MiB for 40 chunks.
 fn geometry() -> KvGeometry {
@@ -47,6 +43,8 @@ struct Fixture {
     data: Vec<Vec<u8>>,
 }
 
+/// A capped `fifo` server, an engine on it (settings `pairs`) and a prefix of `chunks` chunks
+/// it saved; warmed up by a checked load of 2 chunks (which opens the engine's connections).
 fn fixture(chunks: usize, pairs: &[(&str, &str)]) -> Fixture {
     let mut cfg = config();
     cfg.bandwidth_cap_bytes_per_s = CAP;
@@ -57,40 +55,29 @@ fn fixture(chunks: usize, pairs: &[(&str, &str)]) -> Fixture {
     ecfg.namespace = unique_ns("flight");
     let engine = Engine::with_store(store, ecfg).unwrap();
     let g = geometry();
-    let hashes = hashes(&g, chunks * g.tokens_per_chunk as usize, 41);
-    let data = kv(&g, chunks, 41);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    engine.save_blocking(&g, &hashes, &refs).unwrap();
-    Fixture {
+    let (hashes, data) = save_prefix(&engine, &g, chunks, 41);
+    let f = Fixture {
         server,
         engine,
         g,
         hashes,
         data,
-    }
+    };
+    f.check(&f.load(2), 2, "warm-up");
+    f
 }
 
 impl Fixture {
     fn load(&self, chunks: usize) -> LoadHandle {
-        let g = &self.g;
-        self.engine
-            .load(
-                LoadRequest::new(g.clone(), self.hashes[..chunks].to_vec()),
-                LayerBuffers::allocate(g.layers as usize, chunks * g.slice_bytes() as usize),
-            )
-            .unwrap()
+        let n = chunks * self.g.slice_bytes() as usize;
+        start_load(&self.engine, &self.g, self.hashes[..chunks].to_vec(), n)
     }
 
+    /// Waits for every layer of a load of the first `chunks` chunks and compares every byte;
+    /// returns the load's time to its last layer (s).
     fn check(&self, h: &LoadHandle, chunks: usize, what: &str) -> f64 {
         let n = chunks * self.g.slice_bytes() as usize;
-        for l in 0..self.g.layers as usize {
-            h.wait_layer_blocking(l, None)
-                .unwrap_or_else(|e| panic!("{what}: layer {l} missed: {e}"));
-            assert!(
-                h.layer(l).unwrap() == &self.data[l][..n],
-                "{what}: layer {l} differs"
-            );
-        }
+        crate::assert_layers_landed(h, &self.data, n, what);
         h.stats().ttll_s.unwrap()
     }
 
@@ -108,10 +95,9 @@ impl Fixture {
 #[test]
 fn fifty_loads_of_one_prefix_share_one_fetch() {
     let _alone = crate::alone();
+    // One load alone (after the fixture's warm-up, which opened the engine's connections).
     let f = fixture(40, &[]);
     let one = 40 * f.g.slice_bytes() * f.g.layers as u64;
-    // One load alone (after a warm-up that opens the engine's connections).
-    f.check(&f.load(2), 2, "warm-up");
     let b0 = f.sent();
     let alone = f.check(&f.load(40), 40, "alone");
     assert_eq!(f.sent() - b0, one);
@@ -150,7 +136,6 @@ fn fifty_loads_of_one_prefix_share_one_fetch() {
 fn a_follower_of_fewer_chunks_waits_for_nothing_more() {
     let _alone = crate::alone();
     let f = fixture(40, &[]);
-    f.check(&f.load(2), 2, "warm-up");
     let leader = f.load(40);
     let follower = f.load(20);
     f.check(&follower, 20, "follower of 20 chunks");
@@ -178,7 +163,6 @@ fn a_follower_of_fewer_chunks_waits_for_nothing_more() {
 fn a_cancelled_leader_does_not_fail_its_followers() {
     let _alone = crate::alone();
     let f = fixture(40, &[]);
-    f.check(&f.load(2), 2, "warm-up");
     let leader = f.load(40);
     let followers: Vec<LoadHandle> = (0..3).map(|_| f.load(40)).collect();
     leader.wait_layer_blocking(2, None).unwrap();
@@ -210,7 +194,6 @@ fn single_flight_off_fetches_every_load() {
     let _alone = crate::alone();
     let f = fixture(8, &[("single_flight", "off")]);
     let one = 8 * f.g.slice_bytes() * f.g.layers as u64;
-    f.check(&f.load(2), 2, "warm-up");
     let b0 = f.sent();
     let hs: Vec<LoadHandle> = (0..4).map(|_| f.load(8)).collect();
     for (i, h) in hs.iter().enumerate() {
@@ -256,22 +239,11 @@ fn the_gateway_server_reads_each_slice_once_for_concurrent_loads() {
         .unwrap()
     };
     let engines: Vec<Engine> = (0..4).map(|_| engine()).collect();
-    let hs = hashes(&g, 8 * g.tokens_per_chunk as usize, 43);
-    let data = kv(&g, 8, 43);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    engines[0].save_blocking(&g, &hs, &refs).unwrap();
+    let (hs, data) = save_prefix(&engines[0], &g, 8, 43);
     // Warm every engine's connections on another prefix.
-    let warm = hashes(&g, g.tokens_per_chunk as usize, 44);
-    let wdata = kv(&g, 1, 44);
-    let wrefs: Vec<&[u8]> = wdata.iter().map(|v| v.as_slice()).collect();
-    engines[0].save_blocking(&g, &warm, &wrefs).unwrap();
+    let (warm, _) = save_prefix(&engines[0], &g, 1, 44);
     for e in &engines {
-        let h = e
-            .load(
-                LoadRequest::new(g.clone(), warm.clone()),
-                LayerBuffers::allocate(g.layers as usize, g.slice_bytes() as usize),
-            )
-            .unwrap();
+        let h = start_load(e, &g, warm.clone(), g.slice_bytes() as usize);
         h.wait_all_blocking().unwrap();
     }
     proxy.clear_log();
@@ -286,13 +258,7 @@ fn the_gateway_server_reads_each_slice_once_for_concurrent_loads() {
     proxy.hold();
     let handles: Vec<LoadHandle> = engines
         .iter()
-        .map(|e| {
-            e.load(
-                LoadRequest::new(g.clone(), hs.clone()),
-                LayerBuffers::allocate(g.layers as usize, 8 * g.slice_bytes() as usize),
-            )
-            .unwrap()
-        })
+        .map(|e| start_load(e, &g, hs.clone(), 8 * g.slice_bytes() as usize))
         .collect();
     common::eventually(
         "all four loads ask for every upstream read in flight",
@@ -304,14 +270,7 @@ fn the_gateway_server_reads_each_slice_once_for_concurrent_loads() {
     );
     proxy.release();
     for (i, h) in handles.iter().enumerate() {
-        for (l, want) in data.iter().enumerate() {
-            h.wait_layer_blocking(l, None)
-                .unwrap_or_else(|e| panic!("engine {i}: layer {l} missed: {e}"));
-            assert!(
-                h.layer(l).unwrap() == &want[..],
-                "engine {i}: layer {l} differs"
-            );
-        }
+        crate::assert_layers_landed(h, &data, data[0].len(), &format!("engine {i}"));
     }
     // Slice reads (ranges past the 64-byte header) seen upstream.
     let slice_gets = proxy

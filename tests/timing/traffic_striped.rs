@@ -20,22 +20,18 @@
 use crate::common;
 use crate::gather_util;
 
-use common::{hashes, kv, unique_ns};
+use common::shared_rt as rt;
+use common::{save_prefix, start_load, unique_ns};
 use gather_util::{config, start};
-use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest};
+use objectcache::connector::{Engine, EngineConfig, LoadHandle};
 use objectcache::server::ServerHandle;
 use objectcache::store::{MemoryStore, Store};
 use objectcache::{ChunkHash, Dtype, KvGeometry};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// The cap of every test server, bytes/s.
 const CAP: f64 = 80e6;
-
-fn rt() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap())
-}
 
 /// 16 layers x 256 KiB slices: 4 MiB per chunk.
 fn geometry() -> KvGeometry {
@@ -83,35 +79,19 @@ fn fixture(scheduler: &str) -> Fixture {
 
 impl Fixture {
     fn save(&self, chunks: usize, seed: u64) -> Prefix {
-        let g = &self.g;
-        let hashes = hashes(g, chunks * g.tokens_per_chunk as usize, seed as u32);
-        let data = kv(g, chunks, seed);
-        let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-        self.engine.save_blocking(g, &hashes, &refs).unwrap();
+        let (hashes, data) = save_prefix(&self.engine, &self.g, chunks, seed);
         Prefix { hashes, data }
     }
 
     fn load(&self, p: &Prefix, chunks: usize) -> LoadHandle {
-        let g = &self.g;
-        self.engine
-            .load(
-                LoadRequest::new(g.clone(), p.hashes[..chunks].to_vec()),
-                LayerBuffers::allocate(g.layers as usize, chunks * g.slice_bytes() as usize),
-            )
-            .unwrap()
+        let n = chunks * self.g.slice_bytes() as usize;
+        start_load(&self.engine, &self.g, p.hashes[..chunks].to_vec(), n)
     }
 
     /// Waits for every layer and compares every byte with the saved KV.
     fn check(&self, h: &LoadHandle, p: &Prefix, chunks: usize, what: &str) {
         let n = chunks * self.g.slice_bytes() as usize;
-        for l in 0..self.g.layers as usize {
-            h.wait_layer_blocking(l, None)
-                .unwrap_or_else(|e| panic!("{what}: layer {l} missed: {e}"));
-            assert!(
-                h.layer(l).unwrap() == &p.data[l][..n],
-                "{what}: layer {l} bytes differ"
-            );
-        }
+        crate::assert_layers_landed(h, &p.data, n, what);
         assert_eq!(
             h.stats().requests,
             2.min(chunks as u64),
@@ -243,7 +223,9 @@ fn short_behind_long(f: &Fixture, policy: &str) -> (f64, f64, f64) {
     (alone, behind, long_left)
 }
 
+/// The test of policy `name` (each policy's test is this whole body, run [`crate::alone`]).
 fn policy(name: &str) {
+    let _alone = crate::alone();
     let f = fixture(name);
     // Warm: the engine has learnt that gather is offered, and its pool holds connections.
     let w = f.save(2, 1);
@@ -278,30 +260,25 @@ fn policy(name: &str) {
 
 #[test]
 fn striped_loads_fifo() {
-    let _alone = crate::alone();
     policy("fifo");
 }
 
 #[test]
 fn striped_loads_priority() {
-    let _alone = crate::alone();
     policy("priority");
 }
 
 #[test]
 fn striped_loads_equal() {
-    let _alone = crate::alone();
     policy("equal");
 }
 
 #[test]
 fn striped_loads_byte_prop() {
-    let _alone = crate::alone();
     policy("byte-prop");
 }
 
 #[test]
 fn striped_loads_stall_aware() {
-    let _alone = crate::alone();
     policy("stall-aware");
 }
