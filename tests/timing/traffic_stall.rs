@@ -19,21 +19,17 @@ use crate::common;
 use crate::fault_proxy;
 use crate::gather_util;
 
-use common::{save_prefix, unique_ns};
+use common::shared_rt as rt;
+use common::{save_prefix, start_load, unique_ns};
 use fault_proxy::{Fault, FaultProxy, RawFault};
 use gather_util::{config, start};
-use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest};
+use objectcache::connector::{Engine, EngineConfig, LoadHandle};
 use objectcache::sched::{AnalyticModel, ComputeModel, Fallback, GpuKind, KernelClass, ModelShape};
 use objectcache::server::ServerHandle;
 use objectcache::store::MemoryStore;
 use objectcache::{ChunkHash, Dtype, KvGeometry, LayerError};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-fn rt() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap())
-}
 
 /// 16 layers x 256 KiB slices: 4 MiB per chunk.
 fn geometry() -> KvGeometry {
@@ -61,12 +57,6 @@ fn engine_on(endpoint: &str, ns: &str, pairs: &[(&str, &str)]) -> Engine {
     engine_in(endpoint, unique_ns(ns), pairs)
 }
 
-/// An engine through `proxy_url` with the settings `pairs` that reads what `direct` saved
-/// (its namespace).
-fn engine_through(proxy_url: &str, direct: &Engine, pairs: &[(&str, &str)]) -> Engine {
-    engine_in(proxy_url, direct.config().namespace.clone(), pairs)
-}
-
 struct Prefix {
     hashes: Vec<ChunkHash>,
     data: Vec<Vec<u8>>,
@@ -77,39 +67,69 @@ fn save(e: &Engine, g: &KvGeometry, chunks: usize, seed: u64) -> Prefix {
     Prefix { hashes, data }
 }
 
+/// A prefix saved on a server, and a fault proxy before the server.
+struct Proxied {
+    srv: ServerHandle,
+    /// The engine on the server itself that saved `p`.
+    direct: Engine,
+    p: Prefix,
+    proxy: FaultProxy,
+}
+
 /// A `fifo` server with no cap, an engine on it in a namespace named after `ns` (settings
-/// `pairs`) and a prefix of `chunks` chunks (seed `seed`) it saved there.
-fn saved_on_a_server(
+/// `pairs`), a prefix of `chunks` chunks (seed `seed`) it saved there, then the proxy that
+/// `proxy` starts before the server (given the server's address).
+fn saved_behind_a_proxy(
     g: &KvGeometry,
     ns: &str,
     pairs: &[(&str, &str)],
     chunks: usize,
     seed: u64,
-) -> (ServerHandle, Engine, Prefix) {
+    proxy: impl FnOnce(std::net::SocketAddr) -> FaultProxy,
+) -> Proxied {
     let srv = server(0, "fifo");
     let direct = engine_on(&srv.endpoint(), ns, pairs);
     let p = save(&direct, g, chunks, seed);
-    (srv, direct, p)
+    let proxy = proxy(srv.local_addr());
+    Proxied {
+        srv,
+        direct,
+        p,
+        proxy,
+    }
+}
+
+impl Proxied {
+    /// An engine through the proxy with the settings `pairs` that reads what `direct` saved
+    /// (its namespace).
+    fn engine(&self, pairs: &[(&str, &str)]) -> Engine {
+        engine_in(
+            &self.proxy.url(),
+            self.direct.config().namespace.clone(),
+            pairs,
+        )
+    }
+
+    /// The proxy's address, as a stalled layer's error names the store.
+    fn store(&self) -> String {
+        self.proxy.addr().to_string()
+    }
+
+    /// Stops the proxy, then the server.
+    fn stop(self) {
+        let Proxied { srv, proxy, .. } = self;
+        drop(proxy);
+        rt().block_on(srv.shutdown());
+    }
 }
 
 fn load(e: &Engine, g: &KvGeometry, p: &Prefix) -> LoadHandle {
-    e.load(
-        LoadRequest::new(g.clone(), p.hashes.clone()),
-        LayerBuffers::allocate(g.layers as usize, p.data[0].len()),
-    )
-    .unwrap()
+    start_load(e, g, p.hashes.clone(), p.data[0].len())
 }
 
 /// Every layer ready and byte-exact.
 fn check_all(h: &LoadHandle, p: &Prefix, what: &str) {
-    for (l, want) in p.data.iter().enumerate() {
-        h.wait_layer_blocking(l, None)
-            .unwrap_or_else(|e| panic!("{what}: layer {l} missed: {e}"));
-        assert!(
-            h.layer(l).unwrap() == &want[..],
-            "{what}: layer {l} differs"
-        );
-    }
+    crate::assert_layers_landed(h, &p.data, p.data[0].len(), what);
 }
 
 /// How many GETs passed through `proxy`.
@@ -164,10 +184,11 @@ fn assert_stalled(h: &LoadHandle, l: usize, e: &LayerError, store: &str, what: &
 fn gather_stream_stopped_mid_load_gives_up_within_the_stall_limit() {
     let _alone = crate::alone();
     let g = geometry();
-    let (srv, direct, p) = saved_on_a_server(&g, "stall-gather", &[], 8, 11);
     // The capabilities probe and the pooled connections pass; every gather connection stops
     // forwarding after 6 MiB of its stream (of 16 MiB: two stripes of an 8-chunk load).
-    let proxy = FaultProxy::raw(srv.local_addr(), |_| RawFault::StallAfter(6 << 20));
+    let s = saved_behind_a_proxy(&g, "stall-gather", &[], 8, 11, |srv| {
+        FaultProxy::raw(srv, |_| RawFault::StallAfter(6 << 20))
+    });
     for (pairs, limit) in [
         (
             vec![("stall_timeout_ms", "1000"), ("load_timeout_ms", "0")],
@@ -176,18 +197,18 @@ fn gather_stream_stopped_mid_load_gives_up_within_the_stall_limit() {
         // Default settings: the automatic limit, 1 s once bytes flow on loopback.
         (vec![("load_timeout_ms", "0")], 1.0),
     ] {
-        let e = engine_through(&proxy.url(), &direct, &pairs);
-        let before = proxy.stalls().len();
-        let h = load(&e, &g, &p);
+        let e = s.engine(&pairs);
+        let before = s.proxy.stalls().len();
+        let h = load(&e, &g, &s.p);
         let (l, err, failed_at) = first_failure(&h);
-        let stalled = proxy.stalls()[before..]
+        let stalled = s.proxy.stalls()[before..]
             .iter()
             .copied()
             .min()
             .expect("the proxy stalled");
         let after = failed_at.duration_since(stalled).as_secs_f64();
         println!("STALL|gather, {pairs:?}|layer {l}: {err}|given up {after:.3} s after the silence began");
-        assert_stalled(&h, l, &err, &proxy.addr().to_string(), "gather");
+        assert_stalled(&h, l, &err, &s.store(), "gather");
         assert!(l > 0, "some layers arrived before the stall");
         assert!(
             after >= limit * 0.99 && after <= limit * 1.1,
@@ -195,44 +216,44 @@ fn gather_stream_stopped_mid_load_gives_up_within_the_stall_limit() {
         );
         assert!(after <= 2.0, "default settings give up within 2 s");
     }
-    drop(proxy);
-    rt().block_on(srv.shutdown());
+    s.stop();
 }
 
 #[test]
 fn ranged_get_body_stalled_gives_up_within_the_stall_limit() {
     let _alone = crate::alone();
     let g = geometry();
-    let (srv, direct, p) = saved_on_a_server(&g, "stall-ranged", &[("gather", "off")], 4, 12);
     // Ranged GETs through an HTTP proxy: the 5th GET (the first of the coalesced reads of
     // layers 1..16, after the four layer-0 reads) sends its headers and half its body, then
     // nothing.
     let n = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let n2 = n.clone();
-    let proxy = FaultProxy::http(srv.local_addr(), move |r| {
-        if r.method == "GET" && n2.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 4 {
-            Fault::Stall(0.5)
-        } else {
-            Fault::Pass
-        }
+    let s = saved_behind_a_proxy(&g, "stall-ranged", &[("gather", "off")], 4, 12, |srv| {
+        FaultProxy::http(srv, move |r| {
+            if r.method == "GET" && n2.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 4 {
+                Fault::Stall(0.5)
+            } else {
+                Fault::Pass
+            }
+        })
     });
-    let e = engine_through(
-        &proxy.url(),
-        &direct,
-        &[("gather", "off"), ("load_timeout_ms", "0")],
-    );
-    let h = load(&e, &g, &p);
+    let e = s.engine(&[("gather", "off"), ("load_timeout_ms", "0")]);
+    let h = load(&e, &g, &s.p);
     let (l, err, failed_at) = first_failure(&h);
-    let stalled = proxy.stalls().first().copied().expect("the proxy stalled");
+    let stalled = s
+        .proxy
+        .stalls()
+        .first()
+        .copied()
+        .expect("the proxy stalled");
     let after = failed_at.duration_since(stalled).as_secs_f64();
     println!("STALL|ranged GETs, default limit|layer {l}: {err}|given up {after:.3} s after the silence began");
-    assert_stalled(&h, l, &err, &proxy.addr().to_string(), "ranged");
+    assert_stalled(&h, l, &err, &s.store(), "ranged");
     assert!(
         after <= 2.0,
         "default settings give up within 2 s of the silence: {after:.3} s"
     );
-    drop(proxy);
-    rt().block_on(srv.shutdown());
+    s.stop();
 }
 
 /// C19: a server that sends response headers and nothing else for 30 s.
@@ -240,26 +261,27 @@ fn ranged_get_body_stalled_gives_up_within_the_stall_limit() {
 fn c19_a_silent_server_fails_the_load_within_5_s_naming_it() {
     let _alone = crate::alone();
     let g = geometry();
-    let (srv, direct, p) = saved_on_a_server(&g, "c19-silent", &[("gather", "off")], 2, 13);
-    let proxy = FaultProxy::http(srv.local_addr(), Fault::on_gets(Fault::Stall(0.0)));
-    let e = engine_through(&proxy.url(), &direct, &[("gather", "off")]);
+    let off = [("gather", "off")];
+    let s = saved_behind_a_proxy(&g, "c19-silent", &off, 2, 13, |srv| {
+        FaultProxy::http(srv, Fault::on_gets(Fault::Stall(0.0)))
+    });
+    let e = s.engine(&off);
     let t0 = Instant::now();
-    let h = load(&e, &g, &p);
+    let h = load(&e, &g, &s.p);
     let (l, err, failed_at) = first_failure(&h);
     let secs = failed_at.duration_since(t0).as_secs_f64();
     println!(
         "C19|silent server (headers only)|layer {l}: {err}|failed {secs:.3} s after the load began"
     );
     assert_eq!(l, 0);
-    assert_stalled(&h, l, &err, &proxy.addr().to_string(), "C19 silent");
+    assert_stalled(&h, l, &err, &s.store(), "C19 silent");
     assert!(
         secs <= 5.0,
         "the silent server failed the load after {secs:.3} s"
     );
-    let gets = gets(&proxy);
+    let gets = gets(&s.proxy);
     assert!(gets <= 2 * g.layers as usize, "no retry storm: {gets} GETs");
-    drop(proxy);
-    rt().block_on(srv.shutdown());
+    s.stop();
 }
 
 /// C19: a consumer that reads 1 MiB pieces 120 ms apart is slow, not stalled.
@@ -267,36 +289,32 @@ fn c19_a_silent_server_fails_the_load_within_5_s_naming_it() {
 fn c19_a_slow_reader_is_not_a_stall() {
     let _alone = crate::alone();
     let g = geometry();
-    let (srv, direct, p) = saved_on_a_server(&g, "c19-slow", &[("gather", "off")], 2, 14);
-    let proxy = FaultProxy::http(
-        srv.local_addr(),
-        Fault::on_gets(Fault::Drip {
-            bytes: 1 << 20,
-            every: Duration::from_millis(120),
-        }),
-    );
+    let s = saved_behind_a_proxy(&g, "c19-slow", &[("gather", "off")], 2, 14, |srv| {
+        FaultProxy::http(
+            srv,
+            Fault::on_gets(Fault::Drip {
+                bytes: 1 << 20,
+                every: Duration::from_millis(120),
+            }),
+        )
+    });
     // One GET per 2 MiB (coalesced slices): each takes two pieces, 240 ms.
-    let e = engine_through(
-        &proxy.url(),
-        &direct,
-        &[
-            ("gather", "off"),
-            ("coalesce_bytes", "2097152"),
-            ("max_requests", "1"),
-        ],
-    );
+    let e = s.engine(&[
+        ("gather", "off"),
+        ("coalesce_bytes", "2097152"),
+        ("max_requests", "1"),
+    ]);
     let t0 = Instant::now();
-    let h = load(&e, &g, &p);
-    check_all(&h, &p, "C19 slow reader");
-    let gets = gets(&proxy) as u64;
+    let h = load(&e, &g, &s.p);
+    check_all(&h, &s.p, "C19 slow reader");
+    let gets = gets(&s.proxy) as u64;
     println!(
         "C19|slow reader (1 MiB / 120 ms)|{:.3} s, {gets} GETs for {} requests|no error",
         t0.elapsed().as_secs_f64(),
         h.stats().requests
     );
     assert_eq!(gets, h.stats().requests, "one GET per read: no retries");
-    drop(proxy);
-    rt().block_on(srv.shutdown());
+    s.stop();
 }
 
 /// C19's pause: saves two prefixes through `e` (`[(chunks, seed); 2]`: a long first, a short
