@@ -6,14 +6,10 @@ use super::*;
 #[test]
 fn gather_truncated_stream_is_a_miss_or_fallback() {
     let _alone = crate::alone();
-    let server = mem_server();
-    let t = Duration::from_secs(20);
-    each_format(server.local_addr(), "trunc", 1, t, 1, truncated_cases);
-    rt().block_on(server.shutdown());
+    each_format("trunc", 1, 1, truncated_cases);
 }
 
-fn truncated_cases(r: &Rig) {
-    let lay = r.stream_layout(server_info(r.server));
+fn truncated_cases(r: &Rig, lay: &Layout) {
     let u1 = lay.units[1];
     for (name, at) in [
         ("before the challenge", 0),
@@ -36,14 +32,10 @@ fn truncated_cases(r: &Rig) {
 #[test]
 fn gather_flipped_bytes_never_become_kv() {
     let _alone = crate::alone();
-    let server = mem_server();
-    let t = Duration::from_secs(20);
-    each_format(server.local_addr(), "flip", 2, t, 1, flipped_cases);
-    rt().block_on(server.shutdown());
+    each_format("flip", 2, 1, flipped_cases);
 }
 
-fn flipped_cases(r: &Rig) {
-    let lay = r.stream_layout(server_info(r.server));
+fn flipped_cases(r: &Rig, lay: &Layout) {
     // Unit prefix: frame header (8), layer (4), crc (4), offset (8), len (4), reserved (4).
     let off = FRAME_HEADER_LEN as u64 + 8;
     let (u0, u1) = (lay.units[0], lay.units[1]);
@@ -100,10 +92,7 @@ fn flipped_cases(r: &Rig) {
 #[test]
 fn gather_reset_mid_stream_is_a_miss() {
     let _alone = crate::alone();
-    let server = mem_server();
-    let t = Duration::from_secs(20);
-    each_format(server.local_addr(), "reset", 3, t, 1, |r| {
-        let lay = r.stream_layout(server_info(r.server));
+    each_format("reset", 3, 1, |r, lay| {
         reset_cases(
             r,
             "gather connection reset",
@@ -115,7 +104,6 @@ fn gather_reset_mid_stream_is_a_miss() {
             ],
         );
     });
-    rt().block_on(server.shutdown());
 }
 
 /// Resets the engine's first new gather connection at each `(name, byte)` point in turn:
@@ -139,10 +127,7 @@ fn reset_cases(r: &Rig, what: &str, points: &[(&str, u64)]) {
 #[test]
 fn gather_striped_reset_is_a_miss() {
     let _alone = crate::alone();
-    let server = mem_server();
-    let t = Duration::from_secs(20);
-    each_format(server.local_addr(), "stripe-reset", 13, t, 2, |r| {
-        let lay = r.stream_layout(server_info(r.server));
+    each_format("stripe-reset", 13, 2, |r, lay| {
         // One stripe's stream is about half the whole load's.
         reset_cases(
             r,
@@ -153,7 +138,6 @@ fn gather_striped_reset_is_a_miss() {
             ],
         );
     });
-    rt().block_on(server.shutdown());
 }
 
 /// A gather stream that stalls after layer 0 (of 32, Llama-3.1-8B geometry, 2 chunks of 256
@@ -170,24 +154,15 @@ fn stalled_gather_load_advises_recompute() {
     let ns = unique_ns("stall-advice");
     let chunks = 2;
     let tokens = chunks * g.tokens_per_chunk as usize;
-    let hs = hashes(&g, tokens, 21);
-    let data = kv(&g, chunks, 21);
     let timeout = Duration::from_secs(20);
     let direct = engine(
         ours(&format!("http://{}", server.local_addr())),
         &ns,
         timeout,
     );
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    direct.save_blocking(&g, &hs, &refs).unwrap();
+    let (hs, data) = save_prefix(&direct, &g, chunks, 21);
     let model = ComputeModel::preset("llama-3.1-8b", GpuKind::H100, KernelClass::Tuned).unwrap();
-    let load = |e: &Engine| {
-        e.load(
-            LoadRequest::new(g.clone(), hs.clone()),
-            LayerBuffers::allocate(g.layers as usize, data[0].len()),
-        )
-        .unwrap()
-    };
+    let load = |e: &Engine| start_load(e, &g, hs.clone(), data[0].len());
     // Without a fault: every layer lands, nothing to recompute.
     let h = load(&direct);
     h.wait_all_blocking().unwrap();

@@ -31,10 +31,11 @@ use crate::gather_util;
 use crate::s3_faults;
 
 use bytes::BytesMut;
+use common::shared_rt as rt;
 use common::*;
 use fault_proxy::{Fault, FaultProxy, RawFault};
 use gather_util::{config, spawn_serve, start, ServeProcess, ACCESS, BUCKET, SECRET};
-use objectcache::connector::{Engine, EngineConfig, LayerBuffers, LoadRequest, SaveFormat};
+use objectcache::connector::{Engine, EngineConfig, SaveFormat};
 use objectcache::protocol::{plan_units, Frame, GatherRequest, FRAME_HEADER_LEN, UNIT_HEADER_LEN};
 use objectcache::server::ServerHandle;
 use objectcache::store::{FsStore, FsyncPolicy, MemoryStore, Store};
@@ -43,14 +44,8 @@ use objectcache::{ChunkHash, Dtype, KvGeometry};
 use s3_faults::{load_checked, s3_as, victim_case_on, Outcome};
 use std::net::SocketAddr;
 use std::process::Stdio;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
-
-/// Runtime owning in-process servers and S3 clients for the whole test process.
-fn rt() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap())
-}
 
 /// Two layers of 18 MiB each (18 chunks of 256 tokens, 1 MiB per slice): every layer is sent
 /// as two units (16 MiB + 2 MiB), so a unit moved to a wrong offset can still land inside its
@@ -135,18 +130,18 @@ fn rig_with(server: SocketAddr, test: &str, seed: u64, timeout: Duration, stream
 /// load's segment placement).
 const FORMATS: [SaveFormat; 2] = [SaveFormat::V1, SaveFormat::V2];
 
-/// Runs `cases` on a rig of each format in turn ([`FORMATS`], [`rig_as`]).
-fn each_format(
-    server: SocketAddr,
-    test: &str,
-    seed: u64,
-    timeout: Duration,
-    streams: usize,
-    cases: impl Fn(&Rig),
-) {
+/// Runs `cases` on a rig of each format in turn ([`FORMATS`], [`rig_as`]: test `test`, seed
+/// `seed`, a 20 s load deadline, `streams` gather streams) with the layout of its gather
+/// stream ([`Rig::stream_layout`]), every prefix saved on one new in-memory server
+/// ([`mem_server`], shut down at the end).
+fn each_format(test: &str, seed: u64, streams: usize, cases: impl Fn(&Rig, &Layout)) {
+    let server = mem_server();
+    let timeout = Duration::from_secs(20);
     for format in FORMATS {
-        cases(&rig_as(server, test, seed, timeout, streams, format));
+        let r = rig_as(server.local_addr(), test, seed, timeout, streams, format);
+        cases(&r, &r.stream_layout(server_info(r.server)));
     }
+    rt().block_on(server.shutdown());
 }
 
 /// [`rig_with`], the prefix saved in `format`.
@@ -160,11 +155,8 @@ fn rig_as(
 ) -> Rig {
     let g = geometry();
     let ns = unique_ns(test);
-    let hs = hashes(&g, CHUNKS * g.tokens_per_chunk as usize, seed as u32);
-    let data = kv(&g, CHUNKS, seed);
     let direct = engine_as(ours(&format!("http://{server}")), &ns, timeout, 1, format);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    direct.save_blocking(&g, &hs, &refs).unwrap();
+    let (hs, data) = save_prefix(&direct, &g, CHUNKS, seed);
     let proxy = FaultProxy::raw(server, |_| RawFault::Pass);
     let engine = engine_as(ours(&proxy.url()), &ns, timeout, streams, format);
     // Its capabilities request and warm connection are made before any fault is armed.
