@@ -38,15 +38,20 @@ fn cfg() -> ServerConfig {
     }
 }
 
+/// Writes on `s` every frame that `c` has to send.
+async fn transmit(s: &mut TcpStream, c: &mut ClientConnection) {
+    while let Some(b) = c.poll_transmit() {
+        s.write_all(&b).await.unwrap();
+    }
+}
+
 /// An authenticated raw gather connection: the stream and its protocol state.
 async fn authenticated(addr: SocketAddr) -> (TcpStream, ClientConnection) {
     let mut s = TcpStream::connect(addr).await.unwrap();
     let mut c = ClientConnection::with_credentials(creds());
     let mut buf = BytesMut::new();
     loop {
-        while let Some(b) = c.poll_transmit() {
-            s.write_all(&b).await.unwrap();
-        }
+        transmit(&mut s, &mut c).await;
         if let Some(ev) = c.poll_event() {
             assert!(matches!(ev, ClientEvent::Connected(_)), "{ev:?}");
             return (s, c);
@@ -107,9 +112,7 @@ async fn handshakes_must_finish_and_idle_connections_close() {
     // Preface and hello, then no answer to the authentication challenge.
     let mut s = TcpStream::connect(addr).await.unwrap();
     let mut c = ClientConnection::with_credentials(creds());
-    while let Some(b) = c.poll_transmit() {
-        s.write_all(&b).await.unwrap();
-    }
+    transmit(&mut s, &mut c).await;
     let t = closed_within(&mut s, bound)
         .await
         .expect("unanswered challenge held open");
@@ -165,9 +168,7 @@ async fn a_save_that_stalls_or_drips_is_dropped_and_writes_nothing() {
         c.start_save(&req).unwrap();
         // The first 8 MiB at once (held under the budget as it arrives, then written).
         c.save_data(0, 0, obj.slice(..8 << 20)).unwrap();
-        while let Some(b) = c.poll_transmit() {
-            s.write_all(&b).await.unwrap();
-        }
+        transmit(&mut s, &mut c).await;
         let t0 = Instant::now();
         let closed = if drip {
             // Then 1 KiB every 100 ms (10 KiB/s, the floor is 1 MiB/s).
@@ -256,9 +257,7 @@ async fn a_load_whose_client_stops_reading_is_dropped_and_its_read_ahead_freed()
     drop(c);
     let (mut s, mut c) = authenticated(addr).await;
     c.start_gather(&request(&g, 9, &tokens)).unwrap();
-    while let Some(b) = c.poll_transmit() {
-        s.write_all(&b).await.unwrap();
-    }
+    transmit(&mut s, &mut c).await;
     // Never read: the server fills the socket, then waits on a client that takes nothing.
     let t0 = Instant::now();
     let t0s = loop {
@@ -324,9 +323,7 @@ async fn save_requests_past_the_limits_are_refused_before_any_data() {
     ] {
         let (mut s, mut c) = authenticated(addr).await;
         c.start_save(&req).unwrap();
-        while let Some(b) = c.poll_transmit() {
-            s.write_all(&b).await.unwrap();
-        }
+        transmit(&mut s, &mut c).await;
         let mut buf = BytesMut::new();
         let (code, message) = loop {
             assert!(
