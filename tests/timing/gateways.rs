@@ -15,7 +15,7 @@ use objectcache::server::{AccessKey, ServerConfig};
 use objectcache::store::{
     GatewayOptions, GatewayStore, MemoryStore, S3Config, S3Credentials, Store, StoreExt,
 };
-use objectcache::KvGeometry;
+use objectcache::{ChunkHash, KvGeometry};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -115,6 +115,17 @@ fn client_store(
     )
 }
 
+/// The index in `gws` of the first gateway of `store`'s gather route for the prefix whose
+/// first chunk is `first` (the one its loads go to while it is up).
+fn first_on_route(store: &GatewayStore, gws: &[Gateway], first: &ChunkHash) -> usize {
+    let addr = store.gather_route(route_key(first.as_bytes()))[0]
+        .addr
+        .clone();
+    gws.iter()
+        .position(|gw| gw.addr.to_string() == addr)
+        .unwrap()
+}
+
 #[test]
 fn s3_requests_fail_over_and_a_gateway_that_comes_back_is_used_again() {
     let _alone = crate::alone();
@@ -188,13 +199,7 @@ fn a_gather_load_fails_over_mid_load_byte_exact_and_the_gateway_is_used_again() 
     let e = engine(store.clone(), &unique_ns("gw-failover"));
     let chunks = 8;
     let (hs, data) = save_prefix(&e, &g, chunks, 11);
-    let first = store.gather_route(route_key(hs[0].as_bytes()))[0]
-        .addr
-        .clone();
-    let victim = gws
-        .iter()
-        .position(|gw| gw.addr.to_string() == first)
-        .unwrap();
+    let victim = first_on_route(&store, &gws, &hs[0]);
 
     let load = || start_load(&e, &g, hs.clone(), data[0].len());
     let h = load();
@@ -258,13 +263,7 @@ fn a_version_2_load_passes_over_a_gateway_that_reads_no_segments() {
     cfg.namespace = unique_ns("gw-upgrade");
     let e = Engine::with_store(store.clone(), cfg).unwrap();
     let (hs, data) = save_prefix(&e, &g, 4, 21);
-    let first = store.gather_route(route_key(hs[0].as_bytes()))[0]
-        .addr
-        .clone();
-    let old = gws
-        .iter()
-        .position(|gw| gw.addr.to_string() == first)
-        .unwrap();
+    let old = first_on_route(&store, &gws, &hs[0]);
     // The route's first gateway comes back on its address as an older release.
     let addr = gws[old].addr;
     gws[old].kill();
