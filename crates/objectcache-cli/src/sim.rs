@@ -148,17 +148,83 @@ pub fn run(args: SimArgs) -> objectcache_core::Result<()> {
     }
     let records = records(&args)?;
     print!("{}", table(&records));
+    write_outputs(
+        &args,
+        || serde_json::to_string_pretty(&records),
+        |p| plot(&records, p),
+    )
+}
+
+/// Writes the records' JSON (`json()`, a pretty-printed array) to `--json` and draws them
+/// with `plot` to `--svg`, where given, saying on stderr what it wrote.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] if the JSON encoding fails or the plot cannot be drawn,
+/// [`Error::Io`] if the JSON file cannot be written.
+fn write_outputs(
+    args: &SimOptions,
+    json: impl FnOnce() -> serde_json::Result<String>,
+    plot: impl FnOnce(&std::path::Path) -> objectcache_core::Result<()>,
+) -> objectcache_core::Result<()> {
     if let Some(p) = &args.json {
-        let s = serde_json::to_string_pretty(&records)
-            .map_err(|e| bad(format!("JSON encoding failed: {e}")))?;
+        let s = json().map_err(|e| bad(format!("JSON encoding failed: {e}")))?;
         std::fs::write(p, s + "\n")?;
         eprintln!("wrote {}", p.display());
     }
     if let Some(p) = &args.svg {
-        plot(&records, p)?;
+        plot(p)?;
         eprintln!("wrote {}", p.display());
     }
     Ok(())
+}
+
+/// What `--gpu`, `--kernels`, `--model` and `--tp` name: the model's compute on one rank.
+struct Compute {
+    /// The GPU kind.
+    gpu: GpuKind,
+    /// The model's shape (all ranks).
+    shape: ModelShape,
+    /// The analytic compute model of one rank.
+    model: ComputeModel,
+    /// KV bytes per token per layer of one rank.
+    kv_bytes: u64,
+}
+
+impl Compute {
+    /// Parses the compute flags of `args`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an unknown GPU, kernel class or model, or `--tp 0`.
+    fn of(args: &SimOptions) -> objectcache_core::Result<Compute> {
+        let gpu = GpuKind::parse(&args.gpu)?;
+        let kernels = KernelClass::parse(&args.kernels)?;
+        if args.tp == 0 {
+            return Err(bad("--tp must be at least 1".into()));
+        }
+        let shape = ModelShape::preset(&args.model)?;
+        let model =
+            ComputeModel::Analytic(AnalyticModel::new(shape.clone(), gpu, kernels, args.tp)?);
+        let kv_bytes = shape.kv_bytes_per_token_per_layer / args.tp as u64;
+        Ok(Compute {
+            gpu,
+            shape,
+            model,
+            kv_bytes,
+        })
+    }
+}
+
+/// The text of the trace file `--workload trace` replays.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] if `--trace` is missing or the file cannot be read.
+fn read_trace(args: &SimOptions) -> objectcache_core::Result<String> {
+    let path = args
+        .trace
+        .as_ref()
+        .ok_or_else(|| bad("--workload trace needs --trace PATH".into()))?;
+    std::fs::read_to_string(path)
+        .map_err(|e| bad(format!("cannot read trace {}: {e}", path.display())))
 }
 
 /// Builds and runs everything `args` asks for; returns the records.
@@ -166,15 +232,13 @@ pub fn run(args: SimArgs) -> objectcache_core::Result<()> {
 /// # Errors
 /// As [`run`].
 pub fn records(args: &SimOptions) -> objectcache_core::Result<Vec<Record>> {
-    let gpu = GpuKind::parse(&args.gpu)?;
-    let kernels = KernelClass::parse(&args.kernels)?;
-    if args.tp == 0 {
-        return Err(bad("--tp must be at least 1".into()));
-    }
-    let shape = ModelShape::preset(&args.model)?;
-    let model = ComputeModel::Analytic(AnalyticModel::new(shape.clone(), gpu, kernels, args.tp)?);
+    let Compute {
+        gpu,
+        shape,
+        model,
+        kv_bytes,
+    } = Compute::of(args)?;
     let geometry = KvGeometry::preset(&args.model)?;
-    let kv_bytes = shape.kv_bytes_per_token_per_layer / args.tp as u64;
     if !(args.link_gbps.is_finite() && args.link_gbps > 0.0) {
         return Err(bad(format!("--link-gbps {} must be > 0", args.link_gbps)));
     }
@@ -241,12 +305,7 @@ pub fn records(args: &SimOptions) -> objectcache_core::Result<Vec<Record>> {
             workloads.push((w, vec![cap]));
         }
         "trace" => {
-            let path = args
-                .trace
-                .as_ref()
-                .ok_or_else(|| bad("--workload trace needs --trace PATH".into()))?;
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| bad(format!("cannot read trace {}: {e}", path.display())))?;
+            let text = read_trace(args)?;
             workloads.push((
                 workload::mooncake_trace(&text, args.time_scale)?,
                 args.cap.clone(),
@@ -401,17 +460,11 @@ fn run_cluster(args: &SimOptions) -> objectcache_core::Result<()> {
         records.len(),
         t0.elapsed().as_secs_f64()
     );
-    if let Some(p) = &args.json {
-        let s = serde_json::to_string_pretty(&records)
-            .map_err(|e| bad(format!("JSON encoding failed: {e}")))?;
-        std::fs::write(p, s + "\n")?;
-        eprintln!("wrote {}", p.display());
-    }
-    if let Some(p) = &args.svg {
-        cluster_plot(&records, p)?;
-        eprintln!("wrote {}", p.display());
-    }
-    Ok(())
+    write_outputs(
+        args,
+        || serde_json::to_string_pretty(&records),
+        |p| cluster_plot(&records, p),
+    )
 }
 
 /// Builds and runs the cluster simulations `args` asks for (in order: GPUs, gateways,
@@ -426,14 +479,12 @@ pub fn cluster_records(
 ) -> objectcache_core::Result<Vec<sim::cluster::ClusterRecord>> {
     use objectcache_core::sched::{Placement, PolicyKind};
     use sim::cluster::{self, ClusterConfig};
-    let gpu = GpuKind::parse(&args.gpu)?;
-    let kernels = KernelClass::parse(&args.kernels)?;
-    if args.tp == 0 {
-        return Err(bad("--tp must be at least 1".into()));
-    }
-    let shape = ModelShape::preset(&args.model)?;
-    let model = ComputeModel::Analytic(AnalyticModel::new(shape.clone(), gpu, kernels, args.tp)?);
-    let kv_bytes = shape.kv_bytes_per_token_per_layer / args.tp as u64;
+    let Compute {
+        gpu,
+        model,
+        kv_bytes,
+        ..
+    } = Compute::of(args)?;
     if args.gpus.is_empty()
         || args.gpus.contains(&0)
         || args.gateways.is_empty()
@@ -485,16 +536,7 @@ pub fn cluster_records(
         health_interval_s: args.health_interval_ms.max(1) as f64 / 1000.0,
     };
     let trace = match args.workload.as_str() {
-        "trace" => {
-            let path = args
-                .trace
-                .as_ref()
-                .ok_or_else(|| bad("--workload trace needs --trace PATH".into()))?;
-            Some(
-                std::fs::read_to_string(path)
-                    .map_err(|e| bad(format!("cannot read trace {}: {e}", path.display())))?,
-            )
-        }
+        "trace" => Some(read_trace(args)?),
         _ => None,
     };
     let mut out = Vec::new();
