@@ -52,11 +52,7 @@ fn whole_number(s: &str) -> Result<u64, String> {
 /// A bad store URL, the store's listing error, or a listing above `--max-objects`. Failed
 /// deletes are reported and make the command fail after the pass.
 pub fn run(args: GcArgs) -> objectcache_core::Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let store = objectcache_client::store::open_existing_store(&args.store).await?;
+    super::on_store(&args.store, |store| async move {
         let policy = Policy {
             prefix: args.prefix.clone(),
             max_objects: args.max_objects,
@@ -70,7 +66,11 @@ pub fn run(args: GcArgs) -> objectcache_core::Result<()> {
         if args.json {
             println!("{}", serde_json::to_string_pretty(&rep).expect("json"));
         } else {
-            let verb = if args.dry_run { "would delete" } else { "deleted" };
+            let verb = if args.dry_run {
+                "would delete"
+            } else {
+                "deleted"
+            };
             for (k, r) in &rep.deleted {
                 println!("{verb} {k} ({r:?})");
             }

@@ -38,6 +38,26 @@ pub mod serve;
 pub mod sim;
 pub mod stat;
 
+/// Runs `work` on the existing store at `url`, opened on a current-thread runtime (the store
+/// commands, `stat` and `gc`).
+///
+/// # Errors
+/// [`objectcache_core::Error::Io`] if the runtime cannot start, the store's error for a bad
+/// URL, or what `work` returns.
+fn on_store<F, Fut>(url: &str, work: F) -> objectcache_core::Result<()>
+where
+    F: FnOnce(std::sync::Arc<dyn objectcache_client::store::Store>) -> Fut,
+    Fut: std::future::Future<Output = objectcache_core::Result<()>>,
+{
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let store = objectcache_client::store::open_existing_store(url).await?;
+        work(store).await
+    })
+}
+
 /// Parses the process arguments and runs the subcommand; returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();

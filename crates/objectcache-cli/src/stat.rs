@@ -25,11 +25,9 @@ pub struct StatArgs {
 /// # Errors
 /// A bad store URL, or the store's listing error.
 pub fn run(args: StatArgs) -> objectcache_core::Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let store = objectcache_client::store::open_existing_store(&args.store).await?;
+    // The work takes `args` (its JSON names the store), so the URL is a copy.
+    let url = args.store.clone();
+    super::on_store(&url, |store| async move {
         let inv = Inventory::scan(store.as_ref(), &args.prefix, args.max_objects).await?;
         let total = inv.stats();
         let groups = inv.stats_by_group();
