@@ -21,52 +21,7 @@ pub(super) unsafe fn geometry(g: *const objectcache_geometry) -> Result<KvGeomet
     // SAFETY: non-NULL and aligned; every version of the struct starts with a u32.
     let size = unsafe { std::ptr::read(g as *const u32) } as usize;
     let full = std::mem::size_of::<objectcache_geometry>();
-    let (v1, layout) = if size == full {
-        // SAFETY: checked non-NULL, aligned and of the full size.
-        let g = unsafe { &*g };
-        let v1 = objectcache_geometry_no_layout {
-            struct_size: g.struct_size,
-            layers: g.layers,
-            kv_heads: g.kv_heads,
-            head_dim: g.head_dim,
-            dtype: g.dtype,
-            tokens_per_chunk: g.tokens_per_chunk,
-            tp_rank: g.tp_rank,
-            tp_world: g.tp_world,
-            model: g.model,
-        };
-        if g._reserved != 0 {
-            return Err(invalid(format!(
-                "geometry->_reserved is {}, must be 0",
-                g._reserved
-            )));
-        }
-        let layout = if g.layout.is_null() {
-            if g.block_size != 0 {
-                return Err(invalid(format!(
-                    "geometry->block_size is {} but geometry->layout is NULL (a block size \
-                     belongs to a named layout)",
-                    g.block_size
-                )));
-            }
-            None
-        } else {
-            // SAFETY: non-NULL, NUL-terminated by contract.
-            let name = unsafe { cstr(g.layout, "geometry->layout")? };
-            Some(objectcache_client::layout::KvLayout {
-                name: name.to_string(),
-                block_size: g.block_size,
-            })
-        };
-        (v1, layout)
-    } else if size == GEOMETRY_SIZE_NO_LAYOUT {
-        // SAFETY: non-NULL, aligned (the prefix struct's alignment is at most the full
-        // struct's), and the caller's struct_size says it holds this many bytes.
-        (
-            unsafe { std::ptr::read(g as *const objectcache_geometry_no_layout) },
-            None,
-        )
-    } else {
+    if size != full && size != GEOMETRY_SIZE_NO_LAYOUT {
         return Err(err(
             OBJECTCACHE_ERR_ABI_MISMATCH,
             format!(
@@ -76,27 +31,62 @@ pub(super) unsafe fn geometry(g: *const objectcache_geometry) -> Result<KvGeomet
                 OBJECTCACHE_ABI_VERSION
             ),
         ));
+    }
+    // The caller's struct_size bytes over a zeroed struct: a caller built before the layout
+    // fields existed reads as one with no layout (NULL `layout`, `block_size` and
+    // `_reserved` 0).
+    // SAFETY: every field is an integer or a raw pointer, for which all-zero bytes are valid.
+    let mut v = unsafe { std::mem::zeroed::<objectcache_geometry>() };
+    // SAFETY: `g` is non-NULL and the caller's struct_size (one of the two accepted sizes, at
+    // most the full struct's) says it holds this many readable bytes; `v` is a local of the
+    // full size.
+    unsafe {
+        std::ptr::copy_nonoverlapping(g.cast::<u8>(), (&raw mut v).cast::<u8>(), size);
+    }
+    let g = &v;
+    if g._reserved != 0 {
+        return Err(invalid(format!(
+            "geometry->_reserved is {}, must be 0",
+            g._reserved
+        )));
+    }
+    let layout = if g.layout.is_null() {
+        if g.block_size != 0 {
+            return Err(invalid(format!(
+                "geometry->block_size is {} but geometry->layout is NULL (a block size \
+                 belongs to a named layout)",
+                g.block_size
+            )));
+        }
+        None
+    } else {
+        // SAFETY: non-NULL, NUL-terminated by contract.
+        let name = unsafe { cstr(g.layout, "geometry->layout")? };
+        Some(objectcache_client::layout::KvLayout {
+            name: name.to_string(),
+            block_size: g.block_size,
+        })
     };
     // SAFETY: forwarded contract.
-    let model = unsafe { cstr(v1.model, "geometry->model")? };
-    let dtype = u8::try_from(v1.dtype)
+    let model = unsafe { cstr(g.model, "geometry->model")? };
+    let dtype = u8::try_from(g.dtype)
         .ok()
         .and_then(Dtype::from_code)
         .ok_or_else(|| {
             invalid(format!(
                 "geometry->dtype {} is not an OBJECTCACHE_DTYPE_* value (1..4)",
-                v1.dtype
+                g.dtype
             ))
         })?;
     let kv = KvGeometry {
         model: model.to_string(),
-        layers: v1.layers,
-        kv_heads: v1.kv_heads,
-        head_dim: v1.head_dim,
+        layers: g.layers,
+        kv_heads: g.kv_heads,
+        head_dim: g.head_dim,
         dtype,
-        tokens_per_chunk: v1.tokens_per_chunk,
-        tp_rank: v1.tp_rank,
-        tp_world: v1.tp_world,
+        tokens_per_chunk: g.tokens_per_chunk,
+        tp_rank: g.tp_rank,
+        tp_world: g.tp_world,
         layout,
     };
     kv.validate()?;

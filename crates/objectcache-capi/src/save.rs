@@ -177,15 +177,9 @@ pub unsafe extern "C" fn objectcache_save(
     report: *mut objectcache_save_report,
 ) -> objectcache_status {
     guard("objectcache_save", || {
-        let e = get_engine(engine)?;
-        // SAFETY: the header's contract on `report`.
-        unsafe { check_report(report)? };
-        // SAFETY: the header's contract on `geometry` and `hashes` (no hash is read for 0
-        // chunks, refused next).
-        let (g, hs) = unsafe { geometry_and_hashes(geometry, hashes, hash_len, n_chunks)? };
-        if n_chunks == 0 {
-            return Err(invalid("n_chunks is 0"));
-        }
+        // SAFETY: the header's contract on `report`, `geometry` and `hashes`.
+        let (e, g, hs) =
+            unsafe { save_inputs(engine, report, geometry, hashes, hash_len, n_chunks)? };
         if n_layers != g.layers as usize {
             return Err(invalid(format!(
                 "n_layers is {n_layers}, geometry has {} layers",
@@ -234,15 +228,9 @@ pub unsafe extern "C" fn objectcache_save_paged(
     report: *mut objectcache_save_report,
 ) -> objectcache_status {
     guard("objectcache_save_paged", || {
-        let e = get_engine(engine)?;
-        // SAFETY: the header's contract on `report`.
-        unsafe { check_report(report)? };
-        // SAFETY: the header's contract on `geometry` and `hashes` (no hash is read for 0
-        // chunks, refused next).
-        let (g, hs) = unsafe { geometry_and_hashes(geometry, hashes, hash_len, n_chunks)? };
-        if n_chunks == 0 {
-            return Err(invalid("n_chunks is 0"));
-        }
+        // SAFETY: the header's contract on `report`, `geometry` and `hashes`.
+        let (e, g, hs) =
+            unsafe { save_inputs(engine, report, geometry, hashes, hash_len, n_chunks)? };
         let need = n_chunks as u64 * g.slice_bytes();
         // SAFETY: the header's contract: n_layers x ranges_per_layer ranges.
         let rs = unsafe { paged_ranges(ranges, ranges_per_layer, n_layers, g.layers, need, true) }
@@ -262,6 +250,31 @@ pub unsafe extern "C" fn objectcache_save_paged(
         // SAFETY: checked above; the caller owns it writable.
         unsafe { write_report(report, &r) }
     })
+}
+
+/// What both save exports take first, checked: the engine, the `report` (before the work),
+/// the geometry and at least one chunk hash.
+///
+/// # Safety
+/// `report` as for [`check_report`]; `geometry` and `hashes` as for [`geometry_and_hashes`].
+unsafe fn save_inputs(
+    engine: *mut objectcache_engine,
+    report: *mut objectcache_save_report,
+    geometry: *const objectcache_geometry,
+    hashes: *const u8,
+    hash_len: usize,
+    n_chunks: usize,
+) -> Result<(Arc<EngineObj>, KvGeometry, Vec<ChunkHash>), CErr> {
+    let e = get_engine(engine)?;
+    // SAFETY: forwarded contract on `report`.
+    unsafe { check_report(report)? };
+    // SAFETY: forwarded contract on `geometry` and `hashes` (no hash is read for 0 chunks,
+    // refused next).
+    let (g, hs) = unsafe { geometry_and_hashes(geometry, hashes, hash_len, n_chunks)? };
+    if n_chunks == 0 {
+        return Err(invalid("n_chunks is 0"));
+    }
+    Ok((e, g, hs))
 }
 
 /// Checks a save's `report` before the work: NULL (no report wanted) or an

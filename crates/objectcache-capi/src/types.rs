@@ -142,28 +142,6 @@ pub struct objectcache_geometry {
 /// LP64): still accepted as `struct_size`, meaning "no layout".
 pub const GEOMETRY_SIZE_NO_LAYOUT: usize = std::mem::offset_of!(objectcache_geometry, layout);
 
-/// The fields of `objectcache_geometry` as first released (before `layout`), for reading a
-/// caller's struct whose `struct_size` is [`GEOMETRY_SIZE_NO_LAYOUT`] without reading past it.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct objectcache_geometry_no_layout {
-    pub struct_size: u32,
-    pub layers: u32,
-    pub kv_heads: u32,
-    pub head_dim: u32,
-    pub dtype: u32,
-    pub tokens_per_chunk: u32,
-    pub tp_rank: u32,
-    pub tp_world: u32,
-    pub model: *const c_char,
-}
-
-const _: () = assert!(
-    std::mem::size_of::<objectcache_geometry_no_layout>() == GEOMETRY_SIZE_NO_LAYOUT
-        && std::mem::align_of::<objectcache_geometry_no_layout>()
-            <= std::mem::align_of::<objectcache_geometry>()
-);
-
 /// Hashing parameters (see [`objectcache_client::hash::HashParams`]).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]

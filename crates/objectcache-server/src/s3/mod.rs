@@ -132,6 +132,24 @@ impl S3Frontend {
     fn count(&self, op: &str) {
         self.metrics.request(op);
     }
+
+    /// An object request's store key: the request is counted under `op`, key `k` is scoped
+    /// to the caller's namespace ([`Self::scoped_key`]) and bucket `b` must exist.
+    ///
+    /// # Errors
+    /// As [`Self::scoped_key`]; `NoSuchBucket`; the bucket lookup's storage error.
+    async fn object_key(
+        &self,
+        op: &str,
+        creds: Option<&s3s::auth::Credentials>,
+        b: &str,
+        k: &str,
+    ) -> S3Result<String> {
+        self.count(op);
+        let key = self.scoped_key(creds, b, k)?;
+        self.bucket(b).await?;
+        Ok(key)
+    }
 }
 
 fn etag(s: Option<String>) -> Option<ETag> {
@@ -222,10 +240,11 @@ impl S3 for S3Frontend {
         &self,
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
-        self.count("put_object");
-        let key = self.scoped_key(req.credentials.as_ref(), &req.input.bucket, &req.input.key)?;
+        let (b, k) = (&req.input.bucket, &req.input.key);
+        let key = self
+            .object_key("put_object", req.credentials.as_ref(), b, k)
+            .await?;
         let input = req.input;
-        self.bucket(&input.bucket).await?;
         let mode = match input.if_none_match {
             None => PutMode::Overwrite,
             Some(ETagCondition::Any) => PutMode::Create,
@@ -312,10 +331,11 @@ impl S3 for S3Frontend {
         &self,
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
-        self.count("get_object");
-        let key = self.scoped_key(req.credentials.as_ref(), &req.input.bucket, &req.input.key)?;
+        let (b, k) = (&req.input.bucket, &req.input.key);
+        let key = self
+            .object_key("get_object", req.credentials.as_ref(), b, k)
+            .await?;
         let input = req.input;
-        self.bucket(&input.bucket).await?;
         let shown = input.key.as_str();
         // An object in a local file (the filesystem backend) is sent from the page cache
         // (`local_file_body`); the open file also gives the size a range is checked against.
@@ -399,10 +419,11 @@ impl S3 for S3Frontend {
         &self,
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
-        self.count("head_object");
-        let key = self.scoped_key(req.credentials.as_ref(), &req.input.bucket, &req.input.key)?;
+        let (b, k) = (&req.input.bucket, &req.input.key);
+        let key = self
+            .object_key("head_object", req.credentials.as_ref(), b, k)
+            .await?;
         let input = req.input;
-        self.bucket(&input.bucket).await?;
         let m = self
             .store
             .head(&key)
@@ -421,10 +442,11 @@ impl S3 for S3Frontend {
         &self,
         req: S3Request<DeleteObjectInput>,
     ) -> S3Result<S3Response<DeleteObjectOutput>> {
-        self.count("delete_object");
-        let key = self.scoped_key(req.credentials.as_ref(), &req.input.bucket, &req.input.key)?;
+        let (b, k) = (&req.input.bucket, &req.input.key);
+        let key = self
+            .object_key("delete_object", req.credentials.as_ref(), b, k)
+            .await?;
         let input = req.input;
-        self.bucket(&input.bucket).await?;
         self.store
             .delete(&key)
             .await

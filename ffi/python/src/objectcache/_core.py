@@ -162,10 +162,29 @@ def _packed_hashes(hashes):
     return (c_uint8 * len(buf)).from_buffer_copy(buf), hl, len(hashes)
 
 
+class _Owned:
+    """A C handle (``self._h``, ``None`` once ended) that a ``with`` block ends through
+    ``self._end()`` on exit, and that garbage collection frees with ``self._free(h)`` (errors
+    ignored: the interpreter may be shutting down) if it was never ended."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._end()
+
+    def __del__(self):
+        try:
+            if getattr(self, "_h", None) is not None:
+                self._free(self._h)
+        except Exception:
+            pass
+
+
 # ---- Engine ----------------------------------------------------------------------------------
 
 
-class Engine:
+class Engine(_Owned):
     """An ObjectCache engine (``objectcache_engine``): one per process or TP rank, shared by
     threads.
 
@@ -214,18 +233,12 @@ class Engine:
             _check(lib.objectcache_engine_destroy(self._h))
             self._h = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
+    def _end(self):
         self.close()
 
-    def __del__(self):
-        try:
-            if getattr(self, "_h", None) is not None:
-                lib.objectcache_engine_destroy(self._h)
-        except Exception:
-            pass
+    @staticmethod
+    def _free(h):
+        lib.objectcache_engine_destroy(h)
 
     # -- memory --
 
@@ -461,7 +474,7 @@ class Region:
         self.close()
 
 
-class Transfer:
+class Transfer(_Owned):
     """A load in progress (``objectcache_transfer``). Layers become ready in order; a layer
     that fails is a miss (:class:`LayerMissError`) and never turns ready. :meth:`release`
     (or leaving a ``with`` block) cancels what is outstanding and waits for in-flight copies,
@@ -552,15 +565,9 @@ class Transfer:
         _check(lib.objectcache_transfer_release(h))
         self._keep = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
+    def _end(self):
         self.release()
 
-    def __del__(self):
-        try:
-            if getattr(self, "_h", None) is not None:
-                lib.objectcache_transfer_release(self._h)
-        except Exception:
-            pass
+    @staticmethod
+    def _free(h):
+        lib.objectcache_transfer_release(h)
