@@ -156,48 +156,46 @@ mod tests {
         (t(salt), t(salt + 100.0))
     }
 
-    #[test]
-    fn fp32_round_trip_is_exact_and_layer_major() {
+    /// SmolLM2-135M's geometry with 4-token chunks of `dtype`, and its codec.
+    fn codec(dtype: Dtype) -> (KvGeometry, KvCodec) {
         let g = KvGeometry::smollm2_135m()
             .with_tokens_per_chunk(4)
             .unwrap()
-            .with_dtype(Dtype::Fp32);
+            .with_dtype(dtype);
         let c = KvCodec::new(&g).unwrap();
+        (g, c)
+    }
+
+    /// Token `i` of a `[1, heads, tokens, head_dim]` tensor, every head's elements in order
+    /// (the order of a token's elements in a slice).
+    fn token(t: &Tensor, i: usize) -> Vec<f32> {
+        t.squeeze(0)
+            .unwrap()
+            .transpose(0, 1)
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .get(i)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    }
+
+    #[test]
+    fn fp32_round_trip_is_exact_and_layer_major() {
+        let (g, c) = codec(Dtype::Fp32);
         assert_eq!(c.slice_bytes() as u64, g.slice_bytes());
         let (k, v) = kv(9, 3, 64, 0.5);
         let bytes = c.encode_layer(&(k.clone(), v.clone()), 2).unwrap();
         assert_eq!(bytes.len(), 2 * c.slice_bytes());
         // Chunk 1's slice starts with K of token 4, head 0, element 0.
-        let want = k
-            .squeeze(0)
-            .unwrap()
-            .transpose(0, 1)
-            .unwrap()
-            .contiguous()
-            .unwrap();
-        let k4: Vec<f32> = want
-            .get(4)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
+        let k4 = token(&k, 4);
         let off = c.slice_bytes();
         assert_eq!(&bytes[off..off + 4], &k4[0].to_le_bytes());
         // V of chunk 0 starts half-way into its slice, at token 0.
-        let v0: Vec<f32> = v
-            .squeeze(0)
-            .unwrap()
-            .transpose(0, 1)
-            .unwrap()
-            .contiguous()
-            .unwrap()
-            .get(0)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
+        let v0 = token(&v, 0);
         assert_eq!(&bytes[off / 2..off / 2 + 4], &v0[0].to_le_bytes());
         let (dk, dv) = c.decode_layer(&bytes, &Device::Cpu).unwrap();
         let exp = |t: &Tensor| {
@@ -214,11 +212,7 @@ mod tests {
 
     #[test]
     fn bf16_round_trip_is_close_and_half_the_bytes() {
-        let g = KvGeometry::smollm2_135m()
-            .with_tokens_per_chunk(4)
-            .unwrap()
-            .with_dtype(Dtype::Bf16);
-        let c = KvCodec::new(&g).unwrap();
+        let (g, c) = codec(Dtype::Bf16);
         let (k, v) = kv(4, 3, 64, 1.5);
         let bytes = c.encode_layer(&(k.clone(), v.clone()), 1).unwrap();
         assert_eq!(bytes.len() as u64, g.slice_bytes());
@@ -232,11 +226,7 @@ mod tests {
 
     #[test]
     fn bad_inputs_are_errors() {
-        let g = KvGeometry::smollm2_135m()
-            .with_tokens_per_chunk(4)
-            .unwrap()
-            .with_dtype(Dtype::Fp32);
-        let c = KvCodec::new(&g).unwrap();
+        let (g, c) = codec(Dtype::Fp32);
         assert!(c.decode_layer(&[0u8; 10], &Device::Cpu).is_err());
         assert!(c.encode_layer(&kv(3, 3, 64, 0.0), 1).is_err());
         assert!(KvCodec::new(&g.with_dtype(Dtype::Fp8E4m3)).is_err());
