@@ -12,6 +12,31 @@ use std::process::Command;
 const MODEL_UNAVAILABLE: i32 = 3;
 const TOKENS_PER_CHUNK: u64 = 32;
 
+/// A temporary folder holding the file store the benchmark saves to (`store`) and its JSON
+/// report (`ttft.json`); removed when dropped.
+struct Bench {
+    dir: tempfile::TempDir,
+}
+
+impl Bench {
+    fn new() -> Bench {
+        Bench {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// The file store's folder.
+    fn store(&self) -> PathBuf {
+        self.dir.path().join("store")
+    }
+
+    /// Runs the benchmark on the short document against the store; `None` when the model is
+    /// unavailable (SKIP), else the JSON report and stdout.
+    fn run(&self) -> Option<(serde_json::Value, String)> {
+        run_bench(&self.store(), &self.dir.path().join("ttft.json"))
+    }
+}
+
 /// Runs the benchmark on the short document against `store`; `None` when the model is
 /// unavailable (SKIP), else the JSON report and stdout.
 fn run_bench(store: &Path, json: &Path) -> Option<(serde_json::Value, String)> {
@@ -60,10 +85,8 @@ fn run_bench(store: &Path, json: &Path) -> Option<(serde_json::Value, String)> {
 
 #[test]
 fn hit_and_recompute_give_identical_tokens() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("ttft.json");
-    let store = dir.path().join("store");
-    let Some((j, _)) = run_bench(&store, &json) else {
+    let bench = Bench::new();
+    let Some((j, _)) = bench.run() else {
         return;
     };
     assert_eq!(j["hit_fallbacks"], 0);
@@ -96,7 +119,7 @@ fn hit_and_recompute_give_identical_tokens() {
     assert!(j["ttft_recompute_s"].as_f64().unwrap() > 0.0);
     assert!(j["chunks_written"].as_u64().unwrap() >= prefix / TOKENS_PER_CHUNK);
     // The chunk objects are really in the file store.
-    let n = files(&store).len();
+    let n = files(&bench.store()).len();
     assert!(
         n >= (prefix / TOKENS_PER_CHUNK) as usize,
         "{n} files in the store"
@@ -119,12 +142,11 @@ fn files(p: &Path) -> Vec<PathBuf> {
 /// and still answers with the same tokens; no corrupt byte reaches the model.
 #[test]
 fn corrupt_chunk_objects_fall_back_to_recompute() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("ttft.json");
-    let store = dir.path().join("store");
-    let Some((first, _)) = run_bench(&store, &json) else {
+    let bench = Bench::new();
+    let Some((first, _)) = bench.run() else {
         return;
     };
+    let store = bench.store();
     let data: Vec<PathBuf> = files(&store)
         .into_iter()
         .filter(|p| {
@@ -146,7 +168,7 @@ fn corrupt_chunk_objects_fall_back_to_recompute() {
     }
     // The second run's save finds the (corrupt) objects already present; B's load fails its
     // checksums.
-    let Some((j, stdout)) = run_bench(&store, &json) else {
+    let Some((j, stdout)) = bench.run() else {
         return;
     };
     assert_eq!(j["hit_fallbacks"], 1, "{stdout}");
