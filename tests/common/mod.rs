@@ -88,16 +88,22 @@ pub fn hashes(g: &KvGeometry, tokens: usize, seed: u32) -> Vec<ChunkHash> {
     chunk_hashes(&t, &HashParams::new(g.tokens_per_chunk as usize)).unwrap()
 }
 
-/// Saves a prefix of `chunks` chunks through `e`: seeded hashes ([`hashes`] of `chunks` whole
-/// chunks of tokens) and seeded KV bytes ([`kv`]); returns the hashes and each layer's bytes.
+/// A prefix of `chunks` chunks from one seed: its hashes ([`hashes`] of `chunks` whole chunks
+/// of tokens) and each layer's KV bytes ([`kv`]).
+pub fn seeded_prefix(g: &KvGeometry, chunks: usize, seed: u64) -> (Vec<ChunkHash>, Vec<Vec<u8>>) {
+    let hs = hashes(g, chunks * g.tokens_per_chunk as usize, seed as u32);
+    (hs, kv(g, chunks, seed))
+}
+
+/// Saves the [`seeded_prefix`] of `chunks` chunks and `seed` through `e`; returns its hashes
+/// and each layer's bytes.
 pub fn save_prefix(
     e: &Engine,
     g: &KvGeometry,
     chunks: usize,
     seed: u64,
 ) -> (Vec<ChunkHash>, Vec<Vec<u8>>) {
-    let hs = hashes(g, chunks * g.tokens_per_chunk as usize, seed as u32);
-    let data = kv(g, chunks, seed);
+    let (hs, data) = seeded_prefix(g, chunks, seed);
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
     e.save_blocking(g, &hs, &refs).unwrap();
     (hs, data)
@@ -135,6 +141,26 @@ pub fn assert_layers_exact(h: &LoadHandle, data: &[Vec<u8>]) {
     }
 }
 
+/// Waits for every layer of `h` and asserts that each failed with an error `expected` accepts
+/// and exposes no bytes; `what` (may be empty) begins the failure messages, before
+/// "layer L".
+pub fn assert_every_layer_misses(
+    h: &LoadHandle,
+    what: &str,
+    expected: impl Fn(&objectcache::LayerError) -> bool,
+) {
+    for l in 0..h.layers() {
+        let at = if what.is_empty() {
+            format!("layer {l}")
+        } else {
+            format!("{what} layer {l}")
+        };
+        let err = h.wait_layer_blocking(l, None).unwrap_err();
+        assert!(expected(&err), "{at}: {err:?}");
+        assert!(h.layer(l).is_none(), "{at} exposes bytes");
+    }
+}
+
 /// An FS store (no fsync) in a new temporary directory; the store is usable while the
 /// directory is kept.
 pub fn temp_fs_store() -> (tempfile::TempDir, Arc<dyn Store>) {
@@ -149,6 +175,14 @@ pub fn engine(store: Arc<dyn Store>, ns: &str) -> Engine {
         namespace: ns.to_string(),
         ..EngineConfig::default()
     };
+    Engine::with_store(store, cfg).unwrap()
+}
+
+/// An engine over `store` in namespace `ns` with the settings `pairs` (names and values as
+/// `EngineConfig::from_pairs` reads them; panics on a bad one).
+pub fn engine_with(store: Arc<dyn Store>, ns: &str, pairs: &[(&str, &str)]) -> Engine {
+    let mut cfg = EngineConfig::from_pairs(pairs.iter().copied()).unwrap();
+    cfg.namespace = ns.to_string();
     Engine::with_store(store, cfg).unwrap()
 }
 

@@ -134,8 +134,7 @@ pub fn fixture_on(
     mk: &dyn Fn(&str) -> Arc<dyn Store>,
 ) -> Fixture {
     let g = geometry();
-    let hs = hashes(&g, CHUNKS * g.tokens_per_chunk as usize, seed as u32);
-    let data = kv(&g, CHUNKS, seed);
+    let (hs, data) = seeded_prefix(&g, CHUNKS, seed);
     let direct = engine_on(mk(&format!("http://{addr}")), ns, timeout);
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
     direct.save_blocking(&g, &hs, &refs).unwrap();

@@ -7,7 +7,10 @@ use crate::common;
 use crate::common::shared_rt as rt;
 use crate::gather_util;
 
-use common::{assert_layers_exact, hashes, save_prefix, start_load, temp_fs_store, unique_ns};
+use common::{
+    assert_every_layer_misses, assert_layers_exact, engine_with, hashes, save_prefix, start_load,
+    temp_fs_store, unique_ns,
+};
 use gather_util::{config, start, BUCKET};
 use objectcache::connector::{ChunkStatus, Engine, EngineConfig, LayerBuffers, LoadRequest};
 use objectcache::layout::{segment_digest, SegmentHeader};
@@ -184,11 +187,7 @@ fn version_2_saves_gather_from_segments_and_version_1_prefixes_still_gather() {
     let (_dir, _server, store) = fs_server();
     let g = KvGeometry::llama31_8b();
     let ns = unique_ns("gather-v2");
-    let with = |pairs: &[(&str, &str)]| {
-        let mut cfg = EngineConfig::from_pairs(pairs.iter().copied()).unwrap();
-        cfg.namespace = ns.clone();
-        Engine::with_store(store.clone(), cfg).unwrap()
-    };
+    let with = |pairs: &[(&str, &str)]| engine_with(store.clone(), &ns, pairs);
     let v2 = with(&[("save_format", "v2")]);
     // 4 chunks of 1 MiB slices in one segment: the server reads them from the segment, one
     // gather request per stream (2 streams), byte for byte; ranged GETs would take 4 x 32.
@@ -235,9 +234,7 @@ fn a_damaged_segment_over_gather_is_a_miss_never_bytes() {
     let (dir, _server, store) = fs_server();
     let g = KvGeometry::llama31_8b();
     let ns = unique_ns("gather-v2-bad");
-    let mut cfg = EngineConfig::from_pairs([("save_format", "v2")]).unwrap();
-    cfg.namespace = ns;
-    let e = Engine::with_store(store, cfg).unwrap();
+    let e = engine_with(store, &ns, &[("save_format", "v2")]);
     let (hs, data) = save_prefix(&e, &g, 4, 21);
     let path = dir
         .path()
@@ -257,14 +254,9 @@ fn a_damaged_segment_over_gather_is_a_miss_never_bytes() {
     obj[70] ^= 0x01;
     std::fs::write(&path, &obj).unwrap();
     let h = start_load(&e, &g, hs, data[0].len());
-    for l in 0..g.layers as usize {
-        let err = h.wait_layer_blocking(l, None).unwrap_err();
-        assert!(
-            matches!(err, objectcache::LayerError::GeometryMismatch { .. }),
-            "layer {l}: {err:?}"
-        );
-        assert!(h.layer(l).is_none());
-    }
+    assert_every_layer_misses(&h, "", |err| {
+        matches!(err, objectcache::LayerError::GeometryMismatch { .. })
+    });
     // Every layer failed with the first stripe's misses, so the second stripe may or may not
     // have sent its request before the load ended; either way no ranged GET was sent.
     let st = h.stats();
@@ -283,18 +275,13 @@ fn a_chunk_placed_at_the_wrong_index_of_a_segment_is_a_miss() {
     let (_dir, _server, store) = fs_server();
     let g = KvGeometry::llama31_8b();
     let ns = unique_ns("gather-v2-index");
-    let engine_with = |pairs: &[(&str, &str)]| {
-        let mut cfg = EngineConfig::from_pairs(pairs.iter().copied()).unwrap();
-        cfg.namespace = ns.clone();
-        Engine::with_store(store.clone(), cfg).unwrap()
-    };
-    let saver = engine_with(&[("save_format", "v2")]);
+    let saver = engine_with(store.clone(), &ns, &[("save_format", "v2")]);
     let (hs, data) = save_prefix(&saver, &g, 4, 31);
     let mut marker = saver.segment_markers(&g, &hs).unwrap()[&0].clone();
     assert_eq!(marker.index, 0);
     // Position 0 claimed at index 1: positions 0..3 would read the chunks at 1..4.
     marker.index = 1;
-    let reader = engine_with(&[]);
+    let reader = engine_with(store, &ns, &[]);
     let req = LoadRequest::new(g.clone(), hs[..3].to_vec())
         .with_segment_markers([(0, marker)].into_iter().collect());
     let h = reader
@@ -303,14 +290,9 @@ fn a_chunk_placed_at_the_wrong_index_of_a_segment_is_a_miss() {
             LayerBuffers::allocate(g.layers as usize, 3 * data[0].len() / 4),
         )
         .unwrap();
-    for l in 0..g.layers as usize {
-        let err = h.wait_layer_blocking(l, None).unwrap_err();
-        assert!(
-            matches!(err, objectcache::LayerError::Missing { .. }),
-            "layer {l}: {err:?}"
-        );
-        assert!(h.layer(l).is_none());
-    }
+    assert_every_layer_misses(&h, "", |err| {
+        matches!(err, objectcache::LayerError::Missing { .. })
+    });
     assert_eq!(
         settled_chunk_status(&h),
         vec![ChunkStatus::Missing; 3],
@@ -353,14 +335,9 @@ fn gather_missing_chunk_is_a_per_chunk_miss() {
     let keys = e.keys(&g).unwrap();
     rt().block_on(store.delete(&keys.data(&hs[2]))).unwrap();
     let h = start_load(&e, &g, hs.clone(), data[0].len());
-    for l in 0..g.layers as usize {
-        let err = h.wait_layer_blocking(l, None).unwrap_err();
-        assert!(
-            matches!(err, objectcache::LayerError::Missing { chunk: 2, .. }),
-            "layer {l}: {err:?}"
-        );
-        assert!(h.layer(l).is_none());
-    }
+    assert_every_layer_misses(&h, "", |err| {
+        matches!(err, objectcache::LayerError::Missing { chunk: 2, .. })
+    });
     // The layers fail as soon as the miss arrives; the other chunks are marked whole when
     // the stream ends.
     assert_only_chunk_2_bad(&h, ChunkStatus::Missing);

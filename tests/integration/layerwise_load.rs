@@ -41,8 +41,7 @@ pub(crate) fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
 
 /// Saves `chunks` chunks and loads `load_chunks` of them back; returns the handle's buffers.
 fn round_trip(e: &Engine, g: &KvGeometry, chunks: usize, seed: u64) {
-    let hs = hashes(g, chunks * g.tokens_per_chunk as usize, seed as u32);
-    let data = kv(g, chunks, seed);
+    let (hs, data) = seeded_prefix(g, chunks, seed);
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
     let rep = e.save_blocking(g, &hs, &refs).unwrap();
     assert_eq!(rep.written, chunks);
@@ -87,8 +86,7 @@ fn partial_hit_and_missing_middle_chunk() {
     for (name, s) in stores() {
         let g = small();
         let e = engine(s.clone(), &unique_ns(name));
-        let hs = hashes(&g, 8 * 16, 3);
-        let data = kv(&g, 8, 3);
+        let (hs, data) = seeded_prefix(&g, 8, 3);
         let refs: Vec<&[u8]> = data
             .iter()
             .map(|v| &v[..5 * g.slice_bytes() as usize])
@@ -102,14 +100,9 @@ fn partial_hit_and_missing_middle_chunk() {
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(s.delete(&keys.data(&hs[2]))).unwrap();
         let h = start_load(&e, &g, hs[..5].to_vec(), refs[0].len());
-        for l in 0..6 {
-            let err = h.wait_layer_blocking(l, None).unwrap_err();
-            assert!(
-                matches!(err, LayerError::Missing { chunk: 2, .. }),
-                "{name} layer {l}: {err:?}"
-            );
-            assert!(h.layer(l).is_none());
-        }
+        assert_every_layer_misses(&h, name, |err| {
+            matches!(err, LayerError::Missing { chunk: 2, .. })
+        });
         assert_eq!(h.chunk_status()[2], ChunkStatus::Missing);
     }
 }
@@ -236,14 +229,9 @@ fn header_of_another_geometry_at_equal_size_is_a_miss() {
         let obj = objectcache::layout::encode_chunk(&other, 16, |l| &bad[l as usize][..]).unwrap();
         rt.block_on(s.put(&keys.data(&hs[1]), obj.into())).unwrap();
         let h = start_load(&e, &g, hs.clone(), 2 * g.slice_bytes() as usize);
-        for l in 0..g.layers as usize {
-            let err = h.wait_layer_blocking(l, None).unwrap_err();
-            assert!(
-                matches!(err, LayerError::GeometryMismatch { chunk: 1, .. }),
-                "{name} layer {l}: {err:?}"
-            );
-            assert!(h.layer(l).is_none(), "{name} layer {l} exposes bytes");
-        }
+        assert_every_layer_misses(&h, name, |err| {
+            matches!(err, LayerError::GeometryMismatch { chunk: 1, .. })
+        });
         assert_eq!(h.chunk_status()[1], ChunkStatus::WrongGeometry, "{name}");
         let h = start_load(&e, &g, hs[..1].to_vec(), g.slice_bytes() as usize);
         h.wait_all_blocking()

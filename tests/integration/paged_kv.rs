@@ -180,9 +180,7 @@ const SRC: [usize; 10] = [17, 3, 9, 0, 22, 5, 30, 11, 2, 25];
 const DST: [usize; 10] = [4, 39, 12, 1, 33, 8, 20, 6, 27, 15];
 
 fn engine_on(store: Arc<dyn Store>, ns: &str, pairs: &[(&str, &str)]) -> Engine {
-    let mut cfg = EngineConfig::from_pairs(pairs.iter().copied()).unwrap();
-    cfg.namespace = unique_ns(ns);
-    Engine::with_store(store, cfg).unwrap()
+    common::engine_with(store, &unique_ns(ns), pairs)
 }
 
 #[test]

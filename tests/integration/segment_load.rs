@@ -87,8 +87,7 @@ fn v2_engine(store: Arc<dyn Store>, ns: &str, max_bytes: u64, cached: bool) -> E
 fn saves_write_segments_that_loads_read_with_or_without_the_lookups_markers() {
     for (name, s) in stores() {
         let g = small();
-        let hs = hashes(&g, 8 * 16, 31);
-        let data = kv(&g, 8, 31);
+        let (hs, data) = seeded_prefix(&g, 8, 31);
         let (slice, layers) = (g.slice_bytes() as usize, g.layers as u64);
         let ns = unique_ns(name);
         // Two chunks of KV per segment (the limit counts slices, not headers and CRCs).
@@ -162,8 +161,7 @@ fn saves_write_segments_that_loads_read_with_or_without_the_lookups_markers() {
 fn segments_load_byte_for_byte_alone_and_beside_chunk_objects() {
     for (name, s) in stores() {
         let g = small();
-        let hs = hashes(&g, 6 * 16, 21);
-        let data = kv(&g, 6, 21);
+        let (hs, data) = seeded_prefix(&g, 6, 21);
         let slice = g.slice_bytes() as usize;
         let layers = g.layers as u64;
         // (what is written, GETs the load takes: a segment run reads one range per layer; a
@@ -214,8 +212,7 @@ fn segments_load_byte_for_byte_alone_and_beside_chunk_objects() {
 fn reads_spanning_layers_of_whole_segments_keep_the_budget_byte_for_byte() {
     for (name, s) in stores() {
         let g = small();
-        let hs = hashes(&g, 6 * 16, 23);
-        let data = kv(&g, 6, 23);
+        let (hs, data) = seeded_prefix(&g, 6, 23);
         let (slice, layers) = (g.slice_bytes() as usize, g.layers as usize);
         for flip in [None, Some((1u32, 0usize))] {
             let e = engine(s.clone(), &unique_ns(name));
@@ -258,8 +255,7 @@ fn reads_spanning_layers_of_whole_segments_keep_the_budget_byte_for_byte() {
 fn a_segment_is_a_miss_for_exactly_what_it_touches() {
     for (name, s) in stores() {
         let g = small();
-        let hs = hashes(&g, 4 * 16, 22);
-        let data = kv(&g, 4, 22);
+        let (hs, data) = seeded_prefix(&g, 4, 22);
         let slice = g.slice_bytes() as usize;
         let layers = g.layers as usize;
 
@@ -300,14 +296,9 @@ fn a_segment_is_a_miss_for_exactly_what_it_touches() {
         write_segment(&s, &e, &g, &hs, &data, 0..4, &listed, None, true);
         assert_eq!(e.lookup_blocking(&g, &hs).unwrap(), 4);
         let h = start_load(&e, &g, hs.clone(), 4 * slice);
-        for l in 0..layers {
-            let err = h.wait_layer_blocking(l, None).unwrap_err();
-            assert!(
-                matches!(err, LayerError::Missing { chunk: 3, .. }),
-                "{name} layer {l}: {err:?}"
-            );
-            assert!(h.layer(l).is_none(), "{name} layer {l} exposes bytes");
-        }
+        assert_every_layer_misses(&h, name, |err| {
+            matches!(err, LayerError::Missing { chunk: 3, .. })
+        });
         assert_eq!(h.chunk_status()[3], ChunkStatus::Missing, "{name}");
         drop(h);
         let h = load_first(&e, &g, &hs, 3);
@@ -320,14 +311,7 @@ fn a_segment_is_a_miss_for_exactly_what_it_touches() {
         write_segment(&s, &e, &g, &hs, &data, 0..4, &hs, None, false);
         assert_eq!(e.lookup_blocking(&g, &hs).unwrap(), 4);
         let h = start_load(&e, &g, hs.clone(), 4 * slice);
-        for l in 0..layers {
-            let err = h.wait_layer_blocking(l, None).unwrap_err();
-            assert!(
-                matches!(err, LayerError::Missing { .. }),
-                "{name} layer {l}: {err:?}"
-            );
-            assert!(h.layer(l).is_none(), "{name} layer {l} exposes bytes");
-        }
+        assert_every_layer_misses(&h, name, |err| matches!(err, LayerError::Missing { .. }));
         assert!(
             h.chunk_status().iter().all(|c| *c == ChunkStatus::Missing),
             "{name}: {:?}",
@@ -347,15 +331,11 @@ fn a_segment_is_a_miss_for_exactly_what_it_touches() {
         });
         assert_eq!(e.lookup_blocking(&g, &hs).unwrap(), 4);
         let h = start_load(&e, &g, hs.clone(), 4 * slice);
-        for l in 0..layers {
-            let err = h.wait_layer_blocking(l, None).unwrap_err();
-            assert!(
-                matches!(&err, LayerError::GeometryMismatch { reason, .. }
-                    if reason.contains("its marker says")),
-                "{name} layer {l}: {err:?}"
-            );
-            assert!(h.layer(l).is_none(), "{name} layer {l} exposes bytes");
-        }
+        assert_every_layer_misses(
+            &h,
+            name,
+            |err| matches!(err, LayerError::GeometryMismatch { reason, .. } if reason.contains("its marker says")),
+        );
         assert!(
             h.chunk_status()
                 .iter()
@@ -375,8 +355,7 @@ fn a_segment_is_a_miss_for_exactly_what_it_touches() {
 fn a_load_elsewhere_places_chunks_from_the_lookups_markers() {
     for (name, s) in stores() {
         let g = small();
-        let hs = hashes(&g, 6 * 16, 23);
-        let data = kv(&g, 6, 23);
+        let (hs, data) = seeded_prefix(&g, 6, 23);
         let slice = g.slice_bytes() as usize;
         let ns = unique_ns(name);
         let scheduler = engine(s.clone(), &ns);
@@ -399,14 +378,7 @@ fn a_load_elsewhere_places_chunks_from_the_lookups_markers() {
         assert_eq!(h.stats().requests, 2 * g.layers as u64, "{name}");
 
         let h = start_load(&worker, &g, hs.clone(), 6 * slice);
-        for l in 0..g.layers as usize {
-            let err = h.wait_layer_blocking(l, None).unwrap_err();
-            assert!(
-                matches!(err, LayerError::Missing { .. }),
-                "{name} {l}: {err:?}"
-            );
-            assert!(h.layer(l).is_none(), "{name} layer {l} exposes bytes");
-        }
+        assert_every_layer_misses(&h, name, |err| matches!(err, LayerError::Missing { .. }));
 
         // The same markers taken by an engine (as the C ABI's objectcache_segment_markers_add
         // does) place a plain load: the same 12 GETs.

@@ -11,12 +11,10 @@ use crate::common::shared_rt as rt;
 use crate::fault_proxy;
 use crate::gather_util;
 
-use common::{hashes, kv, unique_ns};
+use common::unique_ns;
 use fault_proxy::{Fault, FaultProxy};
 use gather_util::{config, start, BUCKET};
-use objectcache::connector::{
-    ChunkStatus, Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest,
-};
+use objectcache::connector::{ChunkStatus, Engine, LayerBuffers, LoadHandle, LoadRequest};
 use objectcache::layout::slice_range;
 use objectcache::store::{MemoryStore, Store, StoreExt};
 use objectcache::{ChunkHash, Dtype, KvGeometry, LayerError};
@@ -32,9 +30,7 @@ const BAD_LAYER: usize = 5;
 
 fn engine(endpoint: &str, ns: &str, pairs: &[(&str, &str)]) -> Engine {
     let store = rt().block_on(gather_util::s3_store_on(endpoint));
-    let mut cfg = EngineConfig::from_pairs(pairs.iter().copied()).unwrap();
-    cfg.namespace = ns.to_string();
-    Engine::with_store(store, cfg).unwrap()
+    common::engine_with(store, ns, pairs)
 }
 
 /// Waits until every layer settled and no chunk is pending; returns the failed layers.
@@ -104,10 +100,7 @@ fn a_corrupt_slice_fails_only_its_layer_on_every_path() {
     let srv = rt().block_on(start(backend.clone(), config()));
     let ns = unique_ns("misses-corrupt");
     let saver = engine(&srv.endpoint(), &ns, &[]);
-    let hs = hashes(&g, 4 * g.tokens_per_chunk as usize, 31);
-    let data = kv(&g, 4, 31);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    saver.save_blocking(&g, &hs, &refs).unwrap();
+    let (hs, data) = common::save_prefix(&saver, &g, 4, 31);
     // Flip one byte of chunk 2's layer-5 slice in the server's backend.
     let key = format!("{BUCKET}/{}", saver.keys(&g).unwrap().data(&hs[BAD_CHUNK]));
     let mut obj = rt().block_on(backend.get_bytes(&key)).unwrap().to_vec();
@@ -137,10 +130,7 @@ fn a_body_cut_short_fails_only_the_layers_it_did_not_deliver() {
     let srv = rt().block_on(start(backend, config()));
     let ns = unique_ns("misses-cut");
     let saver = engine(&srv.endpoint(), &ns, &[]);
-    let hs = hashes(&g, 4 * g.tokens_per_chunk as usize, 32);
-    let data = kv(&g, 4, 32);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    saver.save_blocking(&g, &hs, &refs).unwrap();
+    let (hs, data) = common::save_prefix(&saver, &g, 4, 32);
     // The ranged GET of chunk 2's layer-5 slice (one slice per read) is cut in half, on
     // every try.
     let data_key = saver.keys(&g).unwrap().data(&hs[BAD_CHUNK]);

@@ -414,9 +414,7 @@ fn c13_probes_never_pin_and_c12_loads_outlive_their_ttl() {
             vec![("gather", "off"), ("bandwidth_cap_bytes_per_s", "500000")],
         ),
     ] {
-        let mut c = EngineConfig::from_pairs(pairs.iter().copied()).unwrap();
-        c.namespace = ns.clone();
-        let e2 = Engine::with_store(store.clone(), c).unwrap();
+        let e2 = common::engine_with(store.clone(), &ns, &pairs);
         let p = save(&e2, &g, 32, 500 + pairs.len() as u64);
         std::thread::sleep(Duration::from_millis(600)); // the entries' TTL has passed
         let t0 = Instant::now();
