@@ -249,11 +249,7 @@ pub async fn collect_with(
             } else if es.iter().any(|e| leased(&e.id)) {
                 rep.kept_leased += es.len() as u64;
             } else {
-                for e in es {
-                    held -= e.bytes();
-                    push_entry(&mut plan, e, Reason::IncompleteTp);
-                    held -= release(&mut plan, &refs, &mut kept, &inv, e, Reason::IncompleteTp);
-                }
+                held -= plan_unit(&mut plan, &refs, &mut kept, &inv, &es, Reason::IncompleteTp);
             }
             continue;
         }
@@ -277,11 +273,7 @@ pub async fn collect_with(
                 rep.kept_leased += u.len() as u64;
                 continue;
             }
-            for e in u {
-                held -= e.bytes();
-                push_entry(&mut plan, e, Reason::Expired);
-                held -= release(&mut plan, &refs, &mut kept, &inv, e, Reason::Expired);
-            }
+            held -= plan_unit(&mut plan, &refs, &mut kept, &inv, &u, Reason::Expired);
         } else {
             remaining.push(u);
         }
@@ -295,11 +287,7 @@ pub async fn collect_with(
                 rep.kept_leased += u.len() as u64;
                 continue;
             }
-            for e in u {
-                held -= e.bytes();
-                push_entry(&mut plan, e, Reason::Evicted);
-                held -= release(&mut plan, &refs, &mut kept, &inv, e, Reason::Evicted);
-            }
+            held -= plan_unit(&mut plan, &refs, &mut kept, &inv, &u, Reason::Evicted);
         }
     }
     rep.bytes_after = held;
@@ -406,6 +394,24 @@ fn release(
     let size = inv.segments.get(seg).map_or(0, |m| m.size);
     plan.push((seg.to_string(), size, r, seg.to_string()));
     size
+}
+
+/// Plans every entry of `unit` for deletion with reason `r`, each with its segment where no
+/// kept entry names that any more ([`release`]). Returns the bytes that frees.
+fn plan_unit(
+    plan: &mut Vec<(String, u64, Reason, String)>,
+    refs: &segments::SegmentRefs,
+    kept: &mut HashMap<String, u32>,
+    inv: &Inventory,
+    unit: &[&Entry],
+    r: Reason,
+) -> u64 {
+    let mut freed = 0;
+    for e in unit {
+        push_entry(plan, e, r);
+        freed += e.bytes() + release(plan, refs, kept, inv, e, r);
+    }
+    freed
 }
 
 /// Marker first, then data (see the module documentation).
