@@ -175,19 +175,7 @@ impl Fetcher {
         let fetched = self.fetched.clone();
         let driver = self.handle.spawn(async move {
             let _lease = lease;
-            match timeout {
-                None => run.await,
-                Some(t) => {
-                    if tokio::time::timeout(t, run).await.is_err() {
-                        // Deadline passed: every layer not ready is a miss; reads stop.
-                        for l in 0..sh2.state.layers() {
-                            sh2.state
-                                .fail_impl(l as u32, LayerError::Timeout { layer: l });
-                        }
-                        sh2.state.cancel();
-                    }
-                }
-            }
+            sh2.run_with_deadline(timeout, run).await;
             fetched.fetch_add(sh2.progress.bytes(), Ordering::Relaxed);
         });
         sh.tasks.lock().expect("lock").push(driver);

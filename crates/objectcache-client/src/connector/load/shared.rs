@@ -7,8 +7,10 @@ use super::watchdog::Progress;
 use crate::connector::buffers::{LayerBuffers, LayerStatus, LoadState};
 use crate::connector::status::ChunkStatus;
 use crate::error::{LayerError, LayerResult};
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
 
 pub(crate) struct Shared {
     pub(crate) state: LoadState,
@@ -77,6 +79,29 @@ impl Shared {
             header_known: tokio::sync::Notify::new(),
             progress: Progress::new(),
             give_back: Mutex::new(None),
+        }
+    }
+
+    /// Runs `work` (the load's fetch, or its following of another load) to its end, or until
+    /// `deadline` (from when this starts; `None`: no deadline) passes: then every layer not
+    /// ready yet is a miss ([`LayerError::Timeout`]) and the load is cancelled, so its reads
+    /// stop.
+    pub(crate) async fn run_with_deadline(
+        &self,
+        deadline: Option<Duration>,
+        work: impl Future<Output = ()>,
+    ) {
+        match deadline {
+            None => work.await,
+            Some(t) => {
+                if tokio::time::timeout(t, work).await.is_err() {
+                    for l in 0..self.state.layers() {
+                        self.state
+                            .fail_impl(l as u32, LayerError::Timeout { layer: l });
+                    }
+                    self.state.cancel();
+                }
+            }
         }
     }
 

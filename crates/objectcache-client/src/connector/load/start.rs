@@ -109,20 +109,7 @@ impl Engine {
                 let follow = flight::follow(leader, sh.clone(), fetcher, req, keys, request_id);
                 let task = self.handle.spawn(async move {
                     let _lease = lease;
-                    match timeout {
-                        None => follow.await,
-                        Some(t) => {
-                            if tokio::time::timeout(t, follow).await.is_err() {
-                                for l in 0..sh2.state.layers() {
-                                    sh2.state.fail_impl(
-                                        l as u32,
-                                        crate::error::LayerError::Timeout { layer: l },
-                                    );
-                                }
-                                sh2.state.cancel();
-                            }
-                        }
-                    }
+                    sh2.run_with_deadline(timeout, follow).await;
                 });
                 sh.tasks.lock().expect("lock").push(task);
                 self.counters.loads_followed.fetch_add(1, Ordering::Relaxed);
