@@ -206,11 +206,7 @@ impl Engine {
     /// # Errors
     /// As [`Engine::lookup_report`].
     pub fn lookup_blocking(&self, g: &KvGeometry, hashes: &[ChunkHash]) -> Result<usize, Error> {
-        std::thread::scope(|s| {
-            s.spawn(|| self.handle.block_on(self.lookup(g, hashes)))
-                .join()
-                .expect("lookup panicked")
-        })
+        self.run_blocking("lookup", || self.lookup(g, hashes))
     }
 }
 

@@ -398,11 +398,7 @@ impl Engine {
         &self,
         policy: &crate::lifecycle::Policy,
     ) -> Result<crate::lifecycle::GcReport, Error> {
-        std::thread::scope(|s| {
-            s.spawn(|| self.handle.block_on(self.gc(policy)))
-                .join()
-                .expect("gc panicked")
-        })
+        self.run_blocking("gc", || self.gc(policy))
     }
 
     /// Whether an entry (a data or marker key, or an entry id) is held by a load in flight.
@@ -469,6 +465,26 @@ impl Engine {
             h.await
                 .map_err(|e| Error::Io(std::io::Error::other(format!("engine task failed: {e}"))))
         }
+    }
+
+    /// Runs the future `make` returns to its end on the engine's runtime, from a thread of
+    /// its own (so that the blocking forms may be called from async code too).
+    ///
+    /// # Panics
+    /// With "`what` panicked" where the future panicked.
+    fn run_blocking<F: std::future::Future>(
+        &self,
+        what: &str,
+        make: impl FnOnce() -> F + Send,
+    ) -> F::Output
+    where
+        F::Output: Send,
+    {
+        std::thread::scope(|s| {
+            s.spawn(|| self.handle.block_on(make()))
+                .join()
+                .unwrap_or_else(|e| panic!("{what} panicked: {e:?}"))
+        })
     }
 }
 

@@ -169,14 +169,7 @@ impl Engine {
         hashes: &[ChunkHash],
         layers: &[&[u8]],
     ) -> Result<SaveReport, Error> {
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let h = self.handle.clone();
-                h.block_on(self.save(g, hashes, layers))
-            })
-            .join()
-            .expect("save panicked")
-        })
+        self.run_blocking("save", || self.save(g, hashes, layers))
     }
 
     /// Blocking form of [`Engine::save_paged`].
@@ -189,14 +182,7 @@ impl Engine {
         hashes: &[ChunkHash],
         layers: &[Vec<&[u8]>],
     ) -> Result<SaveReport, Error> {
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let h = self.handle.clone();
-                h.block_on(self.save_paged(g, hashes, layers))
-            })
-            .join()
-            .expect("save panicked")
-        })
+        self.run_blocking("save", || self.save_paged(g, hashes, layers))
     }
 }
 
