@@ -297,6 +297,18 @@ mod tests {
         assert_eq!(s.layer_compute_s, vec![0.0]);
     }
 
+    /// Waits `wait_ms` milliseconds, then paces and sends `units` units of 1,000 bytes of `a`;
+    /// returns how long the units took.
+    async fn units_after_wait(a: &LinkLoad, wait_ms: u64, units: usize) -> Duration {
+        tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+        let t = Instant::now();
+        for _ in 0..units {
+            a.pace(1_000).await;
+            a.sent(1_000);
+        }
+        t.elapsed()
+    }
+
     // Paused, auto-advancing time: the pacing is exact and the test deterministic.
     #[tokio::test(start_paused = true)]
     async fn a_load_that_waited_catches_up_by_at_most_the_catch_up_time() {
@@ -304,21 +316,12 @@ mod tests {
         let link = Link::new(PolicyKind::Fifo, 200_000.0).unwrap();
         let a = link.register(vec![100_000], &SchedHints::None).unwrap();
         // Waits 10 ms (for its backend reads, say): both units it could have sent go at once.
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        let t = Instant::now();
-        for _ in 0..2 {
-            a.pace(1_000).await;
-            a.sent(1_000);
-        }
-        assert_eq!(t.elapsed(), Duration::ZERO, "the 10 ms of credit is kept");
+        let took = units_after_wait(&a, 10, 2).await;
+        assert_eq!(took, Duration::ZERO, "the 10 ms of credit is kept");
         // Waits 100 ms: only 20 ms of it is kept (four units), the fifth unit waits 5 ms.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let took = units_after_wait(&a, 100, 4).await;
+        assert_eq!(took, Duration::ZERO, "20 ms of credit is kept");
         let t = Instant::now();
-        for _ in 0..4 {
-            a.pace(1_000).await;
-            a.sent(1_000);
-        }
-        assert_eq!(t.elapsed(), Duration::ZERO, "20 ms of credit is kept");
         a.pace(1_000).await;
         let d = t.elapsed().as_secs_f64();
         // 5 ms for its bytes (the timer may round up to its next millisecond).
