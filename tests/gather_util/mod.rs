@@ -296,6 +296,35 @@ pub async fn gather_client(addr: std::net::SocketAddr) -> GatherClient {
     GatherClient::connect_with(addr, creds()).await.unwrap()
 }
 
+/// Starts `loads` gather loads at once, each on a client of its own to the server at `addr`:
+/// load `i` reads the saved prefix of seed `seeds[i % seeds.len()]` and chunk sizes `tokens`
+/// into a [`VerifySink`]. Each task returns the load's mismatched writes, complete layers and
+/// bytes delivered.
+pub fn spawn_verified_loads(
+    addr: std::net::SocketAddr,
+    g: &KvGeometry,
+    tokens: &[u32],
+    seeds: &[u64],
+    loads: u64,
+) -> Vec<tokio::task::JoinHandle<(u64, usize, u64)>> {
+    (0..loads)
+        .map(|i| {
+            let (g, tokens) = (g.clone(), tokens.to_vec());
+            let s = seeds[(i % seeds.len() as u64) as usize];
+            tokio::spawn(async move {
+                let mut c = gather_client(addr).await;
+                let sink = VerifySink::new(&g, s, &tokens);
+                let r = c.load(&request(&g, s, &tokens), &sink).await.unwrap();
+                (
+                    sink.mismatches.load(Ordering::Relaxed),
+                    sink.complete_layers(),
+                    r.bytes,
+                )
+            })
+        })
+        .collect()
+}
+
 /// `objectcache serve` running as a child process; killed and reaped when dropped.
 pub struct ServeProcess(pub std::process::Child);
 

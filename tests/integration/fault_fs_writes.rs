@@ -43,6 +43,23 @@ fn prefix(g: &KvGeometry) -> (Vec<ChunkHash>, Vec<Vec<u8>>) {
     (hashes(g, CHUNKS * 256, 10), kv(g, CHUNKS, 10))
 }
 
+/// Saves the prefix `hs`, `data` through `store`, which must fail with an error whose text
+/// contains `needle`; returns the error.
+fn save_fails(
+    store: &Arc<dyn Store>,
+    g: &KvGeometry,
+    hs: &[ChunkHash],
+    data: &[Vec<u8>],
+    needle: &str,
+) -> objectcache::Error {
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+    let e = engine(store.clone(), NS)
+        .save_blocking(g, hs, &refs)
+        .unwrap_err();
+    assert!(e.to_string().contains(needle), "{e}");
+    e
+}
+
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -229,11 +246,7 @@ fn run2_a_directory_at_a_chunks_path() {
     let keys = engine(store.clone(), NS).keys(&g).unwrap();
     let blocked = dir.path().join(keys.data(&hs[1]));
     std::fs::create_dir_all(blocked.join("x")).unwrap();
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    let e = engine(store.clone(), NS)
-        .save_blocking(&g, &hs, &refs)
-        .unwrap_err();
-    assert!(e.to_string().contains("a prefix of other keys"), "{e}");
+    let e = save_fails(&store, &g, &hs, &data, "a prefix of other keys");
     let visible = visible_objects_verify(&store, &g);
     let hit = lookup_and_load(&fs(dir.path()), &g);
     assert!(
@@ -301,11 +314,7 @@ fn run3_the_third_chunk_fails_mid_write() {
         inner: fs(dir.path()),
         key: keys.data(&hs[2]),
     });
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    let e = engine(store.clone(), NS)
-        .save_blocking(&g, &hs, &refs)
-        .unwrap_err();
-    assert!(e.to_string().contains("No space left"), "{e}");
+    let e = save_fails(&store, &g, &hs, &data, "No space left");
     let visible = visible_objects_verify(&store, &g);
     assert!(visible < CHUNKS, "the failed chunk is visible");
     let hit = lookup_and_load(&fs(dir.path()), &g);

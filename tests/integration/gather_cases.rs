@@ -35,22 +35,7 @@ async fn c4_burst_of_100_cache_hits_under_a_2gib_budget() {
     }
     let loads = 100u64;
     let t0 = std::time::Instant::now();
-    let tasks: Vec<_> = (0..loads)
-        .map(|i| {
-            let (g, tokens) = (g.clone(), tokens.clone());
-            tokio::spawn(async move {
-                let mut c = gather_client(addr).await;
-                let s = 41 + i % 2;
-                let sink = VerifySink::new(&g, s, &tokens);
-                let r = c.load(&request(&g, s, &tokens), &sink).await.unwrap();
-                (
-                    sink.mismatches.load(Ordering::Relaxed),
-                    sink.complete_layers(),
-                    r.bytes,
-                )
-            })
-        })
-        .collect();
+    let tasks = spawn_verified_loads(addr, &g, &tokens, &[41, 42], loads);
     let mut total = 0;
     for t in tasks {
         let (mismatches, complete, bytes) = t.await.unwrap();

@@ -274,23 +274,9 @@ async fn concurrent_loads_with_admission_queue() {
         save_prefix(&mut c, &g, 100 + s, &tokens).await;
     }
     let addr = server.local_addr();
-    let tasks: Vec<_> = (0..8u64)
-        .map(|i| {
-            let (g, tokens) = (g.clone(), tokens.clone());
-            tokio::spawn(async move {
-                let mut c = gather_client(addr).await;
-                let s = 100 + i % 3;
-                let sink = VerifySink::new(&g, s, &tokens);
-                c.load(&request(&g, s, &tokens), &sink).await.unwrap();
-                (
-                    sink.mismatches.load(Ordering::Relaxed),
-                    sink.complete_layers(),
-                )
-            })
-        })
-        .collect();
-    for t in tasks {
-        assert_eq!(t.await.unwrap(), (0, 32));
+    for t in spawn_verified_loads(addr, &g, &tokens, &[100, 101, 102], 8) {
+        let (mismatches, complete, _) = t.await.unwrap();
+        assert_eq!((mismatches, complete), (0, 32));
     }
     server.shutdown().await;
 }

@@ -27,6 +27,20 @@ async fn s3_client_tries(endpoint: &str, bucket: &str, secret: &str, max_attempt
     S3Store::new(cfg).await.expect("S3 client")
 }
 
+/// A server on the filesystem backend in a new temporary directory (kept while the returned
+/// directory is), and an S3 client of it with the test bucket and keys.
+async fn server_on_files() -> (
+    tempfile::TempDir,
+    objectcache::server::ServerHandle,
+    S3Store,
+) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = FsStore::new(dir.path(), FsyncPolicy::Never).expect("store");
+    let server = start(Arc::new(store), config()).await;
+    let s = s3_client(&server.endpoint(), BUCKET, SECRET).await;
+    (dir, server, s)
+}
+
 /// A server in-process (kept running for the rest of the test) and an S3 client on it.
 async fn served() -> Option<(S3Store, String)> {
     let server = start(Arc::new(MemoryStore::new()), config()).await;
@@ -74,10 +88,7 @@ async fn presigned_ranged_gets_are_read_into_place() {
 /// object files' pages, mapped (pieces of 64 KiB and more), or read (smaller ones).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_through_a_server_on_files() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = FsStore::new(dir.path(), FsyncPolicy::Never).expect("store");
-    let server = start(Arc::new(store), config()).await;
-    let s = s3_client(&server.endpoint(), BUCKET, SECRET).await;
+    let (_dir, server, s) = server_on_files().await;
     objectcache::store::conformance::run_all(&s, "conf").await;
     server.shutdown().await;
 }
@@ -89,10 +100,7 @@ async fn conformance_through_a_server_on_files() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_get_body_from_files_survives_replacement_and_deletion() {
     use futures::StreamExt;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = FsStore::new(dir.path(), FsyncPolicy::Never).expect("store");
-    let server = start(Arc::new(store), config()).await;
-    let s = s3_client(&server.endpoint(), BUCKET, SECRET).await;
+    let (_dir, server, s) = server_on_files().await;
     let n = 40 << 20;
     let old: Vec<u8> = (0..n).map(|i: usize| (i * 31 + i / 8191) as u8).collect();
     s.put("swap/obj", bytes::Bytes::from(old.clone()))
