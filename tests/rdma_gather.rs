@@ -11,6 +11,7 @@ mod common;
 mod gather_util;
 mod rdma_util;
 
+use common::shared_rt as rt;
 use common::{engine, hashes, save_prefix, start_load, unique_ns};
 use gather_util::{config, start, ACCESS, BUCKET, SECRET};
 use objectcache::connector::{
@@ -27,12 +28,7 @@ use objectcache::transport::rdma::{
 use objectcache::transport::LayerSink;
 use objectcache::KvGeometry;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
-
-fn rt() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap())
-}
+use std::sync::{Arc, Mutex};
 
 /// `true` when an RDMA device exists; otherwise SKIP, or panic under OBJECTCACHE_REQUIRE_RDMA=1.
 fn rdma_present(test: &str) -> bool {

@@ -177,14 +177,20 @@ impl Fixture {
         StoreSliceSource::new(self.store.clone(), self.rt.handle().clone())
     }
 
-    /// The store's slices behind a gate on `layer` (closed until the test opens it).
-    fn gated(&self, layer: u32) -> Arc<Gate> {
-        Arc::new(Gate {
+    /// A server reading the store's slices behind a gate on `layer` (closed until the test
+    /// opens it), the gate, and its [`OpenOnDrop`]: bind all three in this order (`let (gate,
+    /// server, _open) = ...`), so that the gate opens before the server drops (locals, and
+    /// the bindings of one pattern, drop in reverse order).
+    fn gated_server(&self, layer: u32) -> (Arc<Gate>, ServerHandle, OpenOnDrop) {
+        let gate = Arc::new(Gate {
             inner: self.source(),
             layer,
             open: Mutex::new(None),
             cv: Condvar::new(),
-        })
+        });
+        let server = start_server(gate.clone());
+        let open = OpenOnDrop(gate.clone());
+        (gate, server, open)
     }
 
     /// Every layer, in order.
@@ -383,8 +389,8 @@ impl SliceSource for Gate {
 }
 
 /// Opens the gate (failing the gated reads) when dropped, so that a failing assertion ends
-/// the test instead of leaving the server's connection thread blocked in the gate. Declare
-/// it after the server: locals drop in reverse order.
+/// the test instead of leaving the server's connection thread blocked in the gate. Bound
+/// after the server ([`Fixture::gated_server`]): locals drop in reverse order.
 struct OpenOnDrop(Arc<Gate>);
 impl Drop for OpenOnDrop {
     fn drop(&mut self) {
@@ -412,9 +418,7 @@ fn qp_failure_mid_load_becomes_a_miss_not_a_hang() {
     };
     let chunks = 3;
     let keys = f.put_chunks("qpf", 3, chunks);
-    let gate = f.gated(2);
-    let server = start_server(gate.clone());
-    let _open = OpenOnDrop(gate.clone());
+    let (gate, server, _open) = f.gated_server(2);
     let client = connect(&server, qps(2));
     let buf = f.buffer(chunks);
     let sink = f.sink(chunks);
@@ -496,9 +500,7 @@ fn remote_disconnect_and_timeout_become_misses() {
     let spec = f.spec(&keys, &f.all_layers());
 
     // 1. the server goes away mid-load
-    let gate = f.gated(1);
-    let server = start_server(gate.clone());
-    let _open = OpenOnDrop(gate.clone());
+    let (gate, server, _open) = f.gated_server(1);
     let client = connect(&server, ClientConfig::default());
     let buf = f.buffer(chunks);
     let sink = f.sink(chunks);
@@ -521,9 +523,7 @@ fn remote_disconnect_and_timeout_become_misses() {
 
     eprintln!("disconnect: part 1 done");
     // 2. the server stalls past the client's deadline
-    let gate = f.gated(0);
-    let server = start_server(gate.clone());
-    let _open = OpenOnDrop(gate.clone());
+    let (gate, server, _open) = f.gated_server(0);
     let cfg = ClientConfig {
         load_timeout: Duration::from_secs(3),
         ..ClientConfig::default()
@@ -554,9 +554,7 @@ fn cancel_stops_the_server_and_the_connection_stays_usable() {
     };
     let chunks = 3;
     let keys = f.put_chunks("cancel", 6, chunks);
-    let gate = f.gated(2);
-    let server = start_server(gate.clone());
-    let _open = OpenOnDrop(gate.clone());
+    let (gate, server, _open) = f.gated_server(2);
     let client = connect(&server, ClientConfig::default());
     let buf = f.buffer(chunks);
     let sink = f.sink(chunks);
