@@ -155,6 +155,19 @@ impl SessionRegistry {
         }
     }
 
+    /// Tears `session` down: out of the registry (no gather request finds it any more),
+    /// broken for `why` (its QPs to the error state), and its completion `poller` stopped
+    /// and joined (it fails whatever still waits for a completion).
+    fn close(&self, session: &GatherSession, poller: JoinHandle<()>, why: &str) {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&session.token);
+        session.break_session(why);
+        session.stop.store(true, Ordering::Release);
+        let _ = poller.join();
+    }
+
     fn token(&self) -> u64 {
         let mut h = self.seed.build_hasher();
         h.write_u64(self.counter.fetch_add(1, Ordering::Relaxed));
@@ -262,13 +275,7 @@ impl SessionRegistry {
                 session: token,
             },
         ) {
-            self.sessions
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&token);
-            session.break_session("sending Welcome failed");
-            session.stop.store(true, Ordering::Release);
-            let _ = poller.join();
+            self.close(&session, poller, "sending Welcome failed");
             return Err(e);
         }
         tracing::info!(
@@ -286,13 +293,7 @@ impl SessionRegistry {
             ))),
             Err(e) => Err(e),
         };
-        self.sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&token);
-        session.break_session("the client closed the RDMA session");
-        session.stop.store(true, Ordering::Release);
-        let _ = poller.join();
+        self.close(&session, poller, "the client closed the RDMA session");
         let _ = s.shutdown(std::net::Shutdown::Both);
         tracing::info!(token = format!("{token:016x}"), writes = session.writes.load(Ordering::Relaxed), end = ?end, "rdma gather session closed");
         end
