@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::{hashes, kv, unique_ns};
+use common::{hashes, kv, save_prefix, seeded_prefix, unique_ns};
 use objectcache::connector::{
     ChunkStatus, Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest,
 };
@@ -195,14 +195,6 @@ fn config(ns: &str) -> EngineConfig {
     }
 }
 
-fn save(e: &Engine, g: &KvGeometry, chunks: usize, seed: u64) -> (Vec<ChunkHash>, Vec<Vec<u8>>) {
-    let hs = hashes(g, chunks * g.tokens_per_chunk as usize, seed as u32);
-    let data = kv(g, chunks, seed);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    e.save_blocking(g, &hs, &refs).unwrap();
-    (hs, data)
-}
-
 fn start_load(e: &Engine, g: &KvGeometry, hs: &[ChunkHash], per_layer: usize) -> LoadHandle {
     e.load(
         LoadRequest::new(g.clone(), hs.to_vec()),
@@ -235,7 +227,7 @@ fn loads_through_every_gateway_are_byte_exact() {
     // Saved through each gateway, loaded through every gateway (gather) and through the
     // gateway set: the same bytes everywhere.
     for (i, via) in gws.iter().enumerate() {
-        let (hs, data) = save(&bed.engine_on(via, &ns), &g, 4, 300 + i as u64);
+        let (hs, data) = save_prefix(&bed.engine_on(via, &ns), &g, 4, 300 + i as u64);
         for from in &gws {
             let e = bed.engine_on(from, &ns);
             assert_eq!(e.lookup_blocking(&g, &hs).unwrap(), hs.len());
@@ -244,7 +236,7 @@ fn loads_through_every_gateway_are_byte_exact() {
         }
     }
     let (set, _) = bed.engine_on_set(&ns, Placement::default());
-    let (hs, data) = save(&set, &g, 4, 400);
+    let (hs, data) = save_prefix(&set, &g, 4, 400);
     check(
         &start_load(&set, &g, &hs, data[0].len()),
         &data,
@@ -321,7 +313,7 @@ fn a_load_fails_over_when_its_gateway_is_killed_mid_load() {
     let (e, set) = bed.engine_on_set(&ns, Placement::Hash);
     // 16 chunks, 94 MB: about a second at a gateway's 100 MB/s share.
     let chunks = 16;
-    let (hs, data) = save(&e, &g, chunks, 500);
+    let (hs, data) = save_prefix(&e, &g, chunks, 500);
     let victim = first_gateway(&bed, &set, &hs);
     let per_layer = data[0].len();
     // The same load without a failure (the second of two, on warm connections).
@@ -471,7 +463,7 @@ fn losing_an_osd_while_loads_run_loses_nothing() {
     let g = KvGeometry::smollm2_135m();
     let ns = unique_ns("bed-osd");
     let (e, _) = bed.engine_on_set(&ns, Placement::TwoChoice);
-    let prefixes: Vec<_> = (0..4).map(|s| save(&e, &g, 4, 800 + s)).collect();
+    let prefixes: Vec<_> = (0..4).map(|s| save_prefix(&e, &g, 4, 800 + s)).collect();
     let done = std::sync::atomic::AtomicU64::new(0);
     let missed = std::sync::atomic::AtomicU64::new(0);
     let stop = std::sync::atomic::AtomicBool::new(false);
@@ -511,7 +503,7 @@ fn losing_an_osd_while_loads_run_loses_nothing() {
         bed.control(&["osd-stop", "2"]);
         let at_loss = done.load(SeqCst);
         // Loads go on with one OSD down, and a new prefix is saved and read back.
-        let (hs, data) = save(&e, &g, 4, 900);
+        let (hs, data) = save_prefix(&e, &g, 4, 900);
         check(
             &start_load(&e, &g, &hs, data[0].len()),
             &data,
@@ -609,8 +601,7 @@ fn a_gateway_killed_mid_save_leaves_no_torn_prefix() {
     let ns = unique_ns("bed-save-kill");
     let (e, set) = bed.engine_on_set(&ns, Placement::Hash);
     let chunks = 24;
-    let hs = hashes(&g, chunks * g.tokens_per_chunk as usize, 1100);
-    let data = kv(&g, chunks, 1100);
+    let (hs, data) = seeded_prefix(&g, chunks, 1100);
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
     let saved = std::thread::scope(|s| {
         let t = s.spawn(|| e.save_blocking(&g, &hs, &refs));

@@ -252,8 +252,7 @@ fn interrupted_save_leaves_no_visible_partial_prefix() {
         for k in 0..=2 * CHUNKS as u64 {
             let nsk = format!("{ns}-{}-{k}", mode.replace(' ', "_"));
             let seed = 100 + k;
-            let hs = hashes(&g, CHUNKS * g.tokens_per_chunk as usize, seed as u32);
-            let data = kv(&g, CHUNKS, seed);
+            let (hs, data) = seeded_prefix(&g, CHUNKS, seed);
             let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
             let puts = Arc::new(Mutex::new(0u64));
             let p2 = puts.clone();
@@ -332,8 +331,7 @@ fn interrupted_save_leaves_no_visible_partial_prefix() {
 fn c17_broken_conditional_put_is_detected_and_saves_are_refused() {
     let Some((addr, ns)) = endpoint() else { return };
     let g = geometry();
-    let hs = hashes(&g, CHUNKS * g.tokens_per_chunk as usize, 17);
-    let data = kv(&g, CHUNKS, 17);
+    let (hs, data) = seeded_prefix(&g, CHUNKS, 17);
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
     // Saved directly (the real server honours If-None-Match): loads through the broken
     // endpoints below still work.
@@ -494,8 +492,7 @@ fn c18_checksum_headers_refused_or_never_returned() {
 fn c17_check_survives_a_lost_answer_to_its_first_put() {
     let Some((addr, ns)) = endpoint() else { return };
     let g = geometry();
-    let hs = hashes(&g, CHUNKS * g.tokens_per_chunk as usize, 171);
-    let data = kv(&g, CHUNKS, 171);
+    let (hs, data) = seeded_prefix(&g, CHUNKS, 171);
     let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
     let probe_puts = Arc::new(Mutex::new(0u32));
     let seen = probe_puts.clone();
@@ -546,8 +543,7 @@ fn c17_check_survives_a_lost_answer_to_its_first_put() {
 fn segment_faults_are_misses_of_exactly_the_layers_they_touch() {
     let Some((addr, ns)) = endpoint() else { return };
     let g = geometry();
-    let hs = hashes(&g, CHUNKS * g.tokens_per_chunk as usize, 31);
-    let data = kv(&g, CHUNKS, 31);
+    let (hs, data) = seeded_prefix(&g, CHUNKS, 31);
     let v2 = |url: &str| {
         let mut cfg = EngineConfig {
             namespace: ns.clone(),

@@ -20,22 +20,24 @@ fn ok_body(body: &[u8]) -> Reply {
     }
 }
 
-/// A scripted server answering every request with the S3 error (`status`, `code`,
-/// `message`), and a store on it that makes `attempts` attempts of each request.
-async fn always_failing(
-    status: u16,
-    code: &'static str,
-    message: &'static str,
+/// A scripted server answering every request with `reply()`, and a store on it that makes
+/// `attempts` attempts of each request.
+async fn always(
+    reply: impl Fn() -> Reply + Send + Sync + 'static,
     attempts: u32,
 ) -> (ScriptedServer, S3Store) {
-    let srv = ScriptedServer::start(move |_, _| Reply::s3_error(status, code, message)).await;
+    let srv = ScriptedServer::start(move |_, _| reply()).await;
     let store = S3Store::new(srv.config(attempts)).await.unwrap();
     (srv, store)
 }
 
 #[tokio::test]
 async fn slowdown_is_retried_a_bounded_number_of_times_then_reported() {
-    let (srv, store) = always_failing(503, "SlowDown", "Please reduce your request rate.", 3).await;
+    let (srv, store) = always(
+        || Reply::s3_error(503, "SlowDown", "Please reduce your request rate."),
+        3,
+    )
+    .await;
     let e = store.get_bytes("k/obj").await.unwrap_err();
     assert_eq!(srv.requests(), 3, "3 attempts allowed");
     let msg = e.to_string();
@@ -68,8 +70,11 @@ async fn server_errors_are_retried_and_a_later_success_returns_the_bytes() {
 #[tokio::test]
 async fn a_chunk_answering_500_on_every_try_is_an_error_after_max_attempts() {
     // C2: the store answers this GET with HTTP 500 on every try.
-    let (srv, store) =
-        always_failing(500, "InternalError", "We encountered an internal error.", 4).await;
+    let (srv, store) = always(
+        || Reply::s3_error(500, "InternalError", "We encountered an internal error."),
+        4,
+    )
+    .await;
     let e = store.get_range("chunk/7", 0..4096).await.unwrap_err();
     assert_eq!(srv.requests(), 4);
     assert!(e.to_string().contains("500"), "{e}");
@@ -89,13 +94,15 @@ async fn a_chunk_answering_500_on_every_try_is_an_error_after_max_attempts() {
 #[tokio::test]
 async fn a_body_cut_halfway_is_an_error_not_data() {
     // C2, second run: the connection closes halfway through the body.
-    let srv = ScriptedServer::start(|_, _| Reply::Cut {
-        headers: vec![],
-        declared: 1000,
-        body: vec![7u8; 400],
-    })
+    let (_srv, store) = always(
+        || Reply::Cut {
+            headers: vec![],
+            declared: 1000,
+            body: vec![7u8; 400],
+        },
+        3,
+    )
     .await;
-    let store = S3Store::new(srv.config(3)).await.unwrap();
     let e = store.get_bytes("k/obj").await.unwrap_err();
     assert!(e.to_string().contains("1000"), "{e}");
 
@@ -119,14 +126,16 @@ async fn a_body_cut_halfway_is_an_error_not_data() {
 
 #[tokio::test]
 async fn a_stalled_body_times_out_instead_of_hanging() {
-    let srv = ScriptedServer::start(|_, _| Reply::Stall {
-        headers: vec![],
-        declared: 1000,
-        body: vec![1u8; 100],
-        stall: Duration::from_secs(5),
-    })
+    let (_srv, store) = always(
+        || Reply::Stall {
+            headers: vec![],
+            declared: 1000,
+            body: vec![1u8; 100],
+            stall: Duration::from_secs(5),
+        },
+        2,
+    )
     .await;
-    let store = S3Store::new(srv.config(2)).await.unwrap();
     let e = store.get_bytes("k/obj").await.unwrap_err();
     assert!(matches!(e, StoreError::Timeout { .. }), "{e:?}");
 }
