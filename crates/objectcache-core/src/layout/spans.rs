@@ -38,27 +38,30 @@ impl Spans {
 
     /// The pieces of logical bytes `offset..offset + len`, in order: `(span index, offset in
     /// that span, bytes)`, empty spans skipped. An empty range has no pieces. `None` if the
-    /// range runs past the end.
-    pub fn pieces(&self, offset: u64, len: u64) -> Option<Vec<(usize, u64, u64)>> {
+    /// range runs past the end. The pieces are computed as they are taken (nothing is
+    /// allocated): callers map them straight to their own addresses.
+    pub fn pieces(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> Option<impl Iterator<Item = (usize, u64, u64)> + '_> {
         let end = offset.checked_add(len).filter(|&e| e <= self.len())?;
-        let mut out = Vec::new();
-        if len == 0 {
-            return Some(out);
-        }
         // The span holding `offset`: the last whose start is at or before it (an empty span
-        // starts where the next one does and is skipped below).
-        let mut i = self.starts.partition_point(|&s| s <= offset) - 1;
-        let mut at = offset;
-        while at < end {
-            let (a, b) = (self.starts[i], self.starts[i + 1]);
-            let to = end.min(b);
-            if to > at {
-                out.push((i, at - a, to - at));
-                at = to;
-            }
-            i += 1;
-        }
-        Some(out)
+        // starts where the next one does and yields nothing below).
+        let first = self
+            .starts
+            .partition_point(|&s| s <= offset)
+            .saturating_sub(1);
+        let spans = self.starts[first..].windows(2).zip(first..);
+        Some(
+            spans
+                .map_while(move |(w, i)| {
+                    let (a, b) = (w[0], w[1]);
+                    let from = offset.max(a);
+                    (from < end).then(|| (i, from - a, end.min(b) - from))
+                })
+                .filter(|&(_, _, n)| n > 0),
+        )
     }
 }
 
@@ -66,23 +69,27 @@ impl Spans {
 mod tests {
     use super::Spans;
 
+    fn pieces(s: &Spans, offset: u64, len: u64) -> Option<Vec<(usize, u64, u64)>> {
+        s.pieces(offset, len).map(Iterator::collect)
+    }
+
     #[test]
     fn pieces_cross_spans_and_skip_empty_ones() {
         let s = Spans::new([4, 0, 0, 6, 5]).unwrap();
         assert_eq!(s.len(), 15);
-        assert_eq!(s.pieces(0, 4), Some(vec![(0, 0, 4)]));
+        assert_eq!(pieces(&s, 0, 4), Some(vec![(0, 0, 4)]));
         // From inside the first span across two empty ones into the fourth.
-        assert_eq!(s.pieces(2, 5), Some(vec![(0, 2, 2), (3, 0, 3)]));
+        assert_eq!(pieces(&s, 2, 5), Some(vec![(0, 2, 2), (3, 0, 3)]));
         // Starting exactly where the empty spans start: the non-empty span holds the byte.
-        assert_eq!(s.pieces(4, 11), Some(vec![(3, 0, 6), (4, 0, 5)]));
-        assert_eq!(s.pieces(14, 1), Some(vec![(4, 4, 1)]));
-        assert_eq!(s.pieces(15, 0), Some(vec![]));
-        assert_eq!(s.pieces(14, 2), None, "past the end");
-        assert_eq!(s.pieces(u64::MAX, 2), None, "offset + len overflows");
+        assert_eq!(pieces(&s, 4, 11), Some(vec![(3, 0, 6), (4, 0, 5)]));
+        assert_eq!(pieces(&s, 14, 1), Some(vec![(4, 4, 1)]));
+        assert_eq!(pieces(&s, 15, 0), Some(vec![]));
+        assert_eq!(pieces(&s, 14, 2), None, "past the end");
+        assert_eq!(pieces(&s, u64::MAX, 2), None, "offset + len overflows");
         assert_eq!(Spans::new([u64::MAX, 1]), None, "total overflows");
         let e = Spans::new([0, 0]).unwrap();
         assert!(e.is_empty());
-        assert_eq!(e.pieces(0, 0), Some(vec![]));
-        assert_eq!(e.pieces(0, 1), None);
+        assert_eq!(pieces(&e, 0, 0), Some(vec![]));
+        assert_eq!(pieces(&e, 0, 1), None);
     }
 }

@@ -44,8 +44,15 @@ pub use scheduler::{Allocation, Scheduler, TokenBucket, Unit};
 /// policy's ranking heap and the cluster simulator's event heap: a total order in which
 /// `-0.0 < 0.0` and NaN sorts outside every number, so a heap of keys never panics or
 /// misorders.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 pub struct TotalF64(pub f64);
+/// Equal exactly when [`Ord`] says so (bit patterns alike: `-0.0 != 0.0`, a NaN equals
+/// itself), as the heaps' order needs.
+impl PartialEq for TotalF64 {
+    fn eq(&self, o: &Self) -> bool {
+        self.0.total_cmp(&o.0).is_eq()
+    }
+}
 impl Eq for TotalF64 {}
 impl PartialOrd for TotalF64 {
     fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {

@@ -54,7 +54,7 @@ impl Layer {
         let at = |(i, from, n): (usize, u64, u64)| {
             (self.parts[i].ptr.wrapping_add(from as usize), n as usize)
         };
-        Some(pieces.into_iter().map(at).collect())
+        Some(pieces.map(at).collect())
     }
 }
 

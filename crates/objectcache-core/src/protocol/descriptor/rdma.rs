@@ -103,7 +103,6 @@ impl RdmaSegments {
     pub fn pieces(&self, offset: u64, len: u64) -> Option<Vec<RdmaRegion>> {
         self.spans
             .pieces(offset, len)?
-            .into_iter()
             .map(|(i, at, len)| {
                 let s = &self.segs[i];
                 Some(RdmaRegion {
