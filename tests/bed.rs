@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::{hashes, kv, save_prefix, seeded_prefix, unique_ns};
+use common::{hashes, kv, save_prefix, seeded_prefix, shared_rt as rt, unique_ns};
 use objectcache::connector::{
     ChunkStatus, Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest,
 };
@@ -23,7 +23,7 @@ use objectcache::{ChunkHash, KvGeometry, LayerError};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Set in the re-run on the client host.
@@ -142,12 +142,6 @@ fn on_client_host(test: &str) -> Option<Bed> {
         "{test} did not run on the client host"
     );
     None
-}
-
-/// Runtime of the stores' HTTP clients and health checks, for the whole test process.
-fn rt() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap())
 }
 
 impl Bed {

@@ -31,15 +31,11 @@ pub fn shared_rt() -> &'static tokio::runtime::Runtime {
     RT.get_or_init(|| tokio::runtime::Runtime::new().unwrap())
 }
 
-/// Runs `cmd` to its end and returns its output, asserting it exited 0 (its stderr is the
-/// failure message).
+/// Runs `cmd` to its end and returns its output, asserting it exited 0 (its stdout and stderr
+/// are the failure message).
 pub fn run_ok(cmd: &mut std::process::Command) -> std::process::Output {
     let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_exited_ok(&out, "");
     out
 }
 
@@ -133,11 +129,21 @@ pub fn load_first(e: &Engine, g: &KvGeometry, hs: &[ChunkHash], hit: usize) -> L
 }
 
 /// Waits for every layer of `h` in order and asserts each is ready and holds `data`'s bytes
-/// for that layer.
+/// for that layer (every layer of `data` as long).
 pub fn assert_layers_exact(h: &LoadHandle, data: &[Vec<u8>]) {
+    assert_layers_landed(h, data, data.first().map_or(0, Vec::len), "load");
+}
+
+/// Waits for each layer of `h` in turn and asserts it is ready and that its first `n` bytes
+/// are `data[l][..n]` (`what` begins each failure message).
+pub fn assert_layers_landed(h: &LoadHandle, data: &[Vec<u8>], n: usize, what: &str) {
     for (l, want) in data.iter().enumerate() {
-        h.wait_layer_blocking(l, None).unwrap();
-        assert!(h.layer(l).unwrap() == &want[..], "layer {l}");
+        h.wait_layer_blocking(l, None)
+            .unwrap_or_else(|e| panic!("{what}: layer {l} missed: {e}"));
+        assert!(
+            h.layer(l).unwrap() == &want[..n],
+            "{what}: layer {l} differs"
+        );
     }
 }
 

@@ -134,10 +134,8 @@ pub fn fixture_on(
     mk: &dyn Fn(&str) -> Arc<dyn Store>,
 ) -> Fixture {
     let g = geometry();
-    let (hs, data) = seeded_prefix(&g, CHUNKS, seed);
     let direct = engine_on(mk(&format!("http://{addr}")), ns, timeout);
-    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
-    direct.save_blocking(&g, &hs, &refs).unwrap();
+    let (hs, data) = save_prefix(&direct, &g, CHUNKS, seed);
     let proxy = FaultProxy::http(addr, |_| Fault::Pass);
     let engine = engine_on(mk(&proxy.url()), ns, timeout);
     Fixture {

@@ -210,8 +210,7 @@ fn version_2_saves_gather_from_segments_and_version_1_prefixes_still_gather() {
     // A prefix whose first 4 chunks are chunk objects (saved by the version 1 engine) and
     // whose next 4 are one segment (the version 2 engine knows the first 4 are published and
     // writes only the rest): another engine's load gathers all 8 in one request per stream.
-    let hs8 = hashes(&g, 8 * g.tokens_per_chunk as usize, 13);
-    let data8 = common::kv(&g, 8, 13);
+    let (hs8, data8) = common::seeded_prefix(&g, 8, 13);
     let half: Vec<&[u8]> = data8.iter().map(|l| &l[..l.len() / 2]).collect();
     v1.save_blocking(&g, &hs8[..4], &half).unwrap();
     assert_eq!(v2.lookup_blocking(&g, &hs8).unwrap(), 4);

@@ -31,8 +31,7 @@ fn geometry() -> KvGeometry {
 /// A prefix of `chunks` chunks of [`geometry`] from `seed`: its hashes and per-layer KV.
 fn prefix(chunks: usize, seed: u32) -> (KvGeometry, Vec<objectcache::ChunkHash>, Vec<Vec<u8>>) {
     let g = geometry();
-    let hs = hashes(&g, chunks * g.tokens_per_chunk as usize, seed);
-    let data = kv(&g, chunks, seed as u64);
+    let (hs, data) = seeded_prefix(&g, chunks, seed as u64);
     (g, hs, data)
 }
 
@@ -198,8 +197,7 @@ fn many_small_chunks_stay_under_a_servers_connection_cap() {
         .with_tokens_per_chunk(16)
         .unwrap();
     let chunks = 400;
-    let hs = hashes(&g, chunks * g.tokens_per_chunk as usize, 11);
-    let data = kv(&g, chunks, 11);
+    let (hs, data) = seeded_prefix(&g, chunks, 11);
     let cfg = EngineConfig {
         namespace: unique_ns("many-chunks"),
         gather: false,

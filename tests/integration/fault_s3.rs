@@ -445,8 +445,7 @@ fn c18_checksum_headers_refused_or_never_returned() {
             &format!("{ns}-{i}"),
             Duration::from_secs(30),
         );
-        let hs = hashes(&g, g.tokens_per_chunk as usize, 18 + i as u32);
-        let data = kv(&g, 1, 18 + i as u64);
+        let (hs, data) = seeded_prefix(&g, 1, 18 + i as u64);
         let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
         e.save_blocking(&g, &hs, &refs)
             .unwrap_or_else(|err| panic!("{name}: {err}"));

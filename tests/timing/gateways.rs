@@ -8,8 +8,8 @@
 use crate::common;
 
 use bytes::Bytes;
-use common::{assert_layers_exact, engine, save_prefix, start_load, unique_ns};
-use objectcache::connector::{ChunkStatus, Engine, EngineConfig};
+use common::{assert_layers_exact, engine, engine_with, save_prefix, start_load, unique_ns};
+use objectcache::connector::ChunkStatus;
 use objectcache::sched::placement::{route_key, Placement};
 use objectcache::server::{AccessKey, ServerConfig};
 use objectcache::store::{
@@ -259,9 +259,11 @@ fn a_version_2_load_passes_over_a_gateway_that_reads_no_segments() {
         .collect();
     let store = client_store(&rt, &[&gws[0], &gws[1]], Placement::Hash);
     let g = KvGeometry::smollm2_135m();
-    let mut cfg = EngineConfig::from_pairs([("save_format", "v2")]).unwrap();
-    cfg.namespace = unique_ns("gw-upgrade");
-    let e = Engine::with_store(store.clone(), cfg).unwrap();
+    let e = engine_with(
+        store.clone(),
+        &unique_ns("gw-upgrade"),
+        &[("save_format", "v2")],
+    );
     let (hs, data) = save_prefix(&e, &g, 4, 21);
     let old = first_on_route(&store, &gws, &hs[0]);
     // The route's first gateway comes back on its address as an older release.

@@ -48,21 +48,3 @@ fn alone() -> std::sync::MutexGuard<'static, ()> {
     static M: std::sync::Mutex<()> = std::sync::Mutex::new(());
     M.lock().unwrap_or_else(|e| e.into_inner())
 }
-
-/// Waits for each layer of `h` in turn and asserts it is ready and that its first `n` bytes
-/// are `data[l][..n]` (`what` begins each failure message).
-fn assert_layers_landed(
-    h: &objectcache::connector::LoadHandle,
-    data: &[Vec<u8>],
-    n: usize,
-    what: &str,
-) {
-    for (l, want) in data.iter().enumerate() {
-        h.wait_layer_blocking(l, None)
-            .unwrap_or_else(|e| panic!("{what}: layer {l} missed: {e}"));
-        assert!(
-            h.layer(l).unwrap() == &want[..n],
-            "{what}: layer {l} differs"
-        );
-    }
-}

@@ -51,9 +51,7 @@ fn fixture(chunks: usize, pairs: &[(&str, &str)]) -> Fixture {
     cfg.scheduler = "fifo".into();
     let server = rt().block_on(start(Arc::new(MemoryStore::new()), cfg));
     let store = rt().block_on(gather_util::s3_store_on(&server.endpoint()));
-    let mut ecfg = EngineConfig::from_pairs(pairs.iter().copied()).unwrap();
-    ecfg.namespace = unique_ns("flight");
-    let engine = Engine::with_store(store, ecfg).unwrap();
+    let engine = crate::common::engine_with(store, &unique_ns("flight"), pairs);
     let g = geometry();
     let (hashes, data) = save_prefix(&engine, &g, chunks, 41);
     let f = Fixture {
@@ -77,7 +75,7 @@ impl Fixture {
     /// returns the load's time to its last layer (s).
     fn check(&self, h: &LoadHandle, chunks: usize, what: &str) -> f64 {
         let n = chunks * self.g.slice_bytes() as usize;
-        crate::assert_layers_landed(h, &self.data, n, what);
+        crate::common::assert_layers_landed(h, &self.data, n, what);
         h.stats().ttll_s.unwrap()
     }
 
@@ -270,7 +268,7 @@ fn the_gateway_server_reads_each_slice_once_for_concurrent_loads() {
     );
     proxy.release();
     for (i, h) in handles.iter().enumerate() {
-        crate::assert_layers_landed(h, &data, data[0].len(), &format!("engine {i}"));
+        crate::common::assert_layers_landed(h, &data, data[0].len(), &format!("engine {i}"));
     }
     // Slice reads (ranges past the 64-byte header) seen upstream.
     let slice_gets = proxy

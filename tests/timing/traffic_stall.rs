@@ -23,7 +23,7 @@ use common::shared_rt as rt;
 use common::{save_prefix, start_load, unique_ns};
 use fault_proxy::{Fault, FaultProxy, RawFault};
 use gather_util::{config, start};
-use objectcache::connector::{Engine, EngineConfig, LoadHandle};
+use objectcache::connector::{Engine, LoadHandle};
 use objectcache::sched::{AnalyticModel, ComputeModel, Fallback, GpuKind, KernelClass, ModelShape};
 use objectcache::server::ServerHandle;
 use objectcache::store::MemoryStore;
@@ -46,9 +46,7 @@ fn server(cap: u64, scheduler: &str) -> ServerHandle {
 /// An engine over the S3 store at `endpoint` with the settings `pairs`, in `namespace`.
 fn engine_in(endpoint: &str, namespace: String, pairs: &[(&str, &str)]) -> Engine {
     let store = rt().block_on(gather_util::s3_store_on(endpoint));
-    let mut cfg = EngineConfig::from_pairs(pairs.iter().copied()).unwrap();
-    cfg.namespace = namespace;
-    Engine::with_store(store, cfg).unwrap()
+    crate::common::engine_with(store, &namespace, pairs)
 }
 
 /// An engine over the S3 store at `endpoint` with the settings `pairs`, in a namespace of its
@@ -129,7 +127,7 @@ fn load(e: &Engine, g: &KvGeometry, p: &Prefix) -> LoadHandle {
 
 /// Every layer ready and byte-exact.
 fn check_all(h: &LoadHandle, p: &Prefix, what: &str) {
-    crate::assert_layers_landed(h, &p.data, p.data[0].len(), what);
+    crate::common::assert_layers_landed(h, &p.data, p.data[0].len(), what);
 }
 
 /// How many GETs passed through `proxy`.

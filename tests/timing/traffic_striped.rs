@@ -91,7 +91,7 @@ impl Fixture {
     /// Waits for every layer and compares every byte with the saved KV.
     fn check(&self, h: &LoadHandle, p: &Prefix, chunks: usize, what: &str) {
         let n = chunks * self.g.slice_bytes() as usize;
-        crate::assert_layers_landed(h, &p.data, n, what);
+        crate::common::assert_layers_landed(h, &p.data, n, what);
         assert_eq!(
             h.stats().requests,
             2.min(chunks as u64),
