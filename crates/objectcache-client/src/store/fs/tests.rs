@@ -170,6 +170,37 @@ async fn temporary_files_of_gone_writers_are_found_and_reclaimed() {
     assert!(s.exists("b/kv/0a").await.unwrap());
 }
 
+/// A writer killed a moment ago stays in `/proc` as a zombie until its parent reaps it: its
+/// temporary file is orphaned at once all the same (it can write nothing more).
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_killed_writer_not_yet_reaped_is_gone() {
+    let (d, s) = store();
+    s.put("b/kv/0a", Bytes::from_static(b"v")).await.unwrap();
+    let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = child.id();
+    let name = format!(".tmp-{}-{pid}-1", writer_token());
+    std::fs::write(d.path().join("b/kv").join(&name), b"partial").unwrap();
+    let orphaned = || async { s.list_partial("b/").await.unwrap()[0].orphaned };
+    assert!(!orphaned().await, "a running writer's file is not orphaned");
+    child.kill().unwrap();
+    // Not reaped: wait until the kernel shows the zombie, without waiting on the child.
+    let stat = format!("/proc/{pid}/stat");
+    let zombie = || {
+        std::fs::read_to_string(&stat)
+            .map(|t| t.rsplit(')').next().unwrap().trim_start().starts_with('Z'))
+            .unwrap_or(false)
+    };
+    let t0 = std::time::Instant::now();
+    while !zombie() {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10), "no zombie");
+        std::thread::yield_now();
+    }
+    assert!(std::path::Path::new(&stat).exists(), "the zombie is still in /proc");
+    assert!(orphaned().await, "a zombie writer's file is orphaned at once");
+    child.wait().unwrap();
+}
+
 /// A streamed put stores exactly the bytes it was given, however its pieces fall across
 /// the 2 MiB write steps (empty pieces, pieces straddling a step boundary, one byte).
 #[tokio::test]
