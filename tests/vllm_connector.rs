@@ -1,9 +1,11 @@
 //! `objectcache.vllm.ObjectCacheConnector` inside a real vLLM (0.32, CPU) with a real model
 //! (SmolLM2-135M): cross-replica hits on the embedded file store, our server (gather) and Ceph
 //! RGW (ranged GETs), cache salts, 8 concurrent requests through the OpenAI-compatible server,
-//! and every stored object corrupted. The cases are `ffi/python/tests/test_vllm.py` (pytest,
-//! run by the vLLM venv's Python); this test installs the package from `ffi/python` with pip
-//! and creates the RGW bucket.
+//! and every stored object corrupted (`ffi/python/tests/test_vllm.py`); failed loads of each
+//! kind (missing, corrupt, truncated, stalled, killed gateway, store down) in both load modes,
+//! with and without vLLM's async scheduling, and chunk keys at every hash granularity
+//! (`test_vllm_failures.py`). The cases are pytest files run by the vLLM venv's Python; this
+//! test installs the package from `ffi/python` with pip and creates the RGW bucket.
 //!
 //! Needs the venv and model of `scripts/vllm-setup.sh` (`$OBJECTCACHE_VLLM_DIR`, default
 //! `target/vllm`) and, for the RGW case, the test S3 endpoint (`OBJECTCACHE_TEST_S3_*`).
@@ -59,5 +61,10 @@ fn vllm_connector_in_a_real_vllm() {
         ),
         Err(e) => panic!("the test S3 endpoint refused the bucket: {e}"),
     }
-    py_support::pytest(&p.py, &p.site, &["test_vllm.py"], &env);
+    py_support::pytest(
+        &p.py,
+        &p.site,
+        &["test_vllm.py", "test_vllm_failures.py"],
+        &env,
+    );
 }

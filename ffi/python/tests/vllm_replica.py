@@ -6,11 +6,12 @@ Config: {"model": DIR, "max_model_len": N, "apc": bool, "kv_transfer_config": {.
          "hash_algo": "sha256_cbor"}
 Prints `READY` once the engine is up, then reads one JSON command per line from stdin and
 answers each with one line `RESULT <json>` on stdout:
-  {"op": "generate", "prompts": [{"prompt": TEXT, "cache_salt": S?}, ...],
+  {"op": "generate", "prompts": [{"prompt": TEXT | "prompt_token_ids": [...],
+                                   "cache_salt": S?}, ...],
    "max_tokens": N, "logprobs": K}
      -> {"outputs": [{"token_ids": [...], "text": ..., "first_logprobs": {id: lp},
                       "prompt_tokens": n, "num_cached_tokens": n,
-                      "kv_transfer_params": {...}}]}
+                      "kv_transfer_params": {...}, "request_id": id}]}
   {"op": "tokenize", "texts": [...]} -> {"token_ids": [[...], ...]}
   {"op": "flush"} -> {"saves": n}   (waits for the connector's background saves)
   {"op": "quit"}
@@ -55,7 +56,8 @@ def main():
                                 logprobs=cmd.get("logprobs", 5))
             prompts = []
             for p in cmd["prompts"]:
-                d = {"prompt": p["prompt"]}
+                d = ({"prompt_token_ids": p["prompt_token_ids"]} if "prompt_token_ids" in p
+                     else {"prompt": p["prompt"]})
                 if p.get("cache_salt"):
                     d["cache_salt"] = p["cache_salt"]
                 prompts.append(d)
@@ -73,6 +75,7 @@ def main():
                     "prompt_tokens": len(r.prompt_token_ids or []),
                     "num_cached_tokens": r.num_cached_tokens,
                     "kv_transfer_params": r.kv_transfer_params,
+                    "request_id": r.request_id,
                 })
         else:
             out = {"error": f"unknown op {op!r}"}

@@ -177,7 +177,10 @@ async fn temporary_files_of_gone_writers_are_found_and_reclaimed() {
 async fn a_killed_writer_not_yet_reaped_is_gone() {
     let (d, s) = store();
     s.put("b/kv/0a", Bytes::from_static(b"v")).await.unwrap();
-    let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
     let pid = child.id();
     let name = format!(".tmp-{}-{pid}-1", writer_token());
     std::fs::write(d.path().join("b/kv").join(&name), b"partial").unwrap();
@@ -193,11 +196,20 @@ async fn a_killed_writer_not_yet_reaped_is_gone() {
     };
     let t0 = std::time::Instant::now();
     while !zombie() {
-        assert!(t0.elapsed() < std::time::Duration::from_secs(10), "no zombie");
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "no zombie"
+        );
         std::thread::yield_now();
     }
-    assert!(std::path::Path::new(&stat).exists(), "the zombie is still in /proc");
-    assert!(orphaned().await, "a zombie writer's file is orphaned at once");
+    assert!(
+        std::path::Path::new(&stat).exists(),
+        "the zombie is still in /proc"
+    );
+    assert!(
+        orphaned().await,
+        "a zombie writer's file is orphaned at once"
+    );
     child.wait().unwrap();
 }
 

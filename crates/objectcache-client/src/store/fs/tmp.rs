@@ -57,7 +57,10 @@ fn process_runs(pid: u32) -> bool {
     };
     // `pid (comm) S ...`: comm may hold spaces and parentheses, so the state is the first field
     // after the last ')'.
-    match stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next()) {
+    match stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next())
+    {
         Some("Z") | Some("X") | Some("x") => false,
         _ => true,
     }

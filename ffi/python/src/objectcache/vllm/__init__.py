@@ -45,7 +45,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 
 import objectcache as oc
 
-from ._common import CONNECTOR_SETTINGS, logger, _settings, _traced
+from ._common import CONNECTOR_SETTINGS, FAILURE_REASONS, logger, _settings, _traced
 from ._scheduler import _SchedulerSide
 from ._worker import _WorkerSide
 
@@ -58,12 +58,16 @@ __all__ = ["ObjectCacheConnector", "ObjectCacheConnectorStats", "CONNECTOR_SETTI
 
 
 class ObjectCacheConnectorStats(KVConnectorStats):
-    """Connector figures of an interval, from both roles (``data``): lookups, ``hit_tokens``,
-    ``lookup_s`` (list), loads, ``loaded_bytes``, ``load_s`` (list, post to last layer),
-    ``failed_blocks``, saves, ``saved_bytes``, ``save_s`` (list)."""
+    """Connector figures of an interval, from both roles (``data``): lookups,
+    ``lookup_hit_tokens`` (what lookups found and vLLM accepted to load), ``hit_tokens``
+    (what was loaded and used, counted when the request ends), ``lookup_s`` (list), loads,
+    ``loaded_bytes``, ``load_s`` (list, post to last layer), ``failed_blocks``,
+    ``failed_chunks_<reason>`` per reason of :data:`FAILURE_REASONS`, saves, ``saved_bytes``,
+    ``save_s`` (list)."""
 
-    _COUNTERS = ("lookups", "lookup_errors", "hit_tokens", "loads", "loaded_bytes",
-                 "failed_blocks", "saves", "saved_bytes", "save_errors")
+    _COUNTERS = ("lookups", "lookup_errors", "lookup_hit_tokens", "hit_tokens", "loads",
+                 "loaded_bytes", "failed_blocks", "saves", "saved_bytes",
+                 "save_errors") + tuple(f"failed_chunks_{r}" for r in FAILURE_REASONS)
     _LISTS = ("lookup_s", "load_s", "save_s")
 
     def reset(self):
@@ -100,7 +104,8 @@ class _PromMetrics(KVConnectorPromMetrics):
     """Prometheus counters of the connector (``vllm:objectcache_*``)."""
 
     _NAMES = {
-        "hit_tokens": "Prompt tokens found in ObjectCache by lookups.",
+        "lookup_hit_tokens": "Prompt tokens found in ObjectCache by lookups, to load.",
+        "hit_tokens": "Prompt tokens loaded from ObjectCache and used (not recomputed).",
         "lookups": "ObjectCache lookups.",
         "lookup_errors": "ObjectCache lookups that failed or timed out (counted as misses).",
         "loads": "ObjectCache loads posted.",
@@ -125,6 +130,16 @@ class _PromMetrics(KVConnectorPromMetrics):
             labelnames=labelnames,
         )
         self._load_s = {i: h.labels(*v) for i, v in per_engine_labelvalues.items()}
+        f = self._counter_cls(
+            name="vllm:objectcache_failed_chunks",
+            documentation="Chunks whose load failed, by reason: missing (gone after the "
+            "lookup), corrupt (CRC32C, truncated, geometry), stalled (stall limit or "
+            "deadline), error (storage or transport), refused (not posted), cancelled "
+            "(request ended).",
+            labelnames=list(labelnames) + ["reason"],
+        )
+        self._failed = {(i, r): f.labels(*v, r) for i, v in per_engine_labelvalues.items()
+                        for r in FAILURE_REASONS}
 
     def observe(self, transfer_stats_data, engine_idx=0):
         for key, per_engine in self._counters.items():
@@ -133,6 +148,10 @@ class _PromMetrics(KVConnectorPromMetrics):
                 per_engine[engine_idx].inc(v)
         for s in transfer_stats_data.get("load_s", []):
             self._load_s[engine_idx].observe(s)
+        for r in FAILURE_REASONS:
+            v = transfer_stats_data.get(f"failed_chunks_{r}", 0)
+            if v:
+                self._failed[(engine_idx, r)].inc(v)
 
 
 # ---- The connector ------------------------------------------------------------------------
@@ -214,6 +233,9 @@ class ObjectCacheConnector(KVConnectorBase_V1):
     def get_block_ids_with_load_errors(self):
         return self._worker.take_failed_blocks()
 
+    def build_connector_worker_meta(self):
+        return self._worker.take_outcomes()
+
     def shutdown(self):
         if self._worker is not None:
             self._worker.shutdown()
@@ -241,6 +263,9 @@ class ObjectCacheConnector(KVConnectorBase_V1):
 
     def request_finished(self, request, block_ids):
         return self._scheduler.request_finished(request)
+
+    def update_connector_output(self, connector_output):
+        self._scheduler.update_connector_output(connector_output)
 
     # -- both --
 

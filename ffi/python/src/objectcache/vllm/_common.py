@@ -13,7 +13,10 @@ import time
 
 import torch
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorMetadata,
+    KVConnectorWorkerMetadata,
+)
 
 import objectcache as oc
 
@@ -43,6 +46,10 @@ CONNECTOR_SETTINGS = {
     # later (ms), and after how long a lookup that has not answered counts as a miss (ms).
     "lookup_wait_ms": 20,
     "lookup_timeout_ms": 2000,
+    # How long a chunk whose load failed (missing, corrupt, stalled, storage error) is a miss
+    # for every request of this replica (ms): the request that saw it fail never loads it
+    # again, and other requests do not retry it at once (no load-fail-recompute loop).
+    "failed_chunk_ttl_ms": 30000,
 }
 
 # ---- Timing trace (OBJECTCACHE_VLLM_TRACE) -------------------------------------------------
@@ -133,7 +140,13 @@ class _Settings:
     load: bool
     lookup_wait_s: float
     lookup_timeout_s: float
+    failed_chunk_ttl_s: float
     hash_algo: str
+    # Tokens per vLLM block hash (``request.block_hashes``): vLLM's ``hash_block_size``, which
+    # may be finer than the block size (its prefix match unit). A chunk's key is the hash at
+    # the token that closes it: ``block_hashes[(c + 1) * tokens_per_chunk // hash_block_size
+    # - 1]``.
+    hash_block_size: int
     layer_names: list
     kv_heads: int
     head_dim: int
@@ -213,6 +226,16 @@ def _settings(vllm_config, kv_cache_config):
             f"ObjectCacheConnector: tokens_per_chunk {tpc} is not a positive multiple of "
             f"vLLM's block size {block_size}"
         )
+    hbs = int(getattr(kv_cache_config, "hash_block_size", None) or block_size)
+    if hbs <= 0 or tpc % hbs:
+        raise ValueError(
+            f"ObjectCacheConnector: vLLM hashes blocks every {hbs} tokens (its hash block "
+            f"size, from --prefix-match-unit or the KV cache groups' block sizes), which does "
+            f"not divide tokens_per_chunk {tpc}: a chunk would end between two block hashes "
+            "and have no key of its own. Set tokens_per_chunk to a multiple of "
+            f"{hbs} (and of the block size {block_size}), or prefix_match_unit to a divisor "
+            "of it"
+        )
     dtype = _DTYPES.get(spec.dtype)
     if dtype is None:
         raise ValueError(f"ObjectCacheConnector: KV cache dtype {spec.dtype} is not supported")
@@ -242,7 +265,9 @@ def _settings(vllm_config, kv_cache_config):
         load=load,
         lookup_wait_s=float(own["lookup_wait_ms"]) / 1000.0,
         lookup_timeout_s=float(own["lookup_timeout_ms"]) / 1000.0,
+        failed_chunk_ttl_s=float(own["failed_chunk_ttl_ms"]) / 1000.0,
         hash_algo=algo,
+        hash_block_size=hbs,
         layer_names=list(groups[0].layer_names),
         kv_heads=heads_per_rank * tp,
         head_dim=int(mc.get_head_size()),
@@ -313,6 +338,71 @@ def _geometry(s, tp_rank):
     return g
 
 
+# ---- Chunk keys ----------------------------------------------------------------------------
+
+
+def chunk_key_index(s, c):
+    """Index in ``request.block_hashes`` of chunk ``c``'s key: the block hash at the token that
+    closes the chunk. vLLM chains each hash over every token before it, so that hash names
+    exactly the chunk's prefix, at whatever granularity vLLM hashes (``hash_block_size``)."""
+    return (c + 1) * s.tokens_per_chunk // s.hash_block_size - 1
+
+
+def chunk_keys(s, block_hashes, n_chunks):
+    """Keys of the first ``n_chunks`` chunks (fewer when the hashes do not reach that far)."""
+    n = min(n_chunks, len(block_hashes) * s.hash_block_size // s.tokens_per_chunk)
+    return [bytes(block_hashes[chunk_key_index(s, c)]) for c in range(n)]
+
+
+def check_chunk_keys(s):
+    """Start-up check that a chunk's key is vLLM's block hash at the token that closes the
+    chunk, for the hash function and the hash granularity this vLLM runs with: over a
+    synthetic prompt of three chunks hashed by vLLM's own ``hash_block_tokens`` at
+    ``hash_block_size``, changing the last token of chunk ``c`` must change key ``c``, and
+    changing the first token after it must not. With ``sha256_cbor`` the keys must also be
+    ``objectcache.chunk_hashes`` of the tokens (vLLM's algorithm, computed by the library).
+    Raises ``ValueError`` naming what differs; a connector whose keys could name another
+    prefix must not start."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import hash_block_tokens
+
+    hbs, tpc = s.hash_block_size, s.tokens_per_chunk
+    fn = get_hash_fn_by_name(s.hash_algo)
+    seed_text = "objectcache-key-check"
+    seed = fn(seed_text)  # vLLM's NONE_HASH for this seed: the parent of the first block
+
+    def vllm_hashes(tokens):
+        out, parent = [], seed
+        for i in range(0, len(tokens) - len(tokens) % hbs, hbs):
+            parent = hash_block_tokens(fn, parent, tokens[i:i + hbs], None)
+            out.append(parent)
+        return out
+
+    chunks = 3
+    base = [(7 * i + 3) % 1000 for i in range(chunks * tpc + 1)]
+    keys = chunk_keys(s, vllm_hashes(base), chunks)
+    if len(keys) != chunks:
+        raise ValueError(f"ObjectCacheConnector: {len(keys)} chunk keys for {chunks} chunks "
+                         f"of {tpc} tokens hashed every {hbs} tokens")
+    for c in range(chunks):
+        for pos, must_change in (((c + 1) * tpc - 1, True), ((c + 1) * tpc, False)):
+            t = list(base)
+            t[pos] += 1
+            changed = chunk_keys(s, vllm_hashes(t), chunks)[c] != keys[c]
+            if changed != must_change:
+                raise ValueError(
+                    f"ObjectCacheConnector: chunk {c}'s key {'ignores' if must_change else 'covers'} "
+                    f"token {pos} ({tpc} tokens per chunk, vLLM hashing every {hbs}): the keys "
+                    "do not name exactly each chunk's prefix")
+    if s.hash_algo == "sha256_cbor":
+        ours = oc.chunk_hashes(base, hbs, seed=seed_text)
+        if chunk_keys(s, ours, chunks) != keys:
+            raise ValueError(
+                "ObjectCacheConnector: objectcache.chunk_hashes differs from vLLM's sha256_cbor "
+                "block hashes; this vLLM hashes blocks another way (set prefix_caching_hash_algo "
+                "to another algorithm to use its hashes as opaque keys)")
+
+
 # ---- Metadata (scheduler -> workers) -------------------------------------------------------
 
 
@@ -350,3 +440,49 @@ class ObjectCacheMetadata(KVConnectorMetadata):
 def _request_id(req_id):
     """vLLM's request id as the 64-bit id the engine logs and reports."""
     return int.from_bytes(hashlib.blake2b(req_id.encode(), digest_size=8).digest(), "little")
+
+
+#: Why a chunk of a load did not load, as counted (``vllm:objectcache_failed_chunks``) and
+#: reported by the workers: the object was gone after its lookup said hit; a slice failed its
+#: CRC32C, the object was truncated or of another geometry; nothing arrived within the stall
+#: limit or the load's deadline; the store or transport failed after bounded retries; the
+#: engine refused to post the load; the request ended (aborted) while it loaded.
+FAILURE_REASONS = ("missing", "corrupt", "stalled", "error", "refused", "cancelled")
+
+
+@dataclasses.dataclass
+class LoadOutcome:
+    """How one request's load ended on a worker: ``chunks`` chunks were asked, the leading
+    ``ok`` loaded and verified (vLLM uses exactly those; it recomputes from the first failed
+    block on), ``failed`` counts the failed chunks by reason (:data:`FAILURE_REASONS`), and
+    ``faulty`` lists the chunks whose own object was at fault (missing or corrupt), as
+    opposed to chunks that failed with the store or the load (stalled, error)."""
+
+    chunks: int
+    ok: int
+    failed: dict = dataclasses.field(default_factory=dict)
+    faulty: list = dataclasses.field(default_factory=list)
+
+    def merge(self, other):
+        """Both ranks' view of one load: the chunks every rank loaded, each reason's largest
+        count, the faulty chunks of either."""
+        failed = dict(self.failed)
+        for r, n in other.failed.items():
+            failed[r] = max(failed.get(r, 0), n)
+        return LoadOutcome(max(self.chunks, other.chunks), min(self.ok, other.ok), failed,
+                           sorted(set(self.faulty) | set(other.faulty)))
+
+
+@dataclasses.dataclass
+class ObjectCacheWorkerMetadata(KVConnectorWorkerMetadata):
+    """Worker -> scheduler, once per step: the loads that ended this step
+    (``outcomes``: request id -> :class:`LoadOutcome`), merged over TP ranks by
+    :meth:`aggregate`."""
+
+    outcomes: dict = dataclasses.field(default_factory=dict)
+
+    def aggregate(self, other):
+        merged = dict(self.outcomes)
+        for rid, o in getattr(other, "outcomes", {}).items():
+            merged[rid] = merged[rid].merge(o) if rid in merged else o
+        return ObjectCacheWorkerMetadata(merged)

@@ -7,8 +7,11 @@ import time
 import objectcache as oc
 
 from ._common import (
+    check_chunk_keys,
+    chunk_keys,
     logger,
     ObjectCacheMetadata,
+    ObjectCacheWorkerMetadata,
     _geometry,
     _LoadSpec,
     _ms,
@@ -23,7 +26,8 @@ from ._common import (
 
 class _ReqState:
     __slots__ = ("req", "lookup_key", "lookup_future", "lookup_started", "hit", "first",
-                 "external_tokens", "saved_upto", "save_jobs", "load")
+                 "external_tokens", "used_tokens", "load_hashes", "load_failed",
+                 "saved_upto", "save_jobs")
 
     def __init__(self, req):
         self.req = req
@@ -32,10 +36,15 @@ class _ReqState:
         self.lookup_started = 0.0
         self.hit = None
         self.first = 0
+        # Tokens of the load vLLM accepted, and of those the ones loaded and used (known
+        # once the workers report how the load ended; None until then).
         self.external_tokens = 0
+        self.used_tokens = None
+        self.load_hashes = []
+        # A load of this request failed: it never loads from the store again.
+        self.load_failed = False
         self.saved_upto = 0
         self.save_jobs = 0
-        self.load = None
 
 
 class _SchedulerSide:
@@ -51,8 +60,12 @@ class _SchedulerSide:
         self.reqs = {}
         self.loads = {}
         self.known = {}
+        # Chunk hash -> monotonic time until which it is a miss: its load failed.
+        self.failed = {}
         self.pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="objectcache-lookup")
+        if self.s.load or self.s.save:
+            check_chunk_keys(self.s)
 
     def shutdown(self):
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -64,11 +77,23 @@ class _SchedulerSide:
         return st
 
     def _chunk_hashes(self, request, n_chunks):
-        """Keys of the first n_chunks chunks: the block hash of each chunk's last block."""
-        k = self.s.blocks_per_chunk
-        bh = request.block_hashes
-        n = min(n_chunks, len(bh) // k)
-        return [bytes(bh[(c + 1) * k - 1]) for c in range(n)]
+        """Keys of the first n_chunks chunks: vLLM's block hash at the token that closes each
+        chunk (``chunk_keys``)."""
+        return chunk_keys(self.s, request.block_hashes, n_chunks)
+
+    def _usable(self, hashes):
+        """How many of these chunks a lookup may hit: those before the first chunk whose load
+        failed within ``failed_chunk_ttl_ms`` (expired entries are dropped)."""
+        if not self.failed:
+            return len(hashes)
+        now = time.monotonic()
+        for c, h in enumerate(hashes):
+            until = self.failed.get(h)
+            if until is not None:
+                if until > now:
+                    return c
+                del self.failed[h]
+        return len(hashes)
 
     def _lookup(self, hashes):
         t0 = time.monotonic()
@@ -89,6 +114,9 @@ class _SchedulerSide:
             return 0, False
         tpc = self.s.tokens_per_chunk
         st = self._state(request)
+        if st.load_failed:
+            # Its load failed once: vLLM recomputes; never a second load of the same chunks.
+            return 0, False
         # Full chunks only, leaving at least one prompt token to compute.
         usable = (request.num_tokens - 1) // tpc
         if num_computed_tokens % tpc:
@@ -96,6 +124,7 @@ class _SchedulerSide:
             return 0, False
         first = num_computed_tokens // tpc
         hashes = self._chunk_hashes(request, usable)
+        hashes = hashes[:self._usable(hashes)]
         if first >= len(hashes):
             return 0, False
         key = (first, len(hashes))
@@ -152,6 +181,8 @@ class _SchedulerSide:
                          len(hashes), len(block_ids), n)
             hashes, block_ids, fail = [], [], all_ids[first * k:end_block]
         st.external_tokens = len(hashes) * tpc
+        st.used_tokens = None
+        st.load_hashes = hashes
         st.saved_upto = max(st.saved_upto, first + len(hashes))
         markers = {}
         if hashes:
@@ -166,7 +197,42 @@ class _SchedulerSide:
         self.loads[request.request_id] = _LoadSpec(
             request.request_id, hashes, block_ids, self.s.load_mode == "async", fail,
             markers)
-        self.c._stat("hit_tokens", st.external_tokens)
+        self.c._stat("lookup_hit_tokens", st.external_tokens)
+
+    def update_connector_output(self, out):
+        """How the workers' loads ended (their ObjectCacheWorkerMetadata): the tokens each
+        request loaded and uses, the failed chunks by reason, and the failed chunks' hashes,
+        which are misses for every request for ``failed_chunk_ttl_ms``. vLLM's own
+        ``cached_tokens`` of the request is set to what was used, where vLLM still holds it."""
+        meta = getattr(out, "kv_connector_worker_meta", None)
+        if not isinstance(meta, ObjectCacheWorkerMetadata):
+            return
+        tpc = self.s.tokens_per_chunk
+        for rid, o in meta.outcomes.items():
+            for why, n in o.failed.items():
+                self.c._stat(f"failed_chunks_{why}", n)
+            st = self.reqs.get(rid)
+            if st is None:
+                continue
+            used = min(o.ok * tpc, st.external_tokens)
+            if st.used_tokens is not None:
+                used = min(used, st.used_tokens)
+            st.used_tokens = used
+            if used >= st.external_tokens:
+                continue
+            st.load_failed = True
+            # The chunks to keep from other requests for a while: those whose object was at
+            # fault; when none was (a stall, a store error), every chunk the load did not get.
+            bad = o.faulty or (range(o.ok, len(st.load_hashes))
+                               if set(o.failed) & {"stalled", "error"} else ())
+            until = time.monotonic() + self.s.failed_chunk_ttl_s
+            for c in bad:
+                if c < len(st.load_hashes):
+                    self.failed[st.load_hashes[c]] = until
+            logger.info("ObjectCache: %s: %d of %d external hit tokens loaded (%s); vLLM "
+                        "recomputes the rest", rid, used, st.external_tokens,
+                        ", ".join(f"{n} chunks {w}" for w, n in sorted(o.failed.items())))
+            _set_used_external_tokens(st.req, st.external_tokens, used)
 
     def build_meta(self, so):
         meta = ObjectCacheMetadata()
@@ -218,9 +284,40 @@ class _SchedulerSide:
         if st is None:
             return False, None
         # Only a request this connector loaded reports (under vLLM's MultiConnector, the
-        # sub-connectors' parameters are merged and must not clash).
-        params = ({"objectcache_hit_tokens": st.external_tokens}
-                  if st.external_tokens else None)
+        # sub-connectors' parameters are merged and must not clash): the tokens it loaded and
+        # used, not those the lookup found (a failed load uses fewer, an aborted one none).
+        used = st.used_tokens
+        if used is None:
+            # The workers' report of a layerwise load comes with the output of the step that
+            # ran it, after vLLM has handled that step's requests: a request that finished
+            # in that step had no failed block (vLLM holds back every request with one), so
+            # its whole load was used. An asynchronous load not reported yet was aborted.
+            used = 0 if self.s.load_mode == "async" else st.external_tokens
+        if used:
+            self.c._stat("hit_tokens", used)
+        params = {"objectcache_hit_tokens": used} if st.external_tokens else None
         # Blocks with a save that may still run are held until the workers report it done
         # (get_finished: finished_sending); others are freed now.
         return st.save_jobs > 0, params
+
+
+def _set_used_external_tokens(req, offered, used):
+    """vLLM 0.32 records a request's external hit tokens when it admits it (its
+    ``prefill_stats``, the response's ``cached_tokens``) and never revises them after a failed
+    load. Where the request still holds those stats (its first output not yet sent, which is
+    the case for a failed load: vLLM reschedules it before any output), they are set to the
+    tokens actually used. vLLM's ``external_prefix_cache_hits`` counter is recorded at
+    admission and stays as it is."""
+    ps = getattr(req, "prefill_stats", None)
+    if ps is None or not hasattr(ps, "set"):
+        return
+    ext = getattr(ps, "num_external_cached_tokens", None)
+    if ext is None or ext < offered:
+        return
+    try:
+        ps.set(num_prompt_tokens=ps.num_prompt_tokens,
+               num_local_cached_tokens=ps.num_local_cached_tokens,
+               num_external_cached_tokens=ext - (offered - used))
+    except (AssertionError, TypeError, AttributeError) as e:
+        logger.debug("ObjectCache: vLLM's prefill stats of %s not revised: %s",
+                     req.request_id, e)

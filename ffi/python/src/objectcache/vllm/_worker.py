@@ -7,14 +7,34 @@ import time
 
 import objectcache as oc
 
-from ._common import logger, _geometry, _ms, _request_id, _TRACE, _trace
+from ._common import (
+    logger,
+    LoadOutcome,
+    ObjectCacheWorkerMetadata,
+    _geometry,
+    _ms,
+    _request_id,
+    _TRACE,
+    _trace,
+)
 
 
 # ---- Worker side --------------------------------------------------------------------------
 
 
+# Chunk status -> failure reason (FAILURE_REASONS); ERROR is "stalled" when the load's layers
+# failed by its deadline or stall limit, "cancelled" when it was cancelled.
+_REASONS = {
+    oc.ChunkStatus.MISSING: "missing",
+    oc.ChunkStatus.CORRUPT: "corrupt",
+    oc.ChunkStatus.WRONG_GEOMETRY: "corrupt",
+    oc.ChunkStatus.ERROR: "error",
+    oc.ChunkStatus.PENDING: "error",
+}
+
+
 class _Load:
-    __slots__ = ("spec", "transfer", "posted", "failed", "settled", "waited")
+    __slots__ = ("spec", "transfer", "posted", "failed", "settled", "waited", "why")
 
     def __init__(self, spec, transfer, posted):
         self.spec = spec
@@ -23,6 +43,14 @@ class _Load:
         self.failed = False
         self.settled = False
         self.waited = 0.0  # seconds the forward pass spent in wait_for_layer_load
+        self.why = None  # "stalled" / "cancelled" when a layer failed by time or cancel
+
+    def layer_failed(self, e):
+        self.failed = True
+        if isinstance(e, oc.LayerTimeoutError):
+            self.why = self.why or "stalled"
+        elif isinstance(e, oc.LayerCancelledError):
+            self.why = self.why or "cancelled"
 
 
 class _WorkerSide:
@@ -42,6 +70,7 @@ class _WorkerSide:
         self.saves_started = 0
         self.outstanding = []  # save futures not known to be done
         self.finished = set()  # finished requests whose saves we still wait for
+        self.outcomes = {}  # req_id -> LoadOutcome, loads that ended since the last step
         self.saver = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="objectcache-save")
 
@@ -138,6 +167,8 @@ class _WorkerSide:
             except oc.ObjectCacheError as e:
                 logger.warning("ObjectCache: load for %s not posted: %s", spec.req_id, e)
                 self.failed_blocks.update(spec.block_ids)
+                n = len(spec.hashes)
+                self.outcomes[spec.req_id] = LoadOutcome(n, 0, {"refused": n})
                 if spec.is_async:
                     self.async_loads[spec.req_id] = None
                 continue
@@ -165,39 +196,47 @@ class _WorkerSide:
                 if not ld.failed:
                     logger.warning("ObjectCache: load for %s: layer %d failed (%s); its "
                                    "blocks are recomputed", ld.spec.req_id, li, e)
-                ld.failed = True
+                ld.layer_failed(e)
 
     def _settle(self, ld):
-        """Called once every layer of ld is ready or failed: records stats and the blocks of
-        failed chunks, and releases the transfer."""
+        """Called once every layer of ld is ready or failed (never waits: the engine's chunk
+        status is final then): records the outcome and stats, the blocks of failed chunks, and
+        releases the transfer (which returns once no copy into the blocks is in flight)."""
         tr = ld.transfer
         st = tr.stats()
+        n = len(ld.spec.hashes)
+        outcome = LoadOutcome(n, n)
         if ld.failed or st.layers_ready < tr.layers:
-            # Per-chunk status: the chunks at fault; chunks whose status is still open when
-            # the load has ended are counted as failed too (never used as KV).
-            deadline = time.monotonic() + 2.0
+            # Per-chunk status, final once every layer has ended: the chunks at fault. A
+            # chunk still open (a layer never waited for) is counted as failed too (never
+            # used as KV); release() below stops its copies.
             statuses = tr.chunk_status()
-            while oc.ChunkStatus.PENDING in statuses and time.monotonic() < deadline:
-                time.sleep(0.002)
-                statuses = tr.chunk_status()
             k = self.s.blocks_per_chunk
             bad = [c for c, s in enumerate(statuses) if s != oc.ChunkStatus.OK]
             if not bad:  # a layer failed without naming a chunk: every chunk
-                bad = list(range(len(ld.spec.hashes)))
+                bad = list(range(n))
             for c in bad:
                 self.failed_blocks.update(ld.spec.block_ids[c * k:(c + 1) * k])
+                why = _REASONS.get(statuses[c] if c < len(statuses) else None, "error")
+                if why == "error" and ld.why:
+                    why = ld.why
+                outcome.failed[why] = outcome.failed.get(why, 0) + 1
+                if why in ("missing", "corrupt"):
+                    outcome.faulty.append(c)
+            outcome.ok = min(bad)
             self.c._stat("failed_blocks", len(bad) * k)
+        self.outcomes[ld.spec.req_id] = outcome
         self.c._stat("loaded_bytes", st.bytes)
         logger.debug("ObjectCache: %s: load settled %.1f ms after posting: %d bytes, %d "
                      "requests, layer 0 at %.1f ms, last at %.1f ms; the forward pass "
-                     "waited %.1f ms", ld.spec.req_id,
+                     "waited %.1f ms; %d of %d chunks loaded", ld.spec.req_id,
                      1000 * (time.monotonic() - ld.posted), st.bytes, st.requests,
-                     1000 * st.ttfl_s, 1000 * st.ttll_s, 1000 * ld.waited)
+                     1000 * st.ttfl_s, 1000 * st.ttll_s, 1000 * ld.waited, outcome.ok, n)
         if _TRACE:
             _trace("load.settled", req=ld.spec.req_id, since_post_ms=_ms(ld.posted),
                    bytes=st.bytes, requests=st.requests, ttfl_ms=round(1000 * st.ttfl_s, 3),
                    ttll_ms=round(1000 * st.ttll_s, 3), waited_ms=round(1000 * ld.waited, 3),
-                   failed=ld.failed)
+                   failed=ld.failed, ok_chunks=outcome.ok, reasons=outcome.failed)
         if st.ttll_s >= 0:
             self.c._stat("load_s", st.ttll_s)
         tr.release()
@@ -210,8 +249,8 @@ class _WorkerSide:
             try:
                 if not tr.poll_layer(l):
                     return False
-            except oc.LayerMissError:
-                ld.failed = True
+            except oc.LayerMissError as e:
+                ld.layer_failed(e)
         return True
 
     # -- saves --
@@ -255,7 +294,10 @@ class _WorkerSide:
     # -- completion --
 
     def get_finished(self, finished_req_ids):
-        # Layerwise loads: every layer was waited for during the forward pass.
+        """Never waits: settles the step's layerwise loads (every layer was waited for in the
+        forward pass), the asynchronous loads whose every layer has ended, and cancels the
+        asynchronous loads of requests vLLM finished (aborted) meanwhile, reporting them once
+        no write into their blocks can still happen (vLLM holds those blocks until then)."""
         for ld in self.sync_loads:
             self._poll_settled(ld)
             self._settle(ld)
@@ -263,6 +305,9 @@ class _WorkerSide:
         recving = set()
         for rid, ld in list(self.async_loads.items()):
             if ld is not None:
+                if rid in finished_req_ids:
+                    ld.transfer.cancel()
+                    ld.why = ld.why or "cancelled"
                 if not self._poll_settled(ld):
                     continue
                 self._settle(ld)
@@ -277,6 +322,13 @@ class _WorkerSide:
                 self.finished.discard(rid)
                 self.saves.pop(rid, None)
         return sending or None, recving or None
+
+    def take_outcomes(self):
+        """The loads that ended since the last call, for the scheduler (None if none)."""
+        if not self.outcomes:
+            return None
+        out, self.outcomes = self.outcomes, {}
+        return ObjectCacheWorkerMetadata(out)
 
     def take_failed_blocks(self):
         out, self.failed_blocks = self.failed_blocks, set()

@@ -1,0 +1,288 @@
+"""Failed loads inside a real vLLM (0.32, CPU, SmolLM2-135M): the right output, one load at
+most per request, and exactly the failed blocks reported.
+
+One replica per load mode (``layerwise``, ``async``) and vLLM scheduling (with and without
+``async_scheduling``), each with ``kv_load_failure_policy: recompute``, on our server behind a
+fault proxy (faultproxy.py). For every fault the replica first serves a document (A: it
+computes and saves its chunks), then the fault is made, then it serves B (the same document,
+another question), and then B again under a cache salt nobody saved (B computed in full by the
+same engine). Faults:
+
+* ``missing``: chunk 2's object deleted after the save (its publish marker stays, so the
+  lookup says hit);
+* ``corrupt``: one byte of layer 7 of chunk 3 flipped;
+* ``truncated``: chunk 4's object cut to half its length;
+* ``stalled``: the server stops sending gather data (lookups still answer); stall limit 1 s;
+* ``killed``: every connection to the server closed 256 KiB into the load, new ones refused;
+* ``down``: the server unreachable from the moment the load starts (after the lookup).
+
+For each, from the replica's output and the connector's trace (OBJECTCACHE_VLLM_TRACE):
+* B's output equals, token for token and in its first-token log-probabilities, the same
+  engine's full computation of B;
+* B's load was posted once (the request never loads again; for other requests of the
+  replica, the faulty chunk, or after a store fault every chunk B did not get, is a miss for
+  ``failed_chunk_ttl_ms``: C, a third question on the same document, hits at most the chunks
+  before it);
+* the tokens vLLM reports recomputing ("Recovered from KV load failure ... N tokens
+  affected") are the load's tokens from the first failed chunk on, and the chunks the worker
+  reported loaded are exactly those before the faulty one (for the object faults);
+* ``objectcache_hit_tokens`` and vLLM's ``cached_tokens`` of B are the tokens loaded and
+  used, not those the lookup found.
+"""
+
+import json
+import os
+import pathlib
+import re
+import time
+
+import pytest
+
+from faultproxy import FaultProxy
+from kvutil import data_objects, flip_byte
+from vllm_util import BLOCK, EXACT_DTYPE, Replica, _model, assert_same_tokens
+
+FAULTS = ["missing", "corrupt", "truncated", "stalled", "killed", "down"]
+# SmolLM2-135M in float32: 30 layers; one layer of a 128-token chunk (one vLLM block) is
+# 2 x 128 tokens x 3 KV heads x 64 x 4 bytes = 192 KiB.
+LAYERS, SLICE = 30, 192 * 1024
+
+
+def document(tag):
+    """About 1,100 tokens of deterministic text that begins with `tag`, so that every case
+    has chunk keys of its own."""
+    lines = [f"Maintenance log {tag}."]
+    for i in range(40):
+        lines.append(f"Item {i}: pump {(i * 7) % 13} at station {tag}-{i % 5} was checked on "
+                     f"day {3 + 2 * i}; pressure {40 + (i * 11) % 37} bar, valve "
+                     f"{['open', 'closed', 'half open'][i % 3]}.")
+    return "\n".join(lines)
+
+
+def ask(doc, q):
+    return f"{doc}\n\nQuestion: {q}\nAnswer:"
+
+
+QA, QB, QC = ("List the stations.", "Which pump had the highest pressure?",
+              "When was item 9 checked?")
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory):
+    d = os.environ.get("OBJECTCACHE_VLLM_TEST_LOGS")
+    if d:
+        p = pathlib.Path(d)
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+    return tmp_path_factory.mktemp("vllm-failure-logs")
+
+
+def _trace(path):
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            i = line.find("{")
+            if line.startswith("objectcache-trace") and i >= 0:
+                out.append(json.loads(line[i:]))
+    return out
+
+
+def _events(trace, event, rid):
+    """Trace events of one request: vLLM's internal request id extends the offline one."""
+    return [e for e in trace if e["event"] == event and str(e.get("req", "")).startswith(rid)]
+
+
+def _chunk_path(objs_before, objs_after, chunk, tokens):
+    """The object file of chunk `chunk` of a save: the files it added, in chunk order (the
+    keys are vLLM's block hashes of the prompt, whose order the tokens give)."""
+    import objectcache as oc
+
+    new = {pathlib.Path(p).name: p for p in set(objs_after) - set(objs_before)}
+    keys = [h.hex() for h in oc.chunk_hashes(tokens, BLOCK, seed="vllm-none-hash")]
+    return new[keys[chunk]]
+
+
+@pytest.mark.parametrize("mode,async_sched", [("layerwise", False), ("async", False),
+                                              ("layerwise", True), ("async", True)])
+def test_failed_loads_recompute_once_with_the_right_output(server, logdir, mode, async_sched):
+    model = _model()
+    name = f"fail-{mode}-{'async' if async_sched else 'sync'}sched"
+    proxy = FaultProxy(server.addr)
+    trace_path = logdir / f"{name}.trace"
+    trace_path.unlink(missing_ok=True)
+    prefix = f"failures-{name}-{int(time.time())}"
+    store = (f"s3://kv-pytest/{prefix}?endpoint=http://{proxy.addr}&region=us-east-1"
+             "&addressing=path")
+    cfg = {"kv_connector": "ObjectCacheConnector",
+           "kv_connector_module_path": "objectcache.vllm", "kv_role": "kv_both",
+           "kv_load_failure_policy": "recompute",
+           "kv_connector_extra_config": {
+               "store": store, "namespace": "vllm-failures", "load_mode": mode,
+               "stall_timeout_ms": 1000, "gather_streams": 1}}
+    r = Replica(name, logdir, model, kv_transfer_config=cfg,
+                extra={"async_scheduling": async_sched, "dtype": EXACT_DTYPE},
+                env={"OBJECTCACHE_VLLM_TRACE": str(trace_path)})
+    root = pathlib.Path(server.store_dir)
+    report = []
+    recomputed = []  # per failed load: the tokens from its first failed chunk on
+    try:
+        for fault in FAULTS:
+            doc = document(f"{fault}/{name}")
+            a_prompt, b_prompt, c_prompt = ask(doc, QA), ask(doc, QB), ask(doc, QC)
+            before = data_objects(root)
+            r.generate([a_prompt])
+            r.call({"op": "flush"})
+            after = data_objects(root)
+            tokens = r.tokenize([a_prompt])[0]
+            saved = len(set(after) - set(before))
+            assert saved >= 8, f"{fault}: A saved {saved} chunk objects"
+            faulty = {"missing": 2, "corrupt": 3, "truncated": 4}.get(fault)
+            if fault == "missing":
+                os.remove(_chunk_path(before, after, 2, tokens))
+            elif fault == "corrupt":
+                path = _chunk_path(before, after, 3, tokens)
+                # Layer 7's slice (docs/object-format.md: a 64-byte header, then per layer
+                # the slice and its CRC32C).
+                assert os.path.getsize(path) == 64 + LAYERS * (SLICE + 4)
+                flip_byte(path, 64 + 7 * (SLICE + 4) + 1000)
+            elif fault == "truncated":
+                path = _chunk_path(before, after, 4, tokens)
+                with open(path, "r+b") as f:
+                    f.truncate(os.path.getsize(path) // 2)
+            elif fault == "stalled":
+                proxy.set_mode("stall")
+            elif fault == "killed":
+                proxy.set_mode("kill")
+            elif fault == "down":
+                proxy.set_mode("down")
+            t0 = time.monotonic()
+            b = r.generate([b_prompt])[0]
+            b_s = time.monotonic() - t0
+            proxy.set_mode("pass")
+            c = r.generate([c_prompt])[0]
+            own = r.generate([b_prompt], salts=["computed-here"])[0]
+            assert own["num_cached_tokens"] == 0
+            assert_same_tokens(b, own, f"{name}: B after fault {fault}")
+
+            trace = _trace(trace_path)
+            rid = b["request_id"]
+            offered = sum(e.get("external_tokens", 0)
+                          for e in _events(trace, "update_state_after_alloc", rid))
+            posted = _events(trace, "load.posted", rid)
+            settled = _events(trace, "load.settled", rid)
+            assert offered > 0, f"{fault}: B's lookup found nothing to load"
+            assert len(posted) == 1, f"{fault}: B's load was posted {len(posted)} times"
+            assert len(settled) == 1, settled
+            ok = settled[0]["ok_chunks"]
+            used = ok * BLOCK
+            if faulty is not None:
+                # Never more than the chunks before the faulty one; exactly those in layerwise
+                # mode. (A miss fails its layers at once; in async mode the server can report
+                # it before the earlier chunks' slices of those layers landed, and a failed
+                # layer takes no more writes, so those chunks are reported failed as well.)
+                assert ok <= faulty, f"{fault}: {ok} chunks loaded, chunk {faulty} was faulty"
+                if mode == "layerwise":
+                    assert ok == faulty, f"{fault}: {ok} chunks loaded, chunk {faulty} faulty"
+                want = "missing" if fault == "missing" else "corrupt"
+                assert settled[0]["reasons"].get(want), (fault, settled[0]["reasons"])
+            got = (b["kv_transfer_params"] or {}).get("objectcache_hit_tokens")
+            assert got == used, f"{fault}: objectcache_hit_tokens {got}, {used} loaded and used"
+            assert b["num_cached_tokens"] == used, (
+                f"{fault}: vLLM's cached_tokens {b['num_cached_tokens']}, {used} used")
+            # Other requests of the replica do not load the failed chunks again at once.
+            c_hit = (c["kv_transfer_params"] or {}).get("objectcache_hit_tokens", 0)
+            if used < offered:
+                # The faulty chunk (or, after a store fault, every chunk B did not get) is a
+                # miss for C: it loads at most the chunks before it.
+                limit = faulty * BLOCK if faulty is not None else used
+                assert c_hit <= limit, f"{fault}: C loaded {c_hit} tokens, at most {limit}"
+                recomputed.append(offered - used)
+            report.append(f"{fault}: B {b_s:.2f} s, offered {offered} tokens, used {used} "
+                          f"({settled[0]['reasons'] or 'no failure'}), C hit {c_hit}")
+        log = r.logpath.read_text()
+    finally:
+        r.close()
+        proxy.close()
+    affected = [int(n) for n in
+                re.findall(r"Recovered from KV load failure: \d+ request\(s\) rescheduled "
+                           r"\((\d+) tokens affected\)", log)]
+    print(f"{name}:\n  " + "\n  ".join(report) + f"\n  vLLM recomputed: {affected}")
+    # Exactly the failed loads, once each (no loop), and for each exactly the tokens from its
+    # first failed block on.
+    assert affected == recomputed, f"vLLM recomputed {affected}; the failed loads {recomputed}"
+
+
+def test_chunk_keys_at_every_hash_granularity():
+    """A chunk's key is vLLM's block hash at the token that closes the chunk, whatever the
+    granularity vLLM hashes at (its hash block size: the block size, or a finer prefix match
+    unit with several KV cache groups). The start-up check (check_chunk_keys) passes for each,
+    and the keys equal vLLM's own hashes of a request at that granularity. The rule of earlier
+    versions, "the hash of the chunk's last block" indexed by blocks, names a shorter prefix
+    when vLLM hashes finer than the block size: the check refuses it."""
+    _model()
+    import types
+
+    import objectcache as oc
+    from objectcache.vllm import _common
+
+    tokens = [(31 * i + 7) % 5000 for i in range(3 * 128 + 5)]
+    for hbs in (16, 32, 64, 128):
+        s = types.SimpleNamespace(tokens_per_chunk=128, hash_block_size=hbs, block_size=128,
+                                  hash_algo="sha256_cbor")
+        _common.check_chunk_keys(s)
+        vllm_hashes = oc.chunk_hashes(tokens, hbs, seed="vllm-none-hash")
+        keys = _common.chunk_keys(s, vllm_hashes, 3)
+        whole = oc.chunk_hashes(tokens, 128, seed="vllm-none-hash")
+        # Each key is the hash at the chunk's last token: at hbs = 128 the chunk hashes
+        # themselves; finer, the same prefixes hashed in finer steps.
+        assert len(keys) == 3
+        if hbs == 128:
+            assert keys == whole[:3]
+        assert [vllm_hashes.index(k) for k in keys] == [(c + 1) * 128 // hbs - 1
+                                                        for c in range(3)]
+
+    # The earlier rule at a finer granularity: chunk c keyed by hash (c + 1) * k - 1, k = 1
+    # block per chunk. Chunk 0's key would then cover only the first 16 tokens.
+    s = types.SimpleNamespace(tokens_per_chunk=128, hash_block_size=16, block_size=128,
+                              hash_algo="sha256_cbor")
+    real = _common.chunk_key_index
+    try:
+        _common.chunk_key_index = lambda s, c: c
+        with pytest.raises(ValueError, match="does not name exactly|ignores"):
+            _common.check_chunk_keys(s)
+    finally:
+        _common.chunk_key_index = real
+
+
+def test_prompts_sharing_exactly_256_tokens_hit_at_most_the_shared_chunks(server, logdir):
+    """Prompt P (about 700 tokens) is saved; Q shares exactly its first 256 tokens (2 chunks),
+    R its first 255: Q hits 256 tokens, R 128, never more, and both outputs equal the
+    engine's own full computation."""
+    model = _model()
+    store = server.url(f"exact256-{int(time.time())}")
+    cfg = {"kv_connector": "ObjectCacheConnector",
+           "kv_connector_module_path": "objectcache.vllm", "kv_role": "kv_both",
+           "kv_load_failure_policy": "recompute",
+           "kv_connector_extra_config": {"store": store, "namespace": "vllm-exact"}}
+    r = Replica("exact256", logdir, model, kv_transfer_config=cfg,
+                extra={"dtype": EXACT_DTYPE})
+    try:
+        p = r.tokenize([document("exact-256")])[0][:700]
+        assert len(p) == 700
+        gen = lambda toks, salt=None: r.call({  # noqa: E731
+            "op": "generate", "max_tokens": 8, "logprobs": 5,
+            "prompts": [{"prompt_token_ids": toks, "cache_salt": salt}]})["outputs"][0]
+        gen(p)
+        r.call({"op": "flush"})
+        q = p[:256] + [(t + 1) % 5000 + 10 for t in p[256:]]
+        rr = p[:255] + [(t + 1) % 5000 + 10 for t in p[255:]]
+        for name, toks, want in (("Q", q, 256), ("R", rr, 128)):
+            out = gen(toks)
+            own = gen(toks, salt="computed-here")
+            hit = (out["kv_transfer_params"] or {}).get("objectcache_hit_tokens", 0)
+            print(f"{name}: shares {want if name == 'Q' else 255} tokens with P, hit {hit}")
+            assert hit == want, f"{name}: hit {hit} tokens, expected {want}"
+            assert out["num_cached_tokens"] == want
+            assert_same_tokens(out, own, name)
+    finally:
+        r.close()
