@@ -7,6 +7,8 @@ other modes act on the store as a client sees it:
   A store that stops sending in the middle of a load.
 * ``kill``: once 256 KiB of a gather answer went through, every open connection is closed and
   new ones are refused until the mode changes: a gateway killed in the middle of a load.
+* ``slow``: bytes from the server on gather connections pass at ``rate`` bytes per second
+  (default 5 MB/s): a store slowed so that a load is still in flight when its request ends.
 * ``down``: lookups (HTTP) pass until a client sends on a gather connection (a load starts);
   then every open connection is closed and new ones are refused until the mode changes: a
   store that goes down between a request's lookup and its load.
@@ -17,6 +19,7 @@ connections refused.
 
 import socket
 import threading
+import time
 
 PREFACE = b"OCGATHER"
 KILL_AFTER = 256 * 1024
@@ -34,6 +37,7 @@ class FaultProxy:
         self.gather_answers = 0
         self.refused = 0
         self.closed = False
+        self.rate = 5e6
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -41,7 +45,7 @@ class FaultProxy:
         return self._mode
 
     def set_mode(self, mode):
-        assert mode in ("pass", "stall", "kill", "down"), mode
+        assert mode in ("pass", "stall", "kill", "down", "slow"), mode
         with self.cv:
             self._mode = mode
             self.cv.notify_all()
@@ -110,6 +114,8 @@ class FaultProxy:
                         while self._mode == "stall" and not self.closed:
                             self.cv.wait()
                     conn["sent"] += len(data)
+                    if self._mode == "slow":
+                        time.sleep(len(data) / self.rate)
                     if self._mode == "kill" and conn["sent"] > KILL_AFTER:
                         self._die()
                         return

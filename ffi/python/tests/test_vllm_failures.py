@@ -286,3 +286,110 @@ def test_prompts_sharing_exactly_256_tokens_hit_at_most_the_shared_chunks(server
             assert_same_tokens(out, own, name)
     finally:
         r.close()
+
+
+def _stream_and_abort(port, model, prompt_text, after_s):
+    """Starts a streaming completion and closes the connection after `after_s` seconds (vLLM
+    aborts the request); returns the bytes of answer seen before (no token is expected: the
+    request waits for its load)."""
+    import http.client
+
+    body = json.dumps({"model": model, "prompt": prompt_text, "max_tokens": 16,
+                       "temperature": 0, "stream": True})
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=after_s)
+    c.request("POST", "/v1/completions", body=body,
+              headers={"Content-Type": "application/json"})
+    seen = b""
+    try:
+        r = c.getresponse()
+        seen = r.read1(65536)
+    except (TimeoutError, OSError):
+        pass
+    c.sock.close()
+    c.close()
+    return seen
+
+
+def test_aborted_requests_cancel_their_loads_and_leak_nothing(server, logdir):
+    """100 streaming requests through vLLM's OpenAI server (async loads), each aborted by its
+    client while its load is in flight (the store slowed to 5 MB/s for a 70 MB load, so a load
+    takes about 14 s and the client gives up after 1.5 s). Afterwards vLLM's KV cache usage,
+    the engine's live transfers and registered regions, and the worker's threads are back
+    where they were, and the next request on the same prefix loads it and gives the engine's
+    own full computation."""
+    import concurrent.futures as cf
+
+    from kvutil import data_objects
+    from vllm_util import ApiServer
+
+    model = _model()
+    proxy = FaultProxy(server.addr)
+    prefix = f"aborts-{int(time.time())}"
+    store = (f"s3://kv-pytest/{prefix}?endpoint=http://{proxy.addr}&region=us-east-1"
+             "&addressing=path")
+    cfg = {"kv_connector": "ObjectCacheConnector",
+           "kv_connector_module_path": "objectcache.vllm", "kv_role": "kv_both",
+           "kv_load_failure_policy": "recompute",
+           "kv_connector_extra_config": {"store": store, "namespace": "vllm-aborts",
+                                         "load_mode": "async", "load_timeout_ms": 60000}}
+    srv = ApiServer("aborts", logdir, model, cfg, args=["--dtype", EXACT_DTYPE])
+    doc = document("aborts")
+    root = pathlib.Path(server.store_dir)
+    try:
+        srv.complete(ask(doc, QA))
+        # The saves run in the background: wait for the document's chunk objects (at least
+        # 8, and no new one for a second).
+        deadline, last = time.monotonic() + 120, -1
+        while True:
+            n = len([p for p in data_objects(root) if prefix in p])
+            if n >= 8 and n == last:
+                break
+            assert time.monotonic() < deadline, f"A's chunks were not saved ({n} objects)"
+            last = n
+            time.sleep(1)
+        # One load that completes, so every thread the engine starts for loads exists.
+        warm = srv.complete(ask(doc, "Summarise the log."))
+        hit = (warm["kv_transfer_params"] or {}).get("objectcache_hit_tokens", 0)
+        assert hit >= 8 * BLOCK, warm
+
+        def gauges():
+            return {k: srv.metric(f"vllm:objectcache_{k}")
+                    for k in ("live_transfers", "registered_regions", "worker_threads")}
+
+        usage0, g0 = srv.metric("vllm:kv_cache_usage_perc"), gauges()
+        loads0 = srv.metric("vllm:objectcache_loads_total")
+        cancelled0 = srv.metric("vllm:objectcache_failed_chunks_total", 'reason="cancelled"')
+        proxy.set_mode("slow")
+        t0 = time.monotonic()
+        with cf.ThreadPoolExecutor(25) as ex:
+            seen = list(ex.map(lambda i: _stream_and_abort(
+                srv.port, model, ask(doc, f"What happened at item {i}?"), 1.5), range(100)))
+        aborted_s = time.monotonic() - t0
+        proxy.set_mode("pass")
+        assert not any(b"\"text\"" in s for s in seen), "a request streamed tokens before abort"
+        deadline = time.monotonic() + 60
+        while True:
+            usage, g = srv.metric("vllm:kv_cache_usage_perc"), gauges()
+            if (usage <= usage0 and g == g0) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        loads = srv.metric("vllm:objectcache_loads_total") - loads0
+        cancelled = (srv.metric("vllm:objectcache_failed_chunks_total", 'reason="cancelled"')
+                     - cancelled0)
+        print(f"aborts: 100 requests aborted in {aborted_s:.1f} s; {loads:.0f} loads posted, "
+              f"{cancelled:.0f} chunks cancelled; KV cache usage {usage0:.4f} -> {usage:.4f}; "
+              f"engine gauges {g0} -> {g}")
+        assert loads > 0, "no load was posted for the aborted requests"
+        # Every posted load was cancelled when vLLM finished its request (none ran to its
+        # end, which at 5 MB/s would take about 14 s).
+        assert cancelled == loads * (hit // BLOCK), (
+            f"{cancelled} chunks cancelled for {loads} loads of {hit // BLOCK} chunks")
+        assert usage <= usage0, f"KV cache usage {usage} after the aborts, {usage0} before"
+        assert g == g0, f"engine gauges {g} after the aborts, {g0} before"
+        b = srv.complete(ask(doc, QB))
+        own = srv.complete(ask(doc, QB), salt="computed-here")
+        assert (b["kv_transfer_params"] or {}).get("objectcache_hit_tokens", 0) == hit, b
+        assert b["tokens"] == own["tokens"], (b["text"], own["text"])
+    finally:
+        srv.close()
+        proxy.close()

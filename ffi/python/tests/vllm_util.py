@@ -213,14 +213,15 @@ def _free_port():
 class ApiServer(_Proc):
     """vLLM's OpenAI-compatible server (python -m vllm.entrypoints.openai.api_server)."""
 
-    def __init__(self, name, logdir, model, kv_transfer_config):
+    def __init__(self, name, logdir, model, kv_transfer_config, args=()):
+        """``args``: more command-line arguments of vLLM's server (e.g. ``--dtype``)."""
         self.port = _free_port()
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
                 "--dtype", DTYPE, "--enforce-eager", "--max-model-len", "4096",
                 "--host", "127.0.0.1", "--port", str(self.port), "--no-enable-prefix-caching",
                 "--prefix-caching-hash-algo", "sha256_cbor", "--seed", "0",
                 "--enable-prompt-tokens-details",
-                "--kv-transfer-config", json.dumps(kv_transfer_config)]
+                "--kv-transfer-config", json.dumps(kv_transfer_config), *args]
         t0 = time.monotonic()
         super().__init__(name, argv, logdir, protocol=("\0",))
         deadline = t0 + STARTUP_S
@@ -261,13 +262,16 @@ class ApiServer(_Proc):
             "kv_transfer_params": out.get("kv_transfer_params"),
         }
 
-    def metric(self, name):
+    def metric(self, name, label=None):
+        """The sum of a metric's samples, of those with `label` (e.g. 'reason="cancelled"')
+        when given."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=30) as r:
             text = r.read().decode()
         total = 0.0
         for line in text.splitlines():
             if line.startswith(name + "{") or line.startswith(name + " "):
-                total += float(line.rsplit(" ", 1)[1])
+                if label is None or label in line.rsplit(" ", 1)[0]:
+                    total += float(line.rsplit(" ", 1)[1])
         return total
 
     def close(self):

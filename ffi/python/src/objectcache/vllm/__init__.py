@@ -69,6 +69,11 @@ class ObjectCacheConnectorStats(KVConnectorStats):
                  "loaded_bytes", "failed_blocks", "saves", "saved_bytes",
                  "save_errors") + tuple(f"failed_chunks_{r}" for r in FAILURE_REASONS)
     _LISTS = ("lookup_s", "load_s", "save_s")
+    #: Gauges a worker reports when they change (summed over the TP ranks of a step): the
+    #: engine's transfers posted and not released, its registered memory regions, and the
+    #: worker process's threads. After every request has ended they are back where they
+    #: started: nothing leaked.
+    GAUGES = ("live_transfers", "registered_regions", "worker_threads")
 
     def reset(self):
         self.data = {k: 0 for k in self._COUNTERS}
@@ -90,6 +95,7 @@ class ObjectCacheConnectorStats(KVConnectorStats):
 
     def reduce(self):
         out = {k: self.data.get(k, 0) for k in self._COUNTERS}
+        out.update({k: self.data[k] for k in self.GAUGES if k in self.data})
         for k in self._LISTS:
             v = sorted(self.data.get(k, []))
             if v:
@@ -97,7 +103,8 @@ class ObjectCacheConnectorStats(KVConnectorStats):
         return out
 
     def is_empty(self):
-        return not any(self.data.get(k) for k in self._COUNTERS)
+        return not any(self.data.get(k) for k in self._COUNTERS) and not any(
+            k in self.data for k in self.GAUGES)
 
 
 class _PromMetrics(KVConnectorPromMetrics):
@@ -140,6 +147,13 @@ class _PromMetrics(KVConnectorPromMetrics):
         )
         self._failed = {(i, r): f.labels(*v, r) for i, v in per_engine_labelvalues.items()
                         for r in FAILURE_REASONS}
+        self._gauges = {}
+        for key, doc in (("live_transfers", "ObjectCache loads posted and not yet released."),
+                         ("registered_regions", "Memory regions registered with ObjectCache."),
+                         ("worker_threads", "Threads of the vLLM worker processes.")):
+            g = self._gauge_cls(name=f"vllm:objectcache_{key}", documentation=doc,
+                                labelnames=labelnames, multiprocess_mode="mostrecent")
+            self._gauges[key] = {i: g.labels(*v) for i, v in per_engine_labelvalues.items()}
 
     def observe(self, transfer_stats_data, engine_idx=0):
         for key, per_engine in self._counters.items():
@@ -152,6 +166,9 @@ class _PromMetrics(KVConnectorPromMetrics):
             v = transfer_stats_data.get(f"failed_chunks_{r}", 0)
             if v:
                 self._failed[(engine_idx, r)].inc(v)
+        for key, per_engine in self._gauges.items():
+            if key in transfer_stats_data:
+                per_engine[engine_idx].set(transfer_stats_data[key])
 
 
 # ---- The connector ------------------------------------------------------------------------
@@ -270,6 +287,10 @@ class ObjectCacheConnector(KVConnectorBase_V1):
     # -- both --
 
     def get_kv_connector_stats(self):
+        if self._worker is not None:
+            for k, v in self._worker.gauges_changed().items():
+                with self._stats_lock:
+                    self._stats.data[k] = v
         with self._stats_lock:
             if self._stats.is_empty():
                 return None

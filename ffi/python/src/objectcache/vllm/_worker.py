@@ -3,6 +3,8 @@ posted before the forward pass and waited for layer by layer, saves on a backgro
 after it, and the blocks of failed chunks reported to vLLM."""
 
 import concurrent.futures
+import os
+import threading
 import time
 
 import objectcache as oc
@@ -71,6 +73,7 @@ class _WorkerSide:
         self.outstanding = []  # save futures not known to be done
         self.finished = set()  # finished requests whose saves we still wait for
         self.outcomes = {}  # req_id -> LoadOutcome, loads that ended since the last step
+        self.gauges = {}  # the engine gauges last reported (gauges_changed)
         self.saver = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="objectcache-save")
 
@@ -322,6 +325,21 @@ class _WorkerSide:
                 self.finished.discard(rid)
                 self.saves.pop(rid, None)
         return sending or None, recving or None
+
+    def gauges_changed(self):
+        """The engine's live transfers and registered regions and this process's threads,
+        when any changed since the last call (else an empty dict)."""
+        m = self.c._engine.metrics()
+        try:
+            threads = len(os.listdir("/proc/self/task"))
+        except OSError:
+            threads = threading.active_count()
+        now = {"live_transfers": m.live_transfers, "registered_regions": m.registered_regions,
+               "worker_threads": threads}
+        if now == self.gauges:
+            return {}
+        self.gauges = now
+        return now
 
     def take_outcomes(self):
         """The loads that ended since the last call, for the scheduler (None if none)."""
