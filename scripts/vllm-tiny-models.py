@@ -12,12 +12,15 @@ exist are kept. Deterministic: the same seed gives the same weights.
 Families (`--list` prints them):
   gemma3-tiny   Gemma 3 style: sliding-window attention on 5 of every 6 layers (window
                 512), full attention on the 6th; 12 layers, hidden 256, 4 heads, 2 KV heads
-  mla-tiny      DeepSeek-V2 style: multi-head latent attention (kv_lora_rank 448,
-                qk_rope_head_dim 64: vLLM's CPU MLA latent of 576), 4 layers, dense MLP
+  mla-tiny      DeepSeek-V2 style: multi-head latent attention (kv_lora_rank 512,
+                qk_rope_head_dim 64: a latent of 576, as DeepSeek V2/V3), 16 heads,
+                4 layers, dense MLP, untied output embedding (vLLM's DeepSeek-V2 loads
+                no tied one)
   llama-tiny    Llama style dense attention for tensor parallel 2: 8 layers, hidden 256,
                 4 heads, 4 KV heads (2 per rank)
   qwen3next-tiny  Qwen3-Next style: gated DeltaNet (linear attention, recurrent state) on 3
-                of every 4 layers, full attention on the 4th
+                of every 4 layers, full attention on the 4th; MoE of 4 experts; untied
+                output embedding; runs in bfloat16 only on the CPU (vLLM's GDN kernel)
 """
 
 import json
@@ -47,12 +50,12 @@ def config(name, vocab, bos, eos):
             query_pre_attn_scalar=64, **common)
     if name == "mla-tiny":
         return tf.DeepseekV2Config(
-            hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-            num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=448,
-            q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=64, v_head_dim=64,
+            hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+            num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512,
+            q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
             first_k_dense_replace=4, n_routed_experts=4, num_experts_per_tok=2,
             moe_intermediate_size=128, n_shared_experts=1, moe_layer_freq=1,
-            rope_scaling=None, **common)
+            rope_scaling=None, **{**common, "tie_word_embeddings": False})
     if name == "llama-tiny":
         return tf.LlamaConfig(
             hidden_size=256, intermediate_size=768, num_hidden_layers=8,
@@ -63,10 +66,10 @@ def config(name, vocab, bos, eos):
             num_attention_heads=4, num_key_value_heads=2, head_dim=64,
             layer_types=["linear_attention", "linear_attention", "linear_attention",
                          "full_attention"],
-            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
-            linear_value_head_dim=32, num_experts=4, num_experts_per_tok=2,
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=128,
+            linear_value_head_dim=128, num_experts=4, num_experts_per_tok=2,
             moe_intermediate_size=128, shared_expert_intermediate_size=128,
-            decoder_sparse_step=1, **common)
+            decoder_sparse_step=1, **{**common, "tie_word_embeddings": False})
     raise KeyError(name)
 
 
