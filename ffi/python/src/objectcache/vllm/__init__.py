@@ -37,6 +37,8 @@ import threading
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorRole,
+    KVConnectorTransferResults,
+    SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorPromMetrics,
@@ -174,8 +176,12 @@ class _PromMetrics(KVConnectorPromMetrics):
 # ---- The connector ------------------------------------------------------------------------
 
 
-class ObjectCacheConnector(KVConnectorBase_V1):
-    """ObjectCache as a vLLM v1 KV connector; see the module documentation and docs/vllm.md."""
+class ObjectCacheConnector(KVConnectorBase_V1, SupportsHMA):
+    """ObjectCache as a vLLM v1 KV connector; see the module documentation and docs/vllm.md.
+
+    It supports vLLM's hybrid KV cache manager (``SupportsHMA``): each KV cache group (full
+    attention, sliding window, MLA) has chunk objects of its own, and a sliding-window group
+    loads only the blocks inside its window at the end of the hit."""
 
     def __init__(self, vllm_config, role, kv_cache_config):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
@@ -250,6 +256,17 @@ class ObjectCacheConnector(KVConnectorBase_V1):
     def get_block_ids_with_load_errors(self):
         return self._worker.take_failed_blocks()
 
+    def get_transfer_results(self, finished_req_ids):
+        # Several KV cache groups: a failed load is reported per request (vLLM 0.32 takes
+        # block ids of load errors only from single-group models); it is also finished.
+        sending, recving = self.get_finished(finished_req_ids)
+        failed = self._worker.take_failed_requests()
+        return KVConnectorTransferResults(
+            finished_sending=set(sending or ()),
+            finished_recving=set(recving or ()) | failed,
+            failed_recving=failed,
+        )
+
     def build_connector_worker_meta(self):
         return self._worker.take_outcomes()
 
@@ -279,6 +296,9 @@ class ObjectCacheConnector(KVConnectorBase_V1):
         return self._scheduler.build_meta(scheduler_output)
 
     def request_finished(self, request, block_ids):
+        return self._scheduler.request_finished(request)
+
+    def request_finished_all_groups(self, request, block_ids):
         return self._scheduler.request_finished(request)
 
     def update_connector_output(self, connector_output):

@@ -126,15 +126,43 @@ def _bool(v):
 
 
 @dataclasses.dataclass
+class _Group:
+    """One vLLM KV cache group as the connector stores it: its own chunk objects (its own
+    geometry and keys), its own block table.
+
+    ``kind``: ``full`` (full attention), ``swa`` (sliding window of ``window`` tokens: a load
+    moves only the blocks inside the window at the end of the hit) or ``mla`` (multi-head
+    latent attention: one latent of ``head_dim x 2`` elements per token, the same on every TP
+    rank, so stored once, by rank 0, and loaded by every rank). ``kv_heads`` and
+    ``head_dim`` are the geometry's (``bytes per token per layer = 2 x kv_heads x head_dim x
+    dtype``; for MLA ``kv_heads = 1`` and ``head_dim`` half the latent). ``layout`` names the
+    engine layout, the group's kind and window, and the model's group structure, so chunks
+    of different groups, windows or layer patterns never answer for each other."""
+
+    index: int
+    kind: str
+    window: int
+    layer_names: list
+    block_size: int
+    blocks_per_chunk: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+    layout: str
+
+    @property
+    def replicated(self):
+        """Whether every TP rank holds the same bytes (MLA): stored once, saved by rank 0."""
+        return self.kind == "mla"
+
+
+@dataclasses.dataclass
 class _Settings:
     """Settings shared by the scheduler and worker roles, derived identically in both."""
 
     engine: dict
     tokens_per_chunk: int
-    block_size: int
-    blocks_per_chunk: int
     model_id: str
-    layout: str
     load_mode: str
     save: bool
     load: bool
@@ -147,11 +175,30 @@ class _Settings:
     # the token that closes it: ``block_hashes[(c + 1) * tokens_per_chunk // hash_block_size
     # - 1]``.
     hash_block_size: int
-    layer_names: list
-    kv_heads: int
-    head_dim: int
-    dtype: str
     tp_world: int
+    groups: list  # of _Group, in vLLM's group order
+
+    # The first group's figures, as the single-group code paths and logs name them.
+    @property
+    def block_size(self):
+        return self.groups[0].block_size
+
+    @property
+    def blocks_per_chunk(self):
+        return self.groups[0].blocks_per_chunk
+
+    @property
+    def layout(self):
+        return self.groups[0].layout
+
+    @property
+    def layer_names(self):
+        return [n for g in self.groups for n in g.layer_names]
+
+    @property
+    def hybrid(self):
+        """More than one KV cache group (vLLM's hybrid KV cache manager)."""
+        return len(self.groups) > 1
 
 
 def _cpu_list(text):
@@ -212,42 +259,45 @@ def _settings(vllm_config, kv_cache_config):
                 sorted(os.sched_getaffinity(0)),
             )
 
-    groups = kv_cache_config.kv_cache_groups
-    if len(groups) != 1:
-        raise ValueError(
-            f"ObjectCacheConnector: {len(groups)} KV cache groups; only models with one "
-            "(full attention) group are supported"
-        )
-    spec = groups[0].kv_cache_spec
-    block_size = int(spec.block_size)
-    tpc = int(own["tokens_per_chunk"] or block_size)
-    if tpc <= 0 or tpc % block_size:
-        raise ValueError(
-            f"ObjectCacheConnector: tokens_per_chunk {tpc} is not a positive multiple of "
-            f"vLLM's block size {block_size}"
-        )
-    hbs = int(getattr(kv_cache_config, "hash_block_size", None) or block_size)
+    mc = vllm_config.model_config
+    pc = vllm_config.parallel_config
+    tp = int(pc.tensor_parallel_size)
+    vgroups = kv_cache_config.kv_cache_groups
+    if not vgroups:
+        raise ValueError("ObjectCacheConnector: the model has no KV cache")
+    block_sizes = [int(g.kv_cache_spec.block_size) for g in vgroups]
+    tpc = int(own["tokens_per_chunk"] or max(block_sizes))
+    for bs in block_sizes:
+        if tpc <= 0 or tpc % bs:
+            raise ValueError(
+                f"ObjectCacheConnector: tokens_per_chunk {tpc} is not a positive multiple of "
+                f"vLLM's block size {bs} (block sizes of the KV cache groups: {block_sizes})"
+            )
+    hbs = int(getattr(kv_cache_config, "hash_block_size", None) or block_sizes[0])
     if hbs <= 0 or tpc % hbs:
         raise ValueError(
             f"ObjectCacheConnector: vLLM hashes blocks every {hbs} tokens (its hash block "
             f"size, from --prefix-match-unit or the KV cache groups' block sizes), which does "
             f"not divide tokens_per_chunk {tpc}: a chunk would end between two block hashes "
             "and have no key of its own. Set tokens_per_chunk to a multiple of "
-            f"{hbs} (and of the block size {block_size}), or prefix_match_unit to a divisor "
-            "of it"
+            f"{hbs} (and of the block sizes {block_sizes}), or prefix_match_unit to a "
+            "divisor of it"
         )
-    dtype = _DTYPES.get(spec.dtype)
-    if dtype is None:
-        raise ValueError(f"ObjectCacheConnector: KV cache dtype {spec.dtype} is not supported")
-    mc = vllm_config.model_config
-    pc = vllm_config.parallel_config
-    tp = int(pc.tensor_parallel_size)
-    heads_per_rank = int(mc.get_num_kv_heads(pc))
+    base_layout = str(own["layout"] or _default_layout(vllm_config, kv_cache_config,
+                                                       vgroups[0].kv_cache_spec))
+    groups = _groups(vgroups, tpc, base_layout, mc, pc, tp)
     load_mode = str(own["load_mode"])
     if load_mode not in ("layerwise", "async"):
         raise ValueError(
             f"ObjectCacheConnector: load_mode {load_mode!r} is not layerwise or async"
         )
+    if len(groups) > 1 and load_mode == "layerwise":
+        # vLLM 0.32 takes block-level load errors only from single-group models; with several
+        # groups a failed load is reported per request, which it accepts for asynchronous
+        # loads only.
+        logger.info("ObjectCacheConnector: %d KV cache groups: loads are asynchronous "
+                    "(load_mode async)", len(groups))
+        load_mode = "async"
     role = ktc.kv_role
     save = _bool(own["save"]) if own["save"] is not None else role in ("kv_both", "kv_producer")
     load = _bool(own["load"]) if own["load"] is not None else role in ("kv_both", "kv_consumer")
@@ -256,10 +306,7 @@ def _settings(vllm_config, kv_cache_config):
     return _Settings(
         engine=engine,
         tokens_per_chunk=tpc,
-        block_size=block_size,
-        blocks_per_chunk=tpc // block_size,
         model_id=str(own["model_id"] or mc.model),
-        layout=str(own["layout"] or _default_layout(vllm_config, kv_cache_config, spec)),
         load_mode=load_mode,
         save=save,
         load=load,
@@ -268,12 +315,77 @@ def _settings(vllm_config, kv_cache_config):
         failed_chunk_ttl_s=float(own["failed_chunk_ttl_ms"]) / 1000.0,
         hash_algo=algo,
         hash_block_size=hbs,
-        layer_names=list(groups[0].layer_names),
-        kv_heads=heads_per_rank * tp,
-        head_dim=int(mc.get_head_size()),
-        dtype=dtype,
         tp_world=tp,
+        groups=groups,
     )
+
+
+def _groups(vgroups, tpc, base_layout, mc, pc, tp):
+    """The connector's view of vLLM's KV cache groups (:class:`_Group`), or ``ValueError``
+    naming what is not supported: recurrent state (Mamba, linear attention), and attention
+    kinds other than full, sliding window and MLA."""
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
+    )
+
+    recurrent = [g for g in vgroups if type(g.kv_cache_spec).__name__ == "MambaSpec"]
+    if recurrent:
+        layers = [n for g in recurrent for n in g.layer_names]
+        raise ValueError(
+            f"ObjectCacheConnector: model {mc.model} keeps recurrent state (Mamba or linear "
+            f"attention) in {len(layers)} layers ({', '.join(layers[:3])}"
+            f"{', ...' if len(layers) > 3 else ''}); ObjectCache stores attention KV only, "
+            "and a prefix loaded without its recurrent state would give wrong output. "
+            "Supported: full attention, sliding window attention (with vLLM's hybrid KV "
+            "cache manager) and MLA models. Run this model without the connector."
+        )
+    hybrid = len(vgroups) > 1
+    shape = json.dumps([[type(g.kv_cache_spec).__name__,
+                         int(getattr(g.kv_cache_spec, "sliding_window", None) or 0),
+                         list(g.layer_names)] for g in vgroups])
+    digest = hashlib.sha256(shape.encode()).hexdigest()[:8]
+    out = []
+    for i, vg in enumerate(vgroups):
+        spec = vg.kv_cache_spec
+        dtype = _DTYPES.get(spec.dtype)
+        if dtype is None:
+            raise ValueError(
+                f"ObjectCacheConnector: KV cache dtype {spec.dtype} is not supported")
+        bs = int(spec.block_size)
+        window = 0
+        if isinstance(spec, MLAAttentionSpec):
+            kind = "mla"
+            latent = int(spec.head_size)
+            if latent % 2 or int(getattr(spec, "head_size_v", 0) or 0):
+                raise ValueError(f"ObjectCacheConnector: MLA latent of {latent} elements "
+                                 "(an odd size, or with a separate V) is not supported")
+            kv_heads, head_dim = 1, latent // 2
+        elif isinstance(spec, SlidingWindowSpec):
+            kind, window = "swa", int(spec.sliding_window)
+            kv_heads, head_dim = int(spec.num_kv_heads) * tp, int(spec.head_size)
+        elif isinstance(spec, FullAttentionSpec):
+            kind = "full"
+            kv_heads, head_dim = int(spec.num_kv_heads) * tp, int(spec.head_size)
+            if hybrid and getattr(spec, "sliding_window", None):
+                kind, window = "swa", int(spec.sliding_window)
+        else:
+            raise ValueError(
+                f"ObjectCacheConnector: KV cache group {i} ({type(spec).__name__}: layers "
+                f"{', '.join(vg.layer_names[:3])}) is of a kind ObjectCache does not store; "
+                "supported: full attention, sliding window, MLA")
+        if hybrid:
+            tag = f"g{i}of{len(vgroups)}-{kind}{window or ''}-{digest}"
+            layout = f"{base_layout}/{tag}"
+        elif kind == "mla":
+            layout = f"{base_layout}/mla{2 * head_dim}"
+        else:
+            layout = base_layout  # today's single-group name: existing entries stay valid
+        out.append(_Group(index=i, kind=kind, window=window, layer_names=list(vg.layer_names),
+                          block_size=bs, blocks_per_chunk=tpc // bs, kv_heads=kv_heads,
+                          head_dim=head_dim, dtype=dtype, layout=layout))
+    return out
 
 
 def _default_layout(vllm_config, kv_cache_config, spec):
@@ -322,19 +434,23 @@ def _cpu_attn_isa(vllm_config, spec):
         return "-".join([platform.machine()] + ext)
 
 
-def _geometry(s, tp_rank):
+def _geometry(s, tp_rank, group=0):
+    """The geometry of KV cache group ``group`` as TP rank ``tp_rank`` stores it; a
+    replicated group (MLA) is one object for all ranks (rank 0 of a world of 1)."""
+    gr = s.groups[group]
+    rank, world = (0, 1) if gr.replicated else (tp_rank, s.tp_world)
     g = oc.Geometry(
         s.model_id,
-        layers=len(s.layer_names),
-        kv_heads=s.kv_heads,
-        head_dim=s.head_dim,
-        dtype=s.dtype,
+        layers=len(gr.layer_names),
+        kv_heads=gr.kv_heads,
+        head_dim=gr.head_dim,
+        dtype=gr.dtype,
         tokens_per_chunk=s.tokens_per_chunk,
-        tp_rank=tp_rank,
-        tp_world=s.tp_world,
+        tp_rank=rank,
+        tp_world=world,
     )
-    g.layout = s.layout
-    g.block_size = s.block_size
+    g.layout = gr.layout
+    g.block_size = gr.block_size
     return g
 
 
@@ -407,10 +523,22 @@ def check_chunk_keys(s):
 
 
 @dataclasses.dataclass
+class _GroupPart:
+    """One KV cache group's share of a load or save: the chunks it moves (indices into the
+    load's or save's hashes; a sliding-window group moves only those inside its window) and
+    their vLLM block ids, ``blocks_per_chunk`` per chunk (``None``: vLLM's null block, a
+    block outside the window that a chunk object still holds)."""
+
+    group: int
+    chunks: list
+    block_ids: list
+
+
+@dataclasses.dataclass
 class _LoadSpec:
     req_id: str
     hashes: list  # chunk hashes, prefix order
-    block_ids: list  # vLLM block ids, blocks_per_chunk per chunk
+    parts: list  # _GroupPart per KV cache group
     is_async: bool
     # Blocks vLLM counts as loaded that no whole chunk covers: reported as load errors.
     fail_block_ids: list = dataclasses.field(default_factory=list)
@@ -424,7 +552,7 @@ class _LoadSpec:
 class _SaveSpec:
     req_id: str
     hashes: list
-    block_ids: list
+    parts: list  # _GroupPart per KV cache group
 
 
 @dataclasses.dataclass

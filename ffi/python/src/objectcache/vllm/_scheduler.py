@@ -11,6 +11,7 @@ from ._common import (
     chunk_keys,
     logger,
     ObjectCacheMetadata,
+    _GroupPart,
     ObjectCacheWorkerMetadata,
     _geometry,
     _LoadSpec,
@@ -57,6 +58,7 @@ class _SchedulerSide:
         self.c = conn
         self.s = conn._s
         self.g = _geometry(self.s, 0)
+        self.geoms = [_geometry(self.s, 0, gr.index) for gr in self.s.groups]
         self.reqs = {}
         self.loads = {}
         self.known = {}
@@ -98,7 +100,14 @@ class _SchedulerSide:
     def _lookup(self, hashes):
         t0 = time.monotonic()
         try:
-            hit = self.c._engine.lookup(self.g, hashes)
+            # Every group's chunks must be there: the hit is the shortest group's. (A
+            # sliding-window group keeps every chunk, so that a hit can end anywhere; a load
+            # reads only the window.)
+            hit = len(hashes)
+            for g in self.geoms:
+                hit = min(hit, self.c._engine.lookup(g, hashes[:hit]))
+                if hit == 0:
+                    break
         except oc.ObjectCacheError as e:
             logger.warning("ObjectCache lookup failed (counted as a miss): %s", e)
             self.c._stat("lookup_errors", 1)
@@ -164,28 +173,43 @@ class _SchedulerSide:
         st = self._state(request)
         if num_external_tokens <= 0:
             return
-        tpc, k, bs = self.s.tokens_per_chunk, self.s.blocks_per_chunk, self.s.block_size
+        tpc = self.s.tokens_per_chunk
         n = num_external_tokens // tpc
         first = st.first
-        all_ids = list(blocks.get_block_ids()[0])
+        per_group = _blocks(blocks)
         hashes = self._chunk_hashes(request, first + n)[first:]
-        block_ids = all_ids[first * k:(first + n) * k]
-        # vLLM may accept fewer tokens than offered (never more): blocks it counts as loaded
-        # that no whole chunk covers cannot be loaded, so they are reported as load errors
-        # (vLLM recomputes them).
-        end_block = first * k + -(-num_external_tokens // bs)
-        fail = all_ids[(first + n) * k:end_block]
-        if len(hashes) != n or len(block_ids) != n * k:
-            logger.error("ObjectCache: request %s: %d hashes and %d blocks for %d chunks; "
+        parts, fail = [], []
+        ok = len(hashes) == n
+        for gr, ids in zip(self.s.groups, per_group):
+            k, bs = gr.blocks_per_chunk, gr.block_size
+            if len(ids) < (first + n) * k:
+                ok = False
+                break
+            chunks, bids = [], []
+            for c in range(n):
+                cb = ids[(first + c) * k:(first + c + 1) * k]
+                if all(b is None for b in cb):
+                    continue  # outside the sliding window: vLLM reads none of it
+                chunks.append(c)
+                bids.extend(cb)
+            parts.append(_GroupPart(gr.index, chunks, bids))
+            # vLLM may accept fewer tokens than offered (never more): blocks it counts as
+            # loaded that no whole chunk covers cannot be loaded, so they are reported as
+            # load errors (vLLM recomputes them).
+            end_block = first * k + -(-num_external_tokens // bs)
+            fail.extend(b for b in ids[(first + n) * k:end_block] if b is not None)
+        if not ok:
+            logger.error("ObjectCache: request %s: %d hashes and %s blocks for %d chunks; "
                          "its blocks are reported as load errors", request.request_id,
-                         len(hashes), len(block_ids), n)
-            hashes, block_ids, fail = [], [], all_ids[first * k:end_block]
+                         len(hashes), [len(i) for i in per_group], n)
+            fail = [b for ids in per_group for b in ids if b is not None]
+            hashes, parts = [], []
         st.external_tokens = len(hashes) * tpc
         st.used_tokens = None
         st.load_hashes = hashes
         st.saved_upto = max(st.saved_upto, first + len(hashes))
         markers = {}
-        if hashes:
+        if hashes and not self.s.hybrid:
             try:
                 for r in range(self.s.tp_world):
                     m = self.c._engine.segment_markers(_geometry(self.s, r), hashes)
@@ -195,8 +219,7 @@ class _SchedulerSide:
                 logger.warning("ObjectCache: segment markers of %s not passed on (the "
                                "workers read them): %s", request.request_id, e)
         self.loads[request.request_id] = _LoadSpec(
-            request.request_id, hashes, block_ids, self.s.load_mode == "async", fail,
-            markers)
+            request.request_id, hashes, parts, self.s.load_mode == "async", fail, markers)
         self.c._stat("lookup_hit_tokens", st.external_tokens)
 
     def update_connector_output(self, out):
@@ -246,7 +269,7 @@ class _SchedulerSide:
 
     def _plan_saves(self, so):
         kvm = self.c._kv_cache_manager
-        tpc, k = self.s.tokens_per_chunk, self.s.blocks_per_chunk
+        tpc = self.s.tokens_per_chunk
         spec = so.scheduled_spec_decode_tokens or {}
         after = {}
         for r in so.scheduled_new_reqs:
@@ -264,19 +287,30 @@ class _SchedulerSide:
             if full <= st.saved_upto:
                 continue
             hashes = self._chunk_hashes(st.req, full)
-            block_ids = list(kvm.get_block_ids(rid)[0])
-            todo_h, todo_b = [], []
+            per_group = _blocks(kvm.get_blocks(rid))
+            todo_h, chunk_blocks = [], []
             for c in range(st.saved_upto, len(hashes)):
                 h = hashes[c]
-                if h in self.known or len(block_ids) < (c + 1) * k:
+                if h in self.known:
+                    continue
+                # Every group's blocks of the chunk, all in place (a sliding window's blocks
+                # are freed as the window moves on; a chunk that became full this step has
+                # its blocks).
+                cb = [ids[c * gr.blocks_per_chunk:(c + 1) * gr.blocks_per_chunk]
+                      for gr, ids in zip(self.s.groups, per_group)]
+                if any(len(b) < gr.blocks_per_chunk or None in b
+                       for gr, b in zip(self.s.groups, cb)):
                     continue
                 todo_h.append(h)
-                todo_b.extend(block_ids[c * k:(c + 1) * k])
+                chunk_blocks.append(cb)
                 self._remember(h)
             st.saved_upto = len(hashes)
             if todo_h:
                 st.save_jobs += 1
-                saves.append(_SaveSpec(rid, todo_h, todo_b))
+                parts = [_GroupPart(gr.index, list(range(len(todo_h))),
+                                    [b for cb in chunk_blocks for b in cb[gr.index]])
+                         for gr in self.s.groups]
+                saves.append(_SaveSpec(rid, todo_h, parts))
         return saves
 
     def request_finished(self, request):
@@ -321,3 +355,10 @@ def _set_used_external_tokens(req, offered, used):
     except (AssertionError, TypeError, AttributeError) as e:
         logger.debug("ObjectCache: vLLM's prefill stats of %s not revised: %s",
                      req.request_id, e)
+
+
+def _blocks(kv_blocks):
+    """Per KV cache group, the block ids of a request's ``KVCacheBlocks``, ``None`` for
+    vLLM's null block (outside a sliding window)."""
+    return [[None if getattr(b, "is_null", False) else b.block_id for b in group]
+            for group in kv_blocks.blocks]

@@ -35,12 +35,26 @@ _REASONS = {
 }
 
 
-class _Load:
-    __slots__ = ("spec", "transfer", "posted", "failed", "settled", "waited", "why")
+class _Part:
+    """One KV cache group's share of a request's load: its transfer, and the scratch region
+    that takes the bytes of the blocks vLLM left out (outside a sliding window)."""
 
-    def __init__(self, spec, transfer, posted):
-        self.spec = spec
+    __slots__ = ("group", "chunks", "block_ids", "transfer", "scratch")
+
+    def __init__(self, group, chunks, block_ids, transfer, scratch):
+        self.group = group
+        self.chunks = chunks
+        self.block_ids = block_ids
         self.transfer = transfer
+        self.scratch = scratch
+
+
+class _Load:
+    __slots__ = ("spec", "parts", "posted", "failed", "settled", "waited", "why")
+
+    def __init__(self, spec, parts, posted):
+        self.spec = spec
+        self.parts = parts
         self.posted = posted
         self.failed = False
         self.settled = False
@@ -54,6 +68,13 @@ class _Load:
         elif isinstance(e, oc.LayerCancelledError):
             self.why = self.why or "cancelled"
 
+    def release(self):
+        for p in self.parts:
+            p.transfer.release()
+            if p.scratch is not None:
+                p.scratch[0].close()
+                p.scratch = None
+
 
 class _WorkerSide:
     """Registration, loads into paged blocks, saves from them (worker process)."""
@@ -61,13 +82,16 @@ class _WorkerSide:
     def __init__(self, conn):
         self.c = conn
         self.s = conn._s
-        self.layer_idx = {}
-        self.layers = []  # per layer: (base address, bytes per block step, runs)
+        self.layer_idx = {}  # layer name -> (group, index of the layer in its group)
+        self.layers = []  # per group, per layer: (base address, bytes per block step, runs)
+        self.per_block = []  # per group: bytes of one block of one layer
         self.regions = []
-        self.g = None
+        self.geoms = []  # per group: this rank's geometry
+        self.rank = 0
         self.sync_loads = []
         self.async_loads = {}
         self.failed_blocks = set()
+        self.failed_requests = set()  # multi-group loads that failed: whole requests
         self.saves = {}  # req_id -> list of futures
         self.saves_started = 0
         self.outstanding = []  # save futures not known to be done
@@ -77,10 +101,15 @@ class _WorkerSide:
         self.saver = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="objectcache-save")
 
+    @property
+    def g(self):
+        """The first group's geometry (single-group models: the geometry)."""
+        return self.geoms[0] if self.geoms else None
+
     def shutdown(self):
         self.saver.shutdown(wait=True)
-        for ld in self.sync_loads + list(self.async_loads.values()):
-            ld.transfer.release()
+        for ld in self.sync_loads + [x for x in self.async_loads.values() if x is not None]:
+            ld.release()
 
     # -- registration --
 
@@ -88,54 +117,68 @@ class _WorkerSide:
         from vllm.distributed import get_tensor_model_parallel_rank
 
         try:
-            rank = get_tensor_model_parallel_rank()
+            self.rank = get_tensor_model_parallel_rank()
         except Exception:
-            rank = 0
-        self.g = _geometry(self.s, rank)
-        per_chunk = self.g.slice_bytes
-        per_block = per_chunk // self.s.blocks_per_chunk
-        names = [n for n in self.s.layer_names if n in kv_caches]
-        if len(names) != len(self.s.layer_names):
+            self.rank = 0
+        missing = [n for n in self.s.layer_names if n not in kv_caches]
+        if missing:
             raise ValueError(
                 f"ObjectCacheConnector: vLLM registered {len(kv_caches)} KV caches but the "
-                f"KV cache config names {len(self.s.layer_names)} layers"
+                f"KV cache config also names {', '.join(missing[:3])}"
             )
         num_blocks = self.c._kv_cache_config.num_blocks
         storages = {}
-        for i, name in enumerate(names):
-            t = kv_caches[name]
-            self.layer_idx[name] = i
-            bdim = next((d for d, n in enumerate(t.shape) if n == num_blocks), None)
-            if bdim is None:
-                raise ValueError(
-                    f"ObjectCacheConnector: layer {name} KV cache of shape {tuple(t.shape)} "
-                    f"has no dimension of {num_blocks} blocks"
-                )
-            es = t.element_size()
-            runs = _runs(t.select(bdim, 0), t.data_ptr(), es)
-            got = sum(n for _, n in runs)
-            if got != per_block:
-                raise ValueError(
-                    f"ObjectCacheConnector: one block of layer {name} is {got} bytes but the "
-                    f"geometry {self.g} gives {per_block} bytes per block; the layout is not "
-                    "one this connector knows"
-                )
-            self.layers.append((t.data_ptr(), t.stride(bdim) * es, runs))
-            st = t.untyped_storage()
-            storages[st.data_ptr()] = (st.nbytes(), t.device)
+        for gr in self.s.groups:
+            g = _geometry(self.s, self.rank, gr.index)
+            per_block = g.slice_bytes // gr.blocks_per_chunk
+            self.geoms.append(g)
+            self.per_block.append(per_block)
+            layers = []
+            for i, name in enumerate(gr.layer_names):
+                t = kv_caches[name]
+                self.layer_idx[name] = (gr.index, i)
+                bdim = next((d for d, n in enumerate(t.shape) if n == num_blocks), None)
+                if bdim is None:
+                    raise ValueError(
+                        f"ObjectCacheConnector: layer {name} KV cache of shape "
+                        f"{tuple(t.shape)} has no dimension of {num_blocks} blocks"
+                    )
+                es = t.element_size()
+                runs = _runs(t.select(bdim, 0), t.data_ptr(), es)
+                got = sum(n for _, n in runs)
+                if got != per_block:
+                    raise ValueError(
+                        f"ObjectCacheConnector: one block of layer {name} is {got} bytes but "
+                        f"the geometry {g} gives {per_block} bytes per block; the layout is "
+                        "not one this connector knows"
+                    )
+                layers.append((t.data_ptr(), t.stride(bdim) * es, runs))
+                st = t.untyped_storage()
+                storages[st.data_ptr()] = (st.nbytes(), t.device)
+            self.layers.append(layers)
         for ptr, (nbytes, dev) in storages.items():
             device = None if dev.type == "cpu" else (dev.index or 0)
             self.regions.append(self.c._engine.register(ptr, nbytes, device=device))
-        logger.info("ObjectCache: registered %d KV buffer(s), %d layers, %d bytes per block "
-                    "and layer in %d run(s)", len(storages), len(names), per_block,
-                    len(self.layers[0][2]))
+        logger.info("ObjectCache: registered %d KV buffer(s), %d group(s) (%s), %d layers",
+                    len(storages), len(self.s.groups),
+                    ", ".join(f"{gr.kind}{gr.window or ''}: {len(gr.layer_names)} layers of "
+                              f"{self.per_block[gr.index]} bytes per block"
+                              for gr in self.s.groups), len(self.layer_idx))
 
-    def _ranges(self, block_ids):
-        """Per layer, the (address, length) ranges of these blocks, in block order."""
+    def _ranges(self, group, block_ids, scratch=None):
+        """Per layer of ``group``, the (address, length) ranges of these blocks, in block
+        order; a block id of ``None`` (vLLM's null block, outside a sliding window) takes the
+        next free bytes of ``scratch`` (address, length) instead."""
         out = []
-        for base, step, runs in self.layers:
+        nxt = scratch[0] if scratch else 0
+        for base, step, runs in self.layers[group]:
             rs = []
             for b in block_ids:
+                if b is None:
+                    for _, n in runs:
+                        rs.append((nxt, n))
+                        nxt += n
+                    continue
                 a = base + b * step
                 rs.extend((a + off, n) for off, n in runs)
             out.append(rs)
@@ -143,33 +186,57 @@ class _WorkerSide:
 
     # -- loads --
 
+    def _post(self, spec, part):
+        """Posts one group's share of a load; returns its _Part."""
+        gr = self.s.groups[part.group]
+        g = self.geoms[part.group]
+        hashes = [spec.hashes[c] for c in part.chunks]
+        scratch = None
+        nulls = sum(1 for b in part.block_ids if b is None)
+        if nulls:
+            # Blocks vLLM left out inside a chunk that the window needs part of: their bytes
+            # go to scratch memory, registered for this load.
+            buf = bytearray(nulls * self.per_block[part.group] * len(gr.layer_names))
+            region = self.c._engine.register(buf)
+            import ctypes
+
+            addr = ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
+            scratch = (region, addr, buf)
+        ranges = self._ranges(part.group, part.block_ids,
+                              (scratch[1], len(scratch[2])) if scratch else None)
+        if spec.markers.get(g.tp_rank) and part.group == 0:
+            try:
+                self.c._engine.add_segment_markers(g, hashes, spec.markers[g.tp_rank])
+            except oc.ObjectCacheError as e:
+                logger.warning("ObjectCache: segment markers for %s not taken (the "
+                               "load reads them): %s", spec.req_id, e)
+        tr = self.c._engine.load(g, hashes, ranges, request_id=_request_id(spec.req_id))
+        return _Part(part.group, part.chunks, part.block_ids, tr, scratch)
+
     def start_load(self, meta):
         for spec in meta.loads:
-            self.failed_blocks.update(spec.fail_block_ids)
+            if spec.fail_block_ids:
+                if self.s.hybrid:
+                    self.failed_requests.add(spec.req_id)
+                else:
+                    self.failed_blocks.update(spec.fail_block_ids)
             if not spec.hashes:
                 if spec.is_async:
                     self.async_loads[spec.req_id] = None
                 continue
             t0 = time.monotonic()
+            parts = []
             try:
-                if spec.markers.get(self.g.tp_rank):
-                    try:
-                        self.c._engine.add_segment_markers(self.g, spec.hashes,
-                                                           spec.markers[self.g.tp_rank])
-                    except oc.ObjectCacheError as e:
-                        logger.warning("ObjectCache: segment markers for %s not taken (the "
-                                       "load reads them): %s", spec.req_id, e)
-                ranges = self._ranges(spec.block_ids)
+                for part in spec.parts:
+                    parts.append(self._post(spec, part))
                 if _TRACE:
-                    _trace("load.ranges", req=spec.req_id, chunks=len(spec.hashes),
-                           ranges=sum(len(r) for r in ranges), ranges_ms=_ms(t0))
-                tr = self.c._engine.load(self.g, spec.hashes, ranges,
-                                         request_id=_request_id(spec.req_id))
-                if _TRACE:
-                    _trace("load.posted", req=spec.req_id, post_ms=_ms(t0))
+                    _trace("load.posted", req=spec.req_id, chunks=len(spec.hashes),
+                           groups=len(parts), post_ms=_ms(t0))
             except oc.ObjectCacheError as e:
                 logger.warning("ObjectCache: load for %s not posted: %s", spec.req_id, e)
-                self.failed_blocks.update(spec.block_ids)
+                for p in parts:
+                    p.transfer.release()
+                self._fail_all(spec)
                 n = len(spec.hashes)
                 self.outcomes[spec.req_id] = LoadOutcome(n, 0, {"refused": n})
                 if spec.is_async:
@@ -178,108 +245,157 @@ class _WorkerSide:
             self.c._stat("loads", 1)
             logger.debug("ObjectCache: %s: load of %d chunks posted in %.2f ms", spec.req_id,
                          len(spec.hashes), 1000 * (time.monotonic() - t0))
-            ld = _Load(spec, tr, t0)
+            ld = _Load(spec, parts, t0)
             if spec.is_async:
                 self.async_loads[spec.req_id] = ld
             else:
                 self.sync_loads.append(ld)
 
+    def _fail_all(self, spec):
+        """Reports a whole load failed: its blocks (one group), or its request (several)."""
+        if self.s.hybrid:
+            self.failed_requests.add(spec.req_id)
+        else:
+            for part in spec.parts:
+                self.failed_blocks.update(b for b in part.block_ids if b is not None)
+
     def wait_layer(self, layer_name):
         if not self.sync_loads:
             return
-        li = self.layer_idx.get(layer_name)
-        if li is None:
+        gi = self.layer_idx.get(layer_name)
+        if gi is None:
             return
+        group, li = gi
         for ld in self.sync_loads:
             t0 = time.monotonic()
-            try:
-                ld.transfer.wait_layer(li)
-                ld.waited += time.monotonic() - t0
-            except oc.LayerMissError as e:
-                if not ld.failed:
-                    logger.warning("ObjectCache: load for %s: layer %d failed (%s); its "
-                                   "blocks are recomputed", ld.spec.req_id, li, e)
-                ld.layer_failed(e)
+            for p in ld.parts:
+                if p.group != group:
+                    continue
+                try:
+                    p.transfer.wait_layer(li)
+                except oc.LayerMissError as e:
+                    if not ld.failed:
+                        logger.warning("ObjectCache: load for %s: layer %s failed (%s); its "
+                                       "blocks are recomputed", ld.spec.req_id, layer_name, e)
+                    ld.layer_failed(e)
+            ld.waited += time.monotonic() - t0
 
     def _settle(self, ld):
-        """Called once every layer of ld is ready or failed (never waits: the engine's chunk
-        status is final then): records the outcome and stats, the blocks of failed chunks, and
-        releases the transfer (which returns once no copy into the blocks is in flight)."""
-        tr = ld.transfer
-        st = tr.stats()
+        """Called once every layer of every part of ld is ready or failed (never waits: the
+        engine's chunk status is final then): records the outcome and stats, the blocks of
+        failed chunks (or, with several groups, the failed request), and releases the
+        transfers (which return once no copy into the blocks is in flight)."""
         n = len(ld.spec.hashes)
         outcome = LoadOutcome(n, n)
-        if ld.failed or st.layers_ready < tr.layers:
+        nbytes, ttll = 0, 0.0
+        bad_chunks = {}  # global chunk index -> reason
+        for p in ld.parts:
+            tr = p.transfer
+            st = tr.stats()
+            nbytes += st.bytes
+            ttll = max(ttll, st.ttll_s)
+            if not (ld.failed or st.layers_ready < tr.layers):
+                continue
             # Per-chunk status, final once every layer has ended: the chunks at fault. A
             # chunk still open (a layer never waited for) is counted as failed too (never
             # used as KV); release() below stops its copies.
             statuses = tr.chunk_status()
-            k = self.s.blocks_per_chunk
-            bad = [c for c, s in enumerate(statuses) if s != oc.ChunkStatus.OK]
+            bad = [j for j, x in enumerate(statuses) if x != oc.ChunkStatus.OK]
             if not bad:  # a layer failed without naming a chunk: every chunk
-                bad = list(range(n))
-            for c in bad:
-                self.failed_blocks.update(ld.spec.block_ids[c * k:(c + 1) * k])
-                why = _REASONS.get(statuses[c] if c < len(statuses) else None, "error")
+                bad = list(range(len(p.chunks)))
+            for j in bad:
+                why = _REASONS.get(statuses[j] if j < len(statuses) else None, "error")
                 if why == "error" and ld.why:
                     why = ld.why
+                c = p.chunks[j]
+                bad_chunks.setdefault(c, why)
+                k = self.s.groups[p.group].blocks_per_chunk
+                if not self.s.hybrid:
+                    self.failed_blocks.update(
+                        b for b in p.block_ids[j * k:(j + 1) * k] if b is not None)
+        if bad_chunks:
+            for c, why in bad_chunks.items():
                 outcome.failed[why] = outcome.failed.get(why, 0) + 1
                 if why in ("missing", "corrupt"):
                     outcome.faulty.append(c)
-            outcome.ok = min(bad)
-            self.c._stat("failed_blocks", len(bad) * k)
+            # One group: vLLM keeps the blocks before the first failed one. Several: the
+            # request is reported failed and recomputed from its start.
+            outcome.ok = 0 if self.s.hybrid else min(bad_chunks)
+            if self.s.hybrid:
+                self.failed_requests.add(ld.spec.req_id)
+            self.c._stat("failed_blocks", len(bad_chunks) * self.s.blocks_per_chunk)
         self.outcomes[ld.spec.req_id] = outcome
-        self.c._stat("loaded_bytes", st.bytes)
-        logger.debug("ObjectCache: %s: load settled %.1f ms after posting: %d bytes, %d "
-                     "requests, layer 0 at %.1f ms, last at %.1f ms; the forward pass "
-                     "waited %.1f ms; %d of %d chunks loaded", ld.spec.req_id,
-                     1000 * (time.monotonic() - ld.posted), st.bytes, st.requests,
-                     1000 * st.ttfl_s, 1000 * st.ttll_s, 1000 * ld.waited, outcome.ok, n)
+        self.c._stat("loaded_bytes", nbytes)
+        logger.debug("ObjectCache: %s: load settled %.1f ms after posting: %d bytes in %d "
+                     "group(s); the forward pass waited %.1f ms; %d of %d chunks loaded",
+                     ld.spec.req_id, 1000 * (time.monotonic() - ld.posted), nbytes,
+                     len(ld.parts), 1000 * ld.waited, outcome.ok, n)
         if _TRACE:
+            st0 = ld.parts[0].transfer.stats()
             _trace("load.settled", req=ld.spec.req_id, since_post_ms=_ms(ld.posted),
-                   bytes=st.bytes, requests=st.requests, ttfl_ms=round(1000 * st.ttfl_s, 3),
-                   ttll_ms=round(1000 * st.ttll_s, 3), waited_ms=round(1000 * ld.waited, 3),
-                   failed=ld.failed, ok_chunks=outcome.ok, reasons=outcome.failed)
-        if st.ttll_s >= 0:
-            self.c._stat("load_s", st.ttll_s)
-        tr.release()
+                   bytes=nbytes, requests=sum(p.transfer.stats().requests for p in ld.parts),
+                   ttfl_ms=round(1000 * st0.ttfl_s, 3), ttll_ms=round(1000 * ttll, 3),
+                   waited_ms=round(1000 * ld.waited, 3), failed=ld.failed,
+                   ok_chunks=outcome.ok, reasons=outcome.failed,
+                   group_bytes=[p.transfer.stats().bytes for p in ld.parts],
+                   group_chunks=[len(p.chunks) for p in ld.parts])
+        if ttll >= 0 and not bad_chunks:
+            self.c._stat("load_s", ttll)
+        ld.release()
         ld.settled = True
 
     def _poll_settled(self, ld):
         """Whether every layer of ld is ready or failed (without waiting)."""
-        tr = ld.transfer
-        for l in range(tr.layers):
-            try:
-                if not tr.poll_layer(l):
-                    return False
-            except oc.LayerMissError as e:
-                ld.layer_failed(e)
+        for p in ld.parts:
+            tr = p.transfer
+            for l in range(tr.layers):
+                try:
+                    if not tr.poll_layer(l):
+                        return False
+                except oc.LayerMissError as e:
+                    ld.layer_failed(e)
         return True
 
     # -- saves --
 
     def start_saves(self, meta):
         for spec in meta.saves:
-            ranges = self._ranges(spec.block_ids)
-            fut = self.saver.submit(self._save, spec, ranges)
+            jobs = []
+            for part in spec.parts:
+                gr = self.s.groups[part.group]
+                if gr.replicated and self.rank != 0:
+                    continue  # the same bytes on every rank: rank 0 saves them
+                ranges = self._ranges(part.group, part.block_ids)
+                hashes = [spec.hashes[c] for c in part.chunks]
+                if gr.kind == "swa":
+                    # vLLM frees a sliding window's blocks as the window moves on, at the next
+                    # step: the save copies them now, after the forward pass wrote them.
+                    ranges = [_copy(rs) for rs in ranges]
+                jobs.append((part.group, hashes, ranges))
+            if not jobs:
+                continue
+            fut = self.saver.submit(self._save, spec, jobs)
             self.saves.setdefault(spec.req_id, []).append(fut)
             self.saves_started += 1
             self.outstanding = [f for f in self.outstanding if not f.done()] + [fut]
 
-    def _save(self, spec, ranges):
+    def _save(self, spec, jobs):
         t0 = time.monotonic()
-        try:
-            rep = self.c._engine.save(self.g, spec.hashes, ranges)
-        except oc.ObjectCacheError as e:
-            logger.warning("ObjectCache: save of %d chunks for %s failed: %s",
-                           len(spec.hashes), spec.req_id, e)
-            self.c._stat("save_errors", 1)
-            return
+        total = 0
+        for group, hashes, layers in jobs:
+            try:
+                rep = self.c._engine.save(self.geoms[group], hashes, layers)
+            except oc.ObjectCacheError as e:
+                logger.warning("ObjectCache: save of %d chunks (group %d) for %s failed: %s",
+                               len(hashes), group, spec.req_id, e)
+                self.c._stat("save_errors", 1)
+                return
+            total += rep.bytes
         self.c._stat("saves", 1)
-        self.c._stat("saved_bytes", rep.bytes)
+        self.c._stat("saved_bytes", total)
         self.c._stat("save_s", time.monotonic() - t0)
         if _TRACE:
-            _trace("save.done", req=spec.req_id, chunks=len(spec.hashes), bytes=rep.bytes,
+            _trace("save.done", req=spec.req_id, chunks=len(spec.hashes), bytes=total,
                    save_ms=_ms(t0))
 
     def flush(self, timeout_s=None):
@@ -309,7 +425,8 @@ class _WorkerSide:
         for rid, ld in list(self.async_loads.items()):
             if ld is not None:
                 if rid in finished_req_ids:
-                    ld.transfer.cancel()
+                    for p in ld.parts:
+                        p.transfer.cancel()
                     ld.why = ld.why or "cancelled"
                 if not self._poll_settled(ld):
                     continue
@@ -325,6 +442,14 @@ class _WorkerSide:
                 self.finished.discard(rid)
                 self.saves.pop(rid, None)
         return sending or None, recving or None
+
+    def take_failed_requests(self):
+        out, self.failed_requests = self.failed_requests, set()
+        return out
+
+    def take_failed_blocks(self):
+        out, self.failed_blocks = self.failed_blocks, set()
+        return out
 
     def gauges_changed(self):
         """The engine's live transfers and registered regions and this process's threads,
@@ -348,9 +473,12 @@ class _WorkerSide:
         out, self.outcomes = self.outcomes, {}
         return ObjectCacheWorkerMetadata(out)
 
-    def take_failed_blocks(self):
-        out, self.failed_blocks = self.failed_blocks, set()
-        return out
+
+def _copy(ranges):
+    """The bytes of these (address, length) ranges, in order, copied into one buffer."""
+    import ctypes
+
+    return b"".join(ctypes.string_at(a, n) for a, n in ranges)
 
 
 def _runs(view, base, es):
