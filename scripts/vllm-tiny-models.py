@@ -57,9 +57,12 @@ def config(name, vocab, bos, eos):
             moe_intermediate_size=128, n_shared_experts=1, moe_layer_freq=1,
             rope_scaling=None, **{**common, "tie_word_embeddings": False})
     if name == "llama-tiny":
+        # initializer_range 0.05 (transformers' default 0.02 makes this small model answer
+        # two long documents alike).
         return tf.LlamaConfig(
             hidden_size=256, intermediate_size=768, num_hidden_layers=8,
-            num_attention_heads=4, num_key_value_heads=4, head_dim=64, **common)
+            num_attention_heads=4, num_key_value_heads=4, head_dim=64,
+            initializer_range=0.05, **common)
     if name == "qwen3next-tiny":
         return tf.Qwen3NextConfig(
             hidden_size=256, intermediate_size=768, num_hidden_layers=4,

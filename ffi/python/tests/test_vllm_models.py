@@ -184,3 +184,106 @@ def test_recurrent_models_are_refused_at_start_up(tmp_path, logdir):
     assert m, "no refusal naming the recurrent state in the log"
     print(f"refused: {m.group(0)[:300]}")
     assert "qwen3next-tiny" in m.group(0) and "Supported:" in m.group(0)
+
+
+TP2 = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}  # one core per rank (one NUMA node here)
+
+
+def test_mla_stored_once_for_every_rank(tmp_path, logdir):
+    """DeepSeek-V2 style MLA (latent 576, bfloat16: vLLM's CPU MLA kernels take no float32)
+    saved by a replica at tensor parallel 2: one chunk object per chunk (no rank in key or
+    object, rank 0 writes it), half the bytes of one object per rank; a fresh replica at TP 1
+    loads it and gives the engine's own full computation and vLLM's without the connector."""
+    model = tiny_model("mla-tiny")
+    store = "file://" + str(tmp_path / "store")
+    doc = document("mla", 40)
+    a, b = ask(doc, "Which dock is busiest?"), ask(doc, "What does crate 12 hold?")
+    others = [ask(document("other", 20), "Who checked row 3?"), "List three colours:"]
+    extra = {"dtype": "bfloat16"}
+
+    base = Replica("mla-base", logdir, model, extra=extra)
+    try:
+        ref_b = gen(base, b, salt="full-b")
+        outs = [gen(base, p) for p in others]
+    finally:
+        base.close()
+    texts = {ref_b["text"]} | {o["text"] for o in outs}
+    print(f"mla-tiny without the connector: {[ref_b['text']] + [o['text'] for o in outs]}")
+    assert len(texts) == 3, f"different prompts gave the same output: {texts}"
+
+    saver = Replica("mla-saver-tp2", logdir, model, kv_transfer_config=connector(store),
+                    extra={**extra, "tensor_parallel_size": 2}, env=TP2)
+    try:
+        gen(saver, a)
+        saver.call({"op": "flush"})
+    finally:
+        saver.close()
+    objs = data_objects(tmp_path / "store")
+    assert objs and all("/tp0-1/" in p for p in objs), objs[:2]
+    stored = sum(os.path.getsize(p) for p in objs)
+    loader = Replica("mla-loader-tp1", logdir, model, kv_transfer_config=connector(store),
+                     extra=extra)
+    try:
+        out = gen(loader, b)
+        own = gen(loader, b, salt="computed-here")
+    finally:
+        loader.close()
+    hit = (out["kv_transfer_params"] or {}).get("objectcache_hit_tokens", 0)
+    per_chunk = os.path.getsize(objs[0])
+    print(f"mla-tiny at TP 2: {len(objs)} chunk objects of {per_chunk} bytes (latent 576 x "
+          f"bf16 x {BLOCK} tokens x 4 layers + header), {stored} bytes stored; one object "
+          f"per rank would store {2 * stored} (0.50x); at TP 8, {8 * stored} (0.125x). B at "
+          f"TP 1 hit {hit} tokens, {out['text']!r}; computed {own['text']!r}")
+    assert per_chunk == 64 + 4 * (BLOCK * 576 * 2 + 4)
+    assert hit >= 6 * BLOCK and len(objs) >= hit // BLOCK
+    assert out["num_cached_tokens"] == hit
+    assert_same_tokens(out, own, "mla B loaded vs computed", tol=0.05)
+    assert_same_tokens(out, ref_b, "mla B loaded vs vLLM without the connector", tol=0.05)
+
+
+def test_llama_at_tensor_parallel_2(tmp_path, logdir):
+    """A Llama-style model at TP 2: each rank saves and loads its own KV heads (one object
+    per chunk and rank); B on a fresh TP 2 replica hits every shared chunk and gives the
+    engine's own full computation and vLLM's without the connector (TP 1)."""
+    model = tiny_model("llama-tiny")
+    store = "file://" + str(tmp_path / "store")
+    doc = document("llama", 40)
+    a, b = ask(doc, "Which dock is busiest?"), ask(doc, "What does crate 12 hold?")
+    others = [ask(document("other", 20), "Who checked row 3?"), "List three colours:"]
+    extra = {"dtype": "float32"}
+
+    base = Replica("llama-base", logdir, model, extra=extra)
+    try:
+        ref_b = gen(base, b, salt="full-b")
+        outs = [gen(base, p) for p in others]
+    finally:
+        base.close()
+    texts = {ref_b["text"]} | {o["text"] for o in outs}
+    print(f"llama-tiny without the connector: {[ref_b['text']] + [o['text'] for o in outs]}")
+    assert len(texts) == 3, f"different prompts gave the same output: {texts}"
+    tp2 = {**extra, "tensor_parallel_size": 2}
+    saver = Replica("llama-saver-tp2", logdir, model, kv_transfer_config=connector(store),
+                    extra=tp2, env=TP2)
+    try:
+        gen(saver, a)
+        saver.call({"op": "flush"})
+    finally:
+        saver.close()
+    objs = data_objects(tmp_path / "store")
+    ranks = {re.search(r"/tp(\d)-2/", p).group(1) for p in objs}
+    assert ranks == {"0", "1"}, objs[:2]
+    loader = Replica("llama-loader-tp2", logdir, model, kv_transfer_config=connector(store),
+                     extra=tp2, env=TP2)
+    try:
+        out = gen(loader, b)
+        own = gen(loader, b, salt="computed-here")
+    finally:
+        loader.close()
+    hit = (out["kv_transfer_params"] or {}).get("objectcache_hit_tokens", 0)
+    print(f"llama-tiny at TP 2: {len(objs)} chunk objects (2 ranks); B hit {hit} tokens, "
+          f"{out['text']!r}; computed {own['text']!r}; without the connector at TP 1 "
+          f"{ref_b['text']!r}")
+    assert hit >= 6 * BLOCK
+    assert out["num_cached_tokens"] == hit
+    assert_same_tokens(out, own, "llama TP 2 B loaded vs computed")
+    assert out["token_ids"] == ref_b["token_ids"], "llama TP 2 vs vLLM without the connector"
