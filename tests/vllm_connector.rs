@@ -4,7 +4,10 @@
 //! and every stored object corrupted (`ffi/python/tests/test_vllm.py`); failed loads of each
 //! kind (missing, corrupt, truncated, stalled, killed gateway, store down) in both load modes,
 //! with and without vLLM's async scheduling, and chunk keys at every hash granularity
-//! (`test_vllm_failures.py`). The cases are pytest files run by the vLLM venv's Python; this
+//! (`test_vllm_failures.py`); the model families: a Gemma 3 style sliding-window hybrid through
+//! vLLM's hybrid KV cache manager, DeepSeek-V2 style MLA saved once at TP 2, Llama at TP 2,
+//! and a recurrent model refused (`test_vllm_models.py`, models of
+//! `scripts/vllm-tiny-models.py`). The cases are pytest files run by the vLLM venv's Python; this
 //! test installs the package from `ffi/python` with pip and creates the RGW bucket.
 //!
 //! Needs the venv and model of `scripts/vllm-setup.sh` (`$OBJECTCACHE_VLLM_DIR`, default
@@ -64,7 +67,11 @@ fn vllm_connector_in_a_real_vllm() {
     py_support::pytest(
         &p.py,
         &p.site,
-        &["test_vllm.py", "test_vllm_failures.py"],
+        &[
+            "test_vllm.py",
+            "test_vllm_failures.py",
+            "test_vllm_models.py",
+        ],
         &env,
     );
 }
