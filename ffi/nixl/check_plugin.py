@@ -3,6 +3,13 @@
 query, and a layer-by-layer read through it, comparing bytes. See docs/nixl.md.
 
     NIXL_PLUGIN_DIR=ffi/nixl python3 ffi/nixl/check_plugin.py STORE_DIR
+    NIXL_PLUGIN_DIR=ffi/nixl python3 ffi/nixl/check_plugin.py --saved SPEC.json
+
+The second form reads, layer by layer, a chunk set that something else saved (the Rust
+API, in `tests/integration/nixl_plugin.rs`): SPEC.json names the store URL, namespace,
+geometry, the chunk hashes (hex) and a file holding each chunk's expected layer-major payload,
+chunk after chunk. It checks that every layer's notification arrives, in layer order, and
+that every byte matches.
 
 Needs the nixl-cu12 wheel (1.5.1; `pip install --no-deps nixl-cu12==1.5.1 numpy` works on a
 CPU-only machine). Prints "nixl_plugin: N passed, M failed"; exits non-zero on a failure.
@@ -126,5 +133,55 @@ def main():
     return 1 if failed else 0
 
 
+def read_saved(spec_path):
+    """The --saved form (see the module documentation)."""
+    import json
+
+    spec = json.load(open(spec_path))
+    layers, n = int(spec["layers"]), len(spec["hashes"])
+    payload = np.fromfile(spec["payload"], dtype=np.uint8)
+    chunk = payload.nbytes // n
+    slice_len = chunk // layers
+    agent = nixl_agent("objectcache-saved", nixl_agent_config(backends=[]))
+    params = {k: str(spec[k]) for k in ("store", "namespace", "model", "layers", "kv_heads",
+                                        "head_dim", "dtype", "tokens_per_chunk")}
+    agent.create_backend("OBJECTCACHE", params)
+    dst = np.zeros(layers * n * slice_len, dtype=np.uint8)  # per layer: chunk 0, 1, ...
+    agent.register_memory([(dst.ctypes.data, dst.nbytes, 0, "")], "DRAM")
+    agent.register_memory([(0, chunk, c + 1, h) for c, h in enumerate(spec["hashes"])], "OBJ")
+    pairs = [(c, l) for l in range(layers) for c in range(n)]
+    local = agent.get_xfer_descs(
+        [(dst.ctypes.data + (l * n + c) * slice_len, slice_len, 0) for c, l in pairs], "DRAM")
+    remote = agent.get_xfer_descs([(l * slice_len, slice_len, c + 1) for c, l in pairs], "OBJ")
+    h = agent.initialize_xfer("READ", local, remote, agent.name, b"saved-read")
+    # Notifications as they arrive, polled while the transfer runs.
+    arrived = []
+    state = agent.transfer(h)
+    deadline = time.monotonic() + 60
+    while True:
+        for ms in agent.get_new_notifs(["OBJECTCACHE"]).values():
+            arrived += [m.decode() for m in ms]
+        if state != "PROC" or time.monotonic() > deadline:
+            break
+        time.sleep(0.0005)
+        state = agent.check_xfer_state(h)
+    for ms in agent.get_new_notifs(["OBJECTCACHE"]).values():
+        arrived += [m.decode() for m in ms]
+    check(state == "DONE", f"read of the saved chunks: {state}")
+    got = [int(m.rsplit(":", 1)[1]) for m in arrived if m.startswith("saved-read:layer:")]
+    print(f"layer notifications in arrival order: {got}")
+    check(got == list(range(layers)), f"one notification per layer, in layer order: {got}")
+    check("saved-read" in arrived, "completion notification")
+    for c, l in pairs:
+        have = dst[(l * n + c) * slice_len:(l * n + c + 1) * slice_len]
+        want = payload[c * chunk + l * slice_len:c * chunk + (l + 1) * slice_len]
+        check(np.array_equal(have, want), f"chunk {c} layer {l} bytes")
+    agent.release_xfer_handle(h)
+    print(f"nixl_plugin saved-read: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--saved":
+        sys.exit(read_saved(sys.argv[2]))
     sys.exit(main())

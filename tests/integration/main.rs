@@ -46,6 +46,7 @@ mod gather_cases;
 mod gather_tcp;
 mod layerwise_load;
 mod lifecycle_gc;
+mod nixl_plugin;
 mod paged_kv;
 mod python_package;
 mod s3_retry;
