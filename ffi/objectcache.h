@@ -549,8 +549,6 @@ objectcache_status objectcache_transfer_wait_all(objectcache_transfer *transfer,
 
 /** Per-chunk status (OBJECTCACHE_CHUNK_*), one byte per chunk into out (caller-owned, cap
  *  bytes). *n receives the number of chunks; OBJECTCACHE_ERR_BUFFER_TOO_SMALL if cap < *n.
- *  Once every layer is ready or failed, no chunk is PENDING: OK if all its slices landed
- *  verified, the status a layer error names, else ERROR (given up: deadline, stall, cancel).
  *  Thread-safe. */
 objectcache_status objectcache_transfer_chunk_status(objectcache_transfer *transfer,
                                                      uint8_t *out, size_t cap, size_t *n);

@@ -5,7 +5,7 @@
 use super::process::{Env, Vllm};
 use super::prompts::Prompts;
 use super::setup::spinner;
-use super::{empty, http, Record, Replica, VllmArgs, BLOCK, NAMESPACE};
+use super::{http, ModelSpec, Record, Replica, VllmArgs, BLOCK, NAMESPACE};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use objectcache::store::open_store;
@@ -26,6 +26,12 @@ pub(super) struct Bench<'a> {
     pub(super) replicas: Vec<Replica>,
     pub(super) tmp: PathBuf,
     pub(super) methods: Vec<String>,
+    /// The model run.
+    pub(super) spec: ModelSpec,
+    /// The hybrid KV cache manager setting of the connector methods running now.
+    pub(super) hma: Option<String>,
+    /// Bytes the last saver stored per store and prefix token (ObjectCache methods).
+    pub(super) stored_per_token: Option<f64>,
 }
 
 /// Prometheus counters that count a connector's loaded bytes.
@@ -35,6 +41,40 @@ const LOADED_BYTES: &[&str] = &[
 ];
 
 impl Bench<'_> {
+    /// A record of `method` at prefix `p` with no figures yet: `note` says why, when it is
+    /// one that did not run.
+    pub(super) fn record(&self, method: &str, p: u32, note: impl Into<Option<String>>) -> Record {
+        let conn = method.starts_with("objectcache");
+        Record {
+            method: method.into(),
+            model: self
+                .a
+                .model
+                .clone()
+                .unwrap_or_else(|| self.spec.name.into()),
+            family: self.spec.family.into(),
+            hma: if conn { self.hma.clone() } else { None },
+            tp: self.a.tp,
+            prefix_tokens: p,
+            new_tokens: self.a.new_tokens,
+            ttft_s: None,
+            ttft_runs_s: vec![],
+            external_hit_tokens: None,
+            local_hit_tokens: None,
+            bytes_loaded: None,
+            bytes_stored: None,
+            output_identical: None,
+            output_matches_apc: None,
+            runs: 0,
+            ttft_miss_s: None,
+            paired_ratio: None,
+            vs_recompute: None,
+            vs_recompute_process: None,
+            vs_apc: None,
+            note: note.into(),
+        }
+    }
+
     fn start(&mut self, label: &str, apc: bool, kv: Option<&serde_json::Value>) -> Result<Vllm> {
         let v = Vllm::start(self.env, self.rt, label, apc, kv)?;
         self.replicas.push(Replica {
@@ -168,10 +208,11 @@ impl Bench<'_> {
                 };
                 pb.inc(1);
             }
+            let stored = self
+                .stored_per_token
+                .filter(|_| method.starts_with("objectcache"))
+                .map(|b| (b * f64::from(p)).round() as u64);
             self.records.push(Record {
-                method: method.into(),
-                prefix_tokens: p,
-                new_tokens: self.a.new_tokens,
                 ttft_s: Some(median_f(&ttfts)),
                 ttft_runs_s: ttfts,
                 ttft_miss_s: (!misses.is_empty()).then(|| median_f(&misses)),
@@ -179,13 +220,11 @@ impl Bench<'_> {
                 external_hit_tokens: Some(median_u(&ext)),
                 local_hit_tokens: (!local.is_empty()).then(|| median_u(&local)),
                 bytes_loaded: (!bytes.is_empty()).then(|| median_u(&bytes)),
+                bytes_stored: stored,
                 output_identical: identical,
                 output_matches_apc: matches_apc,
                 runs,
-                vs_recompute: None,
-                vs_recompute_process: None,
-                vs_apc: None,
-                note: note.clone(),
+                ..self.record(method, p, note.clone())
             });
         }
         pb.finish_and_clear();
@@ -217,6 +256,11 @@ impl Bench<'_> {
                 .with_context(|| format!("--connector-setting {kv:?} is not KEY=VALUE"))?;
             extra.insert(k.trim().to_string(), serde_json::Value::from(v.trim()));
         }
+        // One namespace per hybrid manager setting: each run starts from an empty store.
+        let namespace = match self.hma.as_deref() {
+            Some("off") => format!("{NAMESPACE}-hma-off"),
+            _ => NAMESPACE.to_string(),
+        };
         let settings = |mut base: serde_json::Value| {
             if let Some(m) = base.as_object_mut() {
                 m.extend(extra.clone());
@@ -230,7 +274,7 @@ impl Bench<'_> {
                     "kv_connector": "ObjectCacheConnector",
                     "kv_connector_module_path": "objectcache.vllm",
                     "kv_role": "kv_both",
-                    "kv_connector_extra_config": settings(serde_json::json!({"store": url, "namespace": NAMESPACE})),
+                    "kv_connector_extra_config": settings(serde_json::json!({"store": url, "namespace": namespace})),
                 })
             })
             .collect();
@@ -239,20 +283,41 @@ impl Bench<'_> {
             "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": {"connectors": subs},
         });
-        let saver = self.start("objectcache-saver", false, Some(&saver_cfg))?;
+        let suffix = if self.env.hma_off { "-hma-off" } else { "" };
+        let saver = self.start(
+            &format!("objectcache-saver{suffix}"),
+            false,
+            Some(&saver_cfg),
+        )?;
         self.serve_a(&saver)?;
         // Saves run in the background after each forward pass: wait until every store
-        // publishes every chunk of every prefix.
-        let want: usize = self.a.prefixes.iter().map(|p| (p / BLOCK) as usize).sum();
+        // publishes every chunk of every prefix, in every KV cache group.
+        let groups = if self.env.hma_off {
+            1
+        } else {
+            self.spec.groups
+        };
+        let want: usize = groups
+            * self
+                .a
+                .prefixes
+                .iter()
+                .map(|p| (p / BLOCK) as usize)
+                .sum::<usize>();
         for (m, url) in stores {
             let s = spinner(
                 &self.env.mp,
                 format!("{m}: waiting for {want} chunks to be published"),
             );
-            let r = self.rt.block_on(wait_published(url, want));
+            let r = self.rt.block_on(wait_published(url, &namespace, want));
             s.finish_and_clear();
             r.with_context(|| format!("{m}: saves"))?;
         }
+        let saved = self.rt.block_on(http::metrics(saver.port))?;
+        let tokens: u32 = self.a.prefixes.iter().sum();
+        self.stored_per_token = saved
+            .get("vllm:objectcache_saved_bytes_total")
+            .map(|b| b / stores.len() as f64 / f64::from(tokens));
         saver.stop()?;
         let mut timed: Vec<(String, String, &str)> = Vec::new();
         for (m, url) in stores {
@@ -271,10 +336,10 @@ impl Bench<'_> {
                 "kv_connector": "ObjectCacheConnector",
                 "kv_connector_module_path": "objectcache.vllm",
                 "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-                "kv_connector_extra_config": settings(serde_json::json!({"store": url, "namespace": NAMESPACE,
+                "kv_connector_extra_config": settings(serde_json::json!({"store": url, "namespace": namespace,
                                               "load_mode": mode, "save": false})),
             });
-            let v = self.start(&m, false, Some(&cfg))?;
+            let v = self.start(&format!("{m}{suffix}"), false, Some(&cfg))?;
             self.time_b(&v, &m, None)?;
             v.stop()?;
         }
@@ -297,7 +362,8 @@ impl Bench<'_> {
                 .collect();
             for &p in &self.a.prefixes.clone() {
                 if !done.contains(&p) {
-                    self.records.push(empty(method, p, self.a.new_tokens, &why));
+                    let r = self.record(method, p, why.clone());
+                    self.records.push(r);
                 }
             }
         }
@@ -355,13 +421,13 @@ fn one_line(e: &anyhow::Error) -> String {
     err.chars().take(300).collect()
 }
 
-/// Waits until at least `want` chunks are published under the benchmark's namespace.
-async fn wait_published(url: &str, want: usize) -> Result<()> {
+/// Waits until at least `want` chunks are published under `namespace`.
+async fn wait_published(url: &str, namespace: &str, want: usize) -> Result<()> {
     let store = open_store(url).await?;
     let t0 = Instant::now();
     loop {
         let n = store
-            .list(&format!("{NAMESPACE}/"), usize::MAX)
+            .list(&format!("{namespace}/"), usize::MAX)
             .await?
             .iter()
             .filter(|m| m.key.contains("/pub/"))

@@ -62,6 +62,62 @@ const NAMESPACE: &str = "bench-vllm";
 /// environment serves both S3 stores in a process).
 const SERVER_BUCKET: &str = "kv-bench";
 
+/// A model the benchmark knows by name (`--model NAME`, `--list-models`): its folder under
+/// `--venv`'s `models/` (`scripts/vllm-setup.sh` makes them all), its family, the context it
+/// is run at, a dtype it needs, and its KV cache groups with vLLM's hybrid manager on.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ModelSpec {
+    /// Name on the command line and in the JSON.
+    pub name: &'static str,
+    /// Folder under `models/`.
+    pub folder: &'static str,
+    /// Architecture family.
+    pub family: &'static str,
+    /// `--max-model-len` (tokens).
+    pub max_len: u32,
+    /// A dtype the model needs on the CPU (`None`: `--dtype` decides).
+    pub dtype: Option<&'static str>,
+    /// KV cache groups with the hybrid KV cache manager on (1 with it off).
+    pub groups: usize,
+}
+
+/// The models `--model` takes by name.
+pub const MODELS: &[ModelSpec] = &[
+    ModelSpec {
+        name: "smollm2",
+        folder: "smollm2-135m-hf",
+        family: "dense (SmolLM2-135M, Llama style)",
+        max_len: 8192,
+        dtype: None,
+        groups: 1,
+    },
+    ModelSpec {
+        name: "gemma3-tiny",
+        folder: "gemma3-tiny",
+        family: "sliding window 5:1 (Gemma 3 style, window 512)",
+        max_len: 16384,
+        dtype: None,
+        groups: 6,
+    },
+    ModelSpec {
+        name: "mla-tiny",
+        folder: "mla-tiny",
+        family: "MLA (DeepSeek-V2 style, latent 576)",
+        max_len: 16384,
+        // vLLM's CPU MLA kernels take bfloat16 only.
+        dtype: Some("bfloat16"),
+        groups: 1,
+    },
+    ModelSpec {
+        name: "llama-tiny",
+        folder: "llama-tiny",
+        family: "dense (Llama style, for TP 2)",
+        max_len: 16384,
+        dtype: None,
+        groups: 1,
+    },
+];
+
 /// Arguments of `objectcache-bench vllm`.
 #[derive(Debug, Clone, Args, Serialize)]
 pub struct VllmArgs {
@@ -74,9 +130,23 @@ pub struct VllmArgs {
         default_value = "target/vllm"
     )]
     pub venv: PathBuf,
-    /// The model folder (default: `models/smollm2-135m-hf` under `--venv`).
-    #[arg(long, value_name = "DIR")]
-    pub model: Option<PathBuf>,
+    /// The model: a name of `--list-models` (its folder under `--venv`'s `models/`), or a
+    /// model folder (default: `smollm2`).
+    #[arg(long, value_name = "NAME|DIR")]
+    pub model: Option<String>,
+    /// Lists the models `--model` takes by name, with their family, and exits.
+    #[arg(long)]
+    pub list_models: bool,
+    /// vLLM's hybrid KV cache manager for the connector methods: `on` (the connector declares
+    /// `SupportsHMA`; each KV cache group has its chunks, a sliding window loads only the
+    /// window), `off` (`--disable-hybrid-kv-cache-manager`: one group, every layer at full
+    /// length, as before), or both, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "on", value_parser = ["on", "off"])]
+    pub hma: Vec<String>,
+    /// Tensor-parallel size of every vLLM process (`--tensor-parallel-size`; each rank's
+    /// threads bound to its share of the cores).
+    #[arg(long, default_value_t = 1)]
+    pub tp: u32,
     /// Write every record and the configuration as JSON to this file.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
@@ -142,6 +212,15 @@ pub struct VllmArgs {
 pub struct Record {
     /// Method name (see [`METHODS`]).
     pub method: String,
+    /// The model (`--model`'s name, or its folder).
+    pub model: String,
+    /// The model's family ([`ModelSpec::family`]).
+    pub family: String,
+    /// vLLM's hybrid KV cache manager for this record (`on`, `off`; `None` for methods
+    /// without a connector).
+    pub hma: Option<String>,
+    /// Tensor-parallel size.
+    pub tp: u32,
     /// Shared prefix tokens.
     pub prefix_tokens: u32,
     /// Prompt tokens after the prefix.
@@ -164,6 +243,10 @@ pub struct Record {
     /// KV bytes the connector loaded for one request (median; from its Prometheus counter:
     /// `vllm:objectcache_loaded_bytes`, `vllm:kv_offload_load_bytes`), when it has one.
     pub bytes_loaded: Option<u64>,
+    /// KV bytes the connector stored for request A's prefix (ObjectCache methods: the saver's
+    /// `vllm:objectcache_saved_bytes` over all prefixes, per store, apportioned by prefix
+    /// length: every chunk of a model's geometry has the same size).
+    pub bytes_stored: Option<u64>,
     /// Whether every run's greedy output equals `recompute`'s for the same prompt.
     pub output_identical: Option<bool>,
     /// Whether every run's greedy output equals `apc`'s for the same request (`None` for
@@ -195,6 +278,7 @@ struct Report<'a> {
     benchmark: &'static str,
     vllm: String,
     model: String,
+    model_spec: ModelSpec,
     cpus: usize,
     args: &'a VllmArgs,
     replicas: Vec<Replica>,
@@ -223,6 +307,26 @@ fn native_dtype(cpuinfo: &str) -> &'static str {
 /// start, a failed request. A peer connector that cannot run is a record with a note, not an
 /// error.
 pub fn run(mut a: VllmArgs) -> Result<()> {
+    if a.list_models {
+        for m in MODELS {
+            println!(
+                "{:<12} {} (models/{}, context {}{})",
+                m.name,
+                m.family,
+                m.folder,
+                m.max_len,
+                m.dtype.map(|d| format!(", {d} only")).unwrap_or_default()
+            );
+        }
+        return Ok(());
+    }
+    let spec = model_spec(a.model.as_deref());
+    if let Some(d) = spec.dtype {
+        a.dtype = d.to_string();
+    }
+    if a.tp == 0 {
+        bail!("--tp must be at least 1");
+    }
     if a.dtype == "auto" {
         a.dtype =
             native_dtype(&std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default()).to_string();
@@ -240,7 +344,7 @@ pub fn run(mut a: VllmArgs) -> Result<()> {
     if std::env::var_os("AWS_REGION").is_none() {
         std::env::set_var("AWS_REGION", "us-east-1");
     }
-    let (py, model) = locate(&a)?;
+    let (py, model) = locate(&a, &spec)?;
     let chosen: Vec<String> = a
         .methods
         .clone()
@@ -257,8 +361,13 @@ pub fn run(mut a: VllmArgs) -> Result<()> {
         .map(|m| m.to_string())
         .collect();
     for &p in &a.prefixes {
-        if p == 0 || p % BLOCK != 0 || p + a.new_tokens + a.max_tokens > 8192 {
-            bail!("prefix {p}: must be a positive multiple of {BLOCK} that leaves room for the question and output in 8,192 tokens");
+        if p == 0 || p % BLOCK != 0 || p + a.new_tokens + a.max_tokens > spec.max_len {
+            bail!(
+                "prefix {p}: must be a positive multiple of {BLOCK} that leaves room for the \
+                 question and output in {} tokens ({}'s context)",
+                spec.max_len,
+                spec.name
+            );
         }
     }
     if a.runs == 0 || a.new_tokens == 0 {
@@ -277,7 +386,7 @@ pub fn run(mut a: VllmArgs) -> Result<()> {
     let site = install_package(&py, &a, tmp.path(), &mp)?;
     let vllm_version = python_out(&py, "import vllm; print(vllm.__version__)", &site)?;
     let prompts = Prompts::new(&model, &a)?;
-    let mut env = Env::new(&py, &model, &site, &logs, &a, mp.clone());
+    let mut env = Env::new(&py, &model, &site, &logs, &a, spec.max_len, mp.clone());
     let rt = tokio::runtime::Runtime::new()?;
 
     let mut b = Bench {
@@ -291,6 +400,9 @@ pub fn run(mut a: VllmArgs) -> Result<()> {
         replicas: Vec::new(),
         tmp: tmp.path().to_path_buf(),
         methods: methods.clone(),
+        spec,
+        hma: None,
+        stored_per_token: None,
     };
     // Stores of the ObjectCache methods.
     let mut stores: Vec<(String, String)> = Vec::new();
@@ -330,7 +442,15 @@ pub fn run(mut a: VllmArgs) -> Result<()> {
                 // Every ObjectCache store at once: one saver (vLLM's MultiConnector).
                 if !objectcache_done && !stores.is_empty() => {
                     let async_file = methods.iter().any(|m| m == "objectcache-file-async");
-                    b.objectcache(&stores, async_file)?;
+                    // Once per hybrid manager setting, each in stores of its own
+                    // namespace (the keys differ anyway: one group or several).
+                    for h in &a.hma {
+                        b.hma = Some(h.clone());
+                        b.env.hma_off = h == "off";
+                        b.objectcache(&stores, async_file)?;
+                    }
+                    b.env.hma_off = false;
+                    b.hma = None;
                     objectcache_done = true;
                 }
             "vllm-cpu-offload" => b.cpu_offload()?,
@@ -340,7 +460,8 @@ pub fn run(mut a: VllmArgs) -> Result<()> {
     }
     for (m, why) in not_run {
         for &p in &a.prefixes {
-            b.records.push(empty(&m, p, a.new_tokens, &why));
+            let r = b.record(&m, p, why.clone());
+            b.records.push(r);
         }
     }
     drop(server);
@@ -359,6 +480,7 @@ pub fn run(mut a: VllmArgs) -> Result<()> {
             benchmark: "vllm",
             vllm: vllm_version,
             model: model.display().to_string(),
+            model_spec: spec,
             cpus: std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(1),
@@ -372,26 +494,22 @@ pub fn run(mut a: VllmArgs) -> Result<()> {
     Ok(())
 }
 
-fn empty(method: &str, p: u32, new: u32, why: &str) -> Record {
-    Record {
-        method: method.into(),
-        prefix_tokens: p,
-        new_tokens: new,
-        ttft_s: None,
-        ttft_runs_s: vec![],
-        external_hit_tokens: None,
-        local_hit_tokens: None,
-        bytes_loaded: None,
-        output_identical: None,
-        output_matches_apc: None,
-        runs: 0,
-        ttft_miss_s: None,
-        paired_ratio: None,
-        vs_recompute: None,
-        vs_recompute_process: None,
-        vs_apc: None,
-        note: Some(why.into()),
-    }
+/// The model `--model` names: one of [`MODELS`] by name (default `smollm2`), or a folder of
+/// a model the benchmark does not know (family unknown, 8K context).
+fn model_spec(arg: Option<&str>) -> ModelSpec {
+    let name = arg.unwrap_or("smollm2");
+    MODELS
+        .iter()
+        .find(|m| m.name == name)
+        .copied()
+        .unwrap_or(ModelSpec {
+            name: "custom",
+            folder: "",
+            family: "unknown (a model folder)",
+            max_len: 8192,
+            dtype: None,
+            groups: 1,
+        })
 }
 
 #[cfg(test)]

@@ -19,6 +19,10 @@ pub(super) struct Env {
     kv_gib: u32,
     reserved_cpus: u32,
     dtype: String,
+    max_len: u32,
+    tp: u32,
+    /// Start vLLM with its hybrid KV cache manager off (`--disable-hybrid-kv-cache-manager`).
+    pub(super) hma_off: bool,
     pub(super) mp: MultiProgress,
 }
 
@@ -29,6 +33,7 @@ impl Env {
         site: &Path,
         logs: &Path,
         a: &VllmArgs,
+        max_len: u32,
         mp: MultiProgress,
     ) -> Self {
         Env {
@@ -39,6 +44,9 @@ impl Env {
             kv_gib: a.kv_cache_gib,
             reserved_cpus: a.reserved_cpus,
             dtype: a.dtype.clone(),
+            max_len,
+            tp: a.tp,
+            hma_off: false,
             mp,
         }
     }
@@ -69,7 +77,11 @@ impl Vllm {
         cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
             .arg(&env.model)
             .args(["--dtype", &env.dtype])
-            .args(["--enforce-eager", "--max-model-len", "8192"])
+            .args([
+                "--enforce-eager",
+                "--max-model-len",
+                &env.max_len.to_string(),
+            ])
             .args([
                 "--host",
                 "127.0.0.1",
@@ -90,6 +102,17 @@ impl Vllm {
             });
         if let Some(kv) = kv {
             cmd.args(["--kv-transfer-config", &kv.to_string()]);
+            if env.hma_off {
+                cmd.arg("--disable-hybrid-kv-cache-manager");
+            }
+        }
+        if env.tp > 1 {
+            cmd.args(["--tensor-parallel-size", &env.tp.to_string()]);
+            // vLLM on the CPU binds each rank to a NUMA node of its own unless told which
+            // cores to take; a machine of one node gets the cores split between the ranks.
+            if std::env::var_os("VLLM_CPU_OMP_THREADS_BIND").is_none() {
+                cmd.env("VLLM_CPU_OMP_THREADS_BIND", cpu_split(env.tp));
+            }
         }
         cmd.env("PYTHONPATH", &env.site)
             .env("HF_HUB_OFFLINE", "1")
@@ -203,4 +226,27 @@ fn tail(log: &Path, n: usize) -> String {
     let s = std::fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// This process's CPUs split into `parts` contiguous shares, as vLLM's
+/// `VLLM_CPU_OMP_THREADS_BIND` takes them (`0-3|4-7`; one core a rank at least).
+fn cpu_split(parts: u32) -> String {
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    let per = (n / parts).max(1);
+    (0..parts)
+        .map(|i| {
+            let lo = (i * per).min(n - 1);
+            let hi = if i + 1 == parts {
+                (n - 1).max(lo)
+            } else {
+                lo + per - 1
+            };
+            if hi > lo {
+                format!("{lo}-{hi}")
+            } else {
+                lo.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("|")
 }

@@ -10,6 +10,8 @@ pub(super) fn finish(records: &mut [Record]) {
             .find(|r| r.method == m && r.prefix_tokens == p)
             .cloned()
     };
+    // `recompute` and `apc` have no hybrid manager setting; a connector's records of both
+    // settings are each compared with them.
     let copy = records.to_vec();
     for r in records.iter_mut() {
         let Some(t) = r.ttft_s else { continue };
@@ -34,6 +36,7 @@ pub(super) fn finish(records: &mut [Record]) {
                 .iter()
                 .position(|m| *m == r.method)
                 .unwrap_or(usize::MAX),
+            r.hma.clone(),
             r.prefix_tokens,
         )
     });
@@ -46,8 +49,11 @@ pub(super) fn print_table(records: &[Record], runs: usize, dtype: &str) {
     );
     println!("x recomp: over the paired full computation in the same process (recompute: 1)");
     println!("identical: greedy output equals recompute's; =apc: equals apc's (same request)");
+    if let Some(r) = records.first() {
+        println!("model {} ({}), TP {}", r.model, r.family, r.tp);
+    }
     println!(
-        "{:<22} {:>6} {:>9} {:>9} {:>8} {:>6} {:>8} {:>11} {:>9} {:>5}",
+        "{:<30} {:>6} {:>9} {:>9} {:>8} {:>6} {:>8} {:>11} {:>11} {:>9} {:>5}",
         "method",
         "prefix",
         "TTFT ms",
@@ -56,15 +62,20 @@ pub(super) fn print_table(records: &[Record], runs: usize, dtype: &str) {
         "x apc",
         "ext hits",
         "bytes",
+        "stored",
         "identical",
         "=apc"
     );
     for r in records {
         let f = |x: Option<f64>, d: usize| x.map_or("-".to_string(), |v| format!("{v:.d$}"));
         let yes_no = |v: Option<bool>| v.map_or("-", |v| if v { "yes" } else { "NO" });
+        let label = match r.hma.as_deref() {
+            Some("off") => format!("{} (hma off)", r.method),
+            _ => r.method.clone(),
+        };
         println!(
-            "{:<22} {:>6} {:>9} {:>9} {:>8} {:>6} {:>8} {:>11} {:>9} {:>5}",
-            r.method,
+            "{:<30} {:>6} {:>9} {:>9} {:>8} {:>6} {:>8} {:>11} {:>11} {:>9} {:>5}",
+            label,
             r.prefix_tokens,
             f(r.ttft_s.map(|t| t * 1000.0), 1),
             f(r.ttft_miss_s.map(|t| t * 1000.0), 1),
@@ -72,6 +83,7 @@ pub(super) fn print_table(records: &[Record], runs: usize, dtype: &str) {
             f(r.vs_apc, 2),
             r.external_hit_tokens.map_or("-".into(), |v| v.to_string()),
             r.bytes_loaded.map_or("-".into(), |v| v.to_string()),
+            r.bytes_stored.map_or("-".into(), |v| v.to_string()),
             yes_no(r.output_identical),
             yes_no(r.output_matches_apc),
         );

@@ -2,7 +2,7 @@
 //! installed from `ffi/python`, the S3 credentials and stores, and our own server
 //! (`objectcache serve`) over a directory store; a progress spinner.
 
-use super::{VllmArgs, SERVER_BUCKET};
+use super::{ModelSpec, VllmArgs, SERVER_BUCKET};
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use objectcache::store::{S3Config, S3Store};
@@ -13,18 +13,25 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// The venv's Python and the model folder.
-pub(super) fn locate(a: &VllmArgs) -> Result<(PathBuf, PathBuf)> {
+pub(super) fn locate(a: &VllmArgs, spec: &ModelSpec) -> Result<(PathBuf, PathBuf)> {
     let d = &a.venv;
-    let (py, model) = if d.join("venv/bin/python").is_file() {
-        (d.join("venv/bin/python"), d.join("models/smollm2-135m-hf"))
+    // `--model` is a name of MODELS (its folder under the venv's models/) or a folder.
+    let named = (spec.name != "custom").then(|| d.join("models").join(spec.folder));
+    let given = a
+        .model
+        .as_ref()
+        .filter(|_| named.is_none())
+        .map(PathBuf::from);
+    let py = if d.join("venv/bin/python").is_file() {
+        d.join("venv/bin/python")
     } else if d.join("bin/python").is_file() {
-        let m = a.model.clone().ok_or_else(|| {
-            anyhow!(
-                "--venv {} is a virtual environment: give --model",
+        if given.is_none() {
+            bail!(
+                "--venv {} is a virtual environment: give --model a model folder",
                 d.display()
-            )
-        })?;
-        (d.join("bin/python"), m)
+            );
+        }
+        d.join("bin/python")
     } else {
         bail!(
             "no vLLM venv at {} (make one with scripts/vllm-setup.sh {})",
@@ -32,7 +39,7 @@ pub(super) fn locate(a: &VllmArgs) -> Result<(PathBuf, PathBuf)> {
             d.display()
         );
     };
-    let model = a.model.clone().unwrap_or(model);
+    let model = given.or(named).expect("a named model or a folder");
     if !model.join("config.json").is_file() {
         bail!(
             "no model folder at {} (scripts/vllm-setup.sh makes it)",

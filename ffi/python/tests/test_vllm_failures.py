@@ -177,9 +177,10 @@ def test_failed_loads_recompute_once_with_the_right_output(server, logdir, mode,
             used = ok * BLOCK
             if faulty is not None:
                 # Never more than the chunks before the faulty one; exactly those in layerwise
-                # mode. (A miss fails its layers at once; in async mode the server can report
-                # it before the earlier chunks' slices of those layers landed, and a failed
-                # layer takes no more writes, so those chunks are reported failed as well.)
+                # mode. (A miss fails its layers at once, and the server can report it before
+                # the earlier chunks' slices of those layers landed; an asynchronous load then
+                # gets one more step while bytes still land, but a step without any reports
+                # the chunks still open as failed too.)
                 assert ok <= faulty, f"{fault}: {ok} chunks loaded, chunk {faulty} was faulty"
                 if mode == "layerwise":
                     assert ok == faulty, f"{fault}: {ok} chunks loaded, chunk {faulty} faulty"

@@ -103,19 +103,11 @@ impl LoadHandle {
 
     /// Per-chunk status. Once every layer is ready, every chunk is [`ChunkStatus::Ok`] (each
     /// of its slices arrived and was verified), even if the load's last task has not ended.
-    ///
-    /// Once every layer is final (ready or failed) no chunk is [`ChunkStatus::Pending`]: a
-    /// chunk whose every slice is in place and verified is `Ok`; one a layer's error names
-    /// has that status; any other is [`ChunkStatus::Error`] (the load gave up on it: its
-    /// deadline, the stall watchdog, a cancel). So a caller that saw every layer end can take
-    /// the chunks to recompute from one call, without waiting for the load's tasks to wind
-    /// down.
     pub fn chunk_status(&self) -> Vec<ChunkStatus> {
         let statuses: Vec<LayerStatus> = (0..self.layers())
             .map(|l| self.sh.state.status(l))
             .collect();
         let all_ready = statuses.iter().all(|s| *s == LayerStatus::Ready);
-        let all_final = statuses.iter().all(|s| *s != LayerStatus::Pending);
         // A failed layer's error names the chunk at fault (also on the gather path, where the
         // server reports misses per layer while the stream goes on).
         let mut named: Vec<Option<ChunkStatus>> = vec![None; self.sh.chunk_status.len()];
@@ -131,14 +123,7 @@ impl LoadHandle {
         (0..self.sh.chunk_status.len())
             .map(|c| match self.sh.chunk(c) {
                 ChunkStatus::Pending if all_ready => ChunkStatus::Ok,
-                ChunkStatus::Pending => match named[c] {
-                    Some(st) => st,
-                    None if !all_final => ChunkStatus::Pending,
-                    None if (0..statuses.len()).all(|l| self.sh.slice_in_place(c, l)) => {
-                        ChunkStatus::Ok
-                    }
-                    None => ChunkStatus::Error,
-                },
+                ChunkStatus::Pending => named[c].unwrap_or(ChunkStatus::Pending),
                 s => s,
             })
             .collect()

@@ -50,7 +50,7 @@ class _Part:
 
 
 class _Load:
-    __slots__ = ("spec", "parts", "posted", "failed", "settled", "waited", "why")
+    __slots__ = ("spec", "parts", "posted", "failed", "settled", "waited", "why", "seen")
 
     def __init__(self, spec, parts, posted):
         self.spec = spec
@@ -60,6 +60,23 @@ class _Load:
         self.settled = False
         self.waited = 0.0  # seconds the forward pass spent in wait_for_layer_load
         self.why = None  # "stalled" / "cancelled" when a layer failed by time or cancel
+        self.seen = -1  # bytes landed at the previous poll (asynchronous loads)
+
+    def quiet(self):
+        """Whether the outcome of a load whose every layer has ended is final: no chunk's
+        status is still open, or the load was given up (stalled, cancelled), or nothing
+        landed since the previous poll. A miss fails its layers at once, while the earlier
+        chunks' slices of those layers may still be landing: one more step lets them, so
+        vLLM keeps those chunks. Never waits."""
+        if self.why in ("stalled", "cancelled"):
+            return True
+        if all(oc.ChunkStatus.PENDING not in p.transfer.chunk_status() for p in self.parts):
+            return True
+        landed = sum(p.transfer.stats().bytes for p in self.parts)
+        if landed == self.seen:
+            return True
+        self.seen = landed
+        return False
 
     def layer_failed(self, e):
         self.failed = True
@@ -281,10 +298,10 @@ class _WorkerSide:
             ld.waited += time.monotonic() - t0
 
     def _settle(self, ld):
-        """Called once every layer of every part of ld is ready or failed (never waits: the
-        engine's chunk status is final then): records the outcome and stats, the blocks of
-        failed chunks (or, with several groups, the failed request), and releases the
-        transfers (which return once no copy into the blocks is in flight)."""
+        """Called once every layer of every part of ld is ready or failed (never waits):
+        records the outcome and stats, the blocks of failed chunks (or, with several groups,
+        the failed request), and releases the transfers (which return once no copy into the
+        blocks is in flight). A chunk whose status is still open then counts as failed."""
         n = len(ld.spec.hashes)
         outcome = LoadOutcome(n, n)
         nbytes, ttll = 0, 0.0
@@ -428,7 +445,7 @@ class _WorkerSide:
                     for p in ld.parts:
                         p.transfer.cancel()
                     ld.why = ld.why or "cancelled"
-                if not self._poll_settled(ld):
+                if not self._poll_settled(ld) or not ld.quiet():
                     continue
                 self._settle(ld)
             recving.add(rid)
