@@ -113,6 +113,16 @@ typedef int32_t objectcache_status;
 #define OBJECTCACHE_CHUNK_WRONG_GEOMETRY 4
 #define OBJECTCACHE_CHUNK_ERROR 5
 
+/** What one block of one layer holds (objectcache_engine_layout::family). */
+#define OBJECTCACHE_FAMILY_PAGED_KV 0
+#define OBJECTCACHE_FAMILY_MLA 1
+#define OBJECTCACHE_FAMILY_RECURRENT 2
+#define OBJECTCACHE_FAMILY_OPAQUE 3
+
+/** Kinds of KV cache group (objectcache_engine_layout::group_kind). */
+#define OBJECTCACHE_GROUP_FULL 0
+#define OBJECTCACHE_GROUP_SLIDING_WINDOW 1
+
 /** Wait forever (timeout_ms argument of the wait functions). */
 #define OBJECTCACHE_WAIT_FOREVER (-1)
 
@@ -353,6 +363,49 @@ typedef struct objectcache_transfer_stats {
     double ttll_s;
 } objectcache_transfer_stats;
 
+/** An engine's KV cache layout for one KV cache group, as a typed value: what one block of
+ *  one layer holds and the group the layers belong to. objectcache_engine_layout_resolve
+ *  gives the layout name for objectcache_geometry::layout (the same names the vLLM connector
+ *  used before this struct: existing keys stay valid), the bytes of one block, and the
+ *  geometry's kv_heads and head_dim. Strings are borrowed for the call. */
+typedef struct objectcache_engine_layout {
+    uint32_t struct_size;
+    /** OBJECTCACHE_FAMILY_*: PAGED_KV (K and V of kv_heads heads of head_dim elements per
+     *  token, packed as the engine packs them), MLA (one latent of latent_dim elements per
+     *  token, the same on every TP rank: stored once), RECURRENT (refused: not stored),
+     *  OPAQUE (named by order verbatim, with bytes_per_token). */
+    uint32_t family;
+    /** The engine, its version and device, e.g. "vllm0.32/cpu-amx"; [A-Za-z0-9._:/+-]. */
+    const char *engine;
+    /** The engine's name for its block packing (vLLM's KV cache layout: "NHD", "HND",
+     *  "LBHNC"), or, for OPAQUE, the layout's whole name after the engine's. */
+    const char *order;
+    /** PAGED_KV: KV heads on this TP rank and elements per head. */
+    uint32_t kv_heads;
+    uint32_t head_dim;
+    /** MLA: elements per token (even). */
+    uint32_t latent_dim;
+    /** Tokens per block. */
+    uint32_t block_size;
+    /** OBJECTCACHE_DTYPE_*. */
+    uint32_t dtype;
+    /** The model's KV cache groups (1: one group, the fields below unused) and this one's
+     *  index. */
+    uint32_t group_count;
+    uint32_t group_index;
+    /** OBJECTCACHE_GROUP_*, and the window in tokens of a SLIDING_WINDOW group. */
+    uint32_t group_kind;
+    uint32_t window;
+    /** Reserved, 0. */
+    uint32_t _reserved;
+    /** OPAQUE: bytes per token per layer (a whole number of 2 x dtype bytes). */
+    uint64_t bytes_per_token;
+    /** With several groups: a digest of the model's group structure, 1 to 16 hex digits
+     *  (each group's kind, window and layers; a change makes every key another). NULL with
+     *  one group. */
+    const char *structure;
+} objectcache_engine_layout;
+
 /* ---- Library ------------------------------------------------------------------------- */
 
 /** The library's ABI version (compare with OBJECTCACHE_ABI_VERSION). Thread-safe. */
@@ -383,6 +436,21 @@ const char *objectcache_status_name(objectcache_status status);
 /** Bytes of one chunk's one-layer slice (K and V) for a geometry, written to *out.
  *  Thread-safe. */
 objectcache_status objectcache_slice_bytes(const objectcache_geometry *geometry, uint64_t *out);
+
+/** Resolves an engine layout (objectcache_engine_layout) for a TP world of tp_world ranks:
+ *  its layout name, NUL-terminated, into name (caller-owned, cap bytes; 65 always suffice;
+ *  OBJECTCACHE_ERR_BUFFER_TOO_SMALL otherwise), *block_bytes = bytes of one block of one
+ *  layer, *kv_heads and *head_dim = the geometry's (whole model, before the TP split; MLA:
+ *  1 and latent_dim / 2), *stored_once = 1 when every TP rank holds the same bytes (MLA:
+ *  use rank 0 of a world of 1 in the geometry), else 0. Errors: OBJECTCACHE_ERR_UNSUPPORTED
+ *  for RECURRENT; OBJECTCACHE_ERR_INVALID_ARGUMENT naming the field (a zero dimension, an
+ *  odd latent, a name over 64 bytes or with other characters, a group index out of range,
+ *  a structure that is not 1 to 16 hex digits). Thread-safe. */
+objectcache_status objectcache_engine_layout_resolve(const objectcache_engine_layout *layout,
+                                                     uint32_t tp_world, char *name,
+                                                     size_t cap, uint64_t *block_bytes,
+                                                     uint32_t *kv_heads, uint32_t *head_dim,
+                                                     uint32_t *stored_once);
 
 /** vLLM-compatible sha256_cbor hashes of every full block of tokens (a trailing partial
  *  block gets none). Writes *n_chunks = n_tokens / block_size, and, if out_cap_bytes

@@ -173,3 +173,86 @@ pub(super) fn timeout(ms: i64) -> Result<Option<Duration>, CErr> {
 }
 
 pub(super) const OBJECTCACHE_WAIT_FOREVER_I64: i64 = OBJECTCACHE_WAIT_FOREVER as i64;
+
+/// A caller's engine layout.
+///
+/// # Safety
+/// `l` is NULL or a whole struct of the size its `struct_size` holds; its strings NULL or
+/// NUL-terminated.
+pub(super) unsafe fn engine_layout(
+    l: *const objectcache_engine_layout,
+) -> Result<objectcache_client::layout::EngineLayout, CErr> {
+    use objectcache_client::layout::{EngineLayout, GroupKind, LayoutFamily, LayoutGroup};
+    // SAFETY: forwarded contract.
+    unsafe { checked_struct(l, "layout")? };
+    // SAFETY: checked: non-NULL, aligned, the full struct.
+    let l = unsafe { &*l };
+    if l._reserved != 0 {
+        return Err(invalid(format!(
+            "layout->_reserved is {}, must be 0",
+            l._reserved
+        )));
+    }
+    // SAFETY: NUL-terminated by contract.
+    let engine = unsafe { cstr(l.engine, "layout->engine")? }.to_string();
+    // SAFETY: as above.
+    let order = unsafe { cstr(l.order, "layout->order")? }.to_string();
+    let family = match l.family as i32 {
+        OBJECTCACHE_FAMILY_PAGED_KV => LayoutFamily::PagedKv {
+            order,
+            kv_heads: l.kv_heads,
+            head_dim: l.head_dim,
+        },
+        OBJECTCACHE_FAMILY_MLA => LayoutFamily::MlaLatent {
+            order,
+            latent_dim: l.latent_dim,
+        },
+        OBJECTCACHE_FAMILY_RECURRENT => LayoutFamily::Recurrent,
+        OBJECTCACHE_FAMILY_OPAQUE => LayoutFamily::Opaque {
+            name: order,
+            bytes_per_token: l.bytes_per_token,
+        },
+        f => {
+            return Err(invalid(format!(
+                "layout->family {f} is not an OBJECTCACHE_FAMILY_* value (0..3)"
+            )))
+        }
+    };
+    let dtype = u8::try_from(l.dtype)
+        .ok()
+        .and_then(Dtype::from_code)
+        .ok_or_else(|| {
+            invalid(format!(
+                "layout->dtype {} is not an OBJECTCACHE_DTYPE_* value (1..4)",
+                l.dtype
+            ))
+        })?;
+    let group = if l.group_count <= 1 {
+        None
+    } else {
+        let kind = match l.group_kind as i32 {
+            OBJECTCACHE_GROUP_FULL => GroupKind::Full,
+            OBJECTCACHE_GROUP_SLIDING_WINDOW => GroupKind::SlidingWindow { window: l.window },
+            k => {
+                return Err(invalid(format!(
+                    "layout->group_kind {k} is not an OBJECTCACHE_GROUP_* value (0..1)"
+                )))
+            }
+        };
+        // SAFETY: NUL-terminated by contract.
+        let structure = unsafe { cstr(l.structure, "layout->structure")? }.to_string();
+        Some(LayoutGroup {
+            index: l.group_index,
+            count: l.group_count,
+            kind,
+            structure,
+        })
+    };
+    Ok(EngineLayout {
+        engine,
+        family,
+        block_size: l.block_size,
+        dtype,
+        group,
+    })
+}

@@ -73,6 +73,48 @@ pub unsafe extern "C" fn objectcache_slice_bytes(
     })
 }
 
+/// Resolves an engine layout. See the header.
+///
+/// # Safety
+/// Pointers as the header states.
+#[no_mangle]
+pub unsafe extern "C" fn objectcache_engine_layout_resolve(
+    layout: *const objectcache_engine_layout,
+    tp_world: u32,
+    name: *mut c_char,
+    cap: usize,
+    block_bytes: *mut u64,
+    kv_heads: *mut u32,
+    head_dim: *mut u32,
+    stored_once: *mut u32,
+) -> objectcache_status {
+    guard("objectcache_engine_layout_resolve", || {
+        // SAFETY: the header's contract on `layout` (its strings included).
+        let l = unsafe { engine_layout(layout)? };
+        let r = l.resolve(tp_world)?;
+        if name.is_null() || cap <= r.name.len() {
+            return Err(err(
+                OBJECTCACHE_ERR_BUFFER_TOO_SMALL,
+                format!("name: {} bytes needed, cap is {cap}", r.name.len() + 1),
+            ));
+        }
+        // SAFETY: checked inside each.
+        unsafe {
+            out_val(block_bytes, r.block_bytes, "block_bytes")?;
+            out_val(kv_heads, r.kv_heads, "kv_heads")?;
+            out_val(head_dim, r.head_dim, "head_dim")?;
+            out_val(stored_once, u32::from(r.stored_once), "stored_once")?;
+        }
+        // SAFETY: `name` is non-NULL and the caller's buffer of `cap` bytes, more than the
+        // name's length plus its NUL.
+        unsafe {
+            std::ptr::copy_nonoverlapping(r.name.as_ptr(), name.cast::<u8>(), r.name.len());
+            *name.add(r.name.len()) = 0;
+        }
+        Ok(OBJECTCACHE_OK)
+    })
+}
+
 /// vLLM-compatible chunk hashes of tokens. See the header.
 ///
 /// # Safety

@@ -67,6 +67,19 @@ pub const OBJECTCACHE_MEM_HOST: i32 = 0;
 /// CUDA device memory (cuda feature).
 pub const OBJECTCACHE_MEM_DEVICE: i32 = 1;
 
+/// [`objectcache_client::layout::LayoutFamily::PagedKv`].
+pub const OBJECTCACHE_FAMILY_PAGED_KV: i32 = 0;
+/// [`objectcache_client::layout::LayoutFamily::MlaLatent`].
+pub const OBJECTCACHE_FAMILY_MLA: i32 = 1;
+/// [`objectcache_client::layout::LayoutFamily::Recurrent`] (refused).
+pub const OBJECTCACHE_FAMILY_RECURRENT: i32 = 2;
+/// [`objectcache_client::layout::LayoutFamily::Opaque`].
+pub const OBJECTCACHE_FAMILY_OPAQUE: i32 = 3;
+/// [`objectcache_client::layout::GroupKind::Full`].
+pub const OBJECTCACHE_GROUP_FULL: i32 = 0;
+/// [`objectcache_client::layout::GroupKind::SlidingWindow`].
+pub const OBJECTCACHE_GROUP_SLIDING_WINDOW: i32 = 1;
+
 /// [`objectcache_client::connector::ChunkStatus::Pending`].
 pub const OBJECTCACHE_CHUNK_PENDING: i32 = 0;
 /// [`objectcache_client::connector::ChunkStatus::Ok`].
@@ -136,6 +149,45 @@ pub struct objectcache_geometry {
     pub block_size: u32,
     /// Reserved (0).
     pub _reserved: u32,
+}
+
+/// An engine's KV cache layout for one group (see the header and
+/// [`objectcache_client::layout::EngineLayout`]).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct objectcache_engine_layout {
+    /// `sizeof(objectcache_engine_layout)`.
+    pub struct_size: u32,
+    /// `OBJECTCACHE_FAMILY_*`.
+    pub family: u32,
+    /// The engine, its version and device (NUL-terminated).
+    pub engine: *const c_char,
+    /// The engine's name for its block packing, or an opaque layout's name (NUL-terminated).
+    pub order: *const c_char,
+    /// Paged K/V: KV heads on this TP rank.
+    pub kv_heads: u32,
+    /// Paged K/V: elements per head.
+    pub head_dim: u32,
+    /// MLA: elements per token.
+    pub latent_dim: u32,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// `OBJECTCACHE_DTYPE_*`.
+    pub dtype: u32,
+    /// KV cache groups of the model (1: one).
+    pub group_count: u32,
+    /// This group's index.
+    pub group_index: u32,
+    /// `OBJECTCACHE_GROUP_*`.
+    pub group_kind: u32,
+    /// Sliding window, tokens.
+    pub window: u32,
+    /// Reserved (0).
+    pub _reserved: u32,
+    /// Opaque: bytes per token per layer.
+    pub bytes_per_token: u64,
+    /// The model's group structure digest (NUL-terminated hex), or NULL with one group.
+    pub structure: *const c_char,
 }
 
 /// `sizeof(objectcache_geometry)` before the layout fields were added to it (40 bytes on
@@ -378,6 +430,7 @@ macro_rules! abi_struct {
 
 abi_struct!(
     objectcache_geometry,
+    objectcache_engine_layout,
     objectcache_hash_params,
     objectcache_load_params,
     objectcache_paged_load_params,

@@ -28,4 +28,7 @@ pub mod sched;
 pub mod sim;
 
 pub use error::{Error, LayerError, Result, StoreError};
-pub use layout::{ChunkHash, Dtype, HashAlgo, KvGeometry, KvLayout};
+pub use layout::{
+    ChunkHash, Dtype, EngineLayout, GroupKind, HashAlgo, KvGeometry, KvLayout, LayoutFamily,
+    LayoutGroup,
+};

@@ -454,3 +454,30 @@ def test_tenant_salts_separate_entries_c15(eng, tmp_path):
     assert eng.lookup_tokens(g, toks, salt="tenant-a") == 16  # the positive control
     stored = {pathlib.Path(p).name for p in data_objects(tmp_path / "store")}
     assert stored == {h.hex() for h in ha}
+
+
+def test_engine_layout_is_a_typed_value_the_library_resolves():
+    """oc.EngineLayout (objectcache_engine_layout): the library names the layout as the vLLM
+    connector named it before (existing keys stay valid), gives the block bytes and the
+    geometry, stores MLA once for every rank, and refuses recurrent state by name."""
+    el = oc.EngineLayout("vllm0.32/cpu-amx", "LBHNC", "paged_kv", kv_heads=3, head_dim=64,
+                         block_size=128, dtype="bf16")
+    r = el.resolve(1)
+    assert r == {"name": "vllm0.32/cpu-amx/LBHNC", "block_bytes": 2 * 128 * 3 * 64 * 2,
+                 "kv_heads": 3, "head_dim": 64, "stored_once": False}
+    g = el.geometry("m", layers=30, tokens_per_chunk=128)
+    assert g.layout == r["name"] and g.slice_bytes == r["block_bytes"]
+    mla = oc.EngineLayout("vllm0.32/cpu-amx", "LBHNC", "mla", latent_dim=576, block_size=128)
+    g = mla.geometry("deepseek", layers=4, tokens_per_chunk=256, tp_rank=1, tp_world=2)
+    assert (g.tp_rank, g.tp_world, g.layout) == (0, 1, "vllm0.32/cpu-amx/LBHNC/mla576")
+    assert g.slice_bytes == 256 * 576 * 2
+    swa = oc.EngineLayout("vllm0.32/cpu-amx", "LBHNC", "paged_kv", kv_heads=2, head_dim=64,
+                          block_size=128, group_count=6, group_index=0,
+                          group_kind="sliding_window", window=512, structure="1a2b3c4d")
+    assert swa.resolve()["name"] == "vllm0.32/cpu-amx/LBHNC/g0of6-swa512-1a2b3c4d"
+    with pytest.raises(oc.UnsupportedError, match="recurrent"):
+        oc.EngineLayout("vllm0.32/cpu-amx", "LBHNC", "recurrent", block_size=128).resolve()
+    with pytest.raises(oc.InvalidArgumentError, match="575"):
+        oc.EngineLayout("e/x", "o", "mla", latent_dim=575, block_size=16).resolve()
+    with pytest.raises(ValueError, match="family"):
+        oc.EngineLayout("e", "o", "mamba")

@@ -173,7 +173,7 @@ def test_gemma3_sliding_window_loads_only_the_window(tmp_path, logdir):
 
 def test_recurrent_models_are_refused_at_start_up(tmp_path, logdir):
     """Qwen3-Next style (gated DeltaNet): the connector refuses to start, naming the model,
-    the reason and what is supported; vLLM without the connector runs it."""
+    the layers with recurrent state, the reason and what is supported."""
     model = tiny_model("qwen3next-tiny")
     store = "file://" + str(tmp_path / "store")
     with pytest.raises(pytest.fail.Exception):

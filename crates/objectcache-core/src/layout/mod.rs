@@ -6,6 +6,7 @@
 
 pub mod crc;
 mod demux;
+mod engine;
 mod format;
 mod geometry;
 mod key;
@@ -15,6 +16,7 @@ mod segment;
 mod spans;
 
 pub use demux::{BodyPart, SliceDemux, Wanted};
+pub use engine::{EngineLayout, GroupKind, LayoutFamily, LayoutGroup, ResolvedLayout};
 pub use format::{
     decode_chunk, encode_chunk, encode_chunk_parts, encode_marker, object_len, slice_crc,
     slice_range, slices_range, verify_slice, ChunkHeader, FormatError, CHECKSUM_CRC32C,

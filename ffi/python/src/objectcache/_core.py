@@ -40,6 +40,7 @@ from ._errors import (
 from ._ffi import lib
 from ._values import (
     ChunkStatus,
+    EngineLayout,
     Geometry,
     _hash_params,
     _tokens_array,
@@ -74,6 +75,7 @@ __all__ = [
     "LayerDeviceError",
     "ChunkStatus",
     "Geometry",
+    "EngineLayout",
     "Engine",
     "Region",
     "Transfer",

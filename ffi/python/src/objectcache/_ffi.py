@@ -78,6 +78,34 @@ class Geometry(ctypes.Structure):
     ]
 
 
+class EngineLayout(ctypes.Structure):
+    """``objectcache_engine_layout``."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("family", c_uint32),
+        ("engine", c_char_p),
+        ("order", c_char_p),
+        ("kv_heads", c_uint32),
+        ("head_dim", c_uint32),
+        ("latent_dim", c_uint32),
+        ("block_size", c_uint32),
+        ("dtype", c_uint32),
+        ("group_count", c_uint32),
+        ("group_index", c_uint32),
+        ("group_kind", c_uint32),
+        ("window", c_uint32),
+        ("_reserved", c_uint32),
+        ("bytes_per_token", c_uint64),
+        ("structure", c_char_p),
+    ]
+
+
+#: ``OBJECTCACHE_FAMILY_*`` and ``OBJECTCACHE_GROUP_*``.
+FAMILY_CODES = {"paged_kv": 0, "mla": 1, "recurrent": 2, "opaque": 3}
+GROUP_CODES = {"full": 0, "sliding_window": 1}
+
+
 class Range(ctypes.Structure):
     """``objectcache_range``: one byte range of caller memory."""
 
@@ -209,6 +237,7 @@ class TransferStats(ctypes.Structure):
 #: Every ABI struct by its C name; sizes are checked against the library at load time.
 STRUCTS = {
     "objectcache_geometry": Geometry,
+    "objectcache_engine_layout": EngineLayout,
     "objectcache_hash_params": HashParams,
     "objectcache_layer_dest": LayerDest,
     "objectcache_range": Range,
@@ -234,6 +263,11 @@ _PROTOTYPES = {
     "objectcache_last_error": (c_char_p, []),
     "objectcache_status_name": (c_char_p, [status]),
     "objectcache_slice_bytes": (status, [_P(Geometry), _P(c_uint64)]),
+    "objectcache_engine_layout_resolve": (
+        status,
+        [_P(EngineLayout), c_uint32, ctypes.c_char_p, c_size_t, _P(c_uint64), _P(c_uint32),
+         _P(c_uint32), _P(c_uint32)],
+    ),
     "objectcache_chunk_hashes": (
         status,
         [_P(HashParams), _P(c_uint32), c_size_t, _P(c_uint8), c_size_t, _P(c_size_t)],

@@ -1,5 +1,5 @@
-"""Values passed to and from the C ABI: the KV geometry, chunk hashes of token ids, and
-the reports and statistics the engine returns."""
+"""Values passed to and from the C ABI: the KV geometry, an engine's layout, chunk hashes of
+token ids, and the reports and statistics the engine returns."""
 
 import ctypes
 import enum
@@ -113,6 +113,93 @@ class Geometry:
         g = self._c()
         _check(lib.objectcache_slice_bytes(byref(g), byref(out)))
         return out.value
+
+
+class EngineLayout:
+    """An engine's KV cache layout for one KV cache group, as a typed value
+    (``objectcache_engine_layout``): the library derives from it the layout name in the keys,
+    the bytes of one block of one layer, and the geometry (:meth:`geometry`). Engines describe
+    their blocks with it instead of composing layout names.
+
+    Args:
+        engine: the engine, its version and device, e.g. ``"vllm0.32/cpu-amx"``.
+        order: the engine's name for its block packing (vLLM's KV cache layout: ``"NHD"``,
+            ``"HND"``, ``"LBHNC"``); for ``family="opaque"`` the layout's whole name.
+        family: ``"paged_kv"`` (K and V of ``kv_heads`` heads of ``head_dim`` elements per
+            token), ``"mla"`` (one latent of ``latent_dim`` elements per token, the same on
+            every TP rank: stored once), ``"recurrent"`` (refused by the library: not stored)
+            or ``"opaque"`` (``bytes_per_token`` per token per layer).
+        kv_heads, head_dim: paged K/V: KV heads on this TP rank, elements per head.
+        latent_dim: MLA: elements per token.
+        block_size: tokens per block.
+        dtype: ``"bf16"``, ``"fp16"``, ``"fp8-e4m3"`` or ``"fp32"``.
+        group_count, group_index: the model's KV cache groups (1: one) and this one's index.
+        group_kind: ``"full"`` or ``"sliding_window"`` (with ``window`` tokens).
+        structure: with several groups, a digest of the model's group structure (1 to 16 hex
+            digits): a change of window or layer pattern changes every key.
+        bytes_per_token: opaque layouts: bytes per token per layer.
+    """
+
+    def __init__(self, engine, order, family="paged_kv", kv_heads=0, head_dim=0,
+                 latent_dim=0, block_size=0, dtype="bf16", group_count=1, group_index=0,
+                 group_kind="full", window=0, structure=None, bytes_per_token=0):
+        for what, v, known in (("family", family, _ffi.FAMILY_CODES),
+                               ("group_kind", group_kind, _ffi.GROUP_CODES),
+                               ("dtype", dtype, _ffi.DTYPE_CODES)):
+            if v not in known:
+                raise ValueError(f"{what} {v!r} is not one of {', '.join(known)}")
+        self.engine, self.order, self.family = str(engine), str(order), family
+        self.kv_heads, self.head_dim, self.latent_dim = int(kv_heads), int(head_dim), int(latent_dim)
+        self.block_size, self.dtype = int(block_size), dtype
+        self.group_count, self.group_index = int(group_count), int(group_index)
+        self.group_kind, self.window = group_kind, int(window)
+        self.structure = None if structure is None else str(structure)
+        self.bytes_per_token = int(bytes_per_token)
+
+    def __repr__(self):
+        return (f"EngineLayout({self.engine!r}, {self.order!r}, family={self.family!r}, "
+                f"kv_heads={self.kv_heads}, head_dim={self.head_dim}, "
+                f"latent_dim={self.latent_dim}, block_size={self.block_size}, "
+                f"dtype={self.dtype!r}, group {self.group_index} of {self.group_count} "
+                f"({self.group_kind}{' ' + str(self.window) if self.window else ''}))")
+
+    def _c(self):
+        c = _ffi.EngineLayout()
+        c.struct_size = ctypes.sizeof(c)
+        c.family = _ffi.FAMILY_CODES[self.family]
+        self._keep = (self.engine.encode(), self.order.encode(),
+                      None if self.structure is None else self.structure.encode())
+        c.engine, c.order, c.structure = self._keep
+        c.kv_heads, c.head_dim, c.latent_dim = self.kv_heads, self.head_dim, self.latent_dim
+        c.block_size, c.dtype = self.block_size, _ffi.DTYPE_CODES[self.dtype]
+        c.group_count, c.group_index = self.group_count, self.group_index
+        c.group_kind, c.window = _ffi.GROUP_CODES[self.group_kind], self.window
+        c.bytes_per_token = self.bytes_per_token
+        return c
+
+    def resolve(self, tp_world=1):
+        """``objectcache_engine_layout_resolve``: a dict with ``name`` (the layout name in
+        the keys), ``block_bytes`` (one block of one layer), ``kv_heads`` and ``head_dim``
+        (the geometry's, whole model) and ``stored_once`` (every TP rank holds the same
+        bytes). Raises :class:`UnsupportedError` for a recurrent layout and
+        :class:`InvalidArgumentError` naming the field for a bad one."""
+        c = self._c()
+        name = ctypes.create_string_buffer(128)
+        bb, kh, hd, once = ctypes.c_uint64(), ctypes.c_uint32(), ctypes.c_uint32(), ctypes.c_uint32()
+        _check(lib.objectcache_engine_layout_resolve(
+            ctypes.byref(c), int(tp_world), name, len(name), ctypes.byref(bb),
+            ctypes.byref(kh), ctypes.byref(hd), ctypes.byref(once)))
+        return {"name": name.value.decode(), "block_bytes": bb.value, "kv_heads": kh.value,
+                "head_dim": hd.value, "stored_once": bool(once.value)}
+
+    def geometry(self, model, layers, tokens_per_chunk, tp_rank=0, tp_world=1):
+        """The :class:`Geometry` of ``layers`` layers of this layout (rank 0 of 1 when every
+        rank holds the same bytes)."""
+        r = self.resolve(tp_world)
+        rank, world = (0, 1) if r["stored_once"] else (tp_rank, tp_world)
+        return Geometry(model, layers=layers, kv_heads=r["kv_heads"], head_dim=r["head_dim"],
+                        dtype=self.dtype, tokens_per_chunk=tokens_per_chunk, tp_rank=rank,
+                        tp_world=world, layout=r["name"], block_size=self.block_size)
 
 
 def _hash_params(block_size, seed, salt):

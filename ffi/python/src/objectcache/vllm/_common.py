@@ -137,7 +137,9 @@ class _Group:
     ``head_dim`` are the geometry's (``bytes per token per layer = 2 x kv_heads x head_dim x
     dtype``; for MLA ``kv_heads = 1`` and ``head_dim`` half the latent). ``layout`` names the
     engine layout, the group's kind and window, and the model's group structure, so chunks
-    of different groups, windows or layer patterns never answer for each other."""
+    of different groups, windows or layer patterns never answer for each other; the library
+    derives it, and the dimensions, from the typed ``engine_layout``
+    (:class:`objectcache.EngineLayout`)."""
 
     index: int
     kind: str
@@ -149,6 +151,10 @@ class _Group:
     head_dim: int
     dtype: str
     layout: str
+    # The typed layout the library resolved ``layout``, ``kv_heads`` and ``head_dim`` from,
+    # and the bytes of one block of one layer it gives.
+    engine_layout: object
+    block_bytes: int
 
     @property
     def replicated(self):
@@ -265,6 +271,7 @@ def _settings(vllm_config, kv_cache_config):
     vgroups = kv_cache_config.kv_cache_groups
     if not vgroups:
         raise ValueError("ObjectCacheConnector: the model has no KV cache")
+    _refuse_recurrent(vgroups, mc)
     block_sizes = [int(g.kv_cache_spec.block_size) for g in vgroups]
     tpc = int(own["tokens_per_chunk"] or max(block_sizes))
     for bs in block_sizes:
@@ -320,17 +327,12 @@ def _settings(vllm_config, kv_cache_config):
     )
 
 
-def _groups(vgroups, tpc, base_layout, mc, pc, tp):
-    """The connector's view of vLLM's KV cache groups (:class:`_Group`), or ``ValueError``
-    naming what is not supported: recurrent state (Mamba, linear attention), and attention
-    kinds other than full, sliding window and MLA."""
-    from vllm.v1.kv_cache_interface import (
-        FullAttentionSpec,
-        MLAAttentionSpec,
-        SlidingWindowSpec,
-    )
+def _refuse_recurrent(vgroups, mc):
+    """``ValueError`` naming the model and its layers when it keeps recurrent state (Mamba,
+    linear attention: vLLM's ``MambaSpec`` and its kinds), which ObjectCache does not store."""
+    from vllm.v1.kv_cache_interface import MambaSpec
 
-    recurrent = [g for g in vgroups if type(g.kv_cache_spec).__name__ == "MambaSpec"]
+    recurrent = [g for g in vgroups if isinstance(g.kv_cache_spec, MambaSpec)]
     if recurrent:
         layers = [n for g in recurrent for n in g.layer_names]
         raise ValueError(
@@ -341,11 +343,28 @@ def _groups(vgroups, tpc, base_layout, mc, pc, tp):
             "Supported: full attention, sliding window attention (with vLLM's hybrid KV "
             "cache manager) and MLA models. Run this model without the connector."
         )
+
+
+def _groups(vgroups, tpc, base_layout, mc, pc, tp):
+    """The connector's view of vLLM's KV cache groups (:class:`_Group`), or ``ValueError``
+    naming what is not supported: recurrent state (Mamba, linear attention), and attention
+    kinds other than full, sliding window and MLA."""
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
+    )
+
     hybrid = len(vgroups) > 1
     shape = json.dumps([[type(g.kv_cache_spec).__name__,
                          int(getattr(g.kv_cache_spec, "sliding_window", None) or 0),
                          list(g.layer_names)] for g in vgroups])
     digest = hashlib.sha256(shape.encode()).hexdigest()[:8]
+    engine, slash, order = base_layout.rpartition("/")
+    if not slash or not engine or not order:
+        raise ValueError(
+            f"ObjectCacheConnector: layout {base_layout!r} must be ENGINE/ORDER, e.g. "
+            "vllm0.32/cuda/NHD (the engine, its version and device; the block packing)")
     out = []
     for i, vg in enumerate(vgroups):
         spec = vg.kv_cache_spec
@@ -354,37 +373,33 @@ def _groups(vgroups, tpc, base_layout, mc, pc, tp):
             raise ValueError(
                 f"ObjectCacheConnector: KV cache dtype {spec.dtype} is not supported")
         bs = int(spec.block_size)
-        window = 0
+        window, group_kind = 0, "full"
         if isinstance(spec, MLAAttentionSpec):
             kind = "mla"
-            latent = int(spec.head_size)
-            if latent % 2 or int(getattr(spec, "head_size_v", 0) or 0):
-                raise ValueError(f"ObjectCacheConnector: MLA latent of {latent} elements "
-                                 "(an odd size, or with a separate V) is not supported")
-            kv_heads, head_dim = 1, latent // 2
-        elif isinstance(spec, SlidingWindowSpec):
-            kind, window = "swa", int(spec.sliding_window)
-            kv_heads, head_dim = int(spec.num_kv_heads) * tp, int(spec.head_size)
-        elif isinstance(spec, FullAttentionSpec):
+            if int(getattr(spec, "head_size_v", 0) or 0):
+                raise ValueError("ObjectCacheConnector: MLA with a separate V is not supported")
+            el = oc.EngineLayout(engine, order, "mla", latent_dim=int(spec.head_size),
+                                 block_size=bs, dtype=dtype)
+        elif isinstance(spec, (SlidingWindowSpec, FullAttentionSpec)):
             kind = "full"
-            kv_heads, head_dim = int(spec.num_kv_heads) * tp, int(spec.head_size)
-            if hybrid and getattr(spec, "sliding_window", None):
-                kind, window = "swa", int(spec.sliding_window)
+            if isinstance(spec, SlidingWindowSpec) or (hybrid and
+                                                       getattr(spec, "sliding_window", None)):
+                kind, window, group_kind = "swa", int(spec.sliding_window), "sliding_window"
+            el = oc.EngineLayout(engine, order, "paged_kv", kv_heads=int(spec.num_kv_heads),
+                                 head_dim=int(spec.head_size), block_size=bs, dtype=dtype)
         else:
             raise ValueError(
                 f"ObjectCacheConnector: KV cache group {i} ({type(spec).__name__}: layers "
                 f"{', '.join(vg.layer_names[:3])}) is of a kind ObjectCache does not store; "
                 "supported: full attention, sliding window, MLA")
         if hybrid:
-            tag = f"g{i}of{len(vgroups)}-{kind}{window or ''}-{digest}"
-            layout = f"{base_layout}/{tag}"
-        elif kind == "mla":
-            layout = f"{base_layout}/mla{2 * head_dim}"
-        else:
-            layout = base_layout  # today's single-group name: existing entries stay valid
+            el.group_count, el.group_index = len(vgroups), i
+            el.group_kind, el.window, el.structure = group_kind, window, digest
+        r = el.resolve(tp)  # the library names the layout and checks its dimensions
         out.append(_Group(index=i, kind=kind, window=window, layer_names=list(vg.layer_names),
-                          block_size=bs, blocks_per_chunk=tpc // bs, kv_heads=kv_heads,
-                          head_dim=head_dim, dtype=dtype, layout=layout))
+                          block_size=bs, blocks_per_chunk=tpc // bs, kv_heads=r["kv_heads"],
+                          head_dim=r["head_dim"], dtype=dtype, layout=r["name"],
+                          engine_layout=el, block_bytes=r["block_bytes"]))
     return out
 
 

@@ -147,7 +147,8 @@ class _WorkerSide:
         storages = {}
         for gr in self.s.groups:
             g = _geometry(self.s, self.rank, gr.index)
-            per_block = g.slice_bytes // gr.blocks_per_chunk
+            # One block of one layer, as the library derives it from the typed layout.
+            per_block = gr.block_bytes
             self.geoms.append(g)
             self.per_block.append(per_block)
             layers = []
@@ -166,8 +167,8 @@ class _WorkerSide:
                 if got != per_block:
                     raise ValueError(
                         f"ObjectCacheConnector: one block of layer {name} is {got} bytes but "
-                        f"the geometry {g} gives {per_block} bytes per block; the layout is "
-                        "not one this connector knows"
+                        f"the layout {gr.engine_layout} gives {per_block} bytes per block; "
+                        "the layout is not one this connector knows"
                     )
                 layers.append((t.data_ptr(), t.stride(bdim) * es, runs))
                 st = t.untyped_storage()
