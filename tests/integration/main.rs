@@ -47,6 +47,7 @@ mod gather_tcp;
 mod layerwise_load;
 mod lifecycle_gc;
 mod nixl_plugin;
+mod node_tier;
 mod paged_kv;
 mod python_package;
 mod s3_retry;

@@ -102,6 +102,20 @@ pub struct ServeArgs {
     /// Log filter in tracing `EnvFilter` syntax, e.g. `info,objectcache=debug` [default: info].
     #[arg(long, env = "OBJECTCACHE_LOG")]
     pub log: Option<String>,
+    /// Node tier: bytes of chunk objects kept in memory in front of the store (gateway mode:
+    /// the node-level cache every engine of the node shares) [default: 0, none].
+    #[arg(long, env = "OBJECTCACHE_TIER_DRAM_BYTES")]
+    pub tier_dram_bytes: Option<u64>,
+    /// Node tier: directory of the local-disk level (verified and reused at start-up).
+    #[arg(long, env = "OBJECTCACHE_TIER_DISK_DIR")]
+    pub tier_disk_dir: Option<PathBuf>,
+    /// Node tier: bytes the disk level may hold (with --tier-disk-dir).
+    #[arg(long, env = "OBJECTCACHE_TIER_DISK_BYTES")]
+    pub tier_disk_bytes: Option<u64>,
+    /// Node tier: which filled objects are kept: `all`, or `second` (asked again within 600
+    /// s; `second:SECONDS`) [default: all].
+    #[arg(long, env = "OBJECTCACHE_TIER_ADMISSION")]
+    pub tier_admission: Option<String>,
     /// Print the effective configuration as TOML and exit (secret keys shown as
     /// `<redacted>`).
     #[arg(long)]
@@ -146,8 +160,14 @@ impl ServeArgs {
             max_connections,
             max_connections_per_ip,
             shutdown_grace_secs,
-            log_format
+            log_format,
+            tier_dram_bytes,
+            tier_disk_bytes,
+            tier_admission
         );
+        if let Some(d) = &self.tier_disk_dir {
+            c.tier_disk_dir = Some(d.clone());
+        }
         if let Some(l) = &self.log {
             c.log_filter = l.clone();
         }

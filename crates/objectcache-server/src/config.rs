@@ -136,6 +136,19 @@ pub struct ServerConfig {
     pub tls_cert: Option<std::path::PathBuf>,
     /// PEM private key of `tls_cert`. Default none.
     pub tls_key: Option<std::path::PathBuf>,
+    /// Node tier: bytes of chunk objects kept in memory in front of the backend (gateway
+    /// mode: one such server per node is the node-level cache every engine of the node
+    /// shares; see [`crate::store::TieredStore`]). 0 = no DRAM level. Default 0.
+    pub tier_dram_bytes: u64,
+    /// Node tier: directory of the local-disk level (found again and verified at start-up).
+    /// Default none (no disk level).
+    pub tier_disk_dir: Option<std::path::PathBuf>,
+    /// Node tier: bytes the disk level may hold. Default 0.
+    pub tier_disk_bytes: u64,
+    /// Node tier: when a chunk object filled from the backend is kept: `all`, or `second`
+    /// (asked for the second time within 600 s; `second:SECONDS` sets the window). Default
+    /// `all`.
+    pub tier_admission: String,
 }
 
 impl Default for ServerConfig {
@@ -171,11 +184,32 @@ impl Default for ServerConfig {
             tenants: Vec::new(),
             tls_cert: None,
             tls_key: None,
+            tier_dram_bytes: 0,
+            tier_disk_dir: None,
+            tier_disk_bytes: 0,
+            tier_admission: "all".into(),
         }
     }
 }
 
 impl ServerConfig {
+    /// The node tier's settings, when one is configured (a DRAM or a disk level).
+    ///
+    /// # Errors
+    /// [`crate::Error::Config`] for a bad `tier_admission`.
+    pub fn tier(&self) -> crate::Result<Option<crate::store::TierConfig>> {
+        if self.tier_dram_bytes == 0 && self.tier_disk_dir.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(crate::store::TierConfig {
+            dram_bytes: self.tier_dram_bytes,
+            disk_dir: self.tier_disk_dir.clone(),
+            disk_bytes: self.tier_disk_bytes,
+            admission: crate::store::Admission::parse(&self.tier_admission)
+                .map_err(crate::Error::Config)?,
+        }))
+    }
+
     /// Parses a TOML document (unknown keys are errors).
     ///
     /// # Errors
@@ -207,6 +241,13 @@ impl ServerConfig {
     /// [`crate::Error::Config`] naming the setting.
     pub fn validate(&self) -> crate::Result<()> {
         let bad = |m: String| Err(crate::Error::Config(m));
+        crate::store::Admission::parse(&self.tier_admission).map_err(crate::Error::Config)?;
+        if self.tier_disk_dir.is_some() != (self.tier_disk_bytes > 0) {
+            return bad(format!(
+                "tier_disk_dir and tier_disk_bytes go together (dir {:?}, {} bytes)",
+                self.tier_disk_dir, self.tier_disk_bytes
+            ));
+        }
         super::tenant::Tenants::new(&self.tenants).map_err(crate::Error::Config)?;
         if let Some(m) = self
             .buckets

@@ -70,7 +70,10 @@ async fn http_route(
             "/_objectcache/metrics" => text(
                 200,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                sh.metrics.encode(),
+                match &sh.tier {
+                    Some(t) => crate::metrics::with_tier(sh.metrics.encode(), &t.stats()),
+                    None => sh.metrics.encode(),
+                },
             ),
             "/_objectcache/capabilities" => {
                 let l = sh.limits();

@@ -49,7 +49,7 @@ pub mod tls;
 
 pub use config::{AccessKey, ServerConfig};
 pub use http::MAX_PRESIGNED_EXPIRES_SECS;
-pub use start::{open_backend, start, start_with_store};
+pub use start::{open_backend, start, start_with_store, start_with_tier};
 
 use crate::protocol::{ServerInfo, ServerLimits};
 use crate::store::Store;
@@ -84,6 +84,9 @@ struct Admission {
 pub(crate) struct Shared {
     pub(crate) cfg: ServerConfig,
     pub(crate) store: Arc<dyn Store>,
+    /// The node tier in front of the store, when one is configured (its counters go to the
+    /// metrics).
+    pub(crate) tier: Option<Arc<crate::store::TieredStore>>,
     pub(crate) buckets: Arc<Buckets>,
     pub(crate) metrics: Arc<Metrics>,
     /// Memory budget in [`gather::PERMIT_BYTES`] permits.

@@ -188,3 +188,109 @@ impl Metrics {
         s
     }
 }
+
+/// The node tier's counters added to an OpenMetrics text (before its `# EOF`):
+/// `objectcache_tier_{hits,misses,served_bytes,evictions,refused,admitted}_total{level}`,
+/// `objectcache_tier_{bytes,objects,capacity_bytes}{level}` (`level` = `dram`, `disk`),
+/// `objectcache_tier_fills_total`, `objectcache_tier_fill_bytes_total`,
+/// `objectcache_tier_fill_seconds_total`, `objectcache_tier_fills_shared_total`,
+/// `objectcache_tier_fills_corrupt_total`, and the disk level's start-up
+/// `objectcache_tier_disk_recovered` and `objectcache_tier_disk_dropped`.
+pub fn with_tier(text: String, t: &crate::store::TierStats) -> String {
+    use std::fmt::Write;
+    let body = text.strip_suffix("# EOF\n").unwrap_or(&text).to_string();
+    let mut s = body;
+    let levels = [("dram", &t.dram), ("disk", &t.disk)];
+    let counters: [(&str, &str, fn(&crate::store::LevelStats) -> u64); 6] = [
+        ("hits", "Reads served from the level.", |l| l.hits),
+        ("misses", "Reads the level did not hold.", |l| l.misses),
+        ("served_bytes", "Bytes served from the level.", |l| {
+            l.bytes_served
+        }),
+        ("evictions", "Objects evicted to make room.", |l| {
+            l.evictions
+        }),
+        (
+            "refused",
+            "Objects the admission policy or the size kept out.",
+            |l| l.refused,
+        ),
+        ("admitted", "Objects that entered the level.", |l| {
+            l.admitted
+        }),
+    ];
+    for (name, help, f) in counters {
+        let _ = writeln!(s, "# TYPE objectcache_tier_{name} counter");
+        let _ = writeln!(s, "# HELP objectcache_tier_{name} {help}");
+        for (lv, l) in levels {
+            let _ = writeln!(
+                s,
+                "objectcache_tier_{name}_total{{level=\"{lv}\"}} {}",
+                f(l)
+            );
+        }
+    }
+    let gauges: [(&str, &str, fn(&crate::store::LevelStats) -> u64); 3] = [
+        ("bytes", "Bytes the level holds.", |l| l.bytes),
+        ("objects", "Objects the level holds.", |l| l.objects),
+        ("capacity_bytes", "Bytes the level may hold.", |l| {
+            l.capacity
+        }),
+    ];
+    for (name, help, f) in gauges {
+        let _ = writeln!(s, "# TYPE objectcache_tier_{name} gauge");
+        let _ = writeln!(s, "# HELP objectcache_tier_{name} {help}");
+        for (lv, l) in levels {
+            let _ = writeln!(s, "objectcache_tier_{name}{{level=\"{lv}\"}} {}", f(l));
+        }
+    }
+    for (name, help, v) in [
+        (
+            "fills",
+            "Objects fetched from the backend for a miss.",
+            t.fills as f64,
+        ),
+        (
+            "fill_bytes",
+            "Bytes those fetches moved.",
+            t.fill_bytes as f64,
+        ),
+        (
+            "fill_seconds",
+            "Seconds those fetches took.",
+            t.fill_seconds,
+        ),
+        (
+            "fills_shared",
+            "Reads that waited for another read's fetch.",
+            t.fills_shared as f64,
+        ),
+        (
+            "fills_corrupt",
+            "Fetched objects that failed verification.",
+            t.fills_corrupt as f64,
+        ),
+    ] {
+        let _ = writeln!(s, "# TYPE objectcache_tier_{name} counter");
+        let _ = writeln!(s, "# HELP objectcache_tier_{name} {help}");
+        let _ = writeln!(s, "objectcache_tier_{name}_total {v}");
+    }
+    for (name, help, v) in [
+        (
+            "disk_recovered",
+            "Disk files found and verified at start-up.",
+            t.disk_recovered,
+        ),
+        (
+            "disk_dropped",
+            "Disk files found torn or corrupt at start-up.",
+            t.disk_dropped,
+        ),
+    ] {
+        let _ = writeln!(s, "# TYPE objectcache_tier_{name} gauge");
+        let _ = writeln!(s, "# HELP objectcache_tier_{name} {help}");
+        let _ = writeln!(s, "objectcache_tier_{name} {v}");
+    }
+    s.push_str("# EOF\n");
+    s
+}

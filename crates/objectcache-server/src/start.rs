@@ -43,13 +43,40 @@ pub async fn open_backend(cfg: &ServerConfig) -> crate::Result<Arc<dyn Store>> {
     Ok(crate::store::open_store(url).await?)
 }
 
-/// Opens the configured store and starts the server.
+/// Opens the configured store and starts the server, with the node tier in front of the
+/// store when one is configured ([`ServerConfig::tier`]).
 ///
 /// # Errors
-/// As [`open_backend`] and [`start_with_store`].
+/// As [`open_backend`] and [`start_with_store`]; the tier's disk directory cannot be made.
 pub async fn start(cfg: ServerConfig) -> crate::Result<ServerHandle> {
     let store = open_backend(&cfg).await?;
-    start_with_store(cfg, store).await
+    match cfg.tier()? {
+        Some(t) => {
+            let tier = Arc::new(crate::store::TieredStore::new(store, t)?);
+            let st = tier.stats();
+            tracing::info!(
+                dram_bytes = st.dram.capacity,
+                disk_bytes = st.disk.capacity,
+                disk_recovered = st.disk_recovered,
+                disk_dropped = st.disk_dropped,
+                "node tier in front of the store"
+            );
+            start_with_tier(cfg, tier).await
+        }
+        None => start_with_store(cfg, store).await,
+    }
+}
+
+/// Starts a server over a node tier ([`crate::store::TieredStore`]): as
+/// [`start_with_store`], and its metrics show the tier's levels.
+///
+/// # Errors
+/// As [`start_with_store`].
+pub async fn start_with_tier(
+    cfg: ServerConfig,
+    tier: Arc<crate::store::TieredStore>,
+) -> crate::Result<ServerHandle> {
+    start_inner(cfg, tier.clone(), Some(tier)).await
 }
 
 /// Starts a server over `store`: validates `cfg`, creates `cfg.buckets`, binds `cfg.listen`
@@ -61,6 +88,14 @@ pub async fn start(cfg: ServerConfig) -> crate::Result<ServerHandle> {
 pub async fn start_with_store(
     cfg: ServerConfig,
     store: Arc<dyn Store>,
+) -> crate::Result<ServerHandle> {
+    start_inner(cfg, store, None).await
+}
+
+async fn start_inner(
+    cfg: ServerConfig,
+    store: Arc<dyn Store>,
+    tier: Option<Arc<crate::store::TieredStore>>,
 ) -> crate::Result<ServerHandle> {
     cfg.validate()?;
     reclaim_orphaned_writes(store.as_ref()).await;
@@ -112,6 +147,7 @@ pub async fn start_with_store(
         buckets: buckets.clone(),
         metrics: metrics.clone(),
         store: store.clone(),
+        tier,
         cfg,
         #[cfg(feature = "rdma")]
         rdma: super::gather_rdma::open(),

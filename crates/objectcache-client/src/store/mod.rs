@@ -15,6 +15,7 @@ mod memory;
 mod range_body;
 #[cfg(feature = "s3")]
 mod s3;
+mod tier;
 mod url;
 
 pub use fs::{FsStore, FsyncPolicy};
@@ -24,6 +25,9 @@ pub use memory::MemoryStore;
 pub use range_body::{RangeBody, RangeRead};
 #[cfg(feature = "s3")]
 pub use s3::{Addressing, S3Config, S3Credentials, S3Store};
+pub use tier::{
+    tiered_key, Admission, LevelCounters, LevelStats, TierConfig, TierStats, TieredStore,
+};
 #[cfg(feature = "s3")]
 pub use url::parse_s3_url;
 pub use url::{open_existing_store, open_store};

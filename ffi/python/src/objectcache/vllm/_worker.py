@@ -252,8 +252,7 @@ class _WorkerSide:
                            groups=len(parts), post_ms=_ms(t0))
             except oc.ObjectCacheError as e:
                 logger.warning("ObjectCache: load for %s not posted: %s", spec.req_id, e)
-                for p in parts:
-                    p.transfer.release()
+                _Load(spec, parts, t0).release()  # the groups posted before the refusal
                 self._fail_all(spec)
                 n = len(spec.hashes)
                 self.outcomes[spec.req_id] = LoadOutcome(n, 0, {"refused": n})

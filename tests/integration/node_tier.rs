@@ -1,0 +1,370 @@
+//! The node tier (`TieredStore`): a DRAM and a disk level of chunk objects in front of a
+//! remote store. Checked on real stores (the remote: the in-memory store, counted; the disk
+//! level: real files) and through a real server in gateway mode:
+//!
+//! - the storage conformance suite passes through the tier;
+//! - 32 concurrent reads of one chunk fetch it from the remote store once (single-flight), and
+//!   the next reads are DRAM hits; byte for byte;
+//! - each level stays within its bytes, evicting the least recently used; a DRAM miss is a
+//!   disk hit;
+//! - admission `second` keeps an object only on its second request;
+//! - a restarted tier finds its disk level, serves it without the remote, and drops a torn
+//!   and a corrupt file (served from the remote instead, never the bad bytes);
+//! - saves write through: the remote store has the object before the put returns, and the
+//!   tier serves it with no fill; a corrupt object from the remote is served (the reader's
+//!   checks catch it) but never kept;
+//! - a server with the tier in front of its store: 5 loads of one prefix through gather fetch
+//!   each chunk from the backend once, and the server's metrics show the tier.
+
+use crate::common::{self, engine, save_prefix, small_geometry};
+use crate::gather_util;
+use async_trait::async_trait;
+use bytes::Bytes;
+use objectcache::layout::encode_chunk;
+use objectcache::store::{
+    Admission, GetOptions, GetResult, MemoryStore, ObjectMeta, PutOptions, PutResult, Store,
+    StoreExt, TierConfig, TieredStore,
+};
+use objectcache::StoreResult;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// The in-memory store, counting the reads that reach it.
+#[derive(Debug, Default)]
+struct Counted {
+    inner: MemoryStore,
+    gets: AtomicU64,
+}
+
+#[async_trait]
+impl Store for Counted {
+    fn name(&self) -> &'static str {
+        "counted"
+    }
+    async fn get_opts(&self, key: &str, opts: GetOptions) -> StoreResult<GetResult> {
+        self.gets.fetch_add(1, Ordering::SeqCst);
+        // A fetch that takes a moment, so that concurrent misses overlap.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        self.inner.get_opts(key, opts).await
+    }
+    async fn put_opts(&self, key: &str, data: Bytes, opts: PutOptions) -> StoreResult<PutResult> {
+        self.inner.put_opts(key, data, opts).await
+    }
+    async fn head(&self, key: &str) -> StoreResult<ObjectMeta> {
+        self.inner.head(key).await
+    }
+    async fn delete(&self, key: &str) -> StoreResult<()> {
+        self.inner.delete(key).await
+    }
+    async fn list(&self, prefix: &str, limit: usize) -> StoreResult<Vec<ObjectMeta>> {
+        self.inner.list(prefix, limit).await
+    }
+}
+
+/// A chunk object of 4 layers (8 KiB of slices) whose bytes depend on `seed`, and its key.
+fn chunk(seed: u8) -> (String, Bytes) {
+    let g = small_geometry("test/tier", 4);
+    let layers: Vec<Vec<u8>> = (0..4u8)
+        .map(|l| {
+            (0..2048u32)
+                .map(|i| (i as u8) ^ seed ^ l.wrapping_mul(37))
+                .collect()
+        })
+        .collect();
+    let obj = encode_chunk(&g, 16, |l| &layers[l as usize]).unwrap();
+    (
+        format!("ns/v1/0123/tp0-1/sha256cbor/kv/{seed:02x}"),
+        Bytes::from(obj),
+    )
+}
+
+fn tier(
+    remote: Arc<dyn Store>,
+    dram: u64,
+    disk: Option<(&std::path::Path, u64)>,
+    admission: Admission,
+) -> TieredStore {
+    TieredStore::new(
+        remote,
+        TierConfig {
+            dram_bytes: dram,
+            disk_dir: disk.map(|(d, _)| d.to_path_buf()),
+            disk_bytes: disk.map_or(0, |(_, b)| b),
+            admission,
+        },
+    )
+    .unwrap()
+}
+
+mod conformance {
+    objectcache::conformance_tests!(async {
+        let t = super::tier(
+            Arc::new(objectcache::store::MemoryStore::new()),
+            1 << 20,
+            None,
+            objectcache::store::Admission::All,
+        );
+        Some((t, "tier".to_string()))
+    });
+    use std::sync::Arc;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_misses_share_one_fill_then_hit_dram() {
+    let remote = Arc::new(Counted::default());
+    let (k, obj) = chunk(1);
+    remote.inner.put(&k, obj.clone()).await.unwrap();
+    let t = Arc::new(tier(remote.clone(), 1 << 20, None, Admission::All));
+    let reads: Vec<_> = (0..32)
+        .map(|i| {
+            let (t, k) = (t.clone(), k.clone());
+            tokio::spawn(async move {
+                // Half whole, half one layer's slice with its CRC.
+                if i % 2 == 0 {
+                    t.get_bytes(&k).await.unwrap()
+                } else {
+                    t.get_range(&k, 64..64 + 2052).await.unwrap()
+                }
+            })
+        })
+        .collect();
+    for (i, r) in reads.into_iter().enumerate() {
+        let got = r.await.unwrap();
+        let want = if i % 2 == 0 {
+            obj.clone()
+        } else {
+            obj.slice(64..64 + 2052)
+        };
+        assert_eq!(got, want, "read {i}");
+    }
+    let st = t.stats();
+    println!(
+        "TIER|32 concurrent reads of one chunk|remote reads {}|fills {}, shared {}, DRAM hits {}",
+        remote.gets.load(Ordering::SeqCst),
+        st.fills,
+        st.fills_shared,
+        st.dram.hits
+    );
+    assert_eq!(
+        remote.gets.load(Ordering::SeqCst),
+        1,
+        "one fill for every miss"
+    );
+    assert_eq!(st.fills, 1);
+    t.get_bytes(&k).await.unwrap();
+    assert_eq!(
+        remote.gets.load(Ordering::SeqCst),
+        1,
+        "then served from DRAM"
+    );
+    assert_eq!(t.stats().dram.objects, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn levels_stay_within_their_bytes_lru_first_out_and_a_dram_miss_is_a_disk_hit() {
+    let remote = Arc::new(Counted::default());
+    let objs: Vec<_> = (0..6).map(chunk).collect();
+    for (k, o) in &objs {
+        remote.inner.put(k, o.clone()).await.unwrap();
+    }
+    let size = objs[0].1.len() as u64;
+    let dir = tempfile::tempdir().unwrap();
+    // DRAM holds 2 objects, disk 4.
+    let t = tier(
+        remote.clone(),
+        2 * size,
+        Some((dir.path(), 4 * size)),
+        Admission::All,
+    );
+    for (k, o) in &objs {
+        assert_eq!(&t.get_bytes(k).await.unwrap(), o);
+    }
+    let st = t.stats();
+    assert!(
+        st.dram.bytes <= 2 * size && st.disk.bytes <= 4 * size,
+        "{st:?}"
+    );
+    assert_eq!((st.dram.objects, st.disk.objects), (2, 4));
+    assert_eq!(st.dram.evictions, 4);
+    assert_eq!(st.disk.evictions, 2);
+    let fills = remote.gets.load(Ordering::SeqCst);
+    // Object 3: out of DRAM, on disk: a disk hit, no fill, and it moves up to DRAM.
+    assert_eq!(t.get_bytes(&objs[3].0).await.unwrap(), objs[3].1);
+    assert_eq!(remote.gets.load(Ordering::SeqCst), fills);
+    assert_eq!(t.stats().disk.hits, 1);
+    // Object 0: evicted from both: filled again.
+    assert_eq!(t.get_bytes(&objs[0].0).await.unwrap(), objs[0].1);
+    assert_eq!(remote.gets.load(Ordering::SeqCst), fills + 1);
+    // An object bigger than a level is refused by it, and still served.
+    let small = tier(remote.clone(), size - 1, None, Admission::All);
+    assert_eq!(small.get_bytes(&objs[1].0).await.unwrap(), objs[1].1);
+    assert_eq!(small.stats().dram.refused, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_second_keeps_an_object_only_on_its_second_request() {
+    let remote = Arc::new(Counted::default());
+    let (k, obj) = chunk(7);
+    remote.inner.put(&k, obj.clone()).await.unwrap();
+    let second = Admission::parse("second:60").unwrap();
+    let t = tier(remote.clone(), 1 << 20, None, second);
+    assert_eq!(t.get_bytes(&k).await.unwrap(), obj);
+    assert_eq!(t.stats().dram.objects, 0, "a first request is not kept");
+    assert_eq!(t.get_bytes(&k).await.unwrap(), obj);
+    assert_eq!(t.stats().dram.objects, 1, "the second is");
+    t.get_bytes(&k).await.unwrap();
+    assert_eq!(remote.gets.load(Ordering::SeqCst), 2);
+    assert!(Admission::parse("often")
+        .unwrap_err()
+        .contains("second:SECONDS"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_tier_finds_its_disk_level_and_drops_torn_and_corrupt_files() {
+    let remote = Arc::new(Counted::default());
+    let objs: Vec<_> = (10..14).map(chunk).collect();
+    for (k, o) in &objs {
+        remote.inner.put(k, o.clone()).await.unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let t = tier(
+            remote.clone(),
+            0,
+            Some((dir.path(), 1 << 20)),
+            Admission::All,
+        );
+        for (k, _) in &objs {
+            t.get_bytes(k).await.unwrap();
+        }
+        assert_eq!(t.stats().disk.objects, 4);
+    }
+    // Object 0 torn (cut short), object 1 corrupt (one byte flipped), and a leftover
+    // temporary file of a write that never finished.
+    let p0 = dir.path().join(&objs[0].0);
+    let len = std::fs::metadata(&p0).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p0)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let p1 = dir.path().join(&objs[1].0);
+    let mut b = std::fs::read(&p1).unwrap();
+    b[1000] ^= 0x5a;
+    std::fs::write(&p1, b).unwrap();
+    std::fs::write(p0.with_file_name(".tier-tmp-1-1"), b"partial").unwrap();
+    let before = remote.gets.load(Ordering::SeqCst);
+    let t = tier(
+        remote.clone(),
+        0,
+        Some((dir.path(), 1 << 20)),
+        Admission::All,
+    );
+    let st = t.stats();
+    println!(
+        "TIER|restart with 4 files, 1 torn, 1 corrupt|recovered {}, dropped {}|",
+        st.disk_recovered, st.disk_dropped
+    );
+    assert_eq!((st.disk_recovered, st.disk_dropped), (2, 2));
+    assert!(!p0.with_file_name(".tier-tmp-1-1").exists());
+    // The two good files are served from disk; the two bad ones from the remote (good bytes).
+    for (k, o) in &objs {
+        assert_eq!(&t.get_bytes(k).await.unwrap(), o, "{k}");
+    }
+    assert_eq!(remote.gets.load(Ordering::SeqCst) - before, 2);
+    assert_eq!(t.stats().disk.hits, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn saves_write_through_and_a_corrupt_remote_object_is_served_never_kept() {
+    let remote = Arc::new(Counted::default());
+    let t = tier(remote.clone(), 1 << 20, None, Admission::All);
+    let (k, obj) = chunk(20);
+    t.put(&k, obj.clone()).await.unwrap();
+    assert_eq!(
+        remote.inner.get_bytes(&k).await.unwrap(),
+        obj,
+        "durable remotely on return"
+    );
+    assert_eq!(t.get_bytes(&k).await.unwrap(), obj);
+    assert_eq!(
+        remote.gets.load(Ordering::SeqCst),
+        0,
+        "served by the tier, no fill"
+    );
+    // First writer wins remotely: a second create-only put of other bytes is refused and
+    // the tier keeps the first.
+    let (_, other) = chunk(21);
+    assert!(t.put_if_absent(&k, other).await.is_ok());
+    assert_eq!(t.get_bytes(&k).await.unwrap(), obj);
+    // A corrupt object in the remote store: served (the reader checks every slice and sees
+    // a miss), not kept.
+    let (k2, good) = chunk(22);
+    let mut bad = good.to_vec();
+    bad[500] ^= 1;
+    remote
+        .inner
+        .put(&k2, Bytes::from(bad.clone()))
+        .await
+        .unwrap();
+    assert_eq!(t.get_bytes(&k2).await.unwrap(), Bytes::from(bad));
+    let st = t.stats();
+    assert_eq!((st.fills_corrupt, st.dram.objects), (1, 1));
+    // Keys that are not chunk objects (markers) pass through and are never kept.
+    let marker = "ns/v1/0123/tp0-1/sha256cbor/pub/16";
+    t.put(marker, Bytes::from_static(b"m")).await.unwrap();
+    t.get_bytes(marker).await.unwrap();
+    t.get_bytes(marker).await.unwrap();
+    assert_eq!(t.stats().dram.objects, 1);
+}
+
+#[test]
+fn a_server_with_the_tier_fetches_each_chunk_from_its_backend_once() {
+    let rt = common::shared_rt();
+    let backend = Arc::new(Counted::default());
+    let dir = tempfile::tempdir().unwrap();
+    let t = Arc::new(tier(
+        backend.clone(),
+        64 << 20,
+        Some((dir.path(), 64 << 20)),
+        Admission::All,
+    ));
+    let server = rt
+        .block_on(objectcache::server::start_with_tier(
+            gather_util::config(),
+            t.clone(),
+        ))
+        .unwrap();
+    let store = rt.block_on(gather_util::s3_store_on(&server.endpoint()));
+    let g = small_geometry("test/tier-server", 6);
+    let e = engine(store, &common::unique_ns("tier-server"));
+    let chunks = 12;
+    let (hs, data) = save_prefix(&e, &g, chunks, 5);
+    let gets_after_save = backend.gets.load(Ordering::SeqCst);
+    for round in 0..5 {
+        let h = common::start_load(&e, &g, hs.clone(), data[0].len());
+        common::assert_layers_exact(&h, &data);
+        assert!(h.stats().requests >= 1, "round {round}");
+    }
+    let chunk_reads = backend.gets.load(Ordering::SeqCst) - gets_after_save;
+    let st = t.stats();
+    println!(
+        "TIER|server, 5 gather loads of 12 chunks saved through it|backend chunk reads {chunk_reads}|fills {}, DRAM hits {}",
+        st.fills, st.dram.hits
+    );
+    // Saved through the tier: every chunk is in it already; no load reads the backend.
+    assert_eq!(st.fills, 0, "{st:?}");
+    assert!(st.dram.hits >= 5 * chunks as u64, "{st:?}");
+    let (code, text) = rt.block_on(gather_util::http_get(
+        server.local_addr(),
+        "/_objectcache/metrics",
+    ));
+    assert_eq!(code, 200);
+    assert!(
+        text.contains("objectcache_tier_hits_total{level=\"dram\"}"),
+        "{text}"
+    );
+    assert!(text.trim_end().ends_with("# EOF"));
+    drop(server);
+}
