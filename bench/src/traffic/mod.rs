@@ -98,6 +98,57 @@ pub struct TrafficArgs {
     /// Write one SVG per workload here (measured against predicted TTLL per policy).
     #[arg(long)]
     svg: Option<std::path::PathBuf>,
+    /// A node tier in the server, in front of the store the chunks were saved to (the remote
+    /// store): this many bytes of DRAM (0: no tier). Each run starts with an empty tier.
+    #[arg(long, default_value_t = 0)]
+    tier_dram_bytes: u64,
+}
+
+/// The remote store of a run: the saved chunks, counting the bytes read from it.
+#[derive(Debug)]
+struct Remote {
+    inner: Arc<dyn Store>,
+    read: std::sync::atomic::AtomicU64,
+}
+
+#[async_trait::async_trait]
+impl Store for Remote {
+    fn name(&self) -> &'static str {
+        "remote"
+    }
+    async fn get_opts(
+        &self,
+        key: &str,
+        opts: objectcache::store::GetOptions,
+    ) -> objectcache::StoreResult<objectcache::store::GetResult> {
+        let r = self.inner.get_opts(key, opts).await?;
+        self.read.fetch_add(
+            r.range.end - r.range.start,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        Ok(r)
+    }
+    async fn put_opts(
+        &self,
+        key: &str,
+        data: bytes::Bytes,
+        opts: objectcache::store::PutOptions,
+    ) -> objectcache::StoreResult<objectcache::store::PutResult> {
+        self.inner.put_opts(key, data, opts).await
+    }
+    async fn head(&self, key: &str) -> objectcache::StoreResult<objectcache::store::ObjectMeta> {
+        self.inner.head(key).await
+    }
+    async fn delete(&self, key: &str) -> objectcache::StoreResult<()> {
+        self.inner.delete(key).await
+    }
+    async fn list(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> objectcache::StoreResult<Vec<objectcache::store::ObjectMeta>> {
+        self.inner.list(prefix, limit).await
+    }
 }
 
 /// Mean, p50 and p99 of a set of times, seconds.
@@ -143,6 +194,12 @@ struct Record {
     loads_followed: u64,
     unique_bytes: u64,
     bytes_moved: u64,
+    /// Bytes the server read from the remote store (through the node tier when
+    /// `--tier-dram-bytes` is set; otherwise every backend read), and over the unique bytes.
+    remote_bytes: u64,
+    remote_bytes_over_unique: f64,
+    /// The node tier's DRAM bytes (0: none).
+    tier_dram_bytes: u64,
 }
 
 struct Server {
@@ -150,6 +207,16 @@ struct Server {
 }
 
 async fn server(backend: Arc<dyn Store>, policy: &str, cap: u64) -> anyhow::Result<Server> {
+    server_over(None, backend, policy, cap).await
+}
+
+/// A server over `backend`, or over the node tier `tier` (in front of `backend`) when given.
+async fn server_over(
+    tier: Option<Arc<objectcache::store::TieredStore>>,
+    backend: Arc<dyn Store>,
+    policy: &str,
+    cap: u64,
+) -> anyhow::Result<Server> {
     let cfg = objectcache::server::ServerConfig {
         listen: "127.0.0.1:0".parse()?,
         access_keys: vec![objectcache::server::AccessKey {
@@ -163,10 +230,12 @@ async fn server(backend: Arc<dyn Store>, policy: &str, cap: u64) -> anyhow::Resu
         log_filter: "warn".into(),
         ..Default::default()
     };
+    let handle = match tier {
+        Some(t) => objectcache::server::start_with_tier(cfg, t).await,
+        None => objectcache::server::start_with_store(cfg, backend).await,
+    };
     Ok(Server {
-        handle: objectcache::server::start_with_store(cfg, backend)
-            .await
-            .map_err(|e| anyhow::anyhow!("{e}"))?,
+        handle: handle.map_err(|e| anyhow::anyhow!("{e}"))?,
     })
 }
 
@@ -195,7 +264,29 @@ fn run_one(
     policy: &str,
     reqs: &[Req],
 ) -> anyhow::Result<Record> {
-    let srv = rt.block_on(server(backend.clone(), policy, args.cap))?;
+    let remote = Arc::new(Remote {
+        inner: backend.clone(),
+        read: Default::default(),
+    });
+    let srv = if args.tier_dram_bytes > 0 {
+        let tier = objectcache::store::TieredStore::new(
+            remote.clone(),
+            objectcache::store::TierConfig {
+                dram_bytes: args.tier_dram_bytes,
+                disk_dir: None,
+                disk_bytes: 0,
+                admission: objectcache::store::Admission::All,
+            },
+        )?;
+        rt.block_on(server_over(
+            Some(Arc::new(tier)),
+            remote.clone(),
+            policy,
+            args.cap,
+        ))?
+    } else {
+        rt.block_on(server(remote.clone(), policy, args.cap))?
+    };
     let store = rt.block_on(s3_on(&srv.handle.endpoint()))?;
     let e = engine(store)?;
     // Warm: the engine learns that gather is offered and opens its connections.
@@ -208,6 +299,7 @@ fn run_one(
     drop(h);
     let m = srv.handle.metrics();
     let b0 = m.bytes_total("gather_out");
+    let r0 = remote.read.load(std::sync::atomic::Ordering::Relaxed);
     let followed0 = e.metrics().loads_followed;
     let t0 = Instant::now();
     let mut handles: Vec<LoadHandle> = Vec::with_capacity(reqs.len());
@@ -255,6 +347,7 @@ fn run_one(
         }
     }
     let moved = m.bytes_total("gather_out") - b0;
+    let remote_bytes = remote.read.load(std::sync::atomic::Ordering::Relaxed) - r0;
     let followed = e.metrics().loads_followed - followed0;
     drop(e);
     rt.block_on(srv.handle.shutdown());
@@ -283,6 +376,9 @@ fn run_one(
         loads_followed: followed,
         unique_bytes,
         bytes_moved: moved,
+        remote_bytes,
+        remote_bytes_over_unique: remote_bytes as f64 / unique_bytes.max(1) as f64,
+        tier_dram_bytes: args.tier_dram_bytes,
     })
 }
 
@@ -329,14 +425,14 @@ pub fn run(args: TrafficArgs) -> anyhow::Result<()> {
     }
     let mut records = Vec::new();
     println!(
-        "{:<8} {:<12} {:>4} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>6} | {:>6} {:>6}",
-        "workload", "policy", "reqs", "TTFL", "p50", "p99", "TTLL", "p50", "p99", "sim TTLL", "sim p99", "m/sim", "bytes", "fetch"
+        "{:<8} {:<12} {:>4} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>6} | {:>6} {:>6} {:>6}",
+        "workload", "policy", "reqs", "TTFL", "p50", "p99", "TTLL", "p50", "p99", "sim TTLL", "sim p99", "m/sim", "bytes", "fetch", "remote"
     );
     for (name, reqs) in &workloads {
         for policy in &args.policies {
             let r = run_one(&rt, &backend, &args, &g, name, policy, reqs)?;
             println!(
-                "{:<8} {:<12} {:>4} | {:>8.3} {:>8.3} {:>8.3} | {:>8.3} {:>8.3} {:>8.3} | {:>8.3} {:>8.3} {:>6.3} | {:>6.2} {:>6.2}",
+                "{:<8} {:<12} {:>4} | {:>8.3} {:>8.3} {:>8.3} | {:>8.3} {:>8.3} {:>8.3} | {:>8.3} {:>8.3} {:>6.3} | {:>6.2} {:>6.2} {:>6.2}",
                 r.workload,
                 r.policy,
                 r.requests,
@@ -350,7 +446,8 @@ pub fn run(args: TrafficArgs) -> anyhow::Result<()> {
                 r.predicted_ttll_s.p99,
                 r.ttll_measured_over_predicted,
                 r.bytes_moved_over_unique,
-                r.fetches_per_chunk
+                r.fetches_per_chunk,
+                r.remote_bytes_over_unique
             );
             records.push(r);
         }

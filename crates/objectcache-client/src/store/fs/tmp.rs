@@ -57,13 +57,10 @@ fn process_runs(pid: u32) -> bool {
     };
     // `pid (comm) S ...`: comm may hold spaces and parentheses, so the state is the first field
     // after the last ')'.
-    match stat
+    let state = stat
         .rfind(')')
-        .and_then(|i| stat[i + 1..].split_whitespace().next())
-    {
-        Some("Z") | Some("X") | Some("x") => false,
-        _ => true,
-    }
+        .and_then(|i| stat[i + 1..].split_whitespace().next());
+    !matches!(state, Some("Z" | "X" | "x"))
 }
 
 /// A write's temporary file: removed when dropped, unless committed.
