@@ -14,7 +14,9 @@
 //!   tier serves it with no fill; a corrupt object from the remote is served (the reader's
 //!   checks catch it) but never kept;
 //! - a server with the tier in front of its store: 5 loads of one prefix through gather fetch
-//!   each chunk from the backend once, and the server's metrics show the tier.
+//!   each chunk from the backend once, and the server's metrics show the tier;
+//! - the lookup endpoint for routers answers the longest published prefix and where each
+//!   chunk is (DRAM, disk, remote), across key groups, and refuses bad requests by name.
 
 use crate::common::{self, engine, save_prefix, small_geometry};
 use crate::gather_util;
@@ -367,4 +369,131 @@ fn a_server_with_the_tier_fetches_each_chunk_from_its_backend_once() {
     );
     assert!(text.trim_end().ends_with("# EOF"));
     drop(server);
+}
+
+/// The body of a lookup response, parsed.
+fn answer(code_body: (u16, String)) -> serde_json::Value {
+    assert_eq!(code_body.0, 200, "{}", code_body.1);
+    serde_json::from_str(&code_body.1).unwrap()
+}
+
+#[test]
+fn a_router_asks_which_leading_chunks_are_stored_and_in_which_tier() {
+    let rt = common::shared_rt();
+    let backend = Arc::new(Counted::default());
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = gather_util::config();
+    cfg.lookup_http = true;
+    let start = |dram: u64| {
+        let t = Arc::new(tier(
+            backend.clone(),
+            dram,
+            Some((dir.path(), 64 << 20)),
+            Admission::All,
+        ));
+        let s = rt
+            .block_on(objectcache::server::start_with_tier(cfg.clone(), t.clone()))
+            .unwrap();
+        (t, s)
+    };
+    let (_t, server) = start(64 << 20);
+    let store = rt.block_on(gather_util::s3_store_on(&server.endpoint()));
+    let g = small_geometry("test/tier-lookup", 4);
+    let e = engine(store, &common::unique_ns("tier-lookup"));
+    let (hs, data) = save_prefix(&e, &g, 6, 9);
+    // The key group as `objectcache stat` names it against the server's store.
+    let keys = rt.block_on(backend.list("", 1000)).unwrap();
+    let marker = keys
+        .iter()
+        .map(|m| m.key.clone())
+        .find(|k| k.contains("/pub/"))
+        .expect("a publish marker");
+    let group = marker.split("/pub/").next().unwrap().to_string();
+    let hex: Vec<String> = hs.iter().map(|h| h.to_hex()).collect();
+    let ask = |groups: &[&str], hashes: &[String]| {
+        let body = serde_json::json!({ "groups": groups, "hashes": hashes }).to_string();
+        rt.block_on(gather_util::http_post(
+            server.local_addr(),
+            "/_objectcache/lookup",
+            &body,
+        ))
+    };
+    // Saved through the tier: all six in DRAM; two unknown hashes after them are not counted.
+    let mut longer = hex.clone();
+    longer.extend(["ab".repeat(32), "cd".repeat(32)]);
+    let a = answer(ask(&[&group], &longer));
+    assert_eq!(a["chunks"], 6, "{a}");
+    assert_eq!(a["asked"], 8, "{a}");
+    assert_eq!(a["tiers"], serde_json::json!(vec!["dram"; 6]), "{a}");
+    // A chunk counts only when every group has it (a second TP rank that saved nothing).
+    let other = format!("{group}-rank1");
+    assert_eq!(answer(ask(&[&group, &other], &hex))["chunks"], 0);
+    // A marker gone from the remote store ends the prefix there.
+    let m3 = format!("{group}/pub/{}", hex[3]);
+    let kept = rt.block_on(backend.get_bytes(&m3)).unwrap();
+    rt.block_on(backend.delete(&m3)).unwrap();
+    assert_eq!(answer(ask(&[&group], &hex))["chunks"], 3);
+    rt.block_on(backend.put(&m3, kept)).unwrap();
+    // A restarted server with no DRAM: the disk level answers for every chunk.
+    drop(server);
+    let (_t, server) = start(0);
+    let ask = |groups: &[&str], hashes: &[String]| {
+        let body = serde_json::json!({ "groups": groups, "hashes": hashes }).to_string();
+        rt.block_on(gather_util::http_post(
+            server.local_addr(),
+            "/_objectcache/lookup",
+            &body,
+        ))
+    };
+    let a = answer(ask(&[&group], &hex));
+    assert_eq!(a["tiers"], serde_json::json!(vec!["disk"; 6]), "{a}");
+    // The disk level emptied: every chunk is read from the remote store.
+    drop(server);
+    std::fs::remove_dir_all(dir.path()).unwrap();
+    let (_t, server) = start(64 << 20);
+    let post = |body: &str| {
+        rt.block_on(gather_util::http_post(
+            server.local_addr(),
+            "/_objectcache/lookup",
+            body,
+        ))
+    };
+    let body = serde_json::json!({ "groups": [&group], "hashes": &hex }).to_string();
+    let a = answer(post(&body));
+    assert_eq!(a["tiers"], serde_json::json!(vec!["remote"; 6]), "{a}");
+    // After one load through the server, DRAM again; the bytes are the saved ones.
+    let store = rt.block_on(gather_util::s3_store_on(&server.endpoint()));
+    let e = engine(store, e.config().namespace.as_str());
+    let h = common::start_load(&e, &g, hs.clone(), data[0].len());
+    common::assert_layers_exact(&h, &data);
+    let a = answer(post(&body));
+    assert_eq!(a["tiers"], serde_json::json!(vec!["dram"; 6]), "{a}");
+    // Bad requests are refused, naming what was wrong.
+    let (code, msg) = post(r#"{"groups": ["a/b"], "hashes": ["00", "xyz"]}"#);
+    assert_eq!(code, 400, "{msg}");
+    assert!(msg.contains("hashes[1]"), "{msg}");
+    let (code, msg) = post(r#"{"groups": [], "hashes": []}"#);
+    assert_eq!(code, 400, "{msg}");
+    assert!(msg.contains("groups"), "{msg}");
+    let (code, msg) = post(r#"{"groups": ["a/../b"], "hashes": ["00"]}"#);
+    assert_eq!(code, 400, "{msg}");
+    let (code, msg) = post(r#"{"group": "a", "hashes": []}"#);
+    assert_eq!(code, 400, "{msg}");
+    assert!(msg.contains("unknown field"), "{msg}");
+    drop(server);
+    // Off unless the setting is on.
+    let t = Arc::new(tier(backend.clone(), 1 << 20, None, Admission::All));
+    let off = rt
+        .block_on(objectcache::server::start_with_tier(
+            gather_util::config(),
+            t,
+        ))
+        .unwrap();
+    let (code, msg) = rt.block_on(gather_util::http_post(
+        off.local_addr(),
+        "/_objectcache/lookup",
+        &body,
+    ));
+    assert_eq!(code, 404, "{msg}");
+    assert!(msg.contains("lookup_http"), "{msg}");
 }

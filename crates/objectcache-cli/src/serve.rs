@@ -116,6 +116,11 @@ pub struct ServeArgs {
     /// s; `second:SECONDS`) [default: all].
     #[arg(long, env = "OBJECTCACHE_TIER_ADMISSION")]
     pub tier_admission: Option<String>,
+    /// Answer `POST /_objectcache/lookup` (which leading chunks of a prefix the store holds,
+    /// and in which tier) for routers; anyone who reaches the port may ask, without
+    /// credentials (docs/deployment.md).
+    #[arg(long, env = "OBJECTCACHE_LOOKUP_HTTP")]
+    pub lookup_http: bool,
     /// Print the effective configuration as TOML and exit (secret keys shown as
     /// `<redacted>`).
     #[arg(long)]
@@ -195,6 +200,9 @@ impl ServeArgs {
         }
         if self.no_read_segments {
             c.read_segments = false;
+        }
+        if self.lookup_http {
+            c.lookup_http = true;
         }
         Ok(c)
     }

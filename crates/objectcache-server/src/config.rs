@@ -149,6 +149,10 @@ pub struct ServerConfig {
     /// (asked for the second time within 600 s; `second:SECONDS` sets the window). Default
     /// `all`.
     pub tier_admission: String,
+    /// Answer `POST /_objectcache/lookup` (what the store holds of a prefix, and in which tier:
+    /// for routers; `crate::lookup`). Off by default: anyone who reaches the port can then
+    /// ask whether a prefix is stored, across tenants, without credentials.
+    pub lookup_http: bool,
 }
 
 impl Default for ServerConfig {
@@ -188,6 +192,7 @@ impl Default for ServerConfig {
             tier_disk_dir: None,
             tier_disk_bytes: 0,
             tier_admission: "all".into(),
+            lookup_http: false,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The HTTP side of the port: one connection served with hyper ([`serve_http`]), and the
-//! routing of each request ([`http_route`]): `/_objectcache/health`, `metrics` and
-//! `capabilities` answered here, presigned URLs of too long validity refused, everything else
+//! routing of each request ([`http_route`]): `/_objectcache/health`, `metrics`,
+//! `capabilities` and `lookup` (POST, [`crate::lookup`]) answered here, presigned URLs of too long validity refused, everything else
 //! to the S3 API.
 
 use super::{client_floor, s3, Shared};
@@ -104,6 +104,9 @@ async fn http_route(
             _ => text(404, "text/plain", "unknown objectcache endpoint\n".into()),
         });
     }
+    if req.method() == hyper::Method::POST && path == "/_objectcache/lookup" {
+        return Ok(lookup_route(req, &sh).await);
+    }
     if let Some(r) = presigned_expiry_refusal(req.uri()) {
         return Ok(r);
     }
@@ -166,4 +169,52 @@ fn s3_error_response(status: u16, code: &str, message: &str) -> HttpResp {
         .header("content-type", "application/xml")
         .body(s3s::Body::from(body))
         .expect("valid response")
+}
+
+/// `POST /_objectcache/lookup` ([`crate::lookup`]): 404 unless `lookup_http` is on; 413 for a
+/// body over [`crate::lookup::MAX_BODY_BYTES`]; 400 for a malformed request; 503 when the
+/// store cannot be asked.
+async fn lookup_route(req: hyper::Request<hyper::body::Incoming>, sh: &Shared) -> HttpResp {
+    use crate::lookup::{lookup, LookupError, LookupRequest, MAX_BODY_BYTES};
+    use http_body_util::BodyExt;
+    let resp = |status: u16, body: String| {
+        let ct = if status == 200 {
+            "application/json"
+        } else {
+            "text/plain"
+        };
+        hyper::Response::builder()
+            .status(status)
+            .header("content-type", ct)
+            .body(s3s::Body::from(body))
+            .expect("valid response")
+    };
+    if !sh.cfg.lookup_http {
+        return resp(
+            404,
+            "the lookup endpoint is off (server setting lookup_http)\n".into(),
+        );
+    }
+    sh.metrics.request("lookup");
+    let body = match http_body_util::Limited::new(req.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return resp(
+                413,
+                format!("lookup request body: {e} (at most {MAX_BODY_BYTES} bytes)\n"),
+            )
+        }
+    };
+    let answer = match LookupRequest::parse(&body) {
+        Ok(r) => lookup(&sh.store, sh.tier.as_deref(), &r).await,
+        Err(e) => Err(e),
+    };
+    match answer {
+        Ok(a) => resp(200, serde_json::to_string(&a).expect("json")),
+        Err(LookupError::BadRequest(m)) => resp(400, format!("{m}\n")),
+        Err(LookupError::Store(m)) => resp(503, format!("the store could not be asked: {m}\n")),
+    }
 }

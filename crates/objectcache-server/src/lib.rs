@@ -39,6 +39,7 @@ mod gather;
 mod gather_rdma;
 mod group;
 mod http;
+pub mod lookup;
 pub mod metrics;
 mod reads;
 pub mod s3;

@@ -26,7 +26,7 @@ pub use range_body::{RangeBody, RangeRead};
 #[cfg(feature = "s3")]
 pub use s3::{Addressing, S3Config, S3Credentials, S3Store};
 pub use tier::{
-    tiered_key, Admission, LevelCounters, LevelStats, TierConfig, TierStats, TieredStore,
+    tiered_key, Admission, LevelCounters, LevelStats, TierConfig, TierLevel, TierStats, TieredStore,
 };
 #[cfg(feature = "s3")]
 pub use url::parse_s3_url;

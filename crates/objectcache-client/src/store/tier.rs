@@ -38,6 +38,25 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// A level of the node tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TierLevel {
+    /// The DRAM level.
+    Dram,
+    /// The local-disk level.
+    Disk,
+}
+
+impl TierLevel {
+    /// `"dram"` or `"disk"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TierLevel::Dram => "dram",
+            TierLevel::Disk => "disk",
+        }
+    }
+}
+
 /// When a filled object enters the tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
@@ -343,6 +362,18 @@ impl TieredStore {
             disk_recovered: self.disk_recovered.load(Ordering::Relaxed),
             disk_dropped: self.disk_dropped.load(Ordering::Relaxed),
         }
+    }
+
+    /// The level that holds `key` now (DRAM first), or `None`; asking does not count as a
+    /// read (no hit, no change in recency).
+    pub fn level_of(&self, key: &str) -> Option<TierLevel> {
+        if self.dram.lock().expect("lock").entries.contains_key(key) {
+            return Some(TierLevel::Dram);
+        }
+        if self.disk.lock().expect("lock").entries.contains_key(key) {
+            return Some(TierLevel::Disk);
+        }
+        None
     }
 
     fn disk_path(&self, key: &str) -> Option<PathBuf> {
