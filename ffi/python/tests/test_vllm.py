@@ -25,6 +25,7 @@ OBJECTCACHE_REQUIRE_ALL.
 import os
 import pathlib
 import re
+import time
 
 import pytest
 
@@ -34,6 +35,7 @@ from vllm_util import (
     A,
     ApiServer,
     B,
+    KvEvents,
     BLOCK,
     DTYPE,
     QUESTIONS,
@@ -126,16 +128,73 @@ def saved(model, logdir, stores, baseline):
     cfg = {"kv_connector": "MultiConnector", "kv_role": "kv_both",
            "kv_load_failure_policy": "recompute",
            "kv_connector_extra_config": {"connectors": subs}}
-    r = Replica("saver", logdir, model, kv_transfer_config=cfg)
+    # vLLM publishes its KV events: the connectors announce the chunks they saved.
+    ev = KvEvents()
+    r = Replica("saver", logdir, model, kv_transfer_config=cfg,
+                extra={"kv_events_config": ev.config})
     try:
         out = r.generate([A])[0]
         assert out["num_cached_tokens"] == 0
         r.generate([A], salts=["tenant-x"])
         flushed = r.call({"op": "flush"})["saves"]
         assert flushed >= 2 * len(stores), f"{flushed} saves for 2 prompts on {len(stores)} stores"
+        # The last save's confirmation reaches the scheduler with a step's output: one more
+        # step publishes it.
+        r.generate(["Hello"], salts=["events"])
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not ev.stored("STORAGE"):
+            time.sleep(0.2)
+        SAVER_EVENTS.extend(ev.stored("STORAGE"))
+        SAVER_EVENTS_GPU.extend(ev.stored("GPU"))
     finally:
         r.close()
+        ev.close()
     return out
+
+
+# What the saver replica published: BlockStored events of the connectors (medium STORAGE)
+# and of vLLM's own prefix cache (GPU).
+SAVER_EVENTS = []
+SAVER_EVENTS_GPU = []
+
+
+def test_saved_chunks_are_announced_as_vllm_kv_events(baseline, saved, stores):
+    """A router that consumes vLLM's KV events sees the chunks the connectors stored: one
+    ``BlockStored`` event per chunk and store (medium STORAGE, ownership objectcache), whose
+    last block hash is the chunk's key (as stored) and whose tokens are the chunk's, chained
+    to the chunk before it by its parent hash."""
+    import objectcache as oc
+
+    ev = SAVER_EVENTS
+    assert ev, "no BlockStored event with medium STORAGE"
+    assert all(e.ownership == "objectcache" for e in ev), ev[:2]
+
+    def hex64(h):  # vLLM publishes the low 64 bits of a hash as an int by default
+        return format(h, "016x") if isinstance(h, int) else bytes(h).hex()[-16:]
+
+    tokens_a = baseline["tokens"][0]
+    full = (len(tokens_a) - 1) // BLOCK
+    want = [h.hex() for h in oc.chunk_hashes(
+        tokens_a, BLOCK, seed=os.environ.get("PYTHONHASHSEED", "vllm-none-hash"))[:full]]
+    by_key = {}
+    for e in ev:
+        by_key.setdefault(hex64(e.block_hashes[-1]), []).append(e)
+    root = stores["file"][len("file://"):]
+    stored = {pathlib.Path(p).name[-16:] for p in data_objects(root)}
+    # Every announced chunk is stored, and every stored chunk (A and A under tenant-x) is
+    # announced once per store.
+    assert set(by_key) == stored, (sorted(by_key), sorted(stored))
+    assert all(len(v) == len(stores) for v in by_key.values()), \
+        {k: len(v) for k, v in by_key.items()}
+    for c, h in enumerate(want):
+        e = by_key[h[-16:]][0]
+        assert list(e.token_ids) == tokens_a[c * BLOCK:(c + 1) * BLOCK], c
+        assert (e.parent_block_hash is None) == (c == 0), c
+        if c:
+            prev = by_key[want[c - 1][-16:]][0]
+            assert hex64(e.parent_block_hash) == hex64(prev.block_hashes[-1]), c
+    print(f"KV events: {len(ev)} BlockStored (STORAGE) for {len(by_key)} chunks on "
+          f"{len(stores)} stores; vLLM's own (GPU): {len(SAVER_EVENTS_GPU)}")
 
 
 

@@ -210,6 +210,57 @@ def _free_port():
         return s.getsockname()[1]
 
 
+class KvEvents:
+    """A subscriber to a vLLM replica's KV events (its ZMQ publisher, ``kv_events_config``):
+    collects every event of every ``KVEventBatch`` on a thread. The subscriber binds a
+    loopback port and vLLM's publisher connects to it (vLLM binds only wildcard endpoints),
+    so nothing published after the replica starts is missed. ``config`` is what to pass to
+    the replica."""
+
+    def __init__(self):
+        import msgspec
+        import zmq
+        from vllm.distributed.kv_events import KVEventBatch
+
+        self._ctx = zmq.Context()
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self._sub.setsockopt(zmq.RCVTIMEO, 200)
+        port = self._sub.bind_to_random_port("tcp://127.0.0.1")
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self.config = {"enable_kv_cache_events": True, "publisher": "zmq",
+                       "endpoint": self.endpoint, "topic": ""}
+        self.events = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        dec = msgspec.msgpack.Decoder(type=KVEventBatch)
+
+        def run():
+            while not self._stop.is_set():
+                try:
+                    _topic, _seq, payload = self._sub.recv_multipart()
+                except zmq.Again:
+                    continue
+                batch = dec.decode(payload)
+                with self._lock:
+                    self.events.extend(batch.events)
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def stored(self, medium):
+        """The ``BlockStored`` events received so far with this ``medium``."""
+        with self._lock:
+            return [e for e in self.events
+                    if type(e).__name__ == "BlockStored" and e.medium == medium]
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._sub.close(linger=0)
+        self._ctx.term()
+
+
 class ApiServer(_Proc):
     """vLLM's OpenAI-compatible server (python -m vllm.entrypoints.openai.api_server)."""
 

@@ -193,6 +193,10 @@ class ObjectCacheConnector(KVConnectorBase_V1, SupportsHMA):
                 "to have vLLM recompute the blocks instead.",
                 self._kv_transfer_config.kv_load_failure_policy,
             )
+        # vLLM publishes KV events (--kv-events-config): chunks saved are announced as
+        # BlockStored events with medium STORAGE (take_events).
+        ev = getattr(vllm_config, "kv_events_config", None)
+        self._events_on = bool(ev is not None and getattr(ev, "enable_kv_cache_events", False))
         self._engine = oc.Engine(**self._s.engine)
         self._stats = ObjectCacheConnectorStats()
         self._stats_lock = threading.Lock()
@@ -303,6 +307,14 @@ class ObjectCacheConnector(KVConnectorBase_V1, SupportsHMA):
 
     def update_connector_output(self, connector_output):
         self._scheduler.update_connector_output(connector_output)
+
+    def take_events(self):
+        """``BlockStored`` events (medium ``STORAGE``, ownership ``objectcache``) for the
+        chunks every saving TP rank has saved since the last call, when vLLM publishes KV
+        events; a router that consumes vLLM's KV events then sees what the store holds."""
+        if self._scheduler is None:
+            return ()
+        return self._scheduler.take_events()
 
     # -- both --
 

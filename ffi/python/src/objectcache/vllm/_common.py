@@ -619,13 +619,16 @@ class LoadOutcome:
 @dataclasses.dataclass
 class ObjectCacheWorkerMetadata(KVConnectorWorkerMetadata):
     """Worker -> scheduler, once per step: the loads that ended this step
-    (``outcomes``: request id -> :class:`LoadOutcome`), merged over TP ranks by
-    :meth:`aggregate`."""
+    (``outcomes``: request id -> :class:`LoadOutcome`) and, when vLLM publishes KV events, the
+    chunks saved (``saved``), merged over TP ranks by :meth:`aggregate`."""
 
     outcomes: dict = dataclasses.field(default_factory=dict)
+    # Saves that ended well this step, when vLLM publishes KV events: (KV cache group, TP
+    # rank, chunk key) per chunk, every rank's.
+    saved: list = dataclasses.field(default_factory=list)
 
     def aggregate(self, other):
         merged = dict(self.outcomes)
         for rid, o in getattr(other, "outcomes", {}).items():
             merged[rid] = merged[rid].merge(o) if rid in merged else o
-        return ObjectCacheWorkerMetadata(merged)
+        return ObjectCacheWorkerMetadata(merged, self.saved + list(getattr(other, "saved", ())))

@@ -2,6 +2,7 @@
 workers, and which requests keep their blocks until their saves end."""
 
 import concurrent.futures
+import dataclasses
 import time
 
 import objectcache as oc
@@ -48,6 +49,21 @@ class _ReqState:
         self.save_jobs = 0
 
 
+@dataclasses.dataclass
+class _Announce:
+    """A planned save's ``BlockStored`` event (KV events), sent once every saving rank of every
+    KV cache group (``need``: group -> ranks) has confirmed it (``got``)."""
+
+    block_hashes: list
+    parent: object
+    token_ids: list
+    lora_id: object
+    lora_name: object
+    session_id: object
+    need: dict
+    got: dict
+
+
 class _SchedulerSide:
     """Lookups, load and save planning, block holding (scheduler process)."""
 
@@ -64,6 +80,10 @@ class _SchedulerSide:
         self.known = {}
         # Chunk hash -> monotonic time until which it is a miss: its load failed.
         self.failed = {}
+        # KV events (vLLM publishes them): chunk key -> _Announce of a save planned and not yet
+        # confirmed by every saving rank (bounded), and the events to hand to vLLM.
+        self.announce = {}
+        self.events = []
         self.pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="objectcache-lookup")
         if self.s.load or self.s.save:
@@ -222,6 +242,54 @@ class _SchedulerSide:
             request.request_id, hashes, parts, self.s.load_mode == "async", fail, markers)
         self.c._stat("lookup_hit_tokens", st.external_tokens)
 
+    def _plan_announce(self, req, c, h):
+        """Remembers what vLLM's ``BlockStored`` event of chunk ``c`` of ``req`` will say once
+        its save is confirmed: vLLM's block hashes of the chunk (at its hash granularity),
+        the one before as parent, the chunk's tokens."""
+        per = self.s.tokens_per_chunk // self.s.hash_block_size
+        bh = req.block_hashes
+        lora = getattr(req, "lora_request", None)
+        need = {gr.index: (1 if gr.replicated else self.s.tp_world) for gr in self.s.groups}
+        self.announce[h] = _Announce(
+            block_hashes=list(bh[c * per:(c + 1) * per]),
+            parent=bh[c * per - 1] if c else None,
+            token_ids=list(req.all_token_ids[c * self.s.tokens_per_chunk:
+                                             (c + 1) * self.s.tokens_per_chunk]),
+            lora_id=lora.adapter_id if lora else None,
+            lora_name=lora.name if lora else None,
+            session_id=getattr(req, "session_id", None),
+            need=need, got={g: set() for g in need})
+        if len(self.announce) > self._KNOWN_MAX:  # saves that never ended (failed)
+            self.announce.pop(next(iter(self.announce)))
+
+    def _confirm_saved(self, saved):
+        """Chunks saved by workers: once every saving rank of every group has, one
+        ``BlockStored`` event per group."""
+        from vllm.distributed.kv_events import MEDIUM_STORAGE, BlockStored
+        from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+        for group, rank, h in saved:
+            a = self.announce.get(h)
+            if a is None or group not in a.got:
+                continue
+            a.got[group].add(rank)
+            if any(len(a.got[g]) < n for g, n in a.need.items()):
+                continue
+            del self.announce[h]
+            for g in sorted(a.need):
+                self.events.append(BlockStored(
+                    block_hashes=[maybe_convert_block_hash(x) for x in a.block_hashes],
+                    parent_block_hash=(maybe_convert_block_hash(a.parent)
+                                       if a.parent is not None else None),
+                    token_ids=a.token_ids, block_size=self.s.hash_block_size,
+                    lora_id=a.lora_id, medium=MEDIUM_STORAGE, lora_name=a.lora_name,
+                    group_idx=g, ownership="objectcache", session_id=a.session_id))
+
+    def take_events(self):
+        """The ``BlockStored`` events of the chunks confirmed since the last call."""
+        out, self.events = self.events, []
+        return out
+
     def update_connector_output(self, out):
         """How the workers' loads ended (their ObjectCacheWorkerMetadata): the tokens each
         request loaded and uses, the failed chunks by reason, and the failed chunks' hashes,
@@ -230,6 +298,8 @@ class _SchedulerSide:
         meta = getattr(out, "kv_connector_worker_meta", None)
         if not isinstance(meta, ObjectCacheWorkerMetadata):
             return
+        if meta.saved:
+            self._confirm_saved(meta.saved)
         tpc = self.s.tokens_per_chunk
         for rid, o in meta.outcomes.items():
             for why, n in o.failed.items():
@@ -304,6 +374,8 @@ class _SchedulerSide:
                 todo_h.append(h)
                 chunk_blocks.append(cb)
                 self._remember(h)
+                if self.c._events_on:
+                    self._plan_announce(st.req, c, h)
             st.saved_upto = len(hashes)
             if todo_h:
                 st.save_jobs += 1

@@ -115,6 +115,10 @@ class _WorkerSide:
         self.finished = set()  # finished requests whose saves we still wait for
         self.outcomes = {}  # req_id -> LoadOutcome, loads that ended since the last step
         self.gauges = {}  # the engine gauges last reported (gauges_changed)
+        # Chunks saved since the last step, for KV events: (group, rank, key); appended by the
+        # saver thread, taken by the step (take_outcomes).
+        self.saved = []
+        self.saved_lock = threading.Lock()
         self.saver = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="objectcache-save")
 
@@ -408,6 +412,9 @@ class _WorkerSide:
                 self.c._stat("save_errors", 1)
                 return
             total += rep.bytes
+            if self.c._events_on:
+                with self.saved_lock:
+                    self.saved.extend((group, self.rank, bytes(h)) for h in hashes)
         self.c._stat("saves", 1)
         self.c._stat("saved_bytes", total)
         self.c._stat("save_s", time.monotonic() - t0)
@@ -484,11 +491,14 @@ class _WorkerSide:
         return now
 
     def take_outcomes(self):
-        """The loads that ended since the last call, for the scheduler (None if none)."""
-        if not self.outcomes:
+        """The loads that ended and the chunks saved since the last call, for the scheduler
+        (None if none)."""
+        with self.saved_lock:
+            saved, self.saved = self.saved, []
+        if not self.outcomes and not saved:
             return None
         out, self.outcomes = self.outcomes, {}
-        return ObjectCacheWorkerMetadata(out)
+        return ObjectCacheWorkerMetadata(out, saved)
 
 
 def _copy(ranges):
