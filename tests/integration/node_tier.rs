@@ -14,7 +14,8 @@
 //!   tier serves it with no fill; a corrupt object from the remote is served (the reader's
 //!   checks catch it) but never kept;
 //! - a server with the tier in front of its store: 5 loads of one prefix through gather fetch
-//!   each chunk from the backend once, and the server's metrics show the tier;
+//!   each chunk from the backend once, and the server's metrics and `objectcache stat
+//!   --server` show the tier;
 //! - the lookup endpoint for routers answers the longest published prefix and where each
 //!   chunk is (DRAM, disk, remote), across key groups, and refuses bad requests by name.
 
@@ -368,7 +369,37 @@ fn a_server_with_the_tier_fetches_each_chunk_from_its_backend_once() {
         "{text}"
     );
     assert!(text.trim_end().ends_with("# EOF"));
-    drop(server);
+    // `objectcache stat --server` shows the same counters.
+    let bin = env!("CARGO_BIN_EXE_objectcache");
+    let addr = server.local_addr().to_string();
+    let out =
+        common::run_ok(std::process::Command::new(bin).args(["stat", "--server", &addr, "--json"]));
+    let shown: objectcache::store::TierStats = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown, t.stats());
+    let out = common::run_ok(std::process::Command::new(bin).args(["stat", "--server", &addr]));
+    let table = String::from_utf8_lossy(&out.stdout);
+    let dram_row = table
+        .lines()
+        .find(|l| l.starts_with("dram"))
+        .expect("a DRAM row");
+    assert!(dram_row.contains(&st.dram.hits.to_string()), "{table}");
+    rt.block_on(server.shutdown());
+    // A server without a tier, or one gone, is an error that names it.
+    let plain = rt.block_on(gather_util::start(
+        Arc::new(MemoryStore::new()),
+        gather_util::config(),
+    ));
+    let plain_addr = plain.local_addr().to_string();
+    for (a, why) in [(&plain_addr, "no node tier"), (&addr, "")] {
+        let out = std::process::Command::new(bin)
+            .args(["stat", "--server", a])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{a}");
+        assert!(err.contains(a.as_str()) && err.contains(why), "{err}");
+    }
+    rt.block_on(plain.shutdown());
 }
 
 /// The body of a lookup response, parsed.

@@ -1,6 +1,7 @@
 //! The HTTP side of the port: one connection served with hyper ([`serve_http`]), and the
 //! routing of each request ([`http_route`]): `/_objectcache/health`, `metrics`,
-//! `capabilities` and `lookup` (POST, [`crate::lookup`]) answered here, presigned URLs of too long validity refused, everything else
+//! `capabilities`, `tier` (the node tier's counters, JSON) and `lookup` (POST,
+//! [`crate::lookup`]) answered here, presigned URLs of too long validity refused, everything else
 //! to the S3 API.
 
 use super::{client_floor, s3, Shared};
@@ -75,6 +76,14 @@ async fn http_route(
                     None => sh.metrics.encode(),
                 },
             ),
+            "/_objectcache/tier" => match &sh.tier {
+                Some(t) => text(
+                    200,
+                    "application/json",
+                    serde_json::to_string(&t.stats()).expect("json"),
+                ),
+                None => text(404, "text/plain", "this server has no node tier\n".into()),
+            },
             "/_objectcache/capabilities" => {
                 let l = sh.limits();
                 let body = serde_json::json!({

@@ -127,7 +127,7 @@ pub struct LevelCounters {
 }
 
 /// A snapshot of one level.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LevelStats {
     /// Bytes held now.
     pub bytes: u64,
@@ -150,7 +150,7 @@ pub struct LevelStats {
 }
 
 /// A snapshot of the tier: each level, and the fills from the remote store.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TierStats {
     /// The DRAM level.
     pub dram: LevelStats,

@@ -52,6 +52,27 @@ pub async fn probe_capabilities(addr: &str, timeout: Duration) -> std::io::Resul
 }
 
 async fn probe(addr: &str) -> std::io::Result<Capabilities> {
+    match http_get(addr, CAPABILITIES_PATH, MAX_BODY_BYTES).await? {
+        (status, Ok(body)) => Ok(classify(status, &body)),
+        // An answer too large for a capabilities document is not one.
+        (status, Err(e)) if status != 200 => Ok(Capabilities::NotOffered {
+            status,
+            why: e.to_string(),
+        }),
+        (_, Err(e)) => Err(e),
+    }
+}
+
+/// `GET path` from `addr` (`host:port`, plain HTTP/1.1, one connection): the status and the
+/// body, or the error that cut the body off (longer than `max_body` bytes, a reset).
+///
+/// # Errors
+/// An I/O error when the endpoint cannot be reached or gives no HTTP answer.
+pub async fn http_get(
+    addr: &str,
+    path: &str,
+    max_body: usize,
+) -> std::io::Result<(u16, std::io::Result<Bytes>)> {
     let io_err = |e: hyper::Error| std::io::Error::other(e.to_string());
     let stream = tokio::net::TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
@@ -59,29 +80,20 @@ async fn probe(addr: &str) -> std::io::Result<Capabilities> {
         .await
         .map_err(io_err)?;
     let driver = tokio::spawn(conn);
-    let req = hyper::Request::get(CAPABILITIES_PATH)
+    let req = hyper::Request::get(path)
         .header(hyper::header::HOST, addr)
         .header(hyper::header::CONNECTION, "close")
         .body(Empty::<Bytes>::new())
         .map_err(std::io::Error::other)?;
-    let resp = sender.send_request(req).await.map_err(io_err);
-    let out = match resp {
+    let out = match sender.send_request(req).await.map_err(io_err) {
         Ok(resp) => {
             let status = resp.status().as_u16();
-            let body = Limited::new(resp.into_body(), MAX_BODY_BYTES)
+            let body = Limited::new(resp.into_body(), max_body)
                 .collect()
                 .await
                 .map(|b| b.to_bytes())
                 .map_err(|e| std::io::Error::other(e.to_string()));
-            match body {
-                Ok(body) => Ok(classify(status, &body)),
-                // An answer too large for a capabilities document is not one.
-                Err(e) if status != 200 => Ok(Capabilities::NotOffered {
-                    status,
-                    why: e.to_string(),
-                }),
-                Err(e) => Err(e),
-            }
+            Ok((status, body))
         }
         Err(e) => Err(e),
     };
