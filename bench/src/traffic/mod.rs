@@ -194,8 +194,9 @@ struct Record {
     loads_followed: u64,
     unique_bytes: u64,
     bytes_moved: u64,
-    /// Bytes the server read from the remote store (through the node tier when
-    /// `--tier-dram-bytes` is set; otherwise every backend read), and over the unique bytes.
+    /// Bytes the server read from the remote store since it started, the warm-up load's one
+    /// chunk included (through the node tier when `--tier-dram-bytes` is set; otherwise
+    /// every backend read), and over the unique bytes.
     remote_bytes: u64,
     remote_bytes_over_unique: f64,
     /// The node tier's DRAM bytes (0: none).
@@ -299,7 +300,6 @@ fn run_one(
     drop(h);
     let m = srv.handle.metrics();
     let b0 = m.bytes_total("gather_out");
-    let r0 = remote.read.load(std::sync::atomic::Ordering::Relaxed);
     let followed0 = e.metrics().loads_followed;
     let t0 = Instant::now();
     let mut handles: Vec<LoadHandle> = Vec::with_capacity(reqs.len());
@@ -347,7 +347,8 @@ fn run_one(
         }
     }
     let moved = m.bytes_total("gather_out") - b0;
-    let remote_bytes = remote.read.load(std::sync::atomic::Ordering::Relaxed) - r0;
+    // From the server's start: the warm-up's chunk included (it fills the tier).
+    let remote_bytes = remote.read.load(std::sync::atomic::Ordering::Relaxed);
     let followed = e.metrics().loads_followed - followed0;
     drop(e);
     rt.block_on(srv.handle.shutdown());

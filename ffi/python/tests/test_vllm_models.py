@@ -3,10 +3,11 @@ models of each architecture with seeded random weights (scripts/vllm-tiny-models
 model folders are $OBJECTCACHE_VLLM_MODELS/<name>).
 
 For each family that runs: a replica without the connector computes the references (each
-prompt in full, and B after A through vLLM's own prefix cache); a saver replica with the
-connector serves A (a document and a question) and saves its chunks; a fresh loader replica
-serves B (the same document, another question) and B under a cache salt nobody saved (its
-own full computation). Checked: different prompts give different outputs (the weights are
+prompt in full, and B after A through vLLM's own prefix cache); a replica with the
+connector (its own prefix cache off) serves A (a document and a question) and saves its
+chunks, then B (the same document, another question), which can only hit the store, and B
+under a cache salt nobody saved (its own full computation). Where the saver's layout differs
+from the loader's (MLA saved at TP 2, loaded at TP 1), two replicas. Checked: different prompts give different outputs (the weights are
 not degenerate), B's external hit tokens, B's output equal to the engine's own full
 computation, to vLLM without the connector and to vLLM's own prefix cache, the bytes loaded
 equal to what the family's rule predicts (printed), and, after one stored object is
@@ -120,18 +121,15 @@ def test_gemma3_sliding_window_loads_only_the_window(tmp_path, logdir):
     assert len(texts) == 3, f"different prompts gave the same output: {texts}"
     assert_same_tokens(apc_b, ref_b, "vLLM's own prefix cache vs full")
 
-    saver = Replica("gemma3-saver", logdir, model, kv_transfer_config=connector(store),
-                    extra=extra)
-    try:
-        gen(saver, a)
-        saver.call({"op": "flush"})
-    finally:
-        saver.close()
+    # One replica with the connector saves A and then loads B (its own prefix cache is off,
+    # so B's hit can only come from the store).
     trace_path = logdir / "gemma3-loader.trace"
     trace_path.unlink(missing_ok=True)
     loader = Replica("gemma3-loader", logdir, model, kv_transfer_config=connector(store),
                      extra=extra, env={"OBJECTCACHE_VLLM_TRACE": str(trace_path)})
     try:
+        gen(loader, a)
+        loader.call({"op": "flush"})
         out = gen(loader, b)
         own = gen(loader, b, salt="computed-here")
         root = tmp_path / "store"
@@ -243,8 +241,9 @@ def test_mla_stored_once_for_every_rank(tmp_path, logdir):
 
 def test_llama_at_tensor_parallel_2(tmp_path, logdir):
     """A Llama-style model at TP 2: each rank saves and loads its own KV heads (one object
-    per chunk and rank); B on a fresh TP 2 replica hits every shared chunk and gives the
-    engine's own full computation and vLLM's without the connector (TP 1)."""
+    per chunk and rank); B, loaded from the store by the TP 2 replica (prefix caching off),
+    hits every shared chunk and gives the engine's own full computation and vLLM's without
+    the connector (TP 1)."""
     model = tiny_model("llama-tiny")
     store = "file://" + str(tmp_path / "store")
     doc = document("llama", 40)
@@ -262,19 +261,15 @@ def test_llama_at_tensor_parallel_2(tmp_path, logdir):
     print(f"llama-tiny without the connector: {[ref_b['text']] + [o['text'] for o in outs]}")
     assert len(texts) == 3, f"different prompts gave the same output: {texts}"
     tp2 = {**extra, "tensor_parallel_size": 2}
-    saver = Replica("llama-saver-tp2", logdir, model, kv_transfer_config=connector(store),
-                    extra=tp2, env=TP2)
-    try:
-        gen(saver, a)
-        saver.call({"op": "flush"})
-    finally:
-        saver.close()
-    objs = data_objects(tmp_path / "store")
-    ranks = {re.search(r"/tp(\d)-2/", p).group(1) for p in objs}
-    assert ranks == {"0", "1"}, objs[:2]
-    loader = Replica("llama-loader-tp2", logdir, model, kv_transfer_config=connector(store),
+    # One TP 2 replica saves A, then loads B from the store (its own prefix cache is off).
+    loader = Replica("llama-tp2", logdir, model, kv_transfer_config=connector(store),
                      extra=tp2, env=TP2)
     try:
+        gen(loader, a)
+        loader.call({"op": "flush"})
+        objs = data_objects(tmp_path / "store")
+        ranks = {re.search(r"/tp(\d)-2/", p).group(1) for p in objs}
+        assert ranks == {"0", "1"}, objs[:2]
         out = gen(loader, b)
         own = gen(loader, b, salt="computed-here")
     finally:
