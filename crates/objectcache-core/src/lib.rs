@@ -2,9 +2,11 @@
 //!
 //! The pure core of ObjectCache: every rule about bytes, wire frames and bandwidth, with no
 //! I/O, no clock and no async runtime (this crate does not depend on tokio, and forbids
-//! unsafe code). The shells (stores, transports, connector, server, C ABI) live in the
-//! `objectcache` crate, which re-exports these modules at the same paths
-//! (`objectcache::layout`, `objectcache::protocol`, ...).
+//! unsafe code). The shells live in the crates above it: `objectcache-client` (stores,
+//! transports, the connector engine), `objectcache-server` (the storage server and gather),
+//! `objectcache-capi` (the C ABI) and `objectcache-cli` (the command line); the `objectcache`
+//! crate re-exports them all, these modules at the same paths (`objectcache::layout`,
+//! `objectcache::protocol`, ...).
 //!
 //! - [`layout`]: KV geometry, the chunk object format (layer-major slices, each with its own
 //!   CRC32C), object keys, read planning;
