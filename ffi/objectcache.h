@@ -418,6 +418,13 @@ const char *objectcache_version(void);
  *  0 for an unknown name. Thread-safe. */
 size_t objectcache_struct_size(const char *name);
 
+/** Field index (0, 1, ...) of the ABI struct named name ("objectcache_geometry", ...), in
+ *  declaration order, as this library was built: its name (static, never freed), and its
+ *  offset in bytes in *offset when offset is not NULL. NULL past the last field or for an
+ *  unknown struct. Bindings that declare the structs themselves (the Python package) check
+ *  every field's name and offset against it when they load the library. Thread-safe. */
+const char *objectcache_struct_field(const char *name, size_t index, size_t *offset);
+
 /** Message of the last error on the calling thread ("" if none). The string belongs to the
  *  library and stays valid until the next failing call on the same thread; successful
  *  calls leave it unchanged. Thread-local, so thread-safe. */

@@ -10,6 +10,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -228,6 +229,41 @@ int main(int argc, char **argv) {
           "metrics size");
     CHECK(objectcache_struct_size("no_such_struct") == 0, "unknown struct");
     CHECK(objectcache_struct_size(NULL) == 0, "NULL struct name");
+    /* Fields as the library was built, in the header's order, at the header's offsets. */
+    {
+        static const struct { const char *name; size_t off; } geometry_fields[] = {
+            {"struct_size", offsetof(objectcache_geometry, struct_size)},
+            {"layers", offsetof(objectcache_geometry, layers)},
+            {"kv_heads", offsetof(objectcache_geometry, kv_heads)},
+            {"head_dim", offsetof(objectcache_geometry, head_dim)},
+            {"dtype", offsetof(objectcache_geometry, dtype)},
+            {"tokens_per_chunk", offsetof(objectcache_geometry, tokens_per_chunk)},
+            {"tp_rank", offsetof(objectcache_geometry, tp_rank)},
+            {"tp_world", offsetof(objectcache_geometry, tp_world)},
+            {"model", offsetof(objectcache_geometry, model)},
+            {"layout", offsetof(objectcache_geometry, layout)},
+            {"block_size", offsetof(objectcache_geometry, block_size)},
+            {"_reserved", offsetof(objectcache_geometry, _reserved)},
+        };
+        size_t n = sizeof geometry_fields / sizeof geometry_fields[0];
+        for (size_t i = 0; i < n; i++) {
+            size_t off = (size_t)-1;
+            const char *f = objectcache_struct_field("objectcache_geometry", i, &off);
+            CHECK(f != NULL && strcmp(f, geometry_fields[i].name) == 0, "geometry field %zu: %s",
+                  i, f ? f : "(none)");
+            CHECK(off == geometry_fields[i].off, "geometry.%s at %zu, header %zu",
+                  geometry_fields[i].name, off, geometry_fields[i].off);
+        }
+        CHECK(objectcache_struct_field("objectcache_geometry", n, NULL) == NULL,
+              "a field past the last");
+        size_t off = 0;
+        const char *m = objectcache_struct_field("objectcache_metrics", 9, &off);
+        CHECK(m != NULL && strcmp(m, "registered_regions") == 0 &&
+                  off == offsetof(objectcache_metrics, registered_regions),
+              "metrics.registered_regions");
+        CHECK(objectcache_struct_field("no_such_struct", 0, NULL) == NULL, "unknown struct");
+        CHECK(objectcache_struct_field(NULL, 0, NULL) == NULL, "NULL struct name");
+    }
     CHECK(strcmp(objectcache_status_name(OBJECTCACHE_ERR_CONFIG), "OBJECTCACHE_ERR_CONFIG") == 0,
           "status name");
     CHECK(strcmp(objectcache_status_name(9999), "unknown status") == 0, "unknown status name");

@@ -508,6 +508,10 @@ fn a_router_asks_which_leading_chunks_are_stored_and_in_which_tier() {
     assert!(msg.contains("groups"), "{msg}");
     let (code, msg) = post(r#"{"groups": ["a/../b"], "hashes": ["00"]}"#);
     assert_eq!(code, 400, "{msg}");
+    let many = serde_json::json!({ "groups": vec![&group; 8], "hashes": vec!["ab"; 4096] });
+    let (code, msg) = post(&many.to_string());
+    assert_eq!(code, 400, "{msg}");
+    assert!(msg.contains("publish markers"), "{msg}");
     let (code, msg) = post(r#"{"group": "a", "hashes": []}"#);
     assert_eq!(code, 400, "{msg}");
     assert!(msg.contains("unknown field"), "{msg}");

@@ -10,5 +10,10 @@ fn python_package_suite() {
     let Some(p) = py_support::installed("python_package_suite") else {
         return;
     };
-    py_support::pytest(&p.py, &p.site, &["test_embedded.py", "test_server.py", "test_stub.py"], &[]);
+    py_support::pytest(
+        &p.py,
+        &p.site,
+        &["test_embedded.py", "test_server.py", "test_stub.py"],
+        &[],
+    );
 }

@@ -1,4 +1,4 @@
-//! Exports that need no engine: versions, struct sizes, the last error, status names, slice
+//! Exports that need no engine: versions, struct sizes and fields, the last error, status names, slice
 //! sizes, chunk hashes.
 
 use super::*;
@@ -30,6 +30,38 @@ pub unsafe extern "C" fn objectcache_struct_size(name: *const c_char) -> usize {
         struct_size_by_name(n.to_bytes())
     })
     .unwrap_or(0)
+}
+
+/// Field `index` of the ABI struct named `name`, in declaration order: its name (static),
+/// its offset in bytes written to `*offset`; NULL past the last field or for an unknown
+/// struct. See the header.
+///
+/// # Safety
+/// `name` is NULL or a NUL-terminated string; `offset` is NULL or valid for one write.
+#[no_mangle]
+pub unsafe extern "C" fn objectcache_struct_field(
+    name: *const c_char,
+    index: usize,
+    offset: *mut usize,
+) -> *const c_char {
+    catch_unwind(|| {
+        if name.is_null() {
+            return std::ptr::null();
+        }
+        // SAFETY: non-NULL and NUL-terminated by the caller's contract.
+        let n = unsafe { CStr::from_ptr(name) };
+        match struct_field(n.to_bytes(), index) {
+            Some((field, off)) => {
+                if !offset.is_null() {
+                    // SAFETY: non-NULL and valid for one write by the caller's contract.
+                    unsafe { offset.write(off) };
+                }
+                field.as_ptr()
+            }
+            None => std::ptr::null(),
+        }
+    })
+    .unwrap_or(std::ptr::null())
 }
 
 /// The settings `objectcache_engine_create` accepts ([`objectcache_client::connector::CONFIG_KEYS`]),

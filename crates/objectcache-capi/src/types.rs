@@ -441,6 +441,44 @@ abi_struct!(
     objectcache_stall_advice
 );
 
+/// Defines [`struct_field`] over the ABI structs and their fields, in declaration order.
+macro_rules! abi_fields {
+    ($($t:ident { $($f:ident),* $(,)? })*) => {
+        /// Field `index` of the ABI struct with C name `name`, in declaration order: its name
+        /// and its offset in bytes; `None` past the last field or for an unknown struct.
+        /// Bindings check their view of each struct against it (`objectcache_struct_field`).
+        pub(crate) fn struct_field(name: &[u8], index: usize) -> Option<(&'static CStr, usize)> {
+            $(if name == stringify!($t).as_bytes() {
+                let fields: &[(&'static str, usize)] = &[
+                    $((concat!(stringify!($f), "\0"), std::mem::offset_of!($t, $f))),*
+                ];
+                return fields.get(index).map(|&(f, off)| {
+                    (
+                        CStr::from_bytes_with_nul(f.as_bytes()).expect("a NUL-terminated literal"),
+                        off,
+                    )
+                });
+            })*
+            None
+        }
+    };
+}
+
+abi_fields!(
+    objectcache_geometry { struct_size, layers, kv_heads, head_dim, dtype, tokens_per_chunk, tp_rank, tp_world, model, layout, block_size, _reserved }
+    objectcache_engine_layout { struct_size, family, engine, order, kv_heads, head_dim, latent_dim, block_size, dtype, group_count, group_index, group_kind, window, _reserved, bytes_per_token, structure }
+    objectcache_hash_params { struct_size, block_size, seed, salt }
+    objectcache_layer_dest { addr, len }
+    objectcache_range { addr, len }
+    objectcache_paged_load_params { struct_size, priority, request_id, deadline_ms, compute_us_per_layer, geometry, hashes, hash_len, n_chunks, ranges, ranges_per_layer, n_layers }
+    objectcache_load_params { struct_size, priority, request_id, deadline_ms, compute_us_per_layer, geometry, hashes, hash_len, n_chunks, layers, n_layers }
+    objectcache_save_report { struct_size, _reserved, written, already_present, bytes }
+    objectcache_metrics { struct_size, _reserved, loads, saves, lookups, lookup_hit_chunks, lookup_probes, bytes_saved, live_transfers, registered_regions }
+    objectcache_transfer_stats { struct_size, layers_ready, request_id, requests, bytes, ttfl_s, ttll_s }
+    objectcache_stall_params { struct_size, tp, model, gpu, kernels, load_tokens, new_tokens, compute_us_per_layer }
+    objectcache_stall_advice { struct_size, recompute, from_layer, _reserved, recompute_tokens, finish_s, wait_finish_s }
+);
+
 /// Static name of a status code.
 pub(crate) fn status_name(s: i32) -> &'static CStr {
     match s {

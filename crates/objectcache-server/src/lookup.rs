@@ -26,9 +26,9 @@
 //!   `disk` (the node tier holds its data object in every group), else `remote`.
 //! - `asked`: the number of hashes asked.
 //!
-//! Cost: one round of concurrent HEAD requests to the store for the publish markers (a chunk
-//! counts only once its marker is published, as for the connector's own lookup); the tier is
-//! asked in memory. Errors: 400 with a message naming what was wrong (bad JSON, too many
+//! Cost: concurrent HEAD requests to the store for the publish markers, in prefix order, at
+//! most [`MAX_PROBES`], ending at the first absent one (a chunk counts only once its marker
+//! is published, as for the connector's own lookup); the tier is asked in memory. Errors: 400 with a message naming what was wrong (bad JSON, too many
 //! groups or hashes, a hash that is not hex, a group that is not a valid key prefix); 503
 //! when the store cannot be asked.
 
@@ -42,6 +42,8 @@ pub const MAX_BODY_BYTES: usize = 1 << 20;
 pub const MAX_GROUPS: usize = 64;
 /// Chunk hashes per lookup at most (4,096 chunks: 1M tokens at 256 tokens per chunk).
 pub const MAX_HASHES: usize = 4096;
+/// Publish markers (hashes x groups) one lookup may ask about at most.
+pub const MAX_PROBES: usize = 16_384;
 /// Marker HEADs in flight at once for one lookup.
 const CONCURRENCY: usize = 64;
 
@@ -92,6 +94,13 @@ impl LookupRequest {
                 r.groups.len()
             ));
         }
+        if r.hashes.len() * r.groups.len() > MAX_PROBES {
+            return bad(format!(
+                "{} hashes x {} groups: at most {MAX_PROBES} publish markers per lookup",
+                r.hashes.len(),
+                r.groups.len()
+            ));
+        }
         if r.hashes.len() > MAX_HASHES {
             return bad(format!(
                 "hashes: {} given, at most {MAX_HASHES} allowed",
@@ -132,22 +141,23 @@ pub async fn lookup(
         .enumerate()
         .flat_map(|(i, h)| req.groups.iter().map(move |g| (i, format!("{g}/pub/{h}"))))
         .collect();
-    let present: Vec<(usize, bool)> = futures::stream::iter(keys)
+    // Answers arrive in key order (chunk, then group): the first absent marker ends the
+    // prefix, and the HEADs after it are dropped unasked or cancelled.
+    let mut answers = futures::stream::iter(keys)
         .map(|(i, k)| {
             let store = store.clone();
             async move { store.exists(&k).await.map(|p| (i, p)) }
         })
-        .buffered(CONCURRENCY)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<_, _>>()
-        .map_err(|e| LookupError::Store(e.to_string()))?;
-    let mut all = vec![true; req.hashes.len()];
-    for (i, p) in present {
-        all[i] &= p;
+        .buffered(CONCURRENCY);
+    let mut chunks = req.hashes.len();
+    while let Some(a) = answers.next().await {
+        let (i, present) = a.map_err(|e| LookupError::Store(e.to_string()))?;
+        if !present {
+            chunks = i;
+            break;
+        }
     }
-    let chunks = all.iter().position(|p| !p).unwrap_or(all.len());
+    drop(answers);
     let tiers = req.hashes[..chunks]
         .iter()
         .map(|h| {

@@ -1,6 +1,9 @@
-"""The type stub (objectcache/__init__.pyi) ships with the package and describes the API the
-package has: the same public names as ``objectcache.__all__``, and for every function and
-method of the stub, the same parameters, in order, with the same defaults, as at run time."""
+"""The Python package's two copies of what the library defines, checked against it: the type
+stub (objectcache/__init__.pyi) ships with the package and names the API it has (the same
+public names as ``objectcache.__all__``, and for every function and method of the stub the
+same parameters, in order, with the same defaults); and the ctypes views of the C ABI's
+structs agree with the library field by field (names and offsets), a disagreement being an
+error that names the field."""
 
 import ast
 import inspect
@@ -73,3 +76,35 @@ def test_every_stub_signature_matches_the_code():
                 assert _params(fn) == want, f"{node.name}.{fn.name}: stub {_params(fn)}, code {want}"
                 checked += 1
     assert checked >= 30, checked
+
+
+def test_every_ctypes_struct_matches_the_library_field_by_field():
+    """The package's ctypes views of the ABI structs agree with the library, field by field
+    (objectcache_struct_field), and a view that does not is refused naming the field."""
+    import ctypes
+
+    from objectcache import _ffi
+
+    for cname, cls in _ffi.STRUCTS.items():
+        assert _ffi.struct_mismatch(_ffi.lib, cname, cls) is None, cname
+    fields = list(_ffi.Geometry._fields_)
+
+    def view(fs):
+        return type("Wrong", (ctypes.Structure,), {"_fields_": fs})
+
+    swapped = fields[:]
+    swapped[1], swapped[2] = swapped[2], swapped[1]  # layers <-> kv_heads (both u32)
+    why = _ffi.struct_mismatch(_ffi.lib, "objectcache_geometry", view(swapped))
+    assert why == "objectcache_geometry field 1 is layers in the library, kv_heads here", why
+    renamed = fields[:-1] + [("reserved", fields[-1][1])]
+    why = _ffi.struct_mismatch(_ffi.lib, "objectcache_geometry", view(renamed))
+    assert "field 11 is _reserved in the library, reserved here" in why, why
+    # Without its last u32 the struct keeps its size (tail padding to 8 bytes).
+    shorter = view(fields[:-1])
+    assert ctypes.sizeof(shorter) == ctypes.sizeof(_ffi.Geometry)
+    why = _ffi.struct_mismatch(_ffi.lib, "objectcache_geometry", shorter)
+    assert why.startswith("objectcache_geometry._reserved (field 11, offset"), why
+    assert why.endswith("is missing here"), why
+    grown = view(fields + [("extra", ctypes.c_uint64)])
+    why = _ffi.struct_mismatch(_ffi.lib, "objectcache_geometry", grown)
+    assert why.startswith("sizeof(objectcache_geometry) is"), why

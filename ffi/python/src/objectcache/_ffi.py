@@ -234,7 +234,8 @@ class TransferStats(ctypes.Structure):
     ]
 
 
-#: Every ABI struct by its C name; sizes are checked against the library at load time.
+#: Every ABI struct by its C name; each one's size and every field's name and offset are
+#: checked against the library at load time (:func:`struct_mismatch`).
 STRUCTS = {
     "objectcache_geometry": Geometry,
     "objectcache_engine_layout": EngineLayout,
@@ -260,6 +261,7 @@ _PROTOTYPES = {
     "objectcache_version": (c_char_p, []),
     "objectcache_config_keys": (c_char_p, []),
     "objectcache_struct_size": (c_size_t, [c_char_p]),
+    "objectcache_struct_field": (c_char_p, [c_char_p, c_size_t, _P(c_size_t)]),
     "objectcache_last_error": (c_char_p, []),
     "objectcache_status_name": (c_char_p, [status]),
     "objectcache_slice_bytes": (status, [_P(Geometry), _P(c_uint64)]),
@@ -353,13 +355,40 @@ def _load():
             f"objectcache: {path} has C ABI version {got}, this package needs {ABI_VERSION}"
         )
     for cname, cls in STRUCTS.items():
-        want = lib.objectcache_struct_size(cname.encode())
-        if want != ctypes.sizeof(cls):
-            raise ImportError(
-                f"objectcache: sizeof({cname}) is {want} in {path} but "
-                f"{ctypes.sizeof(cls)} in this package's ctypes view"
-            )
+        why = struct_mismatch(lib, cname, cls)
+        if why:
+            raise ImportError(f"objectcache: {path} and this package disagree: {why}")
     return lib
+
+
+def struct_mismatch(lib, cname, cls):
+    """How this package's ctypes view ``cls`` of ABI struct ``cname`` differs from the
+    library ``lib`` (``objectcache_struct_size``, ``objectcache_struct_field``): its size, a
+    field missing on either side, or a field at another offset, named; ``None`` if they
+    agree."""
+    size = lib.objectcache_struct_size(cname.encode())
+    if size != ctypes.sizeof(cls):
+        return f"sizeof({cname}) is {size} in the library, {ctypes.sizeof(cls)} here"
+    theirs = []
+    off = c_size_t(0)
+    while True:
+        name = lib.objectcache_struct_field(cname.encode(), len(theirs), ctypes.byref(off))
+        if name is None:
+            break
+        theirs.append((name.decode(), off.value))
+    ours = [(f[0], getattr(cls, f[0]).offset) for f in cls._fields_]
+    for i in range(max(len(theirs), len(ours))):
+        t = theirs[i] if i < len(theirs) else None
+        o = ours[i] if i < len(ours) else None
+        if t != o:
+            if o is None:
+                return f"{cname}.{t[0]} (field {i}, offset {t[1]}) is missing here"
+            if t is None:
+                return f"{cname}.{o[0]} (field {i}) is not in the library"
+            if t[0] != o[0]:
+                return f"{cname} field {i} is {t[0]} in the library, {o[0]} here"
+            return f"{cname}.{t[0]} is at offset {t[1]} in the library, {o[1]} here"
+    return None
 
 
 lib = _load()
