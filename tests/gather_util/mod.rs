@@ -251,13 +251,19 @@ pub async fn start(store: Arc<dyn Store>, cfg: ServerConfig) -> ServerHandle {
 
 /// `GET path` over plain HTTP/1.1; returns (status, body).
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    http_exchange(
+        addr,
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
     )
     .await
-    .unwrap();
+}
+
+/// Sends one HTTP/1.1 request (`Connection: close`) and reads the whole answer; returns
+/// (status, body).
+async fn http_exchange(addr: std::net::SocketAddr, request: String) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
     let mut out = Vec::new();
     s.read_to_end(&mut out).await.unwrap();
     let text = String::from_utf8_lossy(&out).to_string();
@@ -271,27 +277,15 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 
 /// `POST path` with a JSON `body` over plain HTTP/1.1; returns (status, body).
 pub async fn http_post(addr: std::net::SocketAddr, path: &str, body: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(
+    http_exchange(
+        addr,
         format!(
             "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
              Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
-        )
-        .as_bytes(),
+        ),
     )
     .await
-    .unwrap();
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).await.unwrap();
-    let text = String::from_utf8_lossy(&out).to_string();
-    let status = http_status(&text);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
 }
 
 /// The status code of an HTTP/1.1 response that begins `text` (`HTTP/1.1 200 OK...`); 0 if

@@ -441,42 +441,36 @@ fn a_router_asks_which_leading_chunks_are_stored_and_in_which_tier() {
         .expect("a publish marker");
     let group = marker.split("/pub/").next().unwrap().to_string();
     let hex: Vec<String> = hs.iter().map(|h| h.to_hex()).collect();
-    let ask = |groups: &[&str], hashes: &[String]| {
+    let ask = |addr, groups: &[&str], hashes: &[String]| {
         let body = serde_json::json!({ "groups": groups, "hashes": hashes }).to_string();
-        rt.block_on(gather_util::http_post(
-            server.local_addr(),
-            "/_objectcache/lookup",
-            &body,
-        ))
+        rt.block_on(gather_util::http_post(addr, "/_objectcache/lookup", &body))
     };
     // Saved through the tier: all six in DRAM; two unknown hashes after them are not counted.
     let mut longer = hex.clone();
     longer.extend(["ab".repeat(32), "cd".repeat(32)]);
-    let a = answer(ask(&[&group], &longer));
+    let a = answer(ask(server.local_addr(), &[&group], &longer));
     assert_eq!(a["chunks"], 6, "{a}");
     assert_eq!(a["asked"], 8, "{a}");
     assert_eq!(a["tiers"], serde_json::json!(vec!["dram"; 6]), "{a}");
     // A chunk counts only when every group has it (a second TP rank that saved nothing).
     let other = format!("{group}-rank1");
-    assert_eq!(answer(ask(&[&group, &other], &hex))["chunks"], 0);
+    assert_eq!(
+        answer(ask(server.local_addr(), &[&group, &other], &hex))["chunks"],
+        0
+    );
     // A marker gone from the remote store ends the prefix there.
     let m3 = format!("{group}/pub/{}", hex[3]);
     let kept = rt.block_on(backend.get_bytes(&m3)).unwrap();
     rt.block_on(backend.delete(&m3)).unwrap();
-    assert_eq!(answer(ask(&[&group], &hex))["chunks"], 3);
+    assert_eq!(
+        answer(ask(server.local_addr(), &[&group], &hex))["chunks"],
+        3
+    );
     rt.block_on(backend.put(&m3, kept)).unwrap();
     // A restarted server with no DRAM: the disk level answers for every chunk.
     drop(server);
     let (_t, server) = start(0);
-    let ask = |groups: &[&str], hashes: &[String]| {
-        let body = serde_json::json!({ "groups": groups, "hashes": hashes }).to_string();
-        rt.block_on(gather_util::http_post(
-            server.local_addr(),
-            "/_objectcache/lookup",
-            &body,
-        ))
-    };
-    let a = answer(ask(&[&group], &hex));
+    let a = answer(ask(server.local_addr(), &[&group], &hex));
     assert_eq!(a["tiers"], serde_json::json!(vec!["disk"; 6]), "{a}");
     // The disk level emptied: every chunk is read from the remote store.
     drop(server);
