@@ -46,19 +46,21 @@ pub(super) async fn serve_http<I>(
 
 type HttpResp = hyper::Response<s3s::Body>;
 
+/// A response of `status` with content type `ct` and `body`.
+fn text(status: u16, ct: &str, body: String) -> HttpResp {
+    hyper::Response::builder()
+        .status(status)
+        .header("content-type", ct)
+        .body(s3s::Body::from(body))
+        .expect("valid response")
+}
+
 async fn http_route(
     req: hyper::Request<hyper::body::Incoming>,
     sh: Arc<Shared>,
     s3: s3s::service::S3Service,
 ) -> Result<HttpResp, std::convert::Infallible> {
     let path = req.uri().path();
-    let text = |status: u16, ct: &str, body: String| {
-        hyper::Response::builder()
-            .status(status)
-            .header("content-type", ct)
-            .body(s3s::Body::from(body))
-            .expect("valid response")
-    };
     if req.method() == hyper::Method::GET && path.starts_with("/_objectcache/") {
         return Ok(match path {
             "/_objectcache/health" => {
@@ -192,11 +194,7 @@ async fn lookup_route(req: hyper::Request<hyper::body::Incoming>, sh: &Shared) -
         } else {
             "text/plain"
         };
-        hyper::Response::builder()
-            .status(status)
-            .header("content-type", ct)
-            .body(s3s::Body::from(body))
-            .expect("valid response")
+        text(status, ct, body)
     };
     if !sh.cfg.lookup_http {
         return resp(
