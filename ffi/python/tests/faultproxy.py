@@ -9,6 +9,8 @@ other modes act on the store as a client sees it:
   new ones are refused until the mode changes: a gateway killed in the middle of a load.
 * ``slow``: bytes from the server on gather connections pass at ``rate`` bytes per second
   (default 5 MB/s): a store slowed so that a load is still in flight when its request ends.
+* ``slow_saves``: bytes from clients on connections other than gather (S3 requests: saves'
+  PUTs) pass at ``rate`` bytes per second: a store slow to take saves, so that they queue.
 * ``down``: lookups (HTTP) pass until a client sends on a gather connection (a load starts);
   then every open connection is closed and new ones are refused until the mode changes: a
   store that goes down between a request's lookup and its load.
@@ -45,7 +47,7 @@ class FaultProxy:
         return self._mode
 
     def set_mode(self, mode):
-        assert mode in ("pass", "stall", "kill", "down", "slow"), mode
+        assert mode in ("pass", "stall", "kill", "down", "slow", "slow_saves"), mode
         with self.cv:
             self._mode = mode
             self.cv.notify_all()
@@ -104,6 +106,8 @@ class FaultProxy:
                     head += data
                     if len(head) >= len(PREFACE):
                         conn["gather"] = head.startswith(PREFACE)
+                if upward and not conn["gather"] and self._mode == "slow_saves":
+                    time.sleep(len(data) / self.rate)
                 if upward and conn["gather"] and self._mode == "down":
                     self._die()
                     return

@@ -213,6 +213,159 @@ def test_failed_loads_recompute_once_with_the_right_output(server, logdir, mode,
     assert affected == recomputed, f"vLLM recomputed {affected}; the failed loads {recomputed}"
 
 
+def test_vllms_default_policy_fails_only_the_request_whose_load_failed(server, logdir):
+    """vLLM's default ``kv_load_failure_policy: fail``: a load that fails (here a corrupt
+    chunk) makes vLLM finish that request with an error and no output, never wrong tokens; a
+    request of the same batch goes on; the connector warned at start-up; and the next request
+    on the same document treats the faulty chunk as a miss, so it succeeds with the output of
+    a full computation."""
+    model = _model()
+    name = "fail-policy-default"
+    prefix = f"failures-{name}-{int(time.time())}"
+    store = (f"s3://kv-pytest/{prefix}?endpoint=http://{server.addr}&region=us-east-1"
+             "&addressing=path")
+    cfg = {"kv_connector": "ObjectCacheConnector",
+           "kv_connector_module_path": "objectcache.vllm", "kv_role": "kv_both",
+           "kv_connector_extra_config": {
+               "store": store, "namespace": "vllm-failures", "load_mode": "layerwise"}}
+    r = Replica(name, logdir, model, kv_transfer_config=cfg, extra={"dtype": EXACT_DTYPE})
+    root = pathlib.Path(server.store_dir)
+    try:
+        doc = document(f"corrupt/{name}")
+        other = document(f"bystander/{name}")
+        a_prompt, b_prompt, c_prompt = ask(doc, QA), ask(doc, QB), ask(doc, QC)
+        before = data_objects(root)
+        r.generate([a_prompt])
+        r.call({"op": "flush"})
+        after = data_objects(root)
+        path = _chunk_path(before, after, 3, r.tokenize([a_prompt])[0])
+        flip_byte(path, 64 + 7 * (SLICE + 4) + 1000)
+        b, bystander = r.generate([b_prompt, ask(other, QB)])
+        c = r.generate([c_prompt])[0]
+        own_c, own_bystander = r.generate([c_prompt, ask(other, QB)],
+                                          salts=["computed-here", "computed-here"])
+        log = r.logpath.read_text()
+    finally:
+        r.close()
+    print(f"{name}: B finished {b['finish_reason']!r} with {len(b['token_ids'])} tokens; "
+          f"the bystander {bystander['finish_reason']!r}; C hit "
+          f"{(c['kv_transfer_params'] or {}).get('objectcache_hit_tokens', 0)} tokens")
+    assert "kv_load_failure_policy is 'fail'" in log, "the start-up warning"
+    assert b["finish_reason"] == "error", b
+    assert b["token_ids"] == [], "a failed request returns no tokens"
+    assert bystander["finish_reason"] != "error", bystander
+    assert_same_tokens(bystander, own_bystander, f"{name}: the bystander")
+    assert c["finish_reason"] != "error", c
+    c_hit = (c["kv_transfer_params"] or {}).get("objectcache_hit_tokens", 0)
+    assert c_hit == 3 * BLOCK, f"C loaded {c_hit} tokens: the 3 chunks before the faulty one"
+    assert_same_tokens(c, own_c, f"{name}: C after the failed load")
+
+
+def _generate_ids(replica, ids, max_tokens):
+    """Greedy outputs of prompts given as token ids."""
+    ps = [{"prompt_token_ids": t} for t in ids]
+    return replica.call({"op": "generate", "prompts": ps, "max_tokens": max_tokens,
+                         "logprobs": 5})["outputs"]
+
+
+def _kv_of(path):
+    """Every layer's K|V slice of a chunk object (float32), concatenated."""
+    import numpy as np
+
+    b = pathlib.Path(path).read_bytes()
+    assert len(b) == 64 + LAYERS * (SLICE + 4), path
+    return np.concatenate([np.frombuffer(b, dtype=np.float32, count=SLICE // 4,
+                                         offset=64 + layer * (SLICE + 4))
+                           for layer in range(LAYERS)])
+
+
+PREEMPT_PROMPTS, PREEMPT_TOKENS, PREEMPT_NEW = 32, 2 * BLOCK + 100, 40
+
+
+def test_preempted_requests_never_save_another_requests_kv(server, logdir):
+    """32 requests of 356 tokens, 40 tokens generated (3 full chunks each), in a KV cache of
+    36 blocks: vLLM preempts while the requests grow into their 4th block, and gives the
+    preempted requests' blocks to others. Saves are slowed (the store takes PUTs at 40 MB/s,
+    and the worker saves one request at a time), so a preempted request's save is still
+    queued when vLLM reuses its blocks: the hold (``handle_preemptions`` waits for it) is what
+    keeps it from reading another request's KV. Every chunk stored must hold what a clean
+    run (a fresh replica with room for everything) computes for it, and every output must
+    equal the clean run's."""
+    import numpy as np
+
+    model = _model()
+    root = pathlib.Path(server.store_dir)
+    proxy = FaultProxy(server.addr)
+    proxy.rate = 40e6
+    trace_path = logdir / "preempt.trace"
+    trace_path.unlink(missing_ok=True)
+    t = int(time.time())
+
+    def cfg(prefix, addr):
+        return {"kv_connector": "ObjectCacheConnector",
+                "kv_connector_module_path": "objectcache.vllm", "kv_role": "kv_both",
+                "kv_load_failure_policy": "recompute",
+                "kv_connector_extra_config": {
+                    "store": (f"s3://kv-pytest/{prefix}?endpoint=http://{addr}"
+                              "&region=us-east-1&addressing=path"),
+                    "namespace": "vllm-preempt"}}
+
+    def run(replica):
+        before = data_objects(root)
+        out = _generate_ids(replica, ids, PREEMPT_NEW)
+        replica.call({"op": "flush"})
+        return out, {pathlib.Path(x).name: x for x in set(data_objects(root)) - set(before)}
+
+    squeezed = Replica("preempt", logdir, model,
+                       kv_transfer_config=cfg(f"preempt-{t}", proxy.addr),
+                       extra={"dtype": EXACT_DTYPE, "num_gpu_blocks_override": 36},
+                       env={"OBJECTCACHE_VLLM_TRACE": str(trace_path)})
+    try:
+        docs = [document(f"preempt/{i}") for i in range(PREEMPT_PROMPTS)]
+        ids = [tokens[:PREEMPT_TOKENS] for tokens in squeezed.tokenize(docs)]
+        proxy.set_mode("slow_saves")
+        t0 = time.monotonic()
+        got, stored = run(squeezed)
+        squeezed_s = time.monotonic() - t0
+        proxy.set_mode("pass")
+    finally:
+        squeezed.close()
+        proxy.close()
+    holds = [e for e in _trace(trace_path) if e["event"] == "preempted"]
+    assert holds, "vLLM preempted nothing: the cache is not small enough to test anything"
+    pending = sum(e["pending"] for e in holds)
+    assert pending > 0, "no preempted request had a save in flight: saves are not slow enough"
+
+    clean = Replica("preempt-clean", logdir, model,
+                    kv_transfer_config=cfg(f"preempt-clean-{t}", server.addr),
+                    extra={"dtype": EXACT_DTYPE})
+    try:
+        want, reference = run(clean)
+    finally:
+        clean.close()
+    # Every full chunk of prompt and output is saved (the output's when the request ends).
+    chunks = (PREEMPT_TOKENS + PREEMPT_NEW - 1) // BLOCK
+    assert len(reference) == chunks * PREEMPT_PROMPTS, len(reference)
+    assert set(stored) == set(reference), (
+        f"{len(set(reference) - set(stored))} chunks not stored under preemption, "
+        f"{len(set(stored) - set(reference))} stored that a clean run does not compute")
+    worst, identical = 0.0, 0
+    for name in sorted(reference):
+        a, b = _kv_of(stored[name]), _kv_of(reference[name])
+        d = float(np.max(np.abs(a - b)))
+        identical += d == 0.0
+        worst = max(worst, d)
+        assert np.allclose(a, b, rtol=1e-3, atol=1e-3), (
+            f"chunk {name}: stored KV differs from the clean run's by up to {d:.3g}")
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_same_tokens(g, w, f"prompt {i} under preemption")
+    print(f"preemption: {len(holds)} preemptions in {squeezed_s:.1f} s, {pending} saves "
+          f"waited for before their blocks went to others "
+          f"({sum(e['wait_ms'] for e in holds):.0f} ms held in all); {len(reference)} chunks "
+          f"stored, {identical} byte-identical to a clean run's, the rest within "
+          f"{worst:.2g}; {len(got)} outputs equal")
+
+
 def test_chunk_keys_at_every_hash_granularity():
     """A chunk's key is vLLM's block hash at the token that closes the chunk, whatever the
     granularity vLLM hashes at (its hash block size: the block size, or a finer prefix match

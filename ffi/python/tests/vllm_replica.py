@@ -76,6 +76,7 @@ def main():
                     "num_cached_tokens": r.num_cached_tokens,
                     "kv_transfer_params": r.kv_transfer_params,
                     "request_id": r.request_id,
+                    "finish_reason": o.finish_reason,
                 })
         else:
             out = {"error": f"unknown op {op!r}"}

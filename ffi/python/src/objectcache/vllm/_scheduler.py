@@ -69,6 +69,8 @@ class _SchedulerSide:
 
     # Hashes known to be stored (saved or found), so chunks are not saved twice; bounded.
     _KNOWN_MAX = 1 << 16
+    # Finished requests kept for their load's outcome (``ended``).
+    _ENDED_MAX = 1024
 
     def __init__(self, conn):
         self.c = conn
@@ -76,6 +78,11 @@ class _SchedulerSide:
         self.g = _geometry(self.s, 0)
         self.geoms = [_geometry(self.s, 0, gr.index) for gr in self.s.groups]
         self.reqs = {}
+        # Requests vLLM finished while their load's outcome was still to come (under vLLM's
+        # default policy ``fail`` a failed load finishes its request before the workers'
+        # report of that step reaches update_connector_output): request id -> state, so that
+        # the chunks at fault are still remembered as failed. Bounded (oldest dropped).
+        self.ended = {}
         self.loads = {}
         self.known = {}
         # Chunk hash -> monotonic time until which it is a miss: its load failed.
@@ -304,7 +311,7 @@ class _SchedulerSide:
         for rid, o in meta.outcomes.items():
             for why, n in o.failed.items():
                 self.c._stat(f"failed_chunks_{why}", n)
-            st = self.reqs.get(rid)
+            st = self.reqs.get(rid) or self.ended.pop(rid, None)
             if st is None:
                 continue
             used = min(o.ok * tpc, st.external_tokens)
@@ -389,6 +396,13 @@ class _SchedulerSide:
         st = self.reqs.pop(request.request_id, None)
         if st is None:
             return False, None
+        if st.load_hashes and st.used_tokens is None:
+            self.ended[request.request_id] = st
+            while len(self.ended) > self._ENDED_MAX:
+                self.ended.pop(next(iter(self.ended)))
+        if getattr(getattr(request, "status", None), "name", "") == "FINISHED_ERROR":
+            # vLLM failed the request (its load failed, policy ``fail``): nothing was used.
+            st.used_tokens = 0
         # Only a request this connector loaded reports (under vLLM's MultiConnector, the
         # sub-connectors' parameters are merged and must not clash): the tokens it loaded and
         # used, not those the lookup found (a failed load uses fewer, an aborted one none).

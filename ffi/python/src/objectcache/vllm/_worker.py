@@ -429,10 +429,18 @@ class _WorkerSide:
         return self.saves_started
 
     def handle_preemptions(self, meta):
-        # A preempted request's blocks are reused from this step on: its saves finish first.
+        """The hold: vLLM gives a preempted request's blocks to other requests from this step
+        on, and a save reads its blocks when the saver thread gets to it (saves run one at a
+        time, behind slower ones). So every save of a preempted request ends here, before the
+        step's forward pass can write into those blocks."""
         for rid in getattr(meta, "preempted", ()) or ():
-            for fut in self.saves.get(rid, ()):
+            futs = self.saves.get(rid, ())
+            t0 = time.monotonic()
+            pending = sum(not f.done() for f in futs)
+            for fut in futs:
                 fut.result()
+            if _TRACE:
+                _trace("preempted", req=rid, saves=len(futs), pending=pending, wait_ms=_ms(t0))
 
     # -- completion --
 
