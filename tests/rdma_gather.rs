@@ -235,9 +235,26 @@ fn saved_prefix(
     ns: &str,
 ) -> (GatherRequest, Vec<Vec<u8>>) {
     let (hs, data) = save_prefix(&s3_engine(srv, ns), g, chunks, seed);
+    (prefix_request(g, ns, hs), data)
+}
+
+/// The gather request for the chunks `hs` of namespace `ns`.
+fn prefix_request(
+    g: &KvGeometry,
+    ns: &str,
+    hs: Vec<objectcache::layout::ChunkHash>,
+) -> GatherRequest {
     let kb = KeyBuilder::new(ns, g, HashAlgo::Sha256Cbor).unwrap();
-    let req = GatherRequest::for_prefix(1, BUCKET, &kb, g, hs, vec![g.tokens_per_chunk; chunks]);
-    (req, data)
+    let n = hs.len();
+    GatherRequest::for_prefix(1, BUCKET, &kb, g, hs, vec![g.tokens_per_chunk; n])
+}
+
+/// A server that sends `bytes_per_s` at most (gather loads paced by its link scheduler), so
+/// that a load of a few units lasts seconds.
+fn paced_server(bytes_per_s: u64) -> ServerHandle {
+    let mut cfg = config();
+    cfg.bandwidth_cap_bytes_per_s = bytes_per_s;
+    rt().block_on(start(Arc::new(MemoryStore::new()), cfg))
 }
 
 #[test]
@@ -291,9 +308,7 @@ fn qp_failure_mid_load_is_a_miss() {
     // Paced at 256 KiB/s, the server posts the 32 units of 4 KiB over half a second, so the
     // QP fails (on the first unit's completion) before most are posted, however fast the
     // machine: unpaced, a fast one sometimes posted and completed every unit first.
-    let mut cfg = config();
-    cfg.bandwidth_cap_bytes_per_s = 256 << 10;
-    let srv = rt().block_on(start(Arc::new(MemoryStore::new()), cfg));
+    let srv = paced_server(256 << 10);
     let g = geometry();
     let ns = unique_ns("rdma-qpfail");
     let (mut req, data) = saved_prefix(&srv, &g, 4, 7, &ns);
@@ -327,6 +342,7 @@ fn qp_failure_mid_load_is_a_miss() {
         client.broken().is_some(),
         "the session is broken after a QP error"
     );
+    assert_eq!(client.drained(), Some(true), "drained before the misses");
     // A new session works again.
     let (client2, mut conn2) = gather_session(&srv);
     let sink2 = Arc::new(Sink::default());
@@ -539,5 +555,171 @@ fn paged_engine_load_over_rdma_writes_into_scattered_blocks() {
     assert_eq!(w, 0, "refused over RDMA");
     assert_eq!(srv.rdma_writes().unwrap(), before);
     drop(e);
+    rt().block_on(srv.shutdown());
+}
+
+/// Bytes of the destination at a give-up, and a second before: the load gave up (here its
+/// deadline) while the paced server still had most units to write. Once the load has
+/// returned, the engine owns the destination again: nothing may change in it, while the
+/// server goes on with the request until it sees the session closed.
+#[test]
+fn a_load_past_its_deadline_is_never_written_afterwards() {
+    if !rdma_present("a_load_past_its_deadline_is_never_written_afterwards") {
+        return;
+    }
+    // 4 chunks x 4 layers x 6 KiB = 96 KiB at 32 KiB/s: 3 s, past the client's 1 s deadline.
+    let srv = paced_server(32 << 10);
+    let g = geometry();
+    let ns = unique_ns("rdma-late");
+    let (mut req, data) = saved_prefix(&srv, &g, 4, 9, &ns);
+    req.max_unit_bytes = 4096;
+    let cfg = ClientConfig {
+        load_timeout: std::time::Duration::from_secs(1),
+        ..ClientConfig::default()
+    };
+    let client = RdmaClient::connect_gather(srv.local_addr(), cfg).unwrap();
+    let mut conn = rt()
+        .block_on(GatherConn::connect(
+            srv.local_addr(),
+            Some((ACCESS.into(), SECRET.into())),
+        ))
+        .unwrap();
+    let len = data[0].len();
+    let (bufs, dests) = host_dests(&g, len);
+    const CANARY: u8 = 0x5A;
+    bufs.iter().for_each(|b| common::clear(b, CANARY));
+    let sink = Arc::new(Sink::default());
+    let r = rt().block_on(conn.load(&client, req, &dests, sink.clone()));
+    assert!(matches!(r, Err(RdmaGatherError::Failed(_))), "{r:?}");
+    assert_eq!(
+        client.drained(),
+        Some(true),
+        "the QPs drained before the misses were reported"
+    );
+    let at_give_up: Vec<Vec<u8>> = bufs.iter().map(|b| common::settled(b, 0, len)).collect();
+    let failed = sink.failed.lock().unwrap().clone();
+    assert!(
+        failed.len() >= 2,
+        "the deadline cut the load short: {failed:?}"
+    );
+    for l in 0..g.layers {
+        let got = &at_give_up[l as usize];
+        let want = &data[l as usize];
+        if failed.contains_key(&l) {
+            // a layer the load gave up on: units that landed before, canary elsewhere
+            assert!(
+                got.iter().zip(want).all(|(&b, &w)| b == w || b == CANARY),
+                "layer {l} holds bytes of neither the chunk nor the canary"
+            );
+        } else {
+            assert_eq!(got, want, "layer {l} is reported ready");
+        }
+    }
+    let gave_up = srv.rdma_writes().unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    for (l, b) in bufs.iter().enumerate() {
+        assert!(
+            common::settled(b, 0, len) == at_give_up[l],
+            "layer {l} changed after the load gave up"
+        );
+    }
+    common::eventually(
+        "the server to close the broken session",
+        std::time::Duration::from_secs(30),
+        || srv.rdma_sessions() == Some(0),
+    );
+    eprintln!(
+        "late writes: {} layers failed at the deadline, {} writes completed before it, {} \
+         after; the destination unchanged",
+        failed.len(),
+        gave_up,
+        srv.rdma_writes().unwrap() - gave_up
+    );
+    drop(client);
+    rt().block_on(srv.shutdown());
+}
+
+/// The child process of [`a_client_process_that_exits_mid_load_leaves_no_session`]: loads
+/// the prefix the parent saved (at `OBJECTCACHE_TEST_CHILD_ADDR`, namespace
+/// `OBJECTCACHE_TEST_CHILD_NS`) over RDMA until the parent kills it. Does nothing when run
+/// on its own.
+#[test]
+#[ignore = "a child process of a_client_process_that_exits_mid_load_leaves_no_session"]
+fn rdma_child_loads_until_killed() {
+    let (Ok(addr), Ok(ns)) = (
+        std::env::var("OBJECTCACHE_TEST_CHILD_ADDR"),
+        std::env::var("OBJECTCACHE_TEST_CHILD_NS"),
+    ) else {
+        return;
+    };
+    let g = geometry();
+    let (hs, data) = common::seeded_prefix(&g, 4, 11);
+    let mut req = prefix_request(&g, &ns, hs);
+    req.max_unit_bytes = 4096;
+    let client = RdmaClient::connect_gather(addr.as_str(), ClientConfig::default()).unwrap();
+    let mut conn = rt()
+        .block_on(GatherConn::connect(
+            addr.as_str(),
+            Some((ACCESS.into(), SECRET.into())),
+        ))
+        .unwrap();
+    let (_bufs, dests) = host_dests(&g, data[0].len());
+    loop {
+        let _ = rt().block_on(conn.load(&client, req.clone(), &dests, Arc::new(Sink::default())));
+    }
+}
+
+/// A client process that dies mid-load (SIGKILL: no goodbye, its queue pairs destroyed by
+/// the kernel): the server's writes to it stop, its session closes, and the server serves
+/// the next client.
+#[test]
+fn a_client_process_that_exits_mid_load_leaves_no_session() {
+    if !rdma_present("a_client_process_that_exits_mid_load_leaves_no_session") {
+        return;
+    }
+    let srv = paced_server(32 << 10);
+    let g = geometry();
+    let ns = unique_ns("rdma-child");
+    let (mut req, data) = saved_prefix(&srv, &g, 4, 11, &ns);
+    req.max_unit_bytes = 4096;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "rdma_child_loads_until_killed", "--ignored"])
+        .env("OBJECTCACHE_TEST_CHILD_ADDR", srv.local_addr().to_string())
+        .env("OBJECTCACHE_TEST_CHILD_NS", &ns)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let limit = std::time::Duration::from_secs(60);
+    common::eventually("the child's load to be written", limit, || {
+        srv.rdma_writes().unwrap() >= 3
+    });
+    assert_eq!(srv.rdma_sessions(), Some(1), "the child's session");
+    child.kill().unwrap();
+    let status = child.wait().unwrap();
+    assert!(!status.success(), "the child ran until killed: {status}");
+    common::eventually(
+        "the server to close the dead client's session",
+        limit,
+        || srv.rdma_sessions() == Some(0),
+    );
+    let after = srv.rdma_writes().unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert_eq!(
+        srv.rdma_writes().unwrap(),
+        after,
+        "no write completes once the client is gone"
+    );
+    // the next client loads the same prefix, every byte
+    let (client, mut conn) = gather_session(&srv);
+    let len = data[0].len();
+    let (bufs, dests) = host_dests(&g, len);
+    let sink = Arc::new(Sink::default());
+    rt().block_on(conn.load(&client, req, &dests, sink.clone()))
+        .unwrap();
+    for l in 0..g.layers {
+        assert_landed(&bufs, &data, l, "after the dead client, ");
+    }
+    eprintln!("dead client: {after} writes before its session closed, none after");
+    client.close();
     rt().block_on(srv.shutdown());
 }

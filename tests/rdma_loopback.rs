@@ -522,13 +522,16 @@ fn remote_disconnect_and_timeout_become_misses() {
     f.assert_layer_exact(&buf, 5, 0, chunks);
 
     eprintln!("disconnect: part 1 done");
-    // 2. the server stalls past the client's deadline
+    // 2. the server stalls past the client's deadline, then writes every unit anyway: none
+    //    may land in the destination, which the engine has taken back once the load gave up
     let (gate, server, _open) = f.gated_server(0);
     let cfg = ClientConfig {
         load_timeout: Duration::from_secs(3),
         ..ClientConfig::default()
     };
     let client = connect(&server, cfg);
+    const CANARY: u8 = 0xC3;
+    common::clear(&buf, CANARY);
     let out = f.load(&client, spec, &buf, f.sink(chunks)).unwrap().wait();
     assert!(out.ready.is_empty());
     assert_eq!(out.failed.len(), 6);
@@ -540,7 +543,31 @@ fn remote_disconnect_and_timeout_become_misses() {
         out.failed
     );
     eprintln!("timeout: part 2 outcome checked");
+    assert_eq!(
+        client.drained(),
+        Some(true),
+        "the QPs drained before the misses were reported"
+    );
+    assert_eq!(server.writes_posted(), 0, "the gate held every read");
     gate.release(true);
+    // the server now reads and posts a write for every unit (its client is still there:
+    // queue pairs in the error state, the destination still registered)
+    let units = u64::from(chunks * f.g.layers);
+    wait_until("the server to post its late writes", || {
+        server.writes_posted() == units
+    });
+    // grace: on loopback a write reaches its peer within microseconds
+    std::thread::sleep(Duration::from_millis(500));
+    let len = (f.g.layers * chunks) as usize * f.g.slice_bytes() as usize;
+    let landed = common::settled(&buf, 0, len)
+        .iter()
+        .filter(|&&b| b != CANARY)
+        .count();
+    assert_eq!(
+        landed, 0,
+        "{landed} bytes of the destination changed after the load gave up ({units} late writes)"
+    );
+    eprintln!("timeout: {units} late writes posted, canary intact");
     drop(client);
     eprintln!("timeout: client dropped");
     drop(server);

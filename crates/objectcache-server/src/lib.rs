@@ -267,6 +267,13 @@ impl ServerHandle {
     pub fn rdma_writes(&self) -> Option<u64> {
         self.shared.rdma.as_ref().map(|r| r.writes())
     }
+    /// RDMA gather sessions open now (each one client's queue pairs and staging arena), or
+    /// `None` when this server offers no RDMA target. A session closes when its client says
+    /// goodbye or its control connection ends (a client process that exits closes it).
+    #[cfg(feature = "rdma")]
+    pub fn rdma_sessions(&self) -> Option<usize> {
+        self.shared.rdma.as_ref().map(|r| r.len())
+    }
     /// Runs one collection pass over the server's store (`crate::lifecycle::collect`: GC of
     /// interrupted saves and orphan markers, TTL, capacity eviction by least recent use),
     /// with the server's leases: an entry a gather load in flight reads, or one read through

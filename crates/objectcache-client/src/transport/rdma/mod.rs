@@ -23,7 +23,16 @@
 //! is not complete into a miss through [`crate::transport::LayerSink::fail`]; no call waits
 //! without a deadline. Because a late one-sided write could still land in a buffer the caller
 //! has reused, a timed-out or failed connection is *broken*: its QPs are moved to the error
-//! state (no further remote write can land) and the client must reconnect.
+//! state and drained before any layer is reported failed, and the client must reconnect.
+//! Moving a QP to the error state makes it drop every packet that arrives afterwards; the
+//! drain (a marker receive posted after the transition, whose flush completion comes after
+//! every packet the QP took before it) waits out a write the responder was still placing.
+//! Only then do the sinks hear the misses, so memory handed back to the engine after a
+//! give-up (deadline, stall limit, cancel by drop, QP error, shutdown) is never written by
+//! the server again. A per-load memory window would allow the same without breaking the
+//! session, but not every device offers type-2 windows (rxe does; many RoCE NICs' user
+//! drivers do not), and a give-up is rare enough that a new session (a few milliseconds)
+//! costs nothing that matters.
 #![allow(unsafe_code)]
 
 pub mod client;

@@ -164,8 +164,8 @@ impl RdmaServer {
         self.listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
         let conns: Arc<Mutex<Vec<(TcpStream, JoinHandle<()>)>>> = Arc::default();
-        let cancels = Arc::new(AtomicU64::new(0));
-        let (stop2, conns2, cancels2) = (stop.clone(), conns.clone(), cancels.clone());
+        let counters = Arc::new(Counters::default());
+        let (stop2, conns2, counters2) = (stop.clone(), conns.clone(), counters.clone());
         let accept = std::thread::Builder::new()
             .name("rdma-accept".into())
             .spawn(move || {
@@ -175,15 +175,16 @@ impl RdmaServer {
                             let _ = s.set_nonblocking(false);
                             let _ = s.set_nodelay(true);
                             let Ok(watch) = s.try_clone() else { continue };
-                            let (pd, src, cfg, cancels) = (
+                            let (pd, src, cfg, counters) = (
                                 self.pd.clone(),
                                 self.source.clone(),
                                 self.cfg.clone(),
-                                cancels2.clone(),
+                                counters2.clone(),
                             );
                             let h = std::thread::Builder::new().name("rdma-conn".into()).spawn(
                                 move || {
-                                    if let Err(e) = serve_conn(s, &pd, src.as_ref(), &cfg, &cancels)
+                                    if let Err(e) =
+                                        serve_conn(s, &pd, src.as_ref(), &cfg, &counters)
                                     {
                                         tracing::debug!(%peer, error = %e, "rdma connection ended");
                                     }
@@ -207,7 +208,7 @@ impl RdmaServer {
             stop,
             accept: Some(accept),
             conns,
-            cancels,
+            counters,
         })
     }
 }
@@ -219,7 +220,16 @@ pub struct ServerHandle {
     stop: Arc<AtomicBool>,
     accept: Option<JoinHandle<()>>,
     conns: Arc<Mutex<Vec<(TcpStream, JoinHandle<()>)>>>,
-    cancels: Arc<AtomicU64>,
+    counters: Arc<Counters>,
+}
+
+/// What a standalone server counts over all its connections.
+#[derive(Debug, Default)]
+struct Counters {
+    /// Cancel requests received.
+    cancels: AtomicU64,
+    /// RDMA writes posted (whether they then completed, failed or were flushed).
+    writes_posted: AtomicU64,
 }
 
 impl ServerHandle {
@@ -229,7 +239,13 @@ impl ServerHandle {
     }
     /// How many Cancel requests clients have sent to this server (all connections).
     pub fn cancels_received(&self) -> u64 {
-        self.cancels.load(Ordering::Relaxed)
+        self.counters.cancels.load(Ordering::Relaxed)
+    }
+    /// How many RDMA writes this server has posted (all connections), whether they then
+    /// completed, failed or were flushed: a test that expects writes to be refused by the
+    /// client's queue pairs sees here that they were attempted.
+    pub fn writes_posted(&self) -> u64 {
+        self.counters.writes_posted.load(Ordering::Relaxed)
     }
     /// Stops accepting, closes every client's control channel (their QPs are torn down, so
     /// clients see a remote disconnect) and waits for the connection threads.
@@ -260,7 +276,7 @@ fn serve_conn(
     pd: &Arc<ProtectionDomain>,
     src: &dyn SliceSource,
     cfg: &ServerConfig,
-    cancels: &Arc<AtomicU64>,
+    counters: &Arc<Counters>,
 ) -> Result<()> {
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     let endpoints = match control::recv(&mut s)? {
@@ -321,7 +337,7 @@ fn serve_conn(
     let gone2 = gone.clone();
     let cancel: Arc<Mutex<HashSet<u32>>> = Arc::default();
     let cancel2 = cancel.clone();
-    let cancels = cancels.clone();
+    let counters2 = counters.clone();
     let reader = std::thread::Builder::new()
         .name("rdma-conn-ctrl".into())
         .spawn(move || loop {
@@ -331,7 +347,7 @@ fn serve_conn(
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .insert(slot);
-                cancels.fetch_add(1, Ordering::Relaxed);
+                counters2.cancels.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             if let Ok(Some(Msg::Load { slot, .. })) = &m {
@@ -358,6 +374,7 @@ fn serve_conn(
         next_qp: 0,
         gone,
         cancel,
+        counters: counters.clone(),
     };
     let result = loop {
         let m = rx.recv().unwrap_or(Ok(None));
@@ -405,6 +422,7 @@ struct Conn {
     next_qp: usize,
     gone: Arc<AtomicBool>,
     cancel: Arc<Mutex<HashSet<u32>>>,
+    counters: Arc<Counters>,
 }
 
 /// Per-load bookkeeping of in-flight writes: arena slot → index into `spec.layers`.
@@ -512,6 +530,7 @@ impl Conn {
                     )
                 } {
                     Ok(()) => {
+                        self.counters.writes_posted.fetch_add(1, Ordering::Relaxed);
                         f.inflight.insert(slot_ix, li);
                     }
                     Err(e) => {

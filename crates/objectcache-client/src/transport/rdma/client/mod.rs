@@ -117,6 +117,13 @@ impl RdmaClient {
                 cfg.qps
             )));
         }
+        if cfg.caps.max_recv_wr < 2 {
+            return Err(RdmaError::InvalidArgument(format!(
+                "caps.max_recv_wr = {} leaves no receive for the server's writes besides the \
+                 drain marker (at least 2)",
+                cfg.caps.max_recv_wr
+            )));
+        }
         let ctx = Context::open(&cfg.device)?;
         let pd = ProtectionDomain::new(&ctx)?;
         let addr = addr.to_socket_addrs()?.next().ok_or_else(|| {
@@ -133,7 +140,8 @@ impl RdmaClient {
         let mut inits = Vec::new();
         for i in 0..cfg.qps {
             let qp = QueuePair::create(&pd, &cq, &cq, cfg.caps)?.to_init()?;
-            for _ in 0..cfg.caps.max_recv_wr {
+            // One receive slot stays free for the drain marker (`state::DRAIN_MARK`).
+            for _ in 1..cfg.caps.max_recv_wr {
                 qp.post_recv(i as u64)?;
             }
             inits.push(qp);
@@ -181,6 +189,9 @@ impl RdmaClient {
             cv: Condvar::new(),
             finished: tokio::sync::Notify::new(),
             stop: AtomicBool::new(false),
+            drained: (0..cfg.qps).map(|_| AtomicBool::new(false)).collect(),
+            drain_posted: AtomicBool::new(false),
+            drain_late: AtomicBool::new(false),
             cfg,
             gather,
         });
@@ -528,6 +539,18 @@ impl RdmaClient {
     /// `Some(reason)` once the connection is broken.
     pub fn broken(&self) -> Option<String> {
         self.shared.lock().broken.clone()
+    }
+
+    /// Whether the break drained the queue pairs in time: `None` while the connection is not
+    /// broken, `Some(true)` when every QP's drain marker completed before the misses were
+    /// reported (no late write can land), `Some(false)` when the bounded wait ran out (logged
+    /// as an error: the device did not flush its receive queue).
+    pub fn drained(&self) -> Option<bool> {
+        self.shared.lock().broken.as_ref()?;
+        if !self.shared.drain_posted.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(!self.shared.drain_late.load(Ordering::Acquire))
     }
 
     /// Moves QP `index` to the error state, as a NIC or link failure would: its posted

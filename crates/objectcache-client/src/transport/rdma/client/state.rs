@@ -98,7 +98,26 @@ pub(super) struct Shared {
     pub(super) cfg: ClientConfig,
     /// A gather session: cancels go through the gather protocol, not this channel.
     pub(super) gather: bool,
+    /// Per QP: its drain marker (see [`DRAIN_MARK`]) has completed.
+    pub(super) drained: Vec<AtomicBool>,
+    /// The drain markers were posted (once, by the first [`Shared::break_conn`]).
+    pub(super) drain_posted: AtomicBool,
+    /// A drain gave up waiting for its markers ([`DRAIN_WAIT`]).
+    pub(super) drain_late: AtomicBool,
 }
+
+/// `wr_id` bit of a drain marker: the receive posted on a QP after it was moved to the error
+/// state, whose flush completion proves that the QP's responder has finished with every
+/// packet that arrived before (a QP completes its receives in order, and flushes them only
+/// once in the error state), so that no write of the server can still be placed in memory.
+/// The low bits name the QP. Each QP keeps one receive slot free for it
+/// (`QpCaps::max_recv_wr - 1` receives posted).
+pub(super) const DRAIN_MARK: u64 = 1 << 63;
+
+/// How long [`Shared::break_conn`] waits for the drain markers' completions (they flush in
+/// microseconds on rxe and on NICs; the bound only keeps a broken driver from hanging the
+/// caller, which then logs an error).
+const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Shared {
     pub(super) fn lock(&self) -> MutexGuard<'_, ConnState> {
@@ -106,7 +125,8 @@ impl Shared {
     }
 
     /// Breaks the connection: every pending layer of every load becomes a miss, QPs go to
-    /// ERROR (no late write can land) and the control channel is shut. `timed_out` names the
+    /// ERROR and are drained ([`Shared::drain`]: no late write can land once it returns),
+    /// then the sinks hear the misses and the control channel is shut. `timed_out` names the
     /// load whose deadline passed. The first caller's reason wins (the socket shutdown below
     /// wakes the control reader, which then calls this again with "closed").
     pub(super) fn break_conn(&self, why: String, timed_out: Option<u32>) {
@@ -140,6 +160,7 @@ impl Shared {
         for qp in &self.qps {
             let _ = qp.set_error();
         }
+        self.drain();
         // Tell the server at once (it stops writing and flushes what it has in flight).
         let _ = self
             .writer
@@ -157,6 +178,64 @@ impl Shared {
             st.loads.keys().copied().collect()
         };
         self.settle(&ran, &slots);
+    }
+
+    /// Waits until no write of the server can land any more: the QPs are in the error
+    /// state (set by the caller), so each one's receives flush; a marker receive posted
+    /// after the transition completes after every packet the QP took before it (see
+    /// [`DRAIN_MARK`]). Polls the completion queue itself, so it works from the completion
+    /// thread too; completions other than the markers are dropped (the connection is broken,
+    /// the layers they belong to are already misses). Bounded by [`DRAIN_WAIT`].
+    fn drain(&self) {
+        if !self.drain_posted.swap(true, Ordering::AcqRel) {
+            for (i, qp) in self.qps.iter().enumerate() {
+                if let Err(e) = qp.post_recv(DRAIN_MARK | i as u64) {
+                    // No marker: nothing to wait for on this QP but its state (logged).
+                    tracing::error!(qp = i, error = %e, "posting the drain marker failed");
+                    self.drained[i].store(true, Ordering::Release);
+                }
+                // Once more to the error state (a legal transition from it): a provider that
+                // posts receives without entering the kernel (rxe's) has the responder flush
+                // its queue only when the kernel schedules it, which the transition does; a
+                // marker posted after the first transition's flush would otherwise wait.
+                let _ = qp.set_error();
+            }
+        }
+        let until = Instant::now() + DRAIN_WAIT;
+        let mut wcs = Vec::new();
+        let mut idle = 0;
+        while !self.drained.iter().all(|d| d.load(Ordering::Acquire)) {
+            if Instant::now() >= until {
+                self.drain_late.store(true, Ordering::Release);
+                tracing::error!(
+                    "the RDMA queue pairs did not flush within {DRAIN_WAIT:?} of moving to \
+                     the error state"
+                );
+                return;
+            }
+            wcs.clear();
+            if self.cq.poll(&mut wcs).is_err() {
+                backoff(&mut idle);
+                continue;
+            }
+            if wcs.is_empty() {
+                backoff(&mut idle);
+            }
+            for wc in &wcs {
+                self.note_drained(wc);
+            }
+        }
+    }
+
+    /// Records a drain marker's completion; `false` for any other completion.
+    pub(super) fn note_drained(&self, wc: &Completion) -> bool {
+        if wc.wr_id & DRAIN_MARK == 0 {
+            return false;
+        }
+        if let Some(d) = self.drained.get((wc.wr_id & !DRAIN_MARK) as usize) {
+            d.store(true, Ordering::Release);
+        }
+        true
     }
 
     /// Tells the server about loads whose sink reports cancellation (once per load).
@@ -349,6 +428,9 @@ pub(super) fn poll_loop(sh: &Shared) {
         let mut touched = Vec::new();
         let mut check = Vec::new();
         for wc in &wcs {
+            if sh.note_drained(wc) {
+                continue;
+            }
             let broken = sh.lock().broken.is_some();
             if !wc.is_ok() {
                 if !broken {
