@@ -7,6 +7,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod cost;
 mod traffic;
 mod transfer;
 mod ttft;

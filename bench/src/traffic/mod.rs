@@ -109,6 +109,8 @@ pub struct TrafficArgs {
 struct Remote {
     inner: Arc<dyn Store>,
     read: std::sync::atomic::AtomicU64,
+    /// GET-class requests (GETs, ranged GETs, HEADs) sent to it.
+    gets: std::sync::atomic::AtomicU64,
 }
 
 #[async_trait::async_trait]
@@ -121,6 +123,7 @@ impl Store for Remote {
         key: &str,
         opts: objectcache::store::GetOptions,
     ) -> objectcache::StoreResult<objectcache::store::GetResult> {
+        self.gets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let r = self.inner.get_opts(key, opts).await?;
         self.read.fetch_add(
             r.range.end - r.range.start,
@@ -137,6 +140,7 @@ impl Store for Remote {
         self.inner.put_opts(key, data, opts).await
     }
     async fn head(&self, key: &str) -> objectcache::StoreResult<objectcache::store::ObjectMeta> {
+        self.gets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.inner.head(key).await
     }
     async fn delete(&self, key: &str) -> objectcache::StoreResult<()> {
@@ -199,8 +203,16 @@ struct Record {
     /// every backend read), and over the unique bytes.
     remote_bytes: u64,
     remote_bytes_over_unique: f64,
+    /// GET-class requests (GETs, ranged GETs, HEADs) the server sent to the remote store
+    /// since it started, as `remote_bytes`.
+    remote_requests: u64,
     /// The node tier's DRAM bytes (0: none).
     tier_dram_bytes: u64,
+    /// What the remote store bills, per load on average over the run's loads (its requests
+    /// and bytes at [`crate::cost::S3_STANDARD`]'s list prices, the server in the store's
+    /// region), and what keeping the unique chunks costs a month; no saves are timed here.
+    #[serde(flatten)]
+    cost: crate::cost::Cost,
 }
 
 struct Server {
@@ -268,6 +280,7 @@ fn run_one(
     let remote = Arc::new(Remote {
         inner: backend.clone(),
         read: Default::default(),
+        gets: Default::default(),
     });
     let srv = if args.tier_dram_bytes > 0 {
         let tier = objectcache::store::TieredStore::new(
@@ -349,6 +362,7 @@ fn run_one(
     let moved = m.bytes_total("gather_out") - b0;
     // From the server's start: the warm-up's chunk included (it fills the tier).
     let remote_bytes = remote.read.load(std::sync::atomic::Ordering::Relaxed);
+    let remote_requests = remote.gets.load(std::sync::atomic::Ordering::Relaxed);
     let followed = e.metrics().loads_followed - followed0;
     drop(e);
     rt.block_on(srv.handle.shutdown());
@@ -379,7 +393,11 @@ fn run_one(
         bytes_moved: moved,
         remote_bytes,
         remote_bytes_over_unique: remote_bytes as f64 / unique_bytes.max(1) as f64,
+        remote_requests,
         tier_dram_bytes: args.tier_dram_bytes,
+        cost: crate::cost::S3_STANDARD
+            .cost(true, remote_requests, remote_bytes, 0, unique_bytes)
+            .averaged_over(reqs.len() as u64),
     })
 }
 
@@ -426,14 +444,14 @@ pub fn run(args: TrafficArgs) -> anyhow::Result<()> {
     }
     let mut records = Vec::new();
     println!(
-        "{:<8} {:<12} {:>4} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>6} | {:>6} {:>6} {:>6}",
-        "workload", "policy", "reqs", "TTFL", "p50", "p99", "TTLL", "p50", "p99", "sim TTLL", "sim p99", "m/sim", "bytes", "fetch", "remote"
+        "{:<8} {:<12} {:>4} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>6} | {:>6} {:>6} {:>6} | {:>7} {:>8}",
+        "workload", "policy", "reqs", "TTFL", "p50", "p99", "TTLL", "p50", "p99", "sim TTLL", "sim p99", "m/sim", "bytes", "fetch", "remote", "GETs/ld", "$/1k ld"
     );
     for (name, reqs) in &workloads {
         for policy in &args.policies {
             let r = run_one(&rt, &backend, &args, &g, name, policy, reqs)?;
             println!(
-                "{:<8} {:<12} {:>4} | {:>8.3} {:>8.3} {:>8.3} | {:>8.3} {:>8.3} {:>8.3} | {:>8.3} {:>8.3} {:>6.3} | {:>6.2} {:>6.2} {:>6.2}",
+                "{:<8} {:<12} {:>4} | {:>8.3} {:>8.3} {:>8.3} | {:>8.3} {:>8.3} {:>8.3} | {:>8.3} {:>8.3} {:>6.3} | {:>6.2} {:>6.2} {:>6.2} | {:>7.2} {:>8.5}",
                 r.workload,
                 r.policy,
                 r.requests,
@@ -448,7 +466,9 @@ pub fn run(args: TrafficArgs) -> anyhow::Result<()> {
                 r.ttll_measured_over_predicted,
                 r.bytes_moved_over_unique,
                 r.fetches_per_chunk,
-                r.remote_bytes_over_unique
+                r.remote_bytes_over_unique,
+                r.remote_requests as f64 / r.requests.max(1) as f64,
+                r.cost.cost_usd_per_1k_loads
             );
             records.push(r);
         }

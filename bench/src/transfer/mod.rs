@@ -24,7 +24,7 @@ mod target;
 use data::{hashes, object, touched};
 use file::file_copy;
 use measure::{per_gib, process_cpu_s, raw_tcp};
-use record::{median_of, Record, USD_PER_1000_GETS, USD_PER_1000_PUTS};
+use record::{median_of, Record};
 use target::{s3_store, target};
 
 use bytes::Bytes;
@@ -307,16 +307,15 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                 } else {
                     2 * chunks as u64
                 };
-                let billed = if billed(path) { 1.0 } else { 0.0 };
+
                 Record {
                     path: path.into(),
                     layout: if segment { "segment" } else { "per-chunk" }.into(),
                     model: args.model.clone(),
                     context_tokens: tokens,
                     tokens_per_chunk: g.tokens_per_chunk,
-                    usd_per_1000_loads: billed * requests as f64 * USD_PER_1000_GETS,
                     puts_per_save: puts,
-                    usd_per_1000_saves: billed * puts as f64 * USD_PER_1000_PUTS,
+                    cost: crate::cost::S3_STANDARD.cost(billed(path), requests, total, puts, total),
                     bytes: total,
                     delay_ms: delay,
                     requests,
@@ -552,14 +551,17 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                     );
                 } else {
                     println!(
-                        "{:<13} layout {}, {}-token chunks: {} GETs = ${:.3} per 1,000 loads; {} PUTs per save = ${:.2} per 1,000 saves (S3 list prices)",
+                        "{:<13} layout {}, {}-token chunks: {} GETs = ${:.4} per 1,000 loads (${:.4} per load from another region); {} PUTs per save = ${:.2} per 1,000 saves; ${:.4} a month stored ({})",
                         "",
                         r.layout,
                         r.tokens_per_chunk,
                         r.requests,
-                        r.usd_per_1000_loads,
+                        r.cost.cost_usd_per_1k_loads,
+                        r.cost.cost_usd_per_load_cross_region,
                         r.puts_per_save,
-                        r.usd_per_1000_saves
+                        r.cost.cost_usd_per_1k_saves,
+                        r.cost.storage_usd_per_month,
+                        crate::cost::S3_STANDARD.name
                     );
                 }
                 if let (Some(c), Some(rc), Some(x)) =

@@ -21,16 +21,15 @@ pub(super) struct Record {
     /// Request waves at the least: gather 1; ranged GETs `requests / peak in flight` rounded
     /// up; chunkwise `requests / 16`.
     pub(super) round_trips: u64,
-    /// What `requests` GETs cost per 1,000 loads at AWS S3 Standard's list price
-    /// ([`USD_PER_1000_GETS`]); a gather load's requests are priced alike, the file paths'
-    /// reads not at all (0).
-    pub(super) usd_per_1000_loads: f64,
     /// PUTs one save of the prefix takes in this layout: per chunk a data object and a
     /// publish marker (`per-chunk`), or per segment one object plus a marker per chunk.
     pub(super) puts_per_save: u64,
-    /// What `puts_per_save` PUTs cost per 1,000 saves ([`USD_PER_1000_PUTS`]); 0 for the
-    /// file paths.
-    pub(super) usd_per_1000_saves: f64,
+    /// What a load, 1,000 loads, a load from another region and 1,000 saves cost, and what
+    /// keeping the prefix costs a month, at [`crate::cost::S3_STANDARD`]'s list prices (a
+    /// gather load's one request is priced as a GET); all 0 for the `file-` paths (local
+    /// reads and writes are not billed).
+    #[serde(flatten)]
+    pub(super) cost: crate::cost::Cost,
     /// Most requests in flight at once (the connector's ranged-GET path; else 0).
     pub(super) peak_requests_in_flight: u64,
     /// Most bytes asked for and not yet received at once (ranged-GET path; else 0).
@@ -62,12 +61,6 @@ pub(super) struct Record {
     /// Lowest and highest of the runs' ratios.
     pub(super) cpu_x_raw_tcp_range: [f64; 2],
 }
-
-/// AWS S3 Standard list price of 1,000 GET (and HEAD) requests, USD, us-east-1, as quoted in
-/// docs/object-format.md ("Layouts compared").
-pub(super) const USD_PER_1000_GETS: f64 = 0.0004;
-/// AWS S3 Standard list price of 1,000 PUT (COPY, POST, LIST) requests, USD, as above.
-pub(super) const USD_PER_1000_PUTS: f64 = 0.005;
 
 /// Merges the runs of one path and size into one record: the median TTFL, TTLL and CPU per
 /// byte (each taken on its own; the upper median for an even count), their ranges, and the

@@ -213,13 +213,11 @@ def test_failed_loads_recompute_once_with_the_right_output(server, logdir, mode,
     assert affected == recomputed, f"vLLM recomputed {affected}; the failed loads {recomputed}"
 
 
-def test_vllms_default_policy_fails_only_the_request_whose_load_failed(server, logdir):
-    """vLLM's default ``kv_load_failure_policy: fail``: a load that fails (here a corrupt
-    chunk) makes vLLM finish that request with an error and no output, never wrong tokens; a
-    request of the same batch goes on; the connector warned at start-up; and the next request
-    on the same document treats the faulty chunk as a miss, so it succeeds with the output of
-    a full computation."""
-    model = _model()
+@pytest.fixture(scope="module")
+def plain(server, logdir):
+    """A replica with vLLM's default ``kv_load_failure_policy`` (``fail``), layerwise loads
+    straight from our server, float32, a KV cache with room for every test here: the default
+    policy's test, and the clean run of the preemption test."""
     name = "fail-policy-default"
     prefix = f"failures-{name}-{int(time.time())}"
     store = (f"s3://kv-pytest/{prefix}?endpoint=http://{server.addr}&region=us-east-1"
@@ -228,25 +226,35 @@ def test_vllms_default_policy_fails_only_the_request_whose_load_failed(server, l
            "kv_connector_module_path": "objectcache.vllm", "kv_role": "kv_both",
            "kv_connector_extra_config": {
                "store": store, "namespace": "vllm-failures", "load_mode": "layerwise"}}
-    r = Replica(name, logdir, model, kv_transfer_config=cfg, extra={"dtype": EXACT_DTYPE})
-    root = pathlib.Path(server.store_dir)
+    r = Replica(name, logdir, _model(), kv_transfer_config=cfg, extra={"dtype": EXACT_DTYPE})
     try:
-        doc = document(f"corrupt/{name}")
-        other = document(f"bystander/{name}")
-        a_prompt, b_prompt, c_prompt = ask(doc, QA), ask(doc, QB), ask(doc, QC)
-        before = data_objects(root)
-        r.generate([a_prompt])
-        r.call({"op": "flush"})
-        after = data_objects(root)
-        path = _chunk_path(before, after, 3, r.tokenize([a_prompt])[0])
-        flip_byte(path, 64 + 7 * (SLICE + 4) + 1000)
-        b, bystander = r.generate([b_prompt, ask(other, QB)])
-        c = r.generate([c_prompt])[0]
-        own_c, own_bystander = r.generate([c_prompt, ask(other, QB)],
-                                          salts=["computed-here", "computed-here"])
-        log = r.logpath.read_text()
+        yield r
     finally:
         r.close()
+
+
+def test_vllms_default_policy_fails_only_the_request_whose_load_failed(server, plain):
+    """vLLM's default ``kv_load_failure_policy: fail``: a load that fails (here a corrupt
+    chunk) makes vLLM finish that request with an error and no output, never wrong tokens; a
+    request of the same batch goes on; the connector warned at start-up; and the next request
+    on the same document treats the faulty chunk as a miss, so it succeeds with the output of
+    a full computation."""
+    r, name = plain, "fail-policy-default"
+    root = pathlib.Path(server.store_dir)
+    doc = document(f"corrupt/{name}")
+    other = document(f"bystander/{name}")
+    a_prompt, b_prompt, c_prompt = ask(doc, QA), ask(doc, QB), ask(doc, QC)
+    before = data_objects(root)
+    r.generate([a_prompt])
+    r.call({"op": "flush"})
+    after = data_objects(root)
+    path = _chunk_path(before, after, 3, r.tokenize([a_prompt])[0])
+    flip_byte(path, 64 + 7 * (SLICE + 4) + 1000)
+    b, bystander = r.generate([b_prompt, ask(other, QB)])
+    c = r.generate([c_prompt])[0]
+    own_c, own_bystander = r.generate([c_prompt, ask(other, QB)],
+                                      salts=["computed-here", "computed-here"])
+    log = r.logpath.read_text()
     print(f"{name}: B finished {b['finish_reason']!r} with {len(b['token_ids'])} tokens; "
           f"the bystander {bystander['finish_reason']!r}; C hit "
           f"{(c['kv_transfer_params'] or {}).get('objectcache_hit_tokens', 0)} tokens")
@@ -282,7 +290,7 @@ def _kv_of(path):
 PREEMPT_PROMPTS, PREEMPT_TOKENS, PREEMPT_NEW = 32, 2 * BLOCK + 100, 40
 
 
-def test_preempted_requests_never_save_another_requests_kv(server, logdir):
+def test_preempted_requests_never_save_another_requests_kv(server, logdir, plain):
     """32 requests of 356 tokens, 40 tokens generated (3 full chunks each), in a KV cache of
     36 blocks: vLLM preempts while the requests grow into their 4th block, and gives the
     preempted requests' blocks to others. Saves are slowed (the store takes PUTs at 40 MB/s,
@@ -290,7 +298,7 @@ def test_preempted_requests_never_save_another_requests_kv(server, logdir):
     queued when vLLM reuses its blocks: the hold (``handle_preemptions`` waits for it) is what
     keeps it from reading another request's KV. Every chunk stored must hold what a clean
     run (a fresh replica with room for everything) computes for it, and every output must
-    equal the clean run's."""
+    equal the clean run's. The clean run is the ``plain`` replica's (one vLLM start less)."""
     import numpy as np
 
     model = _model()
@@ -336,13 +344,7 @@ def test_preempted_requests_never_save_another_requests_kv(server, logdir):
     pending = sum(e["pending"] for e in holds)
     assert pending > 0, "no preempted request had a save in flight: saves are not slow enough"
 
-    clean = Replica("preempt-clean", logdir, model,
-                    kv_transfer_config=cfg(f"preempt-clean-{t}", server.addr),
-                    extra={"dtype": EXACT_DTYPE})
-    try:
-        want, reference = run(clean)
-    finally:
-        clean.close()
+    want, reference = run(plain)
     # Every full chunk of prompt and output is saved (the output's when the request ends).
     chunks = (PREEMPT_TOKENS + PREEMPT_NEW - 1) // BLOCK
     assert len(reference) == chunks * PREEMPT_PROMPTS, len(reference)
