@@ -25,7 +25,8 @@ cd "$dir"
 mkdir -p dl models
 model="$dir/models/smollm2-135m-hf"
 if [ -f "$dir/.ready" ] && [ -x venv/bin/python ] && [ -f "$model/config.json" ] \
-    && [ -f "$dir/models/gemma3-tiny/config.json" ] && [ -f "$dir/models/qwen3next-tiny/config.json" ]; then
+    && [ -f "$dir/models/gemma3-tiny/config.json" ] && [ -f "$dir/models/gptoss-tiny/config.json" ] \
+    && [ -f "$dir/models/qwen3next-tiny/config.json" ]; then
     echo "VLLM_READY $dir"
     exit 0
 fi

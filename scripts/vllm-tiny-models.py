@@ -12,6 +12,9 @@ exist are kept. Deterministic: the same seed gives the same weights.
 Families (`--list` prints them):
   gemma3-tiny   Gemma 3 style: sliding-window attention on 5 of every 6 layers (window
                 512), full attention on the 6th; 12 layers, hidden 256, 4 heads, 2 KV heads
+  gptoss-tiny   gpt-oss style: sliding-window attention (window 128) and full attention
+                alternating, attention sinks, MoE of 4 experts (2 per token); 4 layers,
+                hidden 256, 4 heads, 2 KV heads; untied output embedding
   mla-tiny      DeepSeek-V2 style: multi-head latent attention (kv_lora_rank 512,
                 qk_rope_head_dim 64: a latent of 576, as DeepSeek V2/V3), 16 heads,
                 4 layers, dense MLP, untied output embedding (vLLM's DeepSeek-V2 loads
@@ -29,6 +32,7 @@ import sys
 
 MODELS = {
     "gemma3-tiny": ("sliding-window hybrid (5:1)", "Gemma3ForCausalLM"),
+    "gptoss-tiny": ("sliding-window hybrid (1:1, attention sinks)", "GptOssForCausalLM"),
     "mla-tiny": ("MLA (DeepSeek-V2 style)", "DeepseekV2ForCausalLM"),
     "llama-tiny": ("dense attention (TP 2)", "LlamaForCausalLM"),
     "qwen3next-tiny": ("recurrent hybrid (gated DeltaNet)", "Qwen3NextForCausalLM"),
@@ -48,6 +52,18 @@ def config(name, vocab, bos, eos):
             layer_types=["sliding_attention" if (i + 1) % 6 else "full_attention"
                          for i in range(12)],
             query_pre_attn_scalar=64, **common)
+    if name == "gptoss-tiny":
+        return tf.GptOssConfig(
+            hidden_size=256, intermediate_size=256, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=64, sliding_window=128,
+            layer_types=["sliding_attention", "full_attention"] * 2, num_local_experts=4,
+            num_experts_per_tok=2,
+            # gpt-oss's YaRN, its factor matching the 16K context (transformers warns when the
+            # factor and the context disagree)
+            rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "rope_theta": 150000.0, "truncate": False,
+                             "original_max_position_embeddings": 4096},
+            **{**common, "tie_word_embeddings": False})
     if name == "mla-tiny":
         return tf.DeepseekV2Config(
             hidden_size=512, intermediate_size=1024, num_hidden_layers=4,

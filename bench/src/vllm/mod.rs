@@ -100,6 +100,14 @@ pub const MODELS: &[ModelSpec] = &[
         groups: 6,
     },
     ModelSpec {
+        name: "gptoss-tiny",
+        folder: "gptoss-tiny",
+        family: "sliding window 1:1 (gpt-oss style, window 128, attention sinks)",
+        max_len: 16384,
+        dtype: None,
+        groups: 2,
+    },
+    ModelSpec {
         name: "mla-tiny",
         folder: "mla-tiny",
         family: "MLA (DeepSeek-V2 style, latent 576)",

@@ -17,6 +17,8 @@ Families:
 * ``gemma3-tiny``: Gemma 3 style, sliding window (512 tokens) on 5 of 6 layers, through
   vLLM's hybrid KV cache manager: the full-attention groups load every hit chunk, each
   sliding-window group only the chunks inside its window at the end of the hit.
+* ``gptoss-tiny``: gpt-oss style, sliding window (128 tokens) and full attention
+  alternating, attention sinks, MoE: the same rule, one chunk per sliding-window group.
 * ``qwen3next-tiny``: recurrent state (gated DeltaNet): the connector refuses to start,
   naming the model and the reason.
 """
@@ -95,19 +97,24 @@ def connector(store, **extra):
             "kv_connector_extra_config": {"store": store, "namespace": "vllm-models", **extra}}
 
 
-def test_gemma3_sliding_window_loads_only_the_window(tmp_path, logdir):
-    """Gemma 3 style (window 512, 5 sliding-window layers to 1 full) with vLLM's hybrid KV
-    cache manager: B's hit loads every chunk for the full-attention layers and 4 chunks (the
-    window at the end of the hit) for each sliding-window group; the output is the engine's
-    own full computation, vLLM's without the connector, and vLLM's own prefix cache's."""
-    model = tiny_model("gemma3-tiny")
+@pytest.mark.parametrize("name", ["gemma3-tiny", "gptoss-tiny"])
+def test_sliding_window_loads_only_the_window(name, tmp_path, logdir):
+    """Sliding-window hybrids with vLLM's hybrid KV cache manager: Gemma 3 style (window
+    512, 5 sliding-window layers to 1 full) and gpt-oss style (window 128, alternating, with
+    attention sinks and MoE). B's hit loads every chunk for the full-attention layers and,
+    for each sliding-window group, the chunks holding the window at the end of the hit
+    (window / 128 of them); the output is the engine's own full computation, vLLM's without
+    the connector, and vLLM's own prefix cache's."""
+    model = tiny_model(name)
+    tag = name.split("-")[0]
+    cfg = json.loads((pathlib.Path(model) / "config.json").read_text())
     store = "file://" + str(tmp_path / "store")
-    doc = document("gemma", 60)
+    doc = document(tag, 60)
     a, b = ask(doc, "Which dock is busiest?"), ask(doc, "What does crate 12 hold?")
     others = [ask(document("other", 20), "Who checked row 3?"), "List three colours:"]
     extra = {"dtype": "float32", "max_model_len": 8192}
 
-    base = Replica("gemma3-base", logdir, model, apc=True, extra=extra)
+    base = Replica(f"{tag}-base", logdir, model, apc=True, extra=extra)
     try:
         ref_b = gen(base, b, salt="full-b")
         outs = [gen(base, p) for p in others]
@@ -117,15 +124,15 @@ def test_gemma3_sliding_window_loads_only_the_window(tmp_path, logdir):
     finally:
         base.close()
     texts = {ref_b["text"]} | {o["text"] for o in outs}
-    print(f"gemma3-tiny without the connector: {[ref_b['text']] + [o['text'] for o in outs]}")
+    print(f"{name} without the connector: {[ref_b['text']] + [o['text'] for o in outs]}")
     assert len(texts) == 3, f"different prompts gave the same output: {texts}"
     assert_same_tokens(apc_b, ref_b, "vLLM's own prefix cache vs full")
 
     # One replica with the connector saves A and then loads B (its own prefix cache is off,
     # so B's hit can only come from the store).
-    trace_path = logdir / "gemma3-loader.trace"
+    trace_path = logdir / f"{tag}-loader.trace"
     trace_path.unlink(missing_ok=True)
-    loader = Replica("gemma3-loader", logdir, model, kv_transfer_config=connector(store),
+    loader = Replica(f"{tag}-loader", logdir, model, kv_transfer_config=connector(store),
                      extra=extra, env={"OBJECTCACHE_VLLM_TRACE": str(trace_path)})
     try:
         gen(loader, a)
@@ -141,28 +148,29 @@ def test_gemma3_sliding_window_loads_only_the_window(tmp_path, logdir):
     log = loader.logpath.read_text()
     groups = re.search(r"registered \d+ KV buffer\(s\), (\d+) group\(s\) \(([^)]*)\)", log)
     assert groups, "the worker logged no KV cache groups"
-    print(f"gemma3-tiny groups: {groups.group(2)}")
+    print(f"{name} groups: {groups.group(2)}")
     assert int(groups.group(1)) > 1, "vLLM's hybrid KV cache manager is off"
     hit = (out["kv_transfer_params"] or {}).get("objectcache_hit_tokens", 0)
-    print(f"gemma3-tiny: B hit {hit} tokens, {out['text']!r}; computed {own['text']!r}")
+    print(f"{name}: B hit {hit} tokens, {out['text']!r}; computed {own['text']!r}")
     assert hit >= 8 * BLOCK
     assert out["num_cached_tokens"] == hit
-    assert_same_tokens(out, own, "gemma3 B loaded vs computed")
-    assert_same_tokens(out, ref_b, "gemma3 B loaded vs vLLM without the connector")
-    assert_same_tokens(out, apc_b, "gemma3 B loaded vs vLLM's own prefix cache")
-    assert_same_tokens(after, own, "gemma3 B after one object corrupted")
+    assert_same_tokens(out, own, f"{name} B loaded vs computed")
+    assert_same_tokens(out, ref_b, f"{name} B loaded vs vLLM without the connector")
+    assert_same_tokens(out, apc_b, f"{name} B loaded vs vLLM's own prefix cache")
+    assert_same_tokens(after, own, f"{name} B after one object corrupted")
 
     settled = [e for e in _trace(trace_path) if e["event"] == "load.settled"]
     first = settled[0]
     n = hit // BLOCK
-    slice_bytes = BLOCK * 2 * 2 * 64 * 4  # tokens x K,V x 2 KV heads x head dim x fp32
+    # tokens x K,V x KV heads x head dim x fp32
+    slice_bytes = BLOCK * 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * 4
     chunks = first["group_chunks"]
     layers_per_group = [int(m) for m in re.findall(r"(\d+) layers of", groups.group(2))]
     kinds = re.findall(r"(full|swa\d+): \d+ layers", groups.group(2))
-    want_chunks = [n if k == "full" else 4 for k in kinds]
+    want_chunks = [n if k == "full" else int(k[3:]) // BLOCK for k in kinds]
     predicted = sum(c * l * slice_bytes for c, l in zip(want_chunks, layers_per_group))
     hma_off = n * sum(layers_per_group) * slice_bytes
-    print(f"gemma3-tiny: chunks per group {chunks} (predicted {want_chunks}); bytes loaded "
+    print(f"{name}: chunks per group {chunks} (predicted {want_chunks}); bytes loaded "
           f"{first['bytes']} (predicted {predicted}; every layer at full length: "
           f"{hma_off}, {first['bytes'] / hma_off:.2f}x)")
     assert chunks == want_chunks
