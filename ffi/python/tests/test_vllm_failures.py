@@ -293,7 +293,7 @@ PREEMPT_PROMPTS, PREEMPT_TOKENS, PREEMPT_NEW = 32, 2 * BLOCK + 100, 40
 def test_preempted_requests_never_save_another_requests_kv(server, logdir, plain):
     """32 requests of 356 tokens, 40 tokens generated (3 full chunks each), in a KV cache of
     36 blocks: vLLM preempts while the requests grow into their 4th block, and gives the
-    preempted requests' blocks to others. Saves are slowed (the store takes PUTs at 40 MB/s,
+    preempted requests' blocks to others. Saves are slowed (the store takes PUTs at 25 MB/s,
     and the worker saves one request at a time), so a preempted request's save is still
     queued when vLLM reuses its blocks: the hold (``handle_preemptions`` waits for it) is what
     keeps it from reading another request's KV. Every chunk stored must hold what a clean
@@ -304,7 +304,7 @@ def test_preempted_requests_never_save_another_requests_kv(server, logdir, plain
     model = _model()
     root = pathlib.Path(server.store_dir)
     proxy = FaultProxy(server.addr)
-    proxy.rate = 40e6
+    proxy.rate = 25e6
     trace_path = logdir / "preempt.trace"
     trace_path.unlink(missing_ok=True)
     t = int(time.time())

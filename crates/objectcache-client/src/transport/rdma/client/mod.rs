@@ -543,8 +543,9 @@ impl RdmaClient {
 
     /// Whether the break drained the queue pairs in time: `None` while the connection is not
     /// broken, `Some(true)` when every QP's drain marker completed before the misses were
-    /// reported (no late write can land), `Some(false)` when the bounded wait ran out (logged
-    /// as an error: the device did not flush its receive queue).
+    /// reported (no late write can land), `Some(false)` when the bounded wait ran out or a
+    /// marker could not be posted (logged as an error: the device did not flush its receive
+    /// queue).
     pub fn drained(&self) -> Option<bool> {
         self.shared.lock().broken.as_ref()?;
         if !self.shared.drain_posted.load(Ordering::Acquire) {

@@ -102,7 +102,7 @@ pub(super) struct Shared {
     pub(super) drained: Vec<AtomicBool>,
     /// The drain markers were posted (once, by the first [`Shared::break_conn`]).
     pub(super) drain_posted: AtomicBool,
-    /// A drain gave up waiting for its markers ([`DRAIN_WAIT`]).
+    /// A drain gave up waiting for its markers ([`DRAIN_WAIT`]), or could not post one.
     pub(super) drain_late: AtomicBool,
 }
 
@@ -190,8 +190,10 @@ impl Shared {
         if !self.drain_posted.swap(true, Ordering::AcqRel) {
             for (i, qp) in self.qps.iter().enumerate() {
                 if let Err(e) = qp.post_recv(DRAIN_MARK | i as u64) {
-                    // No marker: nothing to wait for on this QP but its state (logged).
+                    // No marker: nothing to wait for on this QP but its state (logged, and
+                    // reported by `RdmaClient::drained` as not drained).
                     tracing::error!(qp = i, error = %e, "posting the drain marker failed");
+                    self.drain_late.store(true, Ordering::Release);
                     self.drained[i].store(true, Ordering::Release);
                 }
                 // Once more to the error state (a legal transition from it): a provider that
