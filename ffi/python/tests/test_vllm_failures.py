@@ -102,6 +102,32 @@ def _chunk_path(objs_before, objs_after, chunk, tokens):
     return new[keys[chunk]]
 
 
+def _connector(prefix, addr, namespace="vllm-failures", policy="recompute", **extra):
+    """The connector's ``kv_transfer_config`` on the server at ``addr`` (bucket
+    ``kv-pytest``, key prefix ``prefix``), with vLLM's ``kv_load_failure_policy`` ``policy``
+    (``None``: vLLM's default, ``fail``) and more connector settings ``extra``."""
+    store = (f"s3://kv-pytest/{prefix}?endpoint=http://{addr}&region=us-east-1"
+             "&addressing=path")
+    cfg = {"kv_connector": "ObjectCacheConnector",
+           "kv_connector_module_path": "objectcache.vllm", "kv_role": "kv_both",
+           "kv_connector_extra_config": {"store": store, "namespace": namespace, **extra}}
+    if policy:
+        cfg["kv_load_failure_policy"] = policy
+    return cfg
+
+
+def _save(replica, root, prompts, max_tokens=None):
+    """Serves ``prompts`` (texts, or token id lists with ``max_tokens``) and waits for their
+    saves; returns the outputs and the chunk data objects under ``root`` before and after."""
+    before = data_objects(root)
+    if max_tokens is None:
+        out = replica.generate(prompts)
+    else:
+        out = _generate_ids(replica, prompts, max_tokens)
+    replica.call({"op": "flush"})
+    return out, before, data_objects(root)
+
+
 @pytest.mark.parametrize("mode,async_sched", [("layerwise", False), ("async", False),
                                               ("layerwise", True), ("async", True)])
 def test_failed_loads_recompute_once_with_the_right_output(server, logdir, mode, async_sched):
@@ -110,15 +136,8 @@ def test_failed_loads_recompute_once_with_the_right_output(server, logdir, mode,
     proxy = FaultProxy(server.addr)
     trace_path = logdir / f"{name}.trace"
     trace_path.unlink(missing_ok=True)
-    prefix = f"failures-{name}-{int(time.time())}"
-    store = (f"s3://kv-pytest/{prefix}?endpoint=http://{proxy.addr}&region=us-east-1"
-             "&addressing=path")
-    cfg = {"kv_connector": "ObjectCacheConnector",
-           "kv_connector_module_path": "objectcache.vllm", "kv_role": "kv_both",
-           "kv_load_failure_policy": "recompute",
-           "kv_connector_extra_config": {
-               "store": store, "namespace": "vllm-failures", "load_mode": mode,
-               "stall_timeout_ms": 1000, "gather_streams": 1}}
+    cfg = _connector(f"failures-{name}-{int(time.time())}", proxy.addr, load_mode=mode,
+                     stall_timeout_ms=1000, gather_streams=1)
     r = Replica(name, logdir, model, kv_transfer_config=cfg,
                 extra={"async_scheduling": async_sched, "dtype": EXACT_DTYPE},
                 env={"OBJECTCACHE_VLLM_TRACE": str(trace_path)})
@@ -129,10 +148,7 @@ def test_failed_loads_recompute_once_with_the_right_output(server, logdir, mode,
         for fault in FAULTS:
             doc = document(f"{fault}/{name}")
             a_prompt, b_prompt, c_prompt = ask(doc, QA), ask(doc, QB), ask(doc, QC)
-            before = data_objects(root)
-            r.generate([a_prompt])
-            r.call({"op": "flush"})
-            after = data_objects(root)
+            _, before, after = _save(r, root, [a_prompt])
             tokens = r.tokenize([a_prompt])[0]
             saved = len(set(after) - set(before))
             assert saved >= 8, f"{fault}: A saved {saved} chunk objects"
@@ -219,13 +235,8 @@ def plain(server, logdir):
     straight from our server, float32, a KV cache with room for every test here: the default
     policy's test, and the clean run of the preemption test."""
     name = "fail-policy-default"
-    prefix = f"failures-{name}-{int(time.time())}"
-    store = (f"s3://kv-pytest/{prefix}?endpoint=http://{server.addr}&region=us-east-1"
-             "&addressing=path")
-    cfg = {"kv_connector": "ObjectCacheConnector",
-           "kv_connector_module_path": "objectcache.vllm", "kv_role": "kv_both",
-           "kv_connector_extra_config": {
-               "store": store, "namespace": "vllm-failures", "load_mode": "layerwise"}}
+    cfg = _connector(f"failures-{name}-{int(time.time())}", server.addr, policy=None,
+                     load_mode="layerwise")
     r = Replica(name, logdir, _model(), kv_transfer_config=cfg, extra={"dtype": EXACT_DTYPE})
     try:
         yield r
@@ -244,10 +255,7 @@ def test_vllms_default_policy_fails_only_the_request_whose_load_failed(server, p
     doc = document(f"corrupt/{name}")
     other = document(f"bystander/{name}")
     a_prompt, b_prompt, c_prompt = ask(doc, QA), ask(doc, QB), ask(doc, QC)
-    before = data_objects(root)
-    r.generate([a_prompt])
-    r.call({"op": "flush"})
-    after = data_objects(root)
+    _, before, after = _save(r, root, [a_prompt])
     path = _chunk_path(before, after, 3, r.tokenize([a_prompt])[0])
     flip_byte(path, 64 + 7 * (SLICE + 4) + 1000)
     b, bystander = r.generate([b_prompt, ask(other, QB)])
@@ -309,23 +317,13 @@ def test_preempted_requests_never_save_another_requests_kv(server, logdir, plain
     trace_path.unlink(missing_ok=True)
     t = int(time.time())
 
-    def cfg(prefix, addr):
-        return {"kv_connector": "ObjectCacheConnector",
-                "kv_connector_module_path": "objectcache.vllm", "kv_role": "kv_both",
-                "kv_load_failure_policy": "recompute",
-                "kv_connector_extra_config": {
-                    "store": (f"s3://kv-pytest/{prefix}?endpoint=http://{addr}"
-                              "&region=us-east-1&addressing=path"),
-                    "namespace": "vllm-preempt"}}
-
     def run(replica):
-        before = data_objects(root)
-        out = _generate_ids(replica, ids, PREEMPT_NEW)
-        replica.call({"op": "flush"})
-        return out, {pathlib.Path(x).name: x for x in set(data_objects(root)) - set(before)}
+        out, before, after = _save(replica, root, ids, PREEMPT_NEW)
+        return out, {pathlib.Path(x).name: x for x in set(after) - set(before)}
 
     squeezed = Replica("preempt", logdir, model,
-                       kv_transfer_config=cfg(f"preempt-{t}", proxy.addr),
+                       kv_transfer_config=_connector(f"preempt-{t}", proxy.addr,
+                                                     namespace="vllm-preempt"),
                        extra={"dtype": EXACT_DTYPE, "num_gpu_blocks_override": 36},
                        env={"OBJECTCACHE_VLLM_TRACE": str(trace_path)})
     try:
