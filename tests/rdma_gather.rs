@@ -192,10 +192,15 @@ impl LayerSink for Sink {
 /// An RDMA gather session with the server: the RDMA connection and the gather connection
 /// whose loads it serves.
 fn gather_session(srv: &ServerHandle) -> (RdmaClient, GatherConn) {
-    let client = RdmaClient::connect_gather(srv.local_addr(), ClientConfig::default()).unwrap();
+    gather_session_at(&srv.local_addr().to_string(), ClientConfig::default())
+}
+
+/// As [`gather_session`], with the server at `addr` and client settings `cfg`.
+fn gather_session_at(addr: &str, cfg: ClientConfig) -> (RdmaClient, GatherConn) {
+    let client = RdmaClient::connect_gather(addr, cfg).unwrap();
     let conn = rt()
         .block_on(GatherConn::connect(
-            srv.local_addr(),
+            addr,
             Some((ACCESS.into(), SECRET.into())),
         ))
         .unwrap();
@@ -577,13 +582,7 @@ fn a_load_past_its_deadline_is_never_written_afterwards() {
         load_timeout: std::time::Duration::from_secs(1),
         ..ClientConfig::default()
     };
-    let client = RdmaClient::connect_gather(srv.local_addr(), cfg).unwrap();
-    let mut conn = rt()
-        .block_on(GatherConn::connect(
-            srv.local_addr(),
-            Some((ACCESS.into(), SECRET.into())),
-        ))
-        .unwrap();
+    let (client, mut conn) = gather_session_at(&srv.local_addr().to_string(), cfg);
     let len = data[0].len();
     let (bufs, dests) = host_dests(&g, len);
     const CANARY: u8 = 0x5A;
@@ -656,13 +655,7 @@ fn rdma_child_loads_until_killed() {
     let (hs, data) = common::seeded_prefix(&g, 4, 11);
     let mut req = prefix_request(&g, &ns, hs);
     req.max_unit_bytes = 4096;
-    let client = RdmaClient::connect_gather(addr.as_str(), ClientConfig::default()).unwrap();
-    let mut conn = rt()
-        .block_on(GatherConn::connect(
-            addr.as_str(),
-            Some((ACCESS.into(), SECRET.into())),
-        ))
-        .unwrap();
+    let (client, mut conn) = gather_session_at(&addr, ClientConfig::default());
     let (_bufs, dests) = host_dests(&g, data[0].len());
     loop {
         let _ = rt().block_on(conn.load(&client, req.clone(), &dests, Arc::new(Sink::default())));
