@@ -104,57 +104,6 @@ pub struct TrafficArgs {
     tier_dram_bytes: u64,
 }
 
-/// The remote store of a run: the saved chunks, counting the bytes read from it.
-#[derive(Debug)]
-struct Remote {
-    inner: Arc<dyn Store>,
-    read: std::sync::atomic::AtomicU64,
-    /// GET-class requests (GETs, ranged GETs, HEADs) sent to it.
-    gets: std::sync::atomic::AtomicU64,
-}
-
-#[async_trait::async_trait]
-impl Store for Remote {
-    fn name(&self) -> &'static str {
-        "remote"
-    }
-    async fn get_opts(
-        &self,
-        key: &str,
-        opts: objectcache::store::GetOptions,
-    ) -> objectcache::StoreResult<objectcache::store::GetResult> {
-        self.gets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let r = self.inner.get_opts(key, opts).await?;
-        self.read.fetch_add(
-            r.range.end - r.range.start,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        Ok(r)
-    }
-    async fn put_opts(
-        &self,
-        key: &str,
-        data: bytes::Bytes,
-        opts: objectcache::store::PutOptions,
-    ) -> objectcache::StoreResult<objectcache::store::PutResult> {
-        self.inner.put_opts(key, data, opts).await
-    }
-    async fn head(&self, key: &str) -> objectcache::StoreResult<objectcache::store::ObjectMeta> {
-        self.gets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.inner.head(key).await
-    }
-    async fn delete(&self, key: &str) -> objectcache::StoreResult<()> {
-        self.inner.delete(key).await
-    }
-    async fn list(
-        &self,
-        prefix: &str,
-        limit: usize,
-    ) -> objectcache::StoreResult<Vec<objectcache::store::ObjectMeta>> {
-        self.inner.list(prefix, limit).await
-    }
-}
-
 /// Mean, p50 and p99 of a set of times, seconds.
 #[derive(Debug, Clone, Copy, Serialize)]
 struct Stats {
@@ -277,11 +226,8 @@ fn run_one(
     policy: &str,
     reqs: &[Req],
 ) -> anyhow::Result<Record> {
-    let remote = Arc::new(Remote {
-        inner: backend.clone(),
-        read: Default::default(),
-        gets: Default::default(),
-    });
+    // The remote store of the run: the saved chunks, counting what is read from it.
+    let remote = Arc::new(objectcache::store::MeteredStore::new(backend.clone()));
     let srv = if args.tier_dram_bytes > 0 {
         let tier = objectcache::store::TieredStore::new(
             remote.clone(),
@@ -361,8 +307,8 @@ fn run_one(
     }
     let moved = m.bytes_total("gather_out") - b0;
     // From the server's start: the warm-up's chunk included (it fills the tier).
-    let remote_bytes = remote.read.load(std::sync::atomic::Ordering::Relaxed);
-    let remote_requests = remote.gets.load(std::sync::atomic::Ordering::Relaxed);
+    let remote_bytes = remote.stats().read_bytes;
+    let remote_requests = remote.stats().gets;
     let followed = e.metrics().loads_followed - followed0;
     drop(e);
     rt.block_on(srv.handle.shutdown());

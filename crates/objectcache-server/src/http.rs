@@ -73,9 +73,15 @@ async fn http_route(
             "/_objectcache/metrics" => text(
                 200,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                match &sh.tier {
-                    Some(t) => crate::metrics::with_tier(sh.metrics.encode(), &t.stats()),
-                    None => sh.metrics.encode(),
+                {
+                    let mut m = sh.metrics.encode();
+                    if let Some(t) = &sh.tier {
+                        m = crate::metrics::with_tier(m, &t.stats());
+                    }
+                    if let Some(b) = &sh.backend {
+                        m = crate::metrics::with_backend(m, &b.stats());
+                    }
+                    m
                 },
             ),
             "/_objectcache/tier" => match &sh.tier {

@@ -88,6 +88,9 @@ pub(crate) struct Shared {
     /// The node tier in front of the store, when one is configured (its counters go to the
     /// metrics).
     pub(crate) tier: Option<Arc<crate::store::TieredStore>>,
+    /// The remote store behind the server, metered (gateway mode only): its requests and
+    /// bytes go to the metrics.
+    pub(crate) backend: Option<Arc<crate::store::MeteredStore>>,
     pub(crate) buckets: Arc<Buckets>,
     pub(crate) metrics: Arc<Metrics>,
     /// Memory budget in [`gather::PERMIT_BYTES`] permits.

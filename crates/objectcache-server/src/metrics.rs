@@ -194,7 +194,8 @@ impl Metrics {
 /// `objectcache_tier_{bytes,objects,capacity_bytes}{level}` (`level` = `dram`, `disk`),
 /// `objectcache_tier_fills_total`, `objectcache_tier_fill_bytes_total`,
 /// `objectcache_tier_fill_seconds_total`, `objectcache_tier_fills_shared_total`,
-/// `objectcache_tier_fills_corrupt_total`, and the disk level's start-up
+/// `objectcache_tier_fills_corrupt_total`, `objectcache_tier_marker_hits_total`, the gauge
+/// `objectcache_tier_markers`, and the disk level's start-up
 /// `objectcache_tier_disk_recovered` and `objectcache_tier_disk_dropped`.
 pub fn with_tier(text: String, t: &crate::store::TierStats) -> String {
     use std::fmt::Write;
@@ -270,6 +271,11 @@ pub fn with_tier(text: String, t: &crate::store::TierStats) -> String {
             "Fetched objects that failed verification.",
             t.fills_corrupt as f64,
         ),
+        (
+            "marker_hits",
+            "Publish-marker reads answered from the markers the tier remembers.",
+            t.marker_hits as f64,
+        ),
     ] {
         let _ = writeln!(s, "# TYPE objectcache_tier_{name} counter");
         let _ = writeln!(s, "# HELP objectcache_tier_{name} {help}");
@@ -286,10 +292,44 @@ pub fn with_tier(text: String, t: &crate::store::TierStats) -> String {
             "Disk files found torn or corrupt at start-up.",
             t.disk_dropped,
         ),
+        ("markers", "Publish markers remembered.", t.markers),
     ] {
         let _ = writeln!(s, "# TYPE objectcache_tier_{name} gauge");
         let _ = writeln!(s, "# HELP objectcache_tier_{name} {help}");
         let _ = writeln!(s, "objectcache_tier_{name} {v}");
+    }
+    s.push_str("# EOF\n");
+    s
+}
+
+/// The remote backend's counters (gateway mode, [`crate::store::MeteredStore`]) added to an
+/// OpenMetrics text (before its `# EOF`): `objectcache_server_backend_requests_total{class}`
+/// (`class` = `get`: GETs, ranged GETs and HEADs; `put`: PUTs and LISTs; `delete`), and
+/// `objectcache_server_backend_bytes_total{dir}` (`dir` = `read`, `written`; bytes).
+pub fn with_backend(text: String, b: &crate::store::MeteredStats) -> String {
+    use std::fmt::Write;
+    let mut s = text.strip_suffix("# EOF\n").unwrap_or(&text).to_string();
+    let _ = writeln!(s, "# TYPE objectcache_server_backend_requests counter");
+    let _ = writeln!(
+        s,
+        "# HELP objectcache_server_backend_requests Requests sent to the remote store, by billing class."
+    );
+    for (class, v) in [("get", b.gets), ("put", b.puts), ("delete", b.deletes)] {
+        let _ = writeln!(
+            s,
+            "objectcache_server_backend_requests_total{{class=\"{class}\"}} {v}"
+        );
+    }
+    let _ = writeln!(s, "# TYPE objectcache_server_backend_bytes counter");
+    let _ = writeln!(
+        s,
+        "# HELP objectcache_server_backend_bytes Bytes read from and written to the remote store."
+    );
+    for (dir, v) in [("read", b.read_bytes), ("written", b.written_bytes)] {
+        let _ = writeln!(
+            s,
+            "objectcache_server_backend_bytes_total{{dir=\"{dir}\"}} {v}"
+        );
     }
     s.push_str("# EOF\n");
     s

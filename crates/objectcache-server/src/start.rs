@@ -50,6 +50,14 @@ pub async fn open_backend(cfg: &ServerConfig) -> crate::Result<Arc<dyn Store>> {
 /// As [`open_backend`] and [`start_with_store`]; the tier's disk directory cannot be made.
 pub async fn start(cfg: ServerConfig) -> crate::Result<ServerHandle> {
     let store = open_backend(&cfg).await?;
+    // A remote backend (gateway mode) is metered: its requests and bytes are what it bills
+    // and what the node tier saves (`objectcache_server_backend_*` in the metrics).
+    let backend = (!store_is_local(&cfg.store))
+        .then(|| Arc::new(crate::store::MeteredStore::new(store.clone())));
+    let store: Arc<dyn Store> = match &backend {
+        Some(m) => m.clone(),
+        None => store,
+    };
     match cfg.tier()? {
         Some(t) => {
             let tier = Arc::new(crate::store::TieredStore::new(store, t)?);
@@ -61,10 +69,17 @@ pub async fn start(cfg: ServerConfig) -> crate::Result<ServerHandle> {
                 disk_dropped = st.disk_dropped,
                 "node tier in front of the store"
             );
-            start_with_tier(cfg, tier).await
+            start_inner(cfg, tier.clone(), Some(tier), backend).await
         }
-        None => start_with_store(cfg, store).await,
+        None => start_inner(cfg, store, None, backend).await,
     }
+}
+
+/// Whether [`open_backend`] opens `url` as a store in this process's memory or directories
+/// (`memory:`, `file://`, a path) rather than a remote one.
+fn store_is_local(url: &str) -> bool {
+    let url = url.trim();
+    url == "memory:" || url.starts_with("file://") || !url.contains("://")
 }
 
 /// Starts a server over a node tier ([`crate::store::TieredStore`]): as
@@ -76,7 +91,7 @@ pub async fn start_with_tier(
     cfg: ServerConfig,
     tier: Arc<crate::store::TieredStore>,
 ) -> crate::Result<ServerHandle> {
-    start_inner(cfg, tier.clone(), Some(tier)).await
+    start_inner(cfg, tier.clone(), Some(tier), None).await
 }
 
 /// Starts a server over `store`: validates `cfg`, creates `cfg.buckets`, binds `cfg.listen`
@@ -89,13 +104,14 @@ pub async fn start_with_store(
     cfg: ServerConfig,
     store: Arc<dyn Store>,
 ) -> crate::Result<ServerHandle> {
-    start_inner(cfg, store, None).await
+    start_inner(cfg, store, None, None).await
 }
 
 async fn start_inner(
     cfg: ServerConfig,
     store: Arc<dyn Store>,
     tier: Option<Arc<crate::store::TieredStore>>,
+    backend: Option<Arc<crate::store::MeteredStore>>,
 ) -> crate::Result<ServerHandle> {
     cfg.validate()?;
     reclaim_orphaned_writes(store.as_ref()).await;
@@ -148,6 +164,7 @@ async fn start_inner(
         metrics: metrics.clone(),
         store: store.clone(),
         tier,
+        backend,
         cfg,
         #[cfg(feature = "rdma")]
         rdma: super::gather_rdma::open(),

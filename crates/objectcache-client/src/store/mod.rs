@@ -12,6 +12,7 @@ mod fs;
 #[cfg(feature = "s3")]
 mod gateways;
 mod memory;
+mod metered;
 mod range_body;
 #[cfg(feature = "s3")]
 mod s3;
@@ -22,6 +23,7 @@ pub use fs::{FsStore, FsyncPolicy};
 #[cfg(feature = "s3")]
 pub use gateways::{EndpointStatus, GatewayOptions, GatewayStore};
 pub use memory::MemoryStore;
+pub use metered::{MeteredStats, MeteredStore};
 pub use range_body::{RangeBody, RangeRead};
 #[cfg(feature = "s3")]
 pub use s3::{Addressing, S3Config, S3Credentials, S3Store};

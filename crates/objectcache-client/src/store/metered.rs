@@ -1,0 +1,191 @@
+//! [`MeteredStore`]: a store that counts the requests and bytes it passes to the store it
+//! wraps, for what a remote store bills (requests, bytes out) and for benchmarks that compare
+//! the bytes a store served with the distinct bytes asked.
+
+use super::{
+    ByteStream, EndpointEvent, GatherTarget, GetOptions, GetResult, LocalObject, ObjectMeta,
+    PartialWrite, PutOptions, PutResult, RangeBody, Store,
+};
+use crate::error::StoreResult;
+use async_trait::async_trait;
+use bytes::Bytes;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+/// What a [`MeteredStore`] has passed on since it was made (counters only grow).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct MeteredStats {
+    /// GET-class requests: whole and ranged GETs (also those read into the caller's memory,
+    /// [`Store::get_range_body`]) and HEADs; what S3 bills at the GET price.
+    pub gets: u64,
+    /// PUT-class requests: PUTs, streamed PUTs and LISTs; what S3 bills at the PUT price.
+    pub puts: u64,
+    /// DELETEs (free on S3).
+    pub deletes: u64,
+    /// Bytes of the ranges read (what the reads asked for and the store answered), bytes.
+    pub read_bytes: u64,
+    /// Bytes written by PUTs (a streamed PUT of unknown length counts 0), bytes.
+    pub written_bytes: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    gets: AtomicU64,
+    puts: AtomicU64,
+    deletes: AtomicU64,
+    read_bytes: AtomicU64,
+    written_bytes: AtomicU64,
+}
+
+/// A store that counts what it passes to `inner` ([`MeteredStore::stats`]) and otherwise
+/// behaves as `inner` does: every operation, errors included, is `inner`'s. Objects opened
+/// as local files ([`Store::open_local`]) are read outside the store and are not counted:
+/// meter a remote store (the server wraps its backend in gateway mode), not a directory.
+#[derive(Debug)]
+pub struct MeteredStore {
+    inner: Arc<dyn Store>,
+    c: Counters,
+}
+
+impl MeteredStore {
+    /// A store counting what it passes to `inner`, from zero.
+    pub fn new(inner: Arc<dyn Store>) -> Self {
+        MeteredStore {
+            inner,
+            c: Counters::default(),
+        }
+    }
+
+    /// The counts so far.
+    pub fn stats(&self) -> MeteredStats {
+        MeteredStats {
+            gets: self.c.gets.load(Relaxed),
+            puts: self.c.puts.load(Relaxed),
+            deletes: self.c.deletes.load(Relaxed),
+            read_bytes: self.c.read_bytes.load(Relaxed),
+            written_bytes: self.c.written_bytes.load(Relaxed),
+        }
+    }
+}
+
+#[async_trait]
+impl Store for MeteredStore {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn gather_target(&self) -> Option<GatherTarget> {
+        self.inner.gather_target()
+    }
+    fn gather_route(&self, route: u64) -> Vec<GatherTarget> {
+        self.inner.gather_route(route)
+    }
+    fn endpoint_event(&self, addr: &str, event: EndpointEvent) {
+        self.inner.endpoint_event(addr, event)
+    }
+    async fn warm(&self, connections: usize) -> usize {
+        self.inner.warm(connections).await
+    }
+    async fn open_local(&self, key: &str) -> StoreResult<Option<LocalObject>> {
+        self.inner.open_local(key).await
+    }
+    fn open_local_blocking(&self, key: &str) -> StoreResult<Option<LocalObject>> {
+        self.inner.open_local_blocking(key)
+    }
+    async fn get_range_body(&self, key: &str, range: Range<u64>) -> StoreResult<Option<RangeBody>> {
+        let len = range.end - range.start;
+        let r = self.inner.get_range_body(key, range).await;
+        // `Ok(None)`: declined, the caller reads with `get_opts` (counted there).
+        if !matches!(r, Ok(None)) {
+            self.c.gets.fetch_add(1, Relaxed);
+        }
+        if let Ok(Some(_)) = &r {
+            self.c.read_bytes.fetch_add(len, Relaxed);
+        }
+        r
+    }
+    async fn get_opts(&self, key: &str, opts: GetOptions) -> StoreResult<GetResult> {
+        self.c.gets.fetch_add(1, Relaxed);
+        let r = self.inner.get_opts(key, opts).await?;
+        self.c
+            .read_bytes
+            .fetch_add(r.range.end - r.range.start, Relaxed);
+        Ok(r)
+    }
+    async fn put_opts(&self, key: &str, data: Bytes, opts: PutOptions) -> StoreResult<PutResult> {
+        self.c.puts.fetch_add(1, Relaxed);
+        self.c.written_bytes.fetch_add(data.len() as u64, Relaxed);
+        self.inner.put_opts(key, data, opts).await
+    }
+    async fn put_stream(
+        &self,
+        key: &str,
+        body: ByteStream,
+        len: Option<u64>,
+        opts: PutOptions,
+    ) -> StoreResult<PutResult> {
+        self.c.puts.fetch_add(1, Relaxed);
+        self.c.written_bytes.fetch_add(len.unwrap_or(0), Relaxed);
+        self.inner.put_stream(key, body, len, opts).await
+    }
+    async fn list_partial(&self, prefix: &str) -> StoreResult<Vec<PartialWrite>> {
+        self.inner.list_partial(prefix).await
+    }
+    async fn delete_partial(&self, partial: &PartialWrite) -> StoreResult<()> {
+        self.inner.delete_partial(partial).await
+    }
+    async fn head(&self, key: &str) -> StoreResult<ObjectMeta> {
+        self.c.gets.fetch_add(1, Relaxed);
+        self.inner.head(key).await
+    }
+    async fn delete(&self, key: &str) -> StoreResult<()> {
+        self.c.deletes.fetch_add(1, Relaxed);
+        self.inner.delete(key).await
+    }
+    async fn list(&self, prefix: &str, limit: usize) -> StoreResult<Vec<ObjectMeta>> {
+        self.c.puts.fetch_add(1, Relaxed);
+        self.inner.list(prefix, limit).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{MemoryStore, StoreExt};
+
+    #[tokio::test]
+    async fn counts_requests_and_bytes_and_keeps_the_inner_stores_answers() {
+        let inner: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let m = MeteredStore::new(inner.clone());
+        m.put("a", Bytes::from(vec![7u8; 1000])).await.unwrap();
+        let r = m
+            .get_opts(
+                "a",
+                GetOptions {
+                    range: Some(100..300),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.range, 100..300);
+        assert_eq!(m.head("a").await.unwrap().size, 1000);
+        // A miss is the inner store's error, and still a request.
+        assert!(m.head("missing").await.is_err());
+        m.delete("a").await.unwrap();
+        assert_eq!(
+            m.stats(),
+            MeteredStats {
+                gets: 3,
+                puts: 1,
+                deletes: 1,
+                read_bytes: 200,
+                written_bytes: 1000,
+            }
+        );
+        assert!(
+            inner.head("a").await.is_err(),
+            "the delete reached the inner store"
+        );
+    }
+}
