@@ -16,6 +16,8 @@
 //! - a server with the tier in front of its store: 5 loads of one prefix through gather fetch
 //!   each chunk from the backend once, and the server's metrics and `objectcache stat
 //!   --server` show the tier;
+//! - publish markers seen present are remembered (reads and HEADs without the remote store),
+//!   absent ones never are, and a delete through the tier forgets at once;
 //! - the lookup endpoint for routers answers the longest published prefix and where each
 //!   chunk is (DRAM, disk, remote), across key groups, and refuses bad requests by name.
 
@@ -25,8 +27,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use objectcache::layout::encode_chunk;
 use objectcache::store::{
-    Admission, GetOptions, GetResult, MemoryStore, ObjectMeta, PutOptions, PutResult, Store,
-    StoreExt, TierConfig, TieredStore,
+    Admission, GetOptions, GetResult, MemoryStore, MeteredStore, ObjectMeta, PutOptions, PutResult,
+    Store, StoreExt, TierConfig, TieredStore,
 };
 use objectcache::StoreResult;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -202,6 +204,42 @@ async fn levels_stay_within_their_bytes_lru_first_out_and_a_dram_miss_is_a_disk_
     let small = tier(remote.clone(), size - 1, None, Admission::All);
     assert_eq!(small.get_bytes(&objs[1].0).await.unwrap(), objs[1].1);
     assert_eq!(small.stats().dram.refused, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn published_markers_are_remembered_and_absent_ones_never_are() {
+    let mem = Arc::new(MemoryStore::new());
+    let remote = Arc::new(MeteredStore::new(mem.clone()));
+    let t = tier(remote.clone(), 1 << 20, None, Admission::All);
+    let m = "ns/v1/0123/tp0-1/sha256cbor/pub/01";
+    // Absent: asked of the remote store each time, never remembered.
+    assert!(t.get_bytes(m).await.is_err());
+    assert!(t.head(m).await.is_err());
+    assert_eq!(remote.stats().gets, 2);
+    // Published behind the tier (another gateway's save): seen at once.
+    mem.put(m, Bytes::from_static(b"marker-1")).await.unwrap();
+    assert_eq!(t.get_bytes(m).await.unwrap(), &b"marker-1"[..]);
+    assert_eq!(remote.stats().gets, 3);
+    // Remembered: whole and ranged reads and HEADs without the remote store.
+    for _ in 0..5 {
+        assert_eq!(t.get_bytes(m).await.unwrap(), &b"marker-1"[..]);
+    }
+    assert_eq!(t.get_range(m, 2..6).await.unwrap(), &b"rker"[..]);
+    assert_eq!(t.head(m).await.unwrap().size, 8);
+    assert_eq!(remote.stats().gets, 3, "a remembered marker went remote");
+    assert_eq!(t.stats().marker_hits, 7);
+    // Written through the tier: remembered from the write, and durable remotely.
+    let m2 = "ns/v1/0123/tp0-1/sha256cbor/pub/02";
+    t.put(m2, Bytes::from_static(b"marker-2")).await.unwrap();
+    assert_eq!(mem.get_bytes(m2).await.unwrap(), &b"marker-2"[..]);
+    assert_eq!(t.get_bytes(m2).await.unwrap(), &b"marker-2"[..]);
+    assert_eq!(remote.stats().gets, 3);
+    assert_eq!(t.stats().markers, 2);
+    // Deleted through the tier: gone at once, here and remotely.
+    t.delete(m).await.unwrap();
+    assert!(t.get_bytes(m).await.is_err());
+    assert!(mem.get_bytes(m).await.is_err());
+    assert_eq!(t.stats().markers, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -153,14 +153,16 @@ fn tier(addr: &str, json: bool) -> objectcache_core::Result<()> {
     println!(
         "fills from the remote store: {} ({} bytes, {:.3} s), {} misses joined a fill in \
          flight, {} corrupt objects served and not kept; disk level at start-up: {} \
-         recovered, {} dropped",
+         recovered, {} dropped; publish markers remembered: {} ({} reads answered without          the remote store)",
         st.fills,
         st.fill_bytes,
         st.fill_seconds,
         st.fills_shared,
         st.fills_corrupt,
         st.disk_recovered,
-        st.disk_dropped
+        st.disk_dropped,
+        st.markers,
+        st.marker_hits
     );
     Ok(())
 }
