@@ -4,10 +4,13 @@
 //!   (`--mode real`, the default) or on a modeled GPU (`--mode modeled`).
 //! - `transfer`: transfer paths (stock S3 ranged GETs, gather over TCP/RDMA).
 //! - `traffic`: many requests on a few shared prefixes, a capped server, every policy.
+//! - `vllm`: TTFT in a real vLLM per method, cross-replica.
+//! - `fleet`: many vLLM replicas behind a router replaying a trace, per method and routing.
 
 use clap::{Parser, Subcommand};
 
 mod cost;
+mod fleet;
 mod traffic;
 mod transfer;
 mod ttft;
@@ -33,6 +36,10 @@ enum Command {
     /// Many concurrent requests on a few shared prefixes against a capped server, per
     /// scheduling policy, measured beside the simulator's prediction.
     Traffic(traffic::TrafficArgs),
+    /// Several vLLM replicas on one store behind a router (round-robin or prefix-aware),
+    /// replaying a chat, agent or document trace: hit rate against the ideal, TTFT, bytes
+    /// from the remote store, outputs against vLLM without a connector.
+    Fleet(fleet::FleetArgs),
 }
 
 fn main() {
@@ -42,6 +49,7 @@ fn main() {
         Command::Transfer(a) => transfer::run(a),
         Command::Vllm(a) => vllm::run(a),
         Command::Traffic(a) => traffic::run(a),
+        Command::Fleet(a) => fleet::run(a),
     };
     if let Err(e) = r {
         eprintln!("objectcache-bench: {e:#}");

@@ -43,6 +43,11 @@ mon osd nearfull ratio = .98
 mon osd backfillfull ratio = .985
 osd max object name len = 460
 osd max object namespace len = 64
+# A placement group serves reads under a lease of osd heartbeat grace x the read lease ratio
+# (0.8 x 20 s): an OSD starved of the CPU past it (vLLM replicas computing beside it on a
+# machine of 2 cores) held reads "waiting for readable" for minutes, and RGW timed out. A
+# test cluster has no peer to fail over to: a grace of 10 minutes only lengthens the lease.
+osd heartbeat grace = 600
 CONF
 }
 

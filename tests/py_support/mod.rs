@@ -118,7 +118,8 @@ pub fn installed(test: &str) -> Option<Installed> {
 pub fn pytest(py: &Path, site: &Path, files: &[&str], env: &[(&str, String)]) {
     let tests = root().join("ffi").join("python").join("tests");
     let mut cmd = Command::new(py);
-    cmd.args(["-m", "pytest", "-v", "-s", "-rs", "-p", "no:cacheprovider"])
+    // `--durations`: the slowest tests' times in CI's log, for its time budget.
+    cmd.args(["-m", "pytest", "-v", "-s", "-rs", "-p", "no:cacheprovider", "--durations=25"])
         .args(files.iter().map(|f| tests.join(f)))
         .current_dir(&tests)
         .env("PYTHONPATH", site)

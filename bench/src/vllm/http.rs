@@ -44,9 +44,16 @@ pub async fn healthy(port: u16) -> bool {
     )
 }
 
-/// `GET /metrics`: every sample summed by metric name (labels dropped).
+/// `GET /metrics`: as [`metrics_at`].
 pub async fn metrics(port: u16) -> Result<HashMap<String, f64>> {
-    let r = send(port, get(port, "/metrics")?).await?;
+    metrics_at(port, "/metrics").await
+}
+
+/// `GET path` of a Prometheus text exposition (vLLM's `/metrics`, the ObjectCache server's
+/// `/_objectcache/metrics`): every sample summed by metric name (labels dropped), and each
+/// labelled sample under its whole series name too (`name{label="value"}`, as written).
+pub async fn metrics_at(port: u16, path: &str) -> Result<HashMap<String, f64>> {
+    let r = send(port, get(port, path)?).await?;
     let body = r.into_body().collect().await?.to_bytes();
     let mut out = HashMap::new();
     for line in String::from_utf8_lossy(&body).lines() {
@@ -59,6 +66,9 @@ pub async fn metrics(port: u16) -> Result<HashMap<String, f64>> {
         let name = series.split('{').next().unwrap_or(series);
         if let Ok(v) = value.parse::<f64>() {
             *out.entry(name.to_string()).or_insert(0.0) += v;
+            if name != series {
+                out.insert(series.to_string(), v);
+            }
         }
     }
     Ok(out)

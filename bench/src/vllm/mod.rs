@@ -22,13 +22,13 @@
 //! (`methods.rs`), the HTTP client (`http.rs`), the final table (`report.rs`) and the plot
 //! (`plot.rs`).
 
-mod http;
+pub(crate) mod http;
 mod methods;
-mod plot;
-mod process;
+pub(crate) mod plot;
+pub(crate) mod process;
 mod prompts;
 mod report;
-mod setup;
+pub(crate) mod setup;
 
 use anyhow::{bail, Result};
 use clap::Args;
@@ -38,7 +38,7 @@ use process::Env;
 use prompts::Prompts;
 use report::{finish, print_table};
 use serde::Serialize;
-use setup::{install_package, locate, python_out, s3_credentials, s3_store, ObjectCacheServer};
+use setup::{aws_env, install_package, locate, python_out, s3_store, ObjectCacheServer};
 use std::collections::HashMap;
 use std::path::PathBuf;
 
@@ -295,7 +295,7 @@ struct Report<'a> {
 
 /// The dtype `--dtype auto` picks from /proc/cpuinfo's text: `bfloat16` where the CPU has
 /// native bfloat16 arithmetic (`amx_bf16` or `avx512_bf16`), else `float32`.
-fn native_dtype(cpuinfo: &str) -> &'static str {
+pub(crate) fn native_dtype(cpuinfo: &str) -> &'static str {
     let native = cpuinfo
         .lines()
         .filter(|l| l.starts_with("flags"))
@@ -339,20 +339,9 @@ pub fn run(mut a: VllmArgs) -> Result<()> {
         a.dtype =
             native_dtype(&std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default()).to_string();
     }
-    // The benchmark's own server takes these credentials (`s3_credentials`), and its checks
-    // that saves were published read them from the AWS environment: without them the AWS SDK
-    // would look for an instance metadata service. Set only where unset, here, before this
-    // process starts any thread.
-    if std::env::var_os("AWS_ACCESS_KEY_ID").is_none() {
-        let (ak, sk) = s3_credentials();
-        std::env::set_var("AWS_ACCESS_KEY_ID", ak);
-        std::env::set_var("AWS_SECRET_ACCESS_KEY", sk);
-        std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
-    }
-    if std::env::var_os("AWS_REGION").is_none() {
-        std::env::set_var("AWS_REGION", "us-east-1");
-    }
-    let (py, model) = locate(&a, &spec)?;
+    // Before this process starts any thread.
+    aws_env();
+    let (py, model) = locate(&a.venv, a.model.as_deref(), &spec)?;
     let chosen: Vec<String> = a
         .methods
         .clone()
@@ -391,7 +380,7 @@ pub fn run(mut a: VllmArgs) -> Result<()> {
     };
     std::fs::create_dir_all(&logs)?;
     let mp = MultiProgress::new();
-    let site = install_package(&py, &a, tmp.path(), &mp)?;
+    let site = install_package(&py, a.package_src.as_deref(), tmp.path(), &mp)?;
     let vllm_version = python_out(&py, "import vllm; print(vllm.__version__)", &site)?;
     let prompts = Prompts::new(&model, &a)?;
     let mut env = Env::new(&py, &model, &site, &logs, &a, spec.max_len, mp.clone());
@@ -431,7 +420,7 @@ pub fn run(mut a: VllmArgs) -> Result<()> {
                 stores.push((m.clone(), s.url()));
                 server = Some(s);
             }
-            "objectcache-s3" => match s3_store(&a, &rt)? {
+            "objectcache-s3" => match s3_store(a.s3.as_deref(), &rt)? {
                 Ok(url) => stores.push((m.clone(), url)),
                 Err(why) => not_run.push((m.clone(), why)),
             },

@@ -6,7 +6,7 @@ use anyhow::{anyhow, Result};
 use plotters::prelude::*;
 use std::path::Path;
 
-const COLORS: &[RGBColor] = &[
+pub(crate) const COLORS: &[RGBColor] = &[
     RGBColor(0x4c, 0x72, 0xb0),
     RGBColor(0x8c, 0x8c, 0x8c),
     RGBColor(0x55, 0xa8, 0x68),

@@ -11,9 +11,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// What every vLLM process is started with.
-pub(super) struct Env {
+pub(crate) struct Env {
     py: PathBuf,
-    pub(super) model: PathBuf,
+    pub(crate) model: PathBuf,
     site: PathBuf,
     logs: PathBuf,
     kv_gib: u32,
@@ -22,12 +22,16 @@ pub(super) struct Env {
     max_len: u32,
     tp: u32,
     /// Start vLLM with its hybrid KV cache manager off (`--disable-hybrid-kv-cache-manager`).
-    pub(super) hma_off: bool,
-    pub(super) mp: MultiProgress,
+    pub(crate) hma_off: bool,
+    /// More arguments for every process (e.g. `--num-gpu-blocks-override N`).
+    pub(crate) extra_args: Vec<String>,
+    /// CPU priority of every process (`nice -n`; 0: this process's own).
+    pub(crate) nice: i32,
+    pub(crate) mp: MultiProgress,
 }
 
 impl Env {
-    pub(super) fn new(
+    pub(crate) fn new(
         py: &Path,
         model: &Path,
         site: &Path,
@@ -47,33 +51,85 @@ impl Env {
             max_len,
             tp: a.tp,
             hma_off: false,
+            extra_args: Vec::new(),
+            nice: 0,
+            mp,
+        }
+    }
+
+    /// What every process of a fleet is started with: as [`Env::new`] from the settings
+    /// themselves (KV cache GiB, reserved cores, dtype, context), tensor-parallel size 1.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn fleet(
+        py: &Path,
+        model: &Path,
+        site: &Path,
+        logs: &Path,
+        kv_gib: u32,
+        dtype: &str,
+        max_len: u32,
+        mp: MultiProgress,
+    ) -> Self {
+        Env {
+            py: py.into(),
+            model: model.into(),
+            site: site.into(),
+            logs: logs.into(),
+            kv_gib,
+            reserved_cpus: 0,
+            dtype: dtype.into(),
+            max_len,
+            tp: 1,
+            hma_off: false,
+            extra_args: Vec::new(),
+            nice: 0,
             mp,
         }
     }
 }
 
 /// One vLLM OpenAI-compatible server process.
-pub(super) struct Vllm {
+pub(crate) struct Vllm {
     child: Child,
-    pub(super) port: u16,
-    pub(super) label: String,
-    pub(super) startup_s: f64,
+    pub(crate) port: u16,
+    pub(crate) label: String,
+    pub(crate) startup_s: f64,
 }
 
 impl Vllm {
-    pub(super) fn start(
+    pub(crate) fn start(
         env: &Env,
         rt: &tokio::runtime::Runtime,
         label: &str,
         apc: bool,
         kv: Option<&serde_json::Value>,
     ) -> Result<Vllm> {
+        Vllm::start_bound(env, rt, label, apc, kv, None)
+    }
+
+    /// As [`Vllm::start`], with the model's compute threads bound to `cpus`
+    /// (`VLLM_CPU_OMP_THREADS_BIND`, e.g. `1` or `0-3`) when given: replicas sharing a
+    /// machine each take their own cores.
+    pub(crate) fn start_bound(
+        env: &Env,
+        rt: &tokio::runtime::Runtime,
+        label: &str,
+        apc: bool,
+        kv: Option<&serde_json::Value>,
+        cpus: Option<&str>,
+    ) -> Result<Vllm> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
         let log = env.logs.join(format!("{label}.log"));
         let (ak, sk) = s3_credentials();
-        let mut cmd = Command::new(&env.py);
+        let mut cmd = if env.nice != 0 {
+            let mut c = Command::new("nice");
+            c.args(["-n", &env.nice.to_string()]).arg(&env.py);
+            c
+        } else {
+            Command::new(&env.py)
+        };
         cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
             .arg(&env.model)
             .args(["--dtype", &env.dtype])
@@ -106,7 +162,10 @@ impl Vllm {
                 cmd.arg("--disable-hybrid-kv-cache-manager");
             }
         }
-        if env.tp > 1 {
+        cmd.args(&env.extra_args);
+        if let Some(c) = cpus {
+            cmd.env("VLLM_CPU_OMP_THREADS_BIND", c);
+        } else if env.tp > 1 {
             cmd.args(["--tensor-parallel-size", &env.tp.to_string()]);
             // vLLM on the CPU binds each rank to a NUMA node of its own unless told which
             // cores to take; a machine of one node gets the cores split between the ranks.
@@ -172,7 +231,7 @@ impl Vllm {
     }
 
     /// SIGTERM, then waits (vLLM shuts its engine and workers down; connectors flush).
-    pub(super) fn stop(mut self) -> Result<()> {
+    pub(crate) fn stop(mut self) -> Result<()> {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();

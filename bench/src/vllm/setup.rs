@@ -2,7 +2,7 @@
 //! installed from `ffi/python`, the S3 credentials and stores, and our own server
 //! (`objectcache serve`) over a directory store; a progress spinner.
 
-use super::{ModelSpec, VllmArgs, SERVER_BUCKET};
+use super::{ModelSpec, SERVER_BUCKET};
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use objectcache::store::{S3Config, S3Store};
@@ -13,15 +13,17 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// The venv's Python and the model folder.
-pub(super) fn locate(a: &VllmArgs, spec: &ModelSpec) -> Result<(PathBuf, PathBuf)> {
-    let d = &a.venv;
+/// `venv` is `--venv`, `model` `--model` (a name of [`super::MODELS`], whose spec is
+/// `spec`, or a folder).
+pub(crate) fn locate(
+    venv: &Path,
+    model: Option<&str>,
+    spec: &ModelSpec,
+) -> Result<(PathBuf, PathBuf)> {
+    let d = venv;
     // `--model` is a name of MODELS (its folder under the venv's models/) or a folder.
     let named = (spec.name != "custom").then(|| d.join("models").join(spec.folder));
-    let given = a
-        .model
-        .as_ref()
-        .filter(|_| named.is_none())
-        .map(PathBuf::from);
+    let given = model.filter(|_| named.is_none()).map(PathBuf::from);
     let py = if d.join("venv/bin/python").is_file() {
         d.join("venv/bin/python")
     } else if d.join("bin/python").is_file() {
@@ -52,7 +54,7 @@ pub(super) fn locate(a: &VllmArgs, spec: &ModelSpec) -> Result<(PathBuf, PathBuf
     ))
 }
 
-pub(super) fn spinner(mp: &MultiProgress, msg: String) -> ProgressBar {
+pub(crate) fn spinner(mp: &MultiProgress, msg: String) -> ProgressBar {
     let s = mp.add(ProgressBar::new_spinner());
     s.set_style(
         ProgressStyle::with_template("{spinner} {msg} {elapsed}")
@@ -64,15 +66,15 @@ pub(super) fn spinner(mp: &MultiProgress, msg: String) -> ProgressBar {
 }
 
 /// `pip install --target` of `ffi/python` into `tmp/site`; returns the directory.
-pub(super) fn install_package(
+/// `package_src`: `--package-src` (default: this repository's `ffi/python`).
+pub(crate) fn install_package(
     py: &Path,
-    a: &VllmArgs,
+    package_src: Option<&Path>,
     tmp: &Path,
     mp: &MultiProgress,
 ) -> Result<PathBuf> {
-    let src = a
-        .package_src
-        .clone()
+    let src = package_src
+        .map(Path::to_path_buf)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../ffi/python"));
     let site = tmp.join("site");
     let s = spinner(
@@ -112,7 +114,7 @@ pub(super) fn install_package(
     Ok(site)
 }
 
-pub(super) fn python_out(py: &Path, code: &str, site: &Path) -> Result<String> {
+pub(crate) fn python_out(py: &Path, code: &str, site: &Path) -> Result<String> {
     let out = Command::new(py)
         .args(["-c", code])
         .env("PYTHONPATH", site)
@@ -125,12 +127,12 @@ pub(super) fn python_out(py: &Path, code: &str, site: &Path) -> Result<String> {
 
 /// The S3 store of `objectcache-s3`: `--s3`, or the test endpoint (bucket created) when it
 /// answers; `Ok(Err(why))` when there is none.
-pub(super) fn s3_store(
-    a: &VllmArgs,
+pub(crate) fn s3_store(
+    given: Option<&str>,
     rt: &tokio::runtime::Runtime,
 ) -> Result<std::result::Result<String, String>> {
-    if let Some(u) = &a.s3 {
-        return Ok(Ok(u.clone()));
+    if let Some(u) = given {
+        return Ok(Ok(u.to_string()));
     }
     let c = S3Config::from_test_env();
     match rt.block_on(S3Store::from_test_env("bench-vllm")) {
@@ -148,8 +150,25 @@ pub(super) fn s3_store(
     }
 }
 
+/// Sets the AWS environment where unset: the test S3 credentials ([`s3_credentials`]), no
+/// instance metadata service, region `us-east-1`. The benchmark's own servers take these
+/// credentials, and its checks that saves were published read them from the AWS
+/// environment: without them the AWS SDK would look for an instance metadata service. Call
+/// it before the process starts any thread.
+pub(crate) fn aws_env() {
+    if std::env::var_os("AWS_ACCESS_KEY_ID").is_none() {
+        let (ak, sk) = s3_credentials();
+        std::env::set_var("AWS_ACCESS_KEY_ID", ak);
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", sk);
+        std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
+    }
+    if std::env::var_os("AWS_REGION").is_none() {
+        std::env::set_var("AWS_REGION", "us-east-1");
+    }
+}
+
 /// `(access key, secret key)` for the S3 stores: the test S3 credentials.
-pub(super) fn s3_credentials() -> (String, String) {
+pub(crate) fn s3_credentials() -> (String, String) {
     let var = |k: &str, d: &str| {
         std::env::var(k)
             .ok()
@@ -166,13 +185,25 @@ pub(super) fn s3_credentials() -> (String, String) {
 }
 
 /// Our server (`objectcache serve`, next to this executable) over a directory store.
-pub(super) struct ObjectCacheServer {
+pub(crate) struct ObjectCacheServer {
     child: Child,
     addr: String,
 }
 
 impl ObjectCacheServer {
-    pub(super) fn start(dir: &Path, logs: &Path) -> Result<Self> {
+    pub(crate) fn start(dir: &Path, logs: &Path) -> Result<Self> {
+        let store = dir.display().to_string();
+        ObjectCacheServer::start_with(&store, &[], logs, "storage-server.log")
+    }
+
+    /// `objectcache serve --store STORE EXTRA...` (a directory, or `s3://...` for gateway
+    /// mode), logging to `logs/LOG`.
+    pub(crate) fn start_with(
+        store: &str,
+        extra: &[String],
+        logs: &Path,
+        log: &str,
+    ) -> Result<Self> {
         let exe = std::env::current_exe()?;
         let bin = exe.with_file_name("objectcache");
         if !bin.is_file() {
@@ -191,10 +222,11 @@ impl ObjectCacheServer {
                 SERVER_BUCKET,
                 "--store",
             ])
-            .arg(dir)
+            .arg(store)
             .args(["--access-key", &format!("{ak}:{sk}")])
+            .args(extra)
             .stdout(Stdio::piped())
-            .stderr(File::create(logs.join("storage-server.log"))?)
+            .stderr(File::create(logs.join(log))?)
             .spawn()?;
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line)?;
@@ -207,13 +239,18 @@ impl ObjectCacheServer {
         if addr.is_empty() {
             bail!(
                 "objectcache serve did not start (see {})",
-                logs.join("storage-server.log").display()
+                logs.join(log).display()
             );
         }
         Ok(ObjectCacheServer { child, addr })
     }
 
-    pub(super) fn url(&self) -> String {
+    /// The server's address (`127.0.0.1:PORT`).
+    pub(crate) fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    pub(crate) fn url(&self) -> String {
         format!(
             "s3://{SERVER_BUCKET}/vllm?endpoint=http://{}&region=us-east-1&addressing=path",
             self.addr
