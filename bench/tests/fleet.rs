@@ -1,5 +1,5 @@
 //! `objectcache-bench fleet` end to end on a short run (issue 42, part 3): 2 real vLLM
-//! replicas (CPU, SmolLM2-135M) under round-robin routing, a `chat` trace of 20 requests, vLLM
+//! replicas (CPU, SmolLM2-135M) under round-robin routing, a `chat` trace of 12 requests, vLLM
 //! alone (`none`) against ObjectCacheConnector on a server with its node tier in front of the
 //! test S3 endpoint (Ceph RGW in CI). Checks hits, outputs and the tier's counters, never
 //! speed.
@@ -56,7 +56,7 @@ fn a_fleet_shares_a_tiered_store_with_every_output_as_vllm_alone() {
             "--trace",
             "chat",
             "--requests",
-            "20",
+            "12",
             "--methods",
             "none,objectcache-tier",
             "--routing",
@@ -85,10 +85,10 @@ fn a_fleet_shares_a_tiered_store_with_every_output_as_vllm_alone() {
     assert_eq!(tier["method"], "objectcache-tier");
     assert!(dir.path().join("fleet-ttft-chat.svg").is_file(), "the plot");
     for r in recs {
-        assert_eq!(r["requests"], 20, "{}", r["method"]);
-        assert_eq!(r["outcomes"].as_array().unwrap().len(), 20);
-        // Round-robin over 2 replicas: 10 requests each.
-        assert_eq!(r["per_replica"], serde_json::json!([10, 10]));
+        assert_eq!(r["requests"], 12, "{}", r["method"]);
+        assert_eq!(r["outcomes"].as_array().unwrap().len(), 12);
+        // Round-robin over 2 replicas: 6 requests each.
+        assert_eq!(r["per_replica"], serde_json::json!([6, 6]));
         // The trace shares a system prompt and grows sessions: an ideal cache hits.
         assert!(f(r, "ideal_hit_rate") > 0.3, "{}", r["ideal_hit_rate"]);
         assert!(f(r, "hit_rate") <= f(r, "ideal_hit_rate") + 1e-9);

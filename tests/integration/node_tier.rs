@@ -465,7 +465,7 @@ fn a_router_asks_which_leading_chunks_are_stored_and_in_which_tier() {
             .unwrap();
         (t, s)
     };
-    let (_t, server) = start(64 << 20);
+    let (t, server) = start(64 << 20);
     let store = rt.block_on(gather_util::s3_store_on(&server.endpoint()));
     let g = small_geometry("test/tier-lookup", 4);
     let e = engine(store, &common::unique_ns("tier-lookup"));
@@ -496,10 +496,17 @@ fn a_router_asks_which_leading_chunks_are_stored_and_in_which_tier() {
         answer(ask(server.local_addr(), &[&group, &other], &hex))["chunks"],
         0
     );
-    // A marker gone from the remote store ends the prefix there.
+    // A marker deleted behind the tier (in the remote store itself) is remembered for
+    // MARKER_TTL (docs/deployment.md); one deleted through the tier ends the prefix there at
+    // once.
     let m3 = format!("{group}/pub/{}", hex[3]);
     let kept = rt.block_on(backend.get_bytes(&m3)).unwrap();
     rt.block_on(backend.delete(&m3)).unwrap();
+    assert_eq!(
+        answer(ask(server.local_addr(), &[&group], &hex))["chunks"],
+        6
+    );
+    rt.block_on(t.delete(&m3)).unwrap();
     assert_eq!(
         answer(ask(server.local_addr(), &[&group], &hex))["chunks"],
         3

@@ -119,12 +119,21 @@ pub fn pytest(py: &Path, site: &Path, files: &[&str], env: &[(&str, String)]) {
     let tests = root().join("ffi").join("python").join("tests");
     let mut cmd = Command::new(py);
     // `--durations`: the slowest tests' times in CI's log, for its time budget.
-    cmd.args(["-m", "pytest", "-v", "-s", "-rs", "-p", "no:cacheprovider", "--durations=25"])
-        .args(files.iter().map(|f| tests.join(f)))
-        .current_dir(&tests)
-        .env("PYTHONPATH", site)
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .env("OBJECTCACHE_BIN", env!("CARGO_BIN_EXE_objectcache"));
+    cmd.args([
+        "-m",
+        "pytest",
+        "-v",
+        "-s",
+        "-rs",
+        "-p",
+        "no:cacheprovider",
+        "--durations=25",
+    ])
+    .args(files.iter().map(|f| tests.join(f)))
+    .current_dir(&tests)
+    .env("PYTHONPATH", site)
+    .env("PYTHONDONTWRITEBYTECODE", "1")
+    .env("OBJECTCACHE_BIN", env!("CARGO_BIN_EXE_objectcache"));
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -163,7 +163,6 @@ mod tests {
                 "a",
                 GetOptions {
                     range: Some(100..300),
-                    ..Default::default()
                 },
             )
             .await
