@@ -41,19 +41,9 @@ impl Env {
         mp: MultiProgress,
     ) -> Self {
         Env {
-            py: py.into(),
-            model: model.into(),
-            site: site.into(),
-            logs: logs.into(),
-            kv_gib: a.kv_cache_gib,
             reserved_cpus: a.reserved_cpus,
-            dtype: a.dtype.clone(),
-            max_len,
             tp: a.tp,
-            hma_off: false,
-            extra_args: Vec::new(),
-            nice: 0,
-            mp,
+            ..Env::fleet(py, model, site, logs, a.kv_cache_gib, &a.dtype, max_len, mp)
         }
     }
 
