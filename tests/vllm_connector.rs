@@ -7,8 +7,10 @@
 //! (`test_vllm_failures.py`); the model families: a Gemma 3 style sliding-window hybrid through
 //! vLLM's hybrid KV cache manager, DeepSeek-V2 style MLA saved once at TP 2, Llama at TP 2,
 //! and a recurrent model refused (`test_vllm_models.py`, models of
-//! `scripts/vllm-tiny-models.py`). The cases are pytest files run by the vLLM venv's Python; this
-//! test installs the package from `ffi/python` with pip and creates the RGW bucket.
+//! `scripts/vllm-tiny-models.py`). The cases are pytest files run by the vLLM venv's Python, in
+//! two lanes side by side on machines with 2 CPUs or more (their output lines prefixed
+//! `[vllm-a]` and `[vllm-b]`); this test installs the package from `ffi/python` with pip and
+//! creates the RGW bucket.
 //!
 //! Needs the venv and model of `scripts/vllm-setup.sh` (`$OBJECTCACHE_VLLM_DIR`, default
 //! `target/vllm`) and, for the RGW case, the test S3 endpoint (`OBJECTCACHE_TEST_S3_*`).
@@ -64,13 +66,14 @@ fn vllm_connector_in_a_real_vllm() {
         ),
         Err(e) => panic!("the test S3 endpoint refused the bucket: {e}"),
     }
-    py_support::pytest(
+    // Two lanes side by side, a core each (py_support::pytest_lanes): in CI the failure
+    // tests took 700 s, the other two files about 670 s.
+    py_support::pytest_lanes(
         &p.py,
         &p.site,
         &[
-            "test_vllm.py",
-            "test_vllm_failures.py",
-            "test_vllm_models.py",
+            &["test_vllm_failures.py"],
+            &["test_vllm.py", "test_vllm_models.py"],
         ],
         &env,
     );

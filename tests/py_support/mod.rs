@@ -113,9 +113,9 @@ pub fn installed(test: &str) -> Option<Installed> {
     })
 }
 
-/// Runs pytest on `files` (under ffi/python/tests) with the package at `site` and extra
-/// environment; prints its output and panics if it fails.
-pub fn pytest(py: &Path, site: &Path, files: &[&str], env: &[(&str, String)]) {
+/// The pytest command on `args` (files or node ids under ffi/python/tests) with the package at
+/// `site` and extra environment.
+fn pytest_command(py: &Path, site: &Path, args: &[&str], env: &[(&str, String)]) -> Command {
     let tests = root().join("ffi").join("python").join("tests");
     let mut cmd = Command::new(py);
     // `--durations`: the slowest tests' times in CI's log, for its time budget.
@@ -129,7 +129,7 @@ pub fn pytest(py: &Path, site: &Path, files: &[&str], env: &[(&str, String)]) {
         "no:cacheprovider",
         "--durations=25",
     ])
-    .args(files.iter().map(|f| tests.join(f)))
+    .args(args.iter().map(|f| tests.join(f)))
     .current_dir(&tests)
     .env("PYTHONPATH", site)
     .env("PYTHONDONTWRITEBYTECODE", "1")
@@ -137,6 +137,82 @@ pub fn pytest(py: &Path, site: &Path, files: &[&str], env: &[(&str, String)]) {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let status = cmd.status().expect("run pytest");
+    cmd
+}
+
+/// Runs pytest on `files` (under ffi/python/tests) with the package at `site` and extra
+/// environment; prints its output and panics if it fails.
+pub fn pytest(py: &Path, site: &Path, files: &[&str], env: &[(&str, String)]) {
+    let status = pytest_command(py, site, files, env)
+        .status()
+        .expect("run pytest");
     assert!(status.success(), "pytest {files:?} failed: {status}");
+}
+
+/// Runs the vLLM suites in `lanes` (each a list of pytest files or node ids) side by side, one
+/// pytest process per lane, each with its own half of the CPUs for vLLM's worker threads
+/// (`VLLM_CPU_OMP_THREADS_BIND`); every output line is printed with its lane's name. With
+/// fewer CPUs than lanes, one pytest runs them all, as [`pytest`].
+///
+/// Why: vLLM's CPU worker binds its compute threads to all CPUs but one, which it leaves to
+/// the engine's other processes. On a 2-core machine a replica computes on one core, and two
+/// replicas bound to one core each ran three prompts in the time one took alone (43 s
+/// against 44 s). A test that starts a replica with its own binding (tensor parallel 2: a
+/// core per rank) keeps it and shares the cores for its duration. Each lane has its own
+/// session fixtures (its own `objectcache serve`) and `--basetemp`.
+///
+/// Panics, after every lane has finished, if any failed.
+pub fn pytest_lanes(py: &Path, site: &Path, lanes: &[&[&str]], env: &[(&str, String)]) {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if lanes.len() < 2 || cpus < lanes.len() {
+        let all: Vec<&str> = lanes.iter().flat_map(|l| l.iter().copied()).collect();
+        return pytest(py, site, &all, env);
+    }
+    let base = tempfile::tempdir().expect("pytest base directory");
+    let per = cpus / lanes.len();
+    let runs: Vec<_> = lanes
+        .iter()
+        .enumerate()
+        .map(|(i, files)| {
+            let (first, last) = (i * per, i * per + per - 1);
+            let cores = if first == last {
+                first.to_string()
+            } else {
+                format!("{first}-{last}")
+            };
+            let name = format!("vllm-{}", (b'a' + i as u8) as char);
+            let temp = base.path().join(&name);
+            let mut cmd = pytest_command(py, site, files, env);
+            cmd.arg("--basetemp")
+                .arg(&temp)
+                .env("VLLM_CPU_OMP_THREADS_BIND", &cores)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            let mut child = cmd.spawn().expect("run pytest");
+            println!("{name}: pytest {files:?}, vLLM workers on CPUs {cores}");
+            let echo = |r: Box<dyn std::io::Read + Send>, name: String| {
+                std::thread::spawn(move || {
+                    use std::io::{BufRead, Write};
+                    for line in std::io::BufReader::new(r).lines().map_while(Result::ok) {
+                        // Not println!: the test harness would hold it back until the end.
+                        let _ = writeln!(std::io::stdout().lock(), "[{name}] {line}");
+                    }
+                })
+            };
+            let out = echo(Box::new(child.stdout.take().unwrap()), name.clone());
+            let err = echo(Box::new(child.stderr.take().unwrap()), name.clone());
+            (name, files, child, [out, err])
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for (name, files, mut child, echoes) in runs {
+        let status = child.wait().expect("wait for pytest");
+        for e in echoes {
+            let _ = e.join();
+        }
+        if !status.success() {
+            failed.push(format!("{name} ({files:?}): {status}"));
+        }
+    }
+    assert!(failed.is_empty(), "pytest failed: {}", failed.join("; "));
 }
