@@ -64,5 +64,6 @@ mod server_process;
 mod server_s3;
 mod sim_determinism;
 mod store_conformance;
+mod store_doctor;
 mod traffic_misses;
 mod traffic_promises;

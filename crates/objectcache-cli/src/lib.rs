@@ -30,8 +30,12 @@ pub enum Command {
     Stat(stat::StatArgs),
     /// Delete unreferenced or expired objects.
     Gc(gc::GcArgs),
+    /// Check that a store does what ObjectCache relies on (create-only PUTs, ranged GETs,
+    /// idle connections); exits non-zero when it refuses the store.
+    Doctor(doctor::DoctorArgs),
 }
 
+pub mod doctor;
 pub mod gc;
 mod plot;
 pub mod serve;
@@ -66,6 +70,7 @@ pub fn main() -> i32 {
         Command::Sim(a) => sim::run(a),
         Command::Stat(a) => stat::run(a),
         Command::Gc(a) => gc::run(a),
+        Command::Doctor(a) => doctor::run(a),
     };
     match r {
         Ok(()) => 0,

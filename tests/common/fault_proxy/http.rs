@@ -152,7 +152,15 @@ pub(super) async fn http_conn(inn: Arc<Inner>, sock: TcpStream, conn: u64) -> st
     let mut cl = Conn::new(sock);
     let mut up: Option<Conn> = None;
     loop {
-        let Some(hb) = cl.head().await? else {
+        let idle = *inn.idle_close.lock().unwrap();
+        let head = match idle {
+            Some(after) => match tokio::time::timeout(after, cl.head()).await {
+                Ok(h) => h?,
+                Err(_) => return Ok(()), // idle too long: the connection closes
+            },
+            None => cl.head().await?,
+        };
+        let Some(hb) = head else {
             return Ok(());
         };
         let h = Head::parse(&hb)?;

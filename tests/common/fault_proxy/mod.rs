@@ -178,6 +178,9 @@ type RawRule = Arc<dyn Fn(u64) -> RawFault + Send + Sync>;
 struct Inner {
     upstream: SocketAddr,
     http_rule: Mutex<Option<HttpRule>>,
+    /// HTTP mode: a client connection idle this long between requests is closed (a server
+    /// with a short keep-alive limit); `None`: kept open.
+    idle_close: Mutex<Option<Duration>>,
     raw_rule: Mutex<Option<RawRule>>,
     log: Mutex<Vec<Request>>,
     raw_log: Mutex<Vec<(u64, RawFault, u64)>>,
@@ -238,6 +241,7 @@ impl FaultProxy {
         let inner = Arc::new(Inner {
             upstream,
             http_rule: Mutex::new(http),
+            idle_close: Mutex::new(None),
             raw_rule: Mutex::new(raw),
             log: Mutex::new(Vec::new()),
             raw_log: Mutex::new(Vec::new()),
@@ -283,6 +287,12 @@ impl FaultProxy {
     /// `http://127.0.0.1:port`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// HTTP mode: closes client connections that stay idle `after` between requests (the
+    /// keep-alive limit of a server), or never (`None`, the default).
+    pub fn set_idle_close(&self, after: Option<Duration>) {
+        *self.inner.idle_close.lock().unwrap() = after;
     }
 
     /// Holds every HTTP request from now on (after its fault is decided, before

@@ -8,6 +8,7 @@
 //! a filesystem root or confuse an S3 gateway.
 
 pub mod conformance;
+pub mod doctor;
 mod fs;
 #[cfg(feature = "s3")]
 mod gateways;

@@ -10,7 +10,9 @@
 //! `s3://` query parameters, all optional: `endpoint` (e.g. `http://127.0.0.1:7480`; default
 //! AWS S3), `region` (default from `AWS_REGION`, the profile, else `us-east-1`), `addressing`
 //! (default `path` with an endpoint, `virtual` without), `profile` (AWS profile name), `ca_file` (PEM CAs to trust for an `https://` endpoint),
-//! `max_attempts` (attempts per request, default 4). Credentials are never part of a URL: they
+//! `max_attempts` (attempts per request, default 4), `idle_timeout_s` (how long pooled
+//! connections idle before they are closed, default 60; below the server's own limit, which
+//! `objectcache doctor` measures). Credentials are never part of a URL: they
 //! come from the environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`) or a profile.
 //!
 //! Several endpoints serving the same bucket (ObjectCache gateways, the RGWs of one Ceph
@@ -233,6 +235,14 @@ fn parse_s3(url: &str) -> StoreResult<S3Url> {
                     bad(url, format!("read_into_place must be true or false, not {v:?}"))
                 })?
             }
+            "idle_timeout_s" => {
+                c.idle_timeout = v
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|s| s.is_finite() && *s >= 0.01)
+                    .map(std::time::Duration::from_secs_f64)
+                    .ok_or_else(|| bad(url, format!("idle_timeout_s must be a number of seconds of at least 0.01, not {v:?}")))?
+            }
             "max_attempts" => {
                 c.max_attempts = v
                     .parse()
@@ -243,7 +253,7 @@ fn parse_s3(url: &str) -> StoreResult<S3Url> {
             other => {
                 return Err(bad(
                     url,
-                    format!("unknown parameter {other:?}; known: endpoint, region, addressing, profile, max_attempts, ca_file, read_into_place, resolve, placement, health_interval_ms"),
+                    format!("unknown parameter {other:?}; known: endpoint, region, addressing, profile, max_attempts, idle_timeout_s, ca_file, read_into_place, resolve, placement, health_interval_ms"),
                 ))
             }
         }

@@ -118,6 +118,12 @@ pub struct S3Config {
     /// Idle connections kept open to the endpoint for reuse. Default 256, so that a load with
     /// hundreds of ranged GETs in flight does not reconnect for each.
     pub max_idle_connections: usize,
+    /// How long an idle connection is kept for reuse, in both pools (the SDK's and the
+    /// direct path's). Keep it below the time after which the server closes idle
+    /// connections, which `objectcache doctor` measures: a request sent on a connection the
+    /// server is closing can fail. Store URL parameter `idle_timeout_s` (seconds, at least
+    /// 0.01). Default 60 s.
+    pub idle_timeout: Duration,
     /// Host names resolved to fixed addresses instead of by DNS, like curl's `--resolve`:
     /// `(name, ip)`, where `name` is a host name or `*.suffix` for every name below `suffix`.
     /// For virtual-hosted addressing against a test endpoint without wildcard DNS.
@@ -155,6 +161,7 @@ impl S3Config {
             attempt_timeout: Duration::from_secs(60),
             operation_timeout: Duration::from_secs(120),
             max_idle_connections: 256,
+            idle_timeout: Duration::from_secs(60),
             resolve: Vec::new(),
             ca_file: None,
             read_into_place: true,

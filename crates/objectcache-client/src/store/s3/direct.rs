@@ -49,7 +49,10 @@ pub(super) struct Direct {
     connect_timeout: Duration,
     read_timeout: Duration,
     max_idle: usize,
-    idle: Mutex<Vec<TcpStream>>,
+    /// How long a connection stays reusable once idle ([`super::S3Config::idle_timeout`]).
+    idle_timeout: Duration,
+    /// Idle connections, each with the time it became idle.
+    idle: Mutex<Vec<(TcpStream, std::time::Instant)>>,
     /// Cleared when the server refused a presigned request: the store reads through the SDK.
     on: AtomicBool,
 }
@@ -69,6 +72,7 @@ impl Direct {
                 connect_timeout: config.connect_timeout,
                 read_timeout: config.read_timeout,
                 max_idle: config.max_idle_connections,
+                idle_timeout: config.idle_timeout,
                 idle: Mutex::new(Vec::new()),
                 on: AtomicBool::new(true),
             })
@@ -93,8 +97,16 @@ impl Direct {
     fn put_back(&self, s: TcpStream) {
         let mut idle = self.idle.lock().expect("lock");
         if idle.len() < self.max_idle {
-            idle.push(s);
+            idle.push((s, std::time::Instant::now()));
         }
+    }
+
+    /// The most recently idled connection that has been idle less than the idle timeout;
+    /// older ones are closed.
+    fn take_idle(&self) -> Option<TcpStream> {
+        let mut idle = self.idle.lock().expect("lock");
+        idle.retain(|(_, since)| since.elapsed() < self.idle_timeout);
+        idle.pop().map(|(s, _)| s)
     }
 }
 
@@ -165,7 +177,7 @@ impl S3Store {
     ) -> Result<RangeBody, Decline> {
         // A pooled connection the server has since closed fails before any answer: once, the
         // request is sent again on a new connection (a GET is idempotent).
-        let pooled = direct.idle.lock().expect("lock").pop();
+        let pooled = direct.take_idle();
         *sent = 1;
         let (conn, answer) = match pooled {
             Some(mut s) => match exchange(&mut s, head.as_bytes(), direct.read_timeout).await {

@@ -108,7 +108,7 @@ impl S3Store {
 
         let http = aws_smithy_http_client::Builder::new()
             .pool_max_idle_per_host(config.max_idle_connections)
-            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_idle_timeout(config.idle_timeout)
             .tls_provider(tls::Provider::Rustls(
                 tls::rustls_provider::CryptoMode::Ring,
             ));
