@@ -105,7 +105,9 @@ impl Fleet<'_> {
                 "kv_connector_extra_config": {"store": u, "namespace": "bench-fleet"},
             })
         });
+        let t_start = std::time::Instant::now();
         let replicas = self.start_replicas(method, kv.as_ref())?;
+        let up_s = t_start.elapsed().as_secs_f64();
         let ports: Vec<u16> = replicas.iter().map(|v| v.port).collect();
         let server_port = server.as_ref().map(|s| port_of(s.addr())).transpose()?;
         for p in self.traces {
@@ -116,19 +118,42 @@ impl Fleet<'_> {
                 self.records.push(rec);
             }
         }
+        let t_stop = std::time::Instant::now();
+        let passes_s = (t_stop - t_start).as_secs_f64() - up_s;
         for v in replicas {
             v.stop()?;
         }
         drop(server);
+        let stop_s = t_stop.elapsed().as_secs_f64();
         if let (Some(b), true) = (backend, method != "objectcache-file") {
             // What the method saved in the remote store, removed: a test endpoint of bounded
             // capacity (Ceph RGW on memstore in CI) fills up over a few runs otherwise.
             // Best effort: a store too slow to list now keeps them, and the run its figures.
             let url = with_prefix(b, method);
+            let t = std::time::Instant::now();
             let msg = match self.rt.block_on(remove_all(&url)) {
-                Ok(n) => format!("{method}: removed its {n} objects from the S3 store"),
+                Ok(n) => format!(
+                    "{method}: removed its {n} objects from the S3 store in {:.1} s",
+                    t.elapsed().as_secs_f64()
+                ),
                 Err(e) => format!("{method}: could not remove what it saved under {url}: {e:#}"),
             };
+            self.say(msg)?;
+        }
+        // Where a method's time goes (CI's log keeps it: the fleet test prints this output).
+        self.say(format!(
+            "{method}: replicas up and warm in {up_s:.1} s, passes {passes_s:.1} s, replicas \
+             and server stopped in {stop_s:.1} s"
+        ))?;
+        Ok(())
+    }
+
+    /// Prints `msg` above the progress bars, or on stdout when they are hidden (no
+    /// terminal), where the bars' own `println` would drop it.
+    fn say(&self, msg: String) -> Result<()> {
+        if self.mp.is_hidden() {
+            println!("{msg}");
+        } else {
             self.mp.println(msg)?;
         }
         Ok(())
@@ -248,7 +273,7 @@ impl Fleet<'_> {
         }
         s.finish_and_clear();
         let s1 = server_samples(self.rt)?;
-        self.mp.println(format!(
+        self.say(format!(
             "{} {method} {routing}: {} requests done",
             tr.params.kind,
             out.len()

@@ -15,7 +15,8 @@
 //!   and server) that the TCP and RDMA drivers pump;
 //! - [`sched`]: bandwidth scheduling across concurrent loads, the compute model, the planner;
 //! - [`rdma`]: the RDMA write immediate and the client's per-layer completion tally (the
-//!   verbs objects and drivers are the `objectcache` crate's);
+//!   verbs objects and drivers are in `objectcache-client`'s `transport::rdma` and
+//!   `objectcache-server`'s gather over RDMA);
 //! - [`sim`]: the deterministic discrete-event simulator of loads and clusters;
 //! - [`error`]: the error types shared by every level.
 #![warn(missing_docs)]

@@ -1,8 +1,7 @@
 //! In-memory store: the reference backend, for tests and single-process caches.
 
 use super::{
-    resolve_range, validate_key, GetOptions, GetResult, ObjectMeta, PutMode, PutOptions, PutResult,
-    Store,
+    validate_key, GetOptions, GetResult, ObjectMeta, PutMode, PutOptions, PutResult, Store,
 };
 use crate::error::{StoreError, StoreResult};
 use async_trait::async_trait;
@@ -50,18 +49,13 @@ impl Store for MemoryStore {
             .get(key)
             .cloned()
             .ok_or_else(|| StoreError::NotFound { key: key.into() })?;
-        let range = resolve_range(key, opts.range, data.len() as u64)?;
-        let part = data.slice(range.start as usize..range.end as usize);
-        Ok(GetResult {
-            meta: ObjectMeta {
-                key: key.into(),
-                size: data.len() as u64,
-                last_modified: Some(t),
-                etag: Some(etag.to_string()),
-            },
-            range,
-            body: Box::pin(futures::stream::once(async move { Ok(part) })),
-        })
+        let meta = ObjectMeta {
+            key: key.into(),
+            size: data.len() as u64,
+            last_modified: Some(t),
+            etag: Some(etag.to_string()),
+        };
+        GetResult::in_memory(meta, &data, opts.range)
     }
 
     async fn put_opts(&self, key: &str, data: Bytes, opts: PutOptions) -> StoreResult<PutResult> {

@@ -141,6 +141,25 @@ impl std::fmt::Debug for GetResult {
 }
 
 impl GetResult {
+    /// The result of reading `range` of an object held in memory as `data` (its whole
+    /// bytes): the range checked against its size, the slice as a one-part body.
+    ///
+    /// # Errors
+    /// [`StoreError::InvalidRange`] when `range` does not lie within `data`.
+    pub fn in_memory(
+        meta: ObjectMeta,
+        data: &Bytes,
+        range: Option<Range<u64>>,
+    ) -> StoreResult<GetResult> {
+        let range = resolve_range(&meta.key, range, data.len() as u64)?;
+        let part = data.slice(range.start as usize..range.end as usize);
+        Ok(GetResult {
+            meta,
+            range,
+            body: Box::pin(futures::stream::once(async move { Ok(part) })),
+        })
+    }
+
     /// Collects the body into one buffer, checking it has exactly `range.len()` bytes.
     ///
     /// # Errors

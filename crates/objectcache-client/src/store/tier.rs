@@ -721,6 +721,16 @@ impl TieredStore {
     }
 }
 
+/// The metadata of an object the tier holds in memory as `data` (no time or entity tag).
+fn held_meta(key: &str, data: &Bytes) -> ObjectMeta {
+    ObjectMeta {
+        key: key.into(),
+        size: data.len() as u64,
+        last_modified: None,
+        etag: None,
+    }
+}
+
 #[async_trait]
 impl Store for TieredStore {
     fn name(&self) -> &'static str {
@@ -738,18 +748,7 @@ impl Store for TieredStore {
                     b
                 }
             };
-            let range = resolve_range(key, opts.range, data.len() as u64)?;
-            let part = data.slice(range.start as usize..range.end as usize);
-            return Ok(GetResult {
-                meta: ObjectMeta {
-                    key: key.into(),
-                    size: data.len() as u64,
-                    last_modified: None,
-                    etag: None,
-                },
-                range,
-                body: Box::pin(futures::stream::once(async move { Ok(part) })),
-            });
+            return GetResult::in_memory(held_meta(key, &data), &data, opts.range);
         }
         if !tiered_key(key) {
             return self.remote.get_opts(key, opts).await;
@@ -762,22 +761,12 @@ impl Store for TieredStore {
             }
         }
         let (data, level) = self.object(key).await?;
-        let range = resolve_range(key, opts.range, data.len() as u64)?;
-        let part = data.slice(range.start as usize..range.end as usize);
+        let r = GetResult::in_memory(held_meta(key, &data), &data, opts.range)?;
         if let Some(c) = level {
             c.bytes_served
-                .fetch_add(part.len() as u64, Ordering::Relaxed);
+                .fetch_add(r.range.end - r.range.start, Ordering::Relaxed);
         }
-        Ok(GetResult {
-            meta: ObjectMeta {
-                key: key.into(),
-                size: data.len() as u64,
-                last_modified: None,
-                etag: None,
-            },
-            range,
-            body: Box::pin(futures::stream::once(async move { Ok(part) })),
-        })
+        Ok(r)
     }
 
     async fn put_opts(&self, key: &str, data: Bytes, opts: PutOptions) -> StoreResult<PutResult> {

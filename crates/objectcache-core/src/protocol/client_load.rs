@@ -1,6 +1,6 @@
 //! The client's bookkeeping of one gather load, sans-IO.
 //!
-//! The driver (`objectcache::transport::tcp`) reads the stream and writes units into the
+//! The driver (`objectcache_client::transport::tcp`) reads the stream and writes units into the
 //! load's destination; this tracker decides which layers are misses and with what error, from
 //! what the driver saw: units delivered, units whose CRC32C did not match, units the sink
 //! refused, the server's `Miss` frames, and the end of the load. A layer fails once (its first

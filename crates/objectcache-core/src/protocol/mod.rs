@@ -10,8 +10,8 @@
 //! The code here performs no I/O and reads no clock: [`ClientConnection`] and
 //! [`ServerConnection`] take bytes in (`handle_bytes`), hand bytes out (`poll_transmit`) and
 //! report what happened (`poll_event`), in the vocabulary of `quinn-proto`. The tokio drivers
-//! live in the `objectcache` crate: `objectcache::transport::tcp` (client) and
-//! `objectcache::server` (server). What one load sends and what it makes of it is decided here
+//! live in the crates above: `objectcache_client::transport::tcp` (client) and
+//! `objectcache-server`'s `gather` (server). What one load sends and what it makes of it is decided here
 //! too: [`ServerLoad`] (the server's per-load state: header results, units cut around misses
 //! with their CRC32Cs combined, the RDMA unit rule, per-layer counts) and [`LoadTracker`] (the
 //! client's: which layers are misses and why).

@@ -1,8 +1,8 @@
 //! The server's state of one gather load, sans-IO.
 //!
-//! The driver (`objectcache::server`) admits the load, reads the store, paces, and writes the
-//! socket or posts RDMA writes. Every decision about *what* the load sends is taken here, on
-//! values the driver hands in:
+//! The driver (`objectcache-server`'s `gather`) admits the load, reads the store, paces, and
+//! writes the socket or posts RDMA writes. Every decision about *what* the load sends is
+//! taken here, on values the driver hands in:
 //! - which chunks' object headers are known, and which are bad ([`ServerLoad::on_header`]):
 //!   a bad chunk's `Miss` goes out, for every requested layer, before any unit that would
 //!   carry its slices, and its slices are left out of every unit;
