@@ -37,6 +37,13 @@ fn assert_clean(r: &Report, what: &str) {
     assert!(r.left_behind.is_empty(), "{what}: {:?}", r.left_behind);
 }
 
+/// The store was refused naming `check`, whose detail says `words`.
+fn assert_refused(r: &Report, check: &'static str, words: &str) {
+    assert_eq!(r.mode, Mode::Refused { check }, "{r:#?}");
+    let c = r.failed().unwrap();
+    assert!(c.detail.contains(words), "{}", c.detail);
+}
+
 /// Nothing is left under the run's prefix (other tests here run the doctor at the same time).
 fn assert_removed(store: &dyn Store, r: &Report) {
     assert!(r.prefix.starts_with("_objectcache/doctor/"), "{}", r.prefix);
@@ -95,15 +102,7 @@ fn a_server_that_ignores_if_none_match_is_refused_naming_create_only() {
     let proxy = FaultProxy::http(addr, |_: &Request| Fault::ReplaceStatus(412, 200));
     let store = s3(&proxy.url());
     let r = rt().block_on(check_store(store.as_ref(), None, &opts()));
-    assert_eq!(
-        r.mode,
-        Mode::Refused {
-            check: "create_only"
-        },
-        "{r:#?}"
-    );
-    let c = r.failed().unwrap();
-    assert!(c.detail.contains("If-None-Match"), "{}", c.detail);
+    assert_refused(&r, "create_only", "If-None-Match");
 }
 
 #[test]
@@ -119,15 +118,7 @@ fn ranged_gets_with_wrong_bytes_are_refused_naming_ranged_get() {
     });
     let store = s3(&proxy.url());
     let r = rt().block_on(check_store(store.as_ref(), None, &opts()));
-    assert_eq!(
-        r.mode,
-        Mode::Refused {
-            check: "ranged_get"
-        },
-        "{r:#?}"
-    );
-    let c = r.failed().unwrap();
-    assert!(c.detail.contains("wrong bytes"), "{}", c.detail);
+    assert_refused(&r, "ranged_get", "wrong bytes");
     // The two checks before it passed: the refusal names exactly what is wrong.
     assert_eq!(r.checks[0].outcome, Outcome::Pass, "{r:#?}");
     assert_eq!(r.checks[1].outcome, Outcome::Pass, "{r:#?}");
