@@ -125,7 +125,9 @@ impl Fleet<'_> {
         }
         drop(server);
         let stop_s = t_stop.elapsed().as_secs_f64();
-        if let (Some(b), true) = (backend, method != "objectcache-file") {
+        // Only the server methods save to the S3 store.
+        let server_method = matches!(method, "objectcache-server" | "objectcache-tier");
+        if let (Some(b), true) = (backend, server_method) {
             // What the method saved in the remote store, removed: a test endpoint of bounded
             // capacity (Ceph RGW on memstore in CI) fills up over a few runs otherwise.
             // Best effort: a store too slow to list now keeps them, and the run its figures.
