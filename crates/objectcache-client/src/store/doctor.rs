@@ -150,15 +150,7 @@ impl Report {
 /// The reserved key prefix of one run: `_objectcache/doctor/<pid>-<nanos>-<seq>/`, unique
 /// per process and run, so concurrent runs never share a key.
 fn run_prefix() -> String {
-    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!(
-        "_objectcache/doctor/{}-{nanos}-{}/",
-        std::process::id(),
-        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    )
+    format!("_objectcache/doctor/{}/", super::probe_id())
 }
 
 /// `n` bytes of a fixed pseudo-random sequence from `seed` (xorshift64*): distinct for

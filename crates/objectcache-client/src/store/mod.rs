@@ -203,6 +203,21 @@ pub enum PutMode {
     Create,
 }
 
+/// A name no other probe of any process uses: `<pid>-<nanos since the epoch>-<seq>`, with a
+/// process-wide sequence number beside the time, for the keys of the store probes (the S3
+/// store's conditional-PUT check, the self-check of [`doctor`]).
+pub(crate) fn probe_id() -> String {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "{}-{nanos}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+}
+
 /// Options of [`Store::put_opts`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PutOptions {

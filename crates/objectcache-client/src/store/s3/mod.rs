@@ -56,7 +56,7 @@ use config::check_config;
 use errors::{map_error, ErrCtx, Op};
 use resolver::Resolver;
 use std::fmt;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 const BACKEND: &str = "s3";
 
@@ -321,17 +321,10 @@ impl S3Store {
         let verdict = self
             .conditional_put
             .get_or_try_init(|| async {
-                // Unique per check: a process-wide sequence number beside the time, so two
-                // stores of one process never probe the same key.
-                static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-                let nanos = SystemTime::now()
-                    .duration_since(SystemTime::UNIX_EPOCH)
-                    .map(|d| d.as_nanos())
-                    .unwrap_or(0);
+                // Unique per check: two stores of one process never probe the same key.
                 let key = format!(
-                    "_objectcache/conditional-put-check/{}-{nanos}-{}",
-                    std::process::id(),
-                    SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                    "_objectcache/conditional-put-check/{}",
+                    crate::store::probe_id()
                 );
                 let put = || async {
                     self.client
