@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
-type HmacSha256 = hmac::Hmac<sha2_hmac::Sha256>;
+type HmacSha256 = hmac::Hmac<sha2::Sha256>;
 
 fn hmac(key: &[u8], msg: &str) -> Vec<u8> {
     let mut m = HmacSha256::new_from_slice(key).expect("any key length");

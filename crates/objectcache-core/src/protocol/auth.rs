@@ -9,7 +9,7 @@
 
 use hmac::{KeyInit, Mac};
 
-type HmacSha256 = hmac::Hmac<sha2_hmac::Sha256>;
+type HmacSha256 = hmac::Hmac<sha2::Sha256>;
 
 /// Bytes of the server's nonce.
 pub const NONCE_LEN: usize = 32;
