@@ -81,7 +81,7 @@ pub(super) async fn accept_loop(
                 #[cfg(feature = "rdma")]
                 conn::Protocol::Rdma if sh2.rdma.is_some() => {
                     let reg = sh2.rdma.clone().expect("checked");
-                    super::gather_rdma::serve_control(stream, reg).await;
+                    super::gather::rdma::serve_control(stream, reg).await;
                 }
                 conn::Protocol::Rdma | conn::Protocol::Http => {
                     let _ = stream.set_nodelay(true);

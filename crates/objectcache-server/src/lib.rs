@@ -35,11 +35,10 @@ mod budget;
 pub mod config;
 mod conn;
 mod gather;
-#[cfg(feature = "rdma")]
-mod gather_rdma;
 mod group;
 mod http;
 pub mod lookup;
+mod mapped;
 pub mod metrics;
 mod reads;
 pub mod s3;

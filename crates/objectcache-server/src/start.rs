@@ -167,7 +167,7 @@ async fn start_inner(
         backend,
         cfg,
         #[cfg(feature = "rdma")]
-        rdma: super::gather_rdma::open(),
+        rdma: super::gather::rdma::open(),
     });
     let tenants = tenant::Tenants::new(&shared.cfg.tenants).map_err(crate::Error::Config)?;
     let tls = match (&shared.cfg.tls_cert, &shared.cfg.tls_key) {

@@ -41,7 +41,9 @@ pub use frame::{
     FRAME_HEADER_LEN, SAVE_DATA_HEADER_LEN, UNIT_HEADER_LEN, UNIT_PREFIX_LEN,
 };
 pub use server::{ServerConnection, ServerEvent, ServerLimits, MAX_HANDSHAKE_BODY_BYTES};
-pub use server_load::{CutUnit, GoodPiece, PieceMiss, PieceRead, RdmaWrite, ServerLoad};
+pub use server_load::{
+    CutUnit, GoodPiece, LoadAction, PieceMiss, PieceRead, RdmaWrite, ServerLoad, UnitReady,
+};
 
 /// The 8 bytes a client sends first on a gather connection. They cannot begin an HTTP/1
 /// request, so one listening port can serve both S3 (HTTP) and gather.

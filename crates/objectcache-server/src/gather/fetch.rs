@@ -207,7 +207,7 @@ async fn fetch_piece(
 /// requested (`layers`); where the chunk's slices lie (`at`).
 struct LocalChunk {
     file: Arc<std::fs::File>,
-    /// The whole file mapped read-only ([`crate::s3::mapped::map_whole`]): slices are lent
+    /// The whole file mapped read-only ([`crate::mapped::map_whole`]): slices are lent
     /// from it to the socket writes, which fault its pages in as they touch them.
     mapped: Bytes,
     /// Object size in bytes, from the open file.
@@ -310,7 +310,7 @@ fn open_local_chunk(
     let size = o.meta().size;
     // A file that cannot be mapped is read from the store instead, as a backend without
     // local files is.
-    let mapped = crate::s3::mapped::map_whole(&o)
+    let mapped = crate::mapped::map_whole(&o)
         .inspect_err(|e| tracing::debug!(key, error = %e, "gather: mapping an object failed"))
         .ok()?;
     let (f, _) = o.into_parts();

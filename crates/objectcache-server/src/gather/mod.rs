@@ -1,27 +1,33 @@
 //! The gather endpoint: a tokio driver over [`ServerConnection`] that serves loads (parallel
-//! bounded reads, units streamed in layer order) and batched saves.
+//! bounded reads, units delivered in layer order) and batched saves.
 //!
-//! - `mod.rs`: the connection loop ([`serve`]) and a load's life: checks, admission, pacing,
-//!   and the send loop, which does what the pure [`ServerLoad`] decides.
+//! - `mod.rs`: the connection loop ([`serve`]) and the load driver (`run_gather`): next
+//!   event, ask the load, deliver.
+//! - `load.rs`: one load's life around the pure [`ServerLoad`](crate::protocol::ServerLoad):
+//!   checks, admission, its reads started, each unit delivered, `End`.
+//! - `watch.rs`: the one wait, raced against the client, shutdown and `Held` ticks.
+//! - `delivery.rs`: where units go, the stream or `rdma.rs` (RDMA writes, feature `rdma`).
 //! - `io.rs`: the socket under the memory budget and the client's progress floor.
-//! - `fetch.rs`: the load's reads (header checks, unit pieces, mapped local files).
+//! - `fetch.rs`, `objects.rs`: the load's reads (header checks, unit pieces, mapped local
+//!   files) and its objects.
 //! - `save.rs`: batched saves.
 
+mod delivery;
 mod fetch;
 mod io;
+mod load;
 mod objects;
+#[cfg(feature = "rdma")]
+pub(crate) mod rdma;
 mod save;
+mod watch;
 
-use fetch::{check_headers, start_reads, AbortOnDrop, LocalFiles};
 use io::{Io, ReadWait, CONN_BUF_BYTES};
-use objects::LoadObjects;
+use load::Load;
 use save::run_save;
 
-use super::{Abort, Shared};
-use crate::protocol::{
-    plan_units, ErrorCode, GatherRequest, MissFrame, PieceMiss, ServerConnection, ServerEvent,
-    ServerLoad, TransportTarget, UnitPlan,
-};
+use crate::protocol::{ErrorCode, GatherRequest, ServerConnection, ServerEvent, UnitReady};
+use crate::{Abort, Shared};
 use bytes::BytesMut;
 use std::sync::Arc;
 use std::time::Duration;
@@ -146,386 +152,46 @@ pub(crate) async fn serve(
     }
 }
 
-/// Ticks every [`crate::protocol::HELD_EVERY_MS`] ms, the first a period from now: while a
-/// request is held on purpose, each tick sends a `Held` frame to a client that asked for them.
-fn held_ticker() -> tokio::time::Interval {
-    let every = Duration::from_millis(crate::protocol::HELD_EVERY_MS);
-    let mut t = tokio::time::interval_at(Instant::now() + every, every);
-    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    t
-}
-
-/// Payload bytes per layer of `plan`, in delivery order (the link scheduler's layer sizes).
-fn layer_bytes_of(plan: &[UnitPlan]) -> Vec<u64> {
-    let mut v: Vec<(u32, u64)> = Vec::new();
-    for u in plan {
-        match v.last_mut() {
-            Some((l, b)) if *l == u.layer => *b += u.len,
-            _ => v.push((u.layer, u.len)),
-        }
-    }
-    v.into_iter().map(|(_, b)| b).collect()
-}
-
-/// A refused gather request: the error code and the message the client gets.
-type Refusal = (ErrorCode, String);
-
-/// Refuses a request for a bucket that does not exist (or that the backend cannot look up).
-async fn bucket_exists(sh: &Shared, bucket: &str) -> Result<(), Refusal> {
-    match sh.buckets.exists(bucket).await {
-        Ok(true) => Ok(()),
-        Ok(false) => Err((
-            ErrorCode::NoSuchBucket,
-            format!("bucket {bucket} does not exist"),
-        )),
-        Err(e) => Err((ErrorCode::Storage, e.to_string())),
-    }
-}
-
-/// Checks a gather request before the load starts: a transport target this build offers, no
-/// object larger than `max_object_bytes` (refused before any I/O), the bucket, every object
-/// key. Returns the objects the load reads.
-async fn check_request(req: &GatherRequest, sh: &Shared) -> Result<Arc<LoadObjects>, Refusal> {
-    #[cfg(not(feature = "rdma"))]
-    if matches!(req.target, TransportTarget::Rdma(_)) {
-        return Err((
-            ErrorCode::Unsupported,
-            "this server offers no RDMA target; use the inline TCP target".into(),
-        ));
-    }
-    // An object larger than any this server stores cannot exist.
-    let segments = req.segments.iter().flat_map(|p| &p.segments);
-    let largest = req
-        .chunk_tokens
-        .iter()
-        .map(|&t| crate::layout::object_len(req.geometry.layers, req.geometry.slice_len(t)))
-        .chain(segments.map(|s| s.object_len))
-        .max()
-        .unwrap_or(0);
-    if largest > sh.cfg.max_object_bytes {
-        return Err((
-            ErrorCode::MemoryLimit,
-            format!(
-                "the request's objects would be up to {largest} bytes, above this server's \
-                 max_object_bytes {}",
-                sh.cfg.max_object_bytes
-            ),
-        ));
-    }
-    bucket_exists(sh, &req.bucket).await?;
-    LoadObjects::of(req)
-        .map(Arc::new)
-        .map_err(|m| (ErrorCode::Malformed, m))
-}
-
-/// Waits for the load's admission under the scheduler (`load_total` bytes), watching the
-/// client meanwhile and sending `Held` frames to a client that asked for them. `Ok(Err(msg))`:
-/// the scheduler refused it (busy); `Err(Abort::Cancelled)`: the client cancelled it while it
-/// waited; `Err(Abort::Shutdown)` after closing the connection.
-async fn admission(
-    io: &mut Io,
-    sh: &Arc<Shared>,
-    req: &GatherRequest,
-    member: &super::group::Member,
-    load_total: u64,
-) -> Result<Result<(), String>, Abort> {
-    let first_deadline_us = match &req.hints {
-        crate::protocol::SchedHints::LayerDeadlinesUs(v) => v.first().map(|&d| d as u64),
-        crate::protocol::SchedHints::LayerComputeUs(v) => v.first().map(|&d| d as u64),
-        crate::protocol::SchedHints::None => None,
-    };
-    let admitted = member.admit(sh, req.priority, first_deadline_us, load_total);
-    tokio::pin!(admitted);
-    let mut held = held_ticker();
-    loop {
-        tokio::select! {
-            s = &mut admitted => return Ok(s),
-            _ = held.tick(), if req.held => { io.conn.send_held(req.request_id); io.flush(sh).await?; }
-            a = io.next_signal() => return Err(a),
-            _ = sh.shutdown.cancelled() => {
-                io.conn.close_with(ErrorCode::ShuttingDown, "server is shutting down");
-                let _ = io.flush(sh).await;
-                return Err(Abort::Shutdown);
-            }
-        }
-    }
-}
-
-/// Serves one load: checks, admission, then its units in plan order as their reads and
-/// header checks complete, paced under a bandwidth cap. What goes out around misses is
-/// [`ServerLoad`]'s decision; this function reads, waits and writes.
+/// Serves one load: [`Load::start`] checks and admits it, then each unit, as its reads and
+/// header checks complete and its pacing allows, goes out as the pure [`ServerLoad`]
+/// decides ([`Load::deliver`]), until `End` ([`Load::finish`]). Every wait is raced against
+/// the client and the server's shutdown ([`watch::Watch`]).
 async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result<(), Abort> {
-    let t0 = Instant::now();
     sh.metrics.request("gather");
-    let id = req.request_id;
-    let refuse = |io: &mut Io, (code, msg): Refusal| {
-        sh.metrics.error(code.label());
-        tracing::info!(request = id, code = code.label(), "gather refused: {msg}");
-        io.conn.fail(code, &msg);
-    };
-    let objects = match check_request(&req, sh).await {
-        Ok(o) => o,
-        Err(r) => {
-            refuse(io, r);
-            return io.flush(sh).await;
-        }
-    };
-    let plan = plan_units(&req);
-    // RDMA target: units are written into the client's memory (gather_rdma), not the stream.
-    #[cfg(feature = "rdma")]
-    let mut rdma = match &req.target {
-        TransportTarget::Rdma(_) => match super::gather_rdma::Delivery::start(sh, &req, &plan) {
-            Ok(d) => Some(d),
-            Err(msg) => {
-                refuse(io, (ErrorCode::Unsupported, msg));
-                return io.flush(sh).await;
-            }
-        },
-        TransportTarget::InlineTcp => None,
-    };
-    let max_unit = plan.iter().map(|u| u.len).max().unwrap_or(0);
-    let total: u64 = plan.iter().map(|u| u.len).sum();
-    // The load holds its chunks' entries from when it arrives (also while it waits for
-    // admission) until it ends: collection never deletes them under it (released on
-    // completion, cancel, failure, and with the process).
-    let held_keys = objects.distinct_keys();
-    let now = std::time::SystemTime::now();
-    for k in &held_keys {
-        sh.access.record(k, now);
-    }
-    let _lease = sh.leases.acquire(held_keys);
-
-    // The load this request belongs to (its stripes share admission and pacing; see group.rs).
-    let member = super::group::Member::join(&sh.loads, &req);
-    let nl = req.layers.len() as u64;
-    let load_total = req
-        .group
-        .map_or(total, |g| g.load_layer_bytes.saturating_mul(nl));
-    match admission(io, sh, &req, &member, load_total).await {
-        Ok(Ok(())) => {}
-        Ok(Err(msg)) => {
-            refuse(io, (ErrorCode::Busy, msg));
-            return io.flush(sh).await;
-        }
-        Err(Abort::Cancelled) => {
-            io.conn.finish(id, 0, 0);
-            return io.flush(sh).await;
-        }
-        Err(a) => return Err(a),
-    }
-
-    io.conn.accept(id, plan.len() as u64, total);
-    io.flush(sh).await?;
-    // Under a bandwidth cap the link scheduler paces the load's units (`crate::link`), once
-    // per load whatever its stripes; the load's departure is when its last stripe ends.
-    if let Some(link) = &sh.link {
-        member.start_pacing(
-            link,
-            || match req.group {
-                Some(g) => vec![g.load_layer_bytes; req.layers.len()],
-                None => layer_bytes_of(&plan),
-            },
-            &req.hints,
-        );
-    }
-    // Reads run in their own task, ahead of the socket: while unit u is being written, units
-    // u+1.. are read (bounded by `depth` units and the server's memory budget). The header
-    // checks run alongside; nothing is sent before they are known.
-    let depth = ((sh.cfg.max_request_bytes / max_unit.max(1)) as usize).clamp(1, 64);
-    let verify = req.verify || sh.cfg.always_verify;
-    // Unverified slices bound for the TCP stream are lent from mappings of local files when
-    // the backend keeps them (the client checks each unit's stored CRC32C end to end).
-    let files: Option<LocalFiles> = (!verify && matches!(req.target, TransportTarget::InlineTcp))
-        .then(|| {
-            LocalFiles::open(
-                sh.store.clone(),
-                objects.clone(),
-                req.layers.clone(),
-                req.chunk_tokens
-                    .iter()
-                    .map(|&t| req.geometry.slice_len(t))
-                    .collect(),
-            )
-        });
-    // What the load sends, around its misses, is the pure state machine's decision
-    // (`protocol::ServerLoad`); this function reads, paces and writes.
-    let mut load = ServerLoad::new(req.layers.clone(), req.chunks.len(), &plan);
-    // Header checks stream their results in chunk order; a unit goes out once the headers of
-    // every chunk it carries are known (not all of them: the first layer's first slices leave
-    // while later headers are still being read).
-    let (htx, mut hrx) = tokio::sync::mpsc::unbounded_channel();
-    let _headers = AbortOnDrop(tokio::spawn(check_headers(
-        sh.clone(),
-        req.chunk_tokens.clone(),
-        req.geometry,
-        objects.clone(),
-        files.clone(),
-        htx,
-    )));
-    let (mut rx, _reader) = start_reads(sh, plan, objects, verify, files, depth);
-    // Per-chunk misses: a bad chunk's Miss goes out before any unit that would carry its
-    // slices, which are left out of every unit; the other chunks' slices are still delivered
-    // (the client keeps their bytes and names the bad chunk).
-    let send_miss = |io: &mut Io, m: MissFrame| {
-        sh.metrics.error("miss");
-        io.conn.send_miss(m);
-    };
-    let on_header = |io: &mut Io, load: &mut ServerLoad, r: Option<Result<(), PieceMiss>>| match r {
-        Some(r) => {
-            if let Some(m) = load.on_header(r) {
-                send_miss(io, m);
-            }
-        }
-        // The checker ended early (it never does before sending every result).
-        None => load.headers_ended(),
-    };
-    let grace = async {
-        sh.shutdown.cancelled().await;
-        tokio::time::sleep(Duration::from_secs(sh.cfg.shutdown_grace_secs)).await;
-    };
-    tokio::pin!(grace);
-    let shut_down = |io: &mut Io| {
-        sh.metrics.error("shutdown_abort");
-        io.conn.close_with(
-            ErrorCode::ShuttingDown,
-            "server shut down before the load finished",
-        );
+    let Some(mut l) = Load::start(io, req, sh, Instant::now()).await? else {
+        return io.flush(sh).await; // refused, or cancelled while it waited
     };
     let mut all_sent = false;
-    'send: loop {
-        tokio::select! {
-            biased;
-            _ = &mut grace => {
-                shut_down(io);
-                let _ = io.flush(sh).await;
-                return Err(Abort::Shutdown);
-            }
-            a = io.next_signal() => match a {
-                Abort::Cancelled => break,
-                a => return Err(a),
-            },
-            f = rx.recv() => {
-                let Some(f) = f else {
-                    all_sent = true;
-                    break;
-                };
-                while load.awaits_headers(&f.plan) {
-                    tokio::select! {
-                        r = hrx.recv() => on_header(io, &mut load, r),
-                        a = io.next_signal() => match a { Abort::Cancelled => break 'send, a => return Err(a) },
-                        _ = &mut grace => {
-                            shut_down(io);
-                            let _ = io.flush(sh).await;
-                            return Err(Abort::Shutdown);
-                        }
-                    }
+    'units: loop {
+        // `None`: the client cancelled; the load ends with what it sent.
+        let Some(next) = l.watch.wait(io, l.reads.recv(), false).await? else {
+            break;
+        };
+        let Some(f) = next else {
+            all_sent = true;
+            break;
+        };
+        loop {
+            match l.state.readiness(&f.plan) {
+                UnitReady::AwaitHeader => {
+                    let Some(r) = l.watch.wait(io, l.headers.recv(), false).await? else {
+                        break 'units;
+                    };
+                    l.on_header(io, sh, r);
                 }
-                if load.nothing_to_send() {
-                    // Every chunk misses: nothing to send.
-                    break;
-                }
-                if member.is_paced() {
-                    // Held on purpose (its bandwidth share, or its stripes' order): a client
-                    // that asked for them gets `Held` frames meanwhile.
-                    let paced = member.pace(f.plan.layer, f.plan.len);
-                    tokio::pin!(paced);
-                    let mut held = held_ticker();
-                    loop {
-                        tokio::select! {
-                            _ = &mut paced => break,
-                            _ = held.tick(), if req.held => { io.conn.send_held(id); io.flush(sh).await?; }
-                            a = io.next_signal() => match a { Abort::Cancelled => break 'send, a => return Err(a) },
-                            _ = &mut grace => {
-                                shut_down(io);
-                                let _ = io.flush(sh).await;
-                                return Err(Abort::Shutdown);
-                            }
-                        }
-                    }
-                }
-                let layer = f.plan.layer;
-                let mut cut = load.cut(&f.plan, f.pieces);
-                for m in std::mem::take(&mut cut.misses) {
-                    send_miss(io, m);
-                }
-                // RDMA target: written into the client's memory (gather_rdma), by the unit
-                // rule of `CutUnit::into_rdma_writes`: a bad chunk's Miss fails the layer, and
-                // the other chunks' slices are in place.
-                #[cfg(feature = "rdma")]
-                let cut = match rdma.as_mut() {
-                    Some(d) => {
-                        let plan = &f.plan;
-                        for w in cut.into_rdma_writes() {
-                            if load.rdma_layer_failed(layer) {
-                                break;
-                            }
-                            let posted = match w.slice_of {
-                                None => d.unit(plan, w.parts).await,
-                                Some(c) => d.slice(layer, c, w.offset, w.len, w.parts).await,
-                            };
-                            match posted {
-                                Ok(()) => {
-                                    load.sent(w.len);
-                                    sh.metrics.bytes("gather_out", w.len);
-                                }
-                                Err(msg) => {
-                                    sh.metrics.error("rdma");
-                                    let c = w.slice_of.or(plan.pieces.first().map(|p| p.chunk)).unwrap_or(0);
-                                    if let Some(m) = load.rdma_failed(layer, c, &msg) {
-                                        io.conn.send_miss(m);
-                                    }
-                                }
-                            }
-                        }
-                        None
-                    }
-                    None => Some(cut),
-                };
-                #[cfg(not(feature = "rdma"))]
-                let cut = Some(cut);
-                for (h, parts) in cut.map(|c| c.into_units()).unwrap_or_default() {
-                    let len = h.len as u64;
-                    io.conn.send_unit(h, parts);
-                    load.sent(len);
-                    sh.metrics.bytes("gather_out", len);
-                }
-                io.flush(sh).await?;
-                member.sent(f.plan.len);
-                drop(f._hold);
-                if load.first_out() {
-                    sh.metrics.observe_ttfl(t0.elapsed().as_secs_f64());
-                }
-                if load.unit_done(layer) {
-                    sh.metrics.observe_layer(t0.elapsed().as_secs_f64());
-                }
+                UnitReady::NothingToSend => break 'units,
+                UnitReady::Deliver => break,
             }
         }
-    }
-    // Every unit is out: the header results not needed yet still name their misses before End.
-    while all_sent && load.headers_pending() {
-        let r = hrx.recv().await;
-        on_header(io, &mut load, r);
-    }
-    #[cfg(feature = "rdma")]
-    if let Some(d) = rdma.take() {
-        // Every posted write completes (or fails) before End; End counts completed writes.
-        let (bad, ok) = d.finish().await;
-        for (layer, msg) in bad {
-            if let Some(m) = load.rdma_failed(layer, 0, &msg) {
-                sh.metrics.error("rdma");
-                io.conn.send_miss(m);
+        // Held on purpose (its bandwidth share, or its stripes' order): a client that asked
+        // for them gets `Held` frames meanwhile.
+        if l.member.is_paced() {
+            let paced = l.member.pace(f.plan.layer, f.plan.len);
+            if l.watch.wait(io, paced, true).await?.is_none() {
+                break;
             }
         }
-        load.rdma_completed(ok);
+        l.deliver(io, sh, f).await?;
     }
-    let (units, bytes) = load.totals();
-    io.conn.finish(id, units, bytes);
-    tracing::debug!(
-        request = id,
-        units,
-        bytes,
-        secs = t0.elapsed().as_secs_f64(),
-        "gather done"
-    );
-    io.flush(sh).await
+    l.finish(io, sh, all_sent).await
 }

@@ -6,7 +6,6 @@
 mod buckets;
 mod errors;
 mod get_body;
-pub(crate) mod mapped;
 mod request_body;
 
 pub use buckets::Buckets;
@@ -15,10 +14,10 @@ pub(crate) use request_body::{BodyLimits, MeteredBody};
 
 use super::budget::Budget;
 use crate::error::StoreError;
+use crate::mapped::local_file_body;
 use crate::store::{validate_key, GetOptions, GetResult, PutMode, PutOptions, Store};
 use futures::{StreamExt, TryStreamExt};
 use get_body::{metered_stream, slow_down, SyncStream, GET_PIECE_BYTES};
-use mapped::local_file_body;
 use request_body::BodyFault;
 use s3s::dto::*;
 use s3s::{s3_error, S3Request, S3Response, S3Result, S3};
@@ -378,7 +377,7 @@ impl S3 for S3Frontend {
                 let range = range.unwrap_or(0..o.meta().size);
                 GetResult {
                     meta: o.meta().clone(),
-                    body: local_file_body(o, range.clone(), key),
+                    body: local_file_body(o, range.clone(), key, GET_PIECE_BYTES),
                     range,
                 }
             }

@@ -144,6 +144,33 @@ impl<P> CutUnit<P> {
     }
 }
 
+/// Whether a read unit can go out yet ([`ServerLoad::readiness`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnitReady {
+    /// A header the unit carries is not known yet: hand the next header result to
+    /// [`ServerLoad::on_header`] and ask again.
+    AwaitHeader,
+    /// Every chunk misses and nothing went out: the load has nothing to send; end it.
+    NothingToSend,
+    /// Pace it if the load is paced, then deliver [`ServerLoad::unit_actions`].
+    Deliver,
+}
+
+/// One thing the driver does for a read unit, in the order [`ServerLoad::unit_actions`]
+/// returns them (`P`: a payload buffer as the driver holds it).
+#[derive(Debug)]
+pub enum LoadAction<P> {
+    /// Send this `Miss` frame (it goes out before any unit that would carry the slice).
+    SendMiss(MissFrame),
+    /// Write this unit frame to the stream; count it with [`ServerLoad::sent`] once queued.
+    SendUnit(UnitHeader, Vec<P>),
+    /// Post this RDMA write of the unit's layer into the client's memory, unless a write of
+    /// that layer already failed ([`ServerLoad::rdma_layer_failed`]); count it with
+    /// [`ServerLoad::sent`] once posted, or report its failure with
+    /// [`ServerLoad::rdma_failed`].
+    WriteRdma(RdmaWrite<P>),
+}
+
 /// The server's state of one gather load (see the module docs).
 #[derive(Debug)]
 pub struct ServerLoad {
@@ -272,6 +299,45 @@ impl ServerLoad {
             len: plan.len,
             pieces: plan.pieces.len(),
         }
+    }
+
+    /// Whether read unit `unit` can go out yet: its headers known, and something to send.
+    pub fn readiness(&self, unit: &UnitPlan) -> UnitReady {
+        if self.awaits_headers(unit) {
+            UnitReady::AwaitHeader
+        } else if self.nothing_to_send() {
+            UnitReady::NothingToSend
+        } else {
+            UnitReady::Deliver
+        }
+    }
+
+    /// What goes out for planned unit `plan` after its read ([`Self::cut`] of `pieces`): the
+    /// `Miss` frames of its failed slices first, then its unit frames for the TCP stream
+    /// ([`CutUnit::into_units`]) or, when `rdma`, its RDMA writes
+    /// ([`CutUnit::into_rdma_writes`]).
+    pub fn unit_actions<P>(
+        &self,
+        plan: &UnitPlan,
+        pieces: Vec<PieceRead<P>>,
+        rdma: bool,
+    ) -> Vec<LoadAction<P>> {
+        let mut cut = self.cut(plan, pieces);
+        let mut out: Vec<LoadAction<P>> = std::mem::take(&mut cut.misses)
+            .into_iter()
+            .map(LoadAction::SendMiss)
+            .collect();
+        if rdma {
+            out.extend(
+                cut.into_rdma_writes()
+                    .into_iter()
+                    .map(LoadAction::WriteRdma),
+            );
+        } else {
+            let units = cut.into_units().into_iter();
+            out.extend(units.map(|(h, parts)| LoadAction::SendUnit(h, parts)));
+        }
+        out
     }
 
     /// Counts one unit frame (or RDMA write) of `len` payload bytes sent.

@@ -103,13 +103,16 @@ fn run(
         }
         next_header += 1;
     };
-    for u in &plan {
-        waited.push(load.awaits_headers(u));
-        while load.awaits_headers(u) {
-            feed(&mut load, &mut s);
-        }
-        if load.nothing_to_send() {
-            break;
+    // The server driver's walk: ask the load whether the unit can go, then carry out its
+    // actions.
+    'units: for u in &plan {
+        waited.push(load.readiness(u) == UnitReady::AwaitHeader);
+        loop {
+            match load.readiness(u) {
+                UnitReady::AwaitHeader => feed(&mut load, &mut s),
+                UnitReady::NothingToSend => break 'units,
+                UnitReady::Deliver => break,
+            }
         }
         let pieces = u
             .pieces
@@ -125,13 +128,15 @@ fn run(
                 Ok((vec![sent.slice(..half), sent.slice(half..)], crc32c(&good)))
             })
             .collect();
-        let mut cut = load.cut(u, pieces);
-        for m in std::mem::take(&mut cut.misses) {
-            s.send_miss(m);
-        }
-        for (h, parts) in cut.into_units() {
-            load.sent(h.len as u64);
-            s.send_unit(h, parts);
+        for a in load.unit_actions(u, pieces, false) {
+            match a {
+                LoadAction::SendMiss(m) => s.send_miss(m),
+                LoadAction::SendUnit(h, parts) => {
+                    load.sent(h.len as u64);
+                    s.send_unit(h, parts);
+                }
+                LoadAction::WriteRdma(w) => panic!("an RDMA write on a stream load: {w:?}"),
+            }
         }
         if load.unit_done(u.layer) {
             layers_done.push(u.layer);
@@ -411,6 +416,28 @@ fn rdma_writes_follow_the_unit_rule() {
     assert_eq!(
         got,
         vec![(Some(0), 0, 8 << 10), (Some(2), 16 << 10, 8 << 10)]
+    );
+    // As actions: the bad slice's Miss first, then the good slices' writes.
+    let acts = load.unit_actions(
+        u,
+        vec![ok(0), Err(miss(1, MissReason::Storage, "x")), ok(2)],
+        true,
+    );
+    let got: Vec<_> = acts
+        .iter()
+        .map(|a| match a {
+            LoadAction::SendMiss(m) => (Some(m.chunk), None, m.layers.start),
+            LoadAction::WriteRdma(w) => (None, w.slice_of, w.offset as u32),
+            LoadAction::SendUnit(..) => panic!("a stream unit on an RDMA load"),
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (Some(1), None, u.layer),
+            (None, Some(0), 0),
+            (None, Some(2), 16 << 10)
+        ]
     );
     // One piece per unit (4 KiB units, split slices): a cut unit writes nothing.
     let req = request(1, 4 << 10);

@@ -1,4 +1,5 @@
-//! GET bodies of objects in local files, lent from the page cache ([`local_file_body`]): a
+//! Object bytes in local files, lent from the page cache: the S3 front end's GET bodies
+//! ([`local_file_body`]) and the gather's slices ([`map_whole`]). Each is a
 //! read-only memory mapping of part of an object's file, owned by a [`Bytes`]. Writing such a
 //! body to a socket copies each byte once, from the page cache into the socket's buffers,
 //! where reading it first copied it into a heap buffer as well.
@@ -32,13 +33,18 @@ use std::sync::Arc;
 const MAP_MIN_BYTES: u64 = 64 << 10;
 
 /// The body of `range` of `obj`, an object's file opened by the store
-/// ([`crate::store::Store::open_local`]), in pieces of at most
-/// [`GET_PIECE_BYTES`](super::get_body::GET_PIECE_BYTES), each made on the blocking pool when
+/// ([`crate::store::Store::open_local`]), in pieces of at most `piece_bytes` (at least 1),
+/// each made on the blocking pool when
 /// the previous one has been taken: a piece of at least [`MAP_MIN_BYTES`] is the file's pages
 /// themselves, mapped ([`map`]), so the socket write is the only copy of its bytes; a smaller
 /// one is read. A range reaching past `obj.meta().size` (the size of this open file) is an
 /// error.
-pub(super) fn local_file_body(obj: LocalObject, range: Range<u64>, key: String) -> ByteStream {
+pub(crate) fn local_file_body(
+    obj: LocalObject,
+    range: Range<u64>,
+    key: String,
+    piece_bytes: u64,
+) -> ByteStream {
     let size = obj.meta().size;
     if range.start > range.end || range.end > size {
         let e = StoreError::InvalidRange {
@@ -59,7 +65,7 @@ pub(super) fn local_file_body(obj: LocalObject, range: Range<u64>, key: String) 
         if at >= end {
             return Ok(None);
         }
-        let n = (end - at).min(super::get_body::GET_PIECE_BYTES);
+        let n = (end - at).min(piece_bytes.max(1));
         let (f, k) = (file.clone(), key.clone());
         let piece = tokio::task::spawn_blocking(move || local_piece(&f, size, at, n as usize, &k))
             .await

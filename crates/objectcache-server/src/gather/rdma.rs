@@ -5,15 +5,15 @@
 //!   [`crate::transport::rdma::control::PREFACE`] (`OCRDMA01`) is an RDMA set-up channel;
 //!   [`SessionRegistry::serve_control`] brings up the client's QPs and hands it a session
 //!   token, and keeps the session until the channel closes.
-//! - Delivery: the gather driver ([`super::gather`]) plans, reads and verifies units exactly as
+//! - Delivery: the gather driver ([`super`]) plans, reads and verifies units exactly as
 //!   for TCP, in the same (scheduler's) order; for an RDMA target it hands each unit to
-//!   [`Delivery::unit`] instead of writing it to the stream. The unit is staged in the session's
+//!   [`RdmaDelivery::unit`] instead of writing it to the stream. The unit is staged in the session's
 //!   registered arena and written to its place in the layer's destination (the segment pieces
 //!   of [`RdmaSegments::pieces`]: one `RDMA_WRITE` per piece but the last, then
 //!   `RDMA_WRITE_WITH_IMM` of the last, on one queue pair) with the immediate
 //!   `slot | layer | unit index`. A unit cut by a bad slice is not written whole: each of its
 //!   good slices is written alone with a slice immediate (`slot | layer | chunk index`,
-//!   [`Imm::slice`]), so only the bad chunk's slice is missing. Before `End`, [`Delivery::finish`] waits for every
+//!   [`Imm::slice`]), so only the bad chunk's slice is missing. Before `End`, [`RdmaDelivery::finish`] waits for every
 //!   write's completion: a failed write (QP error, remote gone, timeout) becomes a `Miss` of its
 //!   layer, and `End` reports only the writes that completed, which the client counts.
 //!
@@ -21,7 +21,6 @@
 //! `_GID_INDEX`) at start; `OBJECTCACHE_RDMA=off` disables it. Without a device the server
 //! does not announce [`crate::protocol::ServerInfo::FEATURE_RDMA`] and refuses RDMA targets.
 
-use super::Shared;
 use crate::protocol::{
     unit_indices, GatherRequest, RdmaSegments, TransportTarget, UnitPlan, MAX_UNIT_BYTES,
 };
@@ -29,6 +28,7 @@ use crate::transport::rdma::session::WriteResult;
 use crate::transport::rdma::{
     DeviceSelector, GatherSession, Imm, ServerConfig as RdmaServerConfig, SessionRegistry,
 };
+use crate::Shared;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
@@ -90,7 +90,7 @@ pub(crate) async fn serve_control(stream: TcpStream, reg: Arc<SessionRegistry>) 
 }
 
 /// RDMA delivery of one gather request (see the module doc).
-pub(crate) struct Delivery {
+pub(crate) struct RdmaDelivery {
     session: Arc<GatherSession>,
     slot: u32,
     /// Each requested layer's destination segments, indexed for cutting units.
@@ -103,7 +103,7 @@ pub(crate) struct Delivery {
     ok_writes: u64,
 }
 
-impl Delivery {
+impl RdmaDelivery {
     /// Prepares delivery of `req` (an RDMA target) along `plan`.
     ///
     /// # Errors
@@ -168,7 +168,7 @@ impl Delivery {
             .zip(idx)
             .map(|(u, i)| ((u.layer, u.offset), i))
             .collect();
-        Ok(Delivery {
+        Ok(RdmaDelivery {
             session,
             slot: u32::from(t.slot),
             layers,
