@@ -60,7 +60,7 @@ pub struct ServerConfig {
     /// Serve S3 requests without authentication when no access key is set. Default false.
     pub allow_anonymous: bool,
     /// Buckets created at start if absent; each an S3 bucket name
-    /// ([`crate::protocol::check_bucket_name`]).
+    /// ([`objectcache_client::protocol::check_bucket_name`]).
     pub buckets: Vec<String>,
     /// Largest object a PUT may write, bytes. Default 5 GiB.
     pub max_object_bytes: u64,
@@ -138,7 +138,7 @@ pub struct ServerConfig {
     pub tls_key: Option<std::path::PathBuf>,
     /// Node tier: bytes of chunk objects kept in memory in front of the backend (gateway
     /// mode: one such server per node is the node-level cache every engine of the node
-    /// shares; see [`crate::store::TieredStore`]). 0 = no DRAM level. Default 0.
+    /// shares; see [`objectcache_client::store::TieredStore`]). 0 = no DRAM level. Default 0.
     pub tier_dram_bytes: u64,
     /// Node tier: directory of the local-disk level (found again and verified at start-up).
     /// Default none (no disk level).
@@ -201,26 +201,29 @@ impl ServerConfig {
     /// The node tier's settings, when one is configured (a DRAM or a disk level).
     ///
     /// # Errors
-    /// [`crate::Error::Config`] for a bad `tier_admission`.
-    pub fn tier(&self) -> crate::Result<Option<crate::store::TierConfig>> {
+    /// [`objectcache_client::Error::Config`] for a bad `tier_admission`.
+    pub fn tier(
+        &self,
+    ) -> objectcache_client::Result<Option<objectcache_client::store::TierConfig>> {
         if self.tier_dram_bytes == 0 && self.tier_disk_dir.is_none() {
             return Ok(None);
         }
-        Ok(Some(crate::store::TierConfig {
+        Ok(Some(objectcache_client::store::TierConfig {
             dram_bytes: self.tier_dram_bytes,
             disk_dir: self.tier_disk_dir.clone(),
             disk_bytes: self.tier_disk_bytes,
-            admission: crate::store::Admission::parse(&self.tier_admission)
-                .map_err(crate::Error::Config)?,
+            admission: objectcache_client::store::Admission::parse(&self.tier_admission)
+                .map_err(objectcache_client::Error::Config)?,
         }))
     }
 
     /// Parses a TOML document (unknown keys are errors).
     ///
     /// # Errors
-    /// [`crate::Error::Config`] with the parser's message (line and column).
-    pub fn from_toml(s: &str) -> crate::Result<Self> {
-        toml::from_str(s).map_err(|e| crate::Error::Config(format!("config file: {e}")))
+    /// [`objectcache_client::Error::Config`] with the parser's message (line and column).
+    pub fn from_toml(s: &str) -> objectcache_client::Result<Self> {
+        toml::from_str(s)
+            .map_err(|e| objectcache_client::Error::Config(format!("config file: {e}")))
     }
 
     /// These settings with every secret (access keys' and tenants' secret keys, tenants'
@@ -243,21 +246,22 @@ impl ServerConfig {
     /// Checks the settings against each other.
     ///
     /// # Errors
-    /// [`crate::Error::Config`] naming the setting.
-    pub fn validate(&self) -> crate::Result<()> {
-        let bad = |m: String| Err(crate::Error::Config(m));
-        crate::store::Admission::parse(&self.tier_admission).map_err(crate::Error::Config)?;
+    /// [`objectcache_client::Error::Config`] naming the setting.
+    pub fn validate(&self) -> objectcache_client::Result<()> {
+        let bad = |m: String| Err(objectcache_client::Error::Config(m));
+        objectcache_client::store::Admission::parse(&self.tier_admission)
+            .map_err(objectcache_client::Error::Config)?;
         if self.tier_disk_dir.is_some() != (self.tier_disk_bytes > 0) {
             return bad(format!(
                 "tier_disk_dir and tier_disk_bytes go together (dir {:?}, {} bytes)",
                 self.tier_disk_dir, self.tier_disk_bytes
             ));
         }
-        super::tenant::Tenants::new(&self.tenants).map_err(crate::Error::Config)?;
+        super::tenant::Tenants::new(&self.tenants).map_err(objectcache_client::Error::Config)?;
         if let Some(m) = self
             .buckets
             .iter()
-            .find_map(|b| crate::protocol::check_bucket_name(b).err())
+            .find_map(|b| objectcache_client::protocol::check_bucket_name(b).err())
         {
             return bad(format!("buckets: {m}"));
         }
@@ -277,7 +281,7 @@ impl ServerConfig {
         if self.access_keys.is_empty() && self.tenants.is_empty() && !self.allow_anonymous {
             return bad("no access key is configured: set access_keys (--access-key ACCESS:SECRET) or allow_anonymous".into());
         }
-        if self.max_request_bytes < crate::protocol::MAX_UNIT_BYTES as u64 {
+        if self.max_request_bytes < objectcache_client::protocol::MAX_UNIT_BYTES as u64 {
             return bad(format!(
                 "max_request_bytes {} must be at least one 16 MiB unit",
                 self.max_request_bytes
@@ -305,14 +309,14 @@ impl ServerConfig {
             return bad("max_concurrent_loads and read_concurrency must be at least 1".into());
         }
         if self.max_descriptor_bytes < 1024
-            || self.max_descriptor_bytes > crate::protocol::MAX_CONTROL_FRAME_BYTES
+            || self.max_descriptor_bytes > objectcache_client::protocol::MAX_CONTROL_FRAME_BYTES
         {
             return bad(format!(
                 "max_descriptor_bytes {} must be 1 KiB ..= 16 MiB",
                 self.max_descriptor_bytes
             ));
         }
-        if self.max_chunks == 0 || self.max_chunks > crate::protocol::MAX_CHUNKS_HARD {
+        if self.max_chunks == 0 || self.max_chunks > objectcache_client::protocol::MAX_CHUNKS_HARD {
             return bad(format!(
                 "max_chunks {} must be 1 ..= 65536",
                 self.max_chunks

@@ -14,7 +14,7 @@
 //!   least `min_client_bytes_per_s` over each `client_timeout_secs` of waiting, and some
 //!   bytes in each: a stalled or dripping client is dropped, its memory given back.
 
-use crate::protocol::PREFACE;
+use objectcache_client::protocol::PREFACE;
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
@@ -140,7 +140,7 @@ impl Sniffed {
 fn rdma_preface(rdma: bool) -> Option<&'static [u8; 8]> {
     #[cfg(feature = "rdma")]
     if rdma {
-        return Some(&crate::transport::rdma::control::PREFACE);
+        return Some(&objectcache_client::transport::rdma::control::PREFACE);
     }
     let _ = rdma;
     None

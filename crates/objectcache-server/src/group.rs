@@ -2,7 +2,7 @@
 //!
 //! A client may stripe one load over several gather requests on as many connections
 //! (`docs/protocol.md`, "Striped loads"); each stripe's descriptor then names the load
-//! ([`crate::protocol::LoadGroup`]: load id, stripe count, the whole load's bytes per layer).
+//! ([`objectcache_client::protocol::LoadGroup`]: load id, stripe count, the whole load's bytes per layer).
 //! Every gather request is a [`Member`] of a [`Load`]: the stripes of one load share it, and
 //! a request without a group block is a load of its own. A load is
 //! - **admitted once**: the first stripe to arrive waits in the admission queue for all of
@@ -30,8 +30,8 @@
 //! request reads and sends its own chunks).
 
 use super::{Shared, Slot};
-use crate::link::{Link, LinkLoad};
-use crate::protocol::{GatherRequest, SchedHints};
+use objectcache_client::link::{Link, LinkLoad};
+use objectcache_client::protocol::{GatherRequest, SchedHints};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -224,8 +224,8 @@ impl Drop for Member {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::{ChunkHash, HashAlgo, KeyBuilder, KvGeometry};
-    use crate::protocol::LoadGroup;
+    use objectcache_client::layout::{ChunkHash, HashAlgo, KeyBuilder, KvGeometry};
+    use objectcache_client::protocol::LoadGroup;
     use objectcache_client::sched::PolicyKind;
 
     fn stripe(load_id: u64, i: u16, n: u16) -> GatherRequest {

@@ -5,9 +5,9 @@
 //! to the S3 API.
 
 use super::{client_floor, s3, Shared};
-use crate::protocol::{ServerInfo, PROTOCOL_VERSION};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use objectcache_client::protocol::{ServerInfo, PROTOCOL_VERSION};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,7 +111,7 @@ async fn http_route(
                         "max_descriptor_bytes": l.max_descriptor_bytes,
                         "max_chunks": l.max_chunks,
                         "max_request_bytes": l.max_request_bytes,
-                        "max_unit_bytes": crate::protocol::MAX_UNIT_BYTES,
+                        "max_unit_bytes": objectcache_client::protocol::MAX_UNIT_BYTES,
                         // Access keys configured: connections answer an HMAC-SHA256 challenge.
                         "authentication": if sh.cfg.access_keys.is_empty() { "none" } else { "hmac-sha256" },
                     }

@@ -1,7 +1,7 @@
 //! The ObjectCache server: S3-compatible storage plus the one-request layer-ordered gather.
 //!
 //! One listening port serves both: a connection that opens with the gather preface
-//! ([`crate::protocol::PREFACE`]) is a gather connection (`gather.rs`); anything else is
+//! ([`objectcache_client::protocol::PREFACE`]) is a gather connection (`gather.rs`); anything else is
 //! HTTP/1.1, where `/_objectcache/health`, `/_objectcache/metrics` and
 //! `/_objectcache/capabilities` are answered here and every other request goes to the S3 API
 //! ([`s3::S3Frontend`] through `s3s`, SigV4 with the configured keys, path-style addressing).
@@ -21,14 +21,10 @@
 #![warn(missing_docs)]
 #![deny(unsafe_code)]
 
-// The client's modules at the crate root, as they were when the server was a module beside
-// them (`crate::store`, `crate::protocol`, ...). The scheduler of the core is
-// `objectcache_client::sched`: this crate's own `sched` is the server's load admission.
-#[cfg(feature = "rdma")]
-use objectcache_client::transport;
-use objectcache_client::{
-    error, layout, lifecycle, link, protocol, store, Error, Result, StoreError,
-};
+// The client's modules are named by their full path (`objectcache_client::protocol`, ...):
+// `crate::` is this crate's own. Its `sched` is the server's load admission; the core's
+// scheduler is `objectcache_client::sched`.
+use objectcache_client::Result;
 
 mod accept;
 mod budget;
@@ -51,9 +47,9 @@ pub use config::{AccessKey, ServerConfig};
 pub use http::MAX_PRESIGNED_EXPIRES_SECS;
 pub use start::{open_backend, start, start_with_store, start_with_tier};
 
-use crate::protocol::{ServerInfo, ServerLimits};
-use crate::store::Store;
 use metrics::Metrics;
+use objectcache_client::protocol::{ServerInfo, ServerLimits};
+use objectcache_client::store::Store;
 use s3::Buckets;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -86,10 +82,10 @@ pub(crate) struct Shared {
     pub(crate) store: Arc<dyn Store>,
     /// The node tier in front of the store, when one is configured (its counters go to the
     /// metrics).
-    pub(crate) tier: Option<Arc<crate::store::TieredStore>>,
+    pub(crate) tier: Option<Arc<objectcache_client::store::TieredStore>>,
     /// The remote store behind the server, metered (gateway mode only): its requests and
     /// bytes go to the metrics.
-    pub(crate) backend: Option<Arc<crate::store::MeteredStore>>,
+    pub(crate) backend: Option<Arc<objectcache_client::store::MeteredStore>>,
     pub(crate) buckets: Arc<Buckets>,
     pub(crate) metrics: Arc<Metrics>,
     /// Memory budget in [`gather::PERMIT_BYTES`] permits.
@@ -108,17 +104,17 @@ pub(crate) struct Shared {
     /// Leases of the entries loads in flight read: a gather load holds its chunks' entries
     /// until it ends; a ranged GET of the S3 API renews its entry's soft lease for
     /// [`S3_READ_LEASE`]. Collection ([`ServerHandle::gc`]) never deletes a leased entry.
-    pub(crate) leases: Arc<crate::lifecycle::LeaseTable>,
+    pub(crate) leases: Arc<objectcache_client::lifecycle::LeaseTable>,
     /// Last use of each entry (gather loads and S3 reads; not lookups), for LRU eviction.
-    pub(crate) access: Arc<crate::lifecycle::AccessLog>,
+    pub(crate) access: Arc<objectcache_client::lifecycle::AccessLog>,
     /// What the format v2 markers said at the last [`ServerHandle::gc`] pass.
-    pub(crate) gc_memo: crate::lifecycle::MarkerMemo,
+    pub(crate) gc_memo: objectcache_client::lifecycle::MarkerMemo,
     /// RDMA gather sessions (feature `rdma`, when a device exists).
     #[cfg(feature = "rdma")]
-    pub(crate) rdma: Option<Arc<crate::transport::rdma::SessionRegistry>>,
+    pub(crate) rdma: Option<Arc<objectcache_client::transport::rdma::SessionRegistry>>,
     /// The link scheduler pacing gather loads under `bandwidth_cap_bytes_per_s` (none when
     /// uncapped).
-    pub(crate) link: Option<Arc<crate::link::Link>>,
+    pub(crate) link: Option<Arc<objectcache_client::link::Link>>,
 }
 
 impl Shared {
@@ -276,21 +272,21 @@ impl ServerHandle {
     pub fn rdma_sessions(&self) -> Option<usize> {
         self.shared.rdma.as_ref().map(|r| r.len())
     }
-    /// Runs one collection pass over the server's store (`crate::lifecycle::collect`: GC of
+    /// Runs one collection pass over the server's store (`objectcache_client::lifecycle::collect`: GC of
     /// interrupted saves and orphan markers, TTL, capacity eviction by least recent use),
     /// with the server's leases: an entry a gather load in flight reads, or one read through
     /// the S3 API within the last [`S3_READ_LEASE`], is never deleted. Lookups (marker
     /// `HEAD`s) neither pin nor count as use. Format v2 markers unchanged since the server's
-    /// last pass are not read again (`crate::lifecycle::MarkerMemo`). Entries of one chunk's tensor-parallel ranks go
+    /// last pass are not read again (`objectcache_client::lifecycle::MarkerMemo`). Entries of one chunk's tensor-parallel ranks go
     /// together.
     ///
     /// # Errors
-    /// As `crate::lifecycle::collect`.
+    /// As `objectcache_client::lifecycle::collect`.
     pub async fn gc(
         &self,
-        policy: &crate::lifecycle::Policy,
-    ) -> Result<crate::lifecycle::GcReport, crate::StoreError> {
-        crate::lifecycle::collect_with(
+        policy: &objectcache_client::lifecycle::Policy,
+    ) -> Result<objectcache_client::lifecycle::GcReport, objectcache_client::StoreError> {
+        objectcache_client::lifecycle::collect_with(
             &*self.shared.store,
             policy,
             std::time::SystemTime::now(),
@@ -301,7 +297,7 @@ impl ServerHandle {
         .await
     }
     /// Entries leased now (held by gather loads in flight, or read recently through the S3
-    /// API), by entry id (`crate::lifecycle::classify_key`).
+    /// API), by entry id (`objectcache_client::lifecycle::classify_key`).
     pub fn leased(&self, key_or_id: &str) -> bool {
         self.shared.leases.is_leased(key_or_id)
     }

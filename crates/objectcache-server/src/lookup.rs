@@ -32,7 +32,7 @@
 //! groups or hashes, a hash that is not hex, a group that is not a valid key prefix); 503
 //! when the store cannot be asked.
 
-use crate::store::{Store, StoreExt, TierLevel, TieredStore};
+use objectcache_client::store::{Store, StoreExt, TierLevel, TieredStore};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -114,7 +114,10 @@ impl LookupRequest {
         }
         for g in &r.groups {
             let probe = format!("{g}/pub/00");
-            if g.is_empty() || g.ends_with('/') || crate::store::validate_key(&probe).is_err() {
+            if g.is_empty()
+                || g.ends_with('/')
+                || objectcache_client::store::validate_key(&probe).is_err()
+            {
                 return bad(format!(
                     "group {g:?} is not a key group (a store key prefix up to /pub/, without \
                      the trailing slash)"

@@ -17,10 +17,10 @@
 //! when those pages are touched. The store's directory belongs to the store.
 #![allow(unsafe_code)]
 
-use crate::error::{StoreError, StoreResult};
-use crate::store::{ByteStream, LocalObject};
 use bytes::Bytes;
 use futures::StreamExt;
+use objectcache_client::error::{StoreError, StoreResult};
+use objectcache_client::store::{ByteStream, LocalObject};
 use rustix::mm::{MapFlags, ProtFlags};
 use std::ffi::c_void;
 use std::fs::File;
@@ -33,7 +33,7 @@ use std::sync::Arc;
 const MAP_MIN_BYTES: u64 = 64 << 10;
 
 /// The body of `range` of `obj`, an object's file opened by the store
-/// ([`crate::store::Store::open_local`]), in pieces of at most `piece_bytes` (at least 1),
+/// ([`objectcache_client::store::Store::open_local`]), in pieces of at most `piece_bytes` (at least 1),
 /// each made on the blocking pool when
 /// the previous one has been taken: a piece of at least [`MAP_MIN_BYTES`] is the file's pages
 /// themselves, mapped ([`map`]), so the socket write is the only copy of its bytes; a smaller

@@ -197,12 +197,16 @@ impl Metrics {
 /// `objectcache_tier_fills_corrupt_total`, `objectcache_tier_marker_hits_total`, the gauge
 /// `objectcache_tier_markers`, and the disk level's start-up
 /// `objectcache_tier_disk_recovered` and `objectcache_tier_disk_dropped`.
-pub fn with_tier(text: String, t: &crate::store::TierStats) -> String {
+pub fn with_tier(text: String, t: &objectcache_client::store::TierStats) -> String {
     use std::fmt::Write;
     let body = text.strip_suffix("# EOF\n").unwrap_or(&text).to_string();
     let mut s = body;
     let levels = [("dram", &t.dram), ("disk", &t.disk)];
-    let counters: [(&str, &str, fn(&crate::store::LevelStats) -> u64); 6] = [
+    let counters: [(
+        &str,
+        &str,
+        fn(&objectcache_client::store::LevelStats) -> u64,
+    ); 6] = [
         ("hits", "Reads served from the level.", |l| l.hits),
         ("misses", "Reads the level did not hold.", |l| l.misses),
         ("served_bytes", "Bytes served from the level.", |l| {
@@ -231,7 +235,11 @@ pub fn with_tier(text: String, t: &crate::store::TierStats) -> String {
             );
         }
     }
-    let gauges: [(&str, &str, fn(&crate::store::LevelStats) -> u64); 3] = [
+    let gauges: [(
+        &str,
+        &str,
+        fn(&objectcache_client::store::LevelStats) -> u64,
+    ); 3] = [
         ("bytes", "Bytes the level holds.", |l| l.bytes),
         ("objects", "Objects the level holds.", |l| l.objects),
         ("capacity_bytes", "Bytes the level may hold.", |l| {
@@ -302,11 +310,11 @@ pub fn with_tier(text: String, t: &crate::store::TierStats) -> String {
     s
 }
 
-/// The remote backend's counters (gateway mode, [`crate::store::MeteredStore`]) added to an
+/// The remote backend's counters (gateway mode, [`objectcache_client::store::MeteredStore`]) added to an
 /// OpenMetrics text (before its `# EOF`): `objectcache_server_backend_requests_total{class}`
 /// (`class` = `get`: GETs, ranged GETs and HEADs; `put`: PUTs and LISTs; `delete`), and
 /// `objectcache_server_backend_bytes_total{dir}` (`dir` = `read`, `written`; bytes).
-pub fn with_backend(text: String, b: &crate::store::MeteredStats) -> String {
+pub fn with_backend(text: String, b: &objectcache_client::store::MeteredStats) -> String {
     use std::fmt::Write;
     let mut s = text.strip_suffix("# EOF\n").unwrap_or(&text).to_string();
     let _ = writeln!(s, "# TYPE objectcache_server_backend_requests counter");

@@ -16,11 +16,11 @@
 //!   Counted in `objectcache_server_requests_total{op="backend_read"}` and
 //!   `{op="backend_read_joined"}`.
 
-use crate::error::StoreError;
-use crate::store::{GetOptions, Store};
 use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::StreamExt;
+use objectcache_client::error::StoreError;
+use objectcache_client::store::{GetOptions, Store};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};

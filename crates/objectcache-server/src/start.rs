@@ -7,8 +7,8 @@ use super::metrics::Metrics;
 use super::s3::{Buckets, S3Frontend};
 use super::{budget, conn, gather, group, reads, sched, tenant, tls};
 use super::{Admission, ServerConfig, ServerHandle, Shared, S3_READ_LEASE};
-use crate::store::{FsStore, FsyncPolicy, MemoryStore, Store};
 use objectcache_client::sched::SchedulerSetting;
+use objectcache_client::store::{FsStore, FsyncPolicy, MemoryStore, Store};
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -18,13 +18,13 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 /// Opens the store named by `cfg.store`: `memory:`/`memory://`, `file://PATH` or a path
-/// (with `cfg.fsync`), or any URL [`crate::store::open_store`] accepts, e.g.
+/// (with `cfg.fsync`), or any URL [`objectcache_client::store::open_store`] accepts, e.g.
 /// `s3://BUCKET/PREFIX?endpoint=URL` for gateway mode (credentials from `AWS_ACCESS_KEY_ID`
 /// and `AWS_SECRET_ACCESS_KEY` or a profile).
 ///
 /// # Errors
 /// The store's error, naming the URL.
-pub async fn open_backend(cfg: &ServerConfig) -> crate::Result<Arc<dyn Store>> {
+pub async fn open_backend(cfg: &ServerConfig) -> objectcache_client::Result<Arc<dyn Store>> {
     let url = cfg.store.trim();
     if url == "memory:" {
         return Ok(Arc::new(MemoryStore::new()));
@@ -40,7 +40,7 @@ pub async fn open_backend(cfg: &ServerConfig) -> crate::Result<Arc<dyn Store>> {
     if !url.contains("://") && !url.is_empty() {
         return Ok(Arc::new(FsStore::new(url, fsync)?));
     }
-    Ok(crate::store::open_store(url).await?)
+    Ok(objectcache_client::store::open_store(url).await?)
 }
 
 /// Opens the configured store and starts the server, with the node tier in front of the
@@ -48,19 +48,19 @@ pub async fn open_backend(cfg: &ServerConfig) -> crate::Result<Arc<dyn Store>> {
 ///
 /// # Errors
 /// As [`open_backend`] and [`start_with_store`]; the tier's disk directory cannot be made.
-pub async fn start(cfg: ServerConfig) -> crate::Result<ServerHandle> {
+pub async fn start(cfg: ServerConfig) -> objectcache_client::Result<ServerHandle> {
     let store = open_backend(&cfg).await?;
     // A remote backend (gateway mode) is metered: its requests and bytes are what it bills
     // and what the node tier saves (`objectcache_server_backend_*` in the metrics).
     let backend = (!store_is_local(&cfg.store))
-        .then(|| Arc::new(crate::store::MeteredStore::new(store.clone())));
+        .then(|| Arc::new(objectcache_client::store::MeteredStore::new(store.clone())));
     let store: Arc<dyn Store> = match &backend {
         Some(m) => m.clone(),
         None => store,
     };
     match cfg.tier()? {
         Some(t) => {
-            let tier = Arc::new(crate::store::TieredStore::new(store, t)?);
+            let tier = Arc::new(objectcache_client::store::TieredStore::new(store, t)?);
             let st = tier.stats();
             tracing::info!(
                 dram_bytes = st.dram.capacity,
@@ -82,15 +82,15 @@ fn store_is_local(url: &str) -> bool {
     url == "memory:" || url.starts_with("file://") || !url.contains("://")
 }
 
-/// Starts a server over a node tier ([`crate::store::TieredStore`]): as
+/// Starts a server over a node tier ([`objectcache_client::store::TieredStore`]): as
 /// [`start_with_store`], and its metrics show the tier's levels.
 ///
 /// # Errors
 /// As [`start_with_store`].
 pub async fn start_with_tier(
     cfg: ServerConfig,
-    tier: Arc<crate::store::TieredStore>,
-) -> crate::Result<ServerHandle> {
+    tier: Arc<objectcache_client::store::TieredStore>,
+) -> objectcache_client::Result<ServerHandle> {
     start_inner(cfg, tier.clone(), Some(tier), None).await
 }
 
@@ -98,21 +98,21 @@ pub async fn start_with_tier(
 /// (port 0 picks a free port; see [`ServerHandle::local_addr`]) and serves until shut down.
 ///
 /// # Errors
-/// [`crate::Error::Config`] for inconsistent settings; [`crate::Error::Io`] if the address
+/// [`objectcache_client::Error::Config`] for inconsistent settings; [`objectcache_client::Error::Io`] if the address
 /// cannot be bound; a store error while loading buckets.
 pub async fn start_with_store(
     cfg: ServerConfig,
     store: Arc<dyn Store>,
-) -> crate::Result<ServerHandle> {
+) -> objectcache_client::Result<ServerHandle> {
     start_inner(cfg, store, None, None).await
 }
 
 async fn start_inner(
     cfg: ServerConfig,
     store: Arc<dyn Store>,
-    tier: Option<Arc<crate::store::TieredStore>>,
-    backend: Option<Arc<crate::store::MeteredStore>>,
-) -> crate::Result<ServerHandle> {
+    tier: Option<Arc<objectcache_client::store::TieredStore>>,
+    backend: Option<Arc<objectcache_client::store::MeteredStore>>,
+) -> objectcache_client::Result<ServerHandle> {
     cfg.validate()?;
     reclaim_orphaned_writes(store.as_ref()).await;
     let buckets = Arc::new(Buckets::load(store.clone()).await?);
@@ -141,8 +141,8 @@ async fn start_inner(
             "max_connections capped at half the open-file limit"
         );
     }
-    let leases = crate::lifecycle::LeaseTable::new();
-    let access = Arc::new(crate::lifecycle::AccessLog::new());
+    let leases = objectcache_client::lifecycle::LeaseTable::new();
+    let access = Arc::new(objectcache_client::lifecycle::AccessLog::new());
     let shared = Arc::new(Shared {
         link,
         budget: budget::Budget::new(memory.clone(), metrics.clone()),
@@ -169,7 +169,8 @@ async fn start_inner(
         #[cfg(feature = "rdma")]
         rdma: super::gather::rdma::open(),
     });
-    let tenants = tenant::Tenants::new(&shared.cfg.tenants).map_err(crate::Error::Config)?;
+    let tenants =
+        tenant::Tenants::new(&shared.cfg.tenants).map_err(objectcache_client::Error::Config)?;
     let tls = match (&shared.cfg.tls_cert, &shared.cfg.tls_key) {
         (Some(c), Some(k)) => Some(tls::acceptor(c, k)?),
         _ => None,
@@ -178,7 +179,7 @@ async fn start_inner(
         S3Frontend::new(
             // Reads of the S3 API record their entry's use and renew its soft lease; a
             // lookup's HEAD does neither (lookups never pin).
-            Arc::new(crate::lifecycle::TrackedStore::new(
+            Arc::new(objectcache_client::lifecycle::TrackedStore::new(
                 store.clone(),
                 access,
                 leases,
@@ -253,12 +254,14 @@ async fn reclaim_orphaned_writes(store: &dyn Store) {
 }
 
 /// The link scheduler of `cfg`: `None` when uncapped.
-fn shared_link(cfg: &ServerConfig) -> crate::Result<Option<Arc<crate::link::Link>>> {
+fn shared_link(
+    cfg: &ServerConfig,
+) -> objectcache_client::Result<Option<Arc<objectcache_client::link::Link>>> {
     if cfg.bandwidth_cap_bytes_per_s == 0 {
         return Ok(None);
     }
     let kind = SchedulerSetting::parse(&cfg.scheduler)?.policy;
-    Ok(Some(crate::link::Link::new(
+    Ok(Some(objectcache_client::link::Link::new(
         kind,
         cfg.bandwidth_cap_bytes_per_s as f64,
     )?))

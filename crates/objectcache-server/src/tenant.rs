@@ -4,7 +4,7 @@
 //! is store key `b/{namespace}/k`, listings start there and show keys relative to it. A tenant
 //! therefore cannot name, read, list or probe another tenant's objects: any key it sends lands
 //! inside its own root (keys with `..`, empty or `.` segments, control bytes, a leading `/` or
-//! over 1,024 bytes are refused before the store is touched, [`crate::store::validate_key`]),
+//! over 1,024 bytes are refused before the store is touched, [`objectcache_client::store::validate_key`]),
 //! and asking for another tenant's key asks for a key of its own, which is a plain miss.
 //! Tenants cannot create or delete buckets. Keys of `access_keys` (operators) see the whole
 //! bucket, tenants' namespaces included.
@@ -139,8 +139,8 @@ impl Tenants {
 pub(crate) async fn refuse_gather(mut stream: tokio::net::TcpStream) {
     use tokio::io::AsyncWriteExt;
     let mut b = bytes::BytesMut::new();
-    crate::protocol::Frame::Error {
-        code: crate::protocol::ErrorCode::Unsupported,
+    objectcache_client::protocol::Frame::Error {
+        code: objectcache_client::protocol::ErrorCode::Unsupported,
         message: "gather is not offered on a server with tenants (loads are not confined to a namespace yet); use the S3 API".into(),
     }
     .encode(&mut b);

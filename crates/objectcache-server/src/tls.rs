@@ -28,11 +28,11 @@ const TLS_HANDSHAKE: u8 = 0x16;
 /// SEC1).
 ///
 /// # Errors
-/// [`crate::Error::Config`] naming the file that cannot be read or parsed, or the key that
+/// [`objectcache_client::Error::Config`] naming the file that cannot be read or parsed, or the key that
 /// does not match the certificate.
-pub fn acceptor(cert: &Path, key: &Path) -> crate::Result<TlsAcceptor> {
+pub fn acceptor(cert: &Path, key: &Path) -> objectcache_client::Result<TlsAcceptor> {
     let bad = |what: &str, p: &Path, e: String| {
-        crate::Error::Config(format!("tls_{what} {}: {e}", p.display()))
+        objectcache_client::Error::Config(format!("tls_{what} {}: {e}", p.display()))
     };
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
         .map_err(|e| bad("cert", cert, e.to_string()))?
@@ -45,7 +45,7 @@ pub fn acceptor(cert: &Path, key: &Path) -> crate::Result<TlsAcceptor> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| crate::Error::Config(format!("tls: {e}")))?
+        .map_err(|e| objectcache_client::Error::Config(format!("tls: {e}")))?
         .with_no_client_auth()
         .with_single_cert(certs, key_der)
         .map_err(|e| bad("key", key, format!("does not fit tls_cert: {e}")))?;

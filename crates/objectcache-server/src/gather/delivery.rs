@@ -2,11 +2,11 @@
 //! stream, or (feature `rdma`) RDMA writes into the client's memory ([`super::rdma`]).
 
 use super::io::Io;
-use crate::protocol::{
-    ErrorCode, GatherRequest, LoadAction, ServerLoad, TransportTarget, UnitPlan,
-};
 use crate::Shared;
 use bytes::Bytes;
+use objectcache_client::protocol::{
+    ErrorCode, GatherRequest, LoadAction, ServerLoad, TransportTarget, UnitPlan,
+};
 
 /// A load's delivery, chosen from its request's transport target.
 pub(super) enum Delivery {

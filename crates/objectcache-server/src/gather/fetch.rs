@@ -6,11 +6,11 @@ use super::objects::{miss_of, LoadObjects};
 use super::permits_for;
 use crate::Shared;
 
-use crate::layout::{ChunkHeader, HEADER_LEN};
-use crate::protocol::{MissReason, PieceMiss, PieceRead, UnitPlan};
-use crate::store::GetOptions;
 use bytes::Bytes;
 use futures::{stream, StreamExt};
+use objectcache_client::layout::{ChunkHeader, HEADER_LEN};
+use objectcache_client::protocol::{MissReason, PieceMiss, PieceRead, UnitPlan};
+use objectcache_client::store::GetOptions;
 use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -44,7 +44,7 @@ impl LocalFiles {
     /// `slice_lens[i]` bytes, `layers` requested) on the blocking pool. Chunks in segment
     /// objects are read from the store.
     pub(super) fn open(
-        store: Arc<dyn crate::store::Store>,
+        store: Arc<dyn objectcache_client::store::Store>,
         objects: Arc<LoadObjects>,
         layers: std::ops::Range<u32>,
         slice_lens: Vec<u64>,
@@ -77,7 +77,7 @@ impl LocalFiles {
 /// each trip waits for a thread, and the first unit waits for chunk 0 (time to first layer).
 /// Stops early once nobody waits (the load ended).
 fn open_chunks(
-    store: &dyn crate::store::Store,
+    store: &dyn objectcache_client::store::Store,
     objects: &LoadObjects,
     layers: std::ops::Range<u32>,
     slice_lens: &[u64],
@@ -138,9 +138,9 @@ fn sub_parts(parts: &[Bytes], range: std::ops::Range<u64>) -> Vec<Bytes> {
 }
 
 fn crc_of(parts: &[Bytes]) -> u32 {
-    parts
-        .iter()
-        .fold(0, |c, p| crate::layout::crc::crc32c_append(c, p))
+    parts.iter().fold(0, |c, p| {
+        objectcache_client::layout::crc::crc32c_append(c, p)
+    })
 }
 
 /// Reads one slice piece: the slice and its CRC trailer (`range` of object `key`) in one
@@ -150,7 +150,7 @@ async fn fetch_piece(
     key: &str,
     range: std::ops::Range<u64>,
     layer: u32,
-    p: &crate::protocol::SlicePiece,
+    p: &objectcache_client::protocol::SlicePiece,
     verify: bool,
 ) -> PieceResult {
     let want = range.end - range.start;
@@ -217,7 +217,7 @@ struct LocalChunk {
     header: Result<[u8; HEADER_LEN as usize], String>,
     layers: std::ops::Range<u32>,
     /// `None`: a chunk object; else the chunk's index in its segment and the segment's layout.
-    at: Option<(u32, crate::layout::SegmentLayout)>,
+    at: Option<(u32, objectcache_client::layout::SegmentLayout)>,
 }
 
 impl LocalChunk {
@@ -299,9 +299,9 @@ fn page_cached(file: &std::fs::File, at: u64) -> bool {
 /// its chunks one after another. The header check ([`check_header`]) and the unit reads
 /// share this open through the load's [`LocalFiles`].
 fn open_local_chunk(
-    store: &dyn crate::store::Store,
+    store: &dyn objectcache_client::store::Store,
     key: &str,
-    at: Option<(u32, crate::layout::SegmentLayout)>,
+    at: Option<(u32, objectcache_client::layout::SegmentLayout)>,
     layers: std::ops::Range<u32>,
     slice_len: u64,
 ) -> Option<Arc<LocalChunk>> {
@@ -341,7 +341,7 @@ fn piece_local(
     c: &LocalChunk,
     key: &str,
     layer: u32,
-    p: &crate::protocol::SlicePiece,
+    p: &objectcache_client::protocol::SlicePiece,
 ) -> PieceResult {
     let trailer = c.trailer(layer, p.slice_len);
     // The next layer's slice of this chunk is sent a layer later: start reading it now.
@@ -422,7 +422,7 @@ impl<T> Drop for AbortOnDrop<T> {
 pub(super) async fn check_headers(
     sh: Arc<Shared>,
     tokens: Vec<u32>,
-    g: crate::protocol::WireGeometry,
+    g: objectcache_client::protocol::WireGeometry,
     objects: Arc<LoadObjects>,
     files: Option<LocalFiles>,
     out: tokio::sync::mpsc::UnboundedSender<Result<(), PieceMiss>>,
@@ -456,7 +456,7 @@ async fn check_header(
     files: Option<LocalFiles>,
     i: usize,
     tokens: u32,
-    g: crate::protocol::WireGeometry,
+    g: objectcache_client::protocol::WireGeometry,
 ) -> Result<(), PieceMiss> {
     let c = i as u32;
     let key = objects.key(i);

@@ -6,8 +6,8 @@ use crate::budget::Hold;
 use crate::conn::RateFloor;
 use crate::{Abort, Shared};
 
-use crate::protocol::{ErrorCode, ServerConnection, ServerEvent};
 use bytes::{Bytes, BytesMut};
+use objectcache_client::protocol::{ErrorCode, ServerConnection, ServerEvent};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -30,7 +30,7 @@ pub(super) struct Io {
 }
 
 /// Bytes of a gather connection's read buffer: before authentication it never holds more
-/// (handshake frames are a few hundred bytes, [`crate::protocol::MAX_HANDSHAKE_BODY_BYTES`]);
+/// (handshake frames are a few hundred bytes, [`objectcache_client::protocol::MAX_HANDSHAKE_BODY_BYTES`]);
 /// a larger frame afterwards (a descriptor, save data) is read into memory held under the
 /// budget.
 pub(super) const CONN_BUF_BYTES: usize = 8 << 10;
@@ -186,7 +186,7 @@ impl Io {
         let _ = self.conn.handle_bytes(&mut self.buf);
         if whole {
             let (_, h) = self.frame_hold.take().expect("held");
-            if ty == Some(crate::protocol::FrameType::SaveData as u8) {
+            if ty == Some(objectcache_client::protocol::FrameType::SaveData as u8) {
                 self.save_holds.push_back(h);
             }
             // The frame's bytes now belong to its payload alone: a fresh small buffer.
@@ -200,7 +200,9 @@ impl Io {
     /// The budget hold of a save-data frame with `len` payload bytes, if it was received as a
     /// large frame (see [`Io::read_more`]).
     pub(super) fn save_hold(&mut self, len: usize) -> Option<Hold> {
-        let frame = crate::protocol::FRAME_HEADER_LEN + crate::protocol::SAVE_DATA_HEADER_LEN + len;
+        let frame = objectcache_client::protocol::FRAME_HEADER_LEN
+            + objectcache_client::protocol::SAVE_DATA_HEADER_LEN
+            + len;
         (frame > CONN_BUF_BYTES)
             .then(|| self.save_holds.pop_front())
             .flatten()

@@ -9,12 +9,12 @@ use super::io::Io;
 use super::objects::LoadObjects;
 use super::watch::Watch;
 use crate::group::Member;
-use crate::lifecycle::Lease;
-use crate::protocol::{
+use crate::{Abort, Shared};
+use objectcache_client::lifecycle::Lease;
+use objectcache_client::protocol::{
     plan_units, ErrorCode, GatherRequest, PieceMiss, SchedHints, ServerLoad, TransportTarget,
     UnitPlan,
 };
-use crate::{Abort, Shared};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -111,7 +111,7 @@ impl Load {
 
         io.conn.accept(id, plan.len() as u64, total);
         io.flush(sh).await?;
-        // Under a bandwidth cap the link scheduler paces the load's units (`crate::link`),
+        // Under a bandwidth cap the link scheduler paces the load's units (`objectcache_client::link`),
         // once per load whatever its stripes; the load's departure is when its last stripe
         // ends.
         if let Some(link) = &sh.link {
@@ -283,7 +283,9 @@ async fn check_request(req: &GatherRequest, sh: &Shared) -> Result<Arc<LoadObjec
     let largest = req
         .chunk_tokens
         .iter()
-        .map(|&t| crate::layout::object_len(req.geometry.layers, req.geometry.slice_len(t)))
+        .map(|&t| {
+            objectcache_client::layout::object_len(req.geometry.layers, req.geometry.slice_len(t))
+        })
         .chain(segments.map(|s| s.object_len))
         .max()
         .unwrap_or(0);

@@ -3,7 +3,7 @@
 //!
 //! - `mod.rs`: the connection loop ([`serve`]) and the load driver (`run_gather`): next
 //!   event, ask the load, deliver.
-//! - `load.rs`: one load's life around the pure [`ServerLoad`](crate::protocol::ServerLoad):
+//! - `load.rs`: one load's life around the pure [`ServerLoad`](objectcache_client::protocol::ServerLoad):
 //!   checks, admission, its reads started, each unit delivered, `End`.
 //! - `watch.rs`: the one wait, raced against the client, shutdown and `Held` ticks.
 //! - `delivery.rs`: where units go, the stream or `rdma.rs` (RDMA writes, feature `rdma`).
@@ -26,9 +26,11 @@ use io::{Io, ReadWait, CONN_BUF_BYTES};
 use load::Load;
 use save::run_save;
 
-use crate::protocol::{ErrorCode, GatherRequest, ServerConnection, ServerEvent, UnitReady};
 use crate::{Abort, Shared};
 use bytes::BytesMut;
+use objectcache_client::protocol::{
+    ErrorCode, GatherRequest, ServerConnection, ServerEvent, UnitReady,
+};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
@@ -45,12 +47,12 @@ pub(crate) fn permits_for(bytes: u64) -> u32 {
 
 /// A connection's protocol state: with access keys configured, the client must answer an
 /// HMAC challenge over a fresh random nonce with one of them (protocol version 2,
-/// [`crate::protocol::auth`]) before any request, as S3 requests must carry SigV4.
+/// [`objectcache_client::protocol::auth`]) before any request, as S3 requests must carry SigV4.
 fn new_connection(sh: &Shared) -> ServerConnection {
     if sh.cfg.access_keys.is_empty() {
         return ServerConnection::new(sh.limits());
     }
-    let mut nonce = [0u8; crate::protocol::auth::NONCE_LEN];
+    let mut nonce = [0u8; objectcache_client::protocol::auth::NONCE_LEN];
     if let Err(e) = getrandom::fill(&mut nonce) {
         // No OS randomness: refuse the connection rather than use a guessable nonce.
         tracing::error!(error = %e, "no random nonce for gather authentication");

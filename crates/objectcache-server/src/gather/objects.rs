@@ -1,13 +1,13 @@
 //! The objects one gather load reads: per chunk, its own chunk object (format version 1) or
 //! its place in a segment object (format version 2, the request's
-//! [`SegmentPlacement`](crate::protocol::SegmentPlacement)); where each of its slices lies;
+//! [`SegmentPlacement`](objectcache_client::protocol::SegmentPlacement)); where each of its slices lies;
 //! and the check of a segment's header, made once per load whatever the number of its chunks.
 
-use crate::error::StoreError;
-use crate::layout::{slice_range, ChunkHash, SegmentHeader, SegmentLayout};
-use crate::protocol::{ChunkKeys, GatherRequest, MissReason, PieceMiss, WireGeometry};
-use crate::store::GetOptions;
 use crate::Shared;
+use objectcache_client::error::StoreError;
+use objectcache_client::layout::{slice_range, ChunkHash, SegmentHeader, SegmentLayout};
+use objectcache_client::protocol::{ChunkKeys, GatherRequest, MissReason, PieceMiss, WireGeometry};
+use objectcache_client::store::GetOptions;
 use std::ops::Range;
 
 /// The miss that a store error on chunk `chunk` is reported as: not found, a range past the
@@ -30,7 +30,7 @@ struct Segment {
     /// Its key, bucket in front.
     key: String,
     /// What the request says of it (its chunks' publish markers).
-    r: crate::protocol::SegmentRef,
+    r: objectcache_client::protocol::SegmentRef,
     /// Its header check, made by the first chunk that needs it: per chunk of the request it
     /// holds, the hash the segment's chunk list has at the chunk's index where that is not
     /// the request's; or why the segment is unusable. (The chunk list itself, up to 65,536
@@ -59,7 +59,7 @@ impl LoadObjects {
         let bucket = &req.bucket;
         let full = |k: String| -> Result<String, String> {
             let f = format!("{bucket}/{k}");
-            crate::store::validate_key(&f)
+            objectcache_client::store::validate_key(&f)
                 .map(|()| f)
                 .map_err(|_| format!("invalid object key {k:?}"))
         };
@@ -212,7 +212,7 @@ async fn check_segment(
     g: &WireGeometry,
 ) -> Result<Vec<ChunkHash>, (MissReason, String)> {
     let key = &seg.key;
-    let store_miss = |e: crate::error::StoreError| {
+    let store_miss = |e: objectcache_client::error::StoreError| {
         let m = miss_of(0, &e);
         (m.reason, m.message)
     };
@@ -241,7 +241,7 @@ async fn check_segment(
         )));
     }
     let list = h.decode_chunk_list(&b).map_err(|e| geo(e.to_string()))?;
-    if crate::layout::segment_digest(&list) != seg.r.digest {
+    if objectcache_client::layout::segment_digest(&list) != seg.r.digest {
         return Err(geo("its chunk list is not the one its key names".into()));
     }
     Ok(list)

@@ -2,7 +2,7 @@
 //! per-unit delivery by `RDMA_WRITE_WITH_IMM` for requests whose target is RDMA.
 //!
 //! - Set-up: a connection on the server's port that opens with
-//!   [`crate::transport::rdma::control::PREFACE`] (`OCRDMA01`) is an RDMA set-up channel;
+//!   [`objectcache_client::transport::rdma::control::PREFACE`] (`OCRDMA01`) is an RDMA set-up channel;
 //!   [`SessionRegistry::serve_control`] brings up the client's QPs and hands it a session
 //!   token, and keeps the session until the channel closes.
 //! - Delivery: the gather driver ([`super`]) plans, reads and verifies units exactly as
@@ -19,20 +19,20 @@
 //!
 //! The server opens the first RDMA device (or `OBJECTCACHE_RDMA_DEVICE`, `_PORT`,
 //! `_GID_INDEX`) at start; `OBJECTCACHE_RDMA=off` disables it. Without a device the server
-//! does not announce [`crate::protocol::ServerInfo::FEATURE_RDMA`] and refuses RDMA targets.
+//! does not announce [`objectcache_client::protocol::ServerInfo::FEATURE_RDMA`] and refuses RDMA targets.
 
-use crate::protocol::{
-    unit_indices, GatherRequest, RdmaSegments, TransportTarget, UnitPlan, MAX_UNIT_BYTES,
-};
-use crate::transport::rdma::session::WriteResult;
-use crate::transport::rdma::{
-    DeviceSelector, GatherSession, Imm, ServerConfig as RdmaServerConfig, SessionRegistry,
-};
 use crate::Shared;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
+use objectcache_client::protocol::{
+    unit_indices, GatherRequest, RdmaSegments, TransportTarget, UnitPlan, MAX_UNIT_BYTES,
+};
+use objectcache_client::transport::rdma::session::WriteResult;
+use objectcache_client::transport::rdma::{
+    DeviceSelector, GatherSession, Imm, ServerConfig as RdmaServerConfig, SessionRegistry,
+};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::net::TcpStream;
@@ -77,7 +77,7 @@ pub(crate) async fn serve_control(stream: TcpStream, reg: Arc<SessionRegistry>) 
     let r = async {
         let s = stream.into_std()?;
         s.set_nonblocking(false)?;
-        tokio::task::spawn_blocking(move || -> crate::transport::rdma::Result<()> {
+        tokio::task::spawn_blocking(move || -> objectcache_client::transport::rdma::Result<()> {
             reg.serve_control(s)
         })
         .await

@@ -5,12 +5,12 @@ use super::fetch::AbortOnDrop;
 use super::io::{Io, ReadWait};
 use crate::{Abort, Shared};
 
-use crate::error::{StoreError, StoreResult};
-use crate::layout::{ChunkHeader, HEADER_LEN};
-use crate::protocol::{ErrorCode, SaveRequest, ServerEvent};
-use crate::store::StoreExt;
 use bytes::Bytes;
 use futures::{stream, StreamExt};
+use objectcache_client::error::{StoreError, StoreResult};
+use objectcache_client::layout::{ChunkHeader, HEADER_LEN};
+use objectcache_client::protocol::{ErrorCode, SaveRequest, ServerEvent};
+use objectcache_client::store::StoreExt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use std::time::Duration;
 /// budget while they arrive ([`Io::read_more`]; small frames are copied out of the
 /// connection buffer and held the same way), checked as they pass ([`ObjectCheck`]: the
 /// header against the request, every slice's CRC32C), and handed to a streamed create-only
-/// put ([`crate::store::Store::put_stream`]), which gives each piece's memory back once
+/// put ([`objectcache_client::store::Store::put_stream`]), which gives each piece's memory back once
 /// written. An object that fails its check, or a client that goes away, aborts its put:
 /// nothing of it is written. Markers follow once every object is durable. The client must
 /// keep sending while the server waits for it ([`RateFloor`]).
@@ -38,12 +38,13 @@ pub(super) async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) ->
     }
     let base = format!("{}/{}", req.bucket, req.prefix);
     // Every key the save writes is checked before any byte is taken.
-    let key_of =
-        |kind: &str, c: &crate::protocol::SaveChunk| format!("{base}{kind}/{}", c.hash.to_hex());
+    let key_of = |kind: &str, c: &objectcache_client::protocol::SaveChunk| {
+        format!("{base}{kind}/{}", c.hash.to_hex())
+    };
     if let Some(Err(e)) = req
         .chunks
         .iter()
-        .map(|c| crate::store::validate_key(&key_of("kv", c)))
+        .map(|c| objectcache_client::store::validate_key(&key_of("kv", c)))
         .find(Result::is_err)
     {
         let reason = match e {
@@ -87,7 +88,7 @@ pub(super) async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) ->
     loop {
         while let Some(ev) = io.conn.poll_event() {
             match ev {
-                ServerEvent::SaveData(crate::protocol::SaveData {
+                ServerEvent::SaveData(objectcache_client::protocol::SaveData {
                     chunk,
                     offset,
                     data,
@@ -217,7 +218,7 @@ pub(super) async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) ->
 /// (nothing of the object is written).
 struct ObjectPut {
     tx: tokio::sync::mpsc::Sender<StoreResult<Bytes>>,
-    task: AbortOnDrop<StoreResult<crate::store::PutResult>>,
+    task: AbortOnDrop<StoreResult<objectcache_client::store::PutResult>>,
     check: ObjectCheck,
     key: String,
 }
@@ -226,14 +227,14 @@ impl ObjectPut {
     /// Pieces waiting between the connection and the store, at most.
     const QUEUE: usize = 4;
 
-    fn start(store: Arc<dyn crate::store::Store>, key: String, len: u64) -> Self {
+    fn start(store: Arc<dyn objectcache_client::store::Store>, key: String, len: u64) -> Self {
         let (tx, rx) = tokio::sync::mpsc::channel(Self::QUEUE);
         let body =
             stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) }).boxed();
         let k = key.clone();
         let task = AbortOnDrop(tokio::spawn(async move {
-            let create = crate::store::PutOptions {
-                mode: crate::store::PutMode::Create,
+            let create = objectcache_client::store::PutOptions {
+                mode: objectcache_client::store::PutMode::Create,
             };
             store.put_stream(&k, body, Some(len), create).await
         }));
@@ -294,17 +295,17 @@ impl ObjectCheck {
                 }
                 continue;
             };
-            let per = sl + crate::layout::SLICE_CRC_LEN;
+            let per = sl + objectcache_client::layout::SLICE_CRC_LEN;
             let at = (self.pos - HEADER_LEN) % per;
             let layer = (self.pos - HEADER_LEN) / per;
             let take = if at < sl {
                 let n = ((sl - at) as usize).min(d.len());
-                self.crc = crate::layout::crc::crc32c_append(self.crc, &d[..n]);
+                self.crc = objectcache_client::layout::crc::crc32c_append(self.crc, &d[..n]);
                 n
             } else {
                 let n = ((per - at) as usize).min(d.len());
                 self.trailer.extend_from_slice(&d[..n]);
-                if self.trailer.len() == crate::layout::SLICE_CRC_LEN as usize {
+                if self.trailer.len() == objectcache_client::layout::SLICE_CRC_LEN as usize {
                     let stored = u32::from_le_bytes(self.trailer[..].try_into().expect("4 bytes"));
                     if stored != self.crc {
                         return Err(format!(
@@ -326,5 +327,5 @@ impl ObjectCheck {
 
 /// A publish marker's body (the layout module's encoding, shared with the connector).
 fn marker_body(object_len: u64) -> Bytes {
-    Bytes::copy_from_slice(&crate::layout::encode_marker(object_len))
+    Bytes::copy_from_slice(&objectcache_client::layout::encode_marker(object_len))
 }

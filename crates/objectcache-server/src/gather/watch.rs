@@ -3,18 +3,18 @@
 //! `Held` frames meanwhile for a client that asked for them.
 
 use super::io::Io;
-use crate::protocol::ErrorCode;
 use crate::{Abort, Shared};
+use objectcache_client::protocol::ErrorCode;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Ticks every [`crate::protocol::HELD_EVERY_MS`] ms, the first a period from now: while a
+/// Ticks every [`objectcache_client::protocol::HELD_EVERY_MS`] ms, the first a period from now: while a
 /// request is held on purpose, each tick sends a `Held` frame to a client that asked for them.
 fn held_ticker() -> tokio::time::Interval {
-    let every = Duration::from_millis(crate::protocol::HELD_EVERY_MS);
+    let every = Duration::from_millis(objectcache_client::protocol::HELD_EVERY_MS);
     let mut t = tokio::time::interval_at(Instant::now() + every, every);
     t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     t
@@ -78,7 +78,7 @@ impl Watch {
     /// request meanwhile; `Err(Abort::Gone)`: the client went away;
     /// `Err(Abort::Shutdown)`: the server stopped the load (the client was told, see
     /// [`Watch`]). With `held` (a wait on purpose: admission, pacing) and a client that asked
-    /// for them, a `Held` frame goes out every [`crate::protocol::HELD_EVERY_MS`] ms.
+    /// for them, a `Held` frame goes out every [`objectcache_client::protocol::HELD_EVERY_MS`] ms.
     pub(super) async fn wait<F: Future>(
         &mut self,
         io: &mut Io,

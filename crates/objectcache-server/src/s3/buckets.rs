@@ -1,9 +1,9 @@
 //! The bucket registry: bucket names, cached in memory and persisted in the store under
 //! `_buckets/`.
 
-use crate::error::{StoreError, StoreResult};
-use crate::store::{Store, StoreExt};
 use bytes::Bytes;
+use objectcache_client::error::{StoreError, StoreResult};
+use objectcache_client::store::{Store, StoreExt};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
@@ -68,7 +68,7 @@ impl Buckets {
             .expect("lock")
             .entry(name.into())
             .or_insert_with(SystemTime::now);
-        Ok(r == crate::store::PutIfAbsent::Written)
+        Ok(r == objectcache_client::store::PutIfAbsent::Written)
     }
 
     pub(super) async fn remove(&self, name: &str) -> StoreResult<()> {

@@ -1,6 +1,6 @@
 //! Store errors as the S3 errors a client sees.
 
-use crate::error::StoreError;
+use objectcache_client::error::StoreError;
 use s3s::{s3_error, S3Error};
 
 /// Maps a store error to the S3 error a client sees, naming the key the error carries.

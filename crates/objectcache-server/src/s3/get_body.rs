@@ -2,15 +2,15 @@
 //! budget.
 
 use super::super::budget::{Budget, Hold};
-use crate::error::{StoreError, StoreResult};
 use bytes::Bytes;
 use futures::StreamExt;
+use objectcache_client::error::{StoreError, StoreResult};
 use s3s::{s3_error, S3Error};
 use std::time::Duration;
 
 /// Makes a store body `Sync` (as `s3s` requires) without locking: it is only ever polled
 /// through `&mut`.
-pub(super) struct SyncStream(pub(super) std::sync::Mutex<crate::store::ByteStream>);
+pub(super) struct SyncStream(pub(super) std::sync::Mutex<objectcache_client::store::ByteStream>);
 
 impl futures::Stream for SyncStream {
     type Item = StoreResult<Bytes>;
@@ -45,12 +45,12 @@ pub(super) fn slow_down() -> S3Error {
 /// A piece that cannot get its memory within `wait` ends the body with an error (the client
 /// sees a short body and retries).
 pub(super) fn metered_stream(
-    inner: crate::store::ByteStream,
+    inner: objectcache_client::store::ByteStream,
     budget: Budget,
     wait: Duration,
     len: u64,
     first: Option<Hold>,
-) -> crate::store::ByteStream {
+) -> objectcache_client::store::ByteStream {
     futures::stream::unfold(
         (inner, budget, first, len, false),
         move |(mut inner, budget, next, left, done)| async move {

@@ -13,11 +13,11 @@ pub use errors::{map_err, map_err_as};
 pub(crate) use request_body::{BodyLimits, MeteredBody};
 
 use super::budget::Budget;
-use crate::error::StoreError;
 use crate::mapped::local_file_body;
-use crate::store::{validate_key, GetOptions, GetResult, PutMode, PutOptions, Store};
 use futures::{StreamExt, TryStreamExt};
 use get_body::{metered_stream, slow_down, SyncStream, GET_PIECE_BYTES};
+use objectcache_client::error::StoreError;
+use objectcache_client::store::{validate_key, GetOptions, GetResult, PutMode, PutOptions, Store};
 use request_body::BodyFault;
 use s3s::dto::*;
 use s3s::{s3_error, S3Request, S3Response, S3Result, S3};
@@ -164,7 +164,7 @@ impl S3 for S3Frontend {
         self.count("create_bucket");
         self.operator_only(req.credentials.as_ref(), "create a bucket")?;
         let b = req.input.bucket;
-        if let Err(m) = crate::protocol::check_bucket_name(&b) {
+        if let Err(m) = objectcache_client::protocol::check_bucket_name(&b) {
             return Err(s3_error!(InvalidBucketName, "{m}"));
         }
         if !self
@@ -270,7 +270,7 @@ impl S3 for S3Frontend {
         let over = Arc::new(AtomicBool::new(false));
         let body_failed = Arc::new(AtomicBool::new(false));
         let received = Arc::new(AtomicU64::new(0));
-        let body: crate::store::ByteStream = match input.body {
+        let body: objectcache_client::store::ByteStream = match input.body {
             None => futures::stream::empty().boxed(),
             Some(body) => {
                 let (max, over, failed, received) = (
