@@ -3,7 +3,7 @@
 //! graceful stop on shutdown.
 
 use super::http::serve_http;
-use super::{client_floor, conn, gather, tenant, tls, Shared};
+use super::{client_floor, conn, gather, tenant, tls, ServerState};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -11,7 +11,7 @@ use tokio_util::task::TaskTracker;
 
 pub(super) async fn accept_loop(
     listener: TcpListener,
-    sh: Arc<Shared>,
+    sh: Arc<ServerState>,
     s3: s3s::service::S3Service,
     tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
@@ -104,7 +104,7 @@ pub(super) async fn accept_loop(
 }
 
 /// Whether RDMA set-up channels are offered on this server's port.
-fn rdma_offered(_sh: &Shared) -> bool {
+fn rdma_offered(_sh: &ServerState) -> bool {
     #[cfg(feature = "rdma")]
     if _sh.rdma.is_some() {
         return true;

@@ -29,7 +29,7 @@
 //! layer range and layer size only shares that load's scheduling (never its bytes: each
 //! request reads and sends its own chunks).
 
-use super::{Shared, Slot};
+use super::{ServerState, Slot};
 use objectcache_client::link::{Link, LinkLoad};
 use objectcache_client::protocol::{GatherRequest, SchedHints};
 use std::collections::HashMap;
@@ -146,7 +146,7 @@ impl Member {
     /// A message when the admission queue is full.
     pub(crate) async fn admit(
         &self,
-        sh: &Arc<Shared>,
+        sh: &Arc<ServerState>,
         priority: u8,
         first_deadline_us: Option<u64>,
         bytes: u64,

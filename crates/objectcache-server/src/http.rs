@@ -4,7 +4,7 @@
 //! [`crate::lookup`]) answered here, presigned URLs of too long validity refused, everything else
 //! to the S3 API.
 
-use super::{client_floor, s3, Shared};
+use super::{client_floor, s3, ServerState};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use objectcache_client::protocol::{ServerInfo, PROTOCOL_VERSION};
@@ -24,7 +24,7 @@ const HTTP_BUF_BYTES: usize = 64 << 10;
 /// [`conn::Prefixed`]: super::conn::Prefixed
 pub(super) async fn serve_http<I>(
     io: I,
-    sh: Arc<Shared>,
+    sh: Arc<ServerState>,
     s3: s3s::service::S3Service,
     watcher: hyper_util::server::graceful::Watcher,
     peer: SocketAddr,
@@ -57,7 +57,7 @@ fn text(status: u16, ct: &str, body: String) -> HttpResp {
 
 async fn http_route(
     req: hyper::Request<hyper::body::Incoming>,
-    sh: Arc<Shared>,
+    sh: Arc<ServerState>,
     s3: s3s::service::S3Service,
 ) -> Result<HttpResp, std::convert::Infallible> {
     let path = req.uri().path();
@@ -191,7 +191,7 @@ fn s3_error_response(status: u16, code: &str, message: &str) -> HttpResp {
 /// `POST /_objectcache/lookup` ([`crate::lookup`]): 404 unless `lookup_http` is on; 413 for a
 /// body over [`crate::lookup::MAX_BODY_BYTES`]; 400 for a malformed request; 503 when the
 /// store cannot be asked.
-async fn lookup_route(req: hyper::Request<hyper::body::Incoming>, sh: &Shared) -> HttpResp {
+async fn lookup_route(req: hyper::Request<hyper::body::Incoming>, sh: &ServerState) -> HttpResp {
     use crate::lookup::{lookup, LookupError, LookupRequest, MAX_BODY_BYTES};
     use http_body_util::BodyExt;
     let resp = |status: u16, body: String| {

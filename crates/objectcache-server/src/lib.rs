@@ -77,7 +77,7 @@ struct Admission {
 }
 
 /// State shared by every connection.
-pub(crate) struct Shared {
+pub(crate) struct ServerState {
     pub(crate) cfg: ServerConfig,
     pub(crate) store: Arc<dyn Store>,
     /// The node tier in front of the store, when one is configured (its counters go to the
@@ -117,7 +117,7 @@ pub(crate) struct Shared {
     pub(crate) link: Option<Arc<objectcache_client::link::Link>>,
 }
 
-impl Shared {
+impl ServerState {
     pub(crate) fn limits(&self) -> ServerLimits {
         ServerLimits {
             max_descriptor_bytes: self.cfg.max_descriptor_bytes,
@@ -154,7 +154,7 @@ impl Shared {
 
 /// A load's admission slot; dropping it admits the next waiting load.
 pub(crate) struct Slot {
-    sh: Arc<Shared>,
+    sh: Arc<ServerState>,
 }
 
 impl Drop for Slot {
@@ -183,7 +183,7 @@ impl Drop for Slot {
 /// # Errors
 /// A message when the queue is full.
 pub(crate) async fn admit(
-    sh: &Arc<Shared>,
+    sh: &Arc<ServerState>,
     priority: u8,
     first_deadline_us: Option<u64>,
     bytes: u64,
@@ -228,7 +228,7 @@ pub const S3_READ_LEASE: Duration = Duration::from_secs(30);
 /// A running server.
 pub struct ServerHandle {
     addr: SocketAddr,
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     join: tokio::task::JoinHandle<()>,
 }
 

@@ -1,5 +1,5 @@
 //! Load admission: which waiting load is served next when a slot frees. Policies implement
-//! [`LoadScheduler`]; [`Fifo`] and [`Priority`] are built in.
+//! [`LoadScheduler`]; [`FifoAdmission`] and [`PriorityAdmission`] are built in.
 
 use objectcache_client::sched::{PolicyKind, SchedulerSetting};
 use std::cmp::Reverse;
@@ -38,9 +38,9 @@ pub trait LoadScheduler: Send + std::fmt::Debug {
 
 /// Arrival order.
 #[derive(Debug, Default)]
-pub struct Fifo(VecDeque<Ticket>);
+pub struct FifoAdmission(VecDeque<Ticket>);
 
-impl LoadScheduler for Fifo {
+impl LoadScheduler for FifoAdmission {
     fn name(&self) -> &'static str {
         "fifo"
     }
@@ -61,7 +61,7 @@ struct PrioKey(u8, Reverse<u64>, Reverse<u64>);
 /// Highest priority first; then the earliest absolute first-layer deadline (arrival
 /// sequence used as the time base); then arrival.
 #[derive(Debug, Default)]
-pub struct Priority(BinaryHeap<(PrioKey, TicketBox)>);
+pub struct PriorityAdmission(BinaryHeap<(PrioKey, TicketBox)>);
 
 #[derive(Debug)]
 struct TicketBox(Ticket);
@@ -82,7 +82,7 @@ impl Ord for TicketBox {
     }
 }
 
-impl LoadScheduler for Priority {
+impl LoadScheduler for PriorityAdmission {
     fn name(&self) -> &'static str {
         "priority"
     }
@@ -103,18 +103,18 @@ impl LoadScheduler for Priority {
 }
 
 /// The admission policy of the `scheduler` setting `name`
-/// ([`SchedulerSetting`]): [`Priority`] for `priority`, [`Fifo`] for the others;
+/// ([`SchedulerSetting`]): [`PriorityAdmission`] for `priority`, [`FifoAdmission`] for the others;
 /// `None` for an unknown name.
 pub fn by_name(name: &str) -> Option<Box<dyn LoadScheduler>> {
     SchedulerSetting::parse(name).ok().map(admission)
 }
 
-/// The admission policy of a parsed `scheduler` setting: [`Priority`] or [`Fifo`].
+/// The admission policy of a parsed `scheduler` setting: [`PriorityAdmission`] or [`FifoAdmission`].
 pub fn admission(s: SchedulerSetting) -> Box<dyn LoadScheduler> {
     if s.priority_admission {
-        Box::<Priority>::default()
+        Box::<PriorityAdmission>::default()
     } else {
-        Box::<Fifo>::default()
+        Box::<FifoAdmission>::default()
     }
 }
 
@@ -138,8 +138,8 @@ mod tests {
     }
     #[test]
     fn fifo_and_priority_order() {
-        let mut f = Fifo::default();
-        let mut p = Priority::default();
+        let mut f = FifoAdmission::default();
+        let mut p = PriorityAdmission::default();
         for (id, pr) in [(1, 1), (2, 9), (3, 9), (4, 5)] {
             f.push(t(id, pr));
             p.push(t(id, pr));

@@ -6,7 +6,7 @@ use super::accept::accept_loop;
 use super::metrics::Metrics;
 use super::s3::{Buckets, S3Frontend};
 use super::{budget, conn, gather, group, reads, sched, tenant, tls};
-use super::{Admission, ServerConfig, ServerHandle, Shared, S3_READ_LEASE};
+use super::{Admission, ServerConfig, ServerHandle, ServerState, S3_READ_LEASE};
 use objectcache_client::sched::SchedulerSetting;
 use objectcache_client::store::{FsStore, FsyncPolicy, MemoryStore, Store};
 use std::collections::HashMap;
@@ -143,7 +143,7 @@ async fn start_inner(
     }
     let leases = objectcache_client::lifecycle::LeaseTable::new();
     let access = Arc::new(objectcache_client::lifecycle::AccessLog::new());
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(ServerState {
         link,
         budget: budget::Budget::new(memory.clone(), metrics.clone()),
         conns: conn::ConnLimits::new(max_conns, cfg.max_connections_per_ip, metrics.clone()),

@@ -21,12 +21,12 @@ enum Slot {
     Failed(LayerError),
 }
 
-struct Shared {
+struct SlotTable {
     slots: Mutex<Vec<Slot>>,
     cv: Condvar,
 }
 
-impl Shared {
+impl SlotTable {
     fn lock(&self) -> MutexGuard<'_, Vec<Slot>> {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -41,7 +41,7 @@ impl Shared {
 /// for every queued copy, so the staging buffers may be freed afterwards.
 pub struct DeviceLoad {
     handle: Arc<LoadHandle>,
-    shared: Arc<Shared>,
+    shared: Arc<SlotTable>,
     stream: Arc<CopyStream>,
     copier: Option<JoinHandle<()>>,
 }
@@ -80,7 +80,7 @@ impl DeviceLoad {
             )));
         }
         let stream = Arc::new(device.copy_stream()?);
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(SlotTable {
             slots: Mutex::new((0..copies.len()).map(|_| Slot::Waiting).collect()),
             cv: Condvar::new(),
         });
@@ -195,7 +195,7 @@ fn settle(slot: &mut Slot, layer: usize) -> LayerStatus {
 
 /// The copier thread: layer by layer, in the order the model consumes them, waits for the
 /// layer to be verified in host memory and queues its copies.
-fn copy_layers(h: &LoadHandle, sh: &Shared, stream: &CopyStream, copies: &[Vec<LayerCopy>]) {
+fn copy_layers(h: &LoadHandle, sh: &SlotTable, stream: &CopyStream, copies: &[Vec<LayerCopy>]) {
     for (l, cs) in copies.iter().enumerate() {
         let next = match h.wait_layer_blocking(l, None) {
             Err(e) => Slot::Failed(e),

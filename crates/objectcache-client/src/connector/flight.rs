@@ -27,7 +27,7 @@
 //! its deadline and its stall watchdog; a leader and a follower's private fetch use it alike.
 
 use super::buffers::{LayerBuffers, LayerStatus};
-use super::load::{LoadRequest, Shared};
+use super::load::{LoadRequest, LoadShared};
 use super::EngineConfig;
 use crate::error::{LayerError, LayerResult};
 use crate::layout::{ChunkHash, KeyBuilder};
@@ -77,7 +77,7 @@ impl Fetcher {
         self: &Arc<Self>,
         req: LoadRequest,
         keys: KeyBuilder,
-        sh: Arc<Shared>,
+        sh: Arc<LoadShared>,
         request_id: u64,
         lease: Option<crate::lifecycle::Lease>,
     ) {
@@ -203,7 +203,7 @@ const COPY_PIECE: usize = 64 << 10;
 struct Flight {
     prefix: String,
     hashes: Vec<ChunkHash>,
-    sh: Weak<Shared>,
+    sh: Weak<LoadShared>,
 }
 
 /// The engine's loads in flight, by key prefix and chunk hashes.
@@ -218,7 +218,7 @@ impl Flights {
         prefix: &str,
         hashes: &[ChunkHash],
         bytes: u64,
-    ) -> Option<Arc<Shared>> {
+    ) -> Option<Arc<LoadShared>> {
         let mut v = self.0.lock().expect("lock");
         // Forget loads that ended (dropped) or settled (every layer ready or failed).
         v.retain(|f| f.sh.upgrade().is_some_and(|sh| !settled(&sh)));
@@ -238,7 +238,7 @@ impl Flights {
     }
 
     /// Registers a load that fetches `hashes` under `prefix`, for later loads to follow.
-    pub(crate) fn register(&self, prefix: &str, hashes: &[ChunkHash], sh: &Arc<Shared>) {
+    pub(crate) fn register(&self, prefix: &str, hashes: &[ChunkHash], sh: &Arc<LoadShared>) {
         self.0.lock().expect("lock").push(Flight {
             prefix: prefix.to_string(),
             hashes: hashes.to_vec(),
@@ -248,12 +248,12 @@ impl Flights {
 }
 
 /// Whether every layer of `sh` is ready or failed.
-fn settled(sh: &Shared) -> bool {
+fn settled(sh: &LoadShared) -> bool {
     (0..sh.state.layers()).all(|l| sh.state.status(l) != LayerStatus::Pending)
 }
 
 /// A follower's private fetch: cancelled, and its tasks stopped, when the follower ends.
-struct Private(Arc<Shared>);
+struct Private(Arc<LoadShared>);
 
 impl Drop for Private {
     fn drop(&mut self) {
@@ -278,8 +278,8 @@ fn own_miss(e: &LayerError, chunks: usize) -> bool {
 /// through `fetcher`. Registered as one of `me`'s tasks (the load's deadline and cancellation
 /// apply to it).
 pub(crate) async fn follow(
-    leader: Arc<Shared>,
-    me: Arc<Shared>,
+    leader: Arc<LoadShared>,
+    me: Arc<LoadShared>,
     fetcher: Arc<Fetcher>,
     req: LoadRequest,
     keys: KeyBuilder,
@@ -324,7 +324,7 @@ pub(crate) async fn follow(
                 // into a buffer of its own, and copy from there.
                 tracing::debug!(layer = l, error = %why, "leader ended; the follower fetches the rest itself");
                 let n = chunks as u64 * g.slice_bytes();
-                let sh = Arc::new(Shared::new(
+                let sh = Arc::new(LoadShared::new(
                     LayerBuffers::allocate(layers, n as usize),
                     n,
                     chunks,
@@ -353,8 +353,8 @@ pub(crate) async fn follow(
 /// chunk: never wrong bytes. Without `check` (the follower's private fetch, which only it
 /// reads) the bytes are copied as they were verified by their transport.
 fn copy_layer(
-    src: &Shared,
-    me: &Shared,
+    src: &LoadShared,
+    me: &LoadShared,
     l: usize,
     chunks: usize,
     slice: usize,

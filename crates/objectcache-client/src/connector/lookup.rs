@@ -307,7 +307,7 @@ pub(crate) async fn resolve_markers(
     keys: &KeyBuilder,
     hashes: &[ChunkHash],
     markers: &mut BTreeMap<usize, Marker>,
-    sh: &super::load::Shared,
+    sh: &super::load::LoadShared,
 ) {
     for _ in 0..MAX_MARKER_ROUNDS {
         let unknown = crate::layout::place(hashes.len(), markers).unknown;

@@ -13,7 +13,7 @@
 
 use super::config::Transport;
 use super::gather::Outcome;
-use super::load::{LoadRequest, Shared};
+use super::load::{LoadRequest, LoadShared};
 use super::status::ChunkStatus;
 use crate::error::{LayerError, LayerResult};
 use crate::layout::KeyBuilder;
@@ -45,7 +45,7 @@ pub(crate) enum Probe {
 }
 
 /// The load's state as a [`LayerSink`] the RDMA session can hold.
-struct SinkRef(Arc<Shared>);
+struct SinkRef(Arc<LoadShared>);
 
 impl LayerSink for SinkRef {
     fn write(&self, layer: u32, offset: u64, data: &[u8]) -> LayerResult<()> {
@@ -118,7 +118,7 @@ pub(crate) async fn try_rdma(
     req: &LoadRequest,
     runs: &[crate::layout::Run],
     request_id: u64,
-    sh: &Arc<Shared>,
+    sh: &Arc<LoadShared>,
 ) -> Outcome {
     if transport == Transport::Tcp {
         return Outcome::Fallback;
@@ -277,7 +277,7 @@ pub(crate) async fn try_rdma(
 /// of a unit that a bad slice cut one by one), else `Error` (not delivered), never `Ok`.
 /// (Chunks are left alone when every layer is ready: `LoadHandle::chunk_status` reads them
 /// as `Ok`.)
-fn settle_chunks(sh: &Shared) {
+fn settle_chunks(sh: &LoadShared) {
     let mut all_ready = true;
     for l in 0..sh.state.layers() {
         match sh.state.status(l) {

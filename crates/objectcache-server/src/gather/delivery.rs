@@ -2,7 +2,7 @@
 //! stream, or (feature `rdma`) RDMA writes into the client's memory ([`super::rdma`]).
 
 use super::io::Io;
-use crate::Shared;
+use crate::ServerState;
 use bytes::Bytes;
 use objectcache_client::protocol::{
     ErrorCode, GatherRequest, LoadAction, ServerLoad, TransportTarget, UnitPlan,
@@ -26,7 +26,7 @@ impl Delivery {
     /// session's staging slot): the request is refused before any read.
     #[cfg_attr(not(feature = "rdma"), allow(unused_variables))]
     pub(super) fn start(
-        sh: &Shared,
+        sh: &ServerState,
         req: &GatherRequest,
         plan: &[UnitPlan],
     ) -> Result<Self, (ErrorCode, String)> {
@@ -55,7 +55,7 @@ impl Delivery {
     pub(super) async fn carry(
         &mut self,
         io: &mut Io,
-        sh: &Shared,
+        sh: &ServerState,
         load: &mut ServerLoad,
         plan: &UnitPlan,
         action: LoadAction<Bytes>,
@@ -112,7 +112,7 @@ impl Delivery {
     /// Ends the delivery before `End`: every posted RDMA write completes (or fails) first; a
     /// failed one misses its layer, and `End` counts the writes that completed.
     #[cfg_attr(not(feature = "rdma"), allow(unused_variables))]
-    pub(super) async fn finish(self, io: &mut Io, sh: &Shared, load: &mut ServerLoad) {
+    pub(super) async fn finish(self, io: &mut Io, sh: &ServerState, load: &mut ServerLoad) {
         #[cfg(feature = "rdma")]
         if let Delivery::Rdma(d) = self {
             let (bad, ok) = d.finish().await;

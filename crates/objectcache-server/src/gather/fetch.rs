@@ -4,7 +4,7 @@
 
 use super::objects::{miss_of, LoadObjects};
 use super::permits_for;
-use crate::Shared;
+use crate::ServerState;
 
 use bytes::Bytes;
 use futures::{stream, StreamExt};
@@ -18,7 +18,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub(super) struct MemoryHold {
     _permit: OwnedSemaphorePermit,
     bytes: i64,
-    sh: Arc<Shared>,
+    sh: Arc<ServerState>,
 }
 impl Drop for MemoryHold {
     fn drop(&mut self) {
@@ -146,7 +146,7 @@ fn crc_of(parts: &[Bytes]) -> u32 {
 /// Reads one slice piece: the slice and its CRC trailer (`range` of object `key`) in one
 /// ranged read, streamed as the backend's buffers (never concatenated).
 async fn fetch_piece(
-    sh: &Shared,
+    sh: &ServerState,
     key: &str,
     range: std::ops::Range<u64>,
     layer: u32,
@@ -361,7 +361,7 @@ fn piece_local(
 }
 
 async fn fetch_unit(
-    sh: Arc<Shared>,
+    sh: Arc<ServerState>,
     objects: Arc<LoadObjects>,
     reads: Arc<Semaphore>,
     plan: UnitPlan,
@@ -420,7 +420,7 @@ impl<T> Drop for AbortOnDrop<T> {
 /// Reads and checks each chunk object's header, `read_concurrency` at a time, and sends each
 /// result to `out` in chunk order as soon as it and those before it are known.
 pub(super) async fn check_headers(
-    sh: Arc<Shared>,
+    sh: Arc<ServerState>,
     tokens: Vec<u32>,
     g: objectcache_client::protocol::WireGeometry,
     objects: Arc<LoadObjects>,
@@ -451,7 +451,7 @@ pub(super) async fn check_headers(
 /// when the backend keeps files (`files`), else with a ranged read of its first
 /// [`HEADER_LEN`] bytes.
 async fn check_header(
-    sh: Arc<Shared>,
+    sh: Arc<ServerState>,
     objects: &LoadObjects,
     files: Option<LocalFiles>,
     i: usize,
@@ -513,7 +513,7 @@ async fn check_header(
 /// slot, before any read-ahead starts: layer 0 is pure stall for the client (time to first
 /// layer). Dropping the returned task stops the reads.
 pub(super) fn start_reads(
-    sh: &Arc<Shared>,
+    sh: &Arc<ServerState>,
     plan: Vec<UnitPlan>,
     objects: Arc<LoadObjects>,
     verify: bool,

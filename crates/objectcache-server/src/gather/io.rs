@@ -4,7 +4,7 @@
 
 use crate::budget::Hold;
 use crate::conn::RateFloor;
-use crate::{Abort, Shared};
+use crate::{Abort, ServerState};
 
 use bytes::{Bytes, BytesMut};
 use objectcache_client::protocol::{ErrorCode, ServerConnection, ServerEvent};
@@ -63,7 +63,7 @@ impl Moved for usize {
 /// I/O error, or a client that takes too little (counted as a `client_timeout` error), ends
 /// the connection.
 async fn within_client_timeout<T: Moved>(
-    sh: &Shared,
+    sh: &ServerState,
     floor: &mut RateFloor,
     write: impl std::future::Future<Output = std::io::Result<T>>,
 ) -> Result<T, Abort> {
@@ -81,7 +81,7 @@ async fn within_client_timeout<T: Moved>(
 impl Io {
     /// Writes everything queued with vectored writes (no copy: the queued `Bytes` are the
     /// backend's buffers); a client that accepts nothing for `client_timeout` is gone.
-    pub(super) async fn flush(&mut self, sh: &Shared) -> Result<(), Abort> {
+    pub(super) async fn flush(&mut self, sh: &ServerState) -> Result<(), Abort> {
         let mut q: std::collections::VecDeque<Bytes> = std::collections::VecDeque::new();
         while let Some(b) = self.conn.poll_transmit() {
             if !b.is_empty() {
@@ -123,7 +123,11 @@ impl Io {
     ///
     /// # Errors
     /// [`Abort::Gone`] when the client closed, failed, sent a bad frame, or broke `wait`.
-    pub(super) async fn read_more(&mut self, sh: &Shared, wait: ReadWait<'_>) -> Result<(), Abort> {
+    pub(super) async fn read_more(
+        &mut self,
+        sh: &ServerState,
+        wait: ReadWait<'_>,
+    ) -> Result<(), Abort> {
         let mut limit = CONN_BUF_BYTES.saturating_sub(self.buf.len()).max(1);
         if let Some(total) = self.conn.partial_frame_len(&self.buf) {
             if total > CONN_BUF_BYTES {

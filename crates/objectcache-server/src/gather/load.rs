@@ -9,7 +9,7 @@ use super::io::Io;
 use super::objects::LoadObjects;
 use super::watch::Watch;
 use crate::group::Member;
-use crate::{Abort, Shared};
+use crate::{Abort, ServerState};
 use objectcache_client::lifecycle::Lease;
 use objectcache_client::protocol::{
     plan_units, ErrorCode, GatherRequest, PieceMiss, SchedHints, ServerLoad, TransportTarget,
@@ -52,7 +52,7 @@ impl Load {
     pub(super) async fn start(
         io: &mut Io,
         req: GatherRequest,
-        sh: &Arc<Shared>,
+        sh: &Arc<ServerState>,
         t0: Instant,
     ) -> Result<Option<Load>, Abort> {
         let id = req.request_id;
@@ -176,7 +176,12 @@ impl Load {
     /// The next header result (`None`: the checker ended early, which it never does before
     /// sending every result). A bad chunk's `Miss` is queued before any unit that would carry
     /// its slices, which are left out of every unit.
-    pub(super) fn on_header(&mut self, io: &mut Io, sh: &Shared, r: Option<Result<(), PieceMiss>>) {
+    pub(super) fn on_header(
+        &mut self,
+        io: &mut Io,
+        sh: &ServerState,
+        r: Option<Result<(), PieceMiss>>,
+    ) {
         match r {
             Some(r) => {
                 if let Some(m) = self.state.on_header(r) {
@@ -194,7 +199,7 @@ impl Load {
     pub(super) async fn deliver(
         &mut self,
         io: &mut Io,
-        sh: &Shared,
+        sh: &ServerState,
         f: Fetched,
     ) -> Result<(), Abort> {
         let rdma = self.delivery.is_rdma();
@@ -221,7 +226,7 @@ impl Load {
     pub(super) async fn finish(
         mut self,
         io: &mut Io,
-        sh: &Shared,
+        sh: &ServerState,
         all_sent: bool,
     ) -> Result<(), Abort> {
         while all_sent && self.state.headers_pending() {
@@ -256,7 +261,7 @@ fn layer_bytes_of(plan: &[UnitPlan]) -> Vec<u64> {
 }
 
 /// Refuses a request for a bucket that does not exist (or that the backend cannot look up).
-pub(super) async fn bucket_exists(sh: &Shared, bucket: &str) -> Result<(), Refusal> {
+pub(super) async fn bucket_exists(sh: &ServerState, bucket: &str) -> Result<(), Refusal> {
     match sh.buckets.exists(bucket).await {
         Ok(true) => Ok(()),
         Ok(false) => Err((
@@ -270,7 +275,7 @@ pub(super) async fn bucket_exists(sh: &Shared, bucket: &str) -> Result<(), Refus
 /// Checks a gather request before the load starts: a transport target this build offers, no
 /// object larger than `max_object_bytes` (refused before any I/O), the bucket, every object
 /// key. Returns the objects the load reads.
-async fn check_request(req: &GatherRequest, sh: &Shared) -> Result<Arc<LoadObjects>, Refusal> {
+async fn check_request(req: &GatherRequest, sh: &ServerState) -> Result<Arc<LoadObjects>, Refusal> {
     #[cfg(not(feature = "rdma"))]
     if matches!(req.target, TransportTarget::Rdma(_)) {
         return Err((

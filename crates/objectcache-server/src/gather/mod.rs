@@ -26,7 +26,7 @@ use io::{Io, ReadWait, CONN_BUF_BYTES};
 use load::Load;
 use save::run_save;
 
-use crate::{Abort, Shared};
+use crate::{Abort, ServerState};
 use bytes::BytesMut;
 use objectcache_client::protocol::{
     ErrorCode, GatherRequest, ServerConnection, ServerEvent, UnitReady,
@@ -48,7 +48,7 @@ pub(crate) fn permits_for(bytes: u64) -> u32 {
 /// A connection's protocol state: with access keys configured, the client must answer an
 /// HMAC challenge over a fresh random nonce with one of them (protocol version 2,
 /// [`objectcache_client::protocol::auth`]) before any request, as S3 requests must carry SigV4.
-fn new_connection(sh: &Shared) -> ServerConnection {
+fn new_connection(sh: &ServerState) -> ServerConnection {
     if sh.cfg.access_keys.is_empty() {
         return ServerConnection::new(sh.limits());
     }
@@ -72,7 +72,7 @@ fn new_connection(sh: &Shared) -> ServerConnection {
 /// `idle_timeout_secs` is closed.
 pub(crate) async fn serve(
     stream: TcpStream,
-    sh: Arc<Shared>,
+    sh: Arc<ServerState>,
     head: &[u8],
     handshake_deadline: Instant,
 ) {
@@ -158,7 +158,7 @@ pub(crate) async fn serve(
 /// header checks complete and its pacing allows, goes out as the pure [`ServerLoad`]
 /// decides ([`Load::deliver`]), until `End` ([`Load::finish`]). Every wait is raced against
 /// the client and the server's shutdown ([`watch::Watch`]).
-async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<Shared>) -> Result<(), Abort> {
+async fn run_gather(io: &mut Io, req: GatherRequest, sh: &Arc<ServerState>) -> Result<(), Abort> {
     sh.metrics.request("gather");
     let Some(mut l) = Load::start(io, req, sh, Instant::now()).await? else {
         return io.flush(sh).await; // refused, or cancelled while it waited

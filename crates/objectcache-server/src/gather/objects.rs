@@ -3,7 +3,7 @@
 //! [`SegmentPlacement`](objectcache_client::protocol::SegmentPlacement)); where each of its slices lies;
 //! and the check of a segment's header, made once per load whatever the number of its chunks.
 
-use crate::Shared;
+use crate::ServerState;
 use objectcache_client::error::StoreError;
 use objectcache_client::layout::{slice_range, ChunkHash, SegmentHeader, SegmentLayout};
 use objectcache_client::protocol::{ChunkKeys, GatherRequest, MissReason, PieceMiss, WireGeometry};
@@ -145,7 +145,7 @@ impl LoadObjects {
     /// read once per load (one ranged read of its header length).
     pub(super) async fn check_segment_chunk(
         &self,
-        sh: &Shared,
+        sh: &ServerState,
         c: usize,
         g: &WireGeometry,
     ) -> Result<(), PieceMiss> {
@@ -207,7 +207,7 @@ pub(super) fn slice_at(at: Option<(u32, SegmentLayout)>, layer: u32, slice_len: 
 /// The request's indexes are below the chunk count checked here (the request's placement was
 /// validated against the same count), so the list can be indexed by them.
 async fn check_segment(
-    sh: &Shared,
+    sh: &ServerState,
     seg: &Segment,
     g: &WireGeometry,
 ) -> Result<Vec<ChunkHash>, (MissReason, String)> {

@@ -21,7 +21,7 @@
 //! `_GID_INDEX`) at start; `OBJECTCACHE_RDMA=off` disables it. Without a device the server
 //! does not announce [`objectcache_client::protocol::ServerInfo::FEATURE_RDMA`] and refuses RDMA targets.
 
-use crate::Shared;
+use crate::ServerState;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
@@ -110,7 +110,7 @@ impl RdmaDelivery {
     /// A message when the target is not RDMA, the server has no RDMA device, or the session
     /// is unknown or broken (the request is then refused before any read).
     pub(crate) fn start(
-        sh: &Shared,
+        sh: &ServerState,
         req: &GatherRequest,
         plan: &[UnitPlan],
     ) -> Result<Self, String> {

@@ -3,7 +3,7 @@
 
 use super::fetch::AbortOnDrop;
 use super::io::{Io, ReadWait};
-use crate::{Abort, Shared};
+use crate::{Abort, ServerState};
 
 use bytes::Bytes;
 use futures::{stream, StreamExt};
@@ -23,7 +23,11 @@ use std::time::Duration;
 /// written. An object that fails its check, or a client that goes away, aborts its put:
 /// nothing of it is written. Markers follow once every object is durable. The client must
 /// keep sending while the server waits for it ([`RateFloor`]).
-pub(super) async fn run_save(io: &mut Io, req: SaveRequest, sh: &Arc<Shared>) -> Result<(), Abort> {
+pub(super) async fn run_save(
+    io: &mut Io,
+    req: SaveRequest,
+    sh: &Arc<ServerState>,
+) -> Result<(), Abort> {
     sh.metrics.request("save");
     let id = req.request_id;
     let fail = |io: &mut Io, code: ErrorCode, msg: String| {

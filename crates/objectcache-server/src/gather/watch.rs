@@ -3,7 +3,7 @@
 //! `Held` frames meanwhile for a client that asked for them.
 
 use super::io::Io;
-use crate::{Abort, Shared};
+use crate::{Abort, ServerState};
 use objectcache_client::protocol::ErrorCode;
 use std::future::Future;
 use std::pin::Pin;
@@ -26,19 +26,19 @@ fn held_ticker() -> tokio::time::Interval {
 /// - [`Watch::load`]: the load was accepted; it may finish for `shutdown_grace_secs` after
 ///   shutdown, then the connection is closed with `ShuttingDown`.
 pub(super) struct Watch {
-    sh: Arc<Shared>,
+    sh: Arc<ServerState>,
     request_id: u64,
     /// The client asked for `Held` frames.
     held: bool,
     /// Resolves when the load must stop for the server's shutdown.
     stop: Pin<Box<dyn Future<Output = ()> + Send>>,
     /// What the client is told then (and counted), before the connection closes.
-    on_stop: fn(&Shared, &mut Io),
+    on_stop: fn(&ServerState, &mut Io),
 }
 
 impl Watch {
     /// Waits before admission: shutdown stops them at once.
-    pub(super) fn admission(sh: Arc<Shared>, request_id: u64, held: bool) -> Self {
+    pub(super) fn admission(sh: Arc<ServerState>, request_id: u64, held: bool) -> Self {
         let shutdown = sh.shutdown.clone();
         Watch {
             sh,
@@ -53,7 +53,7 @@ impl Watch {
     }
 
     /// Waits of an accepted load: it may finish for `shutdown_grace_secs` after shutdown.
-    pub(super) fn load(sh: Arc<Shared>, request_id: u64, held: bool) -> Self {
+    pub(super) fn load(sh: Arc<ServerState>, request_id: u64, held: bool) -> Self {
         let grace = Duration::from_secs(sh.cfg.shutdown_grace_secs);
         let shutdown = sh.shutdown.clone();
         Watch {

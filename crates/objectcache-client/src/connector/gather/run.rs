@@ -6,7 +6,7 @@
 use super::probe::{connection, give_back, NoConnection, Probes};
 use super::stripe::{Lockstep, Stripe};
 use super::{gather_request, offered, unit_bytes_for, Outcome};
-use crate::connector::load::{LoadRequest, Shared};
+use crate::connector::load::{LoadRequest, LoadShared};
 use crate::connector::status::ChunkStatus;
 use crate::error::LayerError;
 use crate::layout::{KeyBuilder, Run};
@@ -218,7 +218,7 @@ pub(crate) async fn try_gather(
     req: &LoadRequest,
     runs: &[Run],
     request_id: u64,
-    sh: &Arc<Shared>,
+    sh: &Arc<LoadShared>,
     streams: usize,
 ) -> Outcome {
     let fo = Arc::new(Failover {

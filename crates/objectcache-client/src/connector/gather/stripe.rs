@@ -2,7 +2,7 @@
 //! load's state): offsets and chunk numbers shifted, what it delivered kept for failing over
 //! to another gateway, and the [`Lockstep`] that keeps the stripes layer-major.
 
-use crate::connector::load::Shared;
+use crate::connector::load::LoadShared;
 use crate::error::{LayerError, LayerResult};
 use crate::transport::LayerSink;
 use std::sync::atomic::Ordering;
@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 /// a unit that was being received is given back to the load state, and units already
 /// delivered that the next gateway sends again are dropped, not written twice.
 pub(super) struct Stripe {
-    pub(super) sh: Arc<Shared>,
+    pub(super) sh: Arc<LoadShared>,
     base: usize,
     shift: u64,
     /// Bytes of one full slice.
@@ -135,7 +135,7 @@ impl Stripe {
         Ok(d)
     }
     pub(super) fn new(
-        sh: Arc<Shared>,
+        sh: Arc<LoadShared>,
         base: usize,
         shift: u64,
         slice: u64,

@@ -14,7 +14,7 @@
 //! [`Store::get_range_body`]: crate::store::Store::get_range_body
 
 use super::window::FlightPermit;
-use super::Shared;
+use super::LoadShared;
 use crate::connector::buffers::LayerStatus;
 use crate::error::{LayerError, StoreError};
 use crate::layout::{BodyPart, SliceDemux, Wanted};
@@ -72,7 +72,7 @@ pub(super) enum BodyError {
 pub(super) struct BodyReader<'a, P: Fn(usize) -> (u32, u64)> {
     src: Source,
     demux: SliceDemux,
-    sh: &'a Shared,
+    sh: &'a LoadShared,
     /// Where slice `i` of the read lands: its layer, and its byte offset in that layer.
     place: P,
     /// The rest of the current stream piece.
@@ -84,7 +84,7 @@ pub(super) struct BodyReader<'a, P: Fn(usize) -> (u32, u64)> {
 
 impl<'a, P: Fn(usize) -> (u32, u64)> BodyReader<'a, P> {
     /// A reader of `src`, cut by `demux`, into `sh`'s destination at `place(slice)`.
-    pub(super) fn new(src: Source, demux: SliceDemux, sh: &'a Shared, place: P) -> Self {
+    pub(super) fn new(src: Source, demux: SliceDemux, sh: &'a LoadShared, place: P) -> Self {
         BodyReader {
             src,
             demux,
@@ -259,7 +259,7 @@ fn owned(p: BodyPart<'_>) -> Owned {
 async fn read_in_place(
     body: &mut RangeBody,
     demux: &mut SliceDemux,
-    sh: &Shared,
+    sh: &LoadShared,
     (layer, at): (u32, u64),
     len: u64,
     dropped: &mut bool,

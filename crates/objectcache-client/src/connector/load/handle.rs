@@ -2,7 +2,7 @@
 //! the verified bytes, per-chunk status, counters, the stall advice, cancel and the
 //! buffers handed back.
 
-use super::{LoadStats, Shared, MAX_ADVICE_TOKENS};
+use super::{LoadShared, LoadStats, MAX_ADVICE_TOKENS};
 use crate::connector::buffers::{LayerBuffers, LayerStatus};
 use crate::connector::status::{chunk_status_of, ChunkStatus};
 use crate::error::{LayerError, LayerResult};
@@ -14,7 +14,7 @@ use std::time::Duration;
 ///
 /// Dropping the handle cancels the load and waits for in-flight copies to stop.
 pub struct LoadHandle {
-    pub(crate) sh: Arc<Shared>,
+    pub(crate) sh: Arc<LoadShared>,
     pub(crate) rt: tokio::runtime::Handle,
 }
 

@@ -11,7 +11,7 @@
 //!
 //! [`Store::open_local`]: crate::store::Store::open_local
 
-use super::Shared;
+use super::LoadShared;
 use crate::connector::buffers::LayerStatus;
 use crate::connector::status::ChunkStatus;
 use crate::error::{LayerError, LayerResult};
@@ -41,7 +41,7 @@ pub(super) struct LocalRead {
 #[allow(clippy::too_many_arguments)]
 pub(super) fn read_slices(
     file: &File,
-    sh: &Shared,
+    sh: &LoadShared,
     chunk: usize,
     layers: Range<u32>,
     with_header: bool,
@@ -113,7 +113,7 @@ pub(super) fn read_slices(
 /// range then stays reserved and unfilled, and the caller fails the layer.
 pub(super) fn read_slice(
     file: &File,
-    sh: &Shared,
+    sh: &LoadShared,
     chunk: usize,
     layer: u32,
     slice: u64,

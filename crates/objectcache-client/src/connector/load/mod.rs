@@ -7,7 +7,7 @@
 //! and verified slice by slice (`body.rs`: read from the connection straight into place where
 //! the store allows, else copied from the store's stream); objects that are local files (the filesystem store) are read
 //! with `pread(2)` straight into the destination instead (`local.rs`). The gather and RDMA
-//! paths (`connector/gather/`, `connector/rdma.rs`) deliver through the same [`Shared`] state.
+//! paths (`connector/gather/`, `connector/rdma.rs`) deliver through the same [`LoadShared`] state.
 
 mod body;
 mod handle;
@@ -23,5 +23,5 @@ mod window;
 pub use handle::LoadHandle;
 pub(crate) use ranged::run_store_load;
 pub use request::{LayerTiming, LoadHints, LoadRequest, LoadStats, MAX_ADVICE_TOKENS};
-pub(crate) use shared::Shared;
+pub(crate) use shared::LoadShared;
 pub(crate) use watchdog::watchdog;

@@ -5,7 +5,7 @@
 use super::body::{BodyError, BodyReader, Event, Source};
 use super::segment::Planned;
 use super::window::{classify, Flight, FlightPermit};
-use super::{LoadRequest, Shared};
+use super::{LoadRequest, LoadShared};
 use crate::connector::status::ChunkStatus;
 use crate::error::LayerError;
 use crate::layout::{
@@ -28,7 +28,7 @@ pub(crate) async fn run_store_load(
     store: Arc<dyn Store>,
     keys: KeyBuilder,
     req: LoadRequest,
-    sh: Arc<Shared>,
+    sh: Arc<LoadShared>,
     window_bytes: u64,
     max_requests: usize,
     coalesce_bytes: u64,
@@ -182,7 +182,7 @@ async fn fetch_range(
     g: &KvGeometry,
     tokens: u32,
     full_len: u64,
-    sh: &Arc<Shared>,
+    sh: &Arc<LoadShared>,
     permit: &mut FlightPermit,
 ) -> Result<(), ReadFailure> {
     // The header is known once this read ends, unless it failed before the header arrived:

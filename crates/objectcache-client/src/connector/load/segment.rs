@@ -10,7 +10,7 @@
 
 use super::body::{BodyError, BodyReader, Event, Source};
 use super::window::{classify, FlightPermit};
-use super::{LoadRequest, Shared};
+use super::{LoadRequest, LoadShared};
 use crate::connector::status::ChunkStatus;
 use crate::error::{LayerError, StoreError};
 use crate::layout::{
@@ -67,7 +67,7 @@ impl Planned {
 
     /// Whether every chunk this read carries is already known unusable (no object, or
     /// another geometry), so the read is not worth making.
-    pub(super) fn unusable(&self, sh: &Shared) -> bool {
+    pub(super) fn unusable(&self, sh: &LoadShared) -> bool {
         let gone = |c: usize| {
             matches!(
                 sh.chunk(c),
@@ -135,7 +135,7 @@ pub(super) fn plan(
 /// Marks chunks `chunks` with `status` and fails `layers` with `err` (a miss naming the
 /// first of them; their other layers and the other chunks are unaffected).
 fn fail(
-    sh: &Shared,
+    sh: &LoadShared,
     chunks: Range<usize>,
     layers: Range<u32>,
     status: ChunkStatus,
@@ -151,7 +151,7 @@ fn fail(
 
 /// The segment cannot serve run `run` at all (`reason`): every chunk of it is
 /// `WrongGeometry` and every layer a miss naming the run's first chunk.
-fn fail_run(sh: &Shared, run: &SegmentRun, g: &KvGeometry, reason: String) {
+fn fail_run(sh: &LoadShared, run: &SegmentRun, g: &KvGeometry, reason: String) {
     let err = LayerError::GeometryMismatch {
         chunk: run.positions.start,
         reason,
@@ -162,14 +162,20 @@ fn fail_run(sh: &Shared, run: &SegmentRun, g: &KvGeometry, reason: String) {
 
 /// Marks every chunk `read` carries with `status` and fails its layers with `err` (a read
 /// that failed as a whole: the run's other layers are unaffected).
-fn fail_read(sh: &Shared, read: &SegmentRead, status: ChunkStatus, err: LayerError) {
+fn fail_read(sh: &LoadShared, read: &SegmentRead, status: ChunkStatus, err: LayerError) {
     fail(sh, read.positions.clone(), read.layers.clone(), status, err);
 }
 
 /// Fails what `read` had not delivered from its `slice`-th slice on (slices in body order:
 /// layer by layer, each layer's positions in order): in the layer of that slice its
 /// position and the later ones, in its later layers every position.
-fn fail_rest(sh: &Shared, read: &SegmentRead, slice: usize, status: ChunkStatus, err: LayerError) {
+fn fail_rest(
+    sh: &LoadShared,
+    read: &SegmentRead,
+    slice: usize,
+    status: ChunkStatus,
+    err: LayerError,
+) {
     let (end, (layer, c)) = (read.positions.end, read.slice(slice));
     let (chunks, layer) = if layer >= read.layers.end {
         // Every slice arrived, then more than was asked for: the last layer.
@@ -192,7 +198,7 @@ pub(super) struct SegmentFetch<'a> {
     pub(super) read: &'a SegmentRead,
     pub(super) hashes: &'a [ChunkHash],
     pub(super) g: &'a KvGeometry,
-    pub(super) sh: &'a Arc<Shared>,
+    pub(super) sh: &'a Arc<LoadShared>,
 }
 
 /// Reads `read` of segment `key` (run `run` of the load whose chunk hashes are `hashes`)
@@ -422,7 +428,7 @@ fn read_local(
     hashes: &[ChunkHash],
     g: &KvGeometry,
     key: &str,
-    sh: &Shared,
+    sh: &LoadShared,
 ) -> LocalSegmentRead {
     use std::os::unix::fs::FileExt;
     let mut out = LocalSegmentRead::default();
@@ -492,7 +498,7 @@ fn check_header(
     hashes: &[ChunkHash],
     g: &KvGeometry,
     key: &str,
-    sh: &Shared,
+    sh: &LoadShared,
 ) -> Result<(), String> {
     let h = SegmentHeader::decode(b).map_err(|e| format!("segment {key}: {e}"))?;
     h.check(g).map_err(|e| format!("segment {key}: {e}"))?;

@@ -1,5 +1,5 @@
 //! The state one load shares between its handle, its tasks and the loads that follow it
-//! ([`Shared`]): destination and per-layer readiness, per-chunk status and header checks,
+//! ([`LoadShared`]): destination and per-layer readiness, per-chunk status and header checks,
 //! the CRC32C each slice was verified with, counters and the load's tasks.
 
 use super::body::SliceEnd;
@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-pub(crate) struct Shared {
+pub(crate) struct LoadShared {
     pub(crate) state: LoadState,
     pub(crate) chunk_status: Vec<AtomicU8>,
     pub(crate) requests: AtomicU64,
@@ -46,7 +46,7 @@ pub(crate) struct Shared {
     pub(super) give_back: Mutex<Option<std::sync::mpsc::SyncSender<LayerBuffers>>>,
 }
 
-impl Drop for Shared {
+impl Drop for LoadShared {
     fn drop(&mut self) {
         if let Some(tx) = self.give_back.get_mut().expect("lock").take() {
             let bufs = std::mem::replace(&mut self.state.bufs, LayerBuffers::from_vecs(Vec::new()));
@@ -60,10 +60,10 @@ const HEADER_UNKNOWN: u8 = 0;
 const HEADER_OK: u8 = 1;
 const HEADER_BAD: u8 = 2;
 
-impl Shared {
+impl LoadShared {
     pub(crate) fn new(bufs: LayerBuffers, expected: u64, chunks: usize) -> Self {
         let layers = bufs.layers();
-        Shared {
+        LoadShared {
             slice_crcs: (0..chunks * layers).map(|_| AtomicU64::new(0)).collect(),
             layers,
             #[cfg(feature = "rdma")]
@@ -151,7 +151,7 @@ impl Shared {
 
     /// A guard for the read that carries chunk `c`'s header: when dropped (the read ended in
     /// any way, its task cancelled too) it records the header as bad unless it was recorded
-    /// already, so that reads waiting on it ([`Shared::header_ok`]) never wait for nothing.
+    /// already, so that reads waiting on it ([`LoadShared::header_ok`]) never wait for nothing.
     pub(super) fn header_bad_unless_set(&self, c: usize) -> HeaderGuard<'_> {
         HeaderGuard { sh: self, c }
     }
@@ -264,9 +264,9 @@ impl Shared {
 }
 
 /// Records a chunk's header as bad when dropped unless it was recorded already
-/// ([`Shared::header_bad_unless_set`]).
+/// ([`LoadShared::header_bad_unless_set`]).
 pub(super) struct HeaderGuard<'a> {
-    sh: &'a Shared,
+    sh: &'a LoadShared,
     c: usize,
 }
 

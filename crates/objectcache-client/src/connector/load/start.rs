@@ -2,7 +2,7 @@
 //! entries leased, then either a load of the same chunks in flight followed or a fetch
 //! started; and what the engine forgets of caller memory ([`Engine::forget_memory`]).
 
-use super::{LoadHandle, LoadRequest, Shared};
+use super::{LoadHandle, LoadRequest, LoadShared};
 use crate::connector::{flight, Engine, LayerBuffers};
 use crate::error::Error;
 use crate::layout::Marker;
@@ -74,7 +74,7 @@ impl Engine {
                 )));
             }
         }
-        let sh = Arc::new(Shared::new(dest, need, req.hashes.len()));
+        let sh = Arc::new(LoadShared::new(dest, need, req.hashes.len()));
         // The load holds its entries until it ends (completed, failed, cancelled, dropped, or
         // with the process): this engine's collection never deletes them under it. A lookup
         // holds nothing.

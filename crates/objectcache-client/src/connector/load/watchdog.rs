@@ -2,7 +2,7 @@
 //! [`Hold`]), the stall limit under the `stall_timeout_ms` setting, and the [`watchdog`] task
 //! that fails a silent load's missing layers.
 
-use super::Shared;
+use super::LoadShared;
 use crate::connector::{StallTimeout, STALL_FIRST_BYTE, STALL_FLOOR};
 use crate::error::LayerError;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -111,7 +111,7 @@ fn stall_limit(
 ///
 /// [`LoadHandle::stall_advice`]: super::LoadHandle::stall_advice
 pub(crate) async fn watchdog(
-    sh: Arc<Shared>,
+    sh: Arc<LoadShared>,
     setting: StallTimeout,
     unit_bytes: u64,
     store: String,

@@ -3,7 +3,7 @@
 //! ([`Flight`], [`FlightPermit`]), and how a store error on a read becomes its chunk's status
 //! and layer error ([`classify`]).
 
-use super::Shared;
+use super::LoadShared;
 use crate::connector::status::ChunkStatus;
 use crate::error::{LayerError, StoreError};
 use std::sync::atomic::Ordering;
@@ -138,7 +138,7 @@ impl Flight {
         self: &Arc<Self>,
         n: u64,
         first_layer: bool,
-        sh: &Shared,
+        sh: &LoadShared,
     ) -> FlightPermit {
         loop {
             let notified = self.changed.notified();

@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use crate::error::LayerError;
 
-use super::state::{run, Action, LoadOutcome, Shared};
+use super::state::{run, Action, ConnShared, LoadOutcome};
 use crate::transport::rdma::control::{self, Msg};
 use crate::transport::rdma::{RdmaError, Result};
 
 /// A running load. [`LoadHandle::wait`] returns when every layer is ready or a miss.
 pub struct LoadHandle {
-    pub(super) shared: Arc<Shared>,
+    pub(super) shared: Arc<ConnShared>,
     pub(super) slot: Option<u32>,
 }
 

@@ -12,7 +12,7 @@ pub use state::LoadOutcome;
 
 use dest::DestMem;
 use objectcache_core::rdma::tally::LayerTally;
-use state::{poll_loop, read_loop, ConnState, LoadState, Shared};
+use state::{poll_loop, read_loop, ConnShared, ConnState, LoadState};
 
 use std::collections::HashMap;
 use std::net::{TcpStream, ToSocketAddrs};
@@ -66,7 +66,7 @@ impl Default for ClientConfig {
 /// A persistent RDMA connection to one server: several RC QPs, one completion queue, one
 /// control channel. Loads may run concurrently (up to 64 per connection).
 pub struct RdmaClient {
-    shared: Arc<Shared>,
+    shared: Arc<ConnShared>,
     session: u64,
     poller: Option<JoinHandle<()>>,
     reader: Option<JoinHandle<()>>,
@@ -176,7 +176,7 @@ impl RdmaClient {
         }
         s.set_read_timeout(None)?;
         let reader_stream = s.try_clone()?;
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(ConnShared {
             cache: RegistrationCache::new(&pd),
             cq,
             qps,

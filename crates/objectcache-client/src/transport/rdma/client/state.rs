@@ -85,7 +85,7 @@ pub(super) struct ConnState {
     pub(super) free_slots: Vec<u32>,
 }
 
-pub(super) struct Shared {
+pub(super) struct ConnShared {
     pub(super) cache: RegistrationCache,
     pub(super) cq: Arc<CompletionQueue>,
     pub(super) qps: Vec<QueuePair<Rts>>,
@@ -100,7 +100,7 @@ pub(super) struct Shared {
     pub(super) gather: bool,
     /// Per QP: its drain marker (see [`DRAIN_MARK`]) has completed.
     pub(super) drained: Vec<AtomicBool>,
-    /// The drain markers were posted (once, by the first [`Shared::break_conn`]).
+    /// The drain markers were posted (once, by the first [`ConnShared::break_conn`]).
     pub(super) drain_posted: AtomicBool,
     /// A drain gave up waiting for its markers ([`DRAIN_WAIT`]), or could not post one.
     pub(super) drain_late: AtomicBool,
@@ -114,18 +114,18 @@ pub(super) struct Shared {
 /// (`QpCaps::max_recv_wr - 1` receives posted).
 pub(super) const DRAIN_MARK: u64 = 1 << 63;
 
-/// How long [`Shared::break_conn`] waits for the drain markers' completions (they flush in
+/// How long [`ConnShared::break_conn`] waits for the drain markers' completions (they flush in
 /// microseconds on rxe and on NICs; the bound only keeps a broken driver from hanging the
 /// caller, which then logs an error).
 const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-impl Shared {
+impl ConnShared {
     pub(super) fn lock(&self) -> MutexGuard<'_, ConnState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Breaks the connection: every pending layer of every load becomes a miss, QPs go to
-    /// ERROR and are drained ([`Shared::drain`]: no late write can land once it returns),
+    /// ERROR and are drained ([`ConnShared::drain`]: no late write can land once it returns),
     /// then the sinks hear the misses and the control channel is shut. `timed_out` names the
     /// load whose deadline passed. The first caller's reason wins (the socket shutdown below
     /// wakes the control reader, which then calls this again with "closed").
@@ -393,7 +393,7 @@ impl Shared {
 }
 
 /// Completion loop: one per connection.
-pub(super) fn poll_loop(sh: &Shared) {
+pub(super) fn poll_loop(sh: &ConnShared) {
     let mut wcs = Vec::new();
     let mut idle = 0u32;
     while !sh.stop.load(Ordering::Acquire) {
@@ -468,7 +468,7 @@ pub(super) fn poll_loop(sh: &Shared) {
 }
 
 /// Control-channel reader: Done messages, and disconnect detection.
-pub(super) fn read_loop(sh: &Shared, mut s: TcpStream) {
+pub(super) fn read_loop(sh: &ConnShared, mut s: TcpStream) {
     loop {
         match control::recv(&mut s) {
             Ok(Some(Msg::Done {
