@@ -4,9 +4,8 @@
 # 1. installs the system packages (QEMU, busybox, kmod, cpio, rdma-core and the verbs
 #    headers, libclang for bindgen) when missing;
 # 2. builds the RDMA tests and tests/cuda_device.rs with `cargo test --release --workspace
-#    --features objectcache/rdma-standalone,objectcache/cuda --no-run` (the feature `rdma`,
-#    the standalone server that tests/rdma_loopback.rs drives, and `cuda`, which builds
-#    without CUDA): .ci/run's CUDA lane then runs cuda_device from this build instead of
+#    --features objectcache/rdma,objectcache/cuda --no-run` (the feature `rdma`, and `cuda`,
+#    which builds without CUDA): .ci/run's CUDA lane then runs cuda_device from this build instead of
 #    building the crate once more. `--workspace` makes cargo unify the dependencies' features
 #    over every member, as the test command's build does, so the dependencies built there
 #    are reused (built for the root package alone, about a hundred of them, the AWS SDK's
@@ -17,10 +16,9 @@
 #    OBJECTCACHE_REQUIRE_RDMA=1 turns any SKIP into a failure. The library's own unit tests
 #    are not built here: the RDMA data path's pure parts (the write immediate, the completion
 #    tally) live in objectcache-core, whose tests the ordinary test command runs;
-# 4. runs clippy, warnings as errors: the library with `rdma` alone (the product's feature:
-#    nothing there may be used only by the standalone path), and every target with
-#    `rdma-standalone,cuda` (the standalone path, the tests and the CUDA code, which CI's
-#    clippy gate builds without).
+# 4. runs clippy, warnings as errors: the library with `rdma` alone (nothing there may be
+#    used only by the tests), and every target with `rdma,cuda` (the tests and the CUDA
+#    code, which CI's clippy gate builds without).
 # Exits non-zero when anything fails. Guest memory: RXE_VM_MEM (default 2G here: every RDMA
 # gather session pins a 64 MiB staging arena, and the tests run several servers at once).
 # `scripts/ci-rdma.sh --prepare` does step 1 and the VM's kernel and initrd only (downloads:
@@ -48,7 +46,7 @@ if [ "${1:-}" = "--prepare" ]; then
   exit 0
 fi
 
-features=rdma-standalone,cuda
+features=rdma,cuda
 # The same features named for the whole workspace (`objectcache/<feature>` each).
 ws_features="objectcache/${features//,/,objectcache/}"
 echo "ci-rdma: building tests with --workspace --features $ws_features"

@@ -169,24 +169,18 @@ fn control_frames_round_trip_and_reject_garbage() {
             }],
             gather: true,
         },
-        control::Msg::Load {
-            slot: 3,
-            spec: control::LoadSpec {
-                keys: vec!["a/b".into()],
-                slice_len: 4096,
-                layers: vec![2, 0, 1],
-            },
-            targets: vec![control::LayerTarget {
-                layer: 2,
-                addr: 0x1000,
-                rkey: 9,
-                len: 4096,
+        control::Msg::Welcome {
+            endpoints: vec![control::Endpoint {
+                qpn: 99,
+                psn: 5,
+                gid: [1; 16],
+                lid: 0,
+                mtu: 4096,
             }],
+            session: 0x0123_4567_89ab_cdef,
         },
-        control::Msg::Done {
-            slot: 3,
-            failed: vec![(1, "boom".into())],
-            writes: 7,
+        control::Msg::Refuse {
+            reason: "no RDMA device".into(),
         },
         control::Msg::Bye,
     ];

@@ -167,6 +167,8 @@ struct Sink {
     placed: Mutex<HashMap<u32, u64>>,
     failed: Mutex<HashMap<u32, LayerError>>,
     hook: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// What `is_cancelled` answers (the engine's cancel, as the session sees it).
+    cancel: std::sync::atomic::AtomicBool,
 }
 
 impl LayerSink for Sink {
@@ -185,7 +187,7 @@ impl LayerSink for Sink {
         self.failed.lock().unwrap().insert(layer, err);
     }
     fn is_cancelled(&self) -> bool {
-        false
+        self.cancel.load(std::sync::atomic::Ordering::Acquire)
     }
 }
 
@@ -358,6 +360,116 @@ fn qp_failure_mid_load_is_a_miss() {
     }
     drop(client);
     client2.close();
+    rt().block_on(srv.shutdown());
+}
+
+/// A paced server (32 KiB/s; 4 chunks x 4 layers of 6 KiB in 4 KiB units: 24 units over
+/// 3 s) with no shutdown grace, its saved prefix and the request for it in 4 KiB units.
+fn slow_load(ns: &str, seed: u64) -> (ServerHandle, GatherRequest, Vec<Vec<u8>>) {
+    let mut cfg = config();
+    cfg.bandwidth_cap_bytes_per_s = 32 << 10;
+    cfg.shutdown_grace_secs = 0;
+    let srv = rt().block_on(start(Arc::new(MemoryStore::new()), cfg));
+    let (mut req, data) = saved_prefix(&srv, &geometry(), 4, seed, &unique_ns(ns));
+    req.max_unit_bytes = 4096;
+    (srv, req, data)
+}
+
+/// The server stops mid-load (its shutdown aborts the load at once): the layers delivered
+/// before are byte-exact, every other layer is a miss, the load returns (no hang), and the
+/// session is broken (drained first) so that nothing the server might still write lands.
+#[test]
+fn a_server_that_stops_mid_load_is_a_miss_not_a_hang() {
+    if !rdma_present("a_server_that_stops_mid_load_is_a_miss_not_a_hang") {
+        return;
+    }
+    let (srv, req, data) = slow_load("rdma-stop", 13);
+    let g = geometry();
+    let (client, mut conn) = gather_session(&srv);
+    let len = data[0].len();
+    let (bufs, dests) = host_dests(&g, len);
+    let sink = Arc::new(Sink::default());
+    let r = std::thread::scope(|s| {
+        let load = s.spawn(|| rt().block_on(conn.load(&client, req, &dests, sink.clone())));
+        common::eventually(
+            "layer 0 to land",
+            std::time::Duration::from_secs(30),
+            || sink.placed.lock().unwrap().get(&0) == Some(&(len as u64)),
+        );
+        rt().block_on(srv.shutdown());
+        load.join().unwrap()
+    });
+    assert!(matches!(r, Err(RdmaGatherError::Failed(_))), "{r:?}");
+    let failed = sink.failed.lock().unwrap().clone();
+    assert!(!failed.contains_key(&0), "layer 0 landed before the stop");
+    assert!(
+        (1..g.layers).any(|l| failed.contains_key(&l)),
+        "the stop cut the load short: {failed:?}"
+    );
+    for l in 0..g.layers {
+        if !failed.contains_key(&l) {
+            assert_eq!(sink.placed.lock().unwrap()[&l], len as u64, "layer {l}");
+            assert_landed(&bufs, &data, l, "before the stop, ");
+        }
+    }
+    assert!(client.broken().is_some(), "the session is broken");
+    assert_eq!(client.drained(), Some(true), "drained before the misses");
+}
+
+/// The engine cancels mid-load (its sink says so): the client tells the server, which stops
+/// writing; the load ends with every layer that was not complete a `Cancelled` miss; the
+/// session stays usable, and the next load on it (same registrations) is byte-exact.
+#[test]
+fn a_cancelled_load_stops_the_server_and_the_session_stays_usable() {
+    if !rdma_present("a_cancelled_load_stops_the_server_and_the_session_stays_usable") {
+        return;
+    }
+    let (srv, req, data) = slow_load("rdma-cancel", 17);
+    let g = geometry();
+    let (client, mut conn) = gather_session(&srv);
+    let len = data[0].len();
+    let (bufs, dests) = host_dests(&g, len);
+    let sink = Arc::new(Sink::default());
+    let s2 = sink.clone();
+    // Cancel on the first unit's completion.
+    *sink.hook.lock().unwrap() = Some(Box::new(move || {
+        s2.cancel.store(true, std::sync::atomic::Ordering::Release)
+    }));
+    let r = rt().block_on(conn.load(&client, req.clone(), &dests, sink.clone()));
+    assert!(r.is_ok(), "a cancelled load ends cleanly: {r:?}");
+    // 4 chunks x 6 KiB = 24 KiB per layer in 4 KiB units: 6 per layer.
+    let units = 6 * g.layers as u64;
+    let written = srv.rdma_writes().unwrap();
+    assert!(
+        written < units,
+        "the server stopped writing: {written} of {units} units written"
+    );
+    let failed = sink.failed.lock().unwrap().clone();
+    let placed = sink.placed.lock().unwrap().clone();
+    for l in 0..g.layers {
+        if placed.get(&l) != Some(&(len as u64)) {
+            assert_eq!(failed.get(&l), Some(&LayerError::Cancelled), "layer {l}");
+        }
+    }
+    assert!(
+        client.broken().is_none(),
+        "a cancel does not break the session"
+    );
+    let regs = client.registrations();
+    bufs.iter().for_each(|b| common::clear(b, 0));
+    let again = Arc::new(Sink::default());
+    rt().block_on(conn.load(&client, req, &dests, again.clone()))
+        .unwrap();
+    assert!(again.failed.lock().unwrap().is_empty());
+    for l in 0..g.layers {
+        assert_landed(&bufs, &data, l, "after the cancel, ");
+    }
+    assert_eq!(
+        client.registrations(),
+        regs,
+        "the destinations stay registered"
+    );
+    client.close();
     rt().block_on(srv.shutdown());
 }
 

@@ -1,9 +1,9 @@
-//! The TCP control channel: connection set-up (QP numbers, GIDs, PSNs) and per-load requests
-//! carrying the client's registered destination (address, rkey, length per layer).
+//! The RDMA set-up channel on the gather port: QP numbers, GIDs and PSNs exchanged once per
+//! session ([`Msg::Hello`], [`Msg::Welcome`]), then nothing but the goodbye. Loads travel as
+//! gather descriptors whose RDMA target names the session (`protocol::RdmaTarget`).
 //!
 //! Framing: a 4-byte big-endian length, then that many bytes of JSON (one [`Msg`]). Frames
-//! above [`MAX_FRAME`] bytes are refused. This is the minimal exchange the RDMA path needs
-//! on its own; the gather protocol's descriptor can carry the same [`LayerTarget`]s.
+//! above [`MAX_FRAME`] bytes are refused.
 
 use std::io::{Read, Write};
 
@@ -15,10 +15,6 @@ use super::{RdmaError, Result};
 /// server's gather port (the server tells them apart from `OCGATHER` and from HTTP). The
 /// JSON frames below follow.
 pub const PREFACE: [u8; 8] = *b"OCRDMA01";
-
-/// Reason a server gives in [`Msg::Done`] for layers it stopped on a client's
-/// [`Msg::Cancel`].
-pub const CANCELLED: &str = "cancelled by the client";
 
 /// Control protocol version sent in [`Msg::Hello`].
 pub const VERSION: u32 = 1;
@@ -40,32 +36,6 @@ pub struct Endpoint {
     pub mtu: u32,
 }
 
-/// Where one layer of a load lands in the client's memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LayerTarget {
-    /// Layer index in the model.
-    pub layer: u32,
-    /// Remote virtual address of the layer's first byte.
-    pub addr: u64,
-    /// Remote key of the memory region holding it.
-    pub rkey: u32,
-    /// Bytes: `units x unit_len` (chunks x slice bytes, CRC excluded).
-    pub len: u64,
-}
-
-/// What to load: chunk objects in prefix order (unit `u` = chunk `keys[u]`), the slice length
-/// of one layer of one chunk (K+V bytes, CRC excluded) and the layers in the order the
-/// scheduler wants them delivered.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LoadSpec {
-    /// Object keys of the chunks, first chunk of the prefix first.
-    pub keys: Vec<String>,
-    /// One layer's K+V bytes of one chunk (`KvGeometry::slice_bytes`).
-    pub slice_len: u64,
-    /// Layers to deliver, in delivery order.
-    pub layers: Vec<u32>,
-}
-
 /// A control-channel message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Msg {
@@ -75,8 +45,9 @@ pub enum Msg {
         version: u32,
         /// One endpoint per QP.
         endpoints: Vec<Endpoint>,
-        /// `true`: a session for gather requests (loads arrive as gather descriptors with an
-        /// RDMA target on the gather port; this channel then only keeps the session alive).
+        /// A session for gather requests (loads arrive as gather descriptors with an RDMA
+        /// target on the gather port; this channel then only keeps the session alive). Always
+        /// `true`: the server refuses a `Hello` without it.
         #[serde(default)]
         gather: bool,
     },
@@ -84,7 +55,7 @@ pub enum Msg {
     Welcome {
         /// One endpoint per client QP.
         endpoints: Vec<Endpoint>,
-        /// Session token a gather descriptor names (0 for a plain session).
+        /// Session token a gather descriptor names (never 0).
         #[serde(default)]
         session: u64,
     },
@@ -92,33 +63,6 @@ pub enum Msg {
     Refuse {
         /// Reason.
         reason: String,
-    },
-    /// Client → server: deliver `spec` into `targets` under load slot `slot`.
-    Load {
-        /// Load slot (see [`super::Imm`]).
-        slot: u32,
-        /// What to load.
-        spec: LoadSpec,
-        /// Destination of each layer in `spec.layers`, same order.
-        targets: Vec<LayerTarget>,
-    },
-    /// Server → client: every write of load `slot` has completed, except the listed layers,
-    /// which are misses (with the reason).
-    Done {
-        /// Load slot.
-        slot: u32,
-        /// `(layer, reason)` of each layer the server could not deliver.
-        failed: Vec<(u32, String)>,
-        /// RDMA_WRITE_WITH_IMM operations of this load that completed successfully; the client
-        /// reuses the slot only after it has seen as many receive completions (its receive
-        /// completions may trail this message).
-        writes: u64,
-    },
-    /// Client → server: stop load `slot` (units not yet posted are skipped; the server still
-    /// answers with [`Msg::Done`], after which no write of that load can land).
-    Cancel {
-        /// Load slot.
-        slot: u32,
     },
     /// Client → server: orderly close.
     Bye,

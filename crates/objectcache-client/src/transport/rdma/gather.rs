@@ -184,6 +184,17 @@ impl GatherConn {
             }
             match end {
                 Some(Ok(units)) => {
+                    if cancelled {
+                        // The server stopped at the cancel and names no miss for the layers it
+                        // left: they are `Cancelled` now, so the load ends as soon as the
+                        // writes it did make have completed (none comes after its End).
+                        let left: Vec<(u32, LayerError)> = req
+                            .layers
+                            .clone()
+                            .map(|l| (l, LayerError::Cancelled))
+                            .collect();
+                        handle.fail_layers(&left);
+                    }
                     handle.server_end(units);
                     break Ok(());
                 }
@@ -200,7 +211,12 @@ impl GatherConn {
                 self.c.conn.cancel(req.request_id);
                 continue;
             }
-            match self.c.read_more().await {
+            // Units arrive as RDMA writes, not frames: the stream may stay silent for the whole
+            // load, so it is read in slices of CANCEL_POLL to notice a cancel meanwhile.
+            let Ok(read) = tokio::time::timeout(CANCEL_POLL, self.c.read_more()).await else {
+                continue;
+            };
+            match read {
                 Ok(0) => break Err("the server closed the gather stream mid-load".into()),
                 Ok(_) => {
                     if let Err(e) = self.c.conn.handle_bytes(&mut self.c.buf) {
@@ -234,6 +250,10 @@ impl GatherConn {
             .map_err(RdmaGatherError::Failed)
     }
 }
+
+/// How soon a load notices that its sink was cancelled while the gather stream is silent
+/// (the read is a cancel-safe `read_buf`, so a timed-out read loses nothing).
+const CANCEL_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Holds a gather load's handle; if the load future is dropped (a caller's deadline) before the
 /// load finished, the session is broken at once so that no write lands in memory the caller

@@ -11,13 +11,10 @@
 //! - [`qp`]: RC queue pairs with a typestate bring-up (`Reset → Init → Rtr → Rts`);
 //! - [`imm`]: the 32-bit immediate that names (load slot, layer, unit): pure code, in
 //!   `objectcache_core::rdma` with the client's per-layer completion tally, re-exported here;
-//! - [`control`]: the TCP control channel (QP numbers, GIDs, PSNs, per-layer targets);
+//! - [`control`]: the set-up channel (QP numbers, GIDs, PSNs);
 //! - [`session`] / [`gather`]: the data path under the gather protocol (server and client
 //!   end): set-up on the gather port, loads as gather descriptors with an RDMA target;
 //!   [`client`]: the client's queue pairs, registrations and completions;
-//! - `server` and `RdmaClient::connect`/`load` (feature `rdma-standalone`, tests only): a
-//!   standalone server with loads on its own control channel (`Msg::Load`), which
-//!   tests/rdma_loopback.rs uses to drive the verbs objects without a gather server.
 //!
 //! Failure model: a QP error, a remote disconnect or a load deadline turns every layer that
 //! is not complete into a miss through [`crate::transport::LayerSink::fail`]; no call waits
@@ -44,21 +41,17 @@ pub use objectcache_core::rdma::imm;
 pub mod mr;
 pub mod pd;
 pub mod qp;
-#[cfg(feature = "rdma-standalone")]
-pub mod server;
 pub mod session;
 
 pub use client::{ClientConfig, LayerDest, LayerPlan, LoadHandle, LoadOutcome, RdmaClient};
 pub use context::{devices, select_transport, Context, DeviceSelector, TransportChoice};
-pub use control::{Endpoint, LayerTarget, LoadSpec};
+pub use control::Endpoint;
 pub use cq::{Completion, CompletionQueue};
 pub use gather::{GatherConn, RdmaGatherError};
 pub use imm::Imm;
 pub use mr::{HostBuffer, MemoryRegion, RegistrationCache};
 pub use pd::ProtectionDomain;
 pub use qp::{Init, QueuePair, Reset, Rtr, Rts};
-#[cfg(feature = "rdma-standalone")]
-pub use server::{RdmaServer, ServerHandle, SliceSource, StoreSliceSource};
 pub use session::{GatherSession, ServerConfig, SessionRegistry};
 
 /// What the RDMA layer reports.

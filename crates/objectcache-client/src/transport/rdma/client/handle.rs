@@ -6,8 +6,6 @@ use std::time::Duration;
 use crate::error::LayerError;
 
 use super::state::{run, Action, ConnShared, LoadOutcome};
-use crate::transport::rdma::control::{self, Msg};
-use crate::transport::rdma::{RdmaError, Result};
 
 /// A running load. [`LoadHandle::wait`] returns when every layer is ready or a miss.
 pub struct LoadHandle {
@@ -29,7 +27,7 @@ impl LoadHandle {
     /// load finishes once that many completions have arrived.
     pub fn server_end(&self, writes: u64) {
         if let Some(slot) = self.slot {
-            self.shared.on_done(slot, Vec::new(), writes);
+            self.shared.on_end(slot, writes);
         }
     }
 
@@ -109,42 +107,6 @@ impl LoadHandle {
             }
             woken.await;
         }
-    }
-
-    /// Asks the server to stop this load: units not yet posted are skipped and their layers
-    /// become [`LayerError::Cancelled`] misses once the server confirms (the destination may
-    /// still receive writes until then, so keep it until [`LoadHandle::wait`] returns). A
-    /// sink whose `is_cancelled` turns true has the same effect.
-    ///
-    /// # Errors
-    /// [`RdmaError::Broken`] when the connection is gone (the load then ends on its own).
-    pub fn cancel(&self) -> Result<()> {
-        let Some(slot) = self.slot else { return Ok(()) };
-        if self.shared.gather {
-            return Err(RdmaError::InvalidArgument(
-                "a gather load is cancelled through the gather protocol".into(),
-            ));
-        }
-        {
-            let mut st = self.shared.lock();
-            if let Some(why) = &st.broken {
-                return Err(RdmaError::Broken(why.clone()));
-            }
-            match st.loads.get_mut(&slot) {
-                Some(l) if !l.finished && !l.cancel_sent && !l.server_done => l.cancel_sent = true,
-                _ => return Ok(()),
-            }
-        }
-        let r = control::send(
-            &mut *self.shared.writer.lock().unwrap_or_else(|p| p.into_inner()),
-            &Msg::Cancel { slot },
-        );
-        if let Err(e) = r {
-            self.shared
-                .break_conn(format!("sending Cancel failed: {e}"), None);
-            return Err(e);
-        }
-        Ok(())
     }
 
     /// Blocks until the load ends (bounded by the load deadline, after which pending layers

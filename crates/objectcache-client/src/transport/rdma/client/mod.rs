@@ -26,8 +26,6 @@ use crate::transport::LayerSink;
 
 use crate::transport::rdma::context::{Context, DeviceSelector};
 use crate::transport::rdma::control::{self, Msg};
-#[cfg(feature = "rdma-standalone")]
-use crate::transport::rdma::control::{LayerTarget, LoadSpec};
 use crate::transport::rdma::cq::CompletionQueue;
 use crate::transport::rdma::imm::Imm;
 use crate::transport::rdma::mr::{MemoryRegion, RegistrationCache};
@@ -82,35 +80,17 @@ impl std::fmt::Debug for RdmaClient {
 }
 
 impl RdmaClient {
-    /// Opens the device, connects the control channel to `addr`, and brings up `cfg.qps` RC
-    /// QPs against the server's.
+    /// Opens the device, connects to an ObjectCache server's gather port at `addr` (the
+    /// [`control::PREFACE`], then the set-up channel) and brings up `cfg.qps` RC QPs against
+    /// the server's: a *gather session*, whose token ([`RdmaClient::session`]) gather
+    /// descriptors name in their RDMA target. Loads go through [`RdmaClient::expect_gather`]
+    /// and the gather protocol.
     ///
     /// # Errors
     /// [`RdmaError::NoDevice`] when this host has no usable RDMA device (use the TCP gather
     /// path), [`RdmaError::Io`] when the server cannot be reached, [`RdmaError::Protocol`]
-    /// when it refuses, [`RdmaError::Verbs`] when bring-up fails.
-    #[cfg(feature = "rdma-standalone")]
-    pub fn connect(addr: impl ToSocketAddrs, cfg: ClientConfig) -> Result<Self> {
-        Self::connect_inner(addr, cfg, false)
-    }
-
-    /// Like [`RdmaClient::connect`], but to an ObjectCache server's gather port: sends the
-    /// [`control::PREFACE`] and asks for a *gather session*, whose token
-    /// ([`RdmaClient::session`]) gather descriptors name in their RDMA target. Loads then go
-    /// through [`RdmaClient::expect_gather`] and the gather protocol, not [`RdmaClient::load`].
-    ///
-    /// # Errors
-    /// As [`RdmaClient::connect`]; [`RdmaError::Protocol`] when the server offers no RDMA.
+    /// when it refuses (or offers no RDMA), [`RdmaError::Verbs`] when bring-up fails.
     pub fn connect_gather(addr: impl ToSocketAddrs, cfg: ClientConfig) -> Result<Self> {
-        Self::connect_inner(addr, cfg, true)
-    }
-
-    /// The gather session token (0 for a plain session).
-    pub fn session(&self) -> u64 {
-        self.session
-    }
-
-    fn connect_inner(addr: impl ToSocketAddrs, cfg: ClientConfig, gather: bool) -> Result<Self> {
         if cfg.qps == 0 || cfg.qps > 64 {
             return Err(RdmaError::InvalidArgument(format!(
                 "qps = {} is outside 1..=64",
@@ -132,9 +112,7 @@ impl RdmaClient {
         let mut s = TcpStream::connect_timeout(&addr, cfg.connect_timeout)?;
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(cfg.connect_timeout))?;
-        if gather {
-            std::io::Write::write_all(&mut s, &control::PREFACE)?;
-        }
+        std::io::Write::write_all(&mut s, &control::PREFACE)?;
         let n = cfg.qps as u32;
         let cq = CompletionQueue::new(&ctx, n * (cfg.caps.max_send_wr + cfg.caps.max_recv_wr))?;
         let mut inits = Vec::new();
@@ -151,12 +129,12 @@ impl RdmaClient {
             &Msg::Hello {
                 version: control::VERSION,
                 endpoints: inits.iter().map(|q| q.endpoint()).collect(),
-                gather,
+                gather: true,
             },
         )?;
         let (remote, session) = match control::recv(&mut s)? {
             Some(Msg::Welcome { endpoints, session })
-                if endpoints.len() == inits.len() && (session != 0) == gather =>
+                if endpoints.len() == inits.len() && session != 0 =>
             {
                 (endpoints, session)
             }
@@ -193,7 +171,6 @@ impl RdmaClient {
             drain_posted: AtomicBool::new(false),
             drain_late: AtomicBool::new(false),
             cfg,
-            gather,
         });
         let sh = shared.clone();
         let poller = std::thread::Builder::new()
@@ -211,100 +188,9 @@ impl RdmaClient {
         })
     }
 
-    /// Starts a load: layer `spec.layers[i]` lands in `dests[i]` (`units x slice_len` bytes,
-    /// unit `u` at `offset + u x slice_len`), and `sink.complete(layer, slice_len)` is called
-    /// once per unit as its write completes; pending layers become misses through
-    /// `sink.fail` on any failure. Destination buffers are registered once (cached).
-    ///
-    /// # Errors
-    /// [`RdmaError::InvalidArgument`] when the destinations do not match the spec (naming the
-    /// layer) or 64 loads are already running; [`RdmaError::Broken`] when the connection has
-    /// failed (reconnect); registration or control-channel errors.
-    #[cfg(feature = "rdma-standalone")]
-    pub fn load(
-        &self,
-        spec: LoadSpec,
-        dests: &[LayerDest],
-        sink: Arc<dyn LayerSink>,
-    ) -> Result<LoadHandle> {
-        let units = spec.keys.len();
-        if units == 0 || units as u64 > u64::from(Imm::MAX_UNITS) {
-            return Err(RdmaError::InvalidArgument(format!(
-                "{units} chunks is outside 1..={}",
-                Imm::MAX_UNITS
-            )));
-        }
-        if spec.slice_len == 0 || spec.slice_len > (1 << 31) {
-            return Err(RdmaError::InvalidArgument(format!(
-                "slice_len {} is outside 1..=2^31",
-                spec.slice_len
-            )));
-        }
-        if dests.len() != spec.layers.len() {
-            return Err(RdmaError::InvalidArgument(format!(
-                "{} destinations for {} layers",
-                dests.len(),
-                spec.layers.len()
-            )));
-        }
-        let table: Vec<(u64, u64)> = (0..units as u64)
-            .map(|u| (u * spec.slice_len, spec.slice_len))
-            .collect();
-        for (d, &l) in dests.iter().zip(&spec.layers) {
-            if d.layer != l {
-                return Err(RdmaError::InvalidArgument(format!(
-                    "destination for layer {} given where layer {l} is loaded",
-                    d.layer
-                )));
-            }
-        }
-        let plan: Vec<LayerPlan> = dests
-            .iter()
-            .map(|d| LayerPlan {
-                dest: d.clone(),
-                units: table.clone(),
-                slices: Vec::new(),
-            })
-            .collect();
-        if plan
-            .iter()
-            .any(|p| matches!(p.dest.mem, DestMem::Ranges { .. }))
-        {
-            return Err(RdmaError::InvalidArgument(
-                "scattered destinations go through gather loads (expect_gather)".into(),
-            ));
-        }
-        let (slot, segments) = self.register_load(&plan, sink)?;
-        let targets: Vec<LayerTarget> = spec
-            .layers
-            .iter()
-            .zip(segments)
-            .map(|(&layer, s)| LayerTarget {
-                layer,
-                addr: s[0].addr,
-                rkey: s[0].rkey,
-                len: s[0].len,
-            })
-            .collect();
-        let sent = {
-            let mut w = self.shared.writer.lock().unwrap_or_else(|p| p.into_inner());
-            control::send(
-                &mut *w,
-                &Msg::Load {
-                    slot,
-                    spec,
-                    targets,
-                },
-            )
-        };
-        if let Err(e) = sent {
-            self.shared
-                .break_conn(format!("sending the load request failed: {e}"), None);
-        }
-        Ok(LoadHandle {
-            shared: self.shared.clone(),
-            slot: Some(slot),
-        })
+    /// The gather session token that gather descriptors name in their RDMA target.
+    pub fn session(&self) -> u64 {
+        self.session
     }
 
     /// Registers a gather load on this session: layer `p.dest.layer()` of each [`LayerPlan`]
@@ -318,7 +204,8 @@ impl RdmaClient {
     /// `End` frame says how many writes it made, or [`LoadHandle::forget`] when it refused.
     ///
     /// # Errors
-    /// As [`RdmaClient::load`]; [`RdmaError::InvalidArgument`] when a range of a scattered
+    /// [`RdmaError::InvalidArgument`] when a destination does not match its plan (naming the
+    /// layer), 64 loads already run, or a range of a scattered
     /// destination lies in none of its memory areas.
     pub fn expect_gather(
         &self,
@@ -510,7 +397,6 @@ impl RdmaClient {
                     sink_pending: 0,
                     writes_expected: 0,
                     writes_seen: 0,
-                    cancel_sent: false,
                     outcome: LoadOutcome {
                         ready: Vec::new(),
                         failed: Vec::new(),

@@ -13,7 +13,7 @@ use crate::error::LayerError;
 use crate::transport::LayerSink;
 
 use super::ClientConfig;
-use crate::transport::rdma::control::{self, Msg};
+use crate::transport::rdma::control;
 use crate::transport::rdma::cq::{backoff, Completion, CompletionQueue};
 use crate::transport::rdma::imm::Imm;
 use crate::transport::rdma::mr::{MemoryRegion, RegistrationCache};
@@ -38,10 +38,9 @@ pub(super) struct LoadState {
     pub(super) aborted: bool,
     /// Sink calls decided under the lock but not yet run.
     pub(super) sink_pending: u32,
-    /// Writes the server reported complete (from Done) and receive completions seen so far.
+    /// Writes the server reported complete (its `End`) and receive completions seen so far.
     pub(super) writes_expected: u64,
     pub(super) writes_seen: u64,
-    pub(super) cancel_sent: bool,
     pub(super) outcome: LoadOutcome,
     pub(super) finished: bool,
     pub(super) _mrs: Vec<Arc<MemoryRegion>>,
@@ -96,8 +95,6 @@ pub(super) struct ConnShared {
     pub(super) finished: tokio::sync::Notify,
     pub(super) stop: AtomicBool,
     pub(super) cfg: ClientConfig,
-    /// A gather session: cancels go through the gather protocol, not this channel.
-    pub(super) gather: bool,
     /// Per QP: its drain marker (see [`DRAIN_MARK`]) has completed.
     pub(super) drained: Vec<AtomicBool>,
     /// The drain markers were posted (once, by the first [`ConnShared::break_conn`]).
@@ -240,36 +237,6 @@ impl ConnShared {
         true
     }
 
-    /// Tells the server about loads whose sink reports cancellation (once per load).
-    fn send_cancels(&self) {
-        let slots: Vec<u32> = {
-            let mut st = self.lock();
-            if st.broken.is_some() || self.gather {
-                return;
-            }
-            st.loads
-                .iter_mut()
-                .filter(|(_, l)| {
-                    !l.finished && !l.cancel_sent && !l.server_done && l.sink.is_cancelled()
-                })
-                .map(|(s, l)| {
-                    l.cancel_sent = true;
-                    *s
-                })
-                .collect()
-        };
-        for slot in slots {
-            let r = control::send(
-                &mut *self.writer.lock().unwrap_or_else(|p| p.into_inner()),
-                &Msg::Cancel { slot },
-            );
-            if let Err(e) = r {
-                self.break_conn(format!("sending Cancel failed: {e}"), None);
-                return;
-            }
-        }
-    }
-
     /// Records that the sink calls counted in `ran` (one entry per call, by slot) have run,
     /// then finishes the loads in `ran` and `check` that are complete. A load finishes only
     /// after every sink call for it has run, so a waiter never sees a layer "ready" before
@@ -359,36 +326,18 @@ impl ConnShared {
         Ok(())
     }
 
-    pub(super) fn on_done(&self, slot: u32, failed: Vec<(u32, String)>, writes: u64) {
-        let mut actions = Vec::new();
+    /// The server's `End` of load `slot`: it made `writes` successful writes (its misses came
+    /// before, as `Miss` frames). The load finishes once that many completions have arrived.
+    pub(super) fn on_end(&self, slot: u32, writes: u64) {
         {
             let mut st = self.lock();
             let Some(ld) = st.loads.get_mut(&slot) else {
                 return;
             };
-            for (layer, why) in failed {
-                if let Some(lp) = ld.layers.get_mut(&layer) {
-                    if let Some(chunk) = lp.fail() {
-                        let err = if ld.cancel_sent && why == control::CANCELLED {
-                            LayerError::Cancelled
-                        } else {
-                            LayerError::Storage {
-                                chunk,
-                                message: format!("server: {why}"),
-                            }
-                        };
-                        ld.outcome.failed.push((layer, err.clone()));
-                        actions.push(Action::Fail(ld.sink.clone(), layer, err));
-                        ld.sink_pending += 1;
-                    }
-                }
-            }
             ld.server_done = true;
             ld.writes_expected = writes;
         }
-        let ran = vec![slot; actions.len()];
-        run(actions);
-        self.settle(&ran, &[slot]);
+        self.settle(&[], &[slot]);
     }
 }
 
@@ -421,7 +370,6 @@ pub(super) fn poll_loop(sh: &ConnShared) {
                     Some(slot),
                 );
             }
-            sh.send_cancels();
             backoff(&mut idle);
             continue;
         }
@@ -467,31 +415,15 @@ pub(super) fn poll_loop(sh: &ConnShared) {
     }
 }
 
-/// Control-channel reader: Done messages, and disconnect detection.
+/// Set-up channel reader: after the Welcome nothing more comes on it, so it only notices
+/// the server going away (end of stream, an error, or a message it never sends).
 pub(super) fn read_loop(sh: &ConnShared, mut s: TcpStream) {
-    loop {
-        match control::recv(&mut s) {
-            Ok(Some(Msg::Done {
-                slot,
-                failed,
-                writes,
-            })) => sh.on_done(slot, failed, writes),
-            Ok(Some(other)) => {
-                sh.break_conn(format!("unexpected control message {other:?}"), None);
-                return;
-            }
-            Ok(None) => {
-                if !sh.stop.load(Ordering::Acquire) {
-                    sh.break_conn("the server closed the control channel".into(), None);
-                }
-                return;
-            }
-            Err(e) => {
-                if !sh.stop.load(Ordering::Acquire) {
-                    sh.break_conn(format!("control channel failed: {e}"), None);
-                }
-                return;
-            }
-        }
+    let why = match control::recv(&mut s) {
+        Ok(Some(other)) => format!("unexpected control message {other:?}"),
+        Ok(None) => "the server closed the control channel".into(),
+        Err(e) => format!("control channel failed: {e}"),
+    };
+    if !sh.stop.load(Ordering::Acquire) {
+        sh.break_conn(why, None);
     }
 }
