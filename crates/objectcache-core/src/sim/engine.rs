@@ -16,7 +16,7 @@
 use super::workload::{Instance, Request, Workload};
 use crate::error::Error;
 use crate::sched::planner::{self, Fallback, PlanInput, StallState};
-use crate::sched::{timeline, ComputeModel, LoadId, LoadSpec, PolicyKind, Scheduler};
+use crate::sched::{timeline, Allocation, ComputeModel, LoadId, LoadSpec, PolicyKind, Scheduler};
 
 /// Simulation parameters.
 #[derive(Debug, Clone, PartialEq)]
@@ -284,157 +284,225 @@ fn plan_batch(
     Ok((ks, ends))
 }
 
+/// Runs one instance to its end: a loop over [`InstanceSim`]'s handlers, one per event kind.
 fn run_instance(
     inst: &Instance,
     cfg: &SimConfig,
     policy: SimPolicy,
     forced: Option<&[u64]>,
 ) -> Result<Vec<Outcome>, Error> {
-    if !(cfg.capacity.is_finite() && cfg.capacity > 0.0) {
-        return Err(Error::InvalidArgument(format!(
-            "sim: capacity {} bytes/s must be finite and > 0",
-            cfg.capacity
-        )));
-    }
-    let reqs = &inst.requests;
-    if let Some(r) = reqs
-        .iter()
-        .find(|r| !r.arrival_s.is_finite() || r.arrival_s < 0.0)
-    {
-        return Err(Error::InvalidArgument(format!(
-            "sim: arrival time {} s is not valid",
-            r.arrival_s
-        )));
-    }
-    let order = crate::sched::arrival_order(reqs.len(), |i| reqs[i].arrival_s);
-    let m = &cfg.model;
-    let fixed = m.fixed_s();
-    let mut out: Vec<Option<Outcome>> = vec![None; reqs.len()];
-    let outcome =
-        |r: usize, load_tokens: u64, ttft: f64, fell_back: bool, load_end: f64, ready: Vec<f64>| {
-            let q = &reqs[r];
-            let local = m.prefill_time(q.new_tokens, q.prefix_tokens);
-            Outcome {
-                arrival_s: q.arrival_s,
-                prefix_tokens: q.prefix_tokens,
-                new_tokens: q.new_tokens,
-                load_tokens,
-                ttft_s: ttft,
-                local_ttft_s: local,
-                recompute_ttft_s: m.recompute_time(q.prefix_tokens, q.new_tokens),
-                added_ttft_s: ttft - local,
-                fell_back,
-                load_end_s: load_end,
-                layer_ready_s: ready,
-            }
-        };
-    let t_start = order.first().map(|&i| reqs[i].arrival_s).unwrap_or(0.0);
-    let mut sched = Scheduler::new(
-        policy.kind.build(),
-        cfg.capacity,
-        cfg.capacity * 1e-3,
-        t_start,
-    )?;
-    let mut acts: Vec<Active> = Vec::new();
-    let mut next = 0usize;
-    let mut t = t_start;
-    let bpt = cfg.kv_bytes_per_token_per_layer;
+    let mut sim = InstanceSim::new(inst, cfg, policy, forced)?;
     for _ in 0..MAX_EVENTS {
-        // Arrivals due now, planned together at the fair share they will see.
-        let first = next;
-        while next < order.len() && reqs[order[next]].arrival_s <= t {
-            next += 1;
+        sim.on_arrivals()?;
+        if sim.acts.is_empty() && sim.next >= sim.order.len() {
+            return Ok(sim.into_outcomes());
         }
-        if next > first {
-            let loading = order[first..next]
+        let alloc = sim.sched.poll_allocation(sim.t).to_vec();
+        let nt = sim.next_event(&alloc)?;
+        sim.on_progress(nt, &alloc)?;
+        sim.on_departures(&alloc)?;
+    }
+    Err(Error::InvalidArgument(format!(
+        "sim: more than {MAX_EVENTS} events; giving up"
+    )))
+}
+
+/// One instance's simulation: its requests in arrival order, the link scheduler, the loads
+/// in flight and the outcomes so far. [`run_instance`] calls its handlers in turn: arrivals
+/// due now ([`Self::on_arrivals`]), the next event's time ([`Self::next_event`]), the loads'
+/// progress up to it ([`Self::on_progress`]), then departures and fallbacks
+/// ([`Self::on_departures`]).
+struct InstanceSim<'a> {
+    reqs: &'a [Request],
+    cfg: &'a SimConfig,
+    policy: SimPolicy,
+    /// Tokens to load per request, fixed by the caller (the exact bound's search).
+    forced: Option<&'a [u64]>,
+    /// Request indices by arrival.
+    order: Vec<usize>,
+    sched: Scheduler,
+    acts: Vec<Active>,
+    /// The next arrival in `order`.
+    next: usize,
+    /// Simulated time, seconds.
+    t: f64,
+    out: Vec<Option<Outcome>>,
+}
+
+impl<'a> InstanceSim<'a> {
+    /// Checks the instance and the capacity, and starts the scheduler at the first arrival.
+    fn new(
+        inst: &'a Instance,
+        cfg: &'a SimConfig,
+        policy: SimPolicy,
+        forced: Option<&'a [u64]>,
+    ) -> Result<Self, Error> {
+        if !(cfg.capacity.is_finite() && cfg.capacity > 0.0) {
+            return Err(Error::InvalidArgument(format!(
+                "sim: capacity {} bytes/s must be finite and > 0",
+                cfg.capacity
+            )));
+        }
+        let reqs = &inst.requests;
+        if let Some(r) = reqs
+            .iter()
+            .find(|r| !r.arrival_s.is_finite() || r.arrival_s < 0.0)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "sim: arrival time {} s is not valid",
+                r.arrival_s
+            )));
+        }
+        let order = crate::sched::arrival_order(reqs.len(), |i| reqs[i].arrival_s);
+        let t_start = order.first().map(|&i| reqs[i].arrival_s).unwrap_or(0.0);
+        let sched = Scheduler::new(
+            policy.kind.build(),
+            cfg.capacity,
+            cfg.capacity * 1e-3,
+            t_start,
+        )?;
+        Ok(InstanceSim {
+            reqs,
+            cfg,
+            policy,
+            forced,
+            order,
+            sched,
+            acts: Vec::new(),
+            next: 0,
+            t: t_start,
+            out: vec![None; reqs.len()],
+        })
+    }
+
+    /// Request `r`'s outcome: `load_tokens` loaded, first token after `ttft` seconds.
+    fn outcome(
+        &self,
+        r: usize,
+        load_tokens: u64,
+        ttft: f64,
+        fell_back: bool,
+        load_end: f64,
+        ready: Vec<f64>,
+    ) -> Outcome {
+        let (q, m) = (&self.reqs[r], &self.cfg.model);
+        let local = m.prefill_time(q.new_tokens, q.prefix_tokens);
+        Outcome {
+            arrival_s: q.arrival_s,
+            prefix_tokens: q.prefix_tokens,
+            new_tokens: q.new_tokens,
+            load_tokens,
+            ttft_s: ttft,
+            local_ttft_s: local,
+            recompute_ttft_s: m.recompute_time(q.prefix_tokens, q.new_tokens),
+            added_ttft_s: ttft - local,
+            fell_back,
+            load_end_s: load_end,
+            layer_ready_s: ready,
+        }
+    }
+
+    /// Arrivals due now, planned together at the fair share they will see: each loads its
+    /// planned tokens (all of its prefix without the planner) or, at 0, recomputes.
+    fn on_arrivals(&mut self) -> Result<(), Error> {
+        let (reqs, cfg, t) = (self.reqs, self.cfg, self.t);
+        let m = &cfg.model;
+        let bpt = cfg.kv_bytes_per_token_per_layer;
+        let first = self.next;
+        while self.next < self.order.len() && reqs[self.order[self.next]].arrival_s <= t {
+            self.next += 1;
+        }
+        if self.next == first {
+            return Ok(());
+        }
+        let batch: Vec<usize> = self.order[first..self.next].to_vec();
+        let loading = batch.iter().filter(|&&r| reqs[r].prefix_tokens > 0).count();
+        let share =
+            cfg.capacity.min(cfg.max_rate_per_load) / (self.acts.len() + loading).max(1) as f64;
+        let mut planned_end: Vec<f64> = vec![f64::INFINITY; batch.len()];
+        let ks: Vec<u64> = if let Some(f) = self.forced {
+            batch
                 .iter()
-                .filter(|&&r| reqs[r].prefix_tokens > 0)
-                .count();
-            let share =
-                cfg.capacity.min(cfg.max_rate_per_load) / (acts.len() + loading).max(1) as f64;
-            let batch: Vec<usize> = order[first..next].to_vec();
-            let mut planned_end: Vec<f64> = vec![f64::INFINITY; batch.len()];
-            let ks: Vec<u64> = if let Some(f) = forced {
-                batch
-                    .iter()
-                    .map(|&r| f[r].min(reqs[r].prefix_tokens))
-                    .collect()
-            } else if policy.planner {
-                let qs: Vec<&Request> = batch.iter().map(|&r| &reqs[r]).collect();
-                let layers = m.layers() as u64;
-                let active: Vec<(u64, u64)> = acts
-                    .iter()
-                    .map(|a| {
-                        let rem = a.cum.last().copied().unwrap_or(0) - a.reported;
-                        (rem.div_ceil((bpt * layers).max(1)), a.n)
-                    })
-                    .collect();
-                let (mut ks, ends) = plan_batch(&qs, &active, cfg, policy.kind, share)?;
-                ks.iter_mut()
-                    .zip(&qs)
-                    .for_each(|(k, q)| *k = (*k).min(q.prefix_tokens));
-                planned_end = ends;
-                ks
+                .map(|&r| f[r].min(reqs[r].prefix_tokens))
+                .collect()
+        } else if self.policy.planner {
+            let qs: Vec<&Request> = batch.iter().map(|&r| &reqs[r]).collect();
+            let layers = m.layers() as u64;
+            let active: Vec<(u64, u64)> = self
+                .acts
+                .iter()
+                .map(|a| {
+                    let rem = a.cum.last().copied().unwrap_or(0) - a.reported;
+                    (rem.div_ceil((bpt * layers).max(1)), a.n)
+                })
+                .collect();
+            let (mut ks, ends) = plan_batch(&qs, &active, cfg, self.policy.kind, share)?;
+            ks.iter_mut()
+                .zip(&qs)
+                .for_each(|(k, q)| *k = (*k).min(q.prefix_tokens));
+            planned_end = ends;
+            ks
+        } else {
+            batch.iter().map(|&r| reqs[r].prefix_tokens).collect()
+        };
+        for ((&r, &k), &end) in batch.iter().zip(&ks).zip(&planned_end) {
+            let q = &reqs[r];
+            let deadline = if end.is_finite() {
+                plan_deadline(t, end)
             } else {
-                batch.iter().map(|&r| reqs[r].prefix_tokens).collect()
+                f64::INFINITY
             };
-            for ((&r, &k), &end) in batch.iter().zip(&ks).zip(&planned_end) {
-                let q = &reqs[r];
-                let deadline = if end.is_finite() {
-                    plan_deadline(t, end)
-                } else {
-                    f64::INFINITY
-                };
-                if k == 0 || bpt == 0 {
-                    let ttft = m.prefill_time(q.prefix_tokens + q.new_tokens, 0);
-                    out[r] = Some(outcome(r, 0, ttft, false, q.arrival_s, Vec::new()));
-                    continue;
-                }
-                let n = q.prefix_tokens - k + q.new_tokens;
-                let compute = m.layer_times(n, k);
-                let layer_bytes = vec![k * bpt; m.layers()];
-                let cum = (1..=m.layers() as u64).map(|l| l * k * bpt).collect();
-                let spec = LoadSpec {
-                    layer_bytes,
-                    layer_compute_s: compute.clone(),
-                    compute_ready_s: q.arrival_s,
-                    max_rate: cfg.max_rate_per_load,
-                };
-                let id = sched.handle_arrival(t, spec)?;
-                acts.push(Active {
-                    req: r,
-                    id,
-                    cum,
-                    pos: 0.0,
-                    reported: 0,
-                    compute,
-                    k,
-                    n,
-                    deadline,
-                });
+            if k == 0 || bpt == 0 {
+                let ttft = m.prefill_time(q.prefix_tokens + q.new_tokens, 0);
+                self.out[r] = Some(self.outcome(r, 0, ttft, false, q.arrival_s, Vec::new()));
+                continue;
             }
+            let n = q.prefix_tokens - k + q.new_tokens;
+            let compute = m.layer_times(n, k);
+            let layer_bytes = vec![k * bpt; m.layers()];
+            let cum = (1..=m.layers() as u64).map(|l| l * k * bpt).collect();
+            let spec = LoadSpec {
+                layer_bytes,
+                layer_compute_s: compute.clone(),
+                compute_ready_s: q.arrival_s,
+                max_rate: cfg.max_rate_per_load,
+            };
+            let id = self.sched.handle_arrival(t, spec)?;
+            self.acts.push(Active {
+                req: r,
+                id,
+                cum,
+                pos: 0.0,
+                reported: 0,
+                compute,
+                k,
+                n,
+                deadline,
+            });
         }
-        if acts.is_empty() && next >= order.len() {
-            return Ok(out
-                .into_iter()
-                .map(|o| o.expect("every request has an outcome"))
-                .collect());
-        }
-        let alloc = sched.poll_allocation(t).to_vec();
-        // Next event.
+        Ok(())
+    }
+
+    /// The next event's time under allocation `alloc`: an arrival, the scheduler's timeout,
+    /// a planned deadline, or a load finishing its current layer.
+    ///
+    /// # Errors
+    /// When there is none (every active load has rate 0).
+    fn next_event(&self, alloc: &[Allocation]) -> Result<f64, Error> {
+        let t = self.t;
         let mut nt = f64::INFINITY;
-        if next < order.len() {
-            nt = reqs[order[next]].arrival_s;
+        if self.next < self.order.len() {
+            nt = self.reqs[self.order[self.next]].arrival_s;
         }
-        if let Some(to) = sched.poll_timeout(t) {
+        if let Some(to) = self.sched.poll_timeout(t) {
             nt = nt.min(to);
         }
-        for a in &acts {
+        for a in &self.acts {
             if a.deadline > t {
                 nt = nt.min(a.deadline);
             }
         }
-        for (a, al) in acts.iter().zip(&alloc) {
+        for (a, al) in self.acts.iter().zip(alloc) {
             if al.rate > 0.0 {
                 let layer = a.cum.partition_point(|&c| c <= a.reported);
                 if let Some(&b) = a.cum.get(layer) {
@@ -447,9 +515,16 @@ fn run_instance(
                 "sim: no progress possible (every active load has rate 0)".into(),
             ));
         }
-        let dt = (nt - t).max(0.0);
-        t = t.max(nt);
-        for (a, al) in acts.iter_mut().zip(&alloc) {
+        Ok(nt)
+    }
+
+    /// Moves the clock to `nt`: each load moves its bytes at its rate in `alloc` (snapping to
+    /// a layer boundary within a byte), and the scheduler hears the progress and the time.
+    fn on_progress(&mut self, nt: f64, alloc: &[Allocation]) -> Result<(), Error> {
+        let dt = (nt - self.t).max(0.0);
+        self.t = self.t.max(nt);
+        let t = self.t;
+        for (a, al) in self.acts.iter_mut().zip(alloc) {
             if al.rate <= 0.0 {
                 continue;
             }
@@ -463,35 +538,46 @@ fn run_instance(
             let total = *a.cum.last().unwrap_or(&0);
             let now_rep = (a.pos.floor() as u64).min(total);
             if now_rep > a.reported {
-                sched.handle_progress(t, a.id, now_rep - a.reported)?;
+                self.sched.handle_progress(t, a.id, now_rep - a.reported)?;
                 a.reported = now_rep;
             }
         }
-        sched.handle_timeout(t);
-        // Departures and fallbacks.
-        let n_active = acts.len();
+        self.sched.handle_timeout(t);
+        Ok(())
+    }
+
+    /// Departures (a load with every byte in) and, with the planner, fallbacks: a load past
+    /// its planned deadline and stalled recomputes when that finishes sooner.
+    fn on_departures(&mut self, alloc: &[Allocation]) -> Result<(), Error> {
+        let (t, cfg) = (self.t, self.cfg);
+        let m = &cfg.model;
+        let fixed = m.fixed_s();
+        let n_active = self.acts.len();
         let mut i = 0;
-        while i < acts.len() {
-            let a = &acts[i];
-            let st = sched
+        while i < self.acts.len() {
+            let a = &self.acts[i];
+            let st = self
+                .sched
                 .load(a.id)
                 .expect("active load is known to the scheduler");
-            let q = &reqs[a.req];
+            let q = &self.reqs[a.req];
             if st.remaining_bytes() == 0 {
                 let finish = timeline::finish_time(q.arrival_s, st.layer_ready_s(), &a.compute);
-                out[a.req] = Some(outcome(
+                let o = self.outcome(
                     a.req,
                     a.k,
                     finish + fixed - q.arrival_s,
                     false,
                     t,
                     st.layer_ready_s().to_vec(),
-                ));
-                sched.handle_departure(t, a.id)?;
-                acts.remove(i);
+                );
+                let (req, id) = (a.req, a.id);
+                self.out[req] = Some(o);
+                self.sched.handle_departure(t, id)?;
+                self.acts.remove(i);
                 continue;
             }
-            if policy.planner && t >= a.deadline && st.stalled(t) {
+            if self.policy.planner && t >= a.deadline && st.stalled(t) {
                 let d = st.layers_delivered();
                 let missing: Vec<u64> = (d..a.cum.len())
                     .map(|l| a.cum[l] - a.reported.max(if l == 0 { 0 } else { a.cum[l - 1] }))
@@ -510,25 +596,33 @@ fn run_instance(
                     rate,
                 };
                 if let Fallback::Recompute { finish_s, .. } = planner::fallback(m, t, &s) {
-                    out[a.req] = Some(outcome(
+                    let o = self.outcome(
                         a.req,
                         0,
                         finish_s + fixed - q.arrival_s,
                         true,
                         t,
                         Vec::new(),
-                    ));
-                    sched.handle_departure(t, a.id)?;
-                    acts.remove(i);
+                    );
+                    let (req, id) = (a.req, a.id);
+                    self.out[req] = Some(o);
+                    self.sched.handle_departure(t, id)?;
+                    self.acts.remove(i);
                     continue;
                 }
             }
             i += 1;
         }
+        Ok(())
     }
-    Err(Error::InvalidArgument(format!(
-        "sim: more than {MAX_EVENTS} events; giving up"
-    )))
+
+    /// Every request's outcome, in request order.
+    fn into_outcomes(self) -> Vec<Outcome> {
+        self.out
+            .into_iter()
+            .map(|o| o.expect("every request has an outcome"))
+            .collect()
+    }
 }
 
 /// Mean and 99th percentile of a set of outcomes (seconds).

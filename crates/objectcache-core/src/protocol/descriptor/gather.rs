@@ -228,6 +228,18 @@ impl GatherRequest {
     pub fn validate(&self, max_chunks: u32) -> Result<(), ProtocolError> {
         validate_bucket(&self.bucket)?;
         self.geometry.validate()?;
+        self.check_chunks(max_chunks)?;
+        self.check_keys()?;
+        self.check_layers_and_plan()?;
+        self.check_hints()?;
+        self.check_group()?;
+        self.check_segments()?;
+        self.check_rdma_target()
+    }
+
+    /// Chunks: 1..=`max_chunks` (at most [`MAX_CHUNKS_HARD`]), one token count each, each
+    /// 1..=`tokens_per_chunk`.
+    fn check_chunks(&self, max_chunks: u32) -> Result<(), ProtocolError> {
         let n = self.chunks.len();
         if n == 0 {
             return Err(ProtocolError::invalid(
@@ -260,13 +272,19 @@ impl GatherRequest {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Keys: explicit keys of 1..=[`MAX_KEY_LEN`] bytes; a hashed form's prefix leaves room for
+    /// any hash within [`MAX_KEY_LEN`], and its hashes share one length.
+    fn check_keys(&self) -> Result<(), ProtocolError> {
         match &self.chunks {
             ChunkKeys::Explicit(keys) => {
                 for k in keys {
                     if k.is_empty() || k.len() > MAX_KEY_LEN {
                         return Err(ProtocolError::invalid(
                             "key",
-                            format!("{} bytes (allowed 1..=1024)", k.len()),
+                            format!("{} bytes (allowed 1..={MAX_KEY_LEN})", k.len()),
                         ));
                     }
                 }
@@ -287,6 +305,13 @@ impl GatherRequest {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Layers and units: a non-empty layer range within the model, `max_unit_bytes` within
+    /// [`MIN_UNIT_BYTES`]..=[`MAX_UNIT_BYTES`], and the planner's cost: at most
+    /// [`MAX_SLICES_PER_REQUEST`] slices and [`MAX_UNITS_PER_REQUEST`] units.
+    fn check_layers_and_plan(&self) -> Result<(), ProtocolError> {
         if self.layers.start >= self.layers.end || self.layers.end > self.geometry.layers {
             return Err(ProtocolError::invalid(
                 "layers",
@@ -305,7 +330,8 @@ impl GatherRequest {
                 ),
             ));
         }
-        let nl = (self.layers.end - self.layers.start) as usize;
+        let nl = self.layers.len();
+        let n = self.chunks.len();
         // Planning cost, bounded before anything is planned or allocated.
         let slices = nl as u64 * n as u64;
         if slices > MAX_SLICES_PER_REQUEST {
@@ -323,9 +349,15 @@ impl GatherRequest {
                 max: MAX_UNITS_PER_REQUEST,
             });
         }
+        Ok(())
+    }
+
+    /// Scheduling hints: one value per requested layer.
+    fn check_hints(&self) -> Result<(), ProtocolError> {
         match &self.hints {
             SchedHints::None => {}
             SchedHints::LayerDeadlinesUs(v) | SchedHints::LayerComputeUs(v) => {
+                let nl = self.layers.len();
                 if v.len() != nl {
                     return Err(ProtocolError::invalid(
                         "hints",
@@ -334,6 +366,12 @@ impl GatherRequest {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Load group: stripe < stripes <= [`MAX_STRIPES`], and the load's layer bytes at least
+    /// this stripe's and at most what its stripes can hold.
+    fn check_group(&self) -> Result<(), ProtocolError> {
         if let Some(gr) = &self.group {
             if gr.stripes == 0 || gr.stripes > MAX_STRIPES || gr.stripe >= gr.stripes {
                 return Err(ProtocolError::invalid(
@@ -359,6 +397,12 @@ impl GatherRequest {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Segment placement: only with the hashed key form, and valid for the geometry and the
+    /// chunks' token counts.
+    fn check_segments(&self) -> Result<(), ProtocolError> {
         if let Some(p) = &self.segments {
             if !matches!(self.chunks, ChunkKeys::Hashed { .. }) {
                 return Err(ProtocolError::invalid(
@@ -368,61 +412,70 @@ impl GatherRequest {
             }
             p.validate(&self.geometry, &self.chunk_tokens)?;
         }
-        if let TransportTarget::Rdma(t) = &self.target {
-            if t.slot >= RDMA_SLOTS {
+        Ok(())
+    }
+
+    /// RDMA target: a slot and layers the write immediate can name ([`RDMA_SLOTS`],
+    /// [`RDMA_MAX_LAYERS`], [`RDMA_MAX_UNITS_PER_LAYER`]), one destination per layer, at most
+    /// [`RDMA_MAX_SEGMENTS`] segments, none empty, each layer's covering its bytes.
+    fn check_rdma_target(&self) -> Result<(), ProtocolError> {
+        let TransportTarget::Rdma(t) = &self.target else {
+            return Ok(());
+        };
+        let nl = self.layers.len();
+        if t.slot >= RDMA_SLOTS {
+            return Err(ProtocolError::invalid(
+                "rdma target",
+                format!("slot {} (allowed 0..{RDMA_SLOTS})", t.slot),
+            ));
+        }
+        if self.layers.end > RDMA_MAX_LAYERS {
+            return Err(ProtocolError::invalid(
+                "rdma target",
+                format!(
+                    "layer {} is past the immediate's {RDMA_MAX_LAYERS} layers",
+                    self.layers.end - 1
+                ),
+            ));
+        }
+        let per_layer = self.max_units_per_layer();
+        if per_layer > RDMA_MAX_UNITS_PER_LAYER {
+            return Err(ProtocolError::invalid(
+                "rdma target",
+                format!("up to {per_layer} units per layer, the immediate names {RDMA_MAX_UNITS_PER_LAYER}"),
+            ));
+        }
+        if t.layers.len() != nl {
+            return Err(ProtocolError::invalid(
+                "rdma target",
+                format!("{} destinations for {nl} layers", t.layers.len()),
+            ));
+        }
+        let total: usize = t.layers.iter().map(|l| l.len()).sum();
+        if total > RDMA_MAX_SEGMENTS as usize {
+            return Err(ProtocolError::TooLarge {
+                what: "rdma segments",
+                got: total as u64,
+                max: RDMA_MAX_SEGMENTS as u64,
+            });
+        }
+        let need = self.layer_bytes();
+        for (i, segs) in t.layers.iter().enumerate() {
+            if segs.is_empty() || segs.iter().any(|s| s.len == 0) {
                 return Err(ProtocolError::invalid(
                     "rdma target",
-                    format!("slot {} (allowed 0..{RDMA_SLOTS})", t.slot),
+                    format!("layer {i} has no segments or an empty one"),
                 ));
             }
-            if self.layers.end > RDMA_MAX_LAYERS {
+            let have = segs
+                .iter()
+                .try_fold(0u64, |a, s| a.checked_add(s.len))
+                .unwrap_or(u64::MAX);
+            if have < need {
                 return Err(ProtocolError::invalid(
                     "rdma target",
-                    format!(
-                        "layer {} is past the immediate's {RDMA_MAX_LAYERS} layers",
-                        self.layers.end - 1
-                    ),
+                    format!("region {i} has {have} bytes, layer needs {need}"),
                 ));
-            }
-            let per_layer = self.max_units_per_layer();
-            if per_layer > RDMA_MAX_UNITS_PER_LAYER {
-                return Err(ProtocolError::invalid(
-                    "rdma target",
-                    format!("up to {per_layer} units per layer, the immediate names {RDMA_MAX_UNITS_PER_LAYER}"),
-                ));
-            }
-            if t.layers.len() != nl {
-                return Err(ProtocolError::invalid(
-                    "rdma target",
-                    format!("{} destinations for {nl} layers", t.layers.len()),
-                ));
-            }
-            let total: usize = t.layers.iter().map(|l| l.len()).sum();
-            if total > RDMA_MAX_SEGMENTS as usize {
-                return Err(ProtocolError::TooLarge {
-                    what: "rdma segments",
-                    got: total as u64,
-                    max: RDMA_MAX_SEGMENTS as u64,
-                });
-            }
-            let need = self.layer_bytes();
-            for (i, segs) in t.layers.iter().enumerate() {
-                if segs.is_empty() || segs.iter().any(|s| s.len == 0) {
-                    return Err(ProtocolError::invalid(
-                        "rdma target",
-                        format!("layer {i} has no segments or an empty one"),
-                    ));
-                }
-                let have = segs
-                    .iter()
-                    .try_fold(0u64, |a, s| a.checked_add(s.len))
-                    .unwrap_or(u64::MAX);
-                if have < need {
-                    return Err(ProtocolError::invalid(
-                        "rdma target",
-                        format!("region {i} has {have} bytes, layer needs {need}"),
-                    ));
-                }
             }
         }
         Ok(())

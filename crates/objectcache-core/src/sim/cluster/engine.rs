@@ -72,90 +72,317 @@ pub(super) fn run(
     blind: bool,
     policy: &dyn Fn() -> Box<dyn Policy + Send>,
 ) -> Result<ClusterRecord, Error> {
-    if cfg.gateways == 0 || cfg.storage_nodes == 0 {
-        return Err(Error::InvalidArgument(
-            "cluster: needs gateways and storage nodes".into(),
-        ));
+    let mut sim = ClusterSim::new(w, cfg, blind, policy)?;
+    while let Some(ev) = sim.next_event()? {
+        sim.events += 1;
+        let before = sim.busy();
+        let (t, touched) = match ev {
+            Event::Gateway(t, g) => {
+                sim.advance(g, t)?;
+                (t, g)
+            }
+            Event::Health => {
+                sim.on_health();
+                continue;
+            }
+            Event::Arrival => match sim.on_arrival()? {
+                Some(at) => at,
+                None => continue,
+            },
+        };
+        sim.after_event(t, touched, before)?;
     }
-    for (what, v) in [
-        ("gateway bandwidth", cfg.gateway_bytes_per_s),
-        ("GPU link", cfg.gpu_bytes_per_s),
-        ("storage node bandwidth", cfg.storage_node_bytes_per_s),
-        ("health interval", cfg.health_interval_s),
-    ] {
-        if !(v.is_finite() && v > 0.0) {
+    Ok(sim.record(gpu_name))
+}
+
+/// The next thing that happens in a [`ClusterSim`].
+enum Event {
+    /// Gateway `g` needs attention at time `t` (a layer boundary or a scheduler deadline).
+    Gateway(f64, usize),
+    /// The clients' health check: their view of each gateway's load is refreshed.
+    Health,
+    /// The next request arrives.
+    Arrival,
+}
+
+/// A cluster simulation's state: the gateways (each a link scheduler and its loads), the
+/// clients' view of them, the event heap and what the run accumulates. [`run`] takes the
+/// next [`Event`] and calls its handler, then [`ClusterSim::after_event`].
+struct ClusterSim<'a> {
+    w: &'a ClusterWorkload,
+    cfg: &'a ClusterConfig,
+    blind: bool,
+    /// The storage cluster's bandwidth, bytes/s.
+    storage: f64,
+    gws: Vec<Gw>,
+    /// Placement candidates, one per gateway.
+    cands: Vec<Candidate>,
+    /// Each gateway's loads at the last health check.
+    reported: Vec<u32>,
+    /// Gateway events `(time, gateway, version)`; a stale version is skipped.
+    heap: BinaryHeap<Reverse<(TotalF64, u32, u64)>>,
+    /// The next request (index into `w.requests`).
+    next: usize,
+    /// The next health check, seconds.
+    tick: f64,
+    events: u64,
+    end_t: f64,
+    acc: Acc,
+}
+
+impl<'a> ClusterSim<'a> {
+    /// Checks the configuration and the arrivals, and sets up the gateways.
+    fn new(
+        w: &'a ClusterWorkload,
+        cfg: &'a ClusterConfig,
+        blind: bool,
+        policy: &dyn Fn() -> Box<dyn Policy + Send>,
+    ) -> Result<Self, Error> {
+        if cfg.gateways == 0 || cfg.storage_nodes == 0 {
+            return Err(Error::InvalidArgument(
+                "cluster: needs gateways and storage nodes".into(),
+            ));
+        }
+        for (what, v) in [
+            ("gateway bandwidth", cfg.gateway_bytes_per_s),
+            ("GPU link", cfg.gpu_bytes_per_s),
+            ("storage node bandwidth", cfg.storage_node_bytes_per_s),
+            ("health interval", cfg.health_interval_s),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(Error::InvalidArgument(format!(
+                    "cluster: {what} {v} must be finite and > 0"
+                )));
+            }
+        }
+        let nic = cfg.gateway_bytes_per_s;
+        let g_n = cfg.gateways;
+        let gws: Vec<Gw> = (0..g_n)
+            .map(|_| -> Result<Gw, Error> {
+                Ok(Gw {
+                    sched: Scheduler::new(policy(), nic, nic * 1e-3, 0.0)?,
+                    t: 0.0,
+                    acts: Vec::new(),
+                    version: 0,
+                    bytes: 0.0,
+                    cap: nic,
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        let cands: Vec<Candidate> = (0..g_n)
+            .map(|i| Candidate {
+                seed: placement::endpoint_seed(&format!("gateway-{i}")),
+                up: true,
+                load: 0.0,
+            })
+            .collect();
+        if let Some(r) = w
+            .requests
+            .iter()
+            .find(|r| !(r.arrival_s.is_finite() && r.arrival_s >= 0.0))
+        {
             return Err(Error::InvalidArgument(format!(
-                "cluster: {what} {v} must be finite and > 0"
+                "cluster: arrival time {} s is not valid",
+                r.arrival_s
             )));
         }
+        Ok(ClusterSim {
+            w,
+            cfg,
+            blind,
+            storage: cfg.storage_node_bytes_per_s * cfg.storage_nodes as f64,
+            gws,
+            cands,
+            reported: vec![0u32; g_n],
+            heap: BinaryHeap::new(),
+            next: 0,
+            tick: cfg.health_interval_s,
+            events: 0,
+            end_t: 0.0,
+            acc: Acc {
+                rates: Vec::new(),
+                added: Vec::new(),
+                floor: Vec::new(),
+                ttft_sum: 0.0,
+                own: vec![Vec::new(); w.gpus.max(1)],
+            },
+        })
     }
-    let m = &cfg.model;
-    let layers = m.layers();
-    let bpt = cfg.kv_bytes_per_token_per_layer;
-    let storage = cfg.storage_node_bytes_per_s * cfg.storage_nodes as f64;
-    let nic = cfg.gateway_bytes_per_s;
-    let g_n = cfg.gateways;
-    let mut gws: Vec<Gw> = (0..g_n)
-        .map(|_| -> Result<Gw, Error> {
-            Ok(Gw {
-                sched: Scheduler::new(policy(), nic, nic * 1e-3, 0.0)?,
-                t: 0.0,
-                acts: Vec::new(),
-                version: 0,
-                bytes: 0.0,
-                cap: nic,
-            })
-        })
-        .collect::<Result<_, _>>()?;
-    let mut cands: Vec<Candidate> = (0..g_n)
-        .map(|i| Candidate {
-            seed: placement::endpoint_seed(&format!("gateway-{i}")),
-            up: true,
-            load: 0.0,
-        })
-        .collect();
-    let mut reported = vec![0u32; g_n];
-    let mut heap: BinaryHeap<Reverse<(TotalF64, u32, u64)>> = BinaryHeap::new();
-    let cap_for = |busy: usize| -> f64 {
+
+    /// Gateways with loads in flight.
+    fn busy(&self) -> usize {
+        self.gws.iter().filter(|g| !g.acts.is_empty()).count()
+    }
+
+    /// A gateway's capacity while `busy` gateways share the storage cluster.
+    fn cap_for(&self, busy: usize) -> f64 {
+        let nic = self.cfg.gateway_bytes_per_s;
         if busy == 0 {
             nic
         } else {
-            nic.min(storage / busy as f64)
+            nic.min(self.storage / busy as f64)
         }
-    };
-    let gpu_rate = cfg.gpu_bytes_per_s;
-    let mut next = 0usize;
-    let mut tick = cfg.health_interval_s;
-    let mut events = 0u64;
-    let mut end_t = 0.0f64;
-    let mut acc = Acc {
-        rates: Vec::new(),
-        added: Vec::new(),
-        floor: Vec::new(),
-        ttft_sum: 0.0,
-        own: vec![Vec::new(); w.gpus.max(1)],
-    };
-    let reqs = &w.requests;
-    if let Some(r) = reqs
-        .iter()
-        .find(|r| !(r.arrival_s.is_finite() && r.arrival_s >= 0.0))
-    {
-        return Err(Error::InvalidArgument(format!(
-            "cluster: arrival time {} s is not valid",
-            r.arrival_s
-        )));
     }
 
-    // Moves gateway `g`'s loads to time `t` at their current rates, reports progress, and
-    // retires finished loads (their outcome recorded).
-    let advance = |gw: &mut Gw, t: f64, acc: &mut Acc, g: usize| -> Result<(), Error> {
+    /// The next event (the earliest of a gateway's, the health check's and the next
+    /// arrival's; a gateway's first on a tie), `None` once nothing is left.
+    ///
+    /// # Errors
+    /// When loads remain but none can progress (no bandwidth).
+    fn next_event(&mut self) -> Result<Option<Event>, Error> {
+        while let Some(&Reverse((_, g, v))) = self.heap.peek() {
+            if self.gws[g as usize].version == v {
+                break;
+            }
+            self.heap.pop();
+        }
+        let reqs = &self.w.requests;
+        let te = self
+            .heap
+            .peek()
+            .map_or(f64::INFINITY, |Reverse((t, _, _))| t.0);
+        let ta = reqs.get(self.next).map_or(f64::INFINITY, |r| r.arrival_s);
+        let tt = if self.next < reqs.len() {
+            self.tick
+        } else {
+            f64::INFINITY
+        };
+        if !te.is_finite() && !ta.is_finite() {
+            if self.gws.iter().any(|g| !g.acts.is_empty()) {
+                return Err(Error::InvalidArgument(
+                    "cluster: no progress possible (loads without bandwidth)".into(),
+                ));
+            }
+            return Ok(None);
+        }
+        if te <= ta && te <= tt {
+            let Some(Reverse((time, g, _))) = self.heap.pop() else {
+                return Ok(None);
+            };
+            Ok(Some(Event::Gateway(time.0, g as usize)))
+        } else if tt < ta {
+            Ok(Some(Event::Health))
+        } else {
+            Ok(Some(Event::Arrival))
+        }
+    }
+
+    /// The health check: the clients now see each gateway's loads in flight.
+    fn on_health(&mut self) {
+        for (r, gw) in self.reported.iter_mut().zip(&self.gws) {
+            *r = gw.acts.len() as u32;
+        }
+        self.tick += self.cfg.health_interval_s;
+    }
+
+    /// The next request arrives: placed on a gateway by the clients' view (the last health
+    /// check plus the GPU's own loads), and its load started there. Returns its time and
+    /// gateway, or `None` for a request with nothing to load.
+    fn on_arrival(&mut self) -> Result<Option<(f64, usize)>, Error> {
+        let (cfg, reqs) = (self.cfg, &self.w.requests);
+        let m = &cfg.model;
+        let bpt = cfg.kv_bytes_per_token_per_layer;
+        let q = &reqs[self.next];
+        let r = self.next as u32;
+        self.next += 1;
+        let t = q.arrival_s;
+        if q.prefix_tokens == 0 || bpt == 0 {
+            return Ok(None);
+        }
+        let gpu = q.gpu as usize % self.acc.own.len();
+        for (i, c) in self.cands.iter_mut().enumerate() {
+            let mine = self.acc.own[gpu]
+                .iter()
+                .find(|&&(x, _)| x as usize == i)
+                .map_or(0, |&(_, n)| n);
+            c.load = (self.reported[i] + mine) as f64;
+        }
+        let key = placement::route_key(&q.prefix.to_le_bytes());
+        let g = placement::first(cfg.placement, key, &self.cands).expect("gateways");
+        self.advance(g, t)?;
+        if self.gws[g].acts.is_empty() {
+            let c = self.cap_for(self.busy() + 1);
+            if self.gws[g].cap != c {
+                self.gws[g].sched.set_capacity(t, c)?;
+                self.gws[g].cap = c;
+            }
+        }
+        let k = q.prefix_tokens;
+        let lb = k * bpt;
+        let layers = m.layers();
+        let spec = LoadSpec {
+            layer_bytes: vec![lb; layers],
+            layer_compute_s: m.layer_times(q.new_tokens, k),
+            compute_ready_s: q.arrival_s,
+            max_rate: cfg.gpu_bytes_per_s,
+        };
+        let id = self.gws[g].sched.handle_arrival(t, spec)?;
+        self.gws[g].acts.push(Act {
+            req: r,
+            id,
+            layer_bytes: lb,
+            total: lb * layers as u64,
+            pos: 0.0,
+            reported: 0,
+        });
+        match self.acc.own[gpu].iter_mut().find(|(x, _)| *x as usize == g) {
+            Some(e) => e.1 += 1,
+            None => self.acc.own[gpu].push((g as u32, 1)),
+        }
+        Ok(Some((t, g)))
+    }
+
+    /// After an event at `t` on gateway `touched` (`before`: busy gateways before it): when
+    /// the number of busy gateways changed and storage is the bottleneck, every busy
+    /// gateway's capacity is re-set to its share; then the touched gateway's next event is
+    /// queued.
+    fn after_event(&mut self, t: f64, touched: usize, before: usize) -> Result<(), Error> {
+        let nic = self.cfg.gateway_bytes_per_s;
+        let busy = self.busy();
+        if busy != before && self.storage < nic * before.max(busy) as f64 {
+            let c = self.cap_for(busy);
+            for i in 0..self.gws.len() {
+                if self.gws[i].acts.is_empty() || self.gws[i].cap == c {
+                    continue;
+                }
+                if i != touched {
+                    self.advance(i, t)?;
+                }
+                self.gws[i].sched.set_capacity(t, c)?;
+                self.gws[i].cap = c;
+                self.queue_next(i);
+            }
+        }
+        self.end_t = self.end_t.max(t);
+        self.queue_next(touched);
+        Ok(())
+    }
+
+    /// Queues gateway `g`'s next event (its version bumped, so older ones are skipped).
+    fn queue_next(&mut self, g: usize) {
+        self.gws[g].version += 1;
+        let nt = self.next_time(g);
+        if nt.is_finite() {
+            let v = self.gws[g].version;
+            self.heap.push(Reverse((TotalF64(nt), g as u32, v)));
+        }
+    }
+
+    /// Moves gateway `g`'s loads to time `t` at their current rates, reports progress, and
+    /// retires finished loads (their outcome recorded).
+    fn advance(&mut self, g: usize, t: f64) -> Result<(), Error> {
+        let (cfg, reqs, blind) = (self.cfg, &self.w.requests, self.blind);
+        let m = &cfg.model;
+        let (nic, storage, gpu_rate) = (cfg.gateway_bytes_per_s, self.storage, cfg.gpu_bytes_per_s);
+        let layers = m.layers();
+        let gw = &mut self.gws[g];
         let Acc {
             rates,
             added,
             floor,
             ttft_sum,
             own,
-        } = acc;
+        } = &mut self.acc;
         let dt = (t - gw.t).max(0.0);
         rates.clear();
         rates.extend(gw.sched.poll_allocation(gw.t).iter().map(|a| a.rate));
@@ -231,10 +458,13 @@ pub(super) fn run(
             }
         }
         Ok(())
-    };
+    }
 
-    // When gateway `g` next needs attention (a layer boundary or a scheduler deadline).
-    let next_time = |gw: &mut Gw, rates: &mut Vec<f64>| -> f64 {
+    /// When gateway `g` next needs attention (a layer boundary or a scheduler deadline).
+    fn next_time(&mut self, g: usize) -> f64 {
+        let blind = self.blind;
+        let gw = &mut self.gws[g];
+        let rates = &mut self.acc.rates;
         let t = gw.t;
         rates.clear();
         rates.extend(gw.sched.poll_allocation(t).iter().map(|a| a.rate));
@@ -257,179 +487,71 @@ pub(super) fn run(
             }
         }
         nt
-    };
-
-    loop {
-        while let Some(&Reverse((_, g, v))) = heap.peek() {
-            if gws[g as usize].version == v {
-                break;
-            }
-            heap.pop();
-        }
-        let te = heap.peek().map_or(f64::INFINITY, |Reverse((t, _, _))| t.0);
-        let ta = reqs.get(next).map_or(f64::INFINITY, |r| r.arrival_s);
-        let tt = if next < reqs.len() {
-            tick
-        } else {
-            f64::INFINITY
-        };
-        if !te.is_finite() && !ta.is_finite() {
-            if gws.iter().any(|g| !g.acts.is_empty()) {
-                return Err(Error::InvalidArgument(
-                    "cluster: no progress possible (loads without bandwidth)".into(),
-                ));
-            }
-            break;
-        }
-        events += 1;
-        let before = gws.iter().filter(|g| !g.acts.is_empty()).count();
-        let t;
-        let touched: usize;
-        if te <= ta && te <= tt {
-            let Some(Reverse((time, g, _))) = heap.pop() else {
-                break;
-            };
-            t = time.0;
-            touched = g as usize;
-            advance(&mut gws[touched], t, &mut acc, touched)?;
-        } else if tt < ta {
-            for (r, gw) in reported.iter_mut().zip(&gws) {
-                *r = gw.acts.len() as u32;
-            }
-            tick += cfg.health_interval_s;
-            continue;
-        } else {
-            let q = &reqs[next];
-            let r = next as u32;
-            next += 1;
-            t = q.arrival_s;
-            if q.prefix_tokens == 0 || bpt == 0 {
-                continue;
-            }
-            let gpu = q.gpu as usize % acc.own.len();
-            for (i, c) in cands.iter_mut().enumerate() {
-                let mine = acc.own[gpu]
-                    .iter()
-                    .find(|&&(x, _)| x as usize == i)
-                    .map_or(0, |&(_, n)| n);
-                c.load = (reported[i] + mine) as f64;
-            }
-            let key = placement::route_key(&q.prefix.to_le_bytes());
-            let g = placement::first(cfg.placement, key, &cands).expect("gateways");
-            touched = g;
-            advance(&mut gws[g], t, &mut acc, g)?;
-            if gws[g].acts.is_empty() {
-                let c = cap_for(gws.iter().filter(|g| !g.acts.is_empty()).count() + 1);
-                if gws[g].cap != c {
-                    gws[g].sched.set_capacity(t, c)?;
-                    gws[g].cap = c;
-                }
-            }
-            let k = q.prefix_tokens;
-            let lb = k * bpt;
-            let spec = LoadSpec {
-                layer_bytes: vec![lb; layers],
-                layer_compute_s: m.layer_times(q.new_tokens, k),
-                compute_ready_s: q.arrival_s,
-                max_rate: cfg.gpu_bytes_per_s,
-            };
-            let id = gws[g].sched.handle_arrival(t, spec)?;
-            gws[g].acts.push(Act {
-                req: r,
-                id,
-                layer_bytes: lb,
-                total: lb * layers as u64,
-                pos: 0.0,
-                reported: 0,
-            });
-            match acc.own[gpu].iter_mut().find(|(x, _)| *x as usize == g) {
-                Some(e) => e.1 += 1,
-                None => acc.own[gpu].push((g as u32, 1)),
-            }
-        }
-        // The storage cluster's share per busy gateway changed: re-cap every busy gateway.
-        let busy = gws.iter().filter(|g| !g.acts.is_empty()).count();
-        if busy != before && storage < nic * before.max(busy) as f64 {
-            let c = cap_for(busy);
-            for (i, gw) in gws.iter_mut().enumerate() {
-                if gw.acts.is_empty() || gw.cap == c {
-                    continue;
-                }
-                if i != touched {
-                    advance(gw, t, &mut acc, i)?;
-                }
-                gw.sched.set_capacity(t, c)?;
-                gw.cap = c;
-                gw.version += 1;
-                let nt = next_time(gw, &mut acc.rates);
-                if nt.is_finite() {
-                    heap.push(Reverse((TotalF64(nt), i as u32, gw.version)));
-                }
-            }
-        }
-        end_t = end_t.max(t);
-        let gw = &mut gws[touched];
-        gw.version += 1;
-        let nt = next_time(gw, &mut acc.rates);
-        if nt.is_finite() {
-            heap.push(Reverse((TotalF64(nt), touched as u32, gw.version)));
-        }
     }
 
-    let Acc {
-        added,
-        mut floor,
-        ttft_sum,
-        ..
-    } = acc;
-    let n = added.len();
-    let mut sorted = added.clone();
-    sorted.sort_by(f64::total_cmp);
-    let pct = |v: &[f64], p: f64| -> f64 {
-        if v.is_empty() {
-            return 0.0;
+    /// The run's record: TTFT figures, utilisations, bytes per GPU.
+    fn record(self, gpu_name: &str) -> ClusterRecord {
+        let (w, cfg) = (self.w, self.cfg);
+        let m = &cfg.model;
+        let nic = cfg.gateway_bytes_per_s;
+        let storage = self.storage;
+        let g_n = cfg.gateways;
+        let gws = self.gws;
+        let Acc {
+            added,
+            mut floor,
+            ttft_sum,
+            ..
+        } = self.acc;
+        let n = added.len();
+        let mut sorted = added.clone();
+        sorted.sort_by(f64::total_cmp);
+        let pct = |v: &[f64], p: f64| -> f64 {
+            if v.is_empty() {
+                return 0.0;
+            }
+            v[((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]
+        };
+        floor.sort_by(f64::total_cmp);
+        let mean = |v: &[f64]| {
+            if v.is_empty() {
+                0.0
+            } else {
+                v.iter().sum::<f64>() / v.len() as f64
+            }
+        };
+        // Utilisation over the arrival window, or until the last load ended if later.
+        let span = w.duration_s.max(self.end_t).max(1e-9);
+        let total_bytes: f64 = gws.iter().map(|g| g.bytes).sum();
+        let utils: Vec<f64> = gws.iter().map(|g| g.bytes / (nic * span)).collect();
+        let gbps = |b: f64| b * 8.0 / 1e9;
+        ClusterRecord {
+            workload: w.name.clone(),
+            popularity: w.popularity.clone(),
+            gpus: w.gpus,
+            gateways: g_n,
+            placement: cfg.placement.name().into(),
+            policy: cfg.policy.name().into(),
+            model: m.shape().name.clone(),
+            gpu: gpu_name.into(),
+            gateway_gbps: gbps(nic),
+            gpu_gbps: gbps(cfg.gpu_bytes_per_s),
+            storage_nodes: cfg.storage_nodes,
+            storage_node_gbps: gbps(cfg.storage_node_bytes_per_s),
+            duration_s: w.duration_s,
+            requests: w.requests.len(),
+            loads: n,
+            mean_ttft_s: if n > 0 { ttft_sum / n as f64 } else { 0.0 },
+            mean_added_ttft_s: mean(&added),
+            p99_added_ttft_s: pct(&sorted, 0.99),
+            mean_alone_added_ttft_s: mean(&floor),
+            p99_alone_added_ttft_s: pct(&floor, 0.99),
+            max_added_ttft_s: sorted.last().copied().unwrap_or(0.0),
+            gateway_utilisation: utils.iter().sum::<f64>() / g_n as f64,
+            max_gateway_utilisation: utils.iter().copied().fold(0.0, f64::max),
+            storage_utilisation: total_bytes / (storage * span),
+            bytes_per_gpu: total_bytes / w.gpus.max(1) as f64,
+            events: self.events,
         }
-        v[((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]
-    };
-    floor.sort_by(f64::total_cmp);
-    let mean = |v: &[f64]| {
-        if v.is_empty() {
-            0.0
-        } else {
-            v.iter().sum::<f64>() / v.len() as f64
-        }
-    };
-    // Utilisation over the arrival window, or until the last load ended if later.
-    let span = w.duration_s.max(end_t).max(1e-9);
-    let total_bytes: f64 = gws.iter().map(|g| g.bytes).sum();
-    let utils: Vec<f64> = gws.iter().map(|g| g.bytes / (nic * span)).collect();
-    let gbps = |b: f64| b * 8.0 / 1e9;
-    Ok(ClusterRecord {
-        workload: w.name.clone(),
-        popularity: w.popularity.clone(),
-        gpus: w.gpus,
-        gateways: g_n,
-        placement: cfg.placement.name().into(),
-        policy: cfg.policy.name().into(),
-        model: m.shape().name.clone(),
-        gpu: gpu_name.into(),
-        gateway_gbps: gbps(nic),
-        gpu_gbps: gbps(cfg.gpu_bytes_per_s),
-        storage_nodes: cfg.storage_nodes,
-        storage_node_gbps: gbps(cfg.storage_node_bytes_per_s),
-        duration_s: w.duration_s,
-        requests: reqs.len(),
-        loads: n,
-        mean_ttft_s: if n > 0 { ttft_sum / n as f64 } else { 0.0 },
-        mean_added_ttft_s: mean(&added),
-        p99_added_ttft_s: pct(&sorted, 0.99),
-        mean_alone_added_ttft_s: mean(&floor),
-        p99_alone_added_ttft_s: pct(&floor, 0.99),
-        max_added_ttft_s: sorted.last().copied().unwrap_or(0.0),
-        gateway_utilisation: utils.iter().sum::<f64>() / g_n as f64,
-        max_gateway_utilisation: utils.iter().copied().fold(0.0, f64::max),
-        storage_utilisation: total_bytes / (storage * span),
-        bytes_per_gpu: total_bytes / w.gpus.max(1) as f64,
-        events,
-    })
+    }
 }
