@@ -68,8 +68,9 @@ impl Fetcher {
         }
     }
 
-    /// Starts fetching `req` into `sh`: gather where the endpoint offers it, else ranged GETs,
-    /// under the load's deadline, with its stall watchdog; both are tasks of `sh`.
+    /// Starts fetching `req` into `sh` ([`super::fetch::Fetch`]: RDMA or gather where offered,
+    /// else ranged GETs) under the load's deadline, with its stall watchdog; both are tasks of
+    /// `sh`.
     ///
     /// `lease` (the load's hold on its entries, see `Engine::gc`) is kept until the fetch ends:
     /// completed, failed, timed out or cancelled.
@@ -91,84 +92,21 @@ impl Fetcher {
                 .coalesce_bytes
                 .min(g.slice_bytes() * g.layers as u64),
         );
-        // The gateways to try, in placement order for this prefix (one for a single endpoint).
-        let route = crate::sched::placement::route_key(req.hashes[0].as_bytes());
-        let targets = if self.cfg.gather {
-            self.store.gather_route(route)
-        } else {
-            Vec::new()
-        };
-        let (store, sh1, link, probes) = (
-            self.store.clone(),
-            sh.clone(),
-            self.link.clone(),
-            self.probes.clone(),
-        );
-        let streams = self.cfg.gather_streams;
-        let mut markers = self.markers.clone();
-        // Markers of positions nothing known places are read first where a segment may
-        // hold them: this engine writes version 2, or a known marker names a segment.
-        let resolve = self.cfg.save_format == super::SaveFormat::V2 || any_segment(&markers);
-        let (window, max_req, coalesce) = (
-            self.cfg.window_bytes,
-            self.cfg.max_requests,
-            self.cfg.coalesce_bytes,
-        );
-        #[cfg(feature = "rdma")]
-        let (rprobe, transport) = (self.rdma.clone(), self.cfg.transport);
-        // Gather (one request, server streams layer-major) where offered, else ranged GETs.
-        let run = async move {
-            if resolve {
-                super::lookup::resolve_markers(&*store, &keys, &req.hashes, &mut markers, &sh1)
-                    .await;
-            }
-            // Chunks in segment objects go to a gather server as runs of segments
-            // (`docs/object-format.md`, "Gather and RDMA"), once every chunk is placed; a
-            // position no marker places is the ranged-GET path's to settle.
-            let (targets, runs) = if any_segment(&markers) {
-                let placed = crate::layout::place(req.hashes.len(), &markers);
-                match placed.unknown.is_empty() {
-                    true => (targets, placed.runs),
-                    false => (Vec::new(), Vec::new()),
-                }
-            } else {
-                (targets, Vec::new())
-            };
-            if !targets.is_empty() {
-                // Gather with an RDMA target where the first gateway and this host offer it.
-                // (Its bytes land without passing through this process: the watchdog cannot
-                // see them, so it is held off while the RDMA attempt runs.)
-                #[cfg(feature = "rdma")]
-                if super::gather::offered(&probes.get(&targets[0].addr), &targets[0]).await {
-                    let _unobserved = sh1.progress.hold();
-                    if let super::gather::Outcome::Done = super::rdma::try_rdma(
-                        &rprobe,
-                        transport,
-                        &targets[0],
-                        &keys,
-                        &req,
-                        &runs,
-                        request_id,
-                        &sh1,
-                    )
-                    .await
-                    {
-                        return;
-                    }
-                }
-                if let super::gather::Outcome::Done = super::gather::try_gather(
-                    &probes, &store, route, &keys, &req, &runs, request_id, &sh1, streams,
-                )
-                .await
-                {
-                    return;
-                }
-            }
-            super::load::run_store_load(
-                store, keys, req, sh1, window, max_req, coalesce, link, markers,
-            )
-            .await
-        };
+        // The data paths are the fetch's choice (`path.rs`); this only shares the result.
+        let run = super::fetch::Fetch {
+            store: self.store.clone(),
+            probes: self.probes.clone(),
+            link: self.link.clone(),
+            cfg: self.cfg.clone(),
+            #[cfg(feature = "rdma")]
+            rdma: self.rdma.clone(),
+            markers: self.markers.clone(),
+            req,
+            keys,
+            sh: sh.clone(),
+            request_id,
+        }
+        .run();
         // The overall deadline: fixed, or from the load's size (`load_min_rate_bytes_per_s`).
         let timeout = self.cfg.load_deadline(total_bytes);
         let sh2 = sh.clone();
@@ -187,13 +125,6 @@ impl Fetcher {
         ));
         sh.tasks.lock().expect("lock").push(dog);
     }
-}
-
-/// Whether any of `markers` names a segment object (format version 2).
-fn any_segment(markers: &std::collections::BTreeMap<usize, crate::layout::Marker>) -> bool {
-    markers
-        .values()
-        .any(|m| matches!(m, crate::layout::Marker::Segment(_)))
 }
 
 /// Bytes a follower copies and checksums at a time (well inside a core's L2 cache).

@@ -37,11 +37,13 @@ mod buffers;
 mod config;
 #[cfg(feature = "cuda")]
 mod device;
+mod fetch;
 mod flight;
 mod gather;
 mod load;
 mod lookup;
 mod memory;
+mod path;
 #[cfg(feature = "rdma")]
 mod rdma;
 mod save;
