@@ -3,7 +3,7 @@
 //!
 //! | holder | what is counted | released |
 //! |---|---|---|
-//! | gather load | each unit read ahead of the socket (`gather.rs`, `fetch_unit`) | once the unit is written |
+//! | gather load | each unit read ahead of the socket (`gather/fetch.rs`, `fetch_unit`) | once the unit is written |
 //! | batched save | one whole object plus one save-data frame | when the save ends |
 //! | gather connection | a frame larger than the connection buffer (descriptor, save data) while it arrives | once the frame is decoded |
 //! | S3 PUT | each body piece, from the socket until it is written to the store | when the store has written it (the piece's buffer is dropped) |
@@ -52,8 +52,10 @@ impl Drop for Hold {
 }
 
 impl Budget {
-    /// A budget over `sem` (permits of [`PERMIT_BYTES`]), reporting held bytes in `metrics`.
-    pub(crate) fn new(sem: Arc<Semaphore>, metrics: Arc<Metrics>) -> Self {
+    /// A budget of `bytes` (rounded up to whole [`PERMIT_BYTES`] permits), reporting held
+    /// bytes in `metrics`.
+    pub(crate) fn new(bytes: u64, metrics: Arc<Metrics>) -> Self {
+        let sem = Arc::new(Semaphore::new(permits_for(bytes) as usize));
         Budget { sem, metrics }
     }
 
@@ -74,6 +76,18 @@ impl Budget {
             .try_acquire_many_owned(permits_for(bytes))
             .ok()?;
         Some(self.hold(p, bytes))
+    }
+
+    /// `bytes`, waiting as long as it takes (a gather load's read-ahead: its reader waits for
+    /// the socket to take earlier units, which gives them back).
+    pub(crate) async fn acquire(&self, bytes: u64) -> Hold {
+        let p = self
+            .sem
+            .clone()
+            .acquire_many_owned(permits_for(bytes))
+            .await
+            .expect("the budget's semaphore is never closed");
+        self.hold(p, bytes)
     }
 
     /// `bytes`, waiting up to `wait` for them; `None` if they did not come free in time
@@ -148,7 +162,7 @@ mod tests {
 
     #[tokio::test]
     async fn holds_come_back_when_their_buffers_drop() {
-        let b = Budget::new(Arc::new(Semaphore::new(4)), Arc::new(Metrics::new()));
+        let b = Budget::new(4 * PERMIT_BYTES, Arc::new(Metrics::new()));
         let h = b.try_acquire(3 * PERMIT_BYTES).unwrap();
         assert!(
             b.try_acquire(2 * PERMIT_BYTES).is_none(),

@@ -56,7 +56,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 /// Why a request stopped early.
@@ -88,9 +88,7 @@ pub(crate) struct ServerState {
     pub(crate) backend: Option<Arc<objectcache_client::store::MeteredStore>>,
     pub(crate) buckets: Arc<Buckets>,
     pub(crate) metrics: Arc<Metrics>,
-    /// Memory budget in [`gather::PERMIT_BYTES`] permits.
-    pub(crate) memory: Arc<Semaphore>,
-    /// The same budget, for holders other than a load's read-ahead ([`budget`]).
+    /// The memory budget over every buffer a request holds ([`budget`]).
     pub(crate) budget: budget::Budget,
     /// Open-connection caps.
     conns: Arc<conn::ConnLimits>,

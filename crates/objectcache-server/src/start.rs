@@ -5,7 +5,7 @@
 use super::accept::accept_loop;
 use super::metrics::Metrics;
 use super::s3::{Buckets, S3Frontend};
-use super::{budget, conn, gather, group, reads, sched, tenant, tls};
+use super::{budget, conn, group, reads, sched, tenant, tls};
 use super::{Admission, ServerConfig, ServerHandle, ServerState, S3_READ_LEASE};
 use objectcache_client::sched::SchedulerSetting;
 use objectcache_client::store::{FsStore, FsyncPolicy, MemoryStore, Store};
@@ -14,7 +14,6 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 /// Opens the store named by `cfg.store`: `memory:`/`memory://`, `file://PATH` or a path
@@ -124,9 +123,6 @@ async fn start_inner(
     let addr = listener.local_addr()?;
     let queue = sched::admission(SchedulerSetting::parse(&cfg.scheduler)?);
     let link = shared_link(&cfg)?;
-    let memory = Arc::new(Semaphore::new(
-        gather::permits_for(cfg.memory_budget_bytes) as usize
-    ));
     // Each connection is a descriptor: stay well below the open-file limit.
     let nofile = conn::raise_nofile_limit().unwrap_or(u64::MAX);
     let max_conns = cfg
@@ -145,9 +141,8 @@ async fn start_inner(
     let access = Arc::new(objectcache_client::lifecycle::AccessLog::new());
     let shared = Arc::new(ServerState {
         link,
-        budget: budget::Budget::new(memory.clone(), metrics.clone()),
+        budget: budget::Budget::new(cfg.memory_budget_bytes, metrics.clone()),
         conns: conn::ConnLimits::new(max_conns, cfg.max_connections_per_ip, metrics.clone()),
-        memory,
         admission: Mutex::new(Admission {
             active: 0,
             queue,

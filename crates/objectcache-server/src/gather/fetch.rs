@@ -3,7 +3,6 @@
 //! under the memory budget.
 
 use super::objects::{miss_of, LoadObjects};
-use super::permits_for;
 use crate::ServerState;
 
 use bytes::Bytes;
@@ -12,19 +11,7 @@ use objectcache_client::layout::{ChunkHeader, HEADER_LEN};
 use objectcache_client::protocol::{MissReason, PieceMiss, PieceRead, UnitPlan};
 use objectcache_client::store::GetOptions;
 use std::sync::Arc;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-
-/// Memory held by a unit between backend read and socket write.
-pub(super) struct MemoryHold {
-    _permit: OwnedSemaphorePermit,
-    bytes: i64,
-    sh: Arc<ServerState>,
-}
-impl Drop for MemoryHold {
-    fn drop(&mut self) {
-        self.sh.metrics.inflight_bytes.dec_by(self.bytes);
-    }
-}
+use tokio::sync::Semaphore;
 
 /// One piece of a unit, read: its payload and its CRC32C.
 type PieceResult = PieceRead<Bytes>;
@@ -119,7 +106,8 @@ pub(super) struct Fetched {
     pub(super) plan: UnitPlan,
     /// Per piece of `plan.pieces`, in order.
     pub(super) pieces: Vec<PieceResult>,
-    pub(super) _hold: MemoryHold,
+    /// The unit's bytes under the memory budget, from its read until it is written.
+    pub(super) _hold: crate::budget::Hold,
 }
 
 /// `range` of the concatenation of `parts`, as slices of the same buffers (no copy).
@@ -368,18 +356,7 @@ async fn fetch_unit(
     verify: bool,
     files: Option<LocalFiles>,
 ) -> Fetched {
-    let permit = sh
-        .memory
-        .clone()
-        .acquire_many_owned(permits_for(plan.len))
-        .await
-        .expect("memory semaphore is never closed");
-    sh.metrics.add_inflight(plan.len as i64);
-    let hold = MemoryHold {
-        _permit: permit,
-        bytes: plan.len as i64,
-        sh: sh.clone(),
-    };
+    let hold = sh.budget.acquire(plan.len).await;
     let layer = plan.layer;
     let pieces = futures::future::join_all(plan.pieces.iter().map(|p| {
         let (sh, objects, reads, files) =

@@ -6,7 +6,7 @@
 use super::delivery::Delivery;
 use super::fetch::{check_headers, start_reads, AbortOnDrop, Fetched, LocalFiles};
 use super::io::Io;
-use super::objects::LoadObjects;
+use super::objects::{LoadObjects, Refusal};
 use super::watch::Watch;
 use crate::group::Member;
 use crate::{Abort, ServerState};
@@ -18,9 +18,6 @@ use objectcache_client::protocol::{
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-
-/// A refused gather request: the error code and the message the client gets.
-pub(super) type Refusal = (ErrorCode, String);
 
 /// An admitted load (see the module doc). Fields drop in order: its reads and header checks
 /// stop, it leaves its load group, then its entries' lease ends.
@@ -260,18 +257,6 @@ fn layer_bytes_of(plan: &[UnitPlan]) -> Vec<u64> {
     v.into_iter().map(|(_, b)| b).collect()
 }
 
-/// Refuses a request for a bucket that does not exist (or that the backend cannot look up).
-pub(super) async fn bucket_exists(sh: &ServerState, bucket: &str) -> Result<(), Refusal> {
-    match sh.buckets.exists(bucket).await {
-        Ok(true) => Ok(()),
-        Ok(false) => Err((
-            ErrorCode::NoSuchBucket,
-            format!("bucket {bucket} does not exist"),
-        )),
-        Err(e) => Err((ErrorCode::Storage, e.to_string())),
-    }
-}
-
 /// Checks a gather request before the load starts: a transport target this build offers, no
 /// object larger than `max_object_bytes` (refused before any I/O), the bucket, every object
 /// key. Returns the objects the load reads.
@@ -304,7 +289,7 @@ async fn check_request(req: &GatherRequest, sh: &ServerState) -> Result<Arc<Load
             ),
         ));
     }
-    bucket_exists(sh, &req.bucket).await?;
+    super::objects::bucket_exists(sh, &req.bucket).await?;
     LoadObjects::of(req)
         .map(Arc::new)
         .map_err(|m| (ErrorCode::Malformed, m))

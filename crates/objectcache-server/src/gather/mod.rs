@@ -37,14 +37,6 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-/// Bytes per permit of the memory budget semaphore.
-pub(crate) const PERMIT_BYTES: u64 = 4096;
-
-/// Permits of the memory budget semaphore that cover `bytes` (rounded up; at most `u32::MAX`).
-pub(crate) fn permits_for(bytes: u64) -> u32 {
-    bytes.div_ceil(PERMIT_BYTES).min(u32::MAX as u64) as u32
-}
-
 /// A connection's protocol state: with access keys configured, the client must answer an
 /// HMAC challenge over a fresh random nonce with one of them (protocol version 2,
 /// [`objectcache_client::protocol::auth`]) before any request, as S3 requests must carry SigV4.

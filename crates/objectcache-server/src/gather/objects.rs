@@ -246,3 +246,21 @@ async fn check_segment(
     }
     Ok(list)
 }
+
+/// A refused gather request: the error code and the message the client gets.
+pub(super) type Refusal = (objectcache_client::protocol::ErrorCode, String);
+
+/// Refuses a request for a bucket that does not exist (or that the backend cannot look up).
+pub(super) async fn bucket_exists(sh: &ServerState, bucket: &str) -> Result<(), Refusal> {
+    match sh.buckets.exists(bucket).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err((
+            objectcache_client::protocol::ErrorCode::NoSuchBucket,
+            format!("bucket {bucket} does not exist"),
+        )),
+        Err(e) => Err((
+            objectcache_client::protocol::ErrorCode::Storage,
+            e.to_string(),
+        )),
+    }
+}

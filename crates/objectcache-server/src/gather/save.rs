@@ -35,7 +35,7 @@ pub(super) async fn run_save(
         tracing::info!(request = id, code = code.label(), "save failed: {msg}");
         io.conn.close_with(code, &msg);
     };
-    if let Err((code, msg)) = super::load::bucket_exists(sh, &req.bucket).await {
+    if let Err((code, msg)) = super::objects::bucket_exists(sh, &req.bucket).await {
         fail(io, code, msg);
         let _ = io.flush(sh).await;
         return Err(Abort::Gone);
