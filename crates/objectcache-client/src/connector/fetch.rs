@@ -35,7 +35,7 @@ impl Fetch {
         // Markers of positions nothing known places are read first where a segment may hold
         // them: this engine writes version 2, or a known marker names a segment.
         if self.cfg.save_format == super::SaveFormat::V2 || any_segment(&self.markers) {
-            super::lookup::resolve_markers(
+            super::markers::resolve_markers(
                 &*self.store,
                 &self.keys,
                 &self.req.hashes,

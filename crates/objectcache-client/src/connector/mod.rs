@@ -42,6 +42,7 @@ mod flight;
 mod gather;
 mod load;
 mod lookup;
+mod markers;
 mod memory;
 mod path;
 #[cfg(feature = "rdma")]
@@ -141,7 +142,7 @@ pub struct Engine {
     rt: Option<tokio::runtime::Runtime>,
     handle: tokio::runtime::Handle,
     /// marker key -> (what the lookup learnt of it, time of the answer)
-    lookup_cache: Mutex<HashMap<String, (lookup::Known, Instant)>>,
+    lookup_cache: Mutex<HashMap<String, (markers::Known, Instant)>>,
     counters: Counters,
     /// Whether each of the store's endpoints offers gather, and idle gather connections.
     gather: Arc<gather::Probes>,

@@ -3,7 +3,7 @@
 //! objects of the save's chunks in version 2, `save_format`), then the publish markers.
 
 use super::config::SaveFormat;
-use super::lookup::Known;
+use super::markers::Known;
 use super::{Engine, SaveReport};
 use crate::error::{Error, StoreResult};
 use crate::layout::{
