@@ -262,7 +262,11 @@ impl LinkLoad {
 impl Drop for LinkLoad {
     fn drop(&mut self) {
         let now = self.link.now();
-        let mut st = self.link.st.lock().expect("link lock");
+        let mut st = self
+            .link
+            .st
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         self.link.replanned(&mut st, now);
         let _ = st.sched.handle_departure(now, self.id);
         st.credit.remove(&self.id);

@@ -45,7 +45,11 @@ pub(crate) struct ConnGuard {
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
-        let mut o = self.limits.open.lock().expect("connection table");
+        let mut o = self
+            .limits
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         o.0 -= 1;
         if let Some(n) = o.1.get_mut(&self.ip) {
             *n -= 1;

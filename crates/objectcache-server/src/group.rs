@@ -79,7 +79,9 @@ pub(crate) struct Load {
 impl Drop for Load {
     fn drop(&mut self) {
         if let (Some(k), Some(reg)) = (&self.key, &self.registry) {
-            let mut m = reg.lock().expect("loads lock");
+            let mut m = reg
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             if m.get(k).is_some_and(|w| w.strong_count() == 0) {
                 m.remove(k);
             }
@@ -216,7 +218,11 @@ impl Member {
 impl Drop for Member {
     fn drop(&mut self) {
         // Ended, failed or went away: hold no other stripe back.
-        self.load.at.lock().expect("load lock").remove(&self.id);
+        self.load
+            .at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.id);
         self.load.moved.notify_waiters();
     }
 }

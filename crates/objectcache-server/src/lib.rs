@@ -158,7 +158,10 @@ pub(crate) struct Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         let sh = self.sh.clone();
-        let mut a = sh.admission.lock().expect("admission lock");
+        let mut a = sh
+            .admission
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         a.active -= 1;
         sh.metrics.active_loads.dec();
         while let Some(t) = a.queue.pop() {

@@ -189,7 +189,13 @@ struct Private(Arc<LoadShared>);
 impl Drop for Private {
     fn drop(&mut self) {
         self.0.state.cancel();
-        for t in self.0.tasks.lock().expect("lock").iter() {
+        for t in self
+            .0
+            .tasks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+        {
             t.abort();
         }
     }

@@ -58,7 +58,11 @@ pub struct Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        let mut m = self.table.leases.lock().expect("lock");
+        let mut m = self
+            .table
+            .leases
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for k in &self.keys {
             if let Some(v) = m.get_mut(k) {
                 v.0 = v.0.saturating_sub(1);

@@ -100,7 +100,12 @@ impl DelayProxy {
 
 impl Drop for DelayProxy {
     fn drop(&mut self) {
-        for t in self.tasks.lock().expect("lock").drain(..) {
+        for t in self
+            .tasks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .drain(..)
+        {
             t.abort();
         }
     }

@@ -208,7 +208,9 @@ impl FlightPermit {
 impl Drop for FlightPermit {
     fn drop(&mut self) {
         let f = &self.flight;
-        let mut st = f.st.lock().expect("lock");
+        let mut st =
+            f.st.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
         st.requests -= 1;
         st.bytes -= self.left;
         drop(st);
