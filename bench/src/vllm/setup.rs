@@ -93,12 +93,20 @@ pub(crate) fn install_package(
     ])
     .arg(&site)
     .arg(&src);
+    // This build's library, so that pip does not run cargo (a second build of the library
+    // in its own feature set: minutes on a cold machine). `cargo build` puts it beside the
+    // binary; `cargo test`, which builds the binary for its tests, leaves it in `deps/`. The
+    // newer of the two is this build's.
     let exe = std::env::current_exe()?;
-    if let Some(lib) = exe
-        .parent()
-        .map(|d| d.join("libobjectcache.so"))
-        .filter(|l| l.is_file())
-    {
+    let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    let newest = [
+        dir.join("libobjectcache.so"),
+        dir.join("deps/libobjectcache.so"),
+    ]
+    .into_iter()
+    .filter_map(|l| Some((std::fs::metadata(&l).ok()?.modified().ok()?, l)))
+    .max_by_key(|(t, _)| *t);
+    if let Some((_, lib)) = newest {
         cmd.env("OBJECTCACHE_CDYLIB", lib);
     }
     let out = cmd.output().context("run pip")?;
