@@ -18,7 +18,7 @@ use objectcache::connector::{
     ChunkStatus, Engine, EngineConfig, LayerBuffers, LoadHandle, LoadRequest,
 };
 use objectcache::sched::placement::{route_key, Placement};
-use objectcache::store::{GatewayOptions, GatewayStore, S3Config, S3Credentials, S3Store, Store};
+use objectcache::store::{GatewayOptions, GatewayStore, S3Config, S3Credentials, S3Store};
 use objectcache::{ChunkHash, KvGeometry, LayerError};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -279,7 +279,7 @@ fn gather_loads(endpoint: &str) -> u64 {
 
 /// The gateway (1-based, as bed.sh numbers them) that a load of `hs` goes to first.
 fn first_gateway(bed: &Bed, set: &GatewayStore, hs: &[ChunkHash]) -> usize {
-    let addr = set.gather_route(route_key(hs[0].as_bytes()))[0]
+    let addr = set.gateways().route(route_key(hs[0].as_bytes()))[0]
         .addr
         .clone();
     1 + bed

@@ -307,7 +307,7 @@ fn stock_s3_falls_back_to_ranged_gets() {
     };
     let store: Arc<dyn Store> = Arc::new(s);
     assert!(
-        store.gather_target().is_some(),
+        objectcache::store::Gateways::of(&*store).first().is_some(),
         "an endpoint is configured, so the connector probes it"
     );
     let e = engine(store, "fallback");

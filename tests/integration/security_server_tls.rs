@@ -83,7 +83,7 @@ fn s3_api_round_trip_over_tls_and_connector_load() {
     assert_eq!(rt().block_on(st.list("a/", 10)).unwrap().len(), 1);
     // The connector over https: ranged GETs (gather is not probed on https endpoints).
     let store: Arc<dyn Store> = Arc::new(st);
-    assert!(store.gather_target().is_none());
+    assert!(objectcache::store::Gateways::of(&*store).first().is_none());
     let e = engine(store, &unique_ns("tls"));
     let g = KvGeometry::smollm2_135m();
     let (hs, data) = save_prefix(&e, &g, 3, 9);

@@ -126,12 +126,14 @@ fn connector_round_trip_on_moto() {
 }
 
 /// Wrapper stores keep the wrapped store's data paths (issue 14: `TrackedStore` once dropped
-/// `open_local` and `gather_target`, so a wrapped `fs` store lost sendfile and a wrapped S3
-/// store lost gather). Over the file store (local files) and over S3 (a gather target).
+/// `open_local`, so a wrapped `fs` store lost sendfile). Over the file store (local files) and
+/// over S3 (bodies read into place). Gather is not the store's since issue 44: the S3 store's
+/// `Gateways` name its endpoint, a wrapper's name none (an engine over a wrapper takes the
+/// wrapped store's gateways beside it, `Engine::with_gateways`).
 mod wrappers {
     use objectcache::lifecycle::{AccessLog, LeaseTable, TrackedStore};
     use objectcache::store::conformance::wrapper_forwards;
-    use objectcache::store::{FsStore, FsyncPolicy, Store};
+    use objectcache::store::{FsStore, FsyncPolicy, Gateways, Store};
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -162,16 +164,20 @@ mod wrappers {
 
     #[cfg(feature = "s3")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn tracked_store_over_s3_keeps_its_gather_target() {
+    async fn tracked_store_over_s3_keeps_its_data_paths() {
         let Some((s3, prefix)) = crate::common::test_s3_store("wrappers").await else {
             return;
         };
         let inner: Arc<dyn Store> = Arc::new(s3);
         assert!(
-            inner.gather_target().is_some(),
+            Gateways::of(&*inner).first().is_some(),
             "an http:// endpoint names a gather target"
         );
         let w = tracked(inner.clone());
+        assert!(
+            Gateways::of(&w).first().is_none(),
+            "a wrapper's gateways are given beside it, not found through it"
+        );
         wrapper_forwards(inner.as_ref(), &w, &prefix).await;
         assert!(
             inner

@@ -118,7 +118,7 @@ fn client_store(
 /// The index in `gws` of the first gateway of `store`'s gather route for the prefix whose
 /// first chunk is `first` (the one its loads go to while it is up).
 fn first_on_route(store: &GatewayStore, gws: &[Gateway], first: &ChunkHash) -> usize {
-    let addr = store.gather_route(route_key(first.as_bytes()))[0]
+    let addr = store.gateways().route(route_key(first.as_bytes()))[0]
         .addr
         .clone();
     gws.iter()

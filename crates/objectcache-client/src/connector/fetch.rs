@@ -9,13 +9,14 @@ use super::path::{Path, PathFacts, Plan};
 use super::EngineConfig;
 use crate::layout::{KeyBuilder, Marker};
 use crate::link::Link;
-use crate::store::Store;
+use crate::store::{Gateways, Store};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// One load's fetch, with everything it needs owned (it runs as its own task).
 pub(crate) struct Fetch {
     pub(crate) store: Arc<dyn Store>,
+    pub(crate) gateways: Gateways,
     pub(crate) probes: Arc<super::gather::Probes>,
     pub(crate) link: Option<Arc<Link>>,
     pub(crate) cfg: EngineConfig,
@@ -47,7 +48,7 @@ impl Fetch {
         // The gateways to try, in placement order for this prefix (one for a single endpoint).
         let route = crate::sched::placement::route_key(self.req.hashes[0].as_bytes());
         let targets = match self.cfg.gather {
-            true => self.store.gather_route(route),
+            true => self.gateways.route(route),
             false => Vec::new(),
         };
         // Chunks in segment objects go to a gather server as runs of segments
@@ -80,8 +81,8 @@ impl Fetch {
                 #[cfg(not(feature = "rdma"))]
                 Path::Rdma => Outcome::Fallback,
                 Path::Gather { streams } => {
-                    let (p, s) = (&self.probes, &self.store);
-                    super::gather::try_gather(p, s, route, keys, req, &runs, id, sh, streams).await
+                    let (p, g) = (&self.probes, &self.gateways);
+                    super::gather::try_gather(p, g, route, keys, req, &runs, id, sh, streams).await
                 }
                 Path::Ranged => {
                     let cfg = &self.cfg;

@@ -40,7 +40,9 @@ use std::sync::{Arc, Mutex, Weak};
 /// connections, its link, its runtime and settings.
 pub(crate) struct Fetcher {
     pub(crate) store: Arc<dyn Store>,
-    /// The gather servers (gateways) and what each was found to offer.
+    /// The gather servers (gateways) in front of the store.
+    pub(crate) gateways: crate::store::Gateways,
+    /// What each gateway was found to offer, and its idle connections.
     pub(crate) probes: Arc<super::gather::Probes>,
     pub(crate) link: Option<Arc<Link>>,
     pub(crate) handle: tokio::runtime::Handle,
@@ -57,7 +59,7 @@ pub(crate) struct Fetcher {
 impl Fetcher {
     /// Where loads read from, for a stall's error message.
     fn source(&self) -> String {
-        match self.store.gather_route(0).first() {
+        match self.gateways.route(0).first() {
             Some(t) => format!(
                 "{} store at {} (bucket {})",
                 self.store.name(),
@@ -95,6 +97,7 @@ impl Fetcher {
         // The data paths are the fetch's choice (`path.rs`); this only shares the result.
         let run = super::fetch::Fetch {
             store: self.store.clone(),
+            gateways: self.gateways.clone(),
             probes: self.probes.clone(),
             link: self.link.clone(),
             cfg: self.cfg.clone(),

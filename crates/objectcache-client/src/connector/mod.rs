@@ -65,7 +65,7 @@ pub use status::ChunkStatus;
 
 use crate::error::Error;
 use crate::layout::{ChunkHash, KeyBuilder, KvGeometry};
-use crate::store::Store;
+use crate::store::{Gateways, Store};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -138,6 +138,9 @@ struct Counters {
 /// from any runtime, and every method has a blocking form for threads without one.
 pub struct Engine {
     store: Arc<dyn Store>,
+    /// Where loads may use gather, in which order, and the store's connection pool to warm
+    /// (held beside the store: [`Gateways`]).
+    gateways: Gateways,
     cfg: EngineConfig,
     rt: Option<tokio::runtime::Runtime>,
     handle: tokio::runtime::Handle,
@@ -215,24 +218,22 @@ impl Engine {
                 .join()
         })
         .map_err(|_| Error::Config(format!("opening store {url:?} panicked")))??;
+        e.gateways = Gateways::of(&*e.store);
         e.start_gather_probe();
         e.start_store_warm();
         Ok(e)
     }
 
     /// Opens `max_requests` pooled connections to the store's endpoint in the background
-    /// ([`Store::warm`]; nothing for local stores), so that the first ranged-GET load does
+    /// ([`Gateways::warm`]; nothing for local stores), so that the first ranged-GET load does
     /// not pay a connection set-up round trip per request. Where the endpoint may offer
     /// gather, only once its capabilities answer says it does not (gather loads need no S3
     /// connections, and the gather pool is warmed by the probe).
     fn start_store_warm(&self) {
-        let store = self.store.clone();
+        let (store, gateways) = (self.store.clone(), self.gateways.clone());
         let n = self.cfg.max_requests;
         let gather = match self.cfg.gather {
-            true => self
-                .store
-                .gather_target()
-                .map(|t| (self.gather.get(&t.addr), t)),
+            true => self.gateways.first().map(|t| (self.gather.get(&t.addr), t)),
             false => None,
         };
         self.handle.spawn(async move {
@@ -245,7 +246,7 @@ impl Engine {
                     return;
                 }
             }
-            let answered = store.warm(n).await;
+            let answered = gateways.warm(n).await;
             tracing::debug!(store = store.name(), answered, "connection pool warmed");
         });
     }
@@ -260,7 +261,7 @@ impl Engine {
         if !self.cfg.gather {
             return GatherStatus::Off;
         }
-        match self.store.gather_route(0).first() {
+        match self.gateways.route(0).first() {
             None => GatherStatus::Off,
             Some(t) => gather::status(&self.gather.get(&t.addr)),
         }
@@ -274,12 +275,14 @@ impl Engine {
             return;
         }
         let _rt = self.handle.enter();
-        for t in self.store.gather_route(0) {
+        for t in self.gateways.route(0) {
             gather::start_probe(&self.gather.get(&t.addr), &t);
         }
     }
 
-    /// Starts an engine over an already opened store (`cfg.store` is ignored).
+    /// Starts an engine over an already opened store (`cfg.store` is ignored), with the
+    /// store's own gather endpoints ([`Gateways::of`]: an `S3Store`'s endpoint, a
+    /// `GatewayStore`'s; none for other stores).
     ///
     /// Engines may share one store, in turn or at once. An S3 store's pooled connections are
     /// driven by the runtime of the engine that opened them: dropping an engine fails a
@@ -291,6 +294,22 @@ impl Engine {
     /// [`Error::Io`] if the runtime cannot start; [`Error::Config`] for a bad namespace or an
     /// unknown `scheduler`.
     pub fn with_store(store: Arc<dyn Store>, cfg: EngineConfig) -> Result<Self, Error> {
+        let gateways = Gateways::of(&*store);
+        Self::with_gateways(store, gateways, cfg)
+    }
+
+    /// Starts an engine over an already opened store and the gather endpoints in front of it
+    /// (`cfg.store` is ignored): [`Engine::with_store`] for a store that wraps another (a
+    /// `MeteredStore`, a `TrackedStore`), with the wrapped store's [`Gateways`], or with
+    /// gateways of the caller's choosing ([`Gateways::none`]: ranged GETs only).
+    ///
+    /// # Errors
+    /// As [`Engine::with_store`].
+    pub fn with_gateways(
+        store: Arc<dyn Store>,
+        gateways: Gateways,
+        cfg: EngineConfig,
+    ) -> Result<Self, Error> {
         crate::layout::validate_namespace(&cfg.namespace)?;
         let policy = crate::sched::SchedulerSetting::parse(&cfg.scheduler)?.policy;
         let link = match cfg.bandwidth_cap_bytes_per_s {
@@ -318,6 +337,7 @@ impl Engine {
         let handle = rt.handle().clone();
         let e = Engine {
             store,
+            gateways,
             cfg,
             rt: Some(rt),
             handle,
@@ -345,6 +365,7 @@ impl Engine {
     fn fetcher(&self) -> flight::Fetcher {
         flight::Fetcher {
             store: self.store.clone(),
+            gateways: self.gateways.clone(),
             probes: self.gather.clone(),
             link: self.link.clone(),
             handle: self.handle.clone(),
@@ -412,6 +433,11 @@ impl Engine {
     /// The store this engine uses.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// The gather endpoints this engine's loads may use, beside its store.
+    pub fn gateways(&self) -> &Gateways {
+        &self.gateways
     }
 
     /// The configuration.

@@ -4,8 +4,8 @@
 use super::{classify_key, AccessLog, LeaseTable, ObjectKind};
 use crate::error::StoreResult;
 use crate::store::{
-    ByteStream, EndpointEvent, GatherTarget, GetOptions, GetResult, LocalObject, ObjectMeta,
-    PartialWrite, PutOptions, PutResult, RangeBody, Store,
+    ByteStream, GetOptions, GetResult, LocalObject, ObjectMeta, PartialWrite, PutOptions,
+    PutResult, RangeBody, Store,
 };
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -58,16 +58,8 @@ impl Store for TrackedStore {
         self.inner.name()
     }
     // The data paths of the wrapped store pass through: without these, a wrapped `fs` store
-    // loses sendfile and a wrapped S3 store loses gather (the trait's defaults say "none").
-    fn gather_target(&self) -> Option<GatherTarget> {
-        self.inner.gather_target()
-    }
-    fn gather_route(&self, route: u64) -> Vec<GatherTarget> {
-        self.inner.gather_route(route)
-    }
-    fn endpoint_event(&self, addr: &str, event: EndpointEvent) {
-        self.inner.endpoint_event(addr, event)
-    }
+    // loses sendfile (the trait's defaults say "none"). Gather is not the store's: the engine
+    // holds the wrapped store's `Gateways` beside it.
     async fn open_local(&self, key: &str) -> StoreResult<Option<LocalObject>> {
         let r = self.inner.open_local(key).await;
         if matches!(r, Ok(Some(_))) {
@@ -125,9 +117,6 @@ impl Store for TrackedStore {
     }
     async fn list(&self, prefix: &str, limit: usize) -> StoreResult<Vec<ObjectMeta>> {
         self.inner.list(prefix, limit).await
-    }
-    async fn warm(&self, connections: usize) -> usize {
-        self.inner.warm(connections).await
     }
     async fn list_partial(&self, prefix: &str) -> StoreResult<Vec<PartialWrite>> {
         self.inner.list_partial(prefix).await

@@ -4,7 +4,7 @@
 //! - **Endpoints**: a list (`endpoint=http://a:9000,http://b:9000`), or one host name whose
 //!   every address is an endpoint (`resolve=all`: each address keeps the name for the `Host`
 //!   header and TLS, like curl's `--resolve`). Every endpoint is one [`S3Store`].
-//! - **Placement**: each request, and each gather load (through [`Store::gather_route`]),
+//! - **Placement**: each request, and each gather load (through [`Gateways::route`]),
 //!   tries the endpoints in the order of a [`Placement`] policy for its route key (the
 //!   object key; a load's first chunk hash), see [`crate::sched::placement`].
 //! - **Failover**: an endpoint that cannot be reached (connection refused or reset, a
@@ -19,8 +19,8 @@
 #![forbid(unsafe_code)]
 
 use super::{
-    EndpointEvent, GatherTarget, GetOptions, GetResult, ObjectMeta, PutOptions, PutResult,
-    RangeBody, S3Config, S3Store, Store,
+    EndpointEvent, Gateways, GatherTarget, GetOptions, GetResult, ObjectMeta, PutOptions,
+    PutResult, RangeBody, S3Config, S3Store, Store,
 };
 use crate::error::{StoreError, StoreResult};
 use crate::sched::placement::{self, Candidate, Placement};
@@ -349,6 +349,48 @@ impl GatewayStore {
         Err(last.unwrap_or_else(|| StoreError::other(BACKEND, "no endpoint")))
     }
 
+    /// These endpoints as the engine's [`Gateways`]: each load's route over them, in
+    /// placement order, and what its loads report marking them down or counting them.
+    pub fn gateways(&self) -> Gateways {
+        Gateways::many(self.clone())
+    }
+
+    /// The first endpoint's gather target; loads use [`GatewayStore::gather_route`].
+    pub(super) fn first_target(&self) -> Option<GatherTarget> {
+        self.inner.members.first()?.store.gather_target()
+    }
+
+    /// The gather targets of the endpoints, in placement order for route key `route`.
+    pub(super) fn gather_route(&self, route: u64) -> Vec<GatherTarget> {
+        self.order(route)
+            .into_iter()
+            .filter_map(|i| {
+                let m = &self.inner.members[i];
+                let mut t = m.store.gather_target()?;
+                // With `resolve=all` every member names the same host: connect by address.
+                t.addr = m.addr.clone();
+                Some(t)
+            })
+            .collect()
+    }
+
+    /// What a load saw of the endpoint at `addr`: unreachable (marked down), a load started
+    /// or ended on it (counted for load-aware placement).
+    pub(super) fn endpoint_event(&self, addr: &str, event: EndpointEvent) {
+        let Some(m) = self.member(addr) else { return };
+        match event {
+            EndpointEvent::Unreachable => m.mark_down(&"a gather connection failed"),
+            EndpointEvent::LoadStarted => {
+                m.in_flight.fetch_add(1, Ordering::Relaxed);
+            }
+            EndpointEvent::LoadEnded => {
+                let _ = m
+                    .in_flight
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+            }
+        }
+    }
+
     fn member(&self, addr: &str) -> Option<&Member> {
         self.inner.members.iter().find(|m| m.addr == addr)
     }
@@ -444,39 +486,6 @@ async fn http_get(addr: &str, path: &str, timeout: Duration) -> std::io::Result<
 impl Store for GatewayStore {
     fn name(&self) -> &'static str {
         BACKEND
-    }
-
-    /// The first endpoint's target; loads use [`Store::gather_route`].
-    fn gather_target(&self) -> Option<GatherTarget> {
-        self.inner.members.first()?.store.gather_target()
-    }
-
-    fn gather_route(&self, route: u64) -> Vec<GatherTarget> {
-        self.order(route)
-            .into_iter()
-            .filter_map(|i| {
-                let m = &self.inner.members[i];
-                let mut t = m.store.gather_target()?;
-                // With `resolve=all` every member names the same host: connect by address.
-                t.addr = m.addr.clone();
-                Some(t)
-            })
-            .collect()
-    }
-
-    fn endpoint_event(&self, addr: &str, event: EndpointEvent) {
-        let Some(m) = self.member(addr) else { return };
-        match event {
-            EndpointEvent::Unreachable => m.mark_down(&"a gather connection failed"),
-            EndpointEvent::LoadStarted => {
-                m.in_flight.fetch_add(1, Ordering::Relaxed);
-            }
-            EndpointEvent::LoadEnded => {
-                let _ = m
-                    .in_flight
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
-            }
-        }
     }
 
     async fn get_range_body(

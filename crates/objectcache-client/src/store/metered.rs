@@ -3,8 +3,8 @@
 //! the bytes a store served with the distinct bytes asked.
 
 use super::{
-    ByteStream, EndpointEvent, GatherTarget, GetOptions, GetResult, LocalObject, ObjectMeta,
-    PartialWrite, PutOptions, PutResult, RangeBody, Store,
+    ByteStream, GetOptions, GetResult, LocalObject, ObjectMeta, PartialWrite, PutOptions,
+    PutResult, RangeBody, Store,
 };
 use crate::error::StoreResult;
 use async_trait::async_trait;
@@ -73,18 +73,6 @@ impl MeteredStore {
 impl Store for MeteredStore {
     fn name(&self) -> &'static str {
         self.inner.name()
-    }
-    fn gather_target(&self) -> Option<GatherTarget> {
-        self.inner.gather_target()
-    }
-    fn gather_route(&self, route: u64) -> Vec<GatherTarget> {
-        self.inner.gather_route(route)
-    }
-    fn endpoint_event(&self, addr: &str, event: EndpointEvent) {
-        self.inner.endpoint_event(addr, event)
-    }
-    async fn warm(&self, connections: usize) -> usize {
-        self.inner.warm(connections).await
     }
     async fn open_local(&self, key: &str) -> StoreResult<Option<LocalObject>> {
         self.inner.open_local(key).await

@@ -15,6 +15,7 @@ mod gateways;
 mod memory;
 mod metered;
 mod range_body;
+mod route;
 #[cfg(feature = "s3")]
 mod s3;
 mod tier;
@@ -26,6 +27,7 @@ pub use gateways::{EndpointStatus, GatewayOptions, GatewayStore};
 pub use memory::MemoryStore;
 pub use metered::{MeteredStats, MeteredStore};
 pub use range_body::{RangeBody, RangeRead};
+pub use route::{EndpointEvent, Gateways, GatherTarget};
 #[cfg(feature = "s3")]
 pub use s3::{Addressing, S3Config, S3Credentials, S3Store};
 pub use tier::{
@@ -70,31 +72,6 @@ pub fn validate_key(key: &str) -> StoreResult<()> {
         }
     }
     Ok(())
-}
-
-/// A server endpoint that may speak the gather protocol for a store's objects.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GatherTarget {
-    /// `host:port` of the server (the S3 endpoint's).
-    pub addr: String,
-    /// Bucket holding the objects.
-    pub bucket: String,
-    /// Key prefix inside the bucket (empty, or without leading/trailing `/`).
-    pub key_prefix: String,
-    /// `(access_key_id, secret_key)` the gather connection authenticates with (the store's
-    /// S3 credentials); `None` for a server without authentication.
-    pub credentials: Option<(String, String)>,
-}
-
-/// What the connector tells a store about one of its endpoints ([`Store::endpoint_event`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EndpointEvent {
-    /// A gather connection to it could not be opened, or broke in the middle of a load.
-    Unreachable,
-    /// A gather load started on it.
-    LoadStarted,
-    /// A gather load on it ended.
-    LoadEnded,
 }
 
 /// Metadata of a stored object.
@@ -280,43 +257,9 @@ impl LocalObject {
 /// An object store. Every method is cancel-safe: dropping its future leaves either the old or
 /// the new object, never a partial one.
 #[async_trait]
-pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+pub trait Store: std::any::Any + Send + Sync + std::fmt::Debug {
     /// Short backend name for errors and metrics (`memory`, `fs`, `s3`, ...).
     fn name(&self) -> &'static str;
-
-    /// Where this store's server may offer the gather protocol, if anywhere: the S3 backend
-    /// names its endpoint (the connector then probes it and falls back to ranged GETs when
-    /// gather is not offered); local stores have none. Default: `None`.
-    fn gather_target(&self) -> Option<GatherTarget> {
-        None
-    }
-
-    /// The gather targets for a load whose prefix has route key `route`
-    /// ([`crate::sched::placement::route_key`] of its first chunk hash), in the order to try
-    /// them: a store over several gateways orders them by its placement policy, up ones
-    /// first. Default: [`Store::gather_target`] alone.
-    fn gather_route(&self, route: u64) -> Vec<GatherTarget> {
-        let _ = route;
-        self.gather_target().into_iter().collect()
-    }
-
-    /// What the connector observed about the endpoint at `addr` (a [`GatherTarget::addr`]):
-    /// a store over several gateways marks it down, or counts its loads, for placement.
-    /// Default: ignored.
-    fn endpoint_event(&self, addr: &str, event: EndpointEvent) {
-        let _ = (addr, event);
-    }
-
-    /// Opens up to `connections` pooled connections to the store's endpoint ahead of use,
-    /// so that the first load does not pay a connection set-up (TCP, TLS) per request: the
-    /// S3 backend sends that many concurrent `HeadBucket` requests, whose answers (any
-    /// status, errors included) leave their connections idle in its pool. Never fails;
-    /// returns the number of requests answered. Local stores have no connections (the
-    /// default returns 0).
-    async fn warm(&self, connections: usize) -> usize {
-        let _ = connections;
-        0
-    }
 
     /// Opens an object as a local file, for backends that keep objects in files (the `fs`
     /// backend); `Ok(None)` for the others (the default), which are read with

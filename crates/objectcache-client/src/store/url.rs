@@ -397,14 +397,17 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(s.name(), "gateways");
-        let r = s.gather_route(7);
+        let r = super::super::Gateways::of(&*s).route(7);
         assert_eq!(r.len(), 2);
         assert_ne!(r[0].addr, r[1].addr);
         let s = open_store("s3://bucket?endpoint=http://localhost:1&resolve=all")
             .await
             .unwrap();
         assert_eq!(s.name(), "gateways");
-        assert!(s.gather_route(7).iter().all(|t| t.addr.ends_with(":1")));
+        assert!(super::super::Gateways::of(&*s)
+            .route(7)
+            .iter()
+            .all(|t| t.addr.ends_with(":1")));
         let e = open_store("s3://bucket?placement=hash")
             .await
             .unwrap_err()

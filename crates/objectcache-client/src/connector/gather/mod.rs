@@ -1,6 +1,6 @@
 //! The gather path of a load: one request to an ObjectCache server, which streams every
 //! layer's slices layer-major into the load's destination. Used when the store's endpoint
-//! offers gather ([`crate::store::Store::gather_target`] plus one capabilities probe per
+//! offers gather ([`crate::store::Gateways::route`] plus one capabilities probe per
 //! engine, [`offered`]); otherwise, or
 //! when the server cannot be reached, the load falls back to ranged GETs.
 //!

@@ -11,7 +11,7 @@ use crate::connector::status::ChunkStatus;
 use crate::error::LayerError;
 use crate::layout::{KeyBuilder, Run};
 use crate::protocol::{LoadGroup, SegmentPlacement, ServerInfo};
-use crate::store::{EndpointEvent, GatherTarget, Store};
+use crate::store::{EndpointEvent, Gateways, GatherTarget};
 use crate::transport::tcp::{GatherClient, GatherError};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -34,7 +34,7 @@ fn next_load_id() -> u64 {
 /// What a load's stripes share for failing over: where to find other gateways.
 struct Failover {
     probes: Arc<Probes>,
-    store: Arc<dyn Store>,
+    gateways: Gateways,
     /// The load's route key (placement).
     route: u64,
 }
@@ -43,10 +43,10 @@ impl Failover {
     /// The first gateway of the load's route, not in `tried`, that offers gather (and, with
     /// `segments`, reads segment objects: in a fleet mid-upgrade an older gateway is passed
     /// over, not sent a request it would refuse) and gives a connection; a gateway that
-    /// cannot be reached is reported to the store (which marks it down until a health check
+    /// cannot be reached is reported to the gateways (which mark it down until a health check
     /// finds it up again).
     async fn pick(&self, tried: &[String], segments: bool) -> Option<(GatherTarget, GatherClient)> {
-        for t in self.store.gather_route(self.route) {
+        for t in self.gateways.route(self.route) {
             if tried.contains(&t.addr) {
                 continue;
             }
@@ -61,9 +61,9 @@ impl Failover {
                     give_back(&probe, c)
                 }
                 Ok(c) => return Some((t, c)),
-                Err(NoConnection::Unreachable) => self
-                    .store
-                    .endpoint_event(&t.addr, EndpointEvent::Unreachable),
+                Err(NoConnection::Unreachable) => {
+                    self.gateways.event(&t.addr, EndpointEvent::Unreachable)
+                }
                 Err(NoConnection::NotOffered) => {}
             }
         }
@@ -148,8 +148,7 @@ async fn run_stripe(
             Err(e) => e,
         };
         if matches!(e, GatherError::Io(_)) {
-            fo.store
-                .endpoint_event(&target.addr, EndpointEvent::Unreachable);
+            fo.gateways.event(&target.addr, EndpointEvent::Unreachable);
         }
         if sink.sh.state.is_cancelled() {
             return StripeEnd {
@@ -198,8 +197,8 @@ fn empty_report() -> crate::transport::tcp::LoadReport {
     }
 }
 
-/// Runs `req` over gather on the gateways of `route` (the store's gather targets in
-/// placement order, [`Store::gather_route`]): on the first that offers gather and accepts a
+/// Runs `req` over gather on the gateways of `route` (the engine's gather targets in
+/// placement order, [`Gateways::route`]): on the first that offers gather and accepts a
 /// connection, striped over up to `streams` connections (contiguous runs of chunks, one
 /// request and one task each; see `EngineConfig::gather_streams`). A stripe whose gateway
 /// fails mid-load continues on the next gateway of the route ([`run_stripe`]).
@@ -212,7 +211,7 @@ fn empty_report() -> crate::transport::tcp::LoadReport {
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn try_gather(
     probes: &Arc<Probes>,
-    store: &Arc<dyn Store>,
+    gateways: &Gateways,
     route: u64,
     keys: &KeyBuilder,
     req: &LoadRequest,
@@ -223,7 +222,7 @@ pub(crate) async fn try_gather(
 ) -> Outcome {
     let fo = Arc::new(Failover {
         probes: probes.clone(),
-        store: store.clone(),
+        gateways: gateways.clone(),
         route,
     });
     // Chunks in segment objects (format version 2) are read by a gateway that reads them;
@@ -257,14 +256,14 @@ pub(crate) async fn try_gather(
         }
     }
     // Counted against the gateway for load-aware placement while the load runs.
-    store.endpoint_event(&target.addr, EndpointEvent::LoadStarted);
-    struct Ended<'a>(&'a Arc<dyn Store>, &'a str);
+    gateways.event(&target.addr, EndpointEvent::LoadStarted);
+    struct Ended<'a>(&'a Gateways, &'a str);
     impl Drop for Ended<'_> {
         fn drop(&mut self) {
-            self.0.endpoint_event(self.1, EndpointEvent::LoadEnded);
+            self.0.event(self.1, EndpointEvent::LoadEnded);
         }
     }
-    let _ended = Ended(store, &target.addr);
+    let _ended = Ended(gateways, &target.addr);
     let n = clients.len();
     let slice = req.geometry.slice_bytes();
     // No stripe names more segments than the whole load (checked above).

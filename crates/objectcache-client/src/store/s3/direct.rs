@@ -269,7 +269,7 @@ impl S3Store {
     }
 
     /// Opens up to `connections` connections for the direct path ahead of its first reads
-    /// ([`crate::store::Store::warm`]), idle in its pool; returns how many. Each carries one
+    /// ([`crate::store::S3Store::warm`]), idle in its pool; returns how many. Each carries one
     /// presigned `HEAD` of a key that need not exist (any answer will do, and a `HEAD` answer
     /// has no body), so that the server counts it as a client's connection, kept alive.
     pub(super) async fn warm_direct(&self, connections: usize) -> usize {

@@ -8,8 +8,8 @@ use super::errors::{map_error, Op};
 use super::{S3Store, BACKEND};
 use crate::error::{StoreError, StoreResult};
 use crate::store::{
-    check_stream_len, resolve_range, validate_key, ByteStream, GetOptions, GetResult, ObjectMeta,
-    PutMode, PutOptions, PutResult, RangeBody, Store,
+    check_stream_len, resolve_range, validate_key, ByteStream, Gateways, GetOptions, GetResult,
+    ObjectMeta, PutMode, PutOptions, PutResult, RangeBody, Store,
 };
 use async_trait::async_trait;
 use aws_sdk_s3::error::SdkError;
@@ -18,19 +18,20 @@ use bytes::Bytes;
 use futures::StreamExt;
 use std::ops::Range;
 
-/// Connections [`Store::warm`] opens through the SDK when a load's ranged GETs have
+/// Connections [`S3Store::warm`] opens through the SDK when a load's ranged GETs have
 /// connections of their own (`direct.rs`): the SDK's then carry lookups and saves.
 const SDK_WARM_BESIDE_DIRECT: usize = 4;
 
-#[async_trait]
-impl Store for S3Store {
-    fn name(&self) -> &'static str {
-        BACKEND
+impl S3Store {
+    /// This store's endpoint as its [`Gateways`]: where loads may use gather (a plain
+    /// `http://` endpoint) and the connection pool [`Gateways::warm`] opens.
+    pub fn gateways(&self) -> Gateways {
+        Gateways::one(self.clone())
     }
 
     /// The endpoint's `host:port` when an endpoint is configured (an ObjectCache server or
     /// any S3 server: the connector's probe tells them apart); `None` for AWS S3.
-    fn gather_target(&self) -> Option<crate::store::GatherTarget> {
+    pub(crate) fn gather_target(&self) -> Option<crate::store::GatherTarget> {
         let u = url::Url::parse(&self.endpoint).ok()?;
         // Gather is plaintext TCP: an `https://` endpoint is reached by ranged GETs only.
         if u.scheme() != "http" {
@@ -51,7 +52,7 @@ impl Store for S3Store {
     /// failures are logged at debug level and not counted. At a plain-`http://` endpoint
     /// (the direct path on) it opens that many for the ranged GETs read into place
     /// (`direct.rs`) instead, and at most 4 through the SDK.
-    async fn warm(&self, connections: usize) -> usize {
+    pub async fn warm(&self, connections: usize) -> usize {
         // With the direct path on, a load's ranged GETs use its connections; the SDK's carry
         // lookups and saves, which a few warm connections serve (each idle connection also
         // counts against a server's per-client connection cap).
@@ -76,6 +77,13 @@ impl Store for S3Store {
         // The direct path's own connections (`direct.rs`), which a load's ranged GETs use.
         self.warm_direct(connections).await;
         answered.into_iter().filter(|a| *a).count()
+    }
+}
+
+#[async_trait]
+impl Store for S3Store {
+    fn name(&self) -> &'static str {
+        BACKEND
     }
 
     /// A presigned ranged GET on a connection of the store's own, at plain-`http://`
