@@ -255,9 +255,9 @@ async fn admission_second_keeps_an_object_only_on_its_second_request() {
     assert_eq!(t.stats().dram.objects, 1, "the second is");
     t.get_bytes(&k).await.unwrap();
     assert_eq!(remote.gets.load(Ordering::SeqCst), 2);
-    assert!(Admission::parse("often")
-        .unwrap_err()
-        .contains("second:SECONDS"));
+    let e = Admission::parse("often").unwrap_err();
+    assert_eq!((e.setting, e.value.as_str()), ("tier admission", "often"));
+    assert!(e.to_string().contains("second:SECONDS"), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,9 +4,23 @@
 //! - [`StoreError`]: what a storage backend reports (missing object, precondition failed, ...).
 //! - [`LayerError`]: why one layer of a load is a miss. A failed layer is never handed out as bytes.
 //! - [`Error`]: the crate-level error for API calls (bad input, configuration, store failures).
+//! - [`BadSetting`]: a setting's value that does not parse.
 #![forbid(unsafe_code)]
 
 use std::fmt;
+
+/// A setting's value that does not parse: which setting, the value given and the forms
+/// accepted (for example a tier admission policy, `TierConfig`'s `admission`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{setting} {value:?}: expected {expected}")]
+pub struct BadSetting {
+    /// The setting's name, as a user writes it.
+    pub setting: &'static str,
+    /// The value as given.
+    pub value: String,
+    /// The forms accepted.
+    pub expected: &'static str,
+}
 
 /// What a storage backend (`objectcache::store::Store`) reports.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]

@@ -30,7 +30,7 @@ pub mod rdma;
 pub mod sched;
 pub mod sim;
 
-pub use error::{Error, LayerError, Result, StoreError};
+pub use error::{BadSetting, Error, LayerError, Result, StoreError};
 pub use layout::{
     ChunkHash, Dtype, EngineLayout, GroupKind, HashAlgo, KvGeometry, KvLayout, LayoutFamily,
     LayoutGroup,

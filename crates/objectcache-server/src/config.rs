@@ -25,18 +25,24 @@ impl std::fmt::Debug for AccessKey {
     }
 }
 
+/// An access key not written `ACCESS_KEY:SECRET_KEY` ([`AccessKey::parse`]). It does not
+/// echo what was given: that may hold a secret.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("an access key is written ACCESS_KEY:SECRET_KEY")]
+pub struct BadAccessKey;
+
 impl AccessKey {
     /// Parses `ACCESS:SECRET`.
     ///
     /// # Errors
-    /// A message if there is no `:` or either side is empty.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    /// [`BadAccessKey`] if there is no `:` or either side is empty.
+    pub fn parse(s: &str) -> Result<Self, BadAccessKey> {
         match s.split_once(':') {
             Some((a, k)) if !a.is_empty() && !k.is_empty() => Ok(AccessKey {
                 access_key: a.to_string(),
                 secret_key: k.to_string(),
             }),
-            _ => Err("an access key is written ACCESS_KEY:SECRET_KEY".to_string()),
+            _ => Err(BadAccessKey),
         }
     }
 }
@@ -213,7 +219,7 @@ impl ServerConfig {
             disk_dir: self.tier_disk_dir.clone(),
             disk_bytes: self.tier_disk_bytes,
             admission: objectcache_client::store::Admission::parse(&self.tier_admission)
-                .map_err(objectcache_client::Error::Config)?,
+                .map_err(|e| objectcache_client::Error::Config(e.to_string()))?,
         }))
     }
 
@@ -250,14 +256,15 @@ impl ServerConfig {
     pub fn validate(&self) -> objectcache_client::Result<()> {
         let bad = |m: String| Err(objectcache_client::Error::Config(m));
         objectcache_client::store::Admission::parse(&self.tier_admission)
-            .map_err(objectcache_client::Error::Config)?;
+            .map_err(|e| objectcache_client::Error::Config(e.to_string()))?;
         if self.tier_disk_dir.is_some() != (self.tier_disk_bytes > 0) {
             return bad(format!(
                 "tier_disk_dir and tier_disk_bytes go together (dir {:?}, {} bytes)",
                 self.tier_disk_dir, self.tier_disk_bytes
             ));
         }
-        super::tenant::Tenants::new(&self.tenants).map_err(objectcache_client::Error::Config)?;
+        super::tenant::Tenants::new(&self.tenants)
+            .map_err(|e| objectcache_client::Error::Config(e.to_string()))?;
         if let Some(m) = self
             .buckets
             .iter()

@@ -43,7 +43,7 @@ mod start;
 pub mod tenant;
 pub mod tls;
 
-pub use config::{AccessKey, ServerConfig};
+pub use config::{AccessKey, BadAccessKey, ServerConfig};
 pub use http::MAX_PRESIGNED_EXPIRES_SECS;
 pub use start::{open_backend, start, start_with_store, start_with_tier};
 

@@ -164,8 +164,8 @@ async fn start_inner(
         #[cfg(feature = "rdma")]
         rdma: super::gather::rdma::open(),
     });
-    let tenants =
-        tenant::Tenants::new(&shared.cfg.tenants).map_err(objectcache_client::Error::Config)?;
+    let tenants = tenant::Tenants::new(&shared.cfg.tenants)
+        .map_err(|e| objectcache_client::Error::Config(e.to_string()))?;
     let tls = match (&shared.cfg.tls_cert, &shared.cfg.tls_key) {
         (Some(c), Some(k)) => Some(tls::acceptor(c, k)?),
         _ => None,

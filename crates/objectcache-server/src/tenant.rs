@@ -53,28 +53,46 @@ impl std::fmt::Debug for TenantConfig {
     }
 }
 
+/// A tenant list a server cannot take ([`validate_namespace`], [`Tenants::new`]); each names
+/// the tenant's namespace or access key and the rule broken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TenantError {
+    /// A namespace of no bytes or of more than `MAX_NAMESPACE_LEN` (64).
+    #[error("tenant namespace {0:?} must be 1 to {MAX_NAMESPACE_LEN} bytes")]
+    NamespaceLength(String),
+    /// A namespace with a byte other than `a-z`, `0-9`, `-`, `_` and `.`.
+    #[error("tenant namespace {0:?} may hold only a-z, 0-9, '-', '_' and '.'")]
+    NamespaceCharacters(String),
+    /// A namespace that starts with `.`, `_` or `-`.
+    #[error("tenant namespace {0:?} must not start with '.', '_' or '-'")]
+    NamespaceStart(String),
+    /// A tenant (its namespace) without an access key or a secret key.
+    #[error("tenant {0:?} needs an access key and a secret key")]
+    MissingKey(String),
+    /// Two tenants with one namespace.
+    #[error("tenant namespace {0:?} appears twice")]
+    DuplicateNamespace(String),
+    /// Two tenants with one access key.
+    #[error("tenant access key {0:?} appears twice")]
+    DuplicateAccessKey(String),
+}
+
 /// Checks a tenant namespace.
 ///
 /// # Errors
-/// A message naming the rule broken.
-pub fn validate_namespace(ns: &str) -> Result<(), String> {
+/// [`TenantError`] naming the rule broken.
+pub fn validate_namespace(ns: &str) -> Result<(), TenantError> {
     if ns.is_empty() || ns.len() > MAX_NAMESPACE_LEN {
-        return Err(format!(
-            "tenant namespace {ns:?} must be 1 to {MAX_NAMESPACE_LEN} bytes"
-        ));
+        return Err(TenantError::NamespaceLength(ns.to_string()));
     }
     if !ns
         .bytes()
         .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"-_.".contains(&c))
     {
-        return Err(format!(
-            "tenant namespace {ns:?} may hold only a-z, 0-9, '-', '_' and '.'"
-        ));
+        return Err(TenantError::NamespaceCharacters(ns.to_string()));
     }
     if ns.starts_with(['.', '_', '-']) {
-        return Err(format!(
-            "tenant namespace {ns:?} must not start with '.', '_' or '-'"
-        ));
+        return Err(TenantError::NamespaceStart(ns.to_string()));
     }
     Ok(())
 }
@@ -89,26 +107,21 @@ impl Tenants {
     /// Indexes `list` by access key.
     ///
     /// # Errors
-    /// A message if a namespace is invalid, or an access key or namespace appears twice.
-    pub fn new(list: &[TenantConfig]) -> Result<Self, String> {
+    /// [`TenantError`] if a namespace is invalid, a key is missing, or an access key or
+    /// namespace appears twice.
+    pub fn new(list: &[TenantConfig]) -> Result<Self, TenantError> {
         let mut by_key = HashMap::new();
         let mut namespaces = std::collections::HashSet::new();
         for t in list {
             validate_namespace(&t.namespace)?;
             if t.access_key.is_empty() || t.secret_key.is_empty() {
-                return Err(format!(
-                    "tenant {:?} needs an access key and a secret key",
-                    t.namespace
-                ));
+                return Err(TenantError::MissingKey(t.namespace.clone()));
             }
             if !namespaces.insert(t.namespace.clone()) {
-                return Err(format!("tenant namespace {:?} appears twice", t.namespace));
+                return Err(TenantError::DuplicateNamespace(t.namespace.clone()));
             }
             if by_key.insert(t.access_key.clone(), t.clone()).is_some() {
-                return Err(format!(
-                    "tenant access key {:?} appears twice",
-                    t.access_key
-                ));
+                return Err(TenantError::DuplicateAccessKey(t.access_key.clone()));
             }
         }
         Ok(Tenants { by_key })
@@ -184,8 +197,14 @@ mod tests {
 
     #[test]
     fn duplicates_are_refused_and_roots_found() {
-        assert!(Tenants::new(&[t("k", "a"), t("k", "b")]).is_err());
-        assert!(Tenants::new(&[t("k1", "a"), t("k2", "a")]).is_err());
+        assert_eq!(
+            Tenants::new(&[t("k", "a"), t("k", "b")]).unwrap_err(),
+            TenantError::DuplicateAccessKey("k".into())
+        );
+        assert_eq!(
+            Tenants::new(&[t("k1", "a"), t("k2", "a")]).unwrap_err(),
+            TenantError::DuplicateNamespace("a".into())
+        );
         let ts = Tenants::new(&[t("k1", "a"), t("k2", "b")]).unwrap();
         assert_eq!(ts.root(Some("k1")), "a");
         assert_eq!(ts.root(Some("k2")), "b");

@@ -286,6 +286,15 @@ impl CopyStream {
 /// The completion of copies queued by [`CopyStream::queue`].
 pub struct CopyDone(CudaEvent);
 
+/// Copies to device memory that the CUDA driver reported failed ([`CopyDone`]): the layer
+/// they carried is a miss.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{driver}")]
+pub struct CopyFailed {
+    /// The driver's error text.
+    pub driver: String,
+}
+
 impl std::fmt::Debug for CopyDone {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CopyDone").finish_non_exhaustive()
@@ -296,16 +305,20 @@ impl CopyDone {
     /// Whether the copies have completed, without blocking.
     ///
     /// # Errors
-    /// The driver's error text when a copy failed.
-    pub fn is_complete(&self) -> std::result::Result<bool, String> {
-        self.0.try_is_complete().map_err(|e| e.to_string())
+    /// [`CopyFailed`] with the driver's error text when a copy failed.
+    pub fn is_complete(&self) -> std::result::Result<bool, CopyFailed> {
+        self.0.try_is_complete().map_err(|e| CopyFailed {
+            driver: e.to_string(),
+        })
     }
 
     /// Blocks until the copies have completed.
     ///
     /// # Errors
-    /// The driver's error text when a copy failed.
-    pub fn wait(&self) -> std::result::Result<(), String> {
-        self.0.synchronize().map_err(|e| e.to_string())
+    /// [`CopyFailed`] with the driver's error text when a copy failed.
+    pub fn wait(&self) -> std::result::Result<(), CopyFailed> {
+        self.0.synchronize().map_err(|e| CopyFailed {
+            driver: e.to_string(),
+        })
     }
 }

@@ -79,8 +79,8 @@ impl Admission {
     /// Parses `all`, `second` (window 600 s) or `second:SECS`.
     ///
     /// # Errors
-    /// A message naming the accepted forms.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    /// [`BadSetting`](crate::error::BadSetting) naming the accepted forms.
+    pub fn parse(s: &str) -> Result<Self, crate::error::BadSetting> {
         match s.trim() {
             "all" => Ok(Admission::All),
             "second" => Ok(Admission::Second {
@@ -93,9 +93,11 @@ impl Admission {
                 Some(secs) if secs > 0 => Ok(Admission::Second {
                     window: Duration::from_secs(secs),
                 }),
-                _ => Err(format!(
-                    "tier admission {x:?}: expected all, second or second:SECONDS"
-                )),
+                _ => Err(crate::error::BadSetting {
+                    setting: "tier admission",
+                    value: x.to_string(),
+                    expected: "all, second or second:SECONDS",
+                }),
             },
         }
     }

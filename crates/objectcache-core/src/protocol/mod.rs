@@ -29,11 +29,11 @@ mod wire;
 pub use client::{ClientConnection, ClientEvent};
 pub use client_load::{LoadOutcome, LoadTracker};
 pub use descriptor::{
-    check_bucket_name, plan_units, rdma_pieces, unit_indices, ChunkKeys, DeliveryOrder,
-    GatherRequest, LoadGroup, RdmaRegion, RdmaSegments, RdmaTarget, SaveChunk, SaveRequest,
-    SchedHints, SegmentPlacement, SegmentRef, SlicePiece, TransportTarget, UnitPlan, WireGeometry,
-    MAX_SEGMENTS_PER_REQUEST, MAX_SEGMENT_HEADER_BYTES_PER_REQUEST, MAX_STRIPES, RDMA_MAX_LAYERS,
-    RDMA_MAX_SEGMENTS, RDMA_MAX_UNITS_PER_LAYER, RDMA_SLOTS,
+    check_bucket_name, plan_units, rdma_pieces, unit_indices, BadBucketName, ChunkKeys,
+    DeliveryOrder, GatherRequest, HeaderMismatch, LoadGroup, RdmaRegion, RdmaSegments, RdmaTarget,
+    SaveChunk, SaveRequest, SchedHints, SegmentPlacement, SegmentRef, SlicePiece, TransportTarget,
+    UnitPlan, WireGeometry, MAX_SEGMENTS_PER_REQUEST, MAX_SEGMENT_HEADER_BYTES_PER_REQUEST,
+    MAX_STRIPES, RDMA_MAX_LAYERS, RDMA_MAX_SEGMENTS, RDMA_MAX_UNITS_PER_LAYER, RDMA_SLOTS,
 };
 pub use frame::{
     decode_frame, decode_unit_prefix, encode_frame_header, ErrorCode, Frame, FrameHeader,

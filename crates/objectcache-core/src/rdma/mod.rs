@@ -7,4 +7,4 @@ pub mod imm;
 pub mod tally;
 
 pub use imm::Imm;
-pub use tally::{Landed, LayerState, LayerTally};
+pub use tally::{Landed, LayerState, LayerTally, TallyError};

@@ -28,6 +28,62 @@ pub struct Landed {
     pub ready: bool,
 }
 
+/// A completion the tally cannot place: the peer broke the protocol ([`LayerTally::unit`],
+/// [`LayerTally::slice`]). The connection is not to be trusted after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TallyError {
+    /// A unit index the layer's plan does not hold, or one that already landed.
+    #[error("unexpected or repeated unit {unit} of layer {layer}")]
+    UnexpectedUnit {
+        /// The layer.
+        layer: u32,
+        /// The unit index the immediate named.
+        unit: usize,
+    },
+    /// A unit whose last write carried another byte count than planned.
+    #[error("unit {unit} of layer {layer} carried {got} bytes in its last write, want {want}")]
+    UnitLength {
+        /// The layer.
+        layer: u32,
+        /// The unit index.
+        unit: usize,
+        /// Bytes the write carried.
+        got: u64,
+        /// Bytes planned.
+        want: u64,
+    },
+    /// A lone slice write for a chunk that no unit of several slices holds.
+    #[error(
+        "slice write for chunk {chunk} of layer {layer}, which no unit of several slices holds"
+    )]
+    UnexpectedSlice {
+        /// The layer.
+        layer: u32,
+        /// The chunk index the immediate named.
+        chunk: u16,
+    },
+    /// A second lone slice write for the same chunk.
+    #[error("repeated slice write for chunk {chunk} of layer {layer}")]
+    RepeatedSlice {
+        /// The layer.
+        layer: u32,
+        /// The chunk index.
+        chunk: u16,
+    },
+    /// A lone slice whose last write carried another byte count than planned.
+    #[error("the slice of chunk {chunk} of layer {layer} carried {got} bytes in its last write, want {want}")]
+    SliceLength {
+        /// The layer.
+        layer: u32,
+        /// The chunk index.
+        chunk: u16,
+        /// Bytes the write carried.
+        got: u64,
+        /// Bytes planned.
+        want: u64,
+    },
+}
+
 /// One layer's tally (see the module docs).
 #[derive(Debug)]
 pub struct LayerTally {
@@ -77,24 +133,24 @@ impl LayerTally {
     /// a miss).
     ///
     /// # Errors
-    /// A message naming the unit when it is not planned, repeated, or of the wrong length:
-    /// the peer broke the protocol.
+    /// [`TallyError`] naming the unit when it is not planned, repeated, or of the wrong
+    /// length: the peer broke the protocol.
     pub fn unit(
         &mut self,
         layer: u32,
         unit: usize,
         byte_len: u64,
-    ) -> Result<Option<Landed>, String> {
+    ) -> Result<Option<Landed>, TallyError> {
         if unit >= self.seen.len() || self.seen[unit] {
-            return Err(format!(
-                "unexpected or repeated unit {unit} of layer {layer}"
-            ));
+            return Err(TallyError::UnexpectedUnit { layer, unit });
         }
         if byte_len != self.imm_len[unit] {
-            return Err(format!(
-                "unit {unit} of layer {layer} carried {byte_len} bytes in its last write, want {}",
-                self.imm_len[unit]
-            ));
+            return Err(TallyError::UnitLength {
+                layer,
+                unit,
+                got: byte_len,
+                want: self.imm_len[unit],
+            });
         }
         self.seen[unit] = true;
         self.got += 1;
@@ -114,24 +170,27 @@ impl LayerTally {
     /// be) a miss: the chunk's other layers still count. Returns `(offset, len)`.
     ///
     /// # Errors
-    /// A message when no unit of several slices holds that chunk, the slice came before, or
-    /// its length is wrong.
-    pub fn slice(&mut self, layer: u32, chunk: u16, byte_len: u64) -> Result<(u64, u64), String> {
+    /// [`TallyError`] when no unit of several slices holds that chunk, the slice came before,
+    /// or its length is wrong.
+    pub fn slice(
+        &mut self,
+        layer: u32,
+        chunk: u16,
+        byte_len: u64,
+    ) -> Result<(u64, u64), TallyError> {
         let Some(sl) = self.slices.get_mut(&chunk) else {
-            return Err(format!(
-                "slice write for chunk {chunk} of layer {layer}, which no unit of several slices holds"
-            ));
+            return Err(TallyError::UnexpectedSlice { layer, chunk });
         };
         if sl.3 {
-            return Err(format!(
-                "repeated slice write for chunk {chunk} of layer {layer}"
-            ));
+            return Err(TallyError::RepeatedSlice { layer, chunk });
         }
         if byte_len != sl.2 {
-            return Err(format!(
-                "the slice of chunk {chunk} of layer {layer} carried {byte_len} bytes in its last write, want {}",
-                sl.2
-            ));
+            return Err(TallyError::SliceLength {
+                layer,
+                chunk,
+                got: byte_len,
+                want: sl.2,
+            });
         }
         sl.3 = true;
         Ok((sl.0, sl.1))
@@ -192,21 +251,34 @@ mod tests {
     fn protocol_breaks_are_named() {
         let mut t = three_units();
         let e = t.unit(3, 7, 200).unwrap_err();
-        assert!(e.contains("unit 7 of layer 3"), "{e}");
+        assert_eq!(e, TallyError::UnexpectedUnit { layer: 3, unit: 7 });
+        assert!(e.to_string().contains("unit 7 of layer 3"), "{e}");
         let e = t.unit(3, 0, 199).unwrap_err();
-        assert!(
-            e.contains("carried 199 bytes") && e.contains("want 200"),
-            "{e}"
+        assert_eq!(
+            e,
+            TallyError::UnitLength {
+                layer: 3,
+                unit: 0,
+                got: 199,
+                want: 200
+            }
         );
+        assert!(e.to_string().contains("carried 199 bytes") && e.to_string().contains("want 200"));
         t.unit(3, 0, 200).unwrap();
-        assert!(t.unit(3, 0, 200).unwrap_err().contains("repeated"));
-        assert!(t
-            .slice(3, 5, 100)
-            .unwrap_err()
-            .contains("no unit of several"));
-        assert!(t.slice(3, 1, 100).unwrap_err().contains("want 40"));
+        assert_eq!(
+            t.unit(3, 0, 200).unwrap_err(),
+            TallyError::UnexpectedUnit { layer: 3, unit: 0 }
+        );
+        let e = t.slice(3, 5, 100).unwrap_err();
+        assert_eq!(e, TallyError::UnexpectedSlice { layer: 3, chunk: 5 });
+        assert!(e.to_string().contains("no unit of several"));
+        let e = t.slice(3, 1, 100).unwrap_err();
+        assert!(matches!(e, TallyError::SliceLength { want: 40, .. }), "{e}");
         assert_eq!(t.slice(3, 1, 40).unwrap(), (100, 100));
-        assert!(t.slice(3, 1, 40).unwrap_err().contains("repeated"));
+        assert_eq!(
+            t.slice(3, 1, 40).unwrap_err(),
+            TallyError::RepeatedSlice { layer: 3, chunk: 1 }
+        );
     }
 
     #[test]

@@ -230,7 +230,7 @@ async fn check_segment(
     let b = r.bytes().await.map_err(store_miss)?;
     let geo = |m: String| (MissReason::GeometryMismatch, format!("{key}: {m}"));
     let h = SegmentHeader::decode(&b).map_err(|e| geo(e.to_string()))?;
-    g.check_segment_header(&h).map_err(geo)?;
+    g.check_segment_header(&h).map_err(|e| geo(e.to_string()))?;
     if (h.chunks, h.header_len, h.object_len()) != (seg.r.chunks, seg.r.header_len, size)
         || size != seg.r.object_len
     {

@@ -26,6 +26,69 @@ pub struct WireGeometry {
     pub tp_world: u16,
 }
 
+/// The first field in which a stored object's header differs from the geometry a load
+/// expects ([`WireGeometry::check_header`], [`WireGeometry::check_segment_header`]): the
+/// object was written for another model, dtype, TP rank or chunk size, and is a miss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderMismatch {
+    /// Another model or KV layout (`KvGeometry::fingerprint`).
+    #[error("fingerprint {found:016x}, expected {expected:016x}")]
+    Fingerprint {
+        /// The header's.
+        found: u64,
+        /// The load's.
+        expected: u64,
+    },
+    /// Another number of layers.
+    #[error("{found} layers, expected {expected}")]
+    Layers {
+        /// The header's.
+        found: u32,
+        /// The load's.
+        expected: u32,
+    },
+    /// Another slice size per token (bytes per token per layer).
+    #[error("{found} bytes per token per layer, expected {expected}")]
+    BytesPerTokenPerLayer {
+        /// The header's.
+        found: u32,
+        /// The load's.
+        expected: u32,
+    },
+    /// Another dtype (its code, `Dtype::code`).
+    #[error("dtype code {found}, expected {expected}")]
+    Dtype {
+        /// The header's.
+        found: u8,
+        /// The load's.
+        expected: u8,
+    },
+    /// Another TP rank or TP world size, as `(rank, world)`.
+    #[error("TP {}/{}, expected {}/{}", found.0, found.1, expected.0, expected.1)]
+    TpRank {
+        /// The header's.
+        found: (u16, u16),
+        /// The load's.
+        expected: (u16, u16),
+    },
+    /// A chunk object holding another number of tokens than the load's chunk.
+    #[error("{found} tokens, expected {expected}")]
+    Tokens {
+        /// The header's.
+        found: u32,
+        /// The load's.
+        expected: u32,
+    },
+    /// A segment object of chunks of another size (tokens per chunk).
+    #[error("{found} tokens per chunk, expected {expected}")]
+    TokensPerChunk {
+        /// The header's.
+        found: u32,
+        /// The load's.
+        expected: u32,
+    },
+}
+
 impl WireGeometry {
     /// The wire form of `g`.
     pub fn from_geometry(g: &KvGeometry) -> Self {
@@ -46,8 +109,8 @@ impl WireGeometry {
     /// Checks an object header against this geometry and the expected token count.
     ///
     /// # Errors
-    /// A message naming the first field that differs.
-    pub fn check_header(&self, h: &ChunkHeader, tokens: u32) -> Result<(), String> {
+    /// [`HeaderMismatch`] naming the first field that differs.
+    pub fn check_header(&self, h: &ChunkHeader, tokens: u32) -> Result<(), HeaderMismatch> {
         self.check_fields(&WireGeometry {
             fingerprint: h.fingerprint,
             layers: h.layers,
@@ -56,19 +119,22 @@ impl WireGeometry {
             dtype: h.dtype.code(),
             tp_rank: h.tp_rank,
             tp_world: h.tp_world,
-        })
-        .and_then(|()| match h.tokens == tokens {
+        })?;
+        match h.tokens == tokens {
             true => Ok(()),
-            false => Err(format!("{} tokens, expected {tokens}", h.tokens)),
-        })
+            false => Err(HeaderMismatch::Tokens {
+                found: h.tokens,
+                expected: tokens,
+            }),
+        }
     }
 
     /// Checks a segment object's header (object format version 2) against this geometry: its
     /// chunks are full chunks of `tokens_per_chunk` tokens.
     ///
     /// # Errors
-    /// A message naming the first field that differs.
-    pub fn check_segment_header(&self, h: &SegmentHeader) -> Result<(), String> {
+    /// [`HeaderMismatch`] naming the first field that differs.
+    pub fn check_segment_header(&self, h: &SegmentHeader) -> Result<(), HeaderMismatch> {
         self.check_fields(&WireGeometry {
             fingerprint: h.fingerprint,
             layers: h.layers,
@@ -77,41 +143,48 @@ impl WireGeometry {
             dtype: h.dtype.code(),
             tp_rank: h.tp_rank,
             tp_world: h.tp_world,
-        })
-        .and_then(|()| match h.tokens_per_chunk == self.tokens_per_chunk {
+        })?;
+        match h.tokens_per_chunk == self.tokens_per_chunk {
             true => Ok(()),
-            false => Err(format!(
-                "{} tokens per chunk, expected {}",
-                h.tokens_per_chunk, self.tokens_per_chunk
-            )),
-        })
+            false => Err(HeaderMismatch::TokensPerChunk {
+                found: h.tokens_per_chunk,
+                expected: self.tokens_per_chunk,
+            }),
+        }
     }
 
     /// The fields an object's header names, other than its tokens, against this geometry's.
-    fn check_fields(&self, h: &WireGeometry) -> Result<(), String> {
+    fn check_fields(&self, h: &WireGeometry) -> Result<(), HeaderMismatch> {
+        use HeaderMismatch as M;
         if h.fingerprint != self.fingerprint {
-            return Err(format!(
-                "fingerprint {:016x}, expected {:016x}",
-                h.fingerprint, self.fingerprint
-            ));
+            return Err(M::Fingerprint {
+                found: h.fingerprint,
+                expected: self.fingerprint,
+            });
         }
         if h.layers != self.layers {
-            return Err(format!("{} layers, expected {}", h.layers, self.layers));
+            return Err(M::Layers {
+                found: h.layers,
+                expected: self.layers,
+            });
         }
         if h.bytes_per_token_per_layer != self.bytes_per_token_per_layer {
-            return Err(format!(
-                "{} bytes per token per layer, expected {}",
-                h.bytes_per_token_per_layer, self.bytes_per_token_per_layer
-            ));
+            return Err(M::BytesPerTokenPerLayer {
+                found: h.bytes_per_token_per_layer,
+                expected: self.bytes_per_token_per_layer,
+            });
         }
         if h.dtype != self.dtype {
-            return Err(format!("dtype code {}, expected {}", h.dtype, self.dtype));
+            return Err(M::Dtype {
+                found: h.dtype,
+                expected: self.dtype,
+            });
         }
         if h.tp_rank != self.tp_rank || h.tp_world != self.tp_world {
-            return Err(format!(
-                "TP {}/{}, expected {}/{}",
-                h.tp_rank, h.tp_world, self.tp_rank, self.tp_world
-            ));
+            return Err(M::TpRank {
+                found: (h.tp_rank, h.tp_world),
+                expected: (self.tp_rank, self.tp_world),
+            });
         }
         Ok(())
     }

@@ -308,13 +308,18 @@ impl ConnShared {
             // One chunk's whole slice, written alone because another slice of its unit was
             // bad: it lands even though the layer is (or will be) a miss, so the chunk's
             // other layers still count (`LayerSink::landed`).
-            let (off, len) = lp.slice(layer, imm.unit, u64::from(wc.byte_len))?;
+            let (off, len) = lp
+                .slice(layer, imm.unit, u64::from(wc.byte_len))
+                .map_err(|e| e.to_string())?;
             actions.push(Action::Placed(ld.sink.clone(), layer, off, len));
             ld.sink_pending += 1;
             touched.push(slot);
             return Ok(());
         }
-        if let Some(l) = lp.unit(layer, usize::from(imm.unit), u64::from(wc.byte_len))? {
+        let landed = lp
+            .unit(layer, usize::from(imm.unit), u64::from(wc.byte_len))
+            .map_err(|e| e.to_string())?;
+        if let Some(l) = landed {
             actions.push(Action::Placed(ld.sink.clone(), layer, l.offset, l.len));
             if l.ready {
                 ld.outcome.ready.push(layer);
