@@ -50,7 +50,7 @@ enum Kind {
     None,
     /// One S3 endpoint.
     #[cfg(feature = "s3")]
-    One(super::S3Store),
+    One(std::sync::Arc<super::S3Store>),
     /// Several endpoints serving the same bucket.
     #[cfg(feature = "s3")]
     Many(super::GatewayStore),
@@ -82,7 +82,7 @@ impl Gateways {
 
     #[cfg(feature = "s3")]
     pub(super) fn one(store: super::S3Store) -> Self {
-        Gateways(Kind::One(store))
+        Gateways(Kind::One(std::sync::Arc::new(store)))
     }
 
     #[cfg(feature = "s3")]

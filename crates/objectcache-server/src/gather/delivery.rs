@@ -8,10 +8,6 @@ use objectcache_client::protocol::{
     ErrorCode, GatherRequest, LoadAction, ServerLoad, TransportTarget, UnitPlan,
 };
 
-/// The refusal of an RDMA target by a server that offers none (a build without `rdma`, or no
-/// RDMA device).
-pub(super) const NO_RDMA: &str = "this server offers no RDMA target; use the inline TCP target";
-
 /// A load's delivery, chosen from its request's transport target.
 pub(super) enum Delivery {
     /// Unit frames on the gather connection.
@@ -41,7 +37,9 @@ impl Delivery {
                 .map(Delivery::Rdma)
                 .map_err(|m| (ErrorCode::Unsupported, m)),
             #[cfg(not(feature = "rdma"))]
-            TransportTarget::Rdma(_) => Err((ErrorCode::Unsupported, NO_RDMA.into())),
+            TransportTarget::Rdma(_) => {
+                Err((ErrorCode::Unsupported, super::objects::NO_RDMA.into()))
+            }
         }
     }
 

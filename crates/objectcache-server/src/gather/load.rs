@@ -263,7 +263,7 @@ fn layer_bytes_of(plan: &[UnitPlan]) -> Vec<u64> {
 async fn check_request(req: &GatherRequest, sh: &ServerState) -> Result<Arc<LoadObjects>, Refusal> {
     #[cfg(not(feature = "rdma"))]
     if matches!(req.target, TransportTarget::Rdma(_)) {
-        return Err((ErrorCode::Unsupported, super::delivery::NO_RDMA.into()));
+        return Err((ErrorCode::Unsupported, super::objects::NO_RDMA.into()));
     }
     // An object larger than any this server stores cannot exist.
     let segments = req.segments.iter().flat_map(|p| &p.segments);

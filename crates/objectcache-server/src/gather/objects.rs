@@ -250,6 +250,10 @@ async fn check_segment(
 /// A refused gather request: the error code and the message the client gets.
 pub(super) type Refusal = (objectcache_client::protocol::ErrorCode, String);
 
+/// The refusal of an RDMA target by a server that offers none (a build without `rdma`, or no
+/// RDMA device).
+pub(super) const NO_RDMA: &str = "this server offers no RDMA target; use the inline TCP target";
+
 /// Refuses a request for a bucket that does not exist (or that the backend cannot look up).
 pub(super) async fn bucket_exists(sh: &ServerState, bucket: &str) -> Result<(), Refusal> {
     match sh.buckets.exists(bucket).await {

@@ -117,7 +117,7 @@ impl RdmaDelivery {
         let TransportTarget::Rdma(t) = &req.target else {
             return Err("not an RDMA target".into());
         };
-        let reg = sh.rdma.as_ref().ok_or(super::delivery::NO_RDMA)?;
+        let reg = sh.rdma.as_ref().ok_or(super::objects::NO_RDMA)?;
         let session = reg
             .get(t.session)
             .ok_or_else(|| format!("no RDMA session {:016x} on this server", t.session))?;
