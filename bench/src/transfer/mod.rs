@@ -23,7 +23,7 @@ mod target;
 
 use data::{hashes, object, touched};
 use file::file_copy;
-use measure::{per_gib, process_cpu_s, raw_tcp};
+use measure::{files_of_len, per_gib, process_cpu_s, raw_same_bytes, raw_tcp};
 use record::{median_of, Record};
 use target::{s3_store, target};
 
@@ -270,10 +270,50 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
         // its CPU per byte is the one the load's is divided by, so the ratio is taken under
         // the same load on the machine (the raw figure alone moved 0.19-0.47 s/GiB within one
         // session on this 2-core VM).
-        let raw_cpu_next_to_run = || -> Result<Option<f64>, String> {
-            rt.block_on(raw_tcp(total.min(2 << 30)))
+        // The fair baseline (issue 43 part 5): the load's own chunk files, sent with
+        // sendfile(2) into a destination of the load's size (at most 2 GiB), where the raw
+        // stream above sends one 16 MiB buffer that stays in cache. Only where this process's
+        // server keeps its objects in a directory (no `--store`, no `--server-backend`).
+        let same_bytes = match t.local_dir() {
+            Some(dir) => {
+                let keys: Vec<String> = hs.iter().map(|h| kb.data(h)).collect();
+                let len = object(&g, 0).len() as u64;
+                let all = files_of_len(dir, len).map_err(|e| e.to_string())?;
+                let files: Vec<std::path::PathBuf> = keys
+                    .iter()
+                    .filter_map(|k| all.iter().find(|f| f.ends_with(k)).cloned())
+                    .collect();
+                if files.len() == chunks {
+                    Some(std::cell::RefCell::new((
+                        files,
+                        touched(total.min(2 << 30) as usize),
+                    )))
+                } else {
+                    eprintln!(
+                        "  raw same-bytes baseline skipped: {} of the {chunks} chunk files found under {}",
+                        files.len(),
+                        dir.display()
+                    );
+                    None
+                }
+            }
+            None => None,
+        };
+        // Both raw streams just before a measured load: CPU seconds per GiB of the raw TCP
+        // stream, and of the same-bytes stream where it runs.
+        let raw_cpu_next_to_run = || -> Result<(Option<f64>, Option<f64>), String> {
+            let tcp = rt
+                .block_on(raw_tcp(total.min(2 << 30)))
                 .map(|(_, c)| c)
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string())?;
+            let same = match &same_bytes {
+                Some(cell) => {
+                    let (files, dest) = &mut *cell.borrow_mut();
+                    raw_same_bytes(files, dest).map_err(|e| e.to_string())?.1
+                }
+                None => None,
+            };
+            Ok((tcp, same))
         };
         // The file stores of `file-layerwise`, removed at the end of this context.
         let mut fs_dirs: Vec<tempfile::TempDir> = Vec::new();
@@ -293,48 +333,58 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                     (Some(p), s)
                 }
             };
-            let rec = |path: &str,
-                       requests: u64,
-                       round_trips: u64,
-                       peaks: (u64, u64),
-                       ttfl: f64,
-                       ttll: f64,
-                       cpu: Option<f64>,
-                       raw_cpu_run: Option<f64>| {
-                let segment = path.ends_with("-segment");
-                let puts = if segment {
-                    (chunks.div_ceil(seg_chunks) + chunks) as u64
-                } else {
-                    2 * chunks as u64
-                };
+            let rec =
+                |path: &str,
+                 requests: u64,
+                 round_trips: u64,
+                 peaks: (u64, u64),
+                 ttfl: f64,
+                 ttll: f64,
+                 cpu: Option<f64>,
+                 (raw_cpu_run, raw_same_run): (Option<f64>, Option<f64>)| {
+                    let segment = path.ends_with("-segment");
+                    let puts = if segment {
+                        (chunks.div_ceil(seg_chunks) + chunks) as u64
+                    } else {
+                        2 * chunks as u64
+                    };
 
-                Record {
-                    path: path.into(),
-                    layout: if segment { "segment" } else { "per-chunk" }.into(),
-                    model: args.model.clone(),
-                    context_tokens: tokens,
-                    tokens_per_chunk: g.tokens_per_chunk,
-                    puts_per_save: puts,
-                    cost: crate::cost::S3_STANDARD.cost(billed(path), requests, total, puts, total),
-                    bytes: total,
-                    delay_ms: delay,
-                    requests,
-                    round_trips,
-                    peak_requests_in_flight: peaks.0,
-                    peak_bytes_in_flight: peaks.1,
-                    ttfl_s: ttfl,
-                    ttll_s: ttll,
-                    ttfl_s_range: [ttfl, ttfl],
-                    ttll_s_range: [ttll, ttll],
-                    runs: 1,
-                    throughput_bytes_per_s: total as f64 / ttll,
-                    raw_tcp_bytes_per_s: raw,
-                    cpu_s_per_gib: cpu,
-                    raw_tcp_cpu_s_per_gib: raw_cpu_run.or(raw_cpu),
-                    cpu_x_raw_tcp: cpu.zip(raw_cpu_run).map(|(c, r)| c / r),
-                    cpu_x_raw_tcp_range: [f64::NAN; 2],
-                }
-            };
+                    Record {
+                        path: path.into(),
+                        layout: if segment { "segment" } else { "per-chunk" }.into(),
+                        model: args.model.clone(),
+                        context_tokens: tokens,
+                        tokens_per_chunk: g.tokens_per_chunk,
+                        puts_per_save: puts,
+                        cost: crate::cost::S3_STANDARD.cost(
+                            billed(path),
+                            requests,
+                            total,
+                            puts,
+                            total,
+                        ),
+                        bytes: total,
+                        delay_ms: delay,
+                        requests,
+                        round_trips,
+                        peak_requests_in_flight: peaks.0,
+                        peak_bytes_in_flight: peaks.1,
+                        ttfl_s: ttfl,
+                        ttll_s: ttll,
+                        ttfl_s_range: [ttfl, ttfl],
+                        ttll_s_range: [ttll, ttll],
+                        runs: 1,
+                        throughput_bytes_per_s: total as f64 / ttll,
+                        raw_tcp_bytes_per_s: raw,
+                        cpu_s_per_gib: cpu,
+                        raw_tcp_cpu_s_per_gib: raw_cpu_run.or(raw_cpu),
+                        cpu_x_raw_tcp: cpu.zip(raw_cpu_run).map(|(c, r)| c / r),
+                        cpu_x_raw_tcp_range: [f64::NAN; 2],
+                        raw_same_bytes_cpu_s_per_gib: raw_same_run,
+                        cpu_x_raw_same_bytes: cpu.zip(raw_same_run).map(|(c, r)| c / r),
+                        cpu_x_raw_same_bytes_range: [f64::NAN; 2],
+                    }
+                };
             for path in &args.paths {
                 let samples: Vec<Record> = match path.as_str() {
                     // Both go through the connector's Engine, as an inference server would: with
@@ -571,6 +621,15 @@ fn run_inner(args: TransferArgs) -> Result<(), String> {
                     println!(
                         "{:<13} CPU {c:.3} s/GiB, raw TCP {rc:.3} s/GiB (medians): {x:.2}x raw's CPU per byte \
                          (median of each run's ratio to a raw stream just before it; range {lo:.2}-{hi:.2}x)",
+                        ""
+                    );
+                }
+                if let (Some(rs), Some(x)) =
+                    (r.raw_same_bytes_cpu_s_per_gib, r.cpu_x_raw_same_bytes)
+                {
+                    let [lo, hi] = r.cpu_x_raw_same_bytes_range;
+                    println!(
+                        "{:<13} raw same bytes (the chunk files by sendfile) {rs:.3} s/GiB: {x:.2}x its CPU per byte (range {lo:.2}-{hi:.2}x)",
                         ""
                     );
                 }

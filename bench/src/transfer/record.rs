@@ -60,6 +60,16 @@ pub(super) struct Record {
     pub(super) cpu_x_raw_tcp: Option<f64>,
     /// Lowest and highest of the runs' ratios.
     pub(super) cpu_x_raw_tcp_range: [f64; 2],
+    /// CPU seconds per GiB of a raw stream of the load's own bytes (its chunk files sent with
+    /// `sendfile(2)` into a destination of the load's size, at most 2 GiB; `measure.rs`,
+    /// `raw_same_bytes`) run just before each load: the median over `runs`. `None` where
+    /// the chunk files are not this process's to read (`--store`, `--server-backend`).
+    pub(super) raw_same_bytes_cpu_s_per_gib: Option<f64>,
+    /// Per run, `cpu_s_per_gib` over that stream's; the median over `runs` (issue 43's goal:
+    /// at most 1.2x for gather and segments).
+    pub(super) cpu_x_raw_same_bytes: Option<f64>,
+    /// Lowest and highest of the runs' same-bytes ratios.
+    pub(super) cpu_x_raw_same_bytes_range: [f64; 2],
 }
 
 /// Merges the runs of one path and size into one record: the median TTFL, TTLL and CPU per
@@ -80,6 +90,11 @@ pub(super) fn median_of(mut runs: Vec<Record>) -> Record {
     let cpu: Option<Vec<f64>> = runs.iter().map(|r| r.cpu_s_per_gib).collect();
     let raw_cpu: Option<Vec<f64>> = runs.iter().map(|r| r.raw_tcp_cpu_s_per_gib).collect();
     let ratio: Option<Vec<f64>> = runs.iter().map(|r| r.cpu_x_raw_tcp).collect();
+    let same: Option<Vec<f64>> = runs
+        .iter()
+        .map(|r| r.raw_same_bytes_cpu_s_per_gib)
+        .collect();
+    let same_ratio: Option<Vec<f64>> = runs.iter().map(|r| r.cpu_x_raw_same_bytes).collect();
     let n = runs.len() as u32;
     let mut r = runs.swap_remove(0);
     r.ttfl_s = median(ttfl.clone());
@@ -92,5 +107,8 @@ pub(super) fn median_of(mut runs: Vec<Record>) -> Record {
     r.raw_tcp_cpu_s_per_gib = raw_cpu.map(median);
     r.cpu_x_raw_tcp_range = ratio.as_deref().map_or([f64::NAN; 2], range);
     r.cpu_x_raw_tcp = ratio.map(median);
+    r.raw_same_bytes_cpu_s_per_gib = same.map(median);
+    r.cpu_x_raw_same_bytes_range = same_ratio.as_deref().map_or([f64::NAN; 2], range);
+    r.cpu_x_raw_same_bytes = same_ratio.map(median);
     r
 }

@@ -14,11 +14,22 @@ pub(super) struct Target {
     creds: (String, String),
     _server: Option<objectcache::server::ServerHandle>,
     _dir: Option<tempfile::TempDir>,
+    /// Whether `_dir` is the server's store (no `--server-backend`).
+    dir_is_store: bool,
 }
 
 impl Target {
     pub(super) fn credentials(&self) -> Option<(String, String)> {
         Some(self.creds.clone())
+    }
+
+    /// The directory the in-process server keeps its objects in (`None` with `--store` or
+    /// another `--server-backend`).
+    pub(super) fn local_dir(&self) -> Option<&std::path::Path> {
+        self._dir
+            .as_ref()
+            .filter(|_| self.dir_is_store)
+            .map(|d| d.path())
     }
 }
 
@@ -42,6 +53,7 @@ pub(super) async fn target(args: &TransferArgs) -> Result<Target, String> {
             creds: (args.access_key.clone(), args.secret_key.clone()),
             _server: None,
             _dir: None,
+            dir_is_store: false,
         });
     }
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
@@ -70,6 +82,7 @@ pub(super) async fn target(args: &TransferArgs) -> Result<Target, String> {
         creds: (args.access_key.clone(), args.secret_key.clone()),
         _server: Some(server),
         _dir: Some(dir),
+        dir_is_store: args.server_backend.is_none(),
     })
 }
 
