@@ -128,6 +128,26 @@ pub struct SimOptions {
     /// Cluster: the clients' health-check interval in ms (how stale their load figures are).
     #[arg(long, default_value_t = 1000)]
     pub health_interval_ms: u64,
+    /// Cluster: each node's tier DRAM level, GiB (0: no tier). With a tier (DRAM or disk
+    /// above 0), every configuration runs twice, without and with the node tier.
+    #[arg(long, default_value_t = 0.0)]
+    pub tier_dram_gib: f64,
+    /// Cluster: each node's tier disk level, GiB.
+    #[arg(long, default_value_t = 0.0)]
+    pub tier_disk_gib: f64,
+    /// Cluster: nodes the GPUs are on, one tier each (GPUs dealt round-robin).
+    #[arg(long, default_value_t = 64)]
+    pub tier_nodes: usize,
+    /// Cluster: the tier's admission, `all` or `second[:SECONDS]` (as the server's
+    /// `tier_admission`).
+    #[arg(long, default_value = "all")]
+    pub tier_admission: String,
+    /// Cluster: a load's read rate from a node's DRAM level, GB/s.
+    #[arg(long, default_value_t = 20.0)]
+    pub tier_dram_gbytes: f64,
+    /// Cluster: a load's read rate from a node's disk level (NVMe), GB/s.
+    #[arg(long, default_value_t = 5.0)]
+    pub tier_disk_gbytes: f64,
 }
 
 /// An invalid-argument error saying `m`.
@@ -534,6 +554,13 @@ pub fn cluster_records(
         placement: Placement::default(),
         policy: PolicyKind::EqualShare,
         health_interval_s: args.health_interval_ms.max(1) as f64 / 1000.0,
+        tier: None,
+    };
+    let tier = node_tier(args)?;
+    // Without the tier, then (where one is set) with it: the comparison the tier is for.
+    let tiers: Vec<Option<cluster::NodeTier>> = match tier {
+        Some(t) => vec![None, Some(t)],
+        None => vec![None],
     };
     let trace = match args.workload.as_str() {
         "trace" => Some(read_trace(args)?),
@@ -562,16 +589,19 @@ pub fn cluster_records(
         for &gateways in &args.gateways {
             for &placement in &placements {
                 for &policy in &policies {
-                    let cfg = ClusterConfig {
-                        gateways,
-                        placement,
-                        policy,
-                        ..base.clone()
-                    };
-                    let t = std::time::Instant::now();
-                    let r = cluster::simulate(&w, &cfg, gpu.name())?;
-                    progress(&r, t.elapsed().as_secs_f64());
-                    out.push(r);
+                    for tier in &tiers {
+                        let cfg = ClusterConfig {
+                            gateways,
+                            placement,
+                            policy,
+                            tier: tier.clone(),
+                            ..base.clone()
+                        };
+                        let t = std::time::Instant::now();
+                        let r = cluster::simulate(&w, &cfg, gpu.name())?;
+                        progress(&r, t.elapsed().as_secs_f64());
+                        out.push(r);
+                    }
                 }
             }
         }
@@ -579,14 +609,69 @@ pub fn cluster_records(
     Ok(out)
 }
 
+/// The node tier `--tier-*` ask for, `None` without DRAM or disk.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a negative or non-finite size or rate, no node, or an
+/// unknown admission.
+fn node_tier(args: &SimOptions) -> objectcache_core::Result<Option<sim::cluster::NodeTier>> {
+    use sim::cluster::{NodeTier, TierAdmission};
+    for (what, v) in [
+        ("tier-dram-gib", args.tier_dram_gib),
+        ("tier-disk-gib", args.tier_disk_gib),
+    ] {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(bad(format!("--{what} {v} must be >= 0")));
+        }
+    }
+    if args.tier_dram_gib == 0.0 && args.tier_disk_gib == 0.0 {
+        return Ok(None);
+    }
+    if args.tier_nodes == 0 {
+        return Err(bad("--tier-nodes needs at least 1".into()));
+    }
+    let rate = |what: &str, v: f64| -> objectcache_core::Result<f64> {
+        if v.is_finite() && v > 0.0 {
+            Ok(v * 1e9)
+        } else {
+            Err(bad(format!("--{what} {v} must be > 0")))
+        }
+    };
+    let admission = match args.tier_admission.trim() {
+        "all" => TierAdmission::All,
+        "second" => TierAdmission::Second { window_s: 600.0 },
+        x => match x
+            .strip_prefix("second:")
+            .and_then(|n| n.parse::<f64>().ok())
+        {
+            Some(w) if w.is_finite() && w > 0.0 => TierAdmission::Second { window_s: w },
+            _ => {
+                return Err(bad(format!(
+                    "--tier-admission {x:?}: expected all, second or second:SECONDS"
+                )))
+            }
+        },
+    };
+    let gib = |v: f64| (v * (1u64 << 30) as f64) as u64;
+    Ok(Some(NodeTier {
+        nodes: args.tier_nodes,
+        dram_bytes: gib(args.tier_dram_gib),
+        disk_bytes: gib(args.tier_disk_gib),
+        dram_bytes_per_s: rate("tier-dram-gbytes", args.tier_dram_gbytes)?,
+        disk_bytes_per_s: rate("tier-disk-gbytes", args.tier_disk_gbytes)?,
+        admission,
+    }))
+}
+
 /// The readable table of `objectcache sim --cluster`.
 pub fn cluster_table(records: &[sim::cluster::ClusterRecord]) -> String {
     let mut s = format!(
-        "{:>5} {:>4} {:<13} {:<18} {:>8} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>9}\n",
+        "{:>5} {:>4} {:<13} {:<18} {:<14} {:>8} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>9} {:>7} {:>7} {:>10}\n",
         "gpus",
         "gws",
         "placement",
         "policy",
+        "tier",
         "loads",
         "meanAdd",
         "p99Add",
@@ -595,15 +680,22 @@ pub fn cluster_table(records: &[sim::cluster::ClusterRecord]) -> String {
         "gwUtil",
         "gwMax",
         "stUtil",
-        "GB/GPU"
+        "GB/GPU",
+        "tierHit",
+        "ideal",
+        "remoteTB"
     );
     for r in records {
         s += &format!(
-            "{:>5} {:>4} {:<13} {:<18} {:>8} {:>9.4} {:>9.4} {:>9.4} {:>9.3} {:>6.1}% {:>6.1}% {:>6.1}% {:>9.1}\n",
+            "{:>5} {:>4} {:<13} {:<18} {:<14} {:>8} {:>9.4} {:>9.4} {:>9.4} {:>9.3} {:>6.1}% {:>6.1}% {:>6.1}% {:>9.1} {:>6.1}% {:>6.1}% {:>10.2}\n",
             r.gpus,
             r.gateways,
             r.placement,
             r.policy,
+            match r.tier_nodes {
+                0 => "no tier".to_string(),
+                n => format!("{n}x{:.0}G+{:.0}G", r.tier_dram_gib, r.tier_disk_gib),
+            },
             r.loads,
             r.mean_added_ttft_s,
             r.p99_added_ttft_s,
@@ -612,7 +704,10 @@ pub fn cluster_table(records: &[sim::cluster::ClusterRecord]) -> String {
             r.gateway_utilisation * 100.0,
             r.max_gateway_utilisation * 100.0,
             r.storage_utilisation * 100.0,
-            r.bytes_per_gpu / 1e9
+            r.bytes_per_gpu / 1e9,
+            r.tier_hit_rate * 100.0,
+            r.tier_ideal_hit_rate * 100.0,
+            r.remote_bytes / 1e12
         );
     }
     s

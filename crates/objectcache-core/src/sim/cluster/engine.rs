@@ -1,7 +1,8 @@
 //! The cluster simulation itself ([`simulate`]): fluid and event-driven over the gateways'
 //! link schedulers, the storage nodes' shared bandwidth and the GPUs' layer compute.
 
-use super::{ClusterConfig, ClusterRecord, ClusterWorkload};
+use super::tier::{Found, Tiers};
+use super::{ClusterConfig, ClusterRecord, ClusterWorkload, TierAdmission};
 use crate::error::Error;
 use crate::sched::placement::{self, Candidate};
 use crate::sched::{timeline, LoadId, LoadSpec, Policy, Scheduler, TotalF64};
@@ -27,6 +28,9 @@ struct Acc {
     floor: Vec<f64>,
     ttft_sum: f64,
     own: Vec<Vec<(u32, u32)>>,
+    /// Requests whose load from the remote store ended since the last arrival (their
+    /// prefixes go to their nodes' tiers before the next lookup).
+    filled: Vec<u32>,
 }
 
 struct Gw {
@@ -128,6 +132,8 @@ struct ClusterSim<'a> {
     events: u64,
     end_t: f64,
     acc: Acc,
+    /// The nodes' tiers (`cfg.tier`).
+    tiers: Option<Tiers>,
 }
 
 impl<'a> ClusterSim<'a> {
@@ -176,6 +182,23 @@ impl<'a> ClusterSim<'a> {
                 load: 0.0,
             })
             .collect();
+        if let Some(t) = &cfg.tier {
+            for (what, v) in [
+                ("tier DRAM read rate", t.dram_bytes_per_s),
+                ("tier disk read rate", t.disk_bytes_per_s),
+            ] {
+                if !(v.is_finite() && v > 0.0) {
+                    return Err(Error::InvalidArgument(format!(
+                        "cluster: {what} {v} must be finite and > 0"
+                    )));
+                }
+            }
+            if t.nodes == 0 {
+                return Err(Error::InvalidArgument(
+                    "cluster: a node tier needs at least one node".into(),
+                ));
+            }
+        }
         if let Some(r) = w
             .requests
             .iter()
@@ -205,7 +228,9 @@ impl<'a> ClusterSim<'a> {
                 floor: Vec::new(),
                 ttft_sum: 0.0,
                 own: vec![Vec::new(); w.gpus.max(1)],
+                filled: Vec::new(),
             },
+            tiers: cfg.tier.as_ref().map(Tiers::new),
         })
     }
 
@@ -279,7 +304,8 @@ impl<'a> ClusterSim<'a> {
     /// check plus the GPU's own loads), and its load started there. Returns its time and
     /// gateway, or `None` for a request with nothing to load.
     fn on_arrival(&mut self) -> Result<Option<(f64, usize)>, Error> {
-        let (cfg, reqs) = (self.cfg, &self.w.requests);
+        let (cfg, w) = (self.cfg, self.w);
+        let reqs = &w.requests;
         let m = &cfg.model;
         let bpt = cfg.kv_bytes_per_token_per_layer;
         let q = &reqs[self.next];
@@ -287,6 +313,9 @@ impl<'a> ClusterSim<'a> {
         self.next += 1;
         let t = q.arrival_s;
         if q.prefix_tokens == 0 || bpt == 0 {
+            return Ok(None);
+        }
+        if self.tier_hit(self.next - 1)? {
             return Ok(None);
         }
         let gpu = q.gpu as usize % self.acc.own.len();
@@ -330,6 +359,47 @@ impl<'a> ClusterSim<'a> {
             None => self.acc.own[gpu].push((g as u32, 1)),
         }
         Ok(Some((t, g)))
+    }
+
+    /// With a node tier: first the prefixes whose remote loads ended go to their nodes'
+    /// tiers; then request `r` looks its prefix up on its node. On a hit it loads from there
+    /// alone (at the GPU link or the level's read rate), its outcome is recorded, and this
+    /// returns `true`; on a miss (or without a tier) `false`, and it loads through a gateway.
+    fn tier_hit(&mut self, r: usize) -> Result<bool, Error> {
+        let (cfg, w) = (self.cfg, self.w);
+        let reqs = &w.requests;
+        let Some(tiers) = self.tiers.as_mut() else {
+            self.acc.filled.clear();
+            return Ok(false);
+        };
+        let m = &cfg.model;
+        let bpt = cfg.kv_bytes_per_token_per_layer;
+        let layers = m.layers();
+        for f in self.acc.filled.drain(..) {
+            let q = &reqs[f as usize];
+            let bytes = q.prefix_tokens * bpt * layers as u64;
+            tiers.fill(q.gpu, q.prefix, bytes, q.arrival_s);
+        }
+        let q = &reqs[r];
+        let layer_bytes = q.prefix_tokens * bpt;
+        let (found, rate) = tiers.lookup(q.gpu, q.prefix, layer_bytes * layers as u64);
+        let Some(rate) = rate.filter(|_| found != Found::Miss) else {
+            return Ok(false);
+        };
+        let rate = rate.min(cfg.gpu_bytes_per_s);
+        let compute = m.layer_times(q.new_tokens, q.prefix_tokens);
+        let ready: Vec<f64> = (1..=layers)
+            .map(|l| q.arrival_s + (l as u64 * layer_bytes) as f64 / rate)
+            .collect();
+        let finish = timeline::finish_time(q.arrival_s, &ready, &compute);
+        let ttft = finish + m.fixed_s() - q.arrival_s;
+        let added = ttft - m.prefill_time(q.new_tokens, q.prefix_tokens);
+        self.acc.ttft_sum += ttft;
+        self.acc.added.push(added);
+        // Alone is how it ran.
+        self.acc.floor.push(added);
+        self.end_t = self.end_t.max(ready.last().copied().unwrap_or(q.arrival_s));
+        Ok(true)
     }
 
     /// After an event at `t` on gateway `touched` (`before`: busy gateways before it): when
@@ -382,6 +452,7 @@ impl<'a> ClusterSim<'a> {
             floor,
             ttft_sum,
             own,
+            filled,
         } = &mut self.acc;
         let dt = (t - gw.t).max(0.0);
         rates.clear();
@@ -449,6 +520,7 @@ impl<'a> ClusterSim<'a> {
             let alone_finish = timeline::finish_time(q.arrival_s, &alone, &compute);
             floor.push(alone_finish + m.fixed_s() - q.arrival_s - local);
             gw.sched.handle_departure(t, a.id)?;
+            filled.push(a.req);
             let mine = &mut own[q.gpu as usize];
             if let Some(p) = mine.iter().position(|&(x, _)| x as usize == g) {
                 mine[p].1 -= 1;
@@ -525,6 +597,8 @@ impl<'a> ClusterSim<'a> {
         let total_bytes: f64 = gws.iter().map(|g| g.bytes).sum();
         let utils: Vec<f64> = gws.iter().map(|g| g.bytes / (nic * span)).collect();
         let gbps = |b: f64| b * 8.0 / 1e9;
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let tier = self.tiers.as_ref();
         ClusterRecord {
             workload: w.name.clone(),
             popularity: w.popularity.clone(),
@@ -551,6 +625,35 @@ impl<'a> ClusterSim<'a> {
             max_gateway_utilisation: utils.iter().copied().fold(0.0, f64::max),
             storage_utilisation: total_bytes / (storage * span),
             bytes_per_gpu: total_bytes / w.gpus.max(1) as f64,
+            remote_bytes: total_bytes,
+            tier_nodes: tier.map_or(0, |t| t.config().nodes),
+            tier_dram_gib: tier.map_or(0.0, |t| gib(t.config().dram_bytes)),
+            tier_disk_gib: tier.map_or(0.0, |t| gib(t.config().disk_bytes)),
+            tier_admission: tier.map_or(String::new(), |t| match t.config().admission {
+                TierAdmission::All => "all".into(),
+                TierAdmission::Second { window_s } => format!("second:{window_s}"),
+            }),
+            tier_dram_hits: tier.map_or(0, |t| t.dram_hits),
+            tier_disk_hits: tier.map_or(0, |t| t.disk_hits),
+            tier_misses: tier.map_or(n as u64, |t| t.misses),
+            tier_hit_rate: match tier {
+                Some(t) if n > 0 => (t.dram_hits + t.disk_hits) as f64 / n as f64,
+                _ => 0.0,
+            },
+            tier_ideal_hit_rate: match tier {
+                Some(t) if n > 0 => {
+                    let nodes = t.config().nodes.max(1) as u32;
+                    let mut seen = std::collections::HashSet::new();
+                    let repeats = w
+                        .requests
+                        .iter()
+                        .filter(|q| q.prefix_tokens > 0 && cfg.kv_bytes_per_token_per_layer > 0)
+                        .filter(|q| !seen.insert((q.gpu % nodes, q.prefix)))
+                        .count();
+                    repeats as f64 / n as f64
+                }
+                _ => 0.0,
+            },
             events: self.events,
         }
     }

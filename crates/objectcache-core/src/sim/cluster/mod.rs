@@ -22,11 +22,15 @@
 //!   the storage cluster is the bottleneck, a gateway's capacity is
 //!   `min(NIC, nodes x node bandwidth / busy gateways)`.
 //!
+//! - **Node tier** (optional, [`NodeTier`]): one ObjectCache server per node of GPUs with a
+//!   DRAM and a disk level; a request whose prefix its node holds loads from there, through
+//!   no gateway (`tier.rs` has the model).
+//!
 //! Fluid and event-driven (arrivals, layer boundaries, scheduler deadlines, health-check
 //! ticks), deterministic for a seed. Pure: no I/O, no clock.
 //!
 //! By concern: the workloads (`workload.rs`), the configuration and results here, the
-//! simulation (`engine.rs`) and its tests (`tests.rs`).
+//! simulation (`engine.rs`), the node tier (`tier.rs`) and the tests (`tests.rs`).
 //!
 //! [`Scheduler`]: crate::sched::Scheduler
 #![forbid(unsafe_code)]
@@ -34,9 +38,11 @@
 mod engine;
 #[cfg(test)]
 mod tests;
+mod tier;
 mod workload;
 
 pub use engine::simulate;
+pub use tier::{NodeTier, TierAdmission};
 pub use workload::{synthetic, trace, ClusterRequest, ClusterWorkload};
 
 use crate::sched::placement::Placement;
@@ -65,6 +71,8 @@ pub struct ClusterConfig {
     pub policy: PolicyKind,
     /// Seconds between the clients' health checks (how stale load figures are).
     pub health_interval_s: f64,
+    /// The node tier, if any.
+    pub tier: Option<NodeTier>,
 }
 
 /// The results of one cluster simulation (seconds, fractions, bytes).
@@ -121,8 +129,30 @@ pub struct ClusterRecord {
     pub max_gateway_utilisation: f64,
     /// Bytes read over the storage cluster's bandwidth times the run.
     pub storage_utilisation: f64,
-    /// Bytes loaded per GPU over the run.
+    /// Bytes loaded through the gateways per GPU over the run (from the remote store: with
+    /// the node tier, its hits are not counted).
     pub bytes_per_gpu: f64,
+    /// Bytes read from the remote store (through the gateways) over the run.
+    pub remote_bytes: f64,
+    /// Nodes with a tier (0: no tier).
+    pub tier_nodes: usize,
+    /// Each node's DRAM level, GiB (0 without a tier).
+    pub tier_dram_gib: f64,
+    /// Each node's disk level, GiB.
+    pub tier_disk_gib: f64,
+    /// The tier's admission (`all`, `second:SECONDS`; empty without a tier).
+    pub tier_admission: String,
+    /// Loads whose prefix their node's DRAM level held.
+    pub tier_dram_hits: u64,
+    /// Loads whose prefix their node's disk level held.
+    pub tier_disk_hits: u64,
+    /// Loads from the remote store (every load without a tier).
+    pub tier_misses: u64,
+    /// `(tier_dram_hits + tier_disk_hits) / loads` (0 without a tier).
+    pub tier_hit_rate: f64,
+    /// The hit rate of a tier that held everything and filled at once: the loads whose
+    /// prefix their node was asked for before (0 without a tier).
+    pub tier_ideal_hit_rate: f64,
     /// Simulated events (arrivals, gateway events, health ticks).
     pub events: u64,
 }

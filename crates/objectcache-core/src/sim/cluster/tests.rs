@@ -19,6 +19,7 @@ fn cfg(gateways: usize, placement: Placement, policy: PolicyKind) -> ClusterConf
         placement,
         policy,
         health_interval_s: 1.0,
+        tier: None,
     }
 }
 
@@ -197,4 +198,77 @@ fn storage_bound_clusters_are_limited_by_the_nodes() {
         narrow.storage_utilisation <= 1.0 + 1e-9
             && narrow.storage_utilisation > wide.storage_utilisation
     );
+}
+
+#[test]
+fn a_node_tier_serves_repeats_locally_and_cuts_remote_bytes() {
+    // 64 GPUs on 8 nodes, 200 documents with Zipf popularity: repeats on a node are common.
+    let w = synthetic(64, 0.1, 60.0, 200, 1.0, 5).unwrap();
+    let base = cfg(8, Placement::TwoChoice, PolicyKind::EqualShare);
+    let without = simulate(&w, &base, "h100").unwrap();
+    let tier = NodeTier {
+        nodes: 8,
+        dram_bytes: 256 << 30,
+        disk_bytes: 2 << 40,
+        dram_bytes_per_s: 20e9,
+        disk_bytes_per_s: 5e9,
+        admission: TierAdmission::All,
+    };
+    let with = simulate(
+        &w,
+        &ClusterConfig {
+            tier: Some(tier.clone()),
+            ..base.clone()
+        },
+        "h100",
+    )
+    .unwrap();
+    assert_eq!(without.loads, with.loads);
+    assert_eq!((without.tier_nodes, without.tier_hit_rate), (0, 0.0));
+    assert_eq!(without.tier_misses, without.loads as u64);
+    assert_eq!(
+        with.tier_dram_hits + with.tier_disk_hits + with.tier_misses,
+        with.loads as u64
+    );
+    // At most the ideal (every request whose prefix its node was asked for before), and near
+    // it with levels that hold everything: a repeat misses only while the first load of its
+    // prefix on the node is still running.
+    let mut seen = std::collections::HashSet::new();
+    let loads: Vec<_> = w.requests.iter().filter(|r| r.prefix_tokens > 0).collect();
+    let repeats = loads
+        .iter()
+        .filter(|r| !seen.insert((r.gpu % 8, r.prefix)))
+        .count();
+    let ideal = repeats as f64 / loads.len() as f64;
+    assert!((with.tier_ideal_hit_rate - ideal).abs() < 1e-12);
+    assert!(
+        with.tier_hit_rate <= ideal && with.tier_hit_rate > 0.8 * ideal,
+        "hit rate {} against the ideal {ideal}",
+        with.tier_hit_rate
+    );
+    // Only the misses read the remote store: every hit's bytes are gone from it.
+    assert!(
+        with.remote_bytes < without.remote_bytes * (1.0 - with.tier_hit_rate * 0.5),
+        "{} vs {}",
+        with.remote_bytes,
+        without.remote_bytes
+    );
+    assert!(with.mean_added_ttft_s < without.mean_added_ttft_s);
+    // A tier too small for any prefix holds nothing: the run is the one without it.
+    let tiny = simulate(
+        &w,
+        &ClusterConfig {
+            tier: Some(NodeTier {
+                dram_bytes: 1 << 20,
+                disk_bytes: 0,
+                ..tier
+            }),
+            ..base
+        },
+        "h100",
+    )
+    .unwrap();
+    assert_eq!(tiny.tier_hit_rate, 0.0);
+    assert_eq!(tiny.remote_bytes, without.remote_bytes);
+    assert_eq!(tiny.mean_added_ttft_s, without.mean_added_ttft_s);
 }
