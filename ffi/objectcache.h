@@ -473,8 +473,8 @@ objectcache_status objectcache_chunk_hashes(const objectcache_hash_params *param
 /** Creates an engine from n key/value settings (the names of the Rust EngineConfig:
  *  store, namespace, hash_algo, window_bytes, max_requests, coalesce_bytes, lookup_fanout,
  *  lookup_cache_ttl_ms, load_timeout_ms, load_min_rate_bytes_per_s, stall_timeout_ms,
- *  save_concurrency, worker_threads, cpus, gather, gather_streams, single_flight, transport,
- *  scheduler, bandwidth_cap_bytes_per_s, save_format, segment_max_bytes); unset keys keep
+ *  save_concurrency, worker_threads, cpus, gather, gather_streams, single_flight, self_check,
+ *  transport, scheduler, bandwidth_cap_bytes_per_s, save_format, segment_max_bytes); unset keys keep
  *  their defaults. keys and values are arrays of n NUL-terminated strings, borrowed for the
  *  call (both may be NULL when n is 0). abi_version must be OBJECTCACHE_ABI_VERSION. On
  *  success *out receives an engine the caller owns and frees with objectcache_engine_destroy.
@@ -504,6 +504,13 @@ objectcache_status objectcache_deregister_memory(objectcache_engine *engine,
 /** Counters of the engine; out is caller-owned with out->struct_size set. Thread-safe. */
 objectcache_status objectcache_metrics_get(objectcache_engine *engine,
                                            objectcache_metrics *out);
+
+/** What the engine's store self-check found (engine setting self_check; the checks of
+ *  `objectcache doctor`): *out receives 0 when the store is not checked (a local store,
+ *  self_check off, or the check still running), 1 safe, 2 safe with a shorter idle time for
+ *  pooled connections (the log names the store URL setting), 3 refused (saves fail with
+ *  OBJECTCACHE_ERR_UNSUPPORTED naming the failed check). Thread-safe. */
+objectcache_status objectcache_store_mode(objectcache_engine *engine, uint32_t *out);
 
 /* ---- Lookup, save -------------------------------------------------------------------- */
 

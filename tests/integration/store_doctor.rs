@@ -4,7 +4,8 @@
 //! return a flipped byte are refused, each naming its check; a server that closes idle
 //! connections after 0.3 s gets the short-idle mode with an idle timeout below that. The
 //! command itself: exit 0 with a JSON report on a clean store, non-zero naming the check on
-//! a refused one.
+//! a refused one. The engine's own check (`self_check`): saves refused on a store that
+//! misbehaves, never on one it could not reach.
 
 use crate::common::{current_thread_rt as rt, skip};
 use crate::fault_proxy::{Fault, FaultProxy, Request};
@@ -222,4 +223,63 @@ fn the_command_exits_zero_on_a_clean_store_and_names_the_check_it_refuses() {
         "{stdout}"
     );
     assert!(stderr.contains("fails the create_only check"), "{stderr}");
+}
+
+/// The engine's own self-check (`self_check`, on by default; issue 43 part 3): an engine
+/// opened on RGW's URL checks the store in the background, finds it safe and saves (the
+/// first save waits for the verdict); one opened on RGW that ignores `If-None-Match` refuses
+/// every save, naming `create_only`, while its lookups still answer; with `self_check=off`
+/// nothing is checked.
+#[test]
+fn an_engine_checks_its_store_and_refuses_saves_to_one_that_fails() {
+    use objectcache::connector::{Engine, EngineConfig};
+    use objectcache::layout::KvGeometry;
+    let Some((addr, _)) = endpoint() else { return };
+    let ns = crate::common::unique_ns("engine-self-check");
+    let engine = |ep: &str, check: &str| {
+        let url = format!("s3://{}?endpoint={ep}&region=us-east-1", bucket());
+        Engine::new(
+            EngineConfig::from_pairs([
+                ("store", url.as_str()),
+                ("namespace", ns.as_str()),
+                ("self_check", check),
+            ])
+            .unwrap(),
+        )
+        .unwrap()
+    };
+    let mut g = KvGeometry::smollm2_135m();
+    g.tokens_per_chunk = 16;
+    let (hs, data) = crate::common::seeded_prefix(&g, 2, 41);
+    let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+
+    let clean = engine(&format!("http://{addr}"), "on");
+    clean.save_blocking(&g, &hs, &refs).unwrap();
+    assert_eq!(clean.metrics().store_mode, 1, "RGW is safe");
+    assert_eq!(clean.lookup_blocking(&g, &hs).unwrap(), 2);
+
+    let proxy = FaultProxy::http(addr, |_: &Request| Fault::ReplaceStatus(412, 200));
+    let bad = engine(&proxy.url(), "on");
+    let err = bad.save_blocking(&g, &hs, &refs).unwrap_err();
+    assert!(
+        matches!(&err, objectcache::Error::Unsupported(m) if m.contains("create_only") && m.contains("self-check")),
+        "{err:?}"
+    );
+    assert_eq!(bad.metrics().store_mode, 3, "refused");
+    // Loads and lookups go on (every slice is verified): the first engine's entry is found.
+    assert_eq!(bad.lookup_blocking(&g, &hs).unwrap(), 2);
+
+    let off = engine(&proxy.url(), "off");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(off.metrics().store_mode, 0, "self_check=off checks nothing");
+
+    // A store nobody answers: the check cannot finish, which refuses nothing (the save fails
+    // on its own, with the store's error), and the next engine checks again.
+    let gone = engine("http://127.0.0.1:9", "on");
+    let err = gone.save_blocking(&g, &hs, &refs).unwrap_err();
+    assert!(
+        !matches!(err, objectcache::Error::Unsupported(_)),
+        "{err:?}"
+    );
+    assert_eq!(gone.metrics().store_mode, 0, "unfinished: not checked");
 }

@@ -124,7 +124,9 @@ fn pytest_command(py: &Path, site: &Path, args: &[&str], env: &[(&str, String)])
         "pytest",
         "-v",
         "-s",
-        "-rs",
+        // The short summary names each failed test and its error (`FAILED file::test -
+        // ...`); the lanes' panic repeats those lines, so CI's summary shows them.
+        "-rfEs",
         "-p",
         "no:cacheprovider",
         "--durations=25",
@@ -190,13 +192,20 @@ pub fn pytest_lanes(py: &Path, site: &Path, lanes: &[&[&str]], env: &[(&str, Str
                 .stderr(std::process::Stdio::piped());
             let mut child = cmd.spawn().expect("run pytest");
             println!("{name}: pytest {files:?}, vLLM workers on CPUs {cores}");
+            // Echoes a stream with the lane's name; returns pytest's short-summary lines of
+            // failures (`FAILED ...`, `ERROR ...`).
             let echo = |r: Box<dyn std::io::Read + Send>, name: String| {
                 std::thread::spawn(move || {
                     use std::io::{BufRead, Write};
+                    let mut failures = Vec::new();
                     for line in std::io::BufReader::new(r).lines().map_while(Result::ok) {
                         // Not println!: the test harness would hold it back until the end.
                         let _ = writeln!(std::io::stdout().lock(), "[{name}] {line}");
+                        if line.starts_with("FAILED ") || line.starts_with("ERROR ") {
+                            failures.push(line);
+                        }
                     }
+                    failures
                 })
             };
             let out = echo(Box::new(child.stdout.take().unwrap()), name.clone());
@@ -207,11 +216,18 @@ pub fn pytest_lanes(py: &Path, site: &Path, lanes: &[&[&str]], env: &[(&str, Str
     let mut failed = Vec::new();
     for (name, files, mut child, echoes) in runs {
         let status = child.wait().expect("wait for pytest");
+        let mut failures = Vec::new();
         for e in echoes {
-            let _ = e.join();
+            failures.extend(e.join().unwrap_or_default());
         }
         if !status.success() {
-            failed.push(format!("{name} ({files:?}): {status}"));
+            failed.push(format!(
+                "{name} ({files:?}): {status}{}",
+                failures
+                    .iter()
+                    .map(|l| format!("\n  {l}"))
+                    .collect::<String>()
+            ));
         }
     }
     assert!(failed.is_empty(), "pytest failed: {}", failed.join("; "));

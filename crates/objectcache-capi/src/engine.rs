@@ -165,6 +165,24 @@ pub unsafe extern "C" fn objectcache_deregister_memory(
     })
 }
 
+/// The store self-check's mode (`EngineMetrics::store_mode`). See the header.
+///
+/// # Safety
+/// `out` as the header states.
+#[no_mangle]
+pub unsafe extern "C" fn objectcache_store_mode(
+    engine: *mut objectcache_engine,
+    out: *mut u32,
+) -> objectcache_status {
+    guard("objectcache_store_mode", || {
+        let e = get_engine(engine)?;
+        let mode = e.engine.metrics().store_mode as u32;
+        // SAFETY: the header's contract on `out`.
+        unsafe { out_val(out, mode, "out")? };
+        Ok(OBJECTCACHE_OK)
+    })
+}
+
 /// Engine counters. See the header.
 ///
 /// # Safety

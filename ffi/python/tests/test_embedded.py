@@ -150,6 +150,8 @@ def test_save_lookup_load_round_trip_byte_for_byte(eng):
     m = eng.metrics()
     assert m.loads == 1 and m.saves >= 1 and m.registered_regions == 0
     assert m.live_transfers == 0
+    # A local store is not self-checked (only S3 and gateway stores are).
+    assert eng.store_mode() == "not_checked"
 
 
 def test_a_hash_of_the_wrong_length_for_hash_algo_is_refused_by_name(eng, tmp_path):

@@ -88,6 +88,11 @@ pub struct EngineConfig {
     /// own bytes still to come, and fetches the rest itself if that load ends early); `off`:
     /// every load fetches.
     pub single_flight: bool,
+    /// `self_check`: `on` (default): an engine opened on a remote store (S3, gateways)
+    /// checks it once per store URL and process, in the background, and refuses saves to a
+    /// store that fails (`objectcache doctor` runs the same checks; `connector/self_check.rs`
+    /// says what follows from each mode); `off`: no check.
+    pub self_check: bool,
     /// `transport`: how gather loads move bytes. `auto` (default): RDMA when this build has
     /// feature `rdma`, the server announces the RDMA target and this host has an RDMA device
     /// (else TCP gather); `tcp`: always TCP gather; `rdma`: RDMA wanted (refused as a setting
@@ -197,6 +202,7 @@ impl Default for EngineConfig {
             gather: true,
             gather_streams: 2,
             single_flight: true,
+            self_check: true,
             transport: Transport::Auto,
             scheduler: "stall-aware".into(),
             bandwidth_cap_bytes_per_s: 0,
@@ -246,6 +252,7 @@ pub const CONFIG_KEYS: &[&str] = &[
     "gather",
     "gather_streams",
     "single_flight",
+    "self_check",
     "transport",
     "scheduler",
     "bandwidth_cap_bytes_per_s",
@@ -379,6 +386,13 @@ impl EngineConfig {
                             "single_flight: {v:?} is not on or off"
                         )))
                     }
+                }
+            }
+            "self_check" => {
+                self.self_check = match value {
+                    "on" | "true" | "1" => true,
+                    "off" | "false" | "0" => false,
+                    v => return Err(Error::Config(format!("self_check: {v:?} is not on or off"))),
                 }
             }
             "transport" => {

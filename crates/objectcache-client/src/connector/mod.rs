@@ -48,6 +48,7 @@ mod path;
 #[cfg(feature = "rdma")]
 mod rdma;
 mod save;
+mod self_check;
 mod status;
 
 use buffers::first_overlap;
@@ -119,6 +120,10 @@ pub struct EngineMetrics {
     /// Payload bytes received from storage by this engine's fetches (followers' copies not
     /// counted): with `single_flight`, concurrent loads of one prefix move it about once.
     pub bytes_fetched: u64,
+    /// What the store's self-check found (`self_check`): 0 not checked (a local store,
+    /// `self_check` off, or the check still running), 1 safe, 2 safe with a shorter idle
+    /// time for pooled connections, 3 refused (saves fail).
+    pub store_mode: u64,
 }
 
 #[derive(Default)]
@@ -169,6 +174,8 @@ pub struct Engine {
     gc_memo: Arc<crate::lifecycle::MarkerMemo>,
     /// Memory registered for loads ([`Engine::register_memory`]).
     memory: memory::Registry,
+    /// The store's self-check, for a remote store opened by URL ([`Engine::new`]).
+    self_check: Option<self_check::Verdict>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -219,6 +226,9 @@ impl Engine {
         })
         .map_err(|_| Error::Config(format!("opening store {url:?} panicked")))??;
         e.gateways = Gateways::of(&*e.store);
+        if e.cfg.self_check && self_check::wanted(&*e.store) {
+            e.self_check = Some(self_check::start(&url, e.store.clone(), &e.handle));
+        }
         e.start_gather_probe();
         e.start_store_warm();
         Ok(e)
@@ -354,6 +364,7 @@ impl Engine {
             access: Arc::new(crate::lifecycle::AccessLog::new()),
             gc_memo: Arc::default(),
             memory: memory::Registry::default(),
+            self_check: None,
         };
         e.start_gather_probe();
         e.start_store_warm();
@@ -482,6 +493,7 @@ impl Engine {
             bytes_saved: c.bytes_saved.load(Ordering::Relaxed),
             loads_followed: c.loads_followed.load(Ordering::Relaxed),
             bytes_fetched: self.fetched.load(Ordering::Relaxed),
+            store_mode: self_check::mode_code(self.self_check.as_ref()),
         }
     }
 

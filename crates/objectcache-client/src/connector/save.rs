@@ -72,6 +72,10 @@ impl Engine {
                 )));
             }
         }
+        // A store that failed its self-check takes no save (`self_check.rs`).
+        if let Some(v) = &self.self_check {
+            super::self_check::allow_save(v, &self.cfg.store).await?;
+        }
         // Format version 2: leading chunks this engine knows are published (its lookup or
         // save said so within `lookup_cache_ttl`) are not written again, so the segment holds
         // the save's new chunks only.

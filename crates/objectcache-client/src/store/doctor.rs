@@ -88,6 +88,10 @@ pub struct Check {
     pub detail: String,
     /// How long the check took, seconds.
     pub seconds: f64,
+    /// The check could not finish: a request failed before it could tell (the store could
+    /// not be reached, refused the credentials, timed out); `outcome` is then `Fail`, but
+    /// nothing wrong was seen.
+    pub unfinished: bool,
 }
 
 /// How ObjectCache can use the store, from the checks.
@@ -189,20 +193,51 @@ fn refused(e: &StoreError) -> bool {
     )
 }
 
-fn done(name: &'static str, t0: Instant, r: Result<String, String>) -> Check {
-    let (outcome, detail) = match r {
-        Ok(d) => (Outcome::Pass, d),
-        Err(d) => (Outcome::Fail, d),
+/// How a check failed: it saw the store misbehave, or a request failed before it could tell
+/// (the store could not be reached, refused the credentials, timed out).
+enum Failed {
+    Saw(String),
+    Unfinished(String),
+}
+
+impl From<String> for Failed {
+    fn from(s: String) -> Self {
+        Failed::Saw(s)
+    }
+}
+
+impl From<&str> for Failed {
+    fn from(s: &str) -> Self {
+        Failed::Saw(s.to_string())
+    }
+}
+
+/// A request of a check failed with `e`: the check could not tell, unless the store itself
+/// found the endpoint misbehaving ([`StoreError::Incompatible`]: the S3 store's own
+/// conditional-PUT check).
+fn unfinished(s: String, e: &StoreError) -> Failed {
+    match e {
+        StoreError::Incompatible { .. } => Failed::Saw(s),
+        _ => Failed::Unfinished(s),
+    }
+}
+
+fn done(name: &'static str, t0: Instant, r: Result<String, Failed>) -> Check {
+    let (outcome, detail, unfinished) = match r {
+        Ok(d) => (Outcome::Pass, d, false),
+        Err(Failed::Saw(d)) => (Outcome::Fail, d, false),
+        Err(Failed::Unfinished(d)) => (Outcome::Fail, d, true),
     };
     Check {
         name,
         outcome,
         detail,
         seconds: t0.elapsed().as_secs_f64(),
+        unfinished,
     }
 }
 
-async fn create_only(store: &dyn Store, key: &str) -> Result<String, String> {
+async fn create_only(store: &dyn Store, key: &str) -> Result<String, Failed> {
     let create = PutOptions {
         mode: PutMode::Create,
     };
@@ -212,9 +247,15 @@ async fn create_only(store: &dyn Store, key: &str) -> Result<String, String> {
         Err(e) if refused(&e) => {
             return Err(format!(
                 "a create-only PUT of a new key was refused ({e}): create-only PUTs are broken"
+            )
+            .into())
+        }
+        Err(e) => {
+            return Err(unfinished(
+                format!("a create-only PUT of a new key failed: {e}"),
+                &e,
             ))
         }
-        Err(e) => return Err(format!("a create-only PUT of a new key failed: {e}")),
     }
     match store.put_opts(key, second, create).await {
         Ok(_) => {
@@ -225,21 +266,27 @@ async fn create_only(store: &dyn Store, key: &str) -> Result<String, String> {
             )
         }
         Err(e) if refused(&e) => {}
-        Err(e) => return Err(format!("a second create-only PUT failed otherwise: {e}")),
+        Err(e) => {
+            return Err(unfinished(
+                format!("a second create-only PUT failed otherwise: {e}"),
+                &e,
+            ))
+        }
     }
     let got = store
         .get_bytes(key)
         .await
-        .map_err(|e| format!("reading the object back failed: {e}"))?;
+        .map_err(|e| unfinished(format!("reading the object back failed: {e}"), &e))?;
     if let Some(d) = difference(&got, &first) {
         return Err(format!(
             "the refused second PUT changed the object ({d}): the first writer's bytes are lost"
-        ));
+        )
+        .into());
     }
     Ok("a new key is created once; a second create-only PUT is refused and changes nothing".into())
 }
 
-async fn create_race(store: &dyn Store, key: &str, o: &DoctorOptions) -> Result<String, String> {
+async fn create_race(store: &dyn Store, key: &str, o: &DoctorOptions) -> Result<String, Failed> {
     let bodies: Vec<Bytes> = (0..o.writers.max(2))
         .map(|w| pattern(100 + w as u64, o.race_bytes))
         .collect();
@@ -262,7 +309,7 @@ async fn create_race(store: &dyn Store, key: &str, o: &DoctorOptions) -> Result<
     let got = store
         .get_bytes(key)
         .await
-        .map_err(|e| format!("reading the object back failed: {e}"))?;
+        .map_err(|e| unfinished(format!("reading the object back failed: {e}"), &e))?;
     let holder = bodies.iter().position(|b| got == *b);
     let n = bodies.len();
     if winners.len() > 1 {
@@ -270,20 +317,23 @@ async fn create_race(store: &dyn Store, key: &str, o: &DoctorOptions) -> Result<
             "{} of {n} concurrent create-only PUTs of one key were told they won: create-only \
              PUTs are not atomic",
             winners.len()
-        ));
+        )
+        .into());
     }
     let Some(h) = holder else {
         return Err(format!(
             "after {n} concurrent create-only PUTs the object holds no writer's bytes whole \
              ({} bytes): writes were mixed or torn",
             got.len()
-        ));
+        )
+        .into());
     };
     if let Some(&w) = winners.first() {
         if w != h {
             return Err(format!(
                 "writer {w} was told it won, but the object holds writer {h}'s bytes"
-            ));
+            )
+            .into());
         }
     }
     // No winner: a retried PUT whose first try landed meets its own object and is refused;
@@ -322,13 +372,13 @@ async fn read_as_loads(
     Ok(Some(buf))
 }
 
-async fn ranged_get(store: &dyn Store, key: &str, o: &DoctorOptions) -> Result<String, String> {
+async fn ranged_get(store: &dyn Store, key: &str, o: &DoctorOptions) -> Result<String, Failed> {
     let len = o.object_bytes.max(4096) as u64;
     let data = pattern(7, len as usize);
     store
         .put(key, data.clone())
         .await
-        .map_err(|e| format!("writing the test object failed: {e}"))?;
+        .map_err(|e| unfinished(format!("writing the test object failed: {e}"), &e))?;
     let ranges = [
         0..1,
         4093..(4093 + 65536).min(len),
@@ -346,33 +396,34 @@ async fn ranged_get(store: &dyn Store, key: &str, o: &DoctorOptions) -> Result<S
                 },
             )
             .await
-            .map_err(|e| format!("ranged GET of bytes {r:?} failed: {e}"))?
+            .map_err(|e| unfinished(format!("ranged GET of bytes {r:?} failed: {e}"), &e))?
             .bytes()
             .await
-            .map_err(|e| format!("ranged GET of bytes {r:?} failed: {e}"))?;
+            .map_err(|e| unfinished(format!("ranged GET of bytes {r:?} failed: {e}"), &e))?;
         if let Some(d) = difference(&sdk, want) {
-            return Err(format!(
-                "a ranged GET of bytes {r:?} returned wrong bytes: {d}"
-            ));
+            return Err(format!("a ranged GET of bytes {r:?} returned wrong bytes: {d}").into());
         }
-        if let Some(got) = read_as_loads(store, key, r.clone())
-            .await
-            .map_err(|e| format!("ranged read of bytes {r:?} (as loads read) failed: {e}"))?
-        {
+        if let Some(got) = read_as_loads(store, key, r.clone()).await.map_err(|e| {
+            unfinished(
+                format!("ranged read of bytes {r:?} (as loads read) failed: {e}"),
+                &e,
+            )
+        })? {
             paths = 2;
             if let Some(d) = difference(&got, want) {
                 return Err(format!(
                     "a ranged read of bytes {r:?} as loads read returned wrong bytes: {d}"
-                ));
+                )
+                .into());
             }
         }
     }
     let whole = store
         .get_bytes(key)
         .await
-        .map_err(|e| format!("reading the whole object failed: {e}"))?;
+        .map_err(|e| unfinished(format!("reading the whole object failed: {e}"), &e))?;
     if let Some(d) = difference(&whole, &data) {
-        return Err(format!("the whole object read back wrong: {d}"));
+        return Err(format!("the whole object read back wrong: {d}").into());
     }
     Ok(format!(
         "4 ranges of a {len}-byte object and the whole of it read back exact{}",
@@ -514,6 +565,7 @@ pub async fn check_store(store: &dyn Store, endpoint: Option<&str>, o: &DoctorOp
             outcome,
             detail,
             seconds: t.elapsed().as_secs_f64(),
+            unfinished: false,
         });
     }
     let mut left_behind = Vec::new();
@@ -562,6 +614,7 @@ mod tests {
             outcome,
             detail: String::new(),
             seconds: 0.0,
+            unfinished: false,
         };
         let pass = [
             c("create_only", Outcome::Pass),

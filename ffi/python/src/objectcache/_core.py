@@ -196,7 +196,7 @@ class Engine(_Owned):
     ``window_bytes``, ``max_requests``, ``coalesce_bytes``, ``lookup_fanout``,
     ``lookup_cache_ttl_ms``, ``load_timeout_ms``, ``load_min_rate_bytes_per_s``,
     ``stall_timeout_ms``, ``save_concurrency``, ``worker_threads``, ``cpus``, ``gather``,
-    ``gather_streams``, ``single_flight``, ``transport``, ``scheduler``,
+    ``gather_streams``, ``single_flight``, ``self_check``, ``transport``, ``scheduler``,
     ``bandwidth_cap_bytes_per_s``, ``save_format`` (``v1`` or ``v2``: segment objects, see
     docs/object-format.md), ``segment_max_bytes``. Values may be ``str``, ``int`` or ``bool``; unset keys keep
     the library's defaults. An unknown key or a bad value raises :class:`ConfigError` naming
@@ -281,6 +281,19 @@ class Engine(_Owned):
         m.struct_size = ctypes.sizeof(m)
         _check(lib.objectcache_metrics_get(self._handle(), byref(m)))
         return Metrics(m)
+
+    #: ``store_mode()``'s answers, by the C ABI's number.
+    STORE_MODES = ("not_checked", "safe", "short_idle", "refused")
+
+    def store_mode(self):
+        """What the store's self-check found (``objectcache_store_mode``; engine setting
+        ``self_check``): ``"not_checked"`` (a local store, ``self_check`` off, or the check
+        still running), ``"safe"``, ``"short_idle"`` (safe with a shorter idle time for
+        pooled connections; the log names the store URL setting) or ``"refused"`` (saves
+        fail, naming the failed check)."""
+        v = ctypes.c_uint32()
+        _check(lib.objectcache_store_mode(self._handle(), byref(v)))
+        return self.STORE_MODES[v.value] if v.value < len(self.STORE_MODES) else str(v.value)
 
     # -- lookup, save --
 

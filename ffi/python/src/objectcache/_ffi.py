@@ -285,6 +285,7 @@ _PROTOTYPES = {
     ),
     "objectcache_deregister_memory": (status, [c_void_p, c_void_p]),
     "objectcache_metrics_get": (status, [c_void_p, _P(Metrics)]),
+    "objectcache_store_mode": (status, [c_void_p, _P(c_uint32)]),
     "objectcache_lookup": (status, _CHUNKS_ARGS + [_P(c_size_t)]),
     "objectcache_lookup_tokens": (
         status,
