@@ -138,8 +138,8 @@ pub struct SimOptions {
     /// Cluster: nodes the GPUs are on, one tier each (GPUs dealt round-robin).
     #[arg(long, default_value_t = 64)]
     pub tier_nodes: usize,
-    /// Cluster: the tier's admission, `all` or `second[:SECONDS]` (as the server's
-    /// `tier_admission`).
+    /// Cluster: the tier's admission, `all`, `second` (window 600 s) or `second:SECONDS`
+    /// (the server's `tier_admission`, parsed by the same code).
     #[arg(long, default_value = "all")]
     pub tier_admission: String,
     /// Cluster: a load's read rate from a node's DRAM level, GB/s.
@@ -637,19 +637,14 @@ fn node_tier(args: &SimOptions) -> objectcache_core::Result<Option<sim::cluster:
             Err(bad(format!("--{what} {v} must be > 0")))
         }
     };
-    let admission = match args.tier_admission.trim() {
-        "all" => TierAdmission::All,
-        "second" => TierAdmission::Second { window_s: 600.0 },
-        x => match x
-            .strip_prefix("second:")
-            .and_then(|n| n.parse::<f64>().ok())
-        {
-            Some(w) if w.is_finite() && w > 0.0 => TierAdmission::Second { window_s: w },
-            _ => {
-                return Err(bad(format!(
-                    "--tier-admission {x:?}: expected all, second or second:SECONDS"
-                )))
-            }
+    // The server tier's own grammar (`tier_admission`), so a setting tried here is one the
+    // server takes.
+    let admission = match objectcache_client::store::Admission::parse(&args.tier_admission)
+        .map_err(|e| bad(format!("--tier-admission: {e}")))?
+    {
+        objectcache_client::store::Admission::All => TierAdmission::All,
+        objectcache_client::store::Admission::Second { window } => TierAdmission::Second {
+            window_s: window.as_secs_f64(),
         },
     };
     let gib = |v: f64| (v * (1u64 << 30) as f64) as u64;

@@ -99,6 +99,23 @@ pub(super) fn run(
     Ok(sim.record(gpu_name))
 }
 
+/// Request `q`'s TTFT and added TTFT (seconds) when its `layer_bytes` per layer load alone
+/// at `rate` bytes/s from its arrival: a load from a node's tier, or the floor of a load
+/// through a gateway (the same load on an idle cluster).
+fn alone(
+    m: &crate::sched::ComputeModel,
+    q: &super::ClusterRequest,
+    layer_bytes: u64,
+    rate: f64,
+) -> (f64, f64) {
+    let ready: Vec<f64> = (1..=m.layers())
+        .map(|l| q.arrival_s + (l as u64 * layer_bytes) as f64 / rate)
+        .collect();
+    let compute = m.layer_times(q.new_tokens, q.prefix_tokens);
+    let ttft = timeline::finish_time(q.arrival_s, &ready, &compute) + m.fixed_s() - q.arrival_s;
+    (ttft, ttft - m.prefill_time(q.new_tokens, q.prefix_tokens))
+}
+
 /// The next thing that happens in a [`ClusterSim`].
 enum Event {
     /// Gateway `g` needs attention at time `t` (a layer boundary or a scheduler deadline).
@@ -387,18 +404,13 @@ impl<'a> ClusterSim<'a> {
             return Ok(false);
         };
         let rate = rate.min(cfg.gpu_bytes_per_s);
-        let compute = m.layer_times(q.new_tokens, q.prefix_tokens);
-        let ready: Vec<f64> = (1..=layers)
-            .map(|l| q.arrival_s + (l as u64 * layer_bytes) as f64 / rate)
-            .collect();
-        let finish = timeline::finish_time(q.arrival_s, &ready, &compute);
-        let ttft = finish + m.fixed_s() - q.arrival_s;
-        let added = ttft - m.prefill_time(q.new_tokens, q.prefix_tokens);
+        let (ttft, added) = alone(m, q, layer_bytes, rate);
         self.acc.ttft_sum += ttft;
         self.acc.added.push(added);
         // Alone is how it ran.
         self.acc.floor.push(added);
-        self.end_t = self.end_t.max(ready.last().copied().unwrap_or(q.arrival_s));
+        let loaded = q.arrival_s + (layers as u64 * layer_bytes) as f64 / rate;
+        self.end_t = self.end_t.max(loaded);
         Ok(true)
     }
 
@@ -444,7 +456,6 @@ impl<'a> ClusterSim<'a> {
         let (cfg, reqs, blind) = (self.cfg, &self.w.requests, self.blind);
         let m = &cfg.model;
         let (nic, storage, gpu_rate) = (cfg.gateway_bytes_per_s, self.storage, cfg.gpu_bytes_per_s);
-        let layers = m.layers();
         let gw = &mut self.gws[g];
         let Acc {
             rates,
@@ -513,12 +524,7 @@ impl<'a> ClusterSim<'a> {
             let local = m.prefill_time(q.new_tokens, k);
             added.push(ttft - local);
             // The same load alone on an idle cluster: at the GPU link (or a gateway's NIC).
-            let alone_rate = gpu_rate.min(nic).min(storage);
-            let alone: Vec<f64> = (1..=layers)
-                .map(|l| q.arrival_s + (l as u64 * a.layer_bytes) as f64 / alone_rate)
-                .collect();
-            let alone_finish = timeline::finish_time(q.arrival_s, &alone, &compute);
-            floor.push(alone_finish + m.fixed_s() - q.arrival_s - local);
+            floor.push(alone(m, q, a.layer_bytes, gpu_rate.min(nic).min(storage)).1);
             gw.sched.handle_departure(t, a.id)?;
             filled.push(a.req);
             let mine = &mut own[q.gpu as usize];
