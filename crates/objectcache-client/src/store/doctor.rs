@@ -215,7 +215,7 @@ impl From<&str> for Failed {
 /// A request of a check failed with `e`: the check could not tell, unless the store itself
 /// found the endpoint misbehaving ([`StoreError::Incompatible`]: the S3 store's own
 /// conditional-PUT check).
-fn unfinished(s: String, e: &StoreError) -> Failed {
+fn request_failed(s: String, e: &StoreError) -> Failed {
     match e {
         StoreError::Incompatible { .. } => Failed::Saw(s),
         _ => Failed::Unfinished(s),
@@ -251,7 +251,7 @@ async fn create_only(store: &dyn Store, key: &str) -> Result<String, Failed> {
             .into())
         }
         Err(e) => {
-            return Err(unfinished(
+            return Err(request_failed(
                 format!("a create-only PUT of a new key failed: {e}"),
                 &e,
             ))
@@ -267,7 +267,7 @@ async fn create_only(store: &dyn Store, key: &str) -> Result<String, Failed> {
         }
         Err(e) if refused(&e) => {}
         Err(e) => {
-            return Err(unfinished(
+            return Err(request_failed(
                 format!("a second create-only PUT failed otherwise: {e}"),
                 &e,
             ))
@@ -276,7 +276,7 @@ async fn create_only(store: &dyn Store, key: &str) -> Result<String, Failed> {
     let got = store
         .get_bytes(key)
         .await
-        .map_err(|e| unfinished(format!("reading the object back failed: {e}"), &e))?;
+        .map_err(|e| request_failed(format!("reading the object back failed: {e}"), &e))?;
     if let Some(d) = difference(&got, &first) {
         return Err(format!(
             "the refused second PUT changed the object ({d}): the first writer's bytes are lost"
@@ -309,7 +309,7 @@ async fn create_race(store: &dyn Store, key: &str, o: &DoctorOptions) -> Result<
     let got = store
         .get_bytes(key)
         .await
-        .map_err(|e| unfinished(format!("reading the object back failed: {e}"), &e))?;
+        .map_err(|e| request_failed(format!("reading the object back failed: {e}"), &e))?;
     let holder = bodies.iter().position(|b| got == *b);
     let n = bodies.len();
     if winners.len() > 1 {
@@ -378,7 +378,7 @@ async fn ranged_get(store: &dyn Store, key: &str, o: &DoctorOptions) -> Result<S
     store
         .put(key, data.clone())
         .await
-        .map_err(|e| unfinished(format!("writing the test object failed: {e}"), &e))?;
+        .map_err(|e| request_failed(format!("writing the test object failed: {e}"), &e))?;
     let ranges = [
         0..1,
         4093..(4093 + 65536).min(len),
@@ -396,15 +396,15 @@ async fn ranged_get(store: &dyn Store, key: &str, o: &DoctorOptions) -> Result<S
                 },
             )
             .await
-            .map_err(|e| unfinished(format!("ranged GET of bytes {r:?} failed: {e}"), &e))?
+            .map_err(|e| request_failed(format!("ranged GET of bytes {r:?} failed: {e}"), &e))?
             .bytes()
             .await
-            .map_err(|e| unfinished(format!("ranged GET of bytes {r:?} failed: {e}"), &e))?;
+            .map_err(|e| request_failed(format!("ranged GET of bytes {r:?} failed: {e}"), &e))?;
         if let Some(d) = difference(&sdk, want) {
             return Err(format!("a ranged GET of bytes {r:?} returned wrong bytes: {d}").into());
         }
         if let Some(got) = read_as_loads(store, key, r.clone()).await.map_err(|e| {
-            unfinished(
+            request_failed(
                 format!("ranged read of bytes {r:?} (as loads read) failed: {e}"),
                 &e,
             )
@@ -421,7 +421,7 @@ async fn ranged_get(store: &dyn Store, key: &str, o: &DoctorOptions) -> Result<S
     let whole = store
         .get_bytes(key)
         .await
-        .map_err(|e| unfinished(format!("reading the whole object failed: {e}"), &e))?;
+        .map_err(|e| request_failed(format!("reading the whole object failed: {e}"), &e))?;
     if let Some(d) = difference(&whole, &data) {
         return Err(format!("the whole object read back wrong: {d}").into());
     }
