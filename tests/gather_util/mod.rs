@@ -258,6 +258,16 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     .await
 }
 
+/// `HEAD path` over plain HTTP/1.1; returns (status, body), the body empty where the server
+/// keeps to HTTP's rule for HEAD.
+pub async fn http_head(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    http_exchange(
+        addr,
+        format!("HEAD {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
+    )
+    .await
+}
+
 /// Sends one HTTP/1.1 request (`Connection: close`) and reads the whole answer; returns
 /// (status, body).
 async fn http_exchange(addr: std::net::SocketAddr, request: String) -> (u16, String) {

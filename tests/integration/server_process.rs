@@ -31,6 +31,11 @@ async fn serve_as_a_process_gathers_and_shuts_down_gracefully() {
         http_get(addr, "/_objectcache/health").await,
         (200, "ok\n".to_string())
     );
+    // The doctor's idle-connection probe (a HEAD) is the health check too, not an S3 request.
+    assert_eq!(
+        http_head(addr, "/_objectcache/health").await,
+        (200, String::new())
+    );
     let (st, m) = http_get(addr, "/_objectcache/metrics").await;
     assert_eq!(st, 200);
     assert_eq!(

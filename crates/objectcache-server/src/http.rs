@@ -61,7 +61,11 @@ async fn http_route(
     s3: s3s::service::S3Service,
 ) -> Result<HttpResp, std::convert::Infallible> {
     let path = req.uri().path();
-    if req.method() == hyper::Method::GET && path.starts_with("/_objectcache/") {
+    // HEAD is answered as GET without the body (hyper leaves it out): `objectcache doctor`'s
+    // idle-connection probe sends `HEAD /_objectcache/health`, which then never reaches the
+    // S3 API (where it would be an unknown operation, logged as an error).
+    let get_or_head = req.method() == hyper::Method::GET || req.method() == hyper::Method::HEAD;
+    if get_or_head && path.starts_with("/_objectcache/") {
         return Ok(match path {
             "/_objectcache/health" => {
                 if sh.shutdown.is_cancelled() {

@@ -436,8 +436,9 @@ async fn ranged_get(store: &dyn Store, key: &str, o: &DoctorOptions) -> Result<S
 }
 
 /// How long the HTTP server at `endpoint` (`http://host:port`) keeps an idle keep-alive
-/// connection open, up to `wait`: sends one `HEAD /` (any answer will do), then waits for
-/// the server to close the connection. `Ok(Some(t))`: closed after `t`; `Ok(None)`: still
+/// connection open, up to `wait`: sends one `HEAD /_objectcache/health` (any answer will do:
+/// the ObjectCache server answers it as its health check, an S3 server as a HEAD of an
+/// object), then waits for the server to close the connection. `Ok(Some(t))`: closed after `t`; `Ok(None)`: still
 /// open after `wait`.
 ///
 /// # Errors
@@ -460,7 +461,8 @@ pub async fn probe_idle_close(endpoint: &str, wait: Duration) -> Result<Option<D
     .await
     .map_err(|_| format!("connecting to {endpoint} timed out"))?
     .map_err(|e| format!("connecting to {endpoint}: {e}"))?;
-    let req = format!("HEAD / HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: keep-alive\r\n\r\n");
+    let req = format!(
+        "HEAD /_objectcache/health HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: keep-alive\r\n\r\n");
     s.write_all(req.as_bytes())
         .await
         .map_err(|e| format!("sending to {endpoint}: {e}"))?;
