@@ -131,7 +131,15 @@ fn pytest_command(py: &Path, site: &Path, args: &[&str], env: &[(&str, String)])
         "no:cacheprovider",
         "--durations=25",
     ])
-    .args(args.iter().map(|f| tests.join(f)))
+    // Files and node ids are under the tests folder; options (`--deselect=...`) go as they
+    // are.
+    .args(args.iter().map(|a| {
+        if a.starts_with('-') {
+            std::ffi::OsString::from(a)
+        } else {
+            tests.join(a).into_os_string()
+        }
+    }))
     .current_dir(&tests)
     .env("PYTHONPATH", site)
     .env("PYTHONDONTWRITEBYTECODE", "1")
@@ -151,7 +159,8 @@ pub fn pytest(py: &Path, site: &Path, files: &[&str], env: &[(&str, String)]) {
     assert!(status.success(), "pytest {files:?} failed: {status}");
 }
 
-/// Runs the vLLM suites in `lanes` (each a list of pytest files or node ids) side by side, one
+/// Runs the vLLM suites in `lanes` (each a list of pytest files, node ids or options such as
+/// `--deselect=tests/FILE::TEST`, a node id as pytest names it from `ffi/python`) side by side, one
 /// pytest process per lane, each with its own half of the CPUs for vLLM's worker threads
 /// (`VLLM_CPU_OMP_THREADS_BIND`); every output line is printed with its lane's name. With
 /// fewer CPUs than lanes, one pytest runs them all, as [`pytest`].

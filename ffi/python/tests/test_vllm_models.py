@@ -94,7 +94,10 @@ def connector(store, **extra):
     return {"kv_connector": "ObjectCacheConnector",
             "kv_connector_module_path": "objectcache.vllm", "kv_role": "kv_both",
             "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"store": store, "namespace": "vllm-models", **extra}}
+            "kv_connector_extra_config": {"store": store, "namespace": "vllm-models",
+                                          # B follows A's save in the same replica: no
+                                          # reuse of the miss A's lookup cached.
+                                          "lookup_cache_ttl_ms": 0, **extra}}
 
 
 @pytest.mark.parametrize("name", ["gemma3-tiny", "gptoss-tiny"])
