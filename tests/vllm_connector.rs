@@ -66,20 +66,21 @@ fn vllm_connector_in_a_real_vllm() {
         ),
         Err(e) => panic!("the test S3 endpoint refused the bucket: {e}"),
     }
-    // Two lanes side by side, a core each (py_support::pytest_lanes). The failure tests
-    // (engine core and worker in processes of their own, compute-bound fault rounds) took
-    // 784 s in one lane on a 2-core EPYC, the other two files 613 s (replicas with the engine
-    // core in-process, start-up-bound): one fault round's case, about 100 s, runs in the
-    // second lane.
-    const MOVED: &str =
-        "test_vllm_failures.py::test_failed_loads_recompute_once_with_the_right_output[layerwise-True]";
-    let deselect = format!("--deselect=tests/{MOVED}");
+    // Two lanes side by side, a core each (py_support::pytest_lanes). The failure tests are
+    // bound by their fault rounds' compute, the other two files by replica start-ups: on a
+    // 2-core EPYC the lanes took 665 s and 566 s with one fault round's case (about 100 s) in
+    // the second lane; the abort test (about 75 s) goes there too.
+    const MOVED: [&str; 2] = [
+        "test_vllm_failures.py::test_failed_loads_recompute_once_with_the_right_output[layerwise-True]",
+        "test_vllm_failures.py::test_aborted_requests_cancel_their_loads_and_leak_nothing",
+    ];
+    let deselect = MOVED.map(|t| format!("--deselect=tests/{t}"));
     py_support::pytest_lanes(
         &p.py,
         &p.site,
         &[
-            &["test_vllm_failures.py", &deselect],
-            &["test_vllm.py", "test_vllm_models.py", MOVED],
+            &["test_vllm_failures.py", &deselect[0], &deselect[1]],
+            &["test_vllm.py", "test_vllm_models.py", MOVED[0], MOVED[1]],
         ],
         &env,
     );

@@ -32,6 +32,27 @@ pub(super) struct Bench<'a> {
     pub(super) hma: Option<String>,
     /// Bytes the last saver stored per store and prefix token (ObjectCache methods).
     pub(super) stored_per_token: Option<f64>,
+    /// Port of our server (`objectcache-server`), whose metrics count each load's requests.
+    pub(super) server_port: Option<u16>,
+}
+
+/// The server's requests a load sends (`objectcache_server_requests_total` by `op`): the
+/// gather request, and the GETs and HEADs of the lookup and of ranged reads. Each is one
+/// GET-class request at object storage's prices ([`crate::cost`]); saves (`save`,
+/// `put_object`) are not part of a load.
+const LOAD_REQUESTS: &[&str] = &["gather", "get_object", "head_object"];
+
+/// GET-class requests counted by the server's metrics `after` over `before` (see
+/// [`LOAD_REQUESTS`]).
+fn load_requests(before: &HashMap<String, f64>, after: &HashMap<String, f64>) -> u64 {
+    LOAD_REQUESTS
+        .iter()
+        .map(|op| {
+            let k = format!("objectcache_server_requests_total{{op=\"{op}\"}}");
+            let d = after.get(&k).copied().unwrap_or(0.0) - before.get(&k).copied().unwrap_or(0.0);
+            d.max(0.0) as u64
+        })
+        .sum()
 }
 
 /// Prometheus counters that count a connector's loaded bytes.
@@ -63,6 +84,8 @@ impl Bench<'_> {
             local_hit_tokens: None,
             bytes_loaded: None,
             bytes_stored: None,
+            store_requests: None,
+            cost: None,
             output_identical: None,
             output_matches_apc: None,
             runs: 0,
@@ -135,10 +158,19 @@ impl Bench<'_> {
         );
         for &p in &self.a.prefixes.clone() {
             let (mut ttfts, mut ext, mut local, mut bytes) = (vec![], vec![], vec![], vec![]);
-            let (mut misses, mut ratios) = (vec![], vec![]);
+            let (mut misses, mut ratios, mut requests) = (vec![], vec![], vec![]);
+            // Our server counts the requests of B's lookup and load.
+            let server = self.server_port.filter(|_| method == "objectcache-server");
             let mut identical = Some(true);
             let mut matches_apc = (method != "recompute" && method != "apc").then_some(true);
             for r in 0..runs {
+                let server_before = match server {
+                    Some(port) => Some(
+                        self.rt
+                            .block_on(http::metrics_at(port, "/_objectcache/metrics"))?,
+                    ),
+                    None => None,
+                };
                 let before = self.rt.block_on(http::metrics(v.port))?;
                 let c = self
                     .rt
@@ -150,6 +182,12 @@ impl Bench<'_> {
                     ))
                     .with_context(|| format!("request B ({p} tokens) to vLLM ({})", v.label))?;
                 let after = self.rt.block_on(http::metrics(v.port))?;
+                if let (Some(port), Some(b)) = (server, &server_before) {
+                    let a = self
+                        .rt
+                        .block_on(http::metrics_at(port, "/_objectcache/metrics"))?;
+                    requests.push(load_requests(b, &a));
+                }
                 let sent = self.prompts.b(p, r).len() as u64;
                 if c.prompt_tokens != Some(sent) {
                     bail!(
@@ -212,6 +250,19 @@ impl Bench<'_> {
                 .stored_per_token
                 .filter(|_| method.starts_with("objectcache"))
                 .map(|b| (b * f64::from(p)).round() as u64);
+            let bytes_loaded = (!bytes.is_empty()).then(|| median_u(&bytes));
+            let store_requests = (!requests.is_empty()).then(|| median_u(&requests));
+            // Billed where a store counted the requests (our server): in the store's region,
+            // so the bytes are free and the requests are the bill.
+            let cost = store_requests.map(|n| {
+                crate::cost::S3_STANDARD.cost(
+                    true,
+                    n,
+                    bytes_loaded.unwrap_or(0),
+                    0,
+                    stored.unwrap_or(0),
+                )
+            });
             self.records.push(Record {
                 ttft_s: Some(median_f(&ttfts)),
                 ttft_runs_s: ttfts,
@@ -219,8 +270,10 @@ impl Bench<'_> {
                 paired_ratio: (!ratios.is_empty()).then(|| median_f(&ratios)),
                 external_hit_tokens: Some(median_u(&ext)),
                 local_hit_tokens: (!local.is_empty()).then(|| median_u(&local)),
-                bytes_loaded: (!bytes.is_empty()).then(|| median_u(&bytes)),
+                bytes_loaded,
                 bytes_stored: stored,
+                store_requests,
+                cost,
                 output_identical: identical,
                 output_matches_apc: matches_apc,
                 runs,
@@ -396,6 +449,11 @@ impl Bench<'_> {
         )
     }
 
+    /// vLLM's ExampleConnector, with chunked prefill's step raised to the context length
+    /// (`--max-num-batched-tokens`): the connector saves and loads a prompt's KV in one piece
+    /// per forward pass, and a prompt prefilled in several steps (vLLM's CPU default is 2,048
+    /// tokens per step) failed its load ("value tensor of shape [2048, 3, 128] cannot be
+    /// broadcast to indexing result of shape [4096, 3, 128]"). Its records say so.
     pub(super) fn example(&mut self) -> Result<()> {
         let dir = self.tmp.join("example-connector");
         std::fs::create_dir_all(&dir)?;
@@ -403,12 +461,159 @@ impl Bench<'_> {
             "kv_connector": "ExampleConnector", "kv_role": "kv_both",
             "kv_connector_extra_config": {"shared_storage_path": dir},
         });
-        self.peer(
+        let step = self.env.max_len().to_string();
+        let kept = self.env.extra_args.clone();
+        self.env
+            .extra_args
+            .extend(["--max-num-batched-tokens".to_string(), step.clone()]);
+        let r = self.peer(
             "vllm-example",
             cfg,
-            Some("vLLM's ExampleConnector: one safetensors file per layer and prompt prefix, loaded whole before the forward pass".into()),
-        )
+            Some(format!(
+                "vLLM's ExampleConnector: one safetensors file per layer and prompt prefix, \
+                 loaded whole before the forward pass; run with --max-num-batched-tokens \
+                 {step} (one prefill step per prompt: it fails prompts prefilled in steps)"
+            )),
+        );
+        self.env.extra_args = kept;
+        r
     }
+
+    /// LMCache (PyPI `lmcache`, through vLLM's `LMCacheConnectorV1`) with its local disk
+    /// level, when the venv (or the caller's `PYTHONPATH`) has it: saver and timed replica
+    /// share the disk folder. A record per prefix says why where it has no figure: not
+    /// installed, or the errors LMCache logged. (LMCache 0.5.6 in vLLM 0.32's CPU build:
+    /// "No supported cpu connector found": its KV connectors are for CUDA, XPU, MUSA and HPU
+    /// devices; vLLM then serves every request without it.)
+    pub(super) fn lmcache(&mut self) -> Result<()> {
+        let mut path = std::ffi::OsString::from(self.env.site());
+        if let Some(more) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
+            path.push(":");
+            path.push(more);
+        }
+        let version = std::process::Command::new(self.env.python())
+            .args([
+                "-c",
+                "import lmcache, importlib.metadata as m; print(m.version('lmcache'))",
+            ])
+            .env("PYTHONPATH", &path)
+            .output()?;
+        if !version.status.success() {
+            let why = "LMCache is not installed: `pip install lmcache` into the vLLM venv (or \
+                       name its folder in PYTHONPATH)"
+                .to_string();
+            for &p in &self.a.prefixes.clone() {
+                let r = self.record("lmcache", p, why.clone());
+                self.records.push(r);
+            }
+            return Ok(());
+        }
+        let version = String::from_utf8_lossy(&version.stdout).trim().to_string();
+        let dir = self.tmp.join("lmcache-disk");
+        std::fs::create_dir_all(&dir)?;
+        let cfg = serde_json::json!({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"});
+        let kept = std::mem::replace(&mut self.env.extra_env, lmcache_env(&dir));
+        let before = self.records.len();
+        let r = self.peer(
+            "lmcache",
+            cfg,
+            Some(format!(
+                "LMCache {version}, local disk level, 256-token chunks"
+            )),
+        );
+        self.env.extra_env = kept;
+        r?;
+        let mut errors = lmcache_errors(&self.env.logs().join("lmcache-saver.log"));
+        for e in lmcache_errors(&self.env.logs().join("lmcache.log")) {
+            if !errors.contains(&e) {
+                errors.push(e);
+            }
+        }
+        if !errors.is_empty() {
+            let why = format!(
+                "LMCache {version} did not start in this vLLM (every request computed in \
+                 full): {}",
+                errors.join("; ")
+            );
+            eprintln!("objectcache-bench: lmcache: {why}");
+            for rec in &mut self.records[before..] {
+                rec.note = Some(why.clone());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// LMCache's settings for the `lmcache` method (environment, as LMCache reads them without a
+/// configuration file): its default 256-token chunks, no CPU level (a fresh process would find
+/// it empty), a local disk level of 5 GB under `dir`, shared by the saver and the timed
+/// replica as ObjectCache's file store is.
+fn lmcache_env(dir: &std::path::Path) -> Vec<(String, String)> {
+    [
+        ("LMCACHE_CHUNK_SIZE", "256".to_string()),
+        ("LMCACHE_LOCAL_CPU", "False".to_string()),
+        ("LMCACHE_LOCAL_DISK", format!("file://{}/", dir.display())),
+        ("LMCACHE_MAX_LOCAL_DISK_SIZE", "5".to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// The errors LMCache logged in a process's log: for each `LMCache ERROR` line, the exception
+/// its traceback names (`RuntimeError: ...`), else the line's message; terminal colour codes
+/// and LMCache's `(file:line:module)` suffix dropped, duplicates once, at most three, each cut
+/// to 200 characters.
+fn lmcache_errors(log: &std::path::Path) -> Vec<String> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    // Colour codes: ESC [ ... m.
+    let plain = |l: &str| -> String {
+        let mut out = String::new();
+        let mut it = l.chars();
+        while let Some(c) = it.next() {
+            if c == '\u{1b}' {
+                for d in it.by_ref() {
+                    if d == 'm' {
+                        break;
+                    }
+                }
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    };
+    let lines: Vec<String> = text.lines().map(plain).collect();
+    let mut out: Vec<String> = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let Some((_, msg)) = l.split_once("LMCache ERROR:") else {
+            continue;
+        };
+        let exc = lines[i + 1..]
+            .iter()
+            .take(40)
+            .take_while(|x| !x.contains("LMCache "))
+            .find(|x| {
+                let t = x.trim_start();
+                !t.starts_with("File ")
+                    && t.split_once(": ")
+                        .is_some_and(|(k, _)| k.ends_with("Error"))
+            });
+        let e = match exc {
+            Some(x) => x.trim().to_string(),
+            None => msg
+                .rsplit_once(" (")
+                .map_or(msg, |(m, _)| m)
+                .trim()
+                .to_string(),
+        };
+        let e: String = e.chars().take(200).collect();
+        if !out.contains(&e) {
+            out.push(e);
+        }
+    }
+    out.truncate(3);
+    out
 }
 
 fn one_line(e: &anyhow::Error) -> String {
@@ -452,4 +657,42 @@ fn median_u(v: &[u64]) -> u64 {
     let mut s = v.to_vec();
     s.sort_unstable();
     s[s.len() / 2]
+}
+
+#[cfg(test)]
+mod tests {
+    /// Lines as LMCache 0.5.6 logged them in vLLM 0.32's CPU build (2026-12-07; the install
+    /// folder shortened): the exception of the first error's traceback, and the second
+    /// error's own message.
+    #[test]
+    fn lmcache_errors_name_the_exception_or_the_message() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("lmcache-saver.log");
+        std::fs::write(
+            &log,
+            "\u{1b}[31;20m[2026-12-07 08:17:11,142] LMCache ERROR:\u{1b}[0m Failed to initialize \
+             LMCacheManager components: Traceback (most recent call last):\n\
+             \x20 File \"/site/lmcache/v1/gpu_connector/__init__.py\", line 247, in CreateGPUConnector\n\
+             \x20   raise RuntimeError(f\"No supported {torch_device_type} connector found.\")\n\
+             RuntimeError: No supported cpu connector found.\n\
+             . System will operate in degraded mode (recompute). \u{1b}[3m(manager.py:107:lmcache.v1.manager)\u{1b}[0m\n\
+             \u{1b}[32;20m[2026-12-07 08:17:11,144] LMCache INFO:\u{1b}[0m LMCache initialized\n\
+             \u{1b}[31;20m[2026-12-07 08:17:17,530] LMCache ERROR:\u{1b}[0m Timeout occurred for rank 0, \
+             recreating all sockets. Error: Resource temporarily unavailable \
+             \u{1b}[3m(zmq_transport.py:121:lmcache.v1.rpc.zmq_transport)\u{1b}[0m\n\
+             \u{1b}[32;20m[2026-12-07 08:17:17,531] LMCache INFO:\u{1b}[0m Recreating socket\n\
+             \u{1b}[31;20m[2026-12-07 08:18:01,072] LMCache ERROR:\u{1b}[0m Timeout occurred for rank 0, \
+             recreating all sockets. Error: Resource temporarily unavailable \
+             \u{1b}[3m(zmq_transport.py:121:lmcache.v1.rpc.zmq_transport)\u{1b}[0m\n",
+        )
+        .unwrap();
+        assert_eq!(
+            super::lmcache_errors(&log),
+            [
+                "RuntimeError: No supported cpu connector found.",
+                "Timeout occurred for rank 0, recreating all sockets. Error: Resource temporarily unavailable",
+            ]
+        );
+        assert!(super::lmcache_errors(&dir.path().join("none.log")).is_empty());
+    }
 }

@@ -9,7 +9,9 @@
 //!   `objectcache-file-async`: the file store with `load_mode: async` (vLLM waits for the whole
 //!   load between steps instead of computing layer l while later layers arrive);
 //! - `vllm-cpu-offload`, `vllm-example`: vLLM's own connectors that run on the CPU, as peers
-//!   (`OffloadingConnector` with its CPU tier, `ExampleConnector` on a shared directory).
+//!   (`OffloadingConnector` with its CPU tier, `ExampleConnector` on a shared directory);
+//! - `lmcache`: LMCache (`LMCacheConnectorV1`) with its local disk level, where it is
+//!   installed; its records say why where it has no figure.
 //!
 //! Every connector method saves in one vLLM process (request A: the prefix and a question)
 //! and times request B (the same prefix, another question of `new_tokens` tokens) in a fresh
@@ -52,6 +54,7 @@ pub const METHODS: &[&str] = &[
     "objectcache-file-async",
     "vllm-cpu-offload",
     "vllm-example",
+    "lmcache",
 ];
 
 /// vLLM's block size on the CPU (tokens); prefixes are whole blocks.
@@ -255,6 +258,16 @@ pub struct Record {
     /// `vllm:objectcache_saved_bytes` over all prefixes, per store, apportioned by prefix
     /// length: every chunk of a model's geometry has the same size).
     pub bytes_stored: Option<u64>,
+    /// Requests one load of request B sent to the store (median over runs): what the server
+    /// counted for B's lookup and load, `gather`, `get_object` and `head_object`
+    /// (`objectcache-server` only; the other stores count none).
+    pub store_requests: Option<u64>,
+    /// What one load costs at S3 Standard's list prices (`cost_usd_per_load`,
+    /// `cost_usd_per_1k_loads`, ... beside the other fields; see [`crate::cost::Cost`]):
+    /// `store_requests` GET-class requests, the bytes moved in the store's region; saves per
+    /// 1,000 are not counted here (0), storage is `bytes_stored` for a month.
+    #[serde(flatten)]
+    pub cost: Option<crate::cost::Cost>,
     /// Whether every run's greedy output equals `recompute`'s for the same prompt.
     pub output_identical: Option<bool>,
     /// Whether every run's greedy output equals `apc`'s for the same request (`None` for
@@ -400,6 +413,7 @@ pub fn run(mut a: VllmArgs) -> Result<()> {
         spec,
         hma: None,
         stored_per_token: None,
+        server_port: None,
     };
     // Stores of the ObjectCache methods.
     let mut stores: Vec<(String, String)> = Vec::new();
@@ -418,6 +432,7 @@ pub fn run(mut a: VllmArgs) -> Result<()> {
             "objectcache-server" => {
                 let s = ObjectCacheServer::start(&tmp.path().join("server-store"), &logs)?;
                 stores.push((m.clone(), s.url()));
+                b.server_port = s.port();
                 server = Some(s);
             }
             "objectcache-s3" => match s3_store(a.s3.as_deref(), &rt)? {
@@ -452,6 +467,7 @@ pub fn run(mut a: VllmArgs) -> Result<()> {
                 }
             "vllm-cpu-offload" => b.cpu_offload()?,
             "vllm-example" => b.example()?,
+            "lmcache" => b.lmcache()?,
             _ => {}
         }
     }

@@ -25,12 +25,34 @@ pub(crate) struct Env {
     pub(crate) hma_off: bool,
     /// More arguments for every process (e.g. `--num-gpu-blocks-override N`).
     pub(crate) extra_args: Vec<String>,
+    /// More environment variables for every process (e.g. a peer's `LMCACHE_*` settings).
+    pub(crate) extra_env: Vec<(String, String)>,
     /// CPU priority of every process (`nice -n`; 0: this process's own).
     pub(crate) nice: i32,
     pub(crate) mp: MultiProgress,
 }
 
 impl Env {
+    /// The context length every process is started with (`--max-model-len`), tokens.
+    pub(crate) fn max_len(&self) -> u32 {
+        self.max_len
+    }
+
+    /// The folder of the processes' logs (`LABEL.log` each).
+    pub(crate) fn logs(&self) -> &Path {
+        &self.logs
+    }
+
+    /// The vLLM venv's Python.
+    pub(crate) fn python(&self) -> &Path {
+        &self.py
+    }
+
+    /// The folder the ObjectCache package is installed in (the processes' `PYTHONPATH`).
+    pub(crate) fn site(&self) -> &Path {
+        &self.site
+    }
+
     pub(crate) fn new(
         py: &Path,
         model: &Path,
@@ -72,6 +94,7 @@ impl Env {
             tp: 1,
             hma_off: false,
             extra_args: Vec::new(),
+            extra_env: Vec::new(),
             nice: 0,
             mp,
         }
@@ -163,7 +186,15 @@ impl Vllm {
                 cmd.env("VLLM_CPU_OMP_THREADS_BIND", cpu_split(env.tp));
             }
         }
-        cmd.env("PYTHONPATH", &env.site)
+        // The package's site first, then the caller's own PYTHONPATH (where a peer such as
+        // LMCache may be installed outside the venv).
+        let mut path = std::ffi::OsString::from(&env.site);
+        if let Some(more) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
+            path.push(":");
+            path.push(more);
+        }
+        cmd.envs(env.extra_env.iter().map(|(k, v)| (k, v)));
+        cmd.env("PYTHONPATH", path)
             .env("HF_HUB_OFFLINE", "1")
             .env("TRANSFORMERS_OFFLINE", "1")
             .env("VLLM_TARGET_DEVICE", "cpu")

@@ -49,11 +49,15 @@ pub(super) fn print_table(records: &[Record], runs: usize, dtype: &str) {
     );
     println!("x recomp: over the paired full computation in the same process (recompute: 1)");
     println!("identical: greedy output equals recompute's; =apc: equals apc's (same request)");
+    println!(
+        "reqs: store requests of one load; $/1k: 1,000 loads at {}",
+        crate::cost::S3_STANDARD.name
+    );
     if let Some(r) = records.first() {
         println!("model {} ({}), TP {}", r.model, r.family, r.tp);
     }
     println!(
-        "{:<30} {:>6} {:>9} {:>9} {:>8} {:>6} {:>8} {:>11} {:>11} {:>9} {:>5}",
+        "{:<30} {:>6} {:>9} {:>9} {:>8} {:>6} {:>8} {:>11} {:>11} {:>5} {:>8} {:>9} {:>5}",
         "method",
         "prefix",
         "TTFT ms",
@@ -63,6 +67,8 @@ pub(super) fn print_table(records: &[Record], runs: usize, dtype: &str) {
         "ext hits",
         "bytes",
         "stored",
+        "reqs",
+        "$/1k",
         "identical",
         "=apc"
     );
@@ -74,7 +80,7 @@ pub(super) fn print_table(records: &[Record], runs: usize, dtype: &str) {
             _ => r.method.clone(),
         };
         println!(
-            "{:<30} {:>6} {:>9} {:>9} {:>8} {:>6} {:>8} {:>11} {:>11} {:>9} {:>5}",
+            "{:<30} {:>6} {:>9} {:>9} {:>8} {:>6} {:>8} {:>11} {:>11} {:>5} {:>8} {:>9} {:>5}",
             label,
             r.prefix_tokens,
             f(r.ttft_s.map(|t| t * 1000.0), 1),
@@ -84,6 +90,8 @@ pub(super) fn print_table(records: &[Record], runs: usize, dtype: &str) {
             r.external_hit_tokens.map_or("-".into(), |v| v.to_string()),
             r.bytes_loaded.map_or("-".into(), |v| v.to_string()),
             r.bytes_stored.map_or("-".into(), |v| v.to_string()),
+            r.store_requests.map_or("-".into(), |v| v.to_string()),
+            f(r.cost.map(|c| c.cost_usd_per_1k_loads), 5),
             yes_no(r.output_identical),
             yes_no(r.output_matches_apc),
         );

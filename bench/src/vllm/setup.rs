@@ -258,6 +258,11 @@ impl ObjectCacheServer {
         &self.addr
     }
 
+    /// The server's port, from its address.
+    pub(crate) fn port(&self) -> Option<u16> {
+        self.addr.rsplit(':').next()?.parse().ok()
+    }
+
     pub(crate) fn url(&self) -> String {
         format!(
             "s3://{SERVER_BUCKET}/vllm?endpoint=http://{}&region=us-east-1&addressing=path",
