@@ -486,17 +486,12 @@ impl Bench<'_> {
     /// "No supported cpu connector found": its KV connectors are for CUDA, XPU, MUSA and HPU
     /// devices; vLLM then serves every request without it.)
     pub(super) fn lmcache(&mut self) -> Result<()> {
-        let mut path = std::ffi::OsString::from(self.env.site());
-        if let Some(more) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
-            path.push(":");
-            path.push(more);
-        }
         let version = std::process::Command::new(self.env.python())
             .args([
                 "-c",
                 "import lmcache, importlib.metadata as m; print(m.version('lmcache'))",
             ])
-            .env("PYTHONPATH", &path)
+            .env("PYTHONPATH", self.env.python_path())
             .output()?;
         if !version.status.success() {
             let why = "LMCache is not installed: `pip install lmcache` into the vLLM venv (or \

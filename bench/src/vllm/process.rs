@@ -48,9 +48,16 @@ impl Env {
         &self.py
     }
 
-    /// The folder the ObjectCache package is installed in (the processes' `PYTHONPATH`).
-    pub(crate) fn site(&self) -> &Path {
-        &self.site
+    /// The processes' `PYTHONPATH`: the folder the ObjectCache package is installed in, then
+    /// the caller's own `PYTHONPATH` (where a peer such as LMCache may be installed outside
+    /// the venv).
+    pub(crate) fn python_path(&self) -> std::ffi::OsString {
+        let mut path = std::ffi::OsString::from(&self.site);
+        if let Some(more) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
+            path.push(":");
+            path.push(more);
+        }
+        path
     }
 
     pub(crate) fn new(
@@ -186,15 +193,8 @@ impl Vllm {
                 cmd.env("VLLM_CPU_OMP_THREADS_BIND", cpu_split(env.tp));
             }
         }
-        // The package's site first, then the caller's own PYTHONPATH (where a peer such as
-        // LMCache may be installed outside the venv).
-        let mut path = std::ffi::OsString::from(&env.site);
-        if let Some(more) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
-            path.push(":");
-            path.push(more);
-        }
         cmd.envs(env.extra_env.iter().map(|(k, v)| (k, v)));
-        cmd.env("PYTHONPATH", path)
+        cmd.env("PYTHONPATH", env.python_path())
             .env("HF_HUB_OFFLINE", "1")
             .env("TRANSFORMERS_OFFLINE", "1")
             .env("VLLM_TARGET_DEVICE", "cpu")
