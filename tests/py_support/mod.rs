@@ -160,10 +160,10 @@ pub fn pytest(py: &Path, site: &Path, files: &[&str], env: &[(&str, String)]) {
 }
 
 /// Runs the vLLM suites in `lanes` (each a list of pytest files, node ids or options such as
-/// `--deselect=tests/FILE::TEST`, a node id as pytest names it from `ffi/python`) side by side, one
-/// pytest process per lane, each with its own half of the CPUs for vLLM's worker threads
-/// (`VLLM_CPU_OMP_THREADS_BIND`); every output line is printed with its lane's name. With
-/// fewer CPUs than lanes, one pytest runs them all, as [`pytest`].
+/// `--deselect=tests/FILE::TEST`, a node id as pytest names it from `ffi/python`) side by
+/// side, one pytest process per lane, each with its own half of the CPUs for vLLM's worker
+/// threads (`VLLM_CPU_OMP_THREADS_BIND`); every output line is printed with its lane's name.
+/// With fewer CPUs than lanes, one pytest runs them all, as [`pytest`].
 ///
 /// Why: vLLM's CPU worker binds its compute threads to all CPUs but one, which it leaves to
 /// the engine's other processes. On a 2-core machine a replica computes on one core, and two

@@ -7,7 +7,7 @@ use super::router::{Router, ROUTINGS};
 use super::trace::{self, generate, TraceParams};
 use super::{play, FleetArgs, BLOCK};
 use crate::cost::S3_STANDARD;
-use crate::vllm::http;
+use crate::vllm::http::{self, delta};
 use crate::vllm::process::{Env, Vllm};
 use crate::vllm::setup::{spinner, ObjectCacheServer};
 use anyhow::{Context, Result};
@@ -35,11 +35,6 @@ pub(super) struct Fleet<'a> {
 
 /// Metric samples before and after a pass, summed over processes.
 type Samples = HashMap<String, f64>;
-
-fn delta(before: &Samples, after: &Samples, key: &str) -> u64 {
-    let g = |m: &Samples| m.get(key).copied().unwrap_or(0.0);
-    (g(after) - g(before)).max(0.0).round() as u64
-}
 
 impl Fleet<'_> {
     pub(super) fn not_run(&mut self, method: &str, why: &str) {

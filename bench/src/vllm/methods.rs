@@ -48,9 +48,8 @@ fn load_requests(before: &HashMap<String, f64>, after: &HashMap<String, f64>) ->
     LOAD_REQUESTS
         .iter()
         .map(|op| {
-            let k = format!("objectcache_server_requests_total{{op=\"{op}\"}}");
-            let d = after.get(&k).copied().unwrap_or(0.0) - before.get(&k).copied().unwrap_or(0.0);
-            d.max(0.0) as u64
+            let key = format!("objectcache_server_requests_total{{op=\"{op}\"}}");
+            http::delta(before, after, &key)
         })
         .sum()
 }
@@ -205,7 +204,7 @@ impl Bench<'_> {
                     ext.push(cached);
                 }
                 if let Some(b) = LOADED_BYTES.iter().find(|n| after.contains_key(**n)) {
-                    bytes.push((after[*b] - before.get(*b).copied().unwrap_or(0.0)) as u64);
+                    bytes.push(http::delta(&before, &after, b));
                 }
                 if method == "apc" {
                     self.apc_reference.insert((p, r), c.text.clone());

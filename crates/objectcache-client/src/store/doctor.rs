@@ -438,8 +438,8 @@ async fn ranged_get(store: &dyn Store, key: &str, o: &DoctorOptions) -> Result<S
 /// How long the HTTP server at `endpoint` (`http://host:port`) keeps an idle keep-alive
 /// connection open, up to `wait`: sends one `HEAD /_objectcache/health` (any answer will do:
 /// the ObjectCache server answers it as its health check, an S3 server as a HEAD of an
-/// object), then waits for the server to close the connection. `Ok(Some(t))`: closed after `t`; `Ok(None)`: still
-/// open after `wait`.
+/// object), then waits for the server to close the connection. `Ok(Some(t))`: closed after
+/// `t`; `Ok(None)`: still open after `wait`.
 ///
 /// # Errors
 /// A message when the endpoint is not plain `http://`, cannot be reached, or does not keep
