@@ -505,6 +505,124 @@ fn cancel_stops_and_fails_pending_layers() {
     }
 }
 
+/// A real store whose reads of absent objects answer only once its gate opens (present ones
+/// at once): a node tier in front of a slow remote store, which alone can say that a chunk
+/// is absent.
+#[derive(Debug)]
+struct AbsentGated {
+    inner: Arc<dyn Store>,
+    open: tokio::sync::watch::Sender<bool>,
+}
+
+#[async_trait::async_trait]
+impl Store for AbsentGated {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    async fn get_opts(
+        &self,
+        key: &str,
+        o: objectcache::store::GetOptions,
+    ) -> Result<objectcache::store::GetResult, objectcache::StoreError> {
+        let r = self.inner.get_opts(key, o).await;
+        if matches!(r, Err(objectcache::StoreError::NotFound { .. })) {
+            let _ = self.open.subscribe().wait_for(|open| *open).await;
+        }
+        r
+    }
+    async fn put_opts(
+        &self,
+        key: &str,
+        d: bytes::Bytes,
+        o: objectcache::store::PutOptions,
+    ) -> Result<objectcache::store::PutResult, objectcache::StoreError> {
+        self.inner.put_opts(key, d, o).await
+    }
+    async fn head(
+        &self,
+        key: &str,
+    ) -> Result<objectcache::store::ObjectMeta, objectcache::StoreError> {
+        self.inner.head(key).await
+    }
+    async fn delete(&self, key: &str) -> Result<(), objectcache::StoreError> {
+        self.inner.delete(key).await
+    }
+    async fn list(
+        &self,
+        p: &str,
+        l: usize,
+    ) -> Result<Vec<objectcache::store::ObjectMeta>, objectcache::StoreError> {
+        self.inner.list(p, l).await
+    }
+}
+
+/// `lookup_deadline_ms`: a lookup whose probes of absent markers do not answer in time
+/// answers with the prefix the present ones showed (6 of 10 chunks), not nothing; without a
+/// deadline it waits for every answer; the late answers enter the lookup cache, so the next
+/// lookup asks the store nothing. With a lookup fanout of 2 the answer comes over several
+/// rounds, the last one cut short.
+#[test]
+fn a_lookup_out_of_time_answers_the_prefix_it_confirmed() {
+    let g = small();
+    let gated = Arc::new(AbsentGated {
+        inner: Arc::new(MemoryStore::new()),
+        open: tokio::sync::watch::Sender::new(true),
+    });
+    let ns = unique_ns("lookup-deadline");
+    let (hs, data) = seeded_prefix(&g, 10, 17);
+    let saver = engine(gated.clone(), &ns);
+    let refs: Vec<&[u8]> = data
+        .iter()
+        .map(|v| &v[..6 * g.slice_bytes() as usize])
+        .collect();
+    saver.save_blocking(&g, &hs[..6], &refs).unwrap();
+    gated.open.send_replace(false);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for fanout in ["16", "2"] {
+        let e = engine_with(
+            gated.clone(),
+            &ns,
+            &[("lookup_deadline_ms", "300"), ("lookup_fanout", fanout)],
+        );
+        let r = rt.block_on(e.lookup_report(&g, &hs)).unwrap();
+        assert_eq!((r.chunks, r.cut_short), (6, true), "fanout {fanout}: {r:?}");
+        if fanout == "2" {
+            assert!(r.round_trips >= 2, "{r:?}");
+        }
+    }
+    // No deadline: the lookup waits until the store answers every probe.
+    let patient = engine(gated.clone(), &ns);
+    let opener = {
+        let gated = gated.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            gated.open.send_replace(true);
+        })
+    };
+    let r = rt.block_on(patient.lookup_report(&g, &hs)).unwrap();
+    opener.join().unwrap();
+    assert_eq!((r.chunks, r.cut_short), (6, false), "{r:?}");
+    // A cut-short lookup's late answers are kept: once they have come, the same lookup asks
+    // the store nothing (the gate shut again would hold any probe past the deadline).
+    let e = engine_with(gated.clone(), &ns, &[("lookup_deadline_ms", "300")]);
+    gated.open.send_replace(false);
+    let r = rt.block_on(e.lookup_report(&g, &hs)).unwrap();
+    assert_eq!((r.chunks, r.cut_short), (6, true), "{r:?}");
+    gated.open.send_replace(true);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    gated.open.send_replace(false);
+    let t = std::time::Instant::now();
+    let mut again = rt.block_on(e.lookup_report(&g, &hs)).unwrap();
+    while again.probes > 0 && t.elapsed() < std::time::Duration::from_secs(10) {
+        again = rt.block_on(e.lookup_report(&g, &hs)).unwrap();
+    }
+    assert_eq!(
+        (again.chunks, again.probes, again.cut_short),
+        (6, 0, false),
+        "{again:?}"
+    );
+}
+
 #[test]
 fn round_trip_llama8b_4k_tokens_s3() {
     // The same 512 MiB round trip against a real S3 server (Ceph RGW), then deleted again.

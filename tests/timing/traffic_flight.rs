@@ -298,3 +298,118 @@ fn the_gateway_server_reads_each_slice_once_for_concurrent_loads() {
     drop(proxy);
     rt().block_on(upstream.shutdown());
 }
+
+/// Issue 42, part 1: the engines of one process opened on the same store URL share their
+/// loads in flight and their lookup cache (`connector/shared.rs`).
+/// - 48 loads of one 40-chunk prefix, spread over 4 such engines, move at most 1.1x one
+///   load's bytes (the server's own `gather_out`), 47 of them following the first; before,
+///   each engine fetched for itself.
+/// - A lookup's cached miss in one engine is cleared by another engine's save (vLLM's
+///   scheduler and worker in one process: the request after a save hit at once).
+/// - Dropping the engine that leads a load does not fail its follower in another engine.
+///
+/// The engines read their credentials from the environment, as a user's do
+/// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, set in CI for Ceph RGW); the test server
+/// takes the same key.
+#[test]
+fn engines_on_one_store_url_share_fetches_and_lookups() {
+    let _alone = crate::alone();
+    let (Ok(ak), Ok(sk)) = (
+        std::env::var("AWS_ACCESS_KEY_ID"),
+        std::env::var("AWS_SECRET_ACCESS_KEY"),
+    ) else {
+        assert!(
+            std::env::var_os("OBJECTCACHE_REQUIRE_ALL").is_none(),
+            "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY unset but OBJECTCACHE_REQUIRE_ALL is set"
+        );
+        eprintln!("skipped: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY unset");
+        return;
+    };
+    let mut cfg = config();
+    cfg.access_keys = vec![objectcache::server::AccessKey {
+        access_key: ak,
+        secret_key: sk,
+    }];
+    cfg.bandwidth_cap_bytes_per_s = CAP;
+    cfg.scheduler = "fifo".into();
+    let server = rt().block_on(start(Arc::new(MemoryStore::new()), cfg));
+    let url = format!(
+        "s3://{}?endpoint={}&region=us-east-1",
+        gather_util::BUCKET,
+        server.endpoint()
+    );
+    let ns = unique_ns("shared-engines");
+    let engine = || {
+        Engine::new(
+            EngineConfig::from_pairs([
+                ("store", url.as_str()),
+                ("namespace", ns.as_str()),
+                ("self_check", "off"),
+            ])
+            .unwrap(),
+        )
+        .unwrap()
+    };
+    let engines: Vec<Engine> = (0..4).map(|_| engine()).collect();
+    let g = geometry();
+    let (hs, data) = save_prefix(&engines[0], &g, 40, 45);
+    let n = |chunks: usize| chunks * g.slice_bytes() as usize;
+    for (i, e) in engines.iter().enumerate() {
+        let h = start_load(e, &g, hs[..2].to_vec(), n(2));
+        crate::common::assert_layers_landed(&h, &data, n(2), &format!("warm-up {i}"));
+    }
+    let sent = || server.metrics().bytes_total("gather_out");
+    let followed = |es: &[Engine]| -> u64 { es.iter().map(|e| e.metrics().loads_followed).sum() };
+
+    // Fetches: 48 loads over 4 engines.
+    let one = (n(40) * g.layers as usize) as u64;
+    let (b0, f0) = (sent(), followed(&engines));
+    let loads: Vec<LoadHandle> = (0..48)
+        .map(|i| start_load(&engines[i % 4], &g, hs.clone(), n(40)))
+        .collect();
+    for (i, h) in loads.iter().enumerate() {
+        crate::common::assert_layers_landed(h, &data, n(40), &format!("load {i} of 48"));
+    }
+    let moved = sent() - b0;
+    let fol = followed(&engines) - f0;
+    println!(
+        "FLIGHT|48 loads of one 40-chunk prefix over 4 engines on one store URL|{:.2}x the bytes of one load, {fol} followed",
+        moved as f64 / one as f64
+    );
+    assert!(
+        moved as f64 <= 1.1 * one as f64,
+        "moved {moved} bytes for loads of {one}"
+    );
+    assert_eq!(fol, 47, "loads that followed the first one's fetch");
+    drop(loads);
+
+    // Lookups: engine 1's cached miss, then engine 0's save of the same chunks.
+    let (hs2, data2) = crate::common::seeded_prefix(&g, 2, 46);
+    assert_eq!(engines[1].lookup_blocking(&g, &hs2).unwrap(), 0);
+    let refs: Vec<&[u8]> = data2.iter().map(|v| v.as_slice()).collect();
+    engines[0].save_blocking(&g, &hs2, &refs).unwrap();
+    let probes = engines[1].metrics().lookup_probes;
+    assert_eq!(engines[1].lookup_blocking(&g, &hs2).unwrap(), 2);
+    assert_eq!(
+        engines[1].metrics().lookup_probes,
+        probes,
+        "the save's markers were known without asking the store"
+    );
+
+    // A leader's engine dropped mid-load: its follower in another engine completes.
+    let mut engines = engines;
+    let leader = start_load(&engines[3], &g, hs.clone(), n(40));
+    let follower = start_load(&engines[2], &g, hs.clone(), n(40));
+    leader.wait_layer_blocking(1, None).unwrap();
+    let leader_engine = engines.pop().unwrap();
+    drop(leader_engine);
+    crate::common::assert_layers_landed(&follower, &data, n(40), "follower of a dropped engine");
+    assert!(
+        follower.stats().requests >= 1,
+        "the follower fetched the rest itself"
+    );
+    println!("FLIGHT|a leader's engine dropped mid-load|its follower in another engine completed byte-exact");
+    drop((leader, follower));
+    drop(engines);
+    rt().block_on(server.shutdown());
+}

@@ -39,6 +39,15 @@ pub struct EngineConfig {
     /// `lookup_cache_ttl_ms`: how long lookup answers (hits and misses) are reused. Default
     /// 2,000 ms; 0 disables the cache.
     pub lookup_cache_ttl: Duration,
+    /// `lookup_deadline_ms`: how long a lookup waits for the store. A lookup still waiting
+    /// then answers with the prefix its answers so far have shown published (a probe answered
+    /// present shows every chunk before it published; an unanswered position counts as
+    /// absent), instead of nothing: a store that answers some probes late (a node tier that
+    /// holds the prefix in front of a slow remote store, which alone can say that the next
+    /// chunk is absent) still gives the hits it confirmed. Probes answered later still enter
+    /// the lookup cache. Default 0: no deadline, a lookup waits for every answer (the vLLM
+    /// connector sets it from its own `lookup_timeout_ms`).
+    pub lookup_deadline: Duration,
     /// `load_timeout_ms`: a fixed deadline for a whole load; layers not ready by then fail
     /// with `Timeout`. Default: none fixed, the deadline comes from the load's size
     /// (`load_min_rate_bytes_per_s`, [`EngineConfig::load_deadline`]). `0` removes every
@@ -193,6 +202,7 @@ impl Default for EngineConfig {
             coalesce_bytes: 4 << 20,
             lookup_fanout: 16,
             lookup_cache_ttl: Duration::from_millis(2000),
+            lookup_deadline: Duration::ZERO,
             load_timeout: None,
             load_min_rate_bytes_per_s: 10_000_000,
             stall_timeout: StallTimeout::Auto,
@@ -243,6 +253,7 @@ pub const CONFIG_KEYS: &[&str] = &[
     "coalesce_bytes",
     "lookup_fanout",
     "lookup_cache_ttl_ms",
+    "lookup_deadline_ms",
     "load_timeout_ms",
     "load_min_rate_bytes_per_s",
     "stall_timeout_ms",
@@ -336,6 +347,7 @@ impl EngineConfig {
             "coalesce_bytes" => self.coalesce_bytes = num(value)?,
             "lookup_fanout" => self.lookup_fanout = pos(value)? as usize,
             "lookup_cache_ttl_ms" => self.lookup_cache_ttl = Duration::from_millis(num(value)?),
+            "lookup_deadline_ms" => self.lookup_deadline = Duration::from_millis(num(value)?),
             "load_timeout_ms" if value.trim() == "auto" => {
                 self.load_timeout = None;
                 self.load_min_rate_bytes_per_s = EngineConfig::default().load_min_rate_bytes_per_s;

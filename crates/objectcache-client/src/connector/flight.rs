@@ -1,7 +1,8 @@
-//! One fetch for many requests: concurrent loads of the same chunk slices in one engine
-//! share one fetch (single-flight).
+//! One fetch for many requests: concurrent loads of the same chunk slices in one engine, or in
+//! the engines of a process opened on one store URL (`shared.rs`), share one fetch
+//! (single-flight).
 //!
-//! A load whose chunks are the leading chunks of a load already in flight in this engine (same
+//! A load whose chunks are the leading chunks of a load already in flight (same
 //! key prefix: namespace, geometry, TP rank; the same chunk hashes) does not fetch: it
 //! **follows** that load, the leader. As each of the leader's layers lands verified, the
 //! follower copies its own chunks' part of it into its own destination and checks every copied
@@ -20,8 +21,9 @@
 //!
 //! A load follows only where it pays: when the leader's bytes still to come are at most twice
 //! the follower's own bytes (following a much longer load would make a short one wait for
-//! the long one's whole layer-major stream). Fetches are matched in the engine only: loads in
-//! different processes share through the server (its page cache, see `docs/protocol.md`).
+//! the long one's whole layer-major stream). Fetches are matched in the process only: loads in
+//! different processes share through the server (its node tier or page cache, see
+//! `docs/protocol.md`).
 //!
 //! [`Fetcher`] starts the real fetch of a load (gather where offered, else ranged GETs), with
 //! its deadline and its stall watchdog; a leader and a follower's private fetch use it alike.
@@ -138,9 +140,12 @@ struct Flight {
     prefix: String,
     hashes: Vec<ChunkHash>,
     sh: Weak<LoadShared>,
+    /// The engine whose runtime fetches it.
+    owner: u64,
 }
 
-/// The engine's loads in flight, by key prefix and chunk hashes.
+/// Loads in flight, by key prefix and chunk hashes: one engine's, or those of the engines of
+/// a process on one store (`shared.rs`).
 #[derive(Default)]
 pub(crate) struct Flights(Mutex<Vec<Flight>>);
 
@@ -171,12 +176,39 @@ impl Flights {
             .min_by_key(|sh| sh.state.expected())
     }
 
-    /// Registers a load that fetches `hashes` under `prefix`, for later loads to follow.
-    pub(crate) fn register(&self, prefix: &str, hashes: &[ChunkHash], sh: &Arc<LoadShared>) {
+    /// Registers a load that engine `owner` fetches, of `hashes` under `prefix`, for later
+    /// loads to follow.
+    pub(crate) fn register(
+        &self,
+        prefix: &str,
+        hashes: &[ChunkHash],
+        sh: &Arc<LoadShared>,
+        owner: u64,
+    ) {
         self.0.lock().expect("lock").push(Flight {
             prefix: prefix.to_string(),
             hashes: hashes.to_vec(),
             sh: Arc::downgrade(sh),
+            owner,
+        });
+    }
+
+    /// Cancels and forgets the loads engine `owner` fetches (it is being dropped: its runtime,
+    /// which drives them, stops). Their layers still pending fail as cancelled, so a follower
+    /// in another engine fetches the rest itself instead of waiting for its deadline.
+    pub(crate) fn cancel_owned(&self, owner: u64) {
+        let mut v = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        v.retain(|f| {
+            if f.owner != owner {
+                return true;
+            }
+            if let Some(sh) = f.sh.upgrade() {
+                sh.state.cancel();
+            }
+            false
         });
     }
 }

@@ -44,6 +44,8 @@ impl Engine {
             .map(|h| ranks.iter().map(|k| k.marker(h)).collect())
             .collect();
         let ttl = self.cfg.lookup_cache_ttl;
+        let deadline = (!self.cfg.lookup_deadline.is_zero())
+            .then(|| tokio::time::Instant::now() + self.cfg.lookup_deadline);
         // A position's state from per-key answers: present if every rank's marker is, absent
         // if one is absent, else unknown.
         let state = |answers: &dyn Fn(&str) -> Option<bool>, keys: &[String]| -> Option<bool> {
@@ -59,7 +61,7 @@ impl Engine {
         };
         // Known state per position from the cache: Some(true/false) or None.
         let mut known: Vec<Option<bool>> = {
-            let mut cache = self.lookup_cache.lock().expect("lock");
+            let mut cache = self.shared.lookup_cache.lock().expect("lock");
             cache.retain(|_, (_, t)| t.elapsed() < ttl);
             let cached = |k: &str| cache.get(k).map(|(p, _)| p.present());
             mkeys.iter().map(|ks| state(&cached, ks)).collect()
@@ -87,25 +89,16 @@ impl Engine {
             let n = fanout.min(span);
             let mut probes: Vec<usize> = (0..n).map(|i| lo + i * span / n).collect();
             probes.dedup();
-            let store = self.store.clone();
             let pk: Vec<String> = probes
                 .iter()
                 .flat_map(|&i| mkeys[i].iter().cloned())
                 .filter(|k| !probed.contains_key(k))
                 .collect();
-            let asked = pk.clone();
-            let answers = self
-                .spawn(async move {
-                    futures::future::join_all(pk.into_iter().map(|k| {
-                        let store = store.clone();
-                        async move { read_marker(&*store, &k).await }
-                    }))
-                    .await
-                })
-                .await?;
+            report.probes += pk.len();
+            let round = self.probe_round(pk, deadline, ttl);
+            let (answers, late) = self.spawn(round).await?;
             report.round_trips += 1;
-            report.probes += asked.len();
-            for (k, a) in asked.into_iter().zip(answers) {
+            for (k, a) in answers {
                 probed.insert(k, a?);
             }
             for &i in &probes {
@@ -127,14 +120,18 @@ impl Engine {
                 lo = lo.max(last_present + 1);
             }
             tighten(&known, &mut lo, &mut hi);
+            if late {
+                // Out of time: what the answers so far show is the answer (an unanswered
+                // position counts as absent); the probes still out enter the lookup cache
+                // when they answer.
+                report.cut_short = true;
+                break;
+            }
         }
         report.chunks = lo;
         {
             let now = Instant::now();
-            let mut cache = self.lookup_cache.lock().expect("lock");
-            for (k, p) in &probed {
-                cache.entry(k.clone()).or_insert((p.clone(), now));
-            }
+            let mut cache = self.shared.lookup_cache.lock().expect("lock");
             for (i, ks) in mkeys.iter().enumerate() {
                 if i < lo {
                     for k in ks {
@@ -155,6 +152,55 @@ impl Engine {
             .lookup_probes
             .fetch_add(report.probes as u64, Ordering::Relaxed);
         Ok(report)
+    }
+
+    /// One round of a lookup's probes: reads the markers `keys` at once, each answer entering
+    /// the lookup cache as it arrives (a save's own entry is kept); returns the answers
+    /// received, and whether `deadline` came first (then the others are still out, and enter
+    /// the cache when they answer).
+    fn probe_round(
+        &self,
+        keys: Vec<String>,
+        deadline: Option<tokio::time::Instant>,
+        ttl: std::time::Duration,
+    ) -> impl std::future::Future<Output = (Vec<(String, Result<Known, Error>)>, bool)> + Send + 'static
+    {
+        let (store, shared, handle) =
+            (self.store.clone(), self.shared.clone(), self.handle.clone());
+        async move {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            let n = keys.len();
+            for k in keys {
+                let (store, shared, tx) = (store.clone(), shared.clone(), tx.clone());
+                handle.spawn(async move {
+                    let a = read_marker(&*store, &k).await;
+                    if let Ok(known) = &a {
+                        let mut cache = shared.lookup_cache.lock().expect("lock");
+                        let fresh = cache.get(&k).is_some_and(|(_, t)| t.elapsed() < ttl);
+                        if !fresh {
+                            cache.insert(k.clone(), (known.clone(), Instant::now()));
+                        }
+                    }
+                    let _ = tx.send((k, a.map_err(Error::from)));
+                });
+            }
+            drop(tx);
+            let mut got = Vec::with_capacity(n);
+            while got.len() < n {
+                let next = match deadline {
+                    Some(d) => match tokio::time::timeout_at(d, rx.recv()).await {
+                        Ok(a) => a,
+                        Err(_) => return (got, true),
+                    },
+                    None => rx.recv().await,
+                };
+                match next {
+                    Some(a) => got.push(a),
+                    None => break,
+                }
+            }
+            (got, false)
+        }
     }
 
     /// Leading published chunks of `hashes` (see [`Engine::lookup_report`]).
@@ -226,7 +272,7 @@ impl Engine {
             )));
         }
         let now = Instant::now();
-        let mut cache = self.lookup_cache.lock().expect("lock");
+        let mut cache = self.shared.lookup_cache.lock().expect("lock");
         for (p, m) in markers {
             let known = Known::Read(Marker::Segment(m.clone()));
             cache.insert(keys.marker(&hashes[*p]), (known, now));
@@ -243,7 +289,7 @@ impl Engine {
         hashes: &[ChunkHash],
     ) -> BTreeMap<usize, Marker> {
         let ttl = self.cfg.lookup_cache_ttl;
-        let cache = self.lookup_cache.lock().expect("lock");
+        let cache = self.shared.lookup_cache.lock().expect("lock");
         hashes
             .iter()
             .enumerate()

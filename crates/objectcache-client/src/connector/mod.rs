@@ -49,6 +49,7 @@ mod path;
 mod rdma;
 mod save;
 mod self_check;
+mod shared;
 mod status;
 
 use buffers::first_overlap;
@@ -67,10 +68,8 @@ pub use status::ChunkStatus;
 use crate::error::Error;
 use crate::layout::{ChunkHash, KeyBuilder, KvGeometry};
 use crate::store::{Gateways, Store};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::Arc;
 
 pub use crate::layout::MARKER_MAGIC;
 
@@ -97,6 +96,9 @@ pub struct LookupReport {
     pub round_trips: usize,
     /// Marker probes (HEAD requests) issued.
     pub probes: usize,
+    /// Whether `lookup_deadline_ms` passed before every probe answered: `chunks` is then the
+    /// prefix the answers received had shown published.
+    pub cut_short: bool,
 }
 
 /// Counters of an engine since creation.
@@ -149,8 +151,11 @@ pub struct Engine {
     cfg: EngineConfig,
     rt: Option<tokio::runtime::Runtime>,
     handle: tokio::runtime::Handle,
-    /// marker key -> (what the lookup learnt of it, time of the answer)
-    lookup_cache: Mutex<HashMap<String, (markers::Known, Instant)>>,
+    /// This engine's number in the process (which engine registered a load in flight).
+    id: u64,
+    /// The lookup cache and the loads in flight, shared with the process's other engines on
+    /// the same store when opened by URL (`shared.rs`).
+    shared: Arc<shared::Shared>,
     counters: Counters,
     /// Whether each of the store's endpoints offers gather, and idle gather connections.
     gather: Arc<gather::Probes>,
@@ -160,9 +165,7 @@ pub struct Engine {
     link: Option<Arc<crate::link::Link>>,
     /// RDMA session with the store's server and idle gather connections for it.
     #[cfg(feature = "rdma")]
-    rdma: Arc<Mutex<rdma::Probe>>,
-    /// Loads in flight that later loads of the same chunks may follow.
-    flights: flight::Flights,
+    rdma: Arc<std::sync::Mutex<rdma::Probe>>,
     /// Payload bytes received by this engine's fetches.
     fetched: Arc<AtomicU64>,
     /// The entries loads in flight read (held from `load` until the load ends); collection
@@ -195,6 +198,9 @@ impl Drop for Engine {
     /// is gone", seen in CI with engines over one S3 store in turn). Inside an async context,
     /// where blocking is not allowed, the runtime stops in the background.
     fn drop(&mut self) {
+        // Loads of this engine that another engine's loads follow cannot go on once its
+        // runtime stops: they end now, and their followers fetch the rest themselves.
+        self.shared.flights.cancel_owned(self.id);
         if let Some(rt) = self.rt.take() {
             if tokio::runtime::Handle::try_current().is_ok() {
                 rt.shutdown_background();
@@ -204,6 +210,9 @@ impl Drop for Engine {
         }
     }
 }
+
+/// The next [`Engine`]'s number in this process.
+static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(1);
 
 /// How long dropping an [`Engine`] outside an async context waits for its runtime to stop
 /// (seconds): its tasks are dropped at once; only a blocking read still in progress (a file
@@ -226,6 +235,7 @@ impl Engine {
         })
         .map_err(|_| Error::Config(format!("opening store {url:?} panicked")))??;
         e.gateways = Gateways::of(&*e.store);
+        e.shared = shared::for_store(crate::store::shared_identity(&url).as_deref());
         if e.cfg.self_check && self_check::wanted(&*e.store) {
             e.self_check = Some(self_check::start(&url, e.store.clone(), &e.handle));
         }
@@ -351,14 +361,14 @@ impl Engine {
             cfg,
             rt: Some(rt),
             handle,
-            lookup_cache: Mutex::new(HashMap::new()),
+            id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
+            shared: shared::for_store(None),
             counters: Counters::default(),
             gather: Arc::new(gather::Probes::default()),
             next_request_id: AtomicU64::new(1),
             link,
             #[cfg(feature = "rdma")]
-            rdma: Arc::new(Mutex::new(rdma::Probe::default())),
-            flights: flight::Flights::default(),
+            rdma: Arc::new(std::sync::Mutex::new(rdma::Probe::default())),
             fetched: Arc::new(AtomicU64::new(0)),
             leases: crate::lifecycle::LeaseTable::new(),
             access: Arc::new(crate::lifecycle::AccessLog::new()),
@@ -552,7 +562,7 @@ pub(crate) fn check_layer_count(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     /// Waits (up to 10 s, a liveness bound, not a speed goal) until `f` holds.
     fn eventually(what: &str, f: impl Fn() -> bool) {

@@ -133,7 +133,7 @@ impl Engine {
         // What this save wrote is known; a marker another writer published first is present,
         // its content unread (it may name another object).
         let now = Instant::now();
-        let mut cache = self.lookup_cache.lock().expect("lock");
+        let mut cache = self.shared.lookup_cache.lock().expect("lock");
         for ((k, m, _), w) in markers.into_iter().zip(outcome) {
             let known = match w {
                 PutIfAbsent::Written => Known::Read(m),
@@ -153,7 +153,7 @@ impl Engine {
     /// (its lookup cache, answers younger than `lookup_cache_ttl`).
     fn published_prefix(&self, keys: &KeyBuilder, hashes: &[ChunkHash]) -> usize {
         let ttl = self.cfg.lookup_cache_ttl;
-        let cache = self.lookup_cache.lock().expect("lock");
+        let cache = self.shared.lookup_cache.lock().expect("lock");
         hashes
             .iter()
             .take_while(|h| {

@@ -35,7 +35,7 @@ pub use tier::{
 };
 #[cfg(feature = "s3")]
 pub use url::parse_s3_url;
-pub use url::{open_existing_store, open_store};
+pub use url::{open_existing_store, open_store, shared_identity};
 
 use crate::error::{StoreError, StoreResult};
 use async_trait::async_trait;

@@ -53,6 +53,23 @@ pub async fn open_existing_store(url: &str) -> StoreResult<Arc<dyn Store>> {
     open(url, false).await
 }
 
+/// What identifies the objects a store URL names, for state that engines opened on it in one
+/// process share (their lookup cache and loads in flight): `fs:` and the directory's
+/// canonical path for a file store (after it was opened, so the directory exists), `s3:` and
+/// the URL for an S3 store (its bucket, prefix and endpoints); `None` for `memory://` (each
+/// such URL opens a new store) and for a URL that does not parse.
+pub fn shared_identity(url: &str) -> Option<String> {
+    let url = url.trim();
+    let path = match url.split_once("://") {
+        None => std::path::PathBuf::from(url),
+        Some(("file", _)) => url::Url::parse(url).ok()?.to_file_path().ok()?,
+        Some(("s3", _)) => return Some(format!("s3:{url}")),
+        Some(_) => return None,
+    };
+    let path = std::fs::canonicalize(path).ok()?;
+    Some(format!("fs:{}", path.display()))
+}
+
 async fn open(url: &str, create: bool) -> StoreResult<Arc<dyn Store>> {
     let url = url.trim();
     if url.is_empty() {
@@ -300,6 +317,25 @@ mod tests {
             via_url.get_bytes("k/1").await.unwrap(),
             bytes::Bytes::from_static(b"one")
         );
+    }
+
+    #[test]
+    fn a_directory_has_one_identity_however_it_is_named_and_memory_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("kv");
+        std::fs::create_dir(&d).unwrap();
+        let plain = shared_identity(d.to_str().unwrap()).unwrap();
+        assert!(plain.starts_with("fs:"), "{plain}");
+        let dotted = format!("{}/../kv", d.display());
+        assert_eq!(shared_identity(&dotted).as_deref(), Some(&*plain));
+        let url = format!("file://{}", d.display());
+        assert_eq!(shared_identity(&url).as_deref(), Some(&*plain));
+        assert_eq!(shared_identity("memory://"), None);
+        assert_eq!(
+            shared_identity("s3://b/p?endpoint=http://h:1").as_deref(),
+            Some("s3:s3://b/p?endpoint=http://h:1")
+        );
+        assert_ne!(shared_identity("s3://b/p"), shared_identity("s3://b/q"));
     }
 
     #[tokio::test]

@@ -98,7 +98,9 @@ impl Engine {
         let total_bytes = need * g.layers as u64;
         // One fetch for many requests: follow a load of the same chunks in flight (flight.rs).
         let leader = if self.cfg.single_flight {
-            self.flights.leader_for(&prefix, &req.hashes, total_bytes)
+            self.shared
+                .flights
+                .leader_for(&prefix, &req.hashes, total_bytes)
         } else {
             None
         };
@@ -116,7 +118,9 @@ impl Engine {
             }
             None => {
                 if self.cfg.single_flight {
-                    self.flights.register(&prefix, &req.hashes, &sh);
+                    self.shared
+                        .flights
+                        .register(&prefix, &req.hashes, &sh, self.id);
                 }
                 fetcher.start(req, keys, sh.clone(), request_id, Some(lease));
             }
