@@ -472,7 +472,7 @@ objectcache_status objectcache_chunk_hashes(const objectcache_hash_params *param
 
 /** Creates an engine from n key/value settings (the names of the Rust EngineConfig:
  *  store, namespace, hash_algo, window_bytes, max_requests, coalesce_bytes, lookup_fanout,
- *  lookup_cache_ttl_ms, load_timeout_ms, load_min_rate_bytes_per_s, stall_timeout_ms,
+ *  lookup_cache_ttl_ms, lookup_deadline_ms, load_timeout_ms, load_min_rate_bytes_per_s, stall_timeout_ms,
  *  save_concurrency, worker_threads, cpus, gather, gather_streams, single_flight, self_check,
  *  transport, scheduler, bandwidth_cap_bytes_per_s, save_format, segment_max_bytes); unset keys keep
  *  their defaults. keys and values are arrays of n NUL-terminated strings, borrowed for the

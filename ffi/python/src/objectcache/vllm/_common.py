@@ -255,6 +255,12 @@ def _settings(vllm_config, kv_cache_config):
                 f"{', '.join(oc.CONFIG_KEYS)}"
             )
     engine.setdefault("load_timeout_ms", _DEFAULT_LOAD_TIMEOUT_MS)
+    # A lookup still waiting on the store when the connector would count it a miss answers
+    # with the prefix its answers so far confirmed instead (a node tier that holds the prefix
+    # answers at once; the remote store behind it, asked about the chunk after it, may not).
+    lookup_timeout_ms = float(own["lookup_timeout_ms"])
+    engine.setdefault("lookup_deadline_ms", int(max(
+        1.0, lookup_timeout_ms - 2 * float(own["lookup_wait_ms"]))))
     if "cpus" not in engine:
         spare = _spare_cpus()
         if spare:
