@@ -222,6 +222,11 @@ const RUNTIME_STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(2)
 impl Engine {
     /// Opens the store named by `cfg.store` and starts the engine.
     ///
+    /// Engines of one process opened on the same store (the same directory, or S3 URL) share
+    /// their lookup cache and their loads in flight (`connector/shared.rs`): a save by one
+    /// is known to the lookups of all, and a load follows a load of the same chunks in flight
+    /// in any of them.
+    ///
     /// # Errors
     /// [`Error::Config`] for a bad store URL or settings; the store's error if it cannot be
     /// opened.
@@ -303,6 +308,9 @@ impl Engine {
     /// Starts an engine over an already opened store (`cfg.store` is ignored), with the
     /// store's own gather endpoints ([`Gateways::of`]: an `S3Store`'s endpoint, a
     /// `GatewayStore`'s; none for other stores).
+    ///
+    /// Such an engine keeps its lookup cache and loads in flight to itself (unlike engines
+    /// opened on one store URL by [`Engine::new`]).
     ///
     /// Engines may share one store, in turn or at once. An S3 store's pooled connections are
     /// driven by the runtime of the engine that opened them: dropping an engine fails a
