@@ -428,11 +428,14 @@ fn bad_input_is_named() {
 
 /// A real store whose reads wait while its gate is shut (writes and everything else pass):
 /// a load started with the gate shut has read nothing when it is cancelled, whatever the
-/// machine's speed.
+/// machine's speed. With `absent_only`, only the answers for absent objects wait (present
+/// ones come at once): a node tier in front of a slow remote store, which alone can say that
+/// a chunk is absent.
 #[derive(Debug)]
 struct Gated {
     inner: Arc<dyn Store>,
     open: tokio::sync::watch::Sender<bool>,
+    absent_only: bool,
 }
 
 #[async_trait::async_trait]
@@ -445,8 +448,14 @@ impl Store for Gated {
         key: &str,
         o: objectcache::store::GetOptions,
     ) -> Result<objectcache::store::GetResult, objectcache::StoreError> {
-        let _ = self.open.subscribe().wait_for(|open| *open).await;
-        self.inner.get_opts(key, o).await
+        if !self.absent_only {
+            let _ = self.open.subscribe().wait_for(|open| *open).await;
+        }
+        let r = self.inner.get_opts(key, o).await;
+        if self.absent_only && matches!(r, Err(objectcache::StoreError::NotFound { .. })) {
+            let _ = self.open.subscribe().wait_for(|open| *open).await;
+        }
+        r
     }
     async fn put_opts(
         &self,
@@ -481,6 +490,7 @@ fn cancel_stops_and_fails_pending_layers() {
     let gated = Arc::new(Gated {
         inner: s,
         open: tokio::sync::watch::Sender::new(true),
+        absent_only: false,
     });
     let e = engine(gated.clone(), "cancel");
     let (hs, data) = save_prefix(&e, &g, 8, 13);
@@ -505,57 +515,6 @@ fn cancel_stops_and_fails_pending_layers() {
     }
 }
 
-/// A real store whose reads of absent objects answer only once its gate opens (present ones
-/// at once): a node tier in front of a slow remote store, which alone can say that a chunk
-/// is absent.
-#[derive(Debug)]
-struct AbsentGated {
-    inner: Arc<dyn Store>,
-    open: tokio::sync::watch::Sender<bool>,
-}
-
-#[async_trait::async_trait]
-impl Store for AbsentGated {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    async fn get_opts(
-        &self,
-        key: &str,
-        o: objectcache::store::GetOptions,
-    ) -> Result<objectcache::store::GetResult, objectcache::StoreError> {
-        let r = self.inner.get_opts(key, o).await;
-        if matches!(r, Err(objectcache::StoreError::NotFound { .. })) {
-            let _ = self.open.subscribe().wait_for(|open| *open).await;
-        }
-        r
-    }
-    async fn put_opts(
-        &self,
-        key: &str,
-        d: bytes::Bytes,
-        o: objectcache::store::PutOptions,
-    ) -> Result<objectcache::store::PutResult, objectcache::StoreError> {
-        self.inner.put_opts(key, d, o).await
-    }
-    async fn head(
-        &self,
-        key: &str,
-    ) -> Result<objectcache::store::ObjectMeta, objectcache::StoreError> {
-        self.inner.head(key).await
-    }
-    async fn delete(&self, key: &str) -> Result<(), objectcache::StoreError> {
-        self.inner.delete(key).await
-    }
-    async fn list(
-        &self,
-        p: &str,
-        l: usize,
-    ) -> Result<Vec<objectcache::store::ObjectMeta>, objectcache::StoreError> {
-        self.inner.list(p, l).await
-    }
-}
-
 /// `lookup_deadline_ms`: a lookup whose probes of absent markers do not answer in time
 /// answers with the prefix the present ones showed (6 of 10 chunks), not nothing; without a
 /// deadline it waits for every answer; the late answers enter the lookup cache, so the next
@@ -564,9 +523,10 @@ impl Store for AbsentGated {
 #[test]
 fn a_lookup_out_of_time_answers_the_prefix_it_confirmed() {
     let g = small();
-    let gated = Arc::new(AbsentGated {
+    let gated = Arc::new(Gated {
         inner: Arc::new(MemoryStore::new()),
         open: tokio::sync::watch::Sender::new(true),
+        absent_only: true,
     });
     let ns = unique_ns("lookup-deadline");
     let (hs, data) = seeded_prefix(&g, 10, 17);
