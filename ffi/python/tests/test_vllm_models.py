@@ -95,9 +95,11 @@ def connector(store, **extra):
             "kv_connector_module_path": "objectcache.vllm", "kv_role": "kv_both",
             "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": {"store": store, "namespace": "vllm-models",
-                                          # B follows A's save in the same replica: no
-                                          # reuse of the miss A's lookup cached.
-                                          "lookup_cache_ttl_ms": 0, **extra}}
+                                          # B follows A's save in the same replica, within
+                                          # lookup_cache_ttl_ms of A's lookup: the
+                                          # scheduler's engine knows the worker's save at
+                                          # once (one lookup cache per process and store).
+                                          **extra}}
 
 
 @pytest.mark.parametrize("name", ["gemma3-tiny", "gptoss-tiny"])
