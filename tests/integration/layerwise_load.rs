@@ -546,6 +546,7 @@ fn a_lookup_out_of_time_answers_the_prefix_it_confirmed() {
         );
         let r = rt.block_on(e.lookup_report(&g, &hs)).unwrap();
         assert_eq!((r.chunks, r.cut_short), (6, true), "fanout {fanout}: {r:?}");
+        assert_eq!(e.metrics().lookups_cut_short, 1);
         if fanout == "2" {
             assert!(r.round_trips >= 2, "{r:?}");
         }

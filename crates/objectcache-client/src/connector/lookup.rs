@@ -125,6 +125,15 @@ impl Engine {
                 // position counts as absent); the probes still out enter the lookup cache
                 // when they answer.
                 report.cut_short = true;
+                self.counters
+                    .lookups_cut_short
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(
+                    chunks = hashes.len(),
+                    confirmed = lo,
+                    deadline_ms = self.cfg.lookup_deadline.as_millis() as u64,
+                    "lookup out of time: answered with the prefix confirmed so far"
+                );
                 break;
             }
         }

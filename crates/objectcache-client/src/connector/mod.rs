@@ -114,6 +114,9 @@ pub struct EngineMetrics {
     pub lookup_hit_chunks: u64,
     /// Marker probes issued by lookups.
     pub lookup_probes: u64,
+    /// Lookups that `lookup_deadline_ms` cut short (answered with the prefix confirmed so
+    /// far; [`LookupReport::cut_short`]).
+    pub lookups_cut_short: u64,
     /// Bytes written by saves.
     pub bytes_saved: u64,
     /// Loads that followed a load of the same chunks in flight instead of fetching
@@ -135,6 +138,7 @@ struct Counters {
     lookups: AtomicU64,
     lookup_hit_chunks: AtomicU64,
     lookup_probes: AtomicU64,
+    lookups_cut_short: AtomicU64,
     bytes_saved: AtomicU64,
     loads_followed: AtomicU64,
 }
@@ -508,6 +512,7 @@ impl Engine {
             lookups: c.lookups.load(Ordering::Relaxed),
             lookup_hit_chunks: c.lookup_hit_chunks.load(Ordering::Relaxed),
             lookup_probes: c.lookup_probes.load(Ordering::Relaxed),
+            lookups_cut_short: c.lookups_cut_short.load(Ordering::Relaxed),
             bytes_saved: c.bytes_saved.load(Ordering::Relaxed),
             loads_followed: c.loads_followed.load(Ordering::Relaxed),
             bytes_fetched: self.fetched.load(Ordering::Relaxed),
