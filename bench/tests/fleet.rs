@@ -102,6 +102,16 @@ fn a_fleet_shares_a_tiered_store_with_every_output_as_vllm_alone() {
         // The trace shares a system prompt and grows sessions: an ideal cache hits.
         assert!(f(r, "ideal_hit_rate") > 0.3, "{}", r["ideal_hit_rate"]);
         assert!(f(r, "hit_rate") <= f(r, "ideal_hit_rate") + 1e-9);
+        // Where the TTFT went, from vLLM's own histograms: the tokens vLLM says it computed
+        // are the prompt tokens the client was not told were cached, request for request.
+        let p = &r["phases"];
+        let computed = p["computed_tokens"].as_f64().unwrap() * 12.0;
+        let uncached = f(r, "prompt_tokens") * (1.0 - f(r, "hit_rate"));
+        assert!((computed - uncached).abs() < 0.5, "{p} against {uncached}");
+        assert!(p["prefill_s"].as_f64().unwrap() > 0.0, "{p}");
+        assert!(p["queue_s"].as_f64().unwrap() >= 0.0, "{p}");
+        let inside = p["queue_s"].as_f64().unwrap() + p["prefill_s"].as_f64().unwrap();
+        assert!(p["ttft_s"].as_f64().unwrap() >= inside - 1e-3, "{p}");
     }
     // vLLM alone never loads; its hits are its replicas' own.
     assert_eq!(none["external_hit_tokens"], 0);

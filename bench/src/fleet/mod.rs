@@ -30,7 +30,7 @@ use crate::vllm::{native_dtype, MODELS};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::MultiProgress;
-use record::{print_table, Record};
+use record::{print_phases, print_table, Record};
 use router::ROUTINGS;
 use runner::Fleet;
 use serde::Serialize;
@@ -291,6 +291,8 @@ pub fn run(mut a: FleetArgs) -> Result<()> {
     }
     let (records, startup) = (f.records, f.startup);
     print_table(&records);
+    println!();
+    print_phases(&records);
     if let Some(dir) = &a.svg {
         std::fs::create_dir_all(dir)?;
         for t in &a.trace {

@@ -24,6 +24,26 @@ pub struct TierCounters {
     pub marker_hits: u64,
 }
 
+/// Where the requests' time to first token went, from vLLM's own request histograms (all
+/// replicas, differences over the pass; means per request, seconds). vLLM's frontend stamps
+/// a request's arrival and its first token, its engine the request's entry to the waiting
+/// queue and its first scheduling: `ttft_s` is at least `queue_s + prefill_s`, the rest being
+/// the hand-over between the two processes, and the client's TTFT adds HTTP on top.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Phases {
+    /// Waiting to be scheduled (`vllm:request_queue_time_seconds`): behind other requests,
+    /// and, with a connector, the scheduler's lookup of the external prefix.
+    pub queue_s: f64,
+    /// From scheduled to the first token (`vllm:request_prefill_time_seconds`): the prompt's
+    /// forward passes, shared with the other requests of each step, and a layerwise load.
+    pub prefill_s: f64,
+    /// vLLM's TTFT (`vllm:time_to_first_token_seconds`).
+    pub ttft_s: f64,
+    /// Prompt tokens computed per request, not taken from a cache
+    /// (`vllm:request_prefill_kv_computed_tokens`).
+    pub computed_tokens: f64,
+}
+
 /// One method under one routing on one trace (field names are stable; docs/benchmarks.md).
 #[derive(Debug, Clone, Serialize)]
 pub struct Record {
@@ -49,6 +69,8 @@ pub struct Record {
     pub ttft_p50_s: f64,
     pub ttft_p99_s: f64,
     pub ttft_mean_s: f64,
+    /// Where the TTFT went, inside vLLM.
+    pub phases: Phases,
     /// Requests over the seconds from the first request sent to the last response's end.
     pub requests_per_s: f64,
     pub span_s: f64,
@@ -100,6 +122,7 @@ pub(super) fn empty_record(method: &str, routing: &str, trace: &str, replicas: u
         ttft_p50_s: 0.0,
         ttft_p99_s: 0.0,
         ttft_mean_s: 0.0,
+        phases: Phases::default(),
         requests_per_s: 0.0,
         span_s: 0.0,
         remote_bytes: 0,
@@ -168,6 +191,28 @@ pub(super) fn print_table(records: &[Record]) {
                 Some(false) => format!("{} diff", r.outputs_differing),
                 None => "-".into(),
             }
+        );
+    }
+}
+
+/// The second table: where each pass's TTFT went inside vLLM ([`Phases`]).
+pub(super) fn print_phases(records: &[Record]) {
+    println!(
+        "{:<6} {:<19} {:<11} {:>9} {:>8} {:>8} {:>10} {:>10}",
+        "trace", "method", "routing", "TTFT mean", "queue", "prefill", "vLLM TTFT", "computed"
+    );
+    for r in records.iter().filter(|r| r.note.is_none()) {
+        let p = &r.phases;
+        println!(
+            "{:<6} {:<19} {:<11} {:>9.3} {:>8.3} {:>8.3} {:>10.3} {:>10.0}",
+            r.trace,
+            r.method,
+            r.routing,
+            r.ttft_mean_s,
+            p.queue_s,
+            p.prefill_s,
+            p.ttft_s,
+            p.computed_tokens
         );
     }
 }

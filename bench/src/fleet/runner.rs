@@ -2,7 +2,7 @@
 //! played on them, each pass's record computed from the client's outcomes and the metrics of
 //! the replicas and the server; what a server method saved removed after it.
 
-use super::record::{empty_record, percentile, Record, TierCounters};
+use super::record::{empty_record, percentile, Phases, Record, TierCounters};
 use super::router::{Router, ROUTINGS};
 use super::trace::{self, generate, TraceParams};
 use super::{play, FleetArgs, BLOCK};
@@ -292,6 +292,16 @@ impl Fleet<'_> {
         rec.ttft_p50_s = percentile(&ttft, 50.0);
         rec.ttft_p99_s = percentile(&ttft, 99.0);
         rec.ttft_mean_s = ttft.iter().sum::<f64>() / ttft.len().max(1) as f64;
+        let mean = |h: &str| {
+            let d = |k: String| v1.get(&k).unwrap_or(&0.0) - v0.get(&k).unwrap_or(&0.0);
+            d(format!("{h}_sum")) / d(format!("{h}_count")).max(1.0)
+        };
+        rec.phases = Phases {
+            queue_s: mean("vllm:request_queue_time_seconds"),
+            prefill_s: mean("vllm:request_prefill_time_seconds"),
+            ttft_s: mean("vllm:time_to_first_token_seconds"),
+            computed_tokens: mean("vllm:request_prefill_kv_computed_tokens"),
+        };
         let first = out.iter().map(|o| o.sent_s).fold(f64::INFINITY, f64::min);
         let last = out.iter().map(|o| o.sent_s + o.done_s).fold(0.0, f64::max);
         rec.span_s = (last - first).max(0.0);
