@@ -119,6 +119,10 @@ pub struct FleetArgs {
     /// `objectcache-tier`: admission (`all`, `second`, `second:SECONDS`).
     #[arg(long, default_value = "all")]
     pub tier_admission: String,
+    /// A setting of every replica's ObjectCacheConnector (connector or engine settings,
+    /// docs/vllm.md), e.g. `lookup_timeout_ms=500`; repeatable.
+    #[arg(long = "connector-setting", value_name = "KEY=VALUE")]
+    pub connector_settings: Vec<String>,
     /// Write every record and the configuration as JSON to this file.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,

@@ -8,6 +8,7 @@ use super::trace::{self, generate, TraceParams};
 use super::{play, FleetArgs, BLOCK};
 use crate::cost::S3_STANDARD;
 use crate::vllm::http::{self, delta};
+use crate::vllm::methods::connector_settings;
 use crate::vllm::process::{Env, Vllm};
 use crate::vllm::setup::{spinner, ObjectCacheServer};
 use anyhow::{Context, Result};
@@ -91,13 +92,16 @@ impl Fleet<'_> {
             (_, Some(s)) => Some(s.url()),
             _ => unreachable!("a server method has its server"),
         };
+        let mut settings = connector_settings(&self.a.connector_settings)?;
         let kv = url.map(|u| {
+            settings.insert("store".into(), u.into());
+            settings.insert("namespace".into(), "bench-fleet".into());
             serde_json::json!({
                 "kv_connector": "ObjectCacheConnector",
                 "kv_connector_module_path": "objectcache.vllm",
                 "kv_role": "kv_both",
                 "kv_load_failure_policy": "recompute",
-                "kv_connector_extra_config": {"store": u, "namespace": "bench-fleet"},
+                "kv_connector_extra_config": settings,
             })
         });
         let t_start = std::time::Instant::now();

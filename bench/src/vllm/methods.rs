@@ -301,13 +301,7 @@ impl Bench<'_> {
         async_file: bool,
     ) -> Result<()> {
         // `--connector-setting KEY=VALUE`, added to every ObjectCache connector's settings.
-        let mut extra = serde_json::Map::new();
-        for kv in &self.a.connector_settings {
-            let (k, v) = kv
-                .split_once('=')
-                .with_context(|| format!("--connector-setting {kv:?} is not KEY=VALUE"))?;
-            extra.insert(k.trim().to_string(), serde_json::Value::from(v.trim()));
-        }
+        let extra = connector_settings(&self.a.connector_settings)?;
         // One namespace per hybrid manager setting: each run starts from an empty store.
         let namespace = match self.hma.as_deref() {
             Some("off") => format!("{NAMESPACE}-hma-off"),
@@ -653,8 +647,37 @@ fn median_u(v: &[u64]) -> u64 {
     s[s.len() / 2]
 }
 
+/// `--connector-setting KEY=VALUE` arguments (of `vllm` and `fleet`) as the JSON object added
+/// to every ObjectCache connector's `kv_connector_extra_config` (values as strings: the
+/// connector parses its settings, docs/vllm.md).
+///
+/// # Errors
+/// An argument without `=`, named.
+pub(crate) fn connector_settings(
+    args: &[String],
+) -> Result<serde_json::Map<String, serde_json::Value>> {
+    let mut extra = serde_json::Map::new();
+    for kv in args {
+        let (k, v) = kv
+            .split_once('=')
+            .with_context(|| format!("--connector-setting {kv:?} is not KEY=VALUE"))?;
+        extra.insert(k.trim().to_string(), serde_json::Value::from(v.trim()));
+    }
+    Ok(extra)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn connector_settings_are_key_value_strings_and_a_bad_one_is_named() {
+        let m = super::connector_settings(&[" lookup_timeout_ms = 500".into(), "a=b=c".into()])
+            .unwrap();
+        assert_eq!(m["lookup_timeout_ms"], "500");
+        assert_eq!(m["a"], "b=c");
+        let e = super::connector_settings(&["cpus".into()]).unwrap_err();
+        assert!(e.to_string().contains("\"cpus\" is not KEY=VALUE"), "{e}");
+    }
+
     /// Lines as LMCache 0.5.6 logged them in vLLM 0.32's CPU build (2026-12-07; the install
     /// folder shortened): the exception of the first error's traceback, and the second
     /// error's own message.

@@ -25,7 +25,7 @@
 //! (`plot.rs`).
 
 pub(crate) mod http;
-mod methods;
+pub(crate) mod methods;
 pub(crate) mod plot;
 pub(crate) mod process;
 mod prompts;
