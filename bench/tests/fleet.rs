@@ -147,4 +147,6 @@ fn a_fleet_shares_a_tiered_store_with_every_output_as_vllm_alone() {
         tier["unique_bytes"]
     );
     assert!(tier["remote_requests"].as_u64().is_some());
+    // Saves write through the tier to the remote store: their PUTs took time there.
+    assert!(f(tier, "remote_put_s") > 0.0, "{}", tier["remote_put_s"]);
 }

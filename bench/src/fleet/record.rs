@@ -80,6 +80,12 @@ pub struct Record {
     pub remote_bytes: u64,
     /// GET-class requests to the remote store (server methods).
     pub remote_requests: Option<u64>,
+    /// Mean seconds a GET-class request (GET, ranged GET, HEAD: loads and lookups) took the
+    /// remote store to answer (server methods; `objectcache_server_backend_seconds_total`).
+    pub remote_get_s: Option<f64>,
+    /// Mean seconds a PUT-class request took the remote store to acknowledge: the saves that
+    /// the server writes through (server methods).
+    pub remote_put_s: Option<f64>,
     /// Bytes of the distinct chunks the ideal cache reuses (each loaded once by a perfect
     /// fleet): distinct blocks hit x KV bytes per block.
     pub unique_bytes: u64,
@@ -127,6 +133,8 @@ pub(super) fn empty_record(method: &str, routing: &str, trace: &str, replicas: u
         span_s: 0.0,
         remote_bytes: 0,
         remote_requests: None,
+        remote_get_s: None,
+        remote_put_s: None,
         unique_bytes: 0,
         remote_over_unique: 0.0,
         loaded_bytes: 0,
@@ -198,13 +206,23 @@ pub(super) fn print_table(records: &[Record]) {
 /// The second table: where each pass's TTFT went inside vLLM ([`Phases`]).
 pub(super) fn print_phases(records: &[Record]) {
     println!(
-        "{:<6} {:<19} {:<11} {:>9} {:>8} {:>8} {:>10} {:>10}",
-        "trace", "method", "routing", "TTFT mean", "queue", "prefill", "vLLM TTFT", "computed"
+        "{:<6} {:<19} {:<11} {:>9} {:>8} {:>8} {:>10} {:>10} {:>12} {:>12}",
+        "trace",
+        "method",
+        "routing",
+        "TTFT mean",
+        "queue",
+        "prefill",
+        "vLLM TTFT",
+        "computed",
+        "remote GET s",
+        "remote PUT s"
     );
+    let secs = |v: Option<f64>| v.map_or("-".to_string(), |s| format!("{s:.3}"));
     for r in records.iter().filter(|r| r.note.is_none()) {
         let p = &r.phases;
         println!(
-            "{:<6} {:<19} {:<11} {:>9.3} {:>8.3} {:>8.3} {:>10.3} {:>10.0}",
+            "{:<6} {:<19} {:<11} {:>9.3} {:>8.3} {:>8.3} {:>10.3} {:>10.0} {:>12} {:>12}",
             r.trace,
             r.method,
             r.routing,
@@ -212,7 +230,9 @@ pub(super) fn print_phases(records: &[Record]) {
             p.queue_s,
             p.prefill_s,
             p.ttft_s,
-            p.computed_tokens
+            p.computed_tokens,
+            secs(r.remote_get_s),
+            secs(r.remote_put_s)
         );
     }
 }

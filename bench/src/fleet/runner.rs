@@ -330,6 +330,20 @@ impl Fleet<'_> {
                 "objectcache_server_backend_requests_total{class=\"get\"}",
             );
             rec.remote_requests = Some(gets);
+            let fd = |k: &str| s1.get(k).unwrap_or(&0.0) - s0.get(k).unwrap_or(&0.0);
+            let per = |class: &str, n: u64| {
+                let t = fd(&format!(
+                    "objectcache_server_backend_seconds_total{{class=\"{class}\"}}"
+                ));
+                (n > 0).then(|| t / n as f64)
+            };
+            let puts = delta(
+                &s0,
+                &s1,
+                "objectcache_server_backend_requests_total{class=\"put\"}",
+            );
+            rec.remote_get_s = per("get", gets);
+            rec.remote_put_s = per("put", puts);
             rec.cost = S3_STANDARD
                 .cost(true, gets, rec.remote_bytes, 0, 0)
                 .averaged_over(rec.loads);

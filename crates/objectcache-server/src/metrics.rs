@@ -313,7 +313,9 @@ pub fn with_tier(text: String, t: &objectcache_client::store::TierStats) -> Stri
 /// The remote backend's counters (gateway mode, [`objectcache_client::store::MeteredStore`]) added to an
 /// OpenMetrics text (before its `# EOF`): `objectcache_server_backend_requests_total{class}`
 /// (`class` = `get`: GETs, ranged GETs and HEADs; `put`: PUTs and LISTs; `delete`), and
-/// `objectcache_server_backend_bytes_total{dir}` (`dir` = `read`, `written`; bytes).
+/// `objectcache_server_backend_bytes_total{dir}` (`dir` = `read`, `written`; bytes), and
+/// `objectcache_server_backend_seconds_total{class}` (`get`, `put`: seconds from each request
+/// to the remote store's answer, summed; divide by the requests of the class for a mean).
 pub fn with_backend(text: String, b: &objectcache_client::store::MeteredStats) -> String {
     use std::fmt::Write;
     let mut s = text.strip_suffix("# EOF\n").unwrap_or(&text).to_string();
@@ -337,6 +339,18 @@ pub fn with_backend(text: String, b: &objectcache_client::store::MeteredStats) -
         let _ = writeln!(
             s,
             "objectcache_server_backend_bytes_total{{dir=\"{dir}\"}} {v}"
+        );
+    }
+    let _ = writeln!(s, "# TYPE objectcache_server_backend_seconds counter");
+    let _ = writeln!(
+        s,
+        "# HELP objectcache_server_backend_seconds Seconds spent waiting on the remote store, by billing class."
+    );
+    for (class, v) in [("get", b.get_time), ("put", b.put_time)] {
+        let _ = writeln!(
+            s,
+            "objectcache_server_backend_seconds_total{{class=\"{class}\"}} {}",
+            v.as_secs_f64()
         );
     }
     s.push_str("# EOF\n");

@@ -12,6 +12,7 @@ use bytes::Bytes;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// What a [`MeteredStore`] has passed on since it was made (counters only grow).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +28,12 @@ pub struct MeteredStats {
     pub read_bytes: u64,
     /// Bytes written by PUTs (a streamed PUT of unknown length counts 0), bytes.
     pub written_bytes: u64,
+    /// Time spent in GET-class requests, summed: from the call to the store's answer (for a
+    /// GET, the start of its body; a body read later is not counted).
+    pub get_time: Duration,
+    /// Time spent in PUT-class requests, summed: from the call to the store's acknowledgement
+    /// (a PUT's bytes are then durable there), LISTs included.
+    pub put_time: Duration,
 }
 
 #[derive(Debug, Default)]
@@ -36,6 +43,14 @@ struct Counters {
     deletes: AtomicU64,
     read_bytes: AtomicU64,
     written_bytes: AtomicU64,
+    get_nanos: AtomicU64,
+    put_nanos: AtomicU64,
+}
+
+/// Adds the time since `t0` to `nanos`.
+fn since(nanos: &AtomicU64, t0: Instant) {
+    let d = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    nanos.fetch_add(d, Relaxed);
 }
 
 /// A store that counts what it passes to `inner` ([`MeteredStore::stats`]) and otherwise
@@ -65,6 +80,8 @@ impl MeteredStore {
             deletes: self.c.deletes.load(Relaxed),
             read_bytes: self.c.read_bytes.load(Relaxed),
             written_bytes: self.c.written_bytes.load(Relaxed),
+            get_time: Duration::from_nanos(self.c.get_nanos.load(Relaxed)),
+            put_time: Duration::from_nanos(self.c.put_nanos.load(Relaxed)),
         }
     }
 }
@@ -82,10 +99,12 @@ impl Store for MeteredStore {
     }
     async fn get_range_body(&self, key: &str, range: Range<u64>) -> StoreResult<Option<RangeBody>> {
         let len = range.end - range.start;
+        let t0 = Instant::now();
         let r = self.inner.get_range_body(key, range).await;
         // `Ok(None)`: declined, the caller reads with `get_opts` (counted there).
         if !matches!(r, Ok(None)) {
             self.c.gets.fetch_add(1, Relaxed);
+            since(&self.c.get_nanos, t0);
         }
         if let Ok(Some(_)) = &r {
             self.c.read_bytes.fetch_add(len, Relaxed);
@@ -94,7 +113,10 @@ impl Store for MeteredStore {
     }
     async fn get_opts(&self, key: &str, opts: GetOptions) -> StoreResult<GetResult> {
         self.c.gets.fetch_add(1, Relaxed);
-        let r = self.inner.get_opts(key, opts).await?;
+        let t0 = Instant::now();
+        let r = self.inner.get_opts(key, opts).await;
+        since(&self.c.get_nanos, t0);
+        let r = r?;
         self.c
             .read_bytes
             .fetch_add(r.range.end - r.range.start, Relaxed);
@@ -103,7 +125,10 @@ impl Store for MeteredStore {
     async fn put_opts(&self, key: &str, data: Bytes, opts: PutOptions) -> StoreResult<PutResult> {
         self.c.puts.fetch_add(1, Relaxed);
         self.c.written_bytes.fetch_add(data.len() as u64, Relaxed);
-        self.inner.put_opts(key, data, opts).await
+        let t0 = Instant::now();
+        let r = self.inner.put_opts(key, data, opts).await;
+        since(&self.c.put_nanos, t0);
+        r
     }
     async fn put_stream(
         &self,
@@ -114,7 +139,10 @@ impl Store for MeteredStore {
     ) -> StoreResult<PutResult> {
         self.c.puts.fetch_add(1, Relaxed);
         self.c.written_bytes.fetch_add(len.unwrap_or(0), Relaxed);
-        self.inner.put_stream(key, body, len, opts).await
+        let t0 = Instant::now();
+        let r = self.inner.put_stream(key, body, len, opts).await;
+        since(&self.c.put_nanos, t0);
+        r
     }
     async fn list_partial(&self, prefix: &str) -> StoreResult<Vec<PartialWrite>> {
         self.inner.list_partial(prefix).await
@@ -124,7 +152,10 @@ impl Store for MeteredStore {
     }
     async fn head(&self, key: &str) -> StoreResult<ObjectMeta> {
         self.c.gets.fetch_add(1, Relaxed);
-        self.inner.head(key).await
+        let t0 = Instant::now();
+        let r = self.inner.head(key).await;
+        since(&self.c.get_nanos, t0);
+        r
     }
     async fn delete(&self, key: &str) -> StoreResult<()> {
         self.c.deletes.fetch_add(1, Relaxed);
@@ -132,7 +163,10 @@ impl Store for MeteredStore {
     }
     async fn list(&self, prefix: &str, limit: usize) -> StoreResult<Vec<ObjectMeta>> {
         self.c.puts.fetch_add(1, Relaxed);
-        self.inner.list(prefix, limit).await
+        let t0 = Instant::now();
+        let r = self.inner.list(prefix, limit).await;
+        since(&self.c.put_nanos, t0);
+        r
     }
 }
 
@@ -140,6 +174,52 @@ impl Store for MeteredStore {
 mod tests {
     use super::*;
     use crate::store::{MemoryStore, StoreExt};
+
+    /// A memory store that answers every request 30 ms late.
+    #[derive(Debug)]
+    struct Slow(MemoryStore);
+
+    const LATE: Duration = Duration::from_millis(30);
+
+    #[async_trait]
+    impl Store for Slow {
+        fn name(&self) -> &'static str {
+            "slow"
+        }
+        async fn get_opts(&self, key: &str, opts: GetOptions) -> StoreResult<GetResult> {
+            tokio::time::sleep(LATE).await;
+            self.0.get_opts(key, opts).await
+        }
+        async fn put_opts(
+            &self,
+            key: &str,
+            data: Bytes,
+            opts: PutOptions,
+        ) -> StoreResult<PutResult> {
+            tokio::time::sleep(LATE).await;
+            self.0.put_opts(key, data, opts).await
+        }
+        async fn put_stream(
+            &self,
+            key: &str,
+            body: ByteStream,
+            len: Option<u64>,
+            opts: PutOptions,
+        ) -> StoreResult<PutResult> {
+            tokio::time::sleep(LATE).await;
+            self.0.put_stream(key, body, len, opts).await
+        }
+        async fn head(&self, key: &str) -> StoreResult<ObjectMeta> {
+            tokio::time::sleep(LATE).await;
+            self.0.head(key).await
+        }
+        async fn delete(&self, key: &str) -> StoreResult<()> {
+            self.0.delete(key).await
+        }
+        async fn list(&self, prefix: &str, limit: usize) -> StoreResult<Vec<ObjectMeta>> {
+            self.0.list(prefix, limit).await
+        }
+    }
 
     #[tokio::test]
     async fn counts_requests_and_bytes_and_keeps_the_inner_stores_answers() {
@@ -160,16 +240,31 @@ mod tests {
         // A miss is the inner store's error, and still a request.
         assert!(m.head("missing").await.is_err());
         m.delete("a").await.unwrap();
+        let st = m.stats();
         assert_eq!(
-            m.stats(),
+            st,
             MeteredStats {
                 gets: 3,
                 puts: 1,
                 deletes: 1,
                 read_bytes: 200,
                 written_bytes: 1000,
+                get_time: st.get_time,
+                put_time: st.put_time,
             }
         );
+        // Each class's time is its own requests': a store that takes `LATE` (30 ms) for
+        // every request, counted in the class of the request, errors included.
+        let slow = MeteredStore::new(Arc::new(Slow(MemoryStore::new())));
+        slow.put("b", Bytes::from_static(b"xyz")).await.unwrap();
+        let after_put = slow.stats();
+        assert!(after_put.put_time >= LATE, "{after_put:?}");
+        assert_eq!(after_put.get_time, Duration::ZERO);
+        assert!(slow.head("b").await.is_ok());
+        assert!(slow.head("gone").await.is_err());
+        let after_heads = slow.stats();
+        assert!(after_heads.get_time >= 2 * LATE, "{after_heads:?}");
+        assert_eq!(after_heads.put_time, after_put.put_time);
         assert!(
             inner.head("a").await.is_err(),
             "the delete reached the inner store"
