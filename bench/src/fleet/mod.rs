@@ -253,9 +253,11 @@ pub fn run(mut a: FleetArgs) -> Result<()> {
         mp.clone(),
     );
     // The store and its server stand in for machines of their own: on a machine this small,
-    // replicas whose compute threads spin on every core starve them (Ceph RGW answered marker
-    // reads in 2-3 s, and lookups were given up). The replicas yield to them.
-    env.nice = 10;
+    // replicas whose compute threads spin on every core starve them. At nice 10 Ceph RGW still
+    // answered marker reads in 0.5-3.4 s, its threads waiting for a core about 200 times as
+    // long as they ran (schedstat; docs/benchmarks.md, "Fleet"). Under `SCHED_IDLE` the
+    // replicas take only what the store, its server and the clients leave.
+    env.idle = true;
     if a.kv_blocks > 0 {
         env.extra_args = vec!["--num-gpu-blocks-override".into(), a.kv_blocks.to_string()];
     }

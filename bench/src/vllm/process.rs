@@ -27,8 +27,9 @@ pub(crate) struct Env {
     pub(crate) extra_args: Vec<String>,
     /// More environment variables for every process (e.g. a peer's `LMCACHE_*` settings).
     pub(crate) extra_env: Vec<(String, String)>,
-    /// CPU priority of every process (`nice -n`; 0: this process's own).
-    pub(crate) nice: i32,
+    /// Start every process under Linux's `SCHED_IDLE` policy (`chrt --idle 0`): it runs only
+    /// on a core that no process of the normal policy wants, whatever their nice values.
+    pub(crate) idle: bool,
     pub(crate) mp: MultiProgress,
 }
 
@@ -102,7 +103,7 @@ impl Env {
             hma_off: false,
             extra_args: Vec::new(),
             extra_env: Vec::new(),
-            nice: 0,
+            idle: false,
             mp,
         }
     }
@@ -143,9 +144,9 @@ impl Vllm {
             .port();
         let log = env.logs.join(format!("{label}.log"));
         let (ak, sk) = s3_credentials();
-        let mut cmd = if env.nice != 0 {
-            let mut c = Command::new("nice");
-            c.args(["-n", &env.nice.to_string()]).arg(&env.py);
+        let mut cmd = if env.idle {
+            let mut c = Command::new("chrt");
+            c.args(["--idle", "0"]).arg(&env.py);
             c
         } else {
             Command::new(&env.py)
