@@ -199,16 +199,6 @@ mod tests {
             tokio::time::sleep(LATE).await;
             self.0.put_opts(key, data, opts).await
         }
-        async fn put_stream(
-            &self,
-            key: &str,
-            body: ByteStream,
-            len: Option<u64>,
-            opts: PutOptions,
-        ) -> StoreResult<PutResult> {
-            tokio::time::sleep(LATE).await;
-            self.0.put_stream(key, body, len, opts).await
-        }
         async fn head(&self, key: &str) -> StoreResult<ObjectMeta> {
             tokio::time::sleep(LATE).await;
             self.0.head(key).await
