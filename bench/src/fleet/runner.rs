@@ -7,7 +7,7 @@ use super::router::{Router, ROUTINGS};
 use super::trace::{self, generate, TraceParams};
 use super::{play, FleetArgs, BLOCK};
 use crate::cost::S3_STANDARD;
-use crate::vllm::http::{self, delta};
+use crate::vllm::http::{self, delta, delta_f64};
 use crate::vllm::methods::connector_settings;
 use crate::vllm::process::{Env, Vllm};
 use crate::vllm::setup::{spinner, ObjectCacheServer};
@@ -297,7 +297,7 @@ impl Fleet<'_> {
         rec.ttft_p99_s = percentile(&ttft, 99.0);
         rec.ttft_mean_s = ttft.iter().sum::<f64>() / ttft.len().max(1) as f64;
         let mean = |h: &str| {
-            let d = |k: String| v1.get(&k).unwrap_or(&0.0) - v0.get(&k).unwrap_or(&0.0);
+            let d = |k: String| delta_f64(&v0, &v1, &k);
             d(format!("{h}_sum")) / d(format!("{h}_count")).max(1.0)
         };
         rec.phases = Phases {
@@ -330,11 +330,12 @@ impl Fleet<'_> {
                 "objectcache_server_backend_requests_total{class=\"get\"}",
             );
             rec.remote_requests = Some(gets);
-            let fd = |k: &str| s1.get(k).unwrap_or(&0.0) - s0.get(k).unwrap_or(&0.0);
             let per = |class: &str, n: u64| {
-                let t = fd(&format!(
-                    "objectcache_server_backend_seconds_total{{class=\"{class}\"}}"
-                ));
+                let t = delta_f64(
+                    &s0,
+                    &s1,
+                    &format!("objectcache_server_backend_seconds_total{{class=\"{class}\"}}"),
+                );
                 (n > 0).then(|| t / n as f64)
             };
             let puts = delta(

@@ -77,8 +77,17 @@ pub async fn metrics_at(port: u16, path: &str) -> Result<HashMap<String, f64>> {
 /// How much counter `key` grew from `before` to `after` (two [`metrics_at`] reads; a counter
 /// absent counts as 0, one that went down as no growth).
 pub(crate) fn delta(before: &HashMap<String, f64>, after: &HashMap<String, f64>, key: &str) -> u64 {
+    delta_f64(before, after, key).round() as u64
+}
+
+/// [`delta`] unrounded: how much a counter of seconds (or a histogram's `_sum`) grew.
+pub(crate) fn delta_f64(
+    before: &HashMap<String, f64>,
+    after: &HashMap<String, f64>,
+    key: &str,
+) -> f64 {
     let g = |m: &HashMap<String, f64>| m.get(key).copied().unwrap_or(0.0);
-    (g(after) - g(before)).max(0.0).round() as u64
+    (g(after) - g(before)).max(0.0)
 }
 
 /// A streamed completion as the client saw it.
