@@ -47,6 +47,14 @@ struct Counters {
     put_nanos: AtomicU64,
 }
 
+/// `op`'s answer, its time added to `nanos`.
+async fn timed<T>(nanos: &AtomicU64, op: impl std::future::Future<Output = T>) -> T {
+    let t0 = Instant::now();
+    let r = op.await;
+    since(nanos, t0);
+    r
+}
+
 /// Adds the time since `t0` to `nanos`.
 fn since(nanos: &AtomicU64, t0: Instant) {
     let d = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -113,10 +121,7 @@ impl Store for MeteredStore {
     }
     async fn get_opts(&self, key: &str, opts: GetOptions) -> StoreResult<GetResult> {
         self.c.gets.fetch_add(1, Relaxed);
-        let t0 = Instant::now();
-        let r = self.inner.get_opts(key, opts).await;
-        since(&self.c.get_nanos, t0);
-        let r = r?;
+        let r = timed(&self.c.get_nanos, self.inner.get_opts(key, opts)).await?;
         self.c
             .read_bytes
             .fetch_add(r.range.end - r.range.start, Relaxed);
@@ -125,10 +130,7 @@ impl Store for MeteredStore {
     async fn put_opts(&self, key: &str, data: Bytes, opts: PutOptions) -> StoreResult<PutResult> {
         self.c.puts.fetch_add(1, Relaxed);
         self.c.written_bytes.fetch_add(data.len() as u64, Relaxed);
-        let t0 = Instant::now();
-        let r = self.inner.put_opts(key, data, opts).await;
-        since(&self.c.put_nanos, t0);
-        r
+        timed(&self.c.put_nanos, self.inner.put_opts(key, data, opts)).await
     }
     async fn put_stream(
         &self,
@@ -139,10 +141,11 @@ impl Store for MeteredStore {
     ) -> StoreResult<PutResult> {
         self.c.puts.fetch_add(1, Relaxed);
         self.c.written_bytes.fetch_add(len.unwrap_or(0), Relaxed);
-        let t0 = Instant::now();
-        let r = self.inner.put_stream(key, body, len, opts).await;
-        since(&self.c.put_nanos, t0);
-        r
+        timed(
+            &self.c.put_nanos,
+            self.inner.put_stream(key, body, len, opts),
+        )
+        .await
     }
     async fn list_partial(&self, prefix: &str) -> StoreResult<Vec<PartialWrite>> {
         self.inner.list_partial(prefix).await
@@ -152,10 +155,7 @@ impl Store for MeteredStore {
     }
     async fn head(&self, key: &str) -> StoreResult<ObjectMeta> {
         self.c.gets.fetch_add(1, Relaxed);
-        let t0 = Instant::now();
-        let r = self.inner.head(key).await;
-        since(&self.c.get_nanos, t0);
-        r
+        timed(&self.c.get_nanos, self.inner.head(key)).await
     }
     async fn delete(&self, key: &str) -> StoreResult<()> {
         self.c.deletes.fetch_add(1, Relaxed);
@@ -163,10 +163,7 @@ impl Store for MeteredStore {
     }
     async fn list(&self, prefix: &str, limit: usize) -> StoreResult<Vec<ObjectMeta>> {
         self.c.puts.fetch_add(1, Relaxed);
-        let t0 = Instant::now();
-        let r = self.inner.list(prefix, limit).await;
-        since(&self.c.put_nanos, t0);
-        r
+        timed(&self.c.put_nanos, self.inner.list(prefix, limit)).await
     }
 }
 
